@@ -1,0 +1,102 @@
+#pragma once
+/// \file Precision: the numeric formats an expert can be stored, moved and run in.
+///
+/// `skip` is a decision ("do not run this expert"), never a stored format. Byte sizes are defined
+/// here, once, so that the cache, the loaders, the simulator and the expert store agree on them;
+/// `precision/` implements the layouts whose sizes these functions give.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "moekit/config.hpp"
+
+namespace moekit {
+
+/// Storage/compute format of an expert's weights, or the decision to skip it.
+enum class Precision : std::uint8_t { f32, bf16, f16, q8, q4, q2, skip };
+
+/// Every stored precision, highest first (excludes `skip`).
+inline constexpr Precision all_precisions[] = {Precision::f32, Precision::bf16, Precision::f16,
+                                               Precision::q8,  Precision::q4,   Precision::q2};
+inline constexpr std::size_t precision_count = 6;
+
+/// Bits per weight of the format, excluding group metadata (0 for `skip`).
+MOEKIT_HOST_DEVICE constexpr unsigned bits(Precision p) noexcept {
+  switch (p) {
+    case Precision::f32: return 32;
+    case Precision::bf16:
+    case Precision::f16: return 16;
+    case Precision::q8: return 8;
+    case Precision::q4: return 4;
+    case Precision::q2: return 2;
+    case Precision::skip: return 0;
+  }
+  return 0;
+}
+
+/// True for the integer group-quantized formats (q8, q4, q2).
+MOEKIT_HOST_DEVICE constexpr bool is_quantized(Precision p) noexcept {
+  return p == Precision::q8 || p == Precision::q4 || p == Precision::q2;
+}
+
+/// A resident copy at `have` can serve a request for `want` when it is at least as precise.
+/// (A high-precision copy answers a low-precision request; HOBBIT's cross-precision hit rule.)
+constexpr bool satisfies(Precision have, Precision want) noexcept {
+  return have != Precision::skip && want != Precision::skip && bits(have) >= bits(want);
+}
+
+constexpr std::string_view name(Precision p) noexcept {
+  switch (p) {
+    case Precision::f32: return "f32";
+    case Precision::bf16: return "bf16";
+    case Precision::f16: return "f16";
+    case Precision::q8: return "q8";
+    case Precision::q4: return "q4";
+    case Precision::q2: return "q2";
+    case Precision::skip: return "skip";
+  }
+  return "?";
+}
+
+/// Parses "f32", "bf16", "f16", "q8", "q4", "q2" or "skip".
+constexpr std::optional<Precision> parse_precision(std::string_view s) noexcept {
+  for (Precision p : all_precisions)
+    if (name(p) == s) return p;
+  if (s == "skip") return Precision::skip;
+  return std::nullopt;
+}
+
+/// How the quantized formats group their weights. A row of `cols` weights is cut into groups of
+/// `group_size` consecutive weights along the input dimension (0 = one group per row: EdgeMoE's
+/// channel-wise variant); each group carries an f16 scale and, for affine schemes, an f16 zero
+/// point.
+struct QuantScheme {
+  std::uint32_t group_size = 32;  ///< 32, 64, 128, or 0 for one group per row
+  bool zero_point = false;        ///< false: symmetric (q = round(w/s)); true: affine (HQQ-style)
+
+  friend constexpr bool operator==(const QuantScheme&, const QuantScheme&) = default;
+};
+
+/// Bytes of one row of `cols` weights at precision `p` under `scheme`:
+/// packed weights (ceil(cols·bits/8)) plus 2 bytes of scale (and 2 of zero point) per group.
+/// Normative: the formats in `precision/` produce exactly this many bytes per row.
+MOEKIT_HOST_DEVICE constexpr std::size_t row_bytes(std::size_t cols, Precision p,
+                                                   QuantScheme scheme = {}) noexcept {
+  if (p == Precision::skip) return 0;
+  const std::size_t payload = (cols * bits(p) + 7) / 8;
+  if (!is_quantized(p)) return payload;
+  const std::size_t group = scheme.group_size == 0 ? cols : scheme.group_size;
+  const std::size_t groups = (cols + group - 1) / group;
+  return payload + groups * (scheme.zero_point ? 4u : 2u);
+}
+
+/// Bytes of a `rows × cols` matrix (row-major, `cols` = input dimension).
+MOEKIT_HOST_DEVICE constexpr std::size_t matrix_bytes(std::size_t rows, std::size_t cols,
+                                                      Precision p,
+                                                      QuantScheme scheme = {}) noexcept {
+  return rows * row_bytes(cols, p, scheme);
+}
+
+}  // namespace moekit

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs moekit's build and test dependencies from Debian's packages.
+# Idempotent: runs `apt-get update` at most once, and installs only what is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  catch2                  # tests (Catch2 2.13)
+  librange-v3-dev         # ranges
+  libboost-dev            # Boost.Lockfree (header-only)
+  nlohmann-json3-dev      # safetensors headers, manifests, --json output
+  libcli11-dev            # command-line parsing of the tools
+  libfmt-dev              # formatting
+  liburing-dev            # io_uring loader
+  libsentencepiece-dev    # Mixtral tokenizer
+  clang                   # libFuzzer targets
+  libclang-rt-14-dev      # fuzzer and sanitizer runtimes for clang
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "install-deps: all Debian packages present"
+fi
