@@ -1,6 +1,7 @@
 #pragma once
 /// \file Little-endian loads/stores and overflow-checked arithmetic for the file parsers.
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
