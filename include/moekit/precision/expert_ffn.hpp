@@ -1,0 +1,87 @@
+#pragma once
+/// \file The SwiGLU expert FFN on the CPU: out += scale · w2·(silu(w1·x) ⊙ w3·x), the computation
+/// of one routed expert of Mixtral / Qwen-MoE / DeepSeekMoE (scale = the routing weight).
+///
+/// For one token it is fused: one pass over the rows of w1 and w3 together (row r of both, one
+/// prepared x) produces h without storing w1·x or w3·x, then w2's rows accumulate straight into
+/// `out`. Batches (n > 1) go through the small-batch GEMM.
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "moekit/error.hpp"
+#include "moekit/precision/format.hpp"
+#include "moekit/precision/gemv.hpp"
+#include "moekit/precision/thread_pool.hpp"
+
+namespace moekit {
+
+/// The three matrices of one expert: w1 (gate_proj) and w3 (up_proj) are ffn × hidden, w2
+/// (down_proj) is hidden × ffn. Each may have its own precision and scheme.
+struct ExpertWeights {
+  MatrixView w1;
+  MatrixView w3;
+  MatrixView w2;
+
+  [[nodiscard]] std::size_t hidden() const noexcept { return w1.cols; }
+  [[nodiscard]] std::size_t ffn() const noexcept { return w1.rows; }
+};
+
+namespace detail {
+inline float silu(float a) noexcept { return a / (1.f + std::exp(-a)); }
+
+inline void check_expert(const ExpertWeights& e) {
+  check_view(e.w1, "expert_ffn: w1");
+  check_view(e.w3, "expert_ffn: w3");
+  check_view(e.w2, "expert_ffn: w2");
+  MOEKIT_EXPECTS(e.w3.rows == e.w1.rows && e.w3.cols == e.w1.cols,
+                 "expert_ffn: w3 must have w1's shape (" + std::to_string(e.w1.rows) + "x" +
+                     std::to_string(e.w1.cols) + ")");
+  MOEKIT_EXPECTS(e.w2.rows == e.w1.cols && e.w2.cols == e.w1.rows,
+                 "expert_ffn: w2 must be hidden x ffn = " + std::to_string(e.w1.cols) + "x" +
+                     std::to_string(e.w1.rows));
+}
+}  // namespace detail
+
+/// out[b] += scale · w2·(silu(w1·x[b]) ⊙ w3·x[b]) for b < n; x and out are n × hidden, row-major.
+inline void expert_ffn(const ExpertWeights& e, std::span<const float> x, std::size_t n,
+                       std::span<float> out, float scale = 1.f, const KernelOptions& opts = {}) {
+  detail::check_expert(e);
+  const std::size_t hidden = e.hidden(), ffn = e.ffn();
+  MOEKIT_EXPECTS(n > 0 && x.size() == n * hidden && out.size() == n * hidden,
+                 "expert_ffn: x and out must be n x " + std::to_string(hidden));
+  thread_local std::vector<float> h;
+  if (n > 1) {
+    thread_local std::vector<float> up;
+    h.resize(n * ffn);
+    up.resize(n * ffn);
+    gemm(e.w1, x, n, h, opts);
+    gemm(e.w3, x, n, up, opts);
+    for (std::size_t i = 0; i < n * ffn; ++i) h[i] = detail::silu(h[i]) * up[i];
+    gemm(e.w2, std::span<const float>(h.data(), n * ffn), n, out, opts, {scale, true});
+    return;
+  }
+  const Isa isa = detail::resolve_isa(opts);
+  const detail::RowKernels k1 = detail::row_kernels(e.w1.precision, isa);
+  const detail::RowKernels k3 = detail::row_kernels(e.w3.precision, isa);
+  thread_local std::vector<float> storage1, storage3;
+  const detail::PreparedActivation a1 = detail::prepare_for(e.w1, k1, x.data(), storage1);
+  const bool same = e.w1.precision == e.w3.precision && e.w1.scheme == e.w3.scheme;
+  const detail::PreparedActivation a3 =
+      same ? a1 : detail::prepare_for(e.w3, k3, x.data(), storage3);
+  const RowLayout l1 = e.w1.layout(), l3 = e.w3.layout();
+  if (h.size() < ffn) h.resize(ffn);
+  float* hp = h.data();
+  auto up_gate = [&](std::size_t r0, std::size_t r1) {
+    for (std::size_t r = r0; r < r1; ++r)
+      hp[r] = detail::silu(k1.dot(e.w1.row(r), l1, a1)) * k3.dot(e.w3.row(r), l3, a3);
+  };
+  if (opts.pool) opts.pool->parallel_for(0, ffn, detail::row_grain(ffn, opts.pool), up_gate);
+  else up_gate(0, ffn);
+  gemv(e.w2, std::span<const float>(hp, ffn), out, opts, {scale, true});
+}
+
+}  // namespace moekit

@@ -1,0 +1,249 @@
+#pragma once
+/// \file CPU dequant-GEMV (n = 1) and small-batch GEMM for every stored format, with the AVX-512 /
+/// AVX2 / generic path chosen at run time and rows split over a `ThreadPool`.
+///
+/// GEMV streams each row once and never materialises dequantized weights: per group it
+/// accumulates Σ q·x in floats and applies the scale once (s·Σq·x − s·z·Σx). GEMM dequantizes a
+/// row once into a per-thread buffer and dots it with up to 32 activations (four per pass).
+
+#include <algorithm>
+#include <array>
+#include <optional>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "moekit/core/precision.hpp"
+#include "moekit/error.hpp"
+#include "moekit/precision/detail/avx2_rows.hpp"
+#include "moekit/precision/detail/avx512_rows.hpp"
+#include "moekit/precision/detail/prepared_activation.hpp"
+#include "moekit/precision/format.hpp"
+#include "moekit/precision/isa.hpp"
+#include "moekit/precision/quantize.hpp"
+#include "moekit/precision/thread_pool.hpp"
+
+namespace moekit {
+
+/// Run-time knobs of the CPU kernels.
+struct KernelOptions {
+  std::optional<Isa> isa;      ///< force a path (must be supported); default: the best one
+  ThreadPool* pool = nullptr;  ///< threads to split rows over; nullptr: the calling thread only
+};
+
+/// What a kernel does with its result: y = scale·result, or y += scale·result.
+struct Epilogue {
+  float scale = 1.f;
+  bool accumulate = false;
+};
+
+namespace detail {
+
+using RowDotFn = float (*)(const std::byte*, const RowLayout&, const PreparedActivation&);
+using RowDecodeFn = const float* (*)(const std::byte*, const RowLayout&, float*);
+
+inline Isa resolve_isa(const KernelOptions& o) {
+  const Isa isa = o.isa.value_or(detect_isa());
+  if (!isa_supported(isa))
+    fail(ErrorKind::unsupported,
+         "kernel: ISA '" + std::string(name(isa)) + "' is not supported by this CPU");
+  return isa;
+}
+
+template <Precision P>
+float generic_row_dot(const std::byte* row, const RowLayout& l,
+                      const PreparedActivation& a) noexcept {
+  float acc = 0;
+  for (std::size_t c = 0; c < l.cols; ++c) acc += weight_at(row, l, P, c) * a.x[c];
+  return acc;
+}
+template <Precision P>
+const float* generic_row_decode(const std::byte* row, const RowLayout& l, float* buf) noexcept {
+  for (std::size_t c = 0; c < l.cols; ++c) buf[c] = weight_at(row, l, P, c);
+  return buf;
+}
+
+#if defined(MOEKIT_HAS_X86_KERNELS)
+template <Precision P>
+MOEKIT_TARGET_AVX512 float avx512_row_dot(const std::byte* row, const RowLayout& l,
+                                          const PreparedActivation& a) noexcept {
+  if constexpr (is_quantized(P)) return avx512::quant_row_dot<bits(P)>(row, l, a);
+  else return avx512::float_row_dot<P>(row, l.cols, a.x);
+}
+template <Precision P>
+MOEKIT_TARGET_AVX512 const float* avx512_row_decode(const std::byte* row, const RowLayout& l,
+                                                    float* buf) noexcept {
+  if constexpr (P == Precision::f32) return reinterpret_cast<const float*>(row);
+  else if constexpr (is_quantized(P)) avx512::dequant_row<bits(P)>(row, l, buf);
+  else avx512::convert_row<P>(row, l.cols, buf);
+  return buf;
+}
+template <Precision P>
+MOEKIT_TARGET_AVX2 float avx2_row_dot(const std::byte* row, const RowLayout& l,
+                                      const PreparedActivation& a) noexcept {
+  if constexpr (is_quantized(P)) return avx2::quant_row_dot<bits(P)>(row, l, a);
+  else return avx2::float_row_dot<P>(row, l.cols, a.x);
+}
+template <Precision P>
+MOEKIT_TARGET_AVX2 const float* avx2_row_decode(const std::byte* row, const RowLayout& l,
+                                                float* buf) noexcept {
+  if constexpr (P == Precision::f32) return reinterpret_cast<const float*>(row);
+  else if constexpr (is_quantized(P)) avx2::dequant_row<bits(P)>(row, l, buf);
+  else avx2::convert_row<P>(row, l.cols, buf);
+  return buf;
+}
+#endif
+
+template <Precision P>
+RowDotFn row_dot_for(Isa isa) noexcept {
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  if (isa == Isa::avx512) return &avx512_row_dot<P>;
+  if (isa == Isa::avx2) return &avx2_row_dot<P>;
+#endif
+  (void)isa;
+  return &generic_row_dot<P>;
+}
+template <Precision P>
+RowDecodeFn row_decode_for(Isa isa) noexcept {
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  if (isa == Isa::avx512) return &avx512_row_decode<P>;
+  if (isa == Isa::avx2) return &avx2_row_decode<P>;
+#endif
+  (void)isa;
+  return &generic_row_decode<P>;
+}
+
+/// The row functions for (precision, ISA).
+struct RowKernels {
+  RowDotFn dot;
+  RowDecodeFn decode;
+  bool permuted;  ///< the kernels expect activations in chunk decode order
+};
+
+inline RowKernels row_kernels(Precision p, Isa isa) {
+  const bool perm = isa != Isa::generic && (p == Precision::q4 || p == Precision::q2);
+  switch (p) {
+    case Precision::f32: return {row_dot_for<Precision::f32>(isa), row_decode_for<Precision::f32>(isa), perm};
+    case Precision::bf16: return {row_dot_for<Precision::bf16>(isa), row_decode_for<Precision::bf16>(isa), perm};
+    case Precision::f16: return {row_dot_for<Precision::f16>(isa), row_decode_for<Precision::f16>(isa), perm};
+    case Precision::q8: return {row_dot_for<Precision::q8>(isa), row_decode_for<Precision::q8>(isa), perm};
+    case Precision::q4: return {row_dot_for<Precision::q4>(isa), row_decode_for<Precision::q4>(isa), perm};
+    case Precision::q2: return {row_dot_for<Precision::q2>(isa), row_decode_for<Precision::q2>(isa), perm};
+    case Precision::skip: break;
+  }
+  fail(ErrorKind::invalid_argument, "kernel: precision 'skip' cannot be run");
+}
+
+/// Rows per task: enough to amortise the claim, small enough to balance two busy cores.
+inline std::size_t row_grain(std::size_t rows, const ThreadPool* pool) noexcept {
+  const std::size_t threads = pool ? pool->size() : 1;
+  return std::max<std::size_t>(8, rows / (threads * 16));
+}
+
+inline void check_view(const MatrixView& w, const char* what) {
+  validate_scheme(w.precision, w.scheme, what);
+  MOEKIT_EXPECTS(w.data != nullptr && w.rows > 0 && w.cols > 0,
+                 std::string(what) + ": empty weight matrix");
+}
+
+/// Activation prepared for rows of `w` (permuted when the row kernels want it).
+inline PreparedActivation prepare_for(const MatrixView& w, const RowKernels& k, const float* x,
+                                      std::vector<float>& storage) {
+  // Float formats need neither permutation nor group sums; q8 needs sums only.
+  return prepare_activation(x, w.layout(), k.permuted ? w.precision : Precision::q8, storage);
+}
+
+/// y[r] = ep(w_r · x) for r in [r0, r1).
+inline void gemv_rows(const MatrixView& w, const RowLayout& l, RowDotFn dot,
+                      const PreparedActivation& a, float* y, Epilogue ep, std::size_t r0,
+                      std::size_t r1) noexcept {
+  const std::size_t stride = l.bytes;
+  for (std::size_t r = r0; r < r1; ++r) {
+    const float v = ep.scale * dot(w.data + r * stride, l, a);
+    y[r] = ep.accumulate ? y[r] + v : v;
+  }
+}
+
+}  // namespace detail
+
+/// y = W·x (or per `ep`): W is `w.rows × w.cols`, x has `w.cols` values, y `w.rows`.
+/// Throws `Error(invalid_argument)` on mismatched sizes or an unusable view.
+inline void gemv(const MatrixView& w, std::span<const float> x, std::span<float> y,
+                 const KernelOptions& opts = {}, Epilogue ep = {}) {
+  detail::check_view(w, "gemv");
+  MOEKIT_EXPECTS(x.size() == w.cols && y.size() == w.rows,
+                 "gemv: x must have " + std::to_string(w.cols) + " values and y " +
+                     std::to_string(w.rows) + " (got " + std::to_string(x.size()) + ", " +
+                     std::to_string(y.size()) + ")");
+  const detail::RowKernels k = detail::row_kernels(w.precision, detail::resolve_isa(opts));
+  thread_local std::vector<float> storage;
+  const detail::PreparedActivation a = detail::prepare_for(w, k, x.data(), storage);
+  const RowLayout l = w.layout();
+  auto body = [&](std::size_t r0, std::size_t r1) {
+    detail::gemv_rows(w, l, k.dot, a, y.data(), ep, r0, r1);
+  };
+  if (opts.pool) opts.pool->parallel_for(0, w.rows, detail::row_grain(w.rows, opts.pool), body);
+  else body(0, w.rows);
+}
+
+/// Y = X·Wᵀ (or per `ep`) for a batch: X is n × cols, Y is n × rows, both row-major. Meant for
+/// n ≤ 32 (decode batches, small prefill chunks); larger n works in slices of 32.
+inline void gemm(const MatrixView& w, std::span<const float> x, std::size_t n, std::span<float> y,
+                 const KernelOptions& opts = {}, Epilogue ep = {}) {
+  detail::check_view(w, "gemm");
+  MOEKIT_EXPECTS(n > 0 && x.size() == n * w.cols && y.size() == n * w.rows,
+                 "gemm: x must be n x " + std::to_string(w.cols) + " and y n x " +
+                     std::to_string(w.rows) + " with n = " + std::to_string(n));
+  if (n == 1) return gemv(w, x, y, opts, ep);
+  const detail::RowKernels k = detail::row_kernels(w.precision, detail::resolve_isa(opts));
+  const RowLayout l = w.layout();
+  constexpr std::size_t tile = 32;
+  thread_local std::vector<float> storage;
+  for (std::size_t b0 = 0; b0 < n; b0 += tile) {
+    const std::size_t nb = std::min(tile, n - b0);
+    // Activations in the rows' decode order (the decoded row is in that order too).
+    if (storage.size() < nb * w.cols) storage.resize(nb * w.cols);
+    std::array<const float*, tile> xs{};
+    for (std::size_t b = 0; b < nb; ++b) {
+      const float* src = x.data() + (b0 + b) * w.cols;
+      float* dst = storage.data() + b * w.cols;
+      if (k.permuted) {
+        const std::size_t full = w.cols / 32 * 32;
+        for (std::size_t c = 0; c < full; c += 32)
+          for (std::size_t i = 0; i < 32; ++i) dst[c + detail::chunk_slot(l.bits, i)] = src[c + i];
+        std::copy(src + full, src + w.cols, dst + full);
+        xs[b] = dst;
+      } else {
+        xs[b] = src;
+      }
+    }
+    const Isa isa = detail::resolve_isa(opts);
+    auto body = [&](std::size_t r0, std::size_t r1) {
+      thread_local std::vector<float> row_buf;
+      if (row_buf.size() < w.cols) row_buf.resize(w.cols);
+      std::array<float, tile> out{};
+      for (std::size_t r = r0; r < r1; ++r) {
+        const float* wr = k.decode(w.row(r), l, row_buf.data());
+#if defined(MOEKIT_HAS_X86_KERNELS)
+        if (isa == Isa::avx512) detail::avx512::multi_dot(wr, w.cols, xs.data(), nb, out.data());
+        else if (isa == Isa::avx2) detail::avx2::multi_dot(wr, w.cols, xs.data(), nb, out.data());
+        else
+#endif
+          for (std::size_t b = 0; b < nb; ++b) {
+            float acc = 0;
+            for (std::size_t c = 0; c < w.cols; ++c) acc += wr[c] * xs[b][c];
+            out[b] = acc;
+          }
+        for (std::size_t b = 0; b < nb; ++b) {
+          float& dst = y[(b0 + b) * w.rows + r];
+          dst = ep.accumulate ? dst + ep.scale * out[b] : ep.scale * out[b];
+        }
+      }
+    };
+    if (opts.pool) opts.pool->parallel_for(0, w.rows, detail::row_grain(w.rows, opts.pool), body);
+    else body(0, w.rows);
+  }
+}
+
+}  // namespace moekit
