@@ -1,0 +1,336 @@
+#!/usr/bin/env python3
+"""Train moekit's small default model: a Mixtral-architecture MoE on WikiText-2 (issue 10, points 1-2).
+
+Run (installs scripts/requirements.txt with pip if a dependency is missing):
+    nohup nice -n 19 python3 scripts/train_tiny_moe.py --minutes 100 > /tmp/train.log 2>&1 &
+
+Data: ../shared/data/wikitext-2/wiki.test.raw (CC BY-SA 3.0), CR stripped. The held-out slice is every
+line from the first article heading (" = Title = ") at or after 90 % of the lines to the end; the rest
+trains. Tokenizer: Mixtral-8x7B v0.1 SentencePiece (Apache-2.0), the whole text encoded at once, no BOS.
+
+Runs on ONE thread (torch.set_num_threads(1)) so it can share a 2-core machine. The learning rate follows
+a cosine schedule over the wall-clock budget (so the number of steps depends on the machine's speed; the
+card records what happened). Every --ckpt-minutes it evaluates on the held-out slice, saves the resumable
+training state to --state-dir and, if validation improved, exports the model to --out (so a killed run
+still leaves the best model so far). At the end the best model is evaluated on the whole held-out slice
+and on a train sample, and the model card is written.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import subprocess
+
+
+def _ensure_deps() -> None:
+    """Install scripts/requirements.txt with pip if a dependency is missing."""
+    try:
+        import numpy, safetensors, sentencepiece, torch, transformers  # noqa: F401
+    except ImportError:
+        req = Path(__file__).resolve().parent / "requirements.txt"
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "-r", str(req)])
+
+
+_ensure_deps()
+
+import numpy as np  # noqa: E402
+import sentencepiece as spm  # noqa: E402
+import torch  # noqa: E402
+from transformers import MixtralConfig, MixtralForCausalLM  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_export import save_hub_checkpoint  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared" / "data"
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=100.0, help="wall-clock training budget (default 100)")
+    p.add_argument("--data", type=Path, default=SHARED / "wikitext-2" / "wiki.test.raw")
+    p.add_argument("--tokenizer", type=Path, default=SHARED / "tokenizers" / "mixtral-8x7b-v0.1.tokenizer.model")
+    p.add_argument("--tokenizer-licence", type=Path, default=SHARED / "tokenizers" / "LICENCE-mistral-common")
+    p.add_argument("--out", type=Path, default=REPO / "models" / "moekit-tiny-moe")
+    p.add_argument("--state-dir", type=Path, default=REPO / "build" / "tiny-moe-train")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--ffn", type=int, default=512)
+    p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=100, help="warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--aux-coef", type=float, default=0.02, help="Mixtral router load-balancing loss coefficient")
+    p.add_argument("--ckpt-minutes", type=float, default=10.0)
+    p.add_argument("--eval-tokens", type=int, default=8192, help="held-out tokens used for periodic evaluation")
+    p.add_argument("--resume", action="store_true", help="resume from --state-dir/state.pt")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = only the time budget)")
+    p.add_argument("--no-export", action="store_true", help="smoke test: do not write --out")
+    return p.parse_args()
+
+
+def load_split(path: Path):
+    lines = path.read_text(encoding="utf-8").replace("\r", "").split("\n")
+    start = int(len(lines) * 0.9)
+    heading = re.compile(r"^ = [^=].* = $")
+    while start < len(lines) and not heading.match(lines[start]):
+        start += 1
+    if start >= len(lines):
+        raise SystemExit(f"{path}: no article heading after 90% of the lines; cannot place the held-out split")
+    train = "\n".join(lines[:start]) + "\n"
+    val = "\n".join(lines[start:])
+    return train, val, start, len(lines)
+
+
+@torch.no_grad()
+def evaluate(model, ids: torch.Tensor, seq: int, max_tokens: int | None = None) -> tuple[float, int]:
+    """Mean next-token cross-entropy over non-overlapping windows of `seq` tokens (no BOS, as in training)."""
+    model.eval()
+    n = ids.numel() if max_tokens is None else min(ids.numel(), max_tokens + 1)
+    total, count = 0.0, 0
+    for s in range(0, n - 1, seq):
+        chunk = ids[s:min(s + seq + 1, n)]
+        if chunk.numel() < 2:
+            break
+        out = model(input_ids=chunk[:-1].unsqueeze(0), output_router_logits=False)
+        logp = torch.log_softmax(out.logits[0].float(), dim=-1)
+        nll = -logp.gather(1, chunk[1:].unsqueeze(1)).sum().item()
+        total += nll
+        count += chunk.numel() - 1
+    model.train()
+    return total / count, count
+
+
+def lr_at(args, step: int, frac_time: float) -> float:
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    frac = min(max(frac_time, 0.0), 1.0)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac)))
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer))
+    train_text, val_text, val_line, n_lines = load_split(args.data)
+    train_ids = torch.tensor(sp.encode(train_text), dtype=torch.long)
+    val_ids = torch.tensor(sp.encode(val_text), dtype=torch.long)
+    print(f"data: {n_lines} lines; train = lines 1..{val_line} ({train_ids.numel()} tokens), "
+          f"held-out = lines {val_line + 1}..{n_lines} ({val_ids.numel()} tokens)", flush=True)
+
+    config = MixtralConfig(
+        vocab_size=sp.get_piece_size(), hidden_size=args.hidden, intermediate_size=args.ffn,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        head_dim=args.hidden // args.heads, num_local_experts=args.experts, num_experts_per_tok=args.top_k,
+        max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=None,
+        tie_word_embeddings=True, router_aux_loss_coef=args.aux_coef, output_router_logits=False,
+        bos_token_id=sp.bos_id(), eos_token_id=sp.eos_id(), pad_token_id=None, initializer_range=0.02,
+    )
+    model = MixtralForCausalLM(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    per_expert = 3 * args.hidden * args.ffn
+    n_active = n_params - args.layers * (args.experts - args.top_k) * per_expert
+    print(f"model: {n_params / 1e6:.2f}M parameters ({n_active / 1e6:.2f}M active per token), "
+          f"bf16 size {2 * n_params / 1e6:.1f} MB", flush=True)
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    state_path = args.state_dir / "state.pt"
+    step, elapsed_before, best_val, history = 0, 0.0, float("inf"), []
+    gen = torch.Generator().manual_seed(args.seed)
+    if args.resume and state_path.exists():
+        st = torch.load(state_path, weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        step, elapsed_before, best_val, history = st["step"], st["elapsed"], st["best_val"], st["history"]
+        gen.set_state(st["gen"])
+        print(f"resumed at step {step}, {elapsed_before / 60:.1f} min done", flush=True)
+
+    budget = args.minutes * 60.0
+    t0 = time.time() - elapsed_before
+    last_ckpt = time.time()
+    recent: list[float] = []
+    tokens_seen = step * args.batch * args.seq
+    best_step = next((h["step"] for h in history if h.get("best")), 0)
+    model.train()
+
+    def checkpoint(final: bool = False):
+        nonlocal best_val, best_step
+        val_loss, _ = evaluate(model, val_ids, args.seq, args.eval_tokens)
+        train_loss = float(np.mean(recent)) if recent else float("nan")
+        improved = val_loss < best_val
+        entry = {"step": step, "minutes": (time.time() - t0) / 60, "train_loss": train_loss,
+                 "val_loss_sample": val_loss, "tokens": tokens_seen, "best": improved}
+        history.append(entry)
+        print(f"[ckpt] step {step} {entry['minutes']:.1f} min train {train_loss:.4f} "
+              f"val(sample) {val_loss:.4f} ppl {math.exp(val_loss):.1f}{' *best*' if improved else ''}", flush=True)
+        if improved:
+            best_val, best_step = val_loss, step
+            torch.save(model.state_dict(), args.state_dir / "best_model.pt")
+            if not args.no_export:
+                export(args, model, history, partial=not final)
+        tmp = args.state_dir / "state.pt.tmp"
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                    "elapsed": time.time() - t0, "best_val": best_val, "history": history,
+                    "gen": gen.get_state()}, tmp)
+        os.replace(tmp, state_path)
+
+    n_train = train_ids.numel()
+    while True:
+        elapsed = time.time() - t0
+        if elapsed >= budget or (args.max_steps and step >= args.max_steps):
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(args, step, elapsed / budget)
+        starts = torch.randint(0, n_train - args.seq - 1, (args.batch,), generator=gen)
+        batch = torch.stack([train_ids[s:s + args.seq + 1] for s in starts.tolist()])
+        out = model(input_ids=batch[:, :-1], labels=batch[:, :-1].clone(), output_router_logits=True)
+        # transformers shifts labels itself: labels == input_ids predicts token t+1 from t.
+        loss = out.loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tokens_seen += args.batch * args.seq
+        lm_loss = (loss - args.aux_coef * out.aux_loss).item() if out.aux_loss is not None else loss.item()
+        recent.append(lm_loss)
+        recent = recent[-50:]
+        if step % 10 == 0:
+            print(f"step {step} {elapsed / 60:.1f} min lm_loss {lm_loss:.4f} aux {out.aux_loss.item():.3f} "
+                  f"lr {opt.param_groups[0]['lr']:.2e} tok/s {tokens_seen / max(elapsed, 1e-9):.0f}", flush=True)
+        if time.time() - last_ckpt >= args.ckpt_minutes * 60:
+            checkpoint()
+            last_ckpt = time.time()
+
+    checkpoint(final=True)
+    wall = time.time() - t0
+    # Final numbers: the best model on the whole held-out slice and a same-sized train sample.
+    model.load_state_dict(torch.load(args.state_dir / "best_model.pt"))
+    val_loss, val_tokens = evaluate(model, val_ids, args.seq)
+    train_loss, train_tokens = evaluate(model, train_ids[: val_ids.numel()], args.seq)
+    final = {"step": step, "best_step": best_step, "wall_minutes": wall / 60, "tokens_seen": tokens_seen,
+             "val_loss": val_loss, "val_ppl": math.exp(val_loss), "val_tokens": val_tokens,
+             "train_loss": train_loss, "train_ppl": math.exp(train_loss), "train_eval_tokens": train_tokens,
+             "val_first_line": val_line + 1, "n_lines": n_lines, "train_tokens": n_train,
+             "n_params": n_params, "n_active": n_active}
+    print("final:", json.dumps(final), flush=True)
+    if not args.no_export:
+        export(args, model, history, final=final)
+    print("done", flush=True)
+
+
+def export(args, model, history, partial: bool = False, final: dict | None = None):
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    m = MixtralForCausalLM(model.config)
+    m.load_state_dict(model.state_dict())
+    m.config.output_router_logits = False
+    save_hub_checkpoint(m, out, dtype=torch.bfloat16)
+    shutil.copyfile(args.tokenizer, out / "tokenizer.model")
+    shutil.copyfile(args.tokenizer_licence, out / "LICENCE-mistral-common")
+    (out / "training_log.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                       "history": history, "final": final}, indent=1) + "\n")
+    (out / "README.md").write_text(model_card(args, model, history, partial, final))
+    print(f"exported to {out}", flush=True)
+
+
+def model_card(args, model, history, partial, final) -> str:
+    c = model.config
+    n_params = sum(p.numel() for p in model.parameters())
+    last = history[-1] if history else {}
+    if final is None:
+        status = (f"**PARTIAL CHECKPOINT** (training still running or interrupted): best periodic checkpoint at "
+                  f"step {last.get('step')}, {last.get('minutes', 0):.1f} min; held-out loss on the first "
+                  f"{args.eval_tokens} held-out tokens {last.get('val_loss_sample', float('nan')):.4f}.")
+        results = status
+    else:
+        results = (f"| | loss (nats/token) | perplexity | tokens |\n|---|---|---|---|\n"
+                   f"| held-out (whole slice) | {final['val_loss']:.4f} | {final['val_ppl']:.2f} | {final['val_tokens']} |\n"
+                   f"| train (first {final['train_eval_tokens']} tokens) | {final['train_loss']:.4f} | "
+                   f"{final['train_ppl']:.2f} | {final['train_eval_tokens']} |\n\n"
+                   f"Steps run: {final['step']} (kept: step {final['best_step']}, the best periodic held-out check); "
+                   f"tokens seen: {final['tokens_seen']:,}; wall time: {final['wall_minutes']:.1f} min on one "
+                   f"CPU thread (nice 19, shared machine).\n\nPerplexity here is per SentencePiece token over "
+                   f"non-overlapping {args.seq}-token windows without BOS, not per word.")
+    return f"""# moekit-tiny-moe
+
+A small **Mixtral-architecture** mixture-of-experts language model trained from scratch by
+`scripts/train_tiny_moe.py`, shipped as moekit's default model so that examples produce real text and real
+routing without a 90 GB download. It is a toy: it has only seen ~300k tokens of Wikipedia text and writes
+WikiText-flavoured near-sentences. Do not use it for anything but testing and demonstrating offloading.
+
+## Architecture (Hugging Face `MixtralForCausalLM`, `config.json`)
+
+| | |
+|---|---|
+| layers | {c.num_hidden_layers} |
+| hidden size | {c.hidden_size} |
+| attention | {c.num_attention_heads} heads, {c.num_key_value_heads} KV heads (GQA), head dim {c.head_dim}, RoPE theta {c.rope_theta if hasattr(c, 'rope_theta') else c.rope_parameters}, no sliding window |
+| MoE | {c.num_local_experts} experts per layer, top-{c.num_experts_per_tok} softmax router (weights renormalised), SwiGLU experts with intermediate size {c.intermediate_size} |
+| vocabulary | {c.vocab_size} (Mixtral-8x7B v0.1 SentencePiece tokenizer, `tokenizer.model`) |
+| embeddings | input embedding and LM head tied (`tie_word_embeddings: true`, no `lm_head.weight` tensor) |
+| parameters | {n_params:,} ({n_params - c.num_hidden_layers * (c.num_local_experts - c.num_experts_per_tok) * 3 * c.hidden_size * c.intermediate_size:,} active per token) |
+| storage | `model.safetensors`, bfloat16, Hugging Face Hub tensor names (one tensor per expert: `model.layers.N.block_sparse_moe.experts.E.w1/w2/w3.weight`) |
+
+## Training
+
+- Data: WikiText-2 raw, *test* split (`wikitext-2-raw-v1`, as shipped in moekit's shared data: empty rows
+  removed, CR stripped). Lines 1..{(final or {}).get('val_first_line', '?')} minus one are the training text; the held-out
+  slice is every line from line {(final or {}).get('val_first_line', '?')} (the first article heading at or after 90 % of the
+  {(final or {}).get('n_lines', '?')} lines) to the end. The whole text is tokenized at once, no BOS.
+- Objective: next-token cross-entropy + {args.aux_coef} x Mixtral's router load-balancing loss.
+- AdamW (betas 0.9/0.95, weight decay {args.weight_decay} on matrices), peak LR {args.lr}, {args.warmup} warm-up steps,
+  cosine decay to 10 % over the wall-clock budget of {args.minutes:g} minutes; batch {args.batch} x {args.seq} tokens
+  sampled at random offsets; gradient clipping 1.0; float32 training, bfloat16 export.
+- Seed: {args.seed}. One CPU thread (`torch.set_num_threads(1)`); the step count depends on the machine's speed,
+  so a re-run reproduces the recipe, not the exact weights.
+- Evaluation: every {args.ckpt_minutes:g} min on the first {args.eval_tokens} held-out tokens; the checkpoint with the best
+  such loss is kept. `training_log.json` has the full history.
+
+## Results
+
+{results}
+
+## Licence
+
+- **Weights** (`model.safetensors`): derived from WikiText-2, which is licensed under the Creative Commons
+  Attribution-ShareAlike 3.0 Unported licence (CC BY-SA 3.0; WikiText by Merity et al., 2016, from Wikipedia
+  articles). The weights are therefore distributed under **CC BY-SA 3.0**
+  (https://creativecommons.org/licenses/by-sa/3.0/). Attribution: WikiText-2 (Stephen Merity, Caiming Xiong,
+  James Bradbury, Richard Socher, "Pointer Sentinel Mixture Models", 2016) and the Wikipedia contributors.
+- **Tokenizer** (`tokenizer.model`): Mixtral-8x7B v0.1 tokenizer from mistralai/mistral-common, Apache-2.0,
+  licence text in `LICENCE-mistral-common`.
+- The code that produced them (`scripts/train_tiny_moe.py`) is part of moekit and under moekit's licence.
+"""
+
+
+if __name__ == "__main__":
+    main()
