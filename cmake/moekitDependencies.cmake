@@ -3,7 +3,7 @@
 find_package(Threads REQUIRED)
 find_package(Boost 1.74 REQUIRED)                 # Boost.Lockfree (header-only)
 find_package(nlohmann_json 3.10 REQUIRED)         # safetensors headers, store manifests
-find_package(range-v3 0.12 REQUIRED)
+find_package(range-v3 REQUIRED)             # version file rejects ranges; Debian ships 0.12
 find_package(PkgConfig QUIET)
 set(MOEKIT_HAS_URING OFF)
 if(PkgConfig_FOUND)

@@ -1,0 +1,345 @@
+#pragma once
+/// \file ExpertCache<Policy>: residency, pools, pins and statistics; the policy only ranks.
+///
+/// The cache holds at most one copy of each expert. A copy at a higher precision serves a request
+/// for a lower one (HOBBIT's cross-precision hit); a request for a higher precision than the
+/// resident copy replaces that copy (an upgrade counts as a miss). Capacity is counted in bytes,
+/// per pool; a policy may split the budget into pools (HOBBIT's high/low pools, Fate's per-layer
+/// budgets) through its optional `pool_capacities`/`pool_of` members.
+///
+/// Pins: a *hard* pin (loading, or needed by the layer being computed) is never evicted; a *soft*
+/// pin (predicted for a later layer) is evicted only when nothing unpinned is left in the pool.
+/// All per-access operations are O(1) plus the policy's own cost, and allocate nothing.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "moekit/core/cache_events.hpp"
+#include "moekit/core/concepts.hpp"
+#include "moekit/core/model_shape.hpp"
+#include "moekit/core/plan.hpp"
+#include "moekit/error.hpp"
+
+namespace moekit {
+
+/// Counters of an ExpertCache.
+struct CacheStats {
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+  std::uint64_t inserts = 0;
+  std::uint64_t evictions = 0;
+  std::uint64_t insert_failures = 0;       ///< no evictable entry could make room
+  std::uint64_t bytes_inserted = 0;
+  std::uint64_t wasted_prefetches = 0;     ///< prefetched, then evicted or erased unused
+  std::uint64_t wasted_prefetch_bytes = 0;
+};
+
+/// Why an insertion failed.
+enum class InsertStatus : std::uint8_t {
+  inserted,
+  too_large,   ///< the expert is larger than its pool's whole capacity
+  all_pinned,  ///< every resident of the pool is pinned
+};
+
+template <class Policy>
+class ExpertCache {
+  static_assert(assert_cache_policy<Policy>());
+
+ public:
+  /// One resident copy.
+  struct Entry {
+    Precision precision = Precision::skip;  ///< `skip` = not resident
+    std::uint32_t pool = 0;
+    std::uint32_t slot = 0;
+    std::uint32_t hard_pins = 0;
+    std::uint32_t soft_pins = 0;
+    bool loading = false;           ///< its load has not been seen complete yet
+    bool prefetched_unused = false;  ///< inserted by a prefetch and not used since
+    LoadTicket ticket{};
+    std::size_t bytes = 0;
+
+    [[nodiscard]] bool resident() const noexcept { return precision != Precision::skip; }
+  };
+
+  /// A pool: a byte capacity shared by the experts assigned to it.
+  struct Pool {
+    std::size_t capacity_bytes = 0;
+    std::size_t used_bytes = 0;
+    std::uint32_t entries = 0;
+  };
+
+  /// Result of `insert`.
+  struct InsertResult {
+    InsertStatus status = InsertStatus::inserted;
+    std::uint32_t slot = 0;
+    [[nodiscard]] bool ok() const noexcept { return status == InsertStatus::inserted; }
+  };
+
+  /// `budget_bytes` is split into pools by the policy (one pool by default). `sizing` is the
+  /// precision the policy assumes when it converts bytes into expert counts.
+  ExpertCache(const ModelShape& shape, std::size_t budget_bytes, Precision sizing,
+              Policy policy = Policy{})
+      : shape_(shape), policy_(std::move(policy)), entries_(shape.expert_count()) {
+    shape_.validate();
+    if constexpr (requires { policy_.bind(shape_); }) policy_.bind(shape_);
+    std::vector<std::size_t> caps;
+    if constexpr (requires { policy_.pool_capacities(shape_, budget_bytes, sizing); }) {
+      caps = policy_.pool_capacities(shape_, budget_bytes, sizing);
+    } else {
+      caps = {budget_bytes};
+    }
+    MOEKIT_EXPECTS(!caps.empty(), "cache policy returned no pools");
+    pools_.resize(caps.size());
+    for (std::size_t i = 0; i < caps.size(); ++i) pools_[i].capacity_bytes = caps[i];
+    free_slots_.reserve(shape_.expert_count());
+    for (std::size_t i = shape_.expert_count(); i-- > 0;)
+      free_slots_.push_back(static_cast<std::uint32_t>(i));
+  }
+
+  // ---- queries ----------------------------------------------------------------------------------
+  [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
+  [[nodiscard]] const Entry& entry(ExpertKey key) const noexcept {
+    return entries_[shape_.index(key)];
+  }
+  [[nodiscard]] bool resident(ExpertKey key) const noexcept { return entry(key).resident(); }
+  /// Resident at a precision that serves `want`.
+  [[nodiscard]] bool resident_at(ExpertKey key, Precision want) const noexcept {
+    const Entry& e = entry(key);
+    return e.resident() && satisfies(e.precision, want);
+  }
+  [[nodiscard]] bool pinned(ExpertKey key) const noexcept {
+    const Entry& e = entry(key);
+    return e.hard_pins > 0 || e.soft_pins > 0;
+  }
+  [[nodiscard]] std::uint32_t pool_of(ExpertKey key, Precision p) const noexcept {
+    if constexpr (requires { policy_.pool_of(key, p); }) {
+      return static_cast<std::uint32_t>(policy_.pool_of(key, p));
+    } else {
+      (void)key, (void)p;
+      return 0;
+    }
+  }
+  [[nodiscard]] const std::vector<Pool>& pools() const noexcept { return pools_; }
+  [[nodiscard]] std::size_t capacity_bytes() const noexcept {
+    std::size_t c = 0;
+    for (const Pool& p : pools_) c += p.capacity_bytes;
+    return c;
+  }
+  [[nodiscard]] std::size_t used_bytes() const noexcept {
+    std::size_t c = 0;
+    for (const Pool& p : pools_) c += p.used_bytes;
+    return c;
+  }
+  [[nodiscard]] std::size_t resident_count() const noexcept {
+    std::size_t c = 0;
+    for (const Pool& p : pools_) c += p.entries;
+    return c;
+  }
+  [[nodiscard]] const CacheStats& stats() const noexcept { return stats_; }
+  [[nodiscard]] Policy& policy() noexcept { return policy_; }
+  [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
+  [[nodiscard]] std::uint64_t tick() const noexcept { return tick_; }
+  [[nodiscard]] std::uint64_t token() const noexcept { return token_; }
+
+  // ---- events -----------------------------------------------------------------------------------
+  /// A new sequence: policies with per-sequence records reset them (HOBBIT, LFU-per-sequence).
+  void begin_sequence() {
+    if constexpr (requires { policy_.begin_sequence(); }) policy_.begin_sequence();
+  }
+  /// `n` new tokens enter the model (at layer 0).
+  void begin_token(std::uint32_t n = 1) {
+    token_ += n;
+    if constexpr (requires { policy_.begin_token(n); }) policy_.begin_token(n);
+  }
+
+  /// Fills the fields the cache owns in `a` (tick, token).
+  [[nodiscard]] AccessInfo access(Precision p, std::uint32_t layer, std::uint32_t n_tokens = 1,
+                                  bool prefetch = false) noexcept {
+    AccessInfo a;
+    a.precision = p;
+    a.layer = layer;
+    a.n_layers = shape_.n_layers;
+    a.tick = ++tick_;
+    a.token = token_;
+    a.n_tokens = n_tokens;
+    a.prefetch = prefetch;
+    return a;
+  }
+
+  /// Records a demand hit on a resident `key`.
+  void on_hit(ExpertKey key, const AccessInfo& a) {
+    Entry& e = at(key);
+    e.prefetched_unused = false;
+    ++stats_.hits;
+    policy_.on_hit(key, a);
+  }
+  /// Records a demand miss (statistics only; `insert` does the work).
+  void count_miss() noexcept { ++stats_.misses; }
+
+  /// Makes `key` resident at precision `a.precision`, evicting as needed. A resident copy at a
+  /// lower precision is replaced. The new entry's slot is returned.
+  InsertResult insert(ExpertKey key, const AccessInfo& a) {
+    MOEKIT_EXPECTS(shape_.contains(key), "ExpertCache::insert: key outside the model shape");
+    MOEKIT_EXPECTS(a.precision != Precision::skip, "ExpertCache::insert: `skip` is not a format");
+    Entry& e = at(key);
+    if (e.resident()) {
+      if (e.hard_pins > 0) return fail(InsertStatus::all_pinned);
+      evict(key);
+    }
+    const std::uint32_t pool = pool_of(key, a.precision);
+    MOEKIT_EXPECTS(pool < pools_.size(), "cache policy's pool_of returned an unknown pool");
+    const std::size_t bytes = shape_.expert_bytes(a.precision);
+    Pool& p = pools_[pool];
+    if (bytes > p.capacity_bytes) return fail(InsertStatus::too_large);
+    while (p.used_bytes + bytes > p.capacity_bytes) {
+      std::optional<ExpertKey> v = pick_victim(pool, key, a, /*allow_soft=*/false);
+      if (!v) v = pick_victim(pool, key, a, /*allow_soft=*/true);
+      if (!v) return fail(InsertStatus::all_pinned);
+      evict(*v);
+    }
+    e.precision = a.precision;
+    e.pool = pool;
+    e.slot = free_slots_.back();
+    free_slots_.pop_back();
+    e.bytes = bytes;
+    e.hard_pins = e.soft_pins = 0;
+    e.loading = false;
+    e.prefetched_unused = a.prefetch;
+    e.ticket = {};
+    p.used_bytes += bytes;
+    ++p.entries;
+    ++stats_.inserts;
+    stats_.bytes_inserted += bytes;
+    policy_.on_insert(key, a);
+    return {InsertStatus::inserted, e.slot};
+  }
+
+  /// Removes `key` (it must not be hard-pinned). Used for evictions, upgrades and cancelled loads;
+  /// a prefetched copy never used counts as wasted unless `count_unused_prefetch` is false (a
+  /// cancelled load moved no bytes).
+  void evict(ExpertKey key, bool count_unused_prefetch = true) {
+    Entry& e = at(key);
+    if (!e.resident()) return;
+    if (e.hard_pins > 0)
+      detail::fail(ErrorKind::internal, "ExpertCache: attempt to evict a hard-pinned expert");
+    Pool& p = pools_[e.pool];
+    p.used_bytes -= e.bytes;
+    --p.entries;
+    if (e.prefetched_unused && count_unused_prefetch) {
+      ++stats_.wasted_prefetches;
+      stats_.wasted_prefetch_bytes += e.bytes;
+    }
+    free_slots_.push_back(e.slot);
+    ++stats_.evictions;
+    policy_.on_evict(key);
+    if (listener_) listener_(listener_ctx_, key, e.slot);
+    e = Entry{};
+  }
+
+  /// Called with (context, key, slot) whenever an entry leaves the cache, so the owner of the slot
+  /// memory can recycle it.
+  using EvictionListener = void (*)(void*, ExpertKey, std::uint32_t) noexcept;
+  void set_eviction_listener(void* context, EvictionListener fn) noexcept {
+    listener_ctx_ = context;
+    listener_ = fn;
+  }
+
+  void pin_hard(ExpertKey key) noexcept { ++at(key).hard_pins; }
+  void unpin_hard(ExpertKey key) noexcept {
+    Entry& e = at(key);
+    if (e.hard_pins > 0) --e.hard_pins;
+  }
+  void pin_soft(ExpertKey key) noexcept { ++at(key).soft_pins; }
+  void unpin_soft(ExpertKey key) noexcept {
+    Entry& e = at(key);
+    if (e.soft_pins > 0) --e.soft_pins;
+  }
+  /// Marks `key` as loading under `ticket` (its bytes are not usable until `mark_loaded`).
+  void mark_loading(ExpertKey key, LoadTicket ticket) noexcept {
+    Entry& e = at(key);
+    e.loading = true;
+    e.ticket = ticket;
+  }
+  void mark_loaded(ExpertKey key) noexcept {
+    Entry& e = at(key);
+    e.loading = false;
+    e.ticket = {};
+  }
+
+  /// Checks every invariant; throws `Error(internal)` naming the broken one. For tests.
+  void check_invariants() const {
+    std::vector<std::size_t> used(pools_.size(), 0);
+    std::vector<std::uint32_t> count(pools_.size(), 0);
+    std::vector<bool> slot_seen(shape_.expert_count(), false);
+    for (const Entry& e : entries_) {
+      if (!e.resident()) continue;
+      if (e.pool >= pools_.size()) detail::fail(ErrorKind::internal, "entry in unknown pool");
+      if (e.slot >= slot_seen.size() || slot_seen[e.slot])
+        detail::fail(ErrorKind::internal, "slot out of range or used twice");
+      slot_seen[e.slot] = true;
+      used[e.pool] += e.bytes;
+      ++count[e.pool];
+    }
+    for (std::size_t i = 0; i < pools_.size(); ++i) {
+      if (used[i] != pools_[i].used_bytes || count[i] != pools_[i].entries)
+        detail::fail(ErrorKind::internal, "pool accounting disagrees with its entries");
+      if (used[i] > pools_[i].capacity_bytes)
+        detail::fail(ErrorKind::internal, "pool over capacity");
+    }
+  }
+
+ private:
+  Entry& at(ExpertKey key) noexcept { return entries_[shape_.index(key)]; }
+
+  InsertResult fail(InsertStatus s) noexcept {
+    ++stats_.insert_failures;
+    return {s, 0};
+  }
+
+  struct PredicateState {
+    const ExpertCache* cache;
+    std::uint32_t pool;
+    bool allow_soft;
+  };
+  static bool evictable_fn(const void* owner, ExpertKey key) noexcept {
+    const auto* s = static_cast<const PredicateState*>(owner);
+    if (!s->cache->shape_.contains(key)) return false;
+    const Entry& e = s->cache->entry(key);
+    return e.resident() && e.pool == s->pool && e.hard_pins == 0 &&
+           (s->allow_soft || e.soft_pins == 0);
+  }
+
+  std::optional<ExpertKey> pick_victim(std::uint32_t pool, ExpertKey incoming,
+                                       const AccessInfo& a, bool allow_soft) {
+    const PredicateState state{this, pool, allow_soft};
+    EvictionQuery q{.pool = pool,
+                    .incoming = incoming,
+                    .incoming_precision = a.precision,
+                    .layer = a.layer,
+                    .n_layers = shape_.n_layers,
+                    .tick = a.tick,
+                    .evictable = EvictablePredicate(&state, &evictable_fn)};
+    std::optional<ExpertKey> v = policy_.victim(q);
+    if (v && !evictable_fn(&state, *v))
+      detail::fail(ErrorKind::internal,
+                   "cache policy named a victim that is not resident, unpinned and in the pool");
+    return v;
+  }
+
+  ModelShape shape_;
+  Policy policy_;
+  std::vector<Entry> entries_;
+  std::vector<Pool> pools_;
+  std::vector<std::uint32_t> free_slots_;
+  CacheStats stats_{};
+  void* listener_ctx_ = nullptr;
+  EvictionListener listener_ = nullptr;
+  std::uint64_t tick_ = 0;
+  std::uint64_t token_ = 0;
+};
+
+}  // namespace moekit

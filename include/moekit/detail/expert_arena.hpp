@@ -1,0 +1,85 @@
+#pragma once
+/// \file ExpertArena: the memory behind cache slots (and the transient staging slots).
+///
+/// One 4 KiB-aligned buffer per slot id (aligned so O_DIRECT reads land in place). A buffer is
+/// kept when its slot is released and reused when the slot is handed out again (the cache hands
+/// slots out last-freed-first), so a steady workload allocates nothing after warm-up. A buffer is
+/// reallocated when the precision mix changes its size by more than 2×, and released buffers are
+/// freed once the arena holds more than its limit, so the memory held stays within the limit plus
+/// one expert.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <span>
+#include <vector>
+
+namespace moekit::detail {
+
+class ExpertArena {
+ public:
+  static constexpr std::size_t alignment = 4096;
+
+  ExpertArena() = default;
+  ExpertArena(std::size_t slots, std::size_t limit_bytes) : buffers_(slots), limit_(limit_bytes) {}
+
+  /// A buffer of at least `bytes` for `slot`.
+  std::span<std::byte> acquire(std::uint32_t slot, std::size_t bytes) {
+    Buffer& b = buffers_[slot];
+    if (b.capacity < bytes || b.capacity > 2 * bytes) {
+      if (!b.live) trim(b.capacity < bytes ? bytes : 0);
+      reset(b);
+      const std::size_t cap = round_up(bytes);
+      b.data.reset(static_cast<std::byte*>(::operator new(cap, std::align_val_t{alignment})));
+      b.capacity = cap;
+      held_ += cap;
+    }
+    b.live = true;
+    return {b.data.get(), bytes};
+  }
+  /// The slot's contents are no longer needed; its buffer may be reused or freed.
+  void release(std::uint32_t slot) noexcept {
+    Buffer& b = buffers_[slot];
+    b.live = false;
+    if (held_ > limit_) reset(b);
+  }
+  [[nodiscard]] std::span<std::byte> bytes(std::uint32_t slot, std::size_t n) const noexcept {
+    return {buffers_[slot].data.get(), n};
+  }
+  [[nodiscard]] std::size_t held_bytes() const noexcept { return held_; }
+  [[nodiscard]] std::size_t limit_bytes() const noexcept { return limit_; }
+
+ private:
+  struct AlignedDelete {
+    void operator()(std::byte* p) const noexcept {
+      ::operator delete(p, std::align_val_t{alignment});
+    }
+  };
+  struct Buffer {
+    std::unique_ptr<std::byte, AlignedDelete> data;
+    std::size_t capacity = 0;
+    bool live = false;
+  };
+  static std::size_t round_up(std::size_t n) noexcept {
+    return (n + alignment - 1) / alignment * alignment;
+  }
+  void reset(Buffer& b) noexcept {
+    held_ -= b.capacity;
+    b.data.reset();
+    b.capacity = 0;
+  }
+  // Frees idle buffers until `incoming` more bytes fit under the limit.
+  void trim(std::size_t incoming) noexcept {
+    for (Buffer& b : buffers_) {
+      if (held_ + incoming <= limit_) return;
+      if (!b.live && b.capacity > 0) reset(b);
+    }
+  }
+
+  std::vector<Buffer> buffers_;
+  std::size_t limit_ = 0;
+  std::size_t held_ = 0;
+};
+
+}  // namespace moekit::detail

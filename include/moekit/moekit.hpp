@@ -1,0 +1,23 @@
+#pragma once
+/// \file Umbrella header: the vocabulary, the concepts, the cache, the pipeline and the presets.
+
+#include "moekit/cache/expert_cache.hpp"
+#include "moekit/cache/lru.hpp"
+#include "moekit/config.hpp"
+#include "moekit/core/cache_events.hpp"
+#include "moekit/core/concepts.hpp"
+#include "moekit/core/expert_key.hpp"
+#include "moekit/core/gate_view.hpp"
+#include "moekit/core/layer_context.hpp"
+#include "moekit/core/model_shape.hpp"
+#include "moekit/core/plan.hpp"
+#include "moekit/core/precision.hpp"
+#include "moekit/core/prefetch_list.hpp"
+#include "moekit/error.hpp"
+#include "moekit/io/memory_loader.hpp"
+#include "moekit/pipeline.hpp"
+#include "moekit/predict/none.hpp"
+#include "moekit/presets.hpp"
+#include "moekit/sched/on_demand.hpp"
+#include "moekit/score/full_top_k.hpp"
+#include "moekit/score/uniform.hpp"

@@ -1,0 +1,590 @@
+#pragma once
+/// \file OffloadPipeline: the one type an engine talks to.
+///
+/// Per layer call the engine hands the router's output to `route`, which
+///  1. feeds the truth to the predictor (`observe`) and scores the last predictions against it,
+///  2. asks the scorer for a precision per needed expert (or `skip`),
+///  3. looks each expert up in the cache (hits are pinned for the layer),
+///  4. lets the scheduler place and order the misses (device or host CPU),
+///  5. inserts device misses into the cache (the policy names victims) and submits their loads,
+///  6. asks the predictor for prefetches of later layers, admits and submits them,
+/// and returns the layer's plan. `resolve` waits for the plan's loads and returns a weight view per
+/// expert; `end_layer` releases the layer's pins; `end_token` asks the token policy whether to keep
+/// the token. Nothing on this path allocates once the pipeline is warm.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "moekit/cache/expert_cache.hpp"
+#include "moekit/core/concepts.hpp"
+#include "moekit/core/gate_view.hpp"
+#include "moekit/core/layer_context.hpp"
+#include "moekit/core/model_shape.hpp"
+#include "moekit/core/plan.hpp"
+#include "moekit/core/prefetch_list.hpp"
+#include "moekit/detail/expert_arena.hpp"
+#include "moekit/error.hpp"
+#include "moekit/score/full_top_k.hpp"
+
+namespace moekit {
+
+/// Run-time settings of an OffloadPipeline.
+struct PipelineConfig {
+  std::size_t expert_budget_bytes = 0;  ///< bytes of expert cache (fast memory)
+  Precision base_precision = Precision::f16;  ///< the model's own precision ("high")
+  /// Precision the cache policy assumes when it turns bytes into expert counts (default: base).
+  Precision sizing_precision = Precision::skip;
+  /// Transient slots outside the budget for demanded experts the cache cannot admit (every
+  /// resident pinned, or a policy's per-layer pool smaller than a prefill layer's needs).
+  /// 0 = the number of experts per layer.
+  std::uint32_t staging_slots = 0;
+  std::uint32_t max_prefetch_distance = 3;  ///< prefetches further ahead are dropped
+};
+
+/// Precision and recall of prefetches, per distance (layers ahead).
+struct PredictionStats {
+  std::uint64_t true_positive = 0;
+  std::uint64_t false_positive = 0;
+  std::uint64_t false_negative = 0;
+  [[nodiscard]] double precision() const noexcept {
+    const auto n = true_positive + false_positive;
+    return n ? double(true_positive) / double(n) : 0.0;
+  }
+  [[nodiscard]] double recall() const noexcept {
+    const auto n = true_positive + false_negative;
+    return n ? double(true_positive) / double(n) : 0.0;
+  }
+};
+
+/// Counters of an OffloadPipeline (the cache's own are in `cache`).
+struct PipelineStats {
+  std::uint64_t layer_calls = 0;
+  std::uint64_t tokens_accepted = 0;
+  std::uint64_t fallbacks = 0;            ///< tokens recomputed by the token policy
+  std::uint64_t demands = 0;              ///< (expert, layer call) pairs needed
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;               ///< demanded, not resident at a serving precision
+  std::array<std::uint64_t, precision_count> misses_by_precision{};
+  std::uint64_t skipped = 0;              ///< demanded but skipped by the scorer
+  std::uint64_t host_cpu_runs = 0;        ///< misses run on the CPU instead of loaded
+  std::uint64_t staged = 0;               ///< misses loaded into transient staging slots
+  std::uint64_t late_prefetches = 0;      ///< demanded while its prefetch was still loading
+  std::uint64_t prefetches_issued = 0;
+  std::uint64_t prefetches_redundant = 0; ///< predicted, already resident
+  std::uint64_t prefetches_dropped = 0;   ///< no room, or outside the model / distance limit
+  std::uint64_t prefetches_cancelled = 0;
+  std::uint64_t bytes_demand_loaded = 0;
+  std::uint64_t bytes_prefetched = 0;
+  /// HOBBIT's miss penalty: a miss at the base precision costs 1, at a lower one bits/base bits.
+  double miss_penalty = 0.0;
+  std::array<PredictionStats, 4> prediction{};  ///< index = distance 1..3 (0 unused)
+  CacheStats cache{};
+
+  [[nodiscard]] double hit_rate() const noexcept {
+    const auto n = hits + misses;
+    return n ? double(hits) / double(n) : 0.0;
+  }
+  [[nodiscard]] std::uint64_t bytes_loaded() const noexcept {
+    return bytes_demand_loaded + bytes_prefetched;
+  }
+};
+
+/// A resolved expert: where its weights are and how to run it.
+struct WeightView {
+  ExpertKey key{};
+  Precision precision = Precision::f16;
+  Placement placement = Placement::device;
+  std::span<const std::byte> bytes{};  ///< the expert's stored bytes (empty when skipped, or
+                                       ///< when the loader keeps no bytes)
+  std::uint32_t n_tokens = 0;
+  float weight_sum = 0.0f;
+};
+
+template <class ScorerT, class PredictorT, class CachePolicyT, class LoaderT, class SchedulerT,
+          class TokenPolicyT = FullTopK>
+class OffloadPipeline {
+  static_assert(assert_scorer<ScorerT>());
+  static_assert(assert_predictor<PredictorT>());
+  static_assert(assert_cache_policy<CachePolicyT>());
+  static_assert(assert_loader<LoaderT>());
+  static_assert(assert_scheduler<SchedulerT>());
+  static_assert(assert_token_policy<TokenPolicyT>());
+
+ public:
+  using Scorer = ScorerT;
+  using Predictor = PredictorT;
+  using CachePolicy = CachePolicyT;
+  using Loader = LoaderT;
+  using Scheduler = SchedulerT;
+  using TokenPolicy = TokenPolicyT;
+  using Cache = ExpertCache<CachePolicyT>;
+
+  /// True unless the loader declares `static constexpr bool keeps_bytes = false`.
+  static constexpr bool keeps_bytes = [] {
+    if constexpr (requires { LoaderT::keeps_bytes; }) return bool(LoaderT::keeps_bytes);
+    return true;
+  }();
+
+  OffloadPipeline(const ModelShape& shape, const PipelineConfig& config, LoaderT loader,
+                  ScorerT scorer = ScorerT{}, PredictorT predictor = PredictorT{},
+                  CachePolicyT policy = CachePolicyT{}, SchedulerT scheduler = SchedulerT{},
+                  TokenPolicyT token_policy = TokenPolicyT{})
+      : shape_(validated(shape, config)),
+        cfg_(normalised(config, shape)),
+        scorer_(std::move(scorer)),
+        predictor_(std::move(predictor)),
+        loader_(std::move(loader)),
+        scheduler_(std::move(scheduler)),
+        token_policy_(std::move(token_policy)),
+        cache_(shape_, cfg_.expert_budget_bytes, cfg_.sizing_precision, std::move(policy)) {
+    const std::size_t E = shape_.n_experts;
+    const std::size_t N = shape_.expert_count();
+    demand_slot_.assign(E, -1);
+    demands_.reserve(E);
+    precisions_.resize(E);
+    plan_.experts.reserve(E);
+    plan_.prefetches.reserve(prefetch_capacity());
+    views_.reserve(E);
+    prefetch_buf_.resize(prefetch_capacity());
+    in_flight_.reserve(N + cfg_.staging_slots);
+    truth_.assign(E, 0);
+    for (auto& p : predicted_) p.assign(N, 0);
+    soft_mark_.assign(N, none_layer);
+    soft_by_layer_.resize(shape_.n_layers);
+    for (auto& v : soft_by_layer_) v.reserve(E);
+    if constexpr (keeps_bytes) {
+      const std::size_t max_bytes = shape_.expert_bytes(cfg_.base_precision);
+      arena_ = detail::ExpertArena(N + cfg_.staging_slots,
+                                   cfg_.expert_budget_bytes + cfg_.staging_slots * max_bytes +
+                                       max_bytes);
+    }
+    cache_.set_eviction_listener(this, &on_evicted);
+  }
+
+  OffloadPipeline(const OffloadPipeline&) = delete;
+  OffloadPipeline& operator=(const OffloadPipeline&) = delete;
+
+  // ---- sequence and token boundaries -----------------------------------------------------------
+  /// A new sequence (request) begins: per-sequence records reset, pins and predictions cleared.
+  void begin_sequence() {
+    cache_.begin_sequence();
+    call_begin_sequence(scorer_);
+    call_begin_sequence(predictor_);
+    call_begin_sequence(scheduler_);
+    call_begin_sequence(token_policy_);
+    for (std::uint32_t l = 0; l < shape_.n_layers; ++l) release_soft_pins(l);
+    for (auto& p : predicted_) std::fill(p.begin(), p.end(), std::uint8_t{0});
+  }
+
+  /// Experts each token should select at this layer (a token policy may narrow the model's top-k).
+  [[nodiscard]] std::uint32_t active_top_k(const LayerContext& ctx) {
+    return token_policy_.active_top_k(ctx, shape_.top_k);
+  }
+
+  // ---- the per-layer path ---------------------------------------------------------------------
+  /// Plans the layer call described by `ctx` and `gate`. The returned plan stays valid until the
+  /// next `route`.
+  const LayerPlan& route(const LayerContext& ctx, const GateView& gate) {
+    MOEKIT_EXPECTS(ctx.layer < shape_.n_layers, "route: LayerContext.layer >= n_layers");
+    MOEKIT_EXPECTS(gate.n_experts == shape_.n_experts,
+                   "route: GateView.n_experts differs from the model's experts per layer");
+    gate.validate();
+    if (ctx.layer == 0) cache_.begin_token(ctx.n_tokens);
+    ++stats_.layer_calls;
+    collect_completed_loads();
+
+    predictor_.observe(ctx, gate);
+    build_demands(gate);
+    score_predictions(ctx.layer);
+    cancel_stale_prefetches(ctx.layer);
+
+    plan_.clear();
+    plan_.layer = ctx.layer;
+    scorer_.score(ctx, gate, std::span<const ExpertDemand>(demands_),
+                  std::span<Precision>(precisions_).first(demands_.size()));
+    for (std::size_t i = 0; i < demands_.size(); ++i) plan_.experts.push_back(plan_for(ctx, i));
+
+    scheduler_.schedule(ctx, std::span<ExpertPlan>(plan_.experts));
+    staging_used_ = 0;
+    for (ExpertPlan& p : plan_.experts) {
+      if (p.placement == Placement::skipped || p.hit) continue;
+      ++stats_.misses;
+      ++stats_.misses_by_precision[static_cast<std::size_t>(p.precision)];
+      stats_.miss_penalty += double(bits(p.precision)) / double(bits(cfg_.base_precision));
+      cache_.count_miss();
+      if (p.placement == Placement::host_cpu) {
+        ++stats_.host_cpu_runs;
+        continue;
+      }
+      load_demand(ctx, p);
+    }
+
+    PrefetchList list{std::span<Prefetch>(prefetch_buf_)};
+    const ResidencyView residency(this, &resident_fn);
+    predictor_.predict(ctx, gate, residency, list);
+    issue_prefetches(ctx.layer, list.items());
+    return plan_;
+  }
+
+  /// Waits for the plan's loads and returns one view per planned expert (same order).
+  std::span<const WeightView> resolve(const LayerPlan& plan) {
+    views_.clear();
+    for (const ExpertPlan& p : plan.experts) {
+      WeightView v{p.key, p.precision, p.placement, {}, p.n_tokens, p.weight_sum};
+      if (p.placement == Placement::device) {
+        if (p.ticket.valid()) {
+          loader_.wait(p.ticket);
+          if (!is_staging(p.slot) && cache_.entry(p.key).ticket == p.ticket) {
+            cache_.mark_loaded(p.key);
+            cache_.unpin_hard(p.key);  // the loading pin; the layer pin stays until end_layer
+          }
+        }
+        if constexpr (keeps_bytes)
+          v.bytes = arena_.bytes(p.slot, shape_.expert_bytes(p.precision));
+      } else if (p.placement == Placement::host_cpu) {
+        if constexpr (requires { loader_.host_bytes(p.key, p.precision); })
+          v.bytes = loader_.host_bytes(p.key, p.precision);
+      }
+      views_.push_back(v);
+    }
+    return views_;
+  }
+
+  /// The layer's experts have run: their pins are released, staging slots recycled, and soft pins
+  /// of predictions for this layer dropped.
+  void end_layer(const LayerContext& ctx) {
+    for (const ExpertPlan& p : plan_.experts) {
+      if (p.hit) {
+        cache_.unpin_hard(p.key);
+      } else if (p.placement == Placement::device) {
+        if (is_staging(p.slot)) {
+          if constexpr (keeps_bytes) arena_.release(p.slot);
+        } else {
+          cache_.unpin_hard(p.key);
+        }
+      }
+    }
+    release_soft_pins(ctx.layer);
+  }
+
+  /// The token's forward is complete; `output_logits` are the model's output for it. On
+  /// `fallback` the engine recomputes the token (its KV rolled back) with `active_top_k` again.
+  TokenVerdict end_token(std::span<const float> output_logits) {
+    const TokenVerdict v = token_policy_.end_token(output_logits);
+    if (v == TokenVerdict::fallback) {
+      ++stats_.fallbacks;
+      if constexpr (requires(PrefetchList& l) { predictor_.on_verdict(v, l); }) {
+        PrefetchList list{std::span<Prefetch>(prefetch_buf_)};
+        predictor_.on_verdict(v, list);
+        issue_prefetches(none_layer, list.items());
+      }
+    } else {
+      ++stats_.tokens_accepted;
+    }
+    return v;
+  }
+
+  // ---- observation ------------------------------------------------------------------------------
+  [[nodiscard]] PipelineStats stats() const {
+    PipelineStats s = stats_;
+    s.cache = cache_.stats();
+    return s;
+  }
+  [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
+  [[nodiscard]] const PipelineConfig& config() const noexcept { return cfg_; }
+  [[nodiscard]] const Cache& cache() const noexcept { return cache_; }
+  [[nodiscard]] Cache& cache() noexcept { return cache_; }
+  [[nodiscard]] ScorerT& scorer() noexcept { return scorer_; }
+  [[nodiscard]] PredictorT& predictor() noexcept { return predictor_; }
+  [[nodiscard]] LoaderT& loader() noexcept { return loader_; }
+  [[nodiscard]] SchedulerT& scheduler() noexcept { return scheduler_; }
+  [[nodiscard]] TokenPolicyT& token_policy() noexcept { return token_policy_; }
+  /// Bytes of expert memory held (cache + staging), when the loader keeps bytes.
+  [[nodiscard]] std::size_t memory_held_bytes() const noexcept {
+    if constexpr (keeps_bytes) return arena_.held_bytes();
+    return 0;
+  }
+
+ private:
+  static constexpr std::uint32_t none_layer = 0xffffffffu;
+
+  struct InFlight {
+    ExpertKey key;
+    LoadTicket ticket;
+  };
+
+  static const ModelShape& validated(const ModelShape& shape, const PipelineConfig& cfg) {
+    shape.validate();
+    MOEKIT_EXPECTS(cfg.base_precision != Precision::skip,
+                   "PipelineConfig.base_precision must be a stored format, not skip");
+    const std::size_t one = shape.expert_bytes(cfg.base_precision);
+    if (cfg.expert_budget_bytes < std::size_t{shape.top_k} * one)
+      detail::fail(ErrorKind::invalid_argument,
+                   "expert budget of " + std::to_string(cfg.expert_budget_bytes) +
+                       " bytes is too small: one token needs top_k = " +
+                       std::to_string(shape.top_k) + " experts of " + std::to_string(one) +
+                       " bytes at " + std::string(name(cfg.base_precision)) +
+                       "; the minimum budget is " + std::to_string(shape.top_k * one) + " bytes");
+    return shape;
+  }
+  static PipelineConfig normalised(PipelineConfig c, const ModelShape& shape) {
+    if (c.sizing_precision == Precision::skip) c.sizing_precision = c.base_precision;
+    if (c.staging_slots == 0) c.staging_slots = shape.n_experts;
+    return c;
+  }
+  [[nodiscard]] std::size_t prefetch_capacity() const noexcept {
+    return std::size_t{shape_.n_experts} * (cfg_.max_prefetch_distance + 1) +
+           std::size_t{shape_.n_layers} * shape_.top_k;
+  }
+  [[nodiscard]] bool is_staging(std::uint32_t slot) const noexcept {
+    return slot >= shape_.expert_count();
+  }
+
+  template <class C>
+  static void call_begin_sequence(C& c) {
+    if constexpr (requires { c.begin_sequence(); }) c.begin_sequence();
+  }
+
+  static bool resident_fn(const void* self, ExpertKey key, Precision want) noexcept {
+    const auto* p = static_cast<const OffloadPipeline*>(self);
+    return p->shape_.contains(key) && p->cache_.resident_at(key, want);
+  }
+  static void on_evicted(void* self, ExpertKey key, std::uint32_t slot) noexcept {
+    auto* p = static_cast<OffloadPipeline*>(self);
+    p->soft_mark_[p->shape_.index(key)] = none_layer;
+    if constexpr (keeps_bytes) p->arena_.release(slot);
+    else (void)slot;
+  }
+
+  // Unique experts of the layer call, with token counts and weights, in first-seen order.
+  void build_demands(const GateView& gate) {
+    demands_.clear();
+    for (std::uint32_t t = 0; t < gate.n_tokens; ++t) {
+      const TokenRoute r = gate.token(t);
+      for (std::uint32_t j = 0; j < gate.k; ++j) {
+        const std::uint32_t e = r.experts[j];
+        int& slot = demand_slot_[e];
+        if (slot < 0) {
+          slot = static_cast<int>(demands_.size());
+          demands_.push_back(ExpertDemand{e, 0, 0.0f, 0.0f, j});
+        }
+        ExpertDemand& d = demands_[static_cast<std::size_t>(slot)];
+        ++d.n_tokens;
+        d.weight_sum += r.weights[j];
+        d.max_weight = std::max(d.max_weight, r.weights[j]);
+        d.best_rank = std::min(d.best_rank, j);
+      }
+    }
+    for (const ExpertDemand& d : demands_) demand_slot_[d.expert] = -1;
+  }
+
+  // Scores the predictions made for this layer (at every distance) against its true demand.
+  void score_predictions(std::uint32_t layer) {
+    for (const ExpertDemand& d : demands_) truth_[d.expert] = 1;
+    const std::size_t base = std::size_t{layer} * shape_.n_experts;
+    for (std::uint32_t dist = 1; dist <= 3; ++dist) {
+      if (layer < dist) continue;
+      PredictionStats& s = stats_.prediction[dist];
+      std::vector<std::uint8_t>& pred = predicted_[dist];
+      for (std::uint32_t e = 0; e < shape_.n_experts; ++e) {
+        const bool p = pred[base + e] != 0, t = truth_[e] != 0;
+        s.true_positive += p && t;
+        s.false_positive += p && !t;
+        s.false_negative += !p && t;
+        pred[base + e] = 0;
+      }
+    }
+    for (const ExpertDemand& d : demands_) truth_[d.expert] = 0;
+  }
+
+  ExpertPlan plan_for(const LayerContext& ctx, std::size_t i) {
+    const ExpertDemand& d = demands_[i];
+    ExpertPlan p;
+    p.key = {ctx.layer, d.expert};
+    p.precision = precisions_[i];
+    p.n_tokens = d.n_tokens;
+    p.weight_sum = d.weight_sum;
+    ++stats_.demands;
+    if (p.precision == Precision::skip) {
+      p.placement = Placement::skipped;
+      ++stats_.skipped;
+      return p;
+    }
+    if (cache_.resident_at(p.key, p.precision)) {
+      const auto& e = cache_.entry(p.key);
+      p.hit = true;
+      p.precision = e.precision;  // a more precise resident copy is used as is
+      p.slot = e.slot;
+      if (e.loading) {
+        p.in_flight = true;
+        p.ticket = e.ticket;
+        ++stats_.late_prefetches;
+      }
+      cache_.on_hit(p.key, cache_.access(precisions_[i], ctx.layer, d.n_tokens));
+      cache_.pin_hard(p.key);
+      ++stats_.hits;
+    }
+    return p;
+  }
+
+  void load_demand(const LayerContext& ctx, ExpertPlan& p) {
+    const std::size_t bytes = shape_.expert_bytes(p.precision);
+    const auto r = cache_.insert(p.key, cache_.access(p.precision, ctx.layer, p.n_tokens));
+    if (r.ok()) {
+      p.slot = r.slot;
+      p.ticket = submit(p.key, p.precision, LoadPriority::on_demand, r.slot, bytes);
+      cache_.mark_loading(p.key, p.ticket);
+      cache_.pin_hard(p.key);  // loading pin (released when the load is seen complete)
+      cache_.pin_hard(p.key);  // layer pin (released by end_layer)
+      in_flight_.push_back({p.key, p.ticket});
+    } else {
+      if (staging_used_ >= cfg_.staging_slots)
+        detail::fail(ErrorKind::invalid_argument,
+                     "expert budget too small for layer " + std::to_string(ctx.layer) +
+                         ": it needs more experts at once than the cache (" +
+                         std::to_string(cache_.capacity_bytes()) + " bytes) plus " +
+                         std::to_string(cfg_.staging_slots) +
+                         " staging slots can hold; raise the expert budget, the staging slots "
+                         "or split the prefill into smaller chunks");
+      p.slot = static_cast<std::uint32_t>(shape_.expert_count() + staging_used_++);
+      p.ticket = submit(p.key, p.precision, LoadPriority::on_demand, p.slot, bytes);
+      ++stats_.staged;
+    }
+    stats_.bytes_demand_loaded += bytes;
+  }
+
+  LoadTicket submit(ExpertKey key, Precision prec, LoadPriority prio, std::uint32_t slot,
+                    std::size_t bytes) {
+    LoadRequest req{key, prec, prio, {}};
+    if constexpr (keeps_bytes) req.dest = arena_.acquire(slot, bytes);
+    else (void)slot, (void)bytes;
+    return loader_.submit(req);
+  }
+
+  // Prefetches: validated, recorded for the prediction metrics, admitted if there is room.
+  void issue_prefetches(std::uint32_t from_layer, std::span<const Prefetch> items) {
+    for (const Prefetch& pf : items) {
+      const bool after = from_layer == none_layer || pf.key.layer > from_layer;
+      const std::uint32_t dist = from_layer == none_layer ? 0 : pf.key.layer - from_layer;
+      if (!shape_.contains(pf.key) || !after || pf.precision == Precision::skip ||
+          dist > cfg_.max_prefetch_distance) {
+        ++stats_.prefetches_dropped;
+        continue;
+      }
+      if (dist >= 1 && dist <= 3) predicted_[dist][shape_.index(pf.key)] = 1;
+      if (cache_.resident_at(pf.key, pf.precision)) {
+        ++stats_.prefetches_redundant;
+        soft_pin(pf.key);
+        continue;
+      }
+      if (cache_.pinned(pf.key)) {  // a lower-precision copy is in use: do not replace it
+        ++stats_.prefetches_dropped;
+        continue;
+      }
+      const std::size_t bytes = shape_.expert_bytes(pf.precision);
+      const auto r = cache_.insert(
+          pf.key, cache_.access(pf.precision, from_layer == none_layer ? 0 : from_layer, 1,
+                                /*prefetch=*/true));
+      if (!r.ok()) {
+        ++stats_.prefetches_dropped;
+        continue;
+      }
+      const LoadTicket t = submit(pf.key, pf.precision, LoadPriority::prefetch, r.slot, bytes);
+      cache_.mark_loading(pf.key, t);
+      cache_.pin_hard(pf.key);  // loading pin
+      in_flight_.push_back({pf.key, t});
+      soft_pin(pf.key);
+      ++stats_.prefetches_issued;
+      stats_.bytes_prefetched += bytes;
+      plan_.prefetches.push_back(pf);
+    }
+  }
+
+  void soft_pin(ExpertKey key) {
+    const std::size_t i = shape_.index(key);
+    if (soft_mark_[i] != none_layer) return;
+    soft_mark_[i] = key.layer;
+    cache_.pin_soft(key);
+    soft_by_layer_[key.layer].push_back(key);
+  }
+  void release_soft_pins(std::uint32_t layer) {
+    for (ExpertKey k : soft_by_layer_[layer]) {
+      std::uint32_t& m = soft_mark_[shape_.index(k)];
+      if (m == layer) {
+        cache_.unpin_soft(k);
+        m = none_layer;
+      }
+    }
+    soft_by_layer_[layer].clear();
+  }
+
+  // Loads seen complete release their loading pin.
+  void collect_completed_loads() {
+    std::size_t w = 0;
+    for (const InFlight& f : in_flight_) {
+      const auto& e = cache_.entry(f.key);
+      if (!e.loading || e.ticket != f.ticket) continue;  // resolved, evicted or replaced
+      if (loader_.poll(f.ticket)) {
+        loader_.wait(f.ticket);  // complete: rethrows the load's error, if any
+        cache_.mark_loaded(f.key);
+        cache_.unpin_hard(f.key);
+        continue;
+      }
+      in_flight_[w++] = f;
+    }
+    in_flight_.resize(w);
+  }
+
+  // Queued prefetches for this layer that it does not need are withdrawn.
+  void cancel_stale_prefetches(std::uint32_t layer) {
+    for (const ExpertDemand& d : demands_) truth_[d.expert] = 1;
+    std::size_t w = 0;
+    for (const InFlight& f : in_flight_) {
+      const auto& e = cache_.entry(f.key);
+      if (f.key.layer == layer && e.loading && e.ticket == f.ticket && !truth_[f.key.expert] &&
+          e.hard_pins == 1 && loader_.cancel(f.ticket)) {
+        cache_.unpin_hard(f.key);
+        stats_.bytes_prefetched -= e.bytes;
+        cache_.evict(f.key, /*count_unused_prefetch=*/false);
+        ++stats_.prefetches_cancelled;
+        continue;
+      }
+      in_flight_[w++] = f;
+    }
+    in_flight_.resize(w);
+    for (const ExpertDemand& d : demands_) truth_[d.expert] = 0;
+  }
+
+  ModelShape shape_;
+  PipelineConfig cfg_;
+  [[no_unique_address]] ScorerT scorer_;
+  [[no_unique_address]] PredictorT predictor_;
+  LoaderT loader_;
+  [[no_unique_address]] SchedulerT scheduler_;
+  [[no_unique_address]] TokenPolicyT token_policy_;
+  Cache cache_;
+  detail::ExpertArena arena_;
+
+  PipelineStats stats_{};
+  LayerPlan plan_;
+  std::vector<WeightView> views_;
+  std::vector<ExpertDemand> demands_;
+  std::vector<int> demand_slot_;
+  std::vector<Precision> precisions_;
+  std::vector<Prefetch> prefetch_buf_;
+  std::vector<InFlight> in_flight_;
+  std::vector<std::uint8_t> truth_;
+  std::array<std::vector<std::uint8_t>, 4> predicted_;
+  std::vector<std::uint32_t> soft_mark_;
+  std::vector<std::vector<ExpertKey>> soft_by_layer_;
+  std::uint32_t staging_used_ = 0;
+};
+
+}  // namespace moekit

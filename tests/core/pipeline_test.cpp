@@ -1,0 +1,107 @@
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "moekit/presets.hpp"
+#include "support/manual_loader.hpp"
+#include "support/routing.hpp"
+
+using namespace moekit;
+using test::ctx;
+using test::ManualLoader;
+using test::Route;
+
+namespace {
+constexpr ModelShape tiny{.n_layers = 2, .n_experts = 4, .top_k = 2, .hidden = 64, .ffn = 128};
+const std::size_t f16 = tiny.expert_bytes(Precision::f16);
+
+std::vector<ExpertKey> loaded_keys(const ManualLoader& l) {
+  std::vector<ExpertKey> out;
+  for (const auto& r : l.records()) out.push_back(r.request.key);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("Baseline: LRU over a scripted routing sequence, exact loads and evictions",
+          "[core][pipeline][preset]") {
+  presets::Baseline<ManualLoader> p(tiny, {.expert_budget_bytes = 3 * f16}, ManualLoader{});
+  p.begin_sequence();
+  // token 0: layer 0 -> {0,1}, layer 1 -> {2,3}
+  const auto& a = p.route(ctx(0, 2), Route(4, {{0, 1}}).view());
+  REQUIRE(a.experts.size() == 2);
+  CHECK_FALSE(a.experts[0].hit);
+  CHECK(a.experts[0].placement == Placement::device);
+  auto views = p.resolve(a);
+  REQUIRE(views.size() == 2);
+  CHECK(views[0].bytes.size() == f16);
+  CHECK(static_cast<int>(views[0].bytes[0]) == ManualLoader::pattern({0, 0}));
+  CHECK(static_cast<int>(views[1].bytes[f16 - 1]) == ManualLoader::pattern({0, 1}));
+  p.end_layer(ctx(0, 2));
+  const auto& b = p.route(ctx(1, 2), Route(4, {{2, 3}}).view());  // evicts (0,0): LRU
+  p.resolve(b);
+  p.end_layer(ctx(1, 2));
+  CHECK(p.end_token({}) == TokenVerdict::accept);
+  CHECK_FALSE(p.cache().resident({0, 0}));
+  CHECK(p.cache().resident({0, 1}));
+  // token 1: layer 0 -> {1,0}: (0,1) hits, (0,0) misses and evicts (1,2)
+  const auto& c = p.route(ctx(0, 2, 1), Route(4, {{1, 0}}).view());
+  CHECK(c.experts[0].hit);
+  CHECK_FALSE(c.experts[1].hit);
+  p.resolve(c);
+  p.end_layer(ctx(0, 2, 1));
+  CHECK_FALSE(p.cache().resident({1, 2}));
+  CHECK(p.cache().resident({1, 3}));
+
+  const std::vector<ExpertKey> expected{{0, 0}, {0, 1}, {1, 2}, {1, 3}, {0, 0}};
+  CHECK(loaded_keys(p.loader()) == expected);
+  const auto s = p.stats();
+  CHECK(s.hits == 1);
+  CHECK(s.misses == 5);
+  CHECK(s.cache.evictions == 2);
+  CHECK(s.miss_penalty == Approx(5.0));
+  CHECK(s.bytes_demand_loaded == 5 * f16);
+  CHECK(s.tokens_accepted == 1);
+  p.cache().check_invariants();
+}
+
+TEST_CASE("Pipeline plans one entry per distinct expert of a prefill batch", "[core][pipeline]") {
+  presets::Baseline<ManualLoader> p(tiny, {.expert_budget_bytes = 4 * f16}, ManualLoader{});
+  const auto& plan =
+      p.route(ctx(0, 2, 0, Phase::prefill, 3), Route(4, {{0, 1}, {1, 2}, {1, 0}}).view());
+  REQUIRE(plan.experts.size() == 3);
+  CHECK(plan.experts[0].key.expert == 0);
+  CHECK(plan.experts[0].n_tokens == 2);
+  CHECK(plan.experts[1].key.expert == 1);
+  CHECK(plan.experts[1].n_tokens == 3);
+  CHECK(plan.experts[2].n_tokens == 1);
+  CHECK(p.loader().records().size() == 3);
+}
+
+TEST_CASE("Pipeline stages demands the cache cannot admit, and refuses impossible budgets",
+          "[core][pipeline]") {
+  CHECK_THROWS_WITH(
+      (presets::Baseline<ManualLoader>(tiny, {.expert_budget_bytes = f16}, ManualLoader{})),
+      Catch::Contains("minimum budget is"));
+  presets::Baseline<ManualLoader> p(tiny, {.expert_budget_bytes = 2 * f16}, ManualLoader{});
+  // A prefill layer needing all 4 experts: 2 fit in the cache, 2 go to staging slots.
+  const auto& plan =
+      p.route(ctx(0, 2, 0, Phase::prefill, 2), Route(4, {{0, 1}, {2, 3}}).view());
+  auto views = p.resolve(plan);
+  REQUIRE(views.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i)
+    CHECK(static_cast<int>(views[i].bytes[0]) == ManualLoader::pattern(views[i].key));
+  CHECK(p.stats().staged == 2);
+  p.end_layer(ctx(0, 2));
+  CHECK(p.cache().resident_count() == 2);
+  p.cache().check_invariants();
+}
+
+TEST_CASE("Pipeline rejects a GateView inconsistent with the model", "[core][pipeline]") {
+  presets::Baseline<ManualLoader> p(tiny, {.expert_budget_bytes = 4 * f16}, ManualLoader{});
+  CHECK_THROWS_WITH(p.route(ctx(0, 2), Route(4, {{0, 7}}).view()),
+                    Catch::Contains("GateView.experts holds an id >= n_experts"));
+  CHECK_THROWS_WITH(p.route(ctx(5, 2), Route(4, {{0, 1}}).view()),
+                    Catch::Contains("LayerContext.layer >= n_layers"));
+  CHECK_THROWS_WITH(p.route(ctx(0, 2), Route(8, {{0, 1}}).view()),
+                    Catch::Contains("GateView.n_experts"));
+}
