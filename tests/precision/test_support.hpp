@@ -1,0 +1,54 @@
+#pragma once
+// Shared helpers of the precision tests: seeded random data (seed logged, overridable with
+// MOEKIT_TEST_SEED) and the tolerance scale of a dot product.
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "moekit/precision/format.hpp"
+#include "moekit/precision/quantize.hpp"
+
+namespace moekit::test {
+
+inline std::uint64_t test_seed() {
+  static const std::uint64_t seed = [] {
+    if (const char* s = std::getenv("MOEKIT_TEST_SEED"))
+      return static_cast<std::uint64_t>(std::strtoull(s, nullptr, 10));
+    return static_cast<std::uint64_t>(std::random_device{}());
+  }();
+  return seed;
+}
+
+/// `n` normal(0, sigma) values from a generator seeded with test_seed() + salt.
+inline std::vector<float> random_normal(std::size_t n, std::uint64_t salt, float sigma = 1.f) {
+  std::mt19937_64 rng(test_seed() * 1000003u + salt);
+  std::normal_distribution<float> d(0.f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+/// Σ of the magnitudes a float kernel adds up for row r · x: Σ|w·x| plus, for quantized rows,
+/// Σ_g |s·z|·Σ|x| (the zero-point term is accumulated separately). Tolerances scale with it.
+inline double dot_magnitude(const MatrixView& w, std::size_t r, const float* x) {
+  const RowLayout l = w.layout();
+  const std::byte* row = w.row(r);
+  double m = 0;
+  for (std::size_t c = 0; c < w.cols; ++c) {
+    double term = std::fabs(static_cast<double>(weight_at(row, l, w.precision, c)) * x[c]);
+    if (is_quantized(w.precision)) {
+      const std::size_t g = c / l.group_size;
+      term = std::fabs(group_scale(row, l, g)) *
+             (read_code(row, c, l.bits) + std::fabs(group_zero(row, l, g))) * std::fabs(x[c]);
+    }
+    m += term;
+  }
+  return m;
+}
+
+}  // namespace moekit::test
