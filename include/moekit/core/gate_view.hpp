@@ -10,10 +10,10 @@ namespace moekit {
 
 /// The router's decision for one token at one layer.
 struct TokenRoute {
-  std::span<const float> logits;          ///< all router logits [n_experts] (may be empty)
-  std::span<const std::uint32_t> experts;  ///< selected experts, by descending weight
-  std::span<const float> weights;          ///< their normalised weights (same order)
-  std::span<const float> hidden;           ///< gate input hidden state [hidden] (may be empty)
+  std::span<const float> logits{};        ///< all router logits [n_experts] (may be empty)
+  std::span<const std::uint32_t> experts{};///< selected experts, by descending weight
+  std::span<const float> weights{};        ///< their normalised weights (same order)
+  std::span<const float> hidden{};         ///< gate input hidden state [hidden] (may be empty)
 };
 
 /// Router output for the `n_tokens` tokens of one forward at one layer, row-major per token:
@@ -24,10 +24,10 @@ struct GateView {
   std::uint32_t n_tokens = 1;
   std::uint32_t k = 0;          ///< experts selected per token in this call
   std::uint32_t n_experts = 0;  ///< routed experts of the layer (width of a logits row)
-  std::span<const float> logits;
-  std::span<const std::uint32_t> experts;
-  std::span<const float> weights;
-  std::span<const float> hidden;
+  std::span<const float> logits{};
+  std::span<const std::uint32_t> experts{};
+  std::span<const float> weights{};
+  std::span<const float> hidden{};
 
   [[nodiscard]] bool has_logits() const noexcept { return !logits.empty(); }
   [[nodiscard]] bool has_hidden() const noexcept { return !hidden.empty(); }
