@@ -1,0 +1,57 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "moekit/score/big_little.hpp"
+#include "support/routing.hpp"
+
+using namespace moekit;
+using test::ctx;
+
+TEST_CASE("BigLittlePolicy: little K/2 in decode, full K in prefill and recomputation",
+          "[score][mobile]") {
+  BigLittlePolicy p;
+  CHECK(p.active_top_k(ctx(0, 4, 0, Phase::prefill, 16), 8) == 8);
+  CHECK(p.end_token(std::vector<float>{0, 0, 0, 0}) == TokenVerdict::accept);  // big prefill
+  CHECK(p.active_top_k(ctx(0, 4, 16), 8) == 4);
+  CHECK(p.active_top_k(ctx(0, 4, 16), 4) == 2);
+  CHECK(p.active_top_k(ctx(0, 4, 16), 1) == 1);  // max(1, K/2)
+  CHECK(p.active_top_k(ctx(0, 4, 16), 3) == 1);
+  CHECK(BigLittlePolicy({.k_little = 6}).little_k(8) == 6);
+  BigLittlePolicy little_prefill({.big_prefill = false});
+  CHECK(little_prefill.active_top_k(ctx(0, 4, 0, Phase::prefill, 16), 8) == 4);
+}
+
+TEST_CASE("BigLittlePolicy: fallback exactly at gamma, never twice per token",
+          "[score][mobile]") {
+  // logits ln 7, ln 3: softmax max = 0.7 (as float, exactly 0.7f)
+  const std::vector<float> at_gamma{std::log(7.0f), std::log(3.0f)};
+  REQUIRE(BigLittlePolicy::max_probability(at_gamma) == 0.7f);
+  // dyadic cases
+  CHECK(BigLittlePolicy::max_probability(std::vector<float>{0, 0, 0, 0}) == 0.25f);
+  CHECK(BigLittlePolicy::max_probability(std::vector<float>{1000, 0}) == 1.0f);  // stable
+
+  BigLittlePolicy p;  // gamma 0.7: accept iff max prob > 0.7
+  CHECK(p.active_top_k(ctx(0, 2, 5), 4) == 2);
+  CHECK(p.end_token(at_gamma) == TokenVerdict::fallback);  // == gamma is not confident
+  CHECK(p.recomputing());
+  CHECK(p.active_top_k(ctx(0, 2, 5), 4) == 4);  // the recomputation uses the full K
+  CHECK(p.active_top_k(ctx(1, 2, 5), 4) == 4);
+  CHECK(p.end_token(std::vector<float>{0, 0}) == TokenVerdict::accept);  // never twice
+  CHECK_FALSE(p.recomputing());
+  CHECK(p.active_top_k(ctx(0, 2, 6), 4) == 2);
+  CHECK(p.end_token(std::vector<float>{std::log(7.0f) + 1e-3f, std::log(3.0f)}) ==
+        TokenVerdict::accept);
+  CHECK(p.end_token(std::vector<float>{0, 0, 0, 0}) == TokenVerdict::fallback);
+  CHECK(p.end_token(std::vector<float>{0, 0, 0, 0}) == TokenVerdict::accept);
+  CHECK(p.stats().tokens == 3);
+  CHECK(p.stats().fallbacks == 2);
+  CHECK(p.stats().fallback_ratio() == Approx(2.0 / 3.0));
+
+  BigLittlePolicy never({.gamma = 0.0f});
+  CHECK(never.end_token(std::vector<float>{0, 0, 0, 0}) == TokenVerdict::accept);
+  BigLittlePolicy always({.gamma = 1.0f});
+  CHECK(always.end_token(std::vector<float>{1000, 0}) == TokenVerdict::fallback);
+  CHECK_THROWS_AS(BigLittlePolicy({.gamma = -1.0f}), Error);
+}
