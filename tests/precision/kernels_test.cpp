@@ -1,0 +1,172 @@
+// CPU kernels against the scalar float64 reference: every format × scheme × ISA this CPU runs,
+// GEMM vs repeated GEMV, epilogues, threads, and the fused expert FFN vs its composition.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "moekit/precision/expert_ffn.hpp"
+#include "moekit/precision/gemv.hpp"
+#include "moekit/precision/reference.hpp"
+#include "moekit/precision/thread_pool.hpp"
+#include "test_support.hpp"
+
+using namespace moekit;
+
+namespace {
+const QuantScheme schemes[] = {{32, false}, {64, true}, {128, false}, {0, false}, {0, true}};
+
+std::vector<Isa> isas() {
+  std::vector<Isa> v;
+  for (Isa i : {Isa::generic, Isa::avx2, Isa::avx512})
+    if (isa_supported(i)) v.push_back(i);
+  return v;
+}
+
+// Tolerance per format, relative to Σ of the magnitudes the float kernel adds (dot_magnitude):
+// float32 accumulation of a few thousand terms in blocks stays far below 2^-16 of that sum.
+// A wrong code, scale or order changes the result by about one term: ~1/cols ≫ 2^-16.
+constexpr double rel_tol = 1.0 / 65536;
+
+struct Case {
+  std::vector<std::byte> bytes;
+  MatrixView view;
+};
+Case make(std::size_t rows, std::size_t cols, Precision p, QuantScheme s, std::uint64_t salt) {
+  Case c;
+  const auto w = test::random_normal(rows * cols, salt, 0.05f);
+  c.bytes = encode_matrix<float>(w, rows, cols, p, s);
+  c.view = make_matrix_view(c.bytes, rows, cols, p, s);
+  return c;
+}
+
+void check_close(const MatrixView& w, const float* x, const float* got, const double* want,
+                 const std::string& what) {
+  for (std::size_t r = 0; r < w.rows; ++r) {
+    const double tol = rel_tol * test::dot_magnitude(w, r, x) + 1e-6;
+    if (std::fabs(got[r] - want[r]) > tol)
+      FAIL(what << " row " << r << ": got " << got[r] << " want " << want[r] << " tol " << tol);
+  }
+}
+}  // namespace
+
+TEST_CASE("GEMV matches the float64 reference for every format, scheme and ISA",
+          "[precision][kernels]") {
+  INFO("seed " << test::test_seed());
+  for (std::size_t cols : {512u, 4096u + 40u, 77u})
+    for (Precision p : all_precisions)
+      for (QuantScheme s : schemes) {
+        if (!is_quantized(p) && s != QuantScheme{32, false}) continue;
+        const std::size_t rows = 37;
+        const Case c = make(rows, cols, p, s, cols + 7);
+        const auto x = test::random_normal(cols, cols + 8);
+        std::vector<double> want(rows);
+        for (std::size_t r = 0; r < rows; ++r) want[r] = reference::dot_row(c.view, r, x.data());
+        for (Isa isa : isas()) {
+          std::vector<float> y(rows, 99.f);
+          gemv(c.view, x, y, {isa, nullptr});
+          check_close(c.view, x.data(), y.data(), want.data(),
+                      std::string(name(p)) + " g" + std::to_string(s.group_size) + " z" +
+                          std::to_string(s.zero_point) + " " + std::string(name(isa)) +
+                          " cols " + std::to_string(cols));
+        }
+      }
+}
+
+TEST_CASE("GEMM equals repeated GEMV and honours the epilogue", "[precision][kernels]") {
+  INFO("seed " << test::test_seed());
+  ThreadPool pool(2);
+  const std::size_t rows = 45, cols = 640 + 33;
+  for (Precision p : all_precisions)
+    for (QuantScheme s : {QuantScheme{32, false}, QuantScheme{64, true}}) {
+      const Case c = make(rows, cols, p, s, 100);
+      for (std::size_t n : {2u, 33u}) {  // a partial tile of four, and more than one slice of 32
+        const auto x = test::random_normal(n * cols, 200 + n);
+        for (Isa isa : isas()) {
+          std::vector<float> y(n * rows, 1.f);
+          gemm(c.view, x, n, y, {isa, &pool}, {0.5f, true});
+          for (std::size_t b = 0; b < n; ++b) {
+            std::vector<double> want(rows);
+            std::vector<float> got(rows);
+            std::vector<float> single(rows);
+            gemv(c.view, std::span<const float>(x.data() + b * cols, cols), single, {isa, nullptr});
+            for (std::size_t r = 0; r < rows; ++r) {
+              want[r] = 1.0 + 0.5 * reference::dot_row(c.view, r, x.data() + b * cols);
+              got[r] = y[b * rows + r];
+              // GEMM and GEMV of one activation agree to float rounding.
+              const double g1 = 1.0 + 0.5 * single[r];
+              if (std::fabs(got[r] - g1) > 1e-4 * std::fabs(g1) + 1e-4)
+                FAIL("gemm vs gemv " << name(p) << " " << name(isa) << " b " << b << " row " << r
+                                     << ": " << got[r] << " vs " << g1);
+            }
+            check_close(c.view, x.data() + b * cols, got.data(), want.data(),
+                        std::string("gemm ") + std::string(name(p)) + " " +
+                            std::string(name(isa)) + " n " + std::to_string(n));
+          }
+        }
+      }
+    }
+}
+
+TEST_CASE("threaded GEMV gives the single-thread result", "[precision][kernels]") {
+  INFO("seed " << test::test_seed());
+  ThreadPool pool(3);
+  const Case c = make(1000, 256, Precision::q4, {32, false}, 300);
+  const auto x = test::random_normal(256, 301);
+  std::vector<float> one(1000), many(1000);
+  gemv(c.view, x, one);
+  gemv(c.view, x, many, {std::nullopt, &pool});
+  CHECK(one == many);  // rows are independent: bitwise equal
+}
+
+TEST_CASE("kernels reject mismatched shapes and unsupported requests", "[precision][kernels]") {
+  const Case c = make(8, 64, Precision::q8, {}, 400);
+  std::vector<float> x(63), y(8);
+  CHECK_THROWS_WITH(gemv(c.view, x, y), Catch::Contains("gemv"));
+  std::vector<float> x2(64), y2(8);
+  MatrixView skip = c.view;
+  skip.precision = Precision::skip;
+  CHECK_THROWS_AS(gemv(skip, x2, y2), Error);
+  std::vector<float> xb(3 * 64), yb(2 * 8);
+  CHECK_THROWS_WITH(gemm(c.view, xb, 3, yb), Catch::Contains("gemm"));
+}
+
+TEST_CASE("fused expert FFN equals its composition and the reference", "[precision][kernels]") {
+  INFO("seed " << test::test_seed());
+  ThreadPool pool(2);
+  const std::size_t hidden = 256, ffn = 448 + 32;
+  for (Precision p : {Precision::f32, Precision::bf16, Precision::q8, Precision::q4, Precision::q2})
+    for (QuantScheme s : {QuantScheme{32, false}, QuantScheme{64, true}}) {
+      const Case w1 = make(ffn, hidden, p, s, 500), w3 = make(ffn, hidden, p, s, 501);
+      // w2 in another format: mixed experts must work.
+      const Case w2 = make(hidden, ffn, p == Precision::q2 ? Precision::q4 : p, s, 502);
+      const ExpertWeights e{w1.view, w3.view, w2.view};
+      for (std::size_t n : {1u, 3u}) {
+        const auto x = test::random_normal(n * hidden, 503 + n);
+        std::vector<float> base = test::random_normal(n * hidden, 510);
+        std::vector<float> ref = base;
+        reference::expert_ffn(w1.view, w3.view, w2.view, x.data(), n, ref.data(), 0.7f);
+        for (Isa isa : isas()) {
+          std::vector<float> out = base;
+          expert_ffn(e, x, n, out, 0.7f, {isa, &pool});
+          // Composition: three GEMVs and the elementwise step, done by hand.
+          std::vector<float> comp = base;
+          for (std::size_t b = 0; b < n; ++b) {
+            std::vector<float> g(ffn), u(ffn);
+            const std::span<const float> xb(x.data() + b * hidden, hidden);
+            gemv(w1.view, xb, g, {isa, nullptr});
+            gemv(w3.view, xb, u, {isa, nullptr});
+            for (std::size_t i = 0; i < ffn; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+            gemv(w2.view, g, std::span<float>(comp.data() + b * hidden, hidden), {isa, nullptr},
+                 {0.7f, true});
+          }
+          for (std::size_t i = 0; i < n * hidden; ++i) {
+            INFO(name(p) << " g" << s.group_size << " " << name(isa) << " n " << n << " i " << i);
+            REQUIRE(out[i] == Approx(comp[i]).epsilon(1e-4).margin(1e-5));
+            REQUIRE(out[i] == Approx(ref[i]).epsilon(2e-3).margin(2e-4));
+          }
+        }
+      }
+    }
+}
