@@ -68,6 +68,13 @@ def save_hub_checkpoint(model, out_dir: Path, dtype: torch.dtype = torch.float32
     cfg = model.config.to_dict()
     cfg["torch_dtype"] = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
     cfg["dtype"] = cfg["torch_dtype"]
+    # Hub checkpoints name their class; transformers 5 leaves it null for a model built from a config.
+    cfg["architectures"] = [type(model).__name__]
+    # transformers 5 writes RoPE as rope_parameters {rope_theta, rope_type}; checkpoints made with
+    # transformers 4 (all of today's Hub MoE models) have a top-level rope_theta. Write both (same value).
+    rp = cfg.get("rope_parameters") or {}
+    if "rope_theta" in rp and rp.get("rope_type", "default") == "default":
+        cfg["rope_theta"] = rp["rope_theta"]
     cfg.pop("_name_or_path", None)
     cfg.pop("transformers_version", None)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
