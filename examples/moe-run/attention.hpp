@@ -1,0 +1,100 @@
+#pragma once
+/// \file Grouped-query self-attention with a KV cache, for the n tokens of one forward.
+///
+/// q/k/v projections (optional biases; OLMoE's q_norm/k_norm over the whole projected q and k and
+/// its clip_qkv clamp), RoPE at each token's position, keys/values appended to the cache, then per
+/// query head h (kv head h / (heads / kv_heads)) a causal softmax(q·kᵀ/√d)·v over the cached
+/// positions — restricted to the last `window` positions on sliding-window layers — and o_proj.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "moekit/precision/gemv.hpp"
+#include "moekit/precision/thread_pool.hpp"
+
+#include "config.hpp"
+#include "kv_cache.hpp"
+#include "ops.hpp"
+#include "weights.hpp"
+
+namespace moe_run {
+
+/// Runs attention for one layer; owns its scratch buffers (reused across calls).
+class Attention {
+ public:
+  explicit Attention(const ModelConfig& cfg) : cfg_(cfg), rope_(cfg.head_dim, cfg.rope_theta) {}
+
+  /// out = attention(x) for the n rows of x (already normalised), tokens at positions
+  /// kv.size() .. kv.size()+n−1. Writes their keys/values into `kv` (the caller advances it).
+  void forward(std::uint32_t layer, const LayerWeights& w, KvCache& kv, std::span<const float> x,
+               std::uint32_t n, std::span<float> out, const moekit::KernelOptions& opts) {
+    const std::uint32_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), D = cfg_.head_dim;
+    q_.resize(std::size_t{n} * qd);
+    k_.resize(std::size_t{n} * kvd);
+    v_.resize(std::size_t{n} * kvd);
+    linear(w.q, x, n, q_, opts);
+    linear(w.k, x, n, k_, opts);
+    linear(w.v, x, n, v_, opts);
+    if (cfg_.qk_norm) {
+      rms_norm(q_, w.q_norm, cfg_.rms_norm_eps, q_);
+      rms_norm(k_, w.k_norm, cfg_.rms_norm_eps, k_);
+    }
+    if (cfg_.clip_qkv) {
+      const float c = *cfg_.clip_qkv;
+      for (auto* buf : {&q_, &k_, &v_})
+        for (float& f : *buf) f = std::clamp(f, -c, c);
+    }
+    const std::uint32_t start = kv.size();
+    for (std::uint32_t t = 0; t < n; ++t) {
+      rope_.apply(q_.data() + std::size_t{t} * qd, cfg_.n_heads, start + t);
+      rope_.apply(k_.data() + std::size_t{t} * kvd, cfg_.n_kv_heads, start + t);
+      std::copy_n(k_.data() + std::size_t{t} * kvd, kvd, kv.keys(layer, start + t));
+      std::copy_n(v_.data() + std::size_t{t} * kvd, kvd, kv.values(layer, start + t));
+    }
+
+    ctx_.assign(std::size_t{n} * qd, 0.f);
+    const std::uint32_t group = cfg_.n_heads / cfg_.n_kv_heads;
+    const std::uint32_t window = cfg_.window[layer];
+    const float scale = 1.f / std::sqrt(static_cast<float>(D));
+    auto body = [&](std::size_t b, std::size_t e) {
+      thread_local std::vector<float> scores;
+      for (std::size_t job = b; job < e; ++job) {
+        const std::uint32_t t = static_cast<std::uint32_t>(job / cfg_.n_heads);
+        const std::uint32_t h = static_cast<std::uint32_t>(job % cfg_.n_heads);
+        const std::uint32_t kvh = h / group;
+        const std::uint32_t pos = start + t;
+        const std::uint32_t first = window && pos + 1 > window ? pos + 1 - window : 0;
+        const float* q = q_.data() + std::size_t{t} * qd + std::size_t{h} * D;
+        scores.resize(pos + 1 - first);
+        for (std::uint32_t j = first; j <= pos; ++j) {
+          const float* kj = kv.keys(layer, j) + std::size_t{kvh} * D;
+          float dot = 0.f;
+          for (std::uint32_t i = 0; i < D; ++i) dot += q[i] * kj[i];
+          scores[j - first] = dot * scale;
+        }
+        softmax(scores);
+        float* o = ctx_.data() + std::size_t{t} * qd + std::size_t{h} * D;
+        for (std::uint32_t j = first; j <= pos; ++j) {
+          const float p = scores[j - first];
+          const float* vj = kv.values(layer, j) + std::size_t{kvh} * D;
+          for (std::uint32_t i = 0; i < D; ++i) o[i] += p * vj[i];
+        }
+      }
+    };
+    const std::size_t jobs = std::size_t{n} * cfg_.n_heads;
+    if (opts.pool) opts.pool->parallel_for(0, jobs, 1, body);
+    else body(0, jobs);
+    linear(w.o, ctx_, n, out, opts);
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  RopeTable rope_;
+  std::vector<float> q_, k_, v_, ctx_;
+};
+
+}  // namespace moe_run

@@ -1,0 +1,129 @@
+#pragma once
+/// \file Model: the decoder forward pass (embeddings → layers of attention and MoE → final norm →
+/// LM head) over a KV cache, with the routed experts served by an OffloadPipeline.
+///
+/// `prefill` runs the prompt as one batch (Phase::prefill, GateViews of n_tokens > 1); `decode`
+/// runs one token and then asks the pipeline's token policy whether to keep it — on `fallback`
+/// the KV cache is rolled back one position and the token recomputed (MoBiLE).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "moekit/core/layer_context.hpp"
+#include "moekit/core/plan.hpp"
+#include "moekit/error.hpp"
+#include "moekit/precision/gemv.hpp"
+#include "moekit/precision/thread_pool.hpp"
+
+#include "attention.hpp"
+#include "config.hpp"
+#include "kv_cache.hpp"
+#include "moe_layer.hpp"
+#include "ops.hpp"
+#include "weights.hpp"
+
+namespace moe_run {
+
+/// Token id type of the vocabulary.
+using Token = std::uint32_t;
+
+/// The engine's model: dense weights, a KV cache, and the pipeline that serves experts.
+template <class Pipeline>
+class Model {
+ public:
+  /// Most recomputations of one token a token policy may ask for before it is an error.
+  static constexpr int max_fallbacks = 4;
+
+  Model(const ModelConfig& cfg, const DenseWeights& dense, Pipeline& pipeline,
+        std::uint32_t context_length, moekit::ThreadPool* pool = nullptr)
+      : cfg_(cfg),
+        w_(dense),
+        pipeline_(pipeline),
+        kv_(cfg.n_layers, cfg.kv_dim(), context_length),
+        attention_(cfg),
+        moe_(cfg, pipeline) {
+    opts_.pool = pool;
+  }
+
+  /// Starts a new sequence: empty KV cache, pipeline's per-sequence state reset.
+  void begin_sequence() {
+    kv_.clear();
+    ++sequence_id_;
+    pipeline_.begin_sequence();
+  }
+
+  /// Runs the prompt as one batch; returns the logits of every prompt token (n × vocab) when
+  /// `all_logits`, else of the last one (vocab).
+  std::span<const float> prefill(std::span<const Token> tokens, bool all_logits = false) {
+    MOEKIT_EXPECTS(!tokens.empty(), "prefill: empty prompt");
+    return forward(tokens, moekit::Phase::prefill, all_logits);
+  }
+
+  /// Runs one generated token; returns its logits (vocab).
+  std::span<const float> decode(Token token) {
+    const std::uint32_t pos = kv_.size();
+    for (int attempt = 0; attempt <= max_fallbacks; ++attempt) {
+      kv_.truncate(pos);
+      const auto logits = forward(std::span<const Token>(&token, 1), moekit::Phase::decode, false);
+      if (pipeline_.end_token(logits) == moekit::TokenVerdict::accept) return logits;
+    }
+    moekit::detail::fail(moekit::ErrorKind::internal,
+                         "the token policy rejected a token " + std::to_string(max_fallbacks + 1) +
+                             " times in a row");
+  }
+
+  [[nodiscard]] const KvCache& kv_cache() const noexcept { return kv_; }
+  [[nodiscard]] std::uint32_t position() const noexcept { return kv_.size(); }
+
+ private:
+  std::span<const float> forward(std::span<const Token> tokens, moekit::Phase phase,
+                                 bool all_logits) {
+    const auto n = static_cast<std::uint32_t>(tokens.size());
+    kv_.check_room(n);
+    const std::size_t H = cfg_.hidden;
+    x_.resize(n * H);
+    h_.resize(n * H);
+    t_.resize(n * H);
+    for (std::uint32_t t = 0; t < n; ++t) {
+      if (tokens[t] >= cfg_.vocab_size)
+        moekit::detail::fail(moekit::ErrorKind::invalid_argument,
+                             "token id " + std::to_string(tokens[t]) + " >= vocab_size " +
+                                 std::to_string(cfg_.vocab_size));
+      std::copy_n(w_.embed.w.data() + std::size_t{tokens[t]} * H, H, x_.data() + t * H);
+    }
+    const ForwardInfo info{kv_.size(), n, phase, sequence_id_};
+    for (std::uint32_t l = 0; l < cfg_.n_layers; ++l) {
+      const LayerWeights& L = w_.layers[l];
+      rms_norm(x_, L.attn_norm, cfg_.rms_norm_eps, h_);
+      attention_.forward(l, L, kv_, h_, n, t_, opts_);
+      for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += t_[i];
+      rms_norm(x_, L.ffn_norm, cfg_.rms_norm_eps, h_);
+      moe_.forward(l, L, h_, info, t_, opts_);
+      for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += t_[i];
+    }
+    kv_.advance(n);
+    const std::uint32_t rows = all_logits ? n : 1;
+    const std::span<const float> last(x_.data() + (n - rows) * H, rows * H);
+    h_.resize(rows * H);
+    rms_norm(last, w_.final_norm, cfg_.rms_norm_eps, h_);
+    logits_.resize(std::size_t{rows} * cfg_.vocab_size);
+    linear(w_.output(), h_, rows, logits_, opts_);
+    return logits_;
+  }
+
+  const ModelConfig& cfg_;
+  const DenseWeights& w_;
+  Pipeline& pipeline_;
+  KvCache kv_;
+  Attention attention_;
+  MoeLayer<Pipeline> moe_;
+  moekit::KernelOptions opts_{};
+  std::uint64_t sequence_id_ = 0;
+  std::vector<float> x_, h_, t_, logits_;
+};
+
+}  // namespace moe_run

@@ -1,0 +1,179 @@
+#pragma once
+/// \file The feed-forward half of a decoder layer: the routed MoE block through an
+/// OffloadPipeline (plus Qwen2-MoE's gated shared expert), or a dense SwiGLU MLP.
+///
+/// Router as transformers: logits = W_r·x, p = softmax(logits) over all experts, the top-k of p
+/// (descending), renormalised to sum 1 when the config says so. The pipeline gets the whole
+/// forward's routing at once (`route` → plan, `resolve` → one WeightView per distinct expert);
+/// each expert runs once on the tokens that chose it (precision/'s fused SwiGLU FFN); then each
+/// token sums weight·expert(x) over its experts in ascending expert id — the order of
+/// transformers' index_add_ loop, and independent of the plan's order, so results do not
+/// depend on what was resident.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "moekit/core/gate_view.hpp"
+#include "moekit/core/layer_context.hpp"
+#include "moekit/error.hpp"
+#include "moekit/precision/expert_ffn.hpp"
+#include "moekit/precision/gemv.hpp"
+
+#include "config.hpp"
+#include "ops.hpp"
+#include "weights.hpp"
+
+namespace moe_run {
+
+/// Where the current forward sits in the sequence, for the pipeline's LayerContext.
+struct ForwardInfo {
+  std::uint64_t start = 0;  ///< position of the first token
+  std::uint32_t n_tokens = 1;
+  moekit::Phase phase = moekit::Phase::decode;
+  std::uint64_t sequence_id = 0;
+};
+
+/// Runs MoE (or dense MLP) blocks; owns scratch buffers reused across calls.
+template <class Pipeline>
+class MoeLayer {
+ public:
+  MoeLayer(const ModelConfig& cfg, Pipeline& pipeline) : cfg_(cfg), pipeline_(pipeline) {}
+
+  /// out = ffn(x) for the n rows of x (already normalised) at decoder layer `layer`.
+  void forward(std::uint32_t layer, const LayerWeights& w, std::span<const float> x,
+               const ForwardInfo& info, std::span<float> out, const moekit::KernelOptions& opts) {
+    const std::uint32_t n = info.n_tokens;
+    std::fill(out.begin(), out.end(), 0.f);
+    if (cfg_.moe_index[layer] < 0) {
+      moekit::expert_ffn(w.mlp.view(), x, n, out, 1.f, opts);
+      return;
+    }
+    const moekit::LayerContext ctx{.layer = static_cast<std::uint32_t>(cfg_.moe_index[layer]),
+                                   .n_layers = cfg_.n_moe_layers,
+                                   .token_index = info.start,
+                                   .phase = info.phase,
+                                   .sequence_id = info.sequence_id,
+                                   .n_tokens = n};
+    const std::uint32_t k = route(w, x, n, pipeline_.active_top_k(ctx), opts);
+    const moekit::GateView gate{.n_tokens = n,
+                                .k = k,
+                                .n_experts = cfg_.n_experts,
+                                .logits = logits_,
+                                .experts = experts_,
+                                .weights = weights_,
+                                .hidden = x};
+    const auto& plan = pipeline_.route(ctx, gate);
+    run_experts(pipeline_.resolve(plan), x, n, k, opts);
+    pipeline_.end_layer(ctx);
+    combine(n, k, out);
+    if (!w.shared.empty()) add_shared_expert(w, x, n, out, opts);
+  }
+
+ private:
+  // Router: logits, softmax, top-k (descending, ties to the lower id), optional renormalisation.
+  std::uint32_t route(const LayerWeights& w, std::span<const float> x, std::uint32_t n,
+                      std::uint32_t k, const moekit::KernelOptions& opts) {
+    const std::uint32_t E = cfg_.n_experts;
+    MOEKIT_EXPECTS(k >= 1 && k <= E, "MoeLayer: the token policy's top-k is outside [1, n_experts]");
+    logits_.resize(std::size_t{n} * E);
+    linear(w.router, x, n, logits_, opts);
+    experts_.resize(std::size_t{n} * k);
+    weights_.resize(std::size_t{n} * k);
+    probs_.resize(E);
+    order_.resize(E);
+    for (std::uint32_t t = 0; t < n; ++t) {
+      std::copy_n(logits_.data() + std::size_t{t} * E, E, probs_.data());
+      softmax(probs_);
+      std::iota(order_.begin(), order_.end(), 0u);
+      std::partial_sort(order_.begin(), order_.begin() + k, order_.end(),
+                        [&](std::uint32_t a, std::uint32_t b) {
+                          return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b);
+                        });
+      float sum = 0.f;
+      for (std::uint32_t j = 0; j < k; ++j) sum += probs_[order_[j]];
+      for (std::uint32_t j = 0; j < k; ++j) {
+        experts_[std::size_t{t} * k + j] = order_[j];
+        const float p = probs_[order_[j]];
+        weights_[std::size_t{t} * k + j] = cfg_.norm_topk_prob ? p / sum : p;
+      }
+    }
+    return k;
+  }
+
+  // Each resolved expert runs once on the rows of the tokens that selected it; its output for
+  // (token t, rank j) lands in y_[(t·k + j) × hidden] (unscaled).
+  void run_experts(std::span<const moekit::WeightView> views, std::span<const float> x,
+                   std::uint32_t n, std::uint32_t k, const moekit::KernelOptions& opts) {
+    const std::size_t H = cfg_.hidden;
+    y_.assign(std::size_t{n} * k * H, 0.f);
+    ran_.assign(std::size_t{n} * k, 0);
+    const moekit::ModelShape shape = cfg_.shape();
+    for (const moekit::WeightView& v : views) {
+      if (v.placement == moekit::Placement::skipped) continue;
+      if (v.bytes.empty())
+        moekit::detail::fail(moekit::ErrorKind::internal,
+                             "pipeline resolved an expert without bytes (a loader that keeps no "
+                             "bytes cannot drive the engine)");
+      rows_.clear();
+      for (std::uint32_t i = 0; i < n * k; ++i)
+        if (experts_[i] == v.key.expert) rows_.push_back(i);
+      const std::size_t m = rows_.size();
+      in_.resize(m * H);
+      res_.assign(m * H, 0.f);
+      for (std::size_t r = 0; r < m; ++r)
+        std::copy_n(x.data() + std::size_t{rows_[r] / k} * H, H, in_.data() + r * H);
+      moekit::expert_ffn(expert_view(shape, v.bytes, v.precision), in_, m, res_, 1.f, opts);
+      for (std::size_t r = 0; r < m; ++r) {
+        std::copy_n(res_.data() + r * H, H, y_.data() + std::size_t{rows_[r]} * H);
+        ran_[rows_[r]] = 1;
+      }
+    }
+  }
+
+  // out[t] = Σ_j weight(t, j)·y(t, j) over the token's experts in ascending expert id.
+  void combine(std::uint32_t n, std::uint32_t k, std::span<float> out) {
+    const std::size_t H = cfg_.hidden;
+    rank_.resize(k);
+    for (std::uint32_t t = 0; t < n; ++t) {
+      const std::size_t base = std::size_t{t} * k;
+      std::iota(rank_.begin(), rank_.end(), 0u);
+      std::sort(rank_.begin(), rank_.end(), [&](std::uint32_t a, std::uint32_t b) {
+        return experts_[base + a] < experts_[base + b];
+      });
+      float* o = out.data() + t * H;
+      for (std::uint32_t j : rank_) {
+        if (!ran_[base + j]) continue;  // skipped by the scorer
+        const float wt = weights_[base + j];
+        const float* y = y_.data() + (base + j) * H;
+        for (std::size_t i = 0; i < H; ++i) o[i] += y[i] * wt;
+      }
+    }
+  }
+
+  // Qwen2-MoE: out += sigmoid(shared_expert_gate·x) · shared_expert(x).
+  void add_shared_expert(const LayerWeights& w, std::span<const float> x, std::uint32_t n,
+                         std::span<float> out, const moekit::KernelOptions& opts) {
+    const std::size_t H = cfg_.hidden;
+    res_.assign(std::size_t{n} * H, 0.f);
+    moekit::expert_ffn(w.shared.view(), x, n, res_, 1.f, opts);
+    gate_.resize(n);
+    linear(w.shared_gate, x, n, gate_, opts);
+    for (std::uint32_t t = 0; t < n; ++t) {
+      const float g = 1.f / (1.f + std::exp(-gate_[t]));
+      for (std::size_t i = 0; i < H; ++i) out[t * H + i] += g * res_[t * H + i];
+    }
+  }
+
+  const ModelConfig& cfg_;
+  Pipeline& pipeline_;
+  std::vector<float> logits_, weights_, probs_, y_, in_, res_, gate_;
+  std::vector<std::uint32_t> experts_, order_, rank_, rows_;
+  std::vector<std::uint8_t> ran_;
+};
+
+}  // namespace moe_run

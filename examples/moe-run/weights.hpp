@@ -1,0 +1,263 @@
+#pragma once
+/// \file The model's weights in host memory: the dense part in f32 (embeddings, norms, attention,
+/// routers, shared experts, dense MLPs, LM head) and the routed experts encoded at one or more
+/// stored precisions, handed to the offload pipeline's loader as byte spans.
+///
+/// Expert byte layout (one contiguous blob per expert and precision, the size
+/// `ModelShape::expert_bytes(p)` gives): [w1 (gate) ffn×hidden][w3 (up) ffn×hidden]
+/// [w2 (down) hidden×ffn], each matrix in precision/'s row format.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "moekit/core/expert_key.hpp"
+#include "moekit/core/model_shape.hpp"
+#include "moekit/core/precision.hpp"
+#include "moekit/error.hpp"
+#include "moekit/io/dequantize.hpp"
+#include "moekit/io/safetensors.hpp"
+#include "moekit/precision/expert_ffn.hpp"
+#include "moekit/precision/format.hpp"
+#include "moekit/precision/quantize.hpp"
+
+#include "config.hpp"
+
+namespace moe_run {
+
+/// A dense f32 linear layer y = W·x (+ b); W is rows × cols (cols = input size).
+struct Linear {
+  std::vector<float> w;
+  std::vector<float> bias;  ///< empty when the layer has no bias
+  std::size_t rows = 0;
+  std::size_t cols = 0;
+
+  [[nodiscard]] moekit::MatrixView view() const noexcept {
+    return {reinterpret_cast<const std::byte*>(w.data()), rows, cols, moekit::Precision::f32, {}};
+  }
+  [[nodiscard]] bool empty() const noexcept { return w.empty(); }
+};
+
+/// A SwiGLU MLP kept in f32 (Qwen2-MoE's shared expert and dense layers).
+struct DenseMlp {
+  Linear gate, up, down;
+  [[nodiscard]] moekit::ExpertWeights view() const noexcept {
+    return {gate.view(), up.view(), down.view()};
+  }
+  [[nodiscard]] bool empty() const noexcept { return gate.empty(); }
+};
+
+/// The dense weights of one decoder layer.
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;
+  Linear q, k, v, o;
+  std::vector<float> q_norm, k_norm;  ///< OLMoE only
+  Linear router;                      ///< n_experts × hidden (MoE layers)
+  DenseMlp shared;                    ///< Qwen2-MoE shared expert (may be empty)
+  Linear shared_gate;                 ///< 1 × hidden (Qwen2-MoE)
+  DenseMlp mlp;                       ///< dense MLP (non-MoE layers)
+};
+
+/// The dense part of the model.
+struct DenseWeights {
+  Linear embed;    ///< vocab × hidden
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;
+  Linear lm_head;  ///< vocab × hidden; empty when tied to `embed`
+
+  [[nodiscard]] const Linear& output() const noexcept { return lm_head.empty() ? embed : lm_head; }
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    auto lin = [](const Linear& l) { return (l.w.size() + l.bias.size()) * sizeof(float); };
+    auto mlp = [&](const DenseMlp& m) { return lin(m.gate) + lin(m.up) + lin(m.down); };
+    std::size_t n = lin(embed) + lin(lm_head) + final_norm.size() * sizeof(float);
+    for (const auto& l : layers)
+      n += (l.attn_norm.size() + l.ffn_norm.size() + l.q_norm.size() + l.k_norm.size()) *
+               sizeof(float) +
+           lin(l.q) + lin(l.k) + lin(l.v) + lin(l.o) + lin(l.router) + mlp(l.shared) +
+           lin(l.shared_gate) + mlp(l.mlp);
+    return n;
+  }
+};
+
+/// Every routed expert in host memory at each of a set of stored precisions.
+class HostExperts {
+ public:
+  HostExperts() = default;
+  HostExperts(const moekit::ModelShape& shape, std::vector<moekit::Precision> precisions)
+      : shape_(shape), precisions_(std::move(precisions)) {
+    MOEKIT_EXPECTS(!precisions_.empty(), "HostExperts: no precision requested");
+    for (moekit::Precision p : precisions_) {
+      moekit::validate_scheme(p, shape_.quant, "expert precision");
+      blobs_.emplace_back(shape_.expert_count() * shape_.expert_bytes(p));
+    }
+  }
+
+  /// Encodes expert `key` from its f32 matrices (w1, w3: ffn × hidden; w2: hidden × ffn).
+  void set(moekit::ExpertKey key, std::span<const float> w1, std::span<const float> w3,
+           std::span<const float> w2) {
+    for (std::size_t i = 0; i < precisions_.size(); ++i) {
+      const moekit::Precision p = precisions_[i];
+      const std::size_t f = shape_.ffn, h = shape_.hidden;
+      std::byte* dst = blobs_[i].data() + shape_.index(key) * shape_.expert_bytes(p);
+      for (auto [m, rows, cols] : {std::tuple{w1, f, h}, std::tuple{w3, f, h}, std::tuple{w2, h, f}}) {
+        const auto enc = moekit::encode_matrix<float>(m, rows, cols, p, shape_.quant);
+        std::copy(enc.begin(), enc.end(), dst);
+        dst += enc.size();
+      }
+    }
+  }
+
+  /// The stored bytes of `key` at `p`; throws when `p` is not held.
+  [[nodiscard]] std::span<const std::byte> bytes(moekit::ExpertKey key, moekit::Precision p) const {
+    MOEKIT_EXPECTS(shape_.contains(key), "HostExperts: expert key outside the model");
+    for (std::size_t i = 0; i < precisions_.size(); ++i)
+      if (precisions_[i] == p) {
+        const std::size_t n = shape_.expert_bytes(p);
+        return {blobs_[i].data() + shape_.index(key) * n, n};
+      }
+    throw moekit::Error(moekit::ErrorKind::unsupported,
+                        "experts are held in host memory at " + held_names() + ", not at " +
+                            std::string(moekit::name(p)));
+  }
+
+  [[nodiscard]] const std::vector<moekit::Precision>& precisions() const noexcept {
+    return precisions_;
+  }
+  [[nodiscard]] std::size_t total_bytes() const noexcept {
+    std::size_t n = 0;
+    for (const auto& b : blobs_) n += b.size();
+    return n;
+  }
+
+ private:
+  std::string held_names() const {
+    std::string s;
+    for (moekit::Precision p : precisions_) s += (s.empty() ? "" : ", ") + std::string(name(p));
+    return s;
+  }
+
+  moekit::ModelShape shape_{};
+  std::vector<moekit::Precision> precisions_;
+  std::vector<std::vector<std::byte>> blobs_;
+};
+
+/// The three matrices of an expert blob laid out as this file's header describes.
+inline moekit::ExpertWeights expert_view(const moekit::ModelShape& s, std::span<const std::byte> b,
+                                         moekit::Precision p) {
+  const std::size_t m13 = moekit::matrix_bytes(s.ffn, s.hidden, p, s.quant);
+  const std::size_t m2 = moekit::matrix_bytes(s.hidden, s.ffn, p, s.quant);
+  MOEKIT_EXPECTS(b.size() == 2 * m13 + m2, "expert_view: blob size does not match the shape");
+  return {moekit::make_matrix_view(b.subspan(0, m13), s.ffn, s.hidden, p, s.quant, "expert w1"),
+          moekit::make_matrix_view(b.subspan(m13, m13), s.ffn, s.hidden, p, s.quant, "expert w3"),
+          moekit::make_matrix_view(b.subspan(2 * m13, m2), s.hidden, s.ffn, p, s.quant,
+                                   "expert w2")};
+}
+
+/// The model's weights: dense part and routed experts.
+struct ModelWeights {
+  DenseWeights dense;
+  HostExperts experts;
+};
+
+namespace detail {
+
+/// Reads tensors of a checkpoint as f32 with shape checks that name the tensor.
+class TensorReader {
+ public:
+  explicit TensorReader(const moekit::io::SafetensorsModel& m) : m_(m) {}
+
+  [[nodiscard]] bool has(const std::string& name) const { return m_.find(name).has_value(); }
+
+  /// Tensor `name`, checked to have exactly `shape`.
+  std::vector<float> read(const std::string& name, std::vector<std::uint64_t> shape) const {
+    const moekit::io::TensorView t = m_.tensor(name);
+    const auto got = t.shape();
+    if (!std::equal(got.begin(), got.end(), shape.begin(), shape.end()))
+      throw moekit::Error(moekit::ErrorKind::invalid_format,
+                          t.where() + " has shape " + dims(got) + ", expected " + dims(shape) +
+                              " from the config");
+    return moekit::io::dequantize(t);
+  }
+  Linear linear(const std::string& name, std::size_t rows, std::size_t cols,
+                bool bias = false) const {
+    Linear l;
+    l.rows = rows;
+    l.cols = cols;
+    l.w = read(name + ".weight", {rows, cols});
+    if (bias) l.bias = read(name + ".bias", {rows});
+    return l;
+  }
+  DenseMlp mlp(const std::string& prefix, std::size_t hidden, std::size_t ffn) const {
+    return {linear(prefix + ".gate_proj", ffn, hidden), linear(prefix + ".up_proj", ffn, hidden),
+            linear(prefix + ".down_proj", hidden, ffn)};
+  }
+
+ private:
+  static std::string dims(std::span<const std::uint64_t> d) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+    return s + "]";
+  }
+  const moekit::io::SafetensorsModel& m_;
+};
+
+}  // namespace detail
+
+/// Loads a Hugging Face safetensors checkpoint (directory, index or single file) for `cfg`,
+/// encoding the routed experts at each of `expert_precisions`.
+inline ModelWeights load_weights(const ModelConfig& cfg, const std::filesystem::path& path,
+                                 std::vector<moekit::Precision> expert_precisions) {
+  const auto model = moekit::io::SafetensorsModel::open(path);
+  const detail::TensorReader r(model);
+  const std::size_t H = cfg.hidden, V = cfg.vocab_size;
+  ModelWeights w;
+  DenseWeights& d = w.dense;
+  d.embed = r.linear("model.embed_tokens", V, H);
+  d.final_norm = r.read("model.norm.weight", {H});
+  if (!cfg.tie_word_embeddings) d.lm_head = r.linear("lm_head", V, H);
+
+  const moekit::ModelShape shape = cfg.shape();
+  w.experts = HostExperts(shape, std::move(expert_precisions));
+  const bool mixtral = cfg.arch == Architecture::mixtral;
+  d.layers.resize(cfg.n_layers);
+  for (std::uint32_t l = 0; l < cfg.n_layers; ++l) {
+    LayerWeights& L = d.layers[l];
+    const std::string p = "model.layers." + std::to_string(l);
+    L.attn_norm = r.read(p + ".input_layernorm.weight", {H});
+    L.ffn_norm = r.read(p + ".post_attention_layernorm.weight", {H});
+    L.q = r.linear(p + ".self_attn.q_proj", cfg.q_dim(), H, cfg.qkv_bias);
+    L.k = r.linear(p + ".self_attn.k_proj", cfg.kv_dim(), H, cfg.qkv_bias);
+    L.v = r.linear(p + ".self_attn.v_proj", cfg.kv_dim(), H, cfg.qkv_bias);
+    L.o = r.linear(p + ".self_attn.o_proj", H, cfg.q_dim(), cfg.o_bias);
+    if (cfg.qk_norm) {
+      L.q_norm = r.read(p + ".self_attn.q_norm.weight", {cfg.q_dim()});
+      L.k_norm = r.read(p + ".self_attn.k_norm.weight", {cfg.kv_dim()});
+    }
+    const std::int32_t m = cfg.moe_index[l];
+    if (m < 0) {
+      L.mlp = r.mlp(p + ".mlp", H, cfg.dense_ffn);
+      continue;
+    }
+    const std::string moe = p + (mixtral ? ".block_sparse_moe" : ".mlp");
+    L.router = r.linear(moe + ".gate", cfg.n_experts, H);
+    if (cfg.shared_ffn) {
+      L.shared = r.mlp(moe + ".shared_expert", H, cfg.shared_ffn);
+      L.shared_gate = r.linear(moe + ".shared_expert_gate", 1, H);
+    }
+    const std::size_t F = cfg.expert_ffn;
+    for (std::uint32_t e = 0; e < cfg.n_experts; ++e) {
+      const std::string x = moe + ".experts." + std::to_string(e);
+      const auto w1 = r.read(x + (mixtral ? ".w1.weight" : ".gate_proj.weight"), {F, H});
+      const auto w3 = r.read(x + (mixtral ? ".w3.weight" : ".up_proj.weight"), {F, H});
+      const auto w2 = r.read(x + (mixtral ? ".w2.weight" : ".down_proj.weight"), {H, F});
+      w.experts.set({static_cast<std::uint32_t>(m), e}, w1, w3, w2);
+    }
+  }
+  return w;
+}
+
+}  // namespace moe_run

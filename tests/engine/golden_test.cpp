@@ -1,0 +1,130 @@
+// moe-run's forward pass against transformers: the fixtures in tests/data (made by
+// scripts/make_fixtures.py) hold tiny random-weight Mixtral / Qwen2-MoE / OLMoE checkpoints with
+// the reference logits at every position and 32 greedy tokens.
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/precision/thread_pool.hpp"
+#include "moekit/presets.hpp"
+
+#include "config.hpp"
+#include "engine_test_support.hpp"
+#include "model.hpp"
+#include "offload.hpp"
+#include "weights.hpp"
+
+using namespace moe_run;
+using moekit::Precision;
+using Baseline = moekit::presets::Baseline<moekit::MemoryLoader>;
+
+namespace {
+
+constexpr const char* fixtures[] = {"mixtral", "mixtral_swa", "qwen2_moe", "olmoe"};
+
+struct Loaded {
+  ModelConfig cfg;
+  ModelWeights weights;
+};
+
+std::unique_ptr<Loaded> load_fixture(const std::string& name, Precision p = Precision::f32) {
+  const auto dir = engine_test::data_dir() / name;
+  if (!std::filesystem::exists(dir / "reference.json")) return nullptr;
+  auto l = std::make_unique<Loaded>();
+  l->cfg = load_config(dir);
+  l->weights = load_weights(l->cfg, dir, {p});
+  return l;
+}
+
+// Greedy run: prefill of the prompt (all logits), then decode steps feeding back the argmax.
+// Returns every position's logits, row-major, and the generated tokens.
+struct Run {
+  std::vector<float> logits;
+  std::vector<Token> tokens;
+};
+
+Run greedy(const Loaded& m, Baseline& pipeline, const engine_test::Reference& ref,
+           moekit::ThreadPool* pool) {
+  Model<Baseline> model(m.cfg, m.weights.dense, pipeline, 128, pool);
+  model.begin_sequence();
+  Run r;
+  const auto pre = model.prefill(ref.prompt_ids, /*all_logits=*/true);
+  r.logits.assign(pre.begin(), pre.end());
+  const std::size_t V = m.cfg.vocab_size;
+  Token next = engine_test::argmax(pre.data() + pre.size() - V, V);
+  for (std::size_t i = 0; i < ref.generated_ids.size(); ++i) {
+    r.tokens.push_back(next);
+    if (i + 1 == ref.generated_ids.size()) break;
+    const auto lg = model.decode(next);
+    r.logits.insert(r.logits.end(), lg.begin(), lg.end());
+    next = engine_test::argmax(lg.data(), V);
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("f32 forward pass matches transformers' logits and greedy tokens", "[engine][golden]") {
+  moekit::ThreadPool pool(2);
+  for (const char* name : fixtures) {
+    DYNAMIC_SECTION(name) {
+      const auto m = load_fixture(name);
+      if (!m) {
+        WARN("fixture tests/data/" << name << " is missing (run scripts/make_fixtures.py); skipped");
+        continue;
+      }
+      const auto ref = engine_test::load_reference(engine_test::data_dir() / name);
+      REQUIRE(ref.vocab == m->cfg.vocab_size);
+      const auto shape = m->cfg.shape();
+      Baseline pipeline(shape, pipeline_config(shape, {0, Precision::f32}),
+                        host_loader(m->weights.experts), moekit::UniformScorer({Precision::f32}));
+      const Run r = greedy(*m, pipeline, ref, &pool);
+      CHECK(r.tokens == std::vector<Token>(ref.generated_ids.begin(), ref.generated_ids.end()));
+      const std::size_t V = ref.vocab;
+      REQUIRE(r.logits.size() == ref.logits.size());
+      double worst = 0;
+      for (std::size_t t = 0; t < r.logits.size() / V; ++t) {
+        const double e =
+            engine_test::relative_error(r.logits.data() + t * V, ref.logits.data() + t * V, V);
+        worst = std::max(worst, e);
+        INFO("position " << t);
+        CHECK(e <= 1e-4);
+      }
+      INFO(name << ": worst relative error " << worst);
+      CHECK(worst <= 1e-4);
+    }
+  }
+}
+
+TEST_CASE("an expert budget forcing evictions gives the all-resident logits bit for bit",
+          "[engine][golden]") {
+  moekit::ThreadPool pool(2);
+  for (const char* name : fixtures) {
+    DYNAMIC_SECTION(name) {
+      const auto m = load_fixture(name);
+      if (!m) {
+        WARN("fixture tests/data/" << name << " is missing; skipped");
+        continue;
+      }
+      const auto ref = engine_test::load_reference(engine_test::data_dir() / name);
+      const auto shape = m->cfg.shape();
+      Baseline all(shape, pipeline_config(shape, {0, Precision::f32}),
+                   host_loader(m->weights.experts), moekit::UniformScorer({Precision::f32}));
+      const OffloadSettings tight{minimum_expert_budget(shape, Precision::f32), Precision::f32};
+      Baseline few(shape, pipeline_config(shape, tight), host_loader(m->weights.experts),
+                   moekit::UniformScorer({Precision::f32}));
+      const Run a = greedy(*m, all, ref, &pool);
+      const Run b = greedy(*m, few, ref, &pool);
+      CHECK(all.stats().cache.evictions == 0);
+      CHECK(few.stats().cache.evictions > 0);
+      CHECK(a.tokens == b.tokens);
+      REQUIRE(a.logits.size() == b.logits.size());
+      CHECK(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)) == 0);
+    }
+  }
+}
