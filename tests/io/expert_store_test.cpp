@@ -1,0 +1,214 @@
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "io/io_test_util.hpp"
+#include "io/store_test_util.hpp"
+#include "moekit/io/expert_store.hpp"
+
+using namespace moekit;
+using namespace moekit::io;
+using moekit::test::fake_expert;
+using moekit::test::require_error;
+using moekit::test::TempDir;
+using moekit::test::tiny_shape;
+
+namespace {
+const std::vector<Precision> f16_q4{Precision::f16, Precision::q4};
+
+ExpertStoreWriteReport write_tiny(const std::string& path, ExpertStoreWriteOptions opt = {}) {
+  return write_expert_store(path, tiny_shape, f16_q4,
+                            [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); }, opt);
+}
+
+void patch(const std::string& path, std::uint64_t offset, std::span<const std::byte> bytes) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+}  // namespace
+
+TEST_CASE("expert store: every blob is aligned, complete and matches the encoder", "[io][store]") {
+  TempDir dir;
+  const auto path = dir.file("tiny.moestore");
+  std::size_t progress_calls = 0;
+  ExpertStoreWriteOptions opt;
+  opt.meta = {{"source", "unit test"}};
+  opt.progress = [&](std::size_t done, std::size_t total) {
+    ++progress_calls;
+    CHECK(done <= total);
+  };
+  auto rep = write_tiny(path, opt);
+  CHECK(rep.blobs_encoded == 12);
+  CHECK(rep.blobs_resumed == 0);
+  CHECK(progress_calls == 12);
+  CHECK(std::filesystem::file_size(path) == rep.file_bytes);
+  CHECK_FALSE(std::filesystem::exists(path + ".partial"));
+  CHECK_FALSE(std::filesystem::exists(path + ".partial.journal"));
+
+  auto store = ExpertStore::open(path, tiny_shape);
+  CHECK(store.shape() == tiny_shape);
+  CHECK(store.has(Precision::q4));
+  CHECK_FALSE(store.has(Precision::q8));
+  CHECK(store.manifest().meta["source"] == "unit test");
+  const auto file = moekit::test::read_file(path);
+  for (Precision p : f16_q4)
+    for (std::uint32_t l = 0; l < 2; ++l)
+      for (std::uint32_t e = 0; e < 3; ++e) {
+        const auto& b = store.blob({l, e}, p);
+        CHECK(b.offset % 4096 == 0);
+        CHECK(b.bytes == tiny_shape.expert_bytes(p));
+        const auto want = fake_expert(tiny_shape, {l, e}, p);
+        CHECK(std::equal(want.begin(), want.end(), file.begin() + static_cast<std::ptrdiff_t>(b.offset)));
+        CHECK(b.checksum == xxh64(want));
+        // zero padding up to the next 4 KiB boundary
+        for (std::uint64_t i = b.offset + b.bytes; i < b.offset + b.padded_bytes(); ++i)
+          REQUIRE(file[i] == std::byte{0});
+      }
+  CHECK(store.find({2, 0}, Precision::f16) == nullptr);
+  require_error([&] { (void)store.blob({0, 0}, Precision::q2); }, ErrorKind::invalid_argument, {"q2", "layer 0"});
+  REQUIRE_NOTHROW(store.verify());
+}
+
+TEST_CASE("expert store: refuses to overwrite unless told", "[io][store]") {
+  TempDir dir;
+  const auto path = dir.file("s.moestore");
+  write_tiny(path);
+  require_error([&] { write_tiny(path); }, ErrorKind::invalid_argument, {path, "overwrite"});
+  ExpertStoreWriteOptions opt;
+  opt.overwrite = true;
+  CHECK(write_tiny(path, opt).blobs_encoded == 12);
+}
+
+TEST_CASE("expert store: an interrupted write resumes, re-encoding only missing or damaged blobs", "[io][store]") {
+  TempDir dir;
+  const auto path = dir.file("r.moestore");
+  int calls = 0;
+  auto failing = [&](ExpertKey k, Precision p) {
+    if (++calls > 5) throw std::runtime_error("simulated crash");
+    return fake_expert(tiny_shape, k, p);
+  };
+  CHECK_THROWS_WITH(write_expert_store(path, tiny_shape, f16_q4, failing), "simulated crash");
+  CHECK_FALSE(std::filesystem::exists(path));
+  REQUIRE(std::filesystem::exists(path + ".partial"));
+
+  // Damage the second blob in the partial file: it must be re-encoded.
+  const auto layout = io::detail::store_layout(tiny_shape, f16_q4);
+  std::vector<std::byte> junk(16, std::byte{0xAB});
+  patch(path + ".partial", layout[1].offset + 100, junk);
+
+  std::vector<std::pair<ExpertKey, Precision>> encoded;
+  auto counting = [&](ExpertKey k, Precision p) {
+    encoded.emplace_back(k, p);
+    return fake_expert(tiny_shape, k, p);
+  };
+  auto rep = write_expert_store(path, tiny_shape, f16_q4, counting);
+  CHECK(rep.blobs_resumed == 4);
+  CHECK(rep.blobs_encoded == 8);
+  REQUIRE_FALSE(encoded.empty());
+  CHECK(encoded.front().first == layout[1].key);
+  REQUIRE_NOTHROW(ExpertStore::open(path).verify());
+
+  // A partial file from another layout is never resumed.
+  std::filesystem::remove(path);
+  calls = 0;
+  CHECK_THROWS(write_expert_store(path, tiny_shape, f16_q4, failing));
+  const std::vector<Precision> only_q8{Precision::q8};
+  auto rep2 = write_expert_store(path, tiny_shape, only_q8,
+                                 [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); });
+  CHECK(rep2.blobs_resumed == 0);
+  CHECK(rep2.blobs_encoded == 6);
+}
+
+TEST_CASE("expert store: writer rejects bad requests and encoders", "[io][store]") {
+  TempDir dir;
+  require_error([&] {
+    write_expert_store(dir.file("a"), tiny_shape, f16_q4,
+                       [](ExpertKey, Precision) { return std::vector<std::byte>(7); });
+  }, ErrorKind::invalid_argument, {"7 bytes", "layer 0", "expert 0", "f16"});
+  const std::vector<Precision> dup{Precision::q4, Precision::q4};
+  require_error([&] { write_expert_store(dir.file("b"), tiny_shape, dup, {}); }, ErrorKind::invalid_argument, {"twice"});
+  const std::vector<Precision> skip{Precision::skip};
+  require_error([&] { write_expert_store(dir.file("c"), tiny_shape, skip, {}); }, ErrorKind::invalid_argument, {"skip"});
+}
+
+TEST_CASE("expert store: damaged files give typed errors", "[io][store]") {
+  TempDir dir;
+  const auto path = dir.file("d.moestore");
+  write_tiny(path);
+  const auto good = moekit::test::read_file(path);
+  auto store = ExpertStore::open(path);
+  const auto& b0 = store.blob({1, 2}, Precision::q4);
+
+  SECTION("truncated") {
+    std::filesystem::resize_file(path, good.size() - 10);
+    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::invalid_format, {path, "truncated"});
+    std::filesystem::resize_file(path, 100);
+    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::invalid_format, {path, "truncated"});
+  }
+  SECTION("wrong magic") {
+    patch(path, 0, std::vector<std::byte>(1, std::byte{'X'}));
+    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::invalid_format, {path, "magic"});
+  }
+  SECTION("wrong version") {
+    patch(path, 8, std::vector<std::byte>(1, std::byte{9}));
+    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::unsupported, {path, "version 9"});
+  }
+  SECTION("damaged header") {
+    patch(path, 20, std::vector<std::byte>(1, std::byte{1}));
+    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::checksum, {path, "header checksum"});
+  }
+  SECTION("damaged manifest") {
+    patch(path, store.header().manifest_offset + 3, std::vector<std::byte>(1, std::byte{'#'}));
+    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::checksum, {path, "manifest checksum"});
+  }
+  SECTION("damaged blob: verify names the blob and offset") {
+    patch(path, b0.offset + 17, std::vector<std::byte>(1, ~good[b0.offset + 17]));
+    auto s = ExpertStore::open(path);  // opening does not read blobs
+    require_error([&] { s.verify(); }, ErrorKind::checksum,
+                  {path, "layer 1", "expert 2", "q4", std::to_string(b0.offset)});
+  }
+  SECTION("shape disagreement") {
+    ModelShape other = tiny_shape;
+    other.ffn = 64;
+    require_error([&] { (void)ExpertStore::open(path, other); }, ErrorKind::invalid_argument, {path, "expected"});
+  }
+}
+
+TEST_CASE("expert store: manifest validation catches offsets, overlaps and sizes", "[io][store]") {
+  TempDir dir;
+  const auto path = dir.file("m.moestore");
+  write_tiny(path);
+  auto store = ExpertStore::open(path);
+  const std::uint64_t data_end = store.header().manifest_offset;
+  auto j = io::detail::manifest_to_json(store.manifest());
+  REQUIRE_NOTHROW(parse_store_manifest(j.dump(), data_end, "m"));
+
+  auto edit = [&](auto&& change) {
+    auto k = j;
+    change(k);
+    return k.dump();
+  };
+  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["blobs"][3]["offset"] = 1u << 30; }), data_end, "m"); },
+                ErrorKind::invalid_format, {"blob #3", "runs past"});
+  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["blobs"][3]["offset"] = 4097; }), data_end, "m"); },
+                ErrorKind::invalid_format, {"blob #3", "4096"});
+  require_error([&] {
+    (void)parse_store_manifest(edit([](auto& k) { k["blobs"][3]["offset"] = k["blobs"][2]["offset"]; }), data_end, "m");
+  }, ErrorKind::invalid_format, {"overlap"});
+  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["blobs"][0]["bytes"] = 5; }), data_end, "m"); },
+                ErrorKind::invalid_format, {"blob #0", "5 bytes"});
+  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["blobs"][1] = k["blobs"][0]; }), data_end, "m"); },
+                ErrorKind::invalid_format, {"twice"});
+  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["blobs"].erase(0); }), data_end, "m"); },
+                ErrorKind::invalid_format, {"'blobs' must list 12"});
+  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["shape"]["top_k"] = 9; }), data_end, "m"); },
+                ErrorKind::invalid_format, {"shape", "top_k"});
+  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["blobs"][0]["xxh64"] = "zz"; }), data_end, "m"); },
+                ErrorKind::invalid_format, {"xxh64"});
+  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["version"] = 2; }), data_end, "m"); },
+                ErrorKind::unsupported, {"version"});
+  require_error([&] { (void)parse_store_manifest("[]", data_end, "m"); }, ErrorKind::invalid_format, {"not a JSON object"});
+}
