@@ -138,6 +138,8 @@ def main():
     train_text, val_text, val_line, n_lines = load_split(args.data)
     train_ids = torch.tensor(sp.encode(train_text), dtype=torch.long)
     val_ids = torch.tensor(sp.encode(val_text), dtype=torch.long)
+    args.split_line, args.n_lines = val_line + 1, n_lines
+    args.train_tokens, args.val_tokens = train_ids.numel(), val_ids.numel()
     print(f"data: {n_lines} lines; train = lines 1..{val_line} ({train_ids.numel()} tokens), "
           f"held-out = lines {val_line + 1}..{n_lines} ({val_ids.numel()} tokens)", flush=True)
 
@@ -293,7 +295,7 @@ WikiText-flavoured near-sentences. Do not use it for anything but testing and de
 |---|---|
 | layers | {c.num_hidden_layers} |
 | hidden size | {c.hidden_size} |
-| attention | {c.num_attention_heads} heads, {c.num_key_value_heads} KV heads (GQA), head dim {c.head_dim}, RoPE theta {c.rope_theta if hasattr(c, 'rope_theta') else c.rope_parameters}, no sliding window |
+| attention | {c.num_attention_heads} heads, {c.num_key_value_heads} KV heads (GQA), head dim {c.head_dim}, RoPE theta {c.rope_parameters['rope_theta']:g}, no sliding window |
 | MoE | {c.num_local_experts} experts per layer, top-{c.num_experts_per_tok} softmax router (weights renormalised), SwiGLU experts with intermediate size {c.intermediate_size} |
 | vocabulary | {c.vocab_size} (Mixtral-8x7B v0.1 SentencePiece tokenizer, `tokenizer.model`) |
 | embeddings | input embedding and LM head tied (`tie_word_embeddings: true`, no `lm_head.weight` tensor) |
@@ -303,9 +305,9 @@ WikiText-flavoured near-sentences. Do not use it for anything but testing and de
 ## Training
 
 - Data: WikiText-2 raw, *test* split (`wikitext-2-raw-v1`, as shipped in moekit's shared data: empty rows
-  removed, CR stripped). Lines 1..{(final or {}).get('val_first_line', '?')} minus one are the training text; the held-out
-  slice is every line from line {(final or {}).get('val_first_line', '?')} (the first article heading at or after 90 % of the
-  {(final or {}).get('n_lines', '?')} lines) to the end. The whole text is tokenized at once, no BOS.
+  removed, CR stripped, split into lines). Lines 1..{args.split_line - 1} ({args.train_tokens:,} tokens) are the training
+  text; the held-out slice is lines {args.split_line}..{args.n_lines} ({args.val_tokens:,} tokens), starting at the first
+  article heading at or after 90 % of the lines. Each part is tokenized as one string, no BOS.
 - Objective: next-token cross-entropy + {args.aux_coef} x Mixtral's router load-balancing loss.
 - AdamW (betas 0.9/0.95, weight decay {args.weight_decay} on matrices), peak LR {args.lr}, {args.warmup} warm-up steps,
   cosine decay to 10 % over the wall-clock budget of {args.minutes:g} minutes; batch {args.batch} x {args.seq} tokens
