@@ -1,0 +1,141 @@
+#pragma once
+/// \file EdgeMoePolicy: EdgeMoE's frequency / layer-distance eviction score.
+///
+/// EdgeMoE (Yi et al., "EdgeMoE: Empowering Sparse Large Language Models on Mobile Devices",
+/// 2023/2025, §III-C2) evicts the resident expert j of layer i with the highest score
+///
+///   L_{i,j} = − f_{i,j} / ((S − i + I) mod S)
+///
+/// where f is the expert's activation frequency, S the number of MoE layers and I the layer being
+/// computed: rarely used experts and experts of far layers go first. As printed, the denominator
+/// counts layers *since* layer i ran, which protects the layer just computed and exposes the next
+/// one, the opposite of the paper's stated intent ("an expert in a layer that is going to be
+/// executed soon shall be endowed with a higher score for not being evicted"). moekit offers both:
+/// `EdgeMoeDistance::forward` (default) uses d = (i − I) mod S, the layers until layer i runs again;
+/// `as_printed` uses d = (I − i) mod S. **i == I** (d = 0, a division by zero as printed): the
+/// current layer's experts that are not in use are next needed one full pass later, so d := S.
+/// f = online uses (token-uses since the policy was created, never reset: EdgeMoE keeps counts
+/// across inferences) + prior_weight × the expert's share of its layer in an optional offline
+/// profile. Ties: larger d, then least recently used, then larger (layer, expert).
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "moekit/cache/detail/resident_set.hpp"
+#include "moekit/core/cache_events.hpp"
+#include "moekit/core/concepts.hpp"
+#include "moekit/core/model_shape.hpp"
+#include "moekit/error.hpp"
+
+namespace moekit {
+
+/// Which layer distance EdgeMoE's score divides by.
+enum class EdgeMoeDistance : std::uint8_t {
+  forward,     ///< (i − I) mod S: layers until layer i runs again (the paper's intent)
+  as_printed,  ///< (I − i) mod S: the formula as printed
+};
+
+/// EdgeMoE's eviction score.
+class EdgeMoePolicy {
+ public:
+  /// Run-time knobs.
+  struct Config {
+    EdgeMoeDistance distance = EdgeMoeDistance::forward;
+    /// Optional offline profile: activation counts per (layer, expert), row-major
+    /// [n_layers × n_experts]; empty = no prior.
+    std::vector<double> prior_counts{};
+    double prior_weight = 100.0;  ///< pseudo-uses the profile is worth (w0)
+  };
+
+  EdgeMoePolicy() = default;
+  explicit EdgeMoePolicy(Config cfg) : cfg_(std::move(cfg)) {}
+
+  void bind(const ModelShape& shape) {
+    n_experts_ = shape.n_experts;
+    n_layers_ = shape.n_layers;
+    freq_.assign(shape.expert_count(), 0.0);
+    last_tick_.assign(shape.expert_count(), 0);
+    residents_.reset(shape.expert_count());
+    if (cfg_.prior_counts.empty()) return;
+    MOEKIT_EXPECTS(cfg_.prior_counts.size() == shape.expert_count(),
+                   "EdgeMoePolicy::Config.prior_counts must hold n_layers × n_experts counts");
+    MOEKIT_EXPECTS(cfg_.prior_weight >= 0.0, "EdgeMoePolicy::Config.prior_weight must be >= 0");
+    for (std::uint32_t l = 0; l < shape.n_layers; ++l) {
+      double sum = 0.0;
+      for (std::uint32_t e = 0; e < n_experts_; ++e) {
+        const double c = cfg_.prior_counts[l * n_experts_ + e];
+        MOEKIT_EXPECTS(c >= 0.0, "EdgeMoePolicy::Config.prior_counts must be >= 0");
+        sum += c;
+      }
+      if (sum <= 0.0) continue;
+      for (std::uint32_t e = 0; e < n_experts_; ++e)
+        freq_[l * n_experts_ + e] = cfg_.prior_weight * cfg_.prior_counts[l * n_experts_ + e] / sum;
+    }
+  }
+
+  void on_hit(ExpertKey key, const AccessInfo& a) noexcept {
+    const std::uint32_t i = detail::dense_index(key, n_experts_);
+    freq_[i] += a.n_tokens;
+    last_tick_[i] = a.tick;
+  }
+  /// A prefetch landing is not an activation; a demand insertion is.
+  void on_insert(ExpertKey key, const AccessInfo& a) noexcept {
+    const std::uint32_t i = detail::dense_index(key, n_experts_);
+    residents_.insert(i);
+    if (!a.prefetch) freq_[i] += a.n_tokens;
+    last_tick_[i] = a.tick;
+  }
+  void on_evict(ExpertKey key) noexcept { residents_.erase(detail::dense_index(key, n_experts_)); }
+
+  [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
+    std::optional<ExpertKey> best;
+    double best_s = 0.0;
+    std::uint32_t best_d = 0;
+    std::uint64_t best_t = 0;
+    for (const std::uint32_t i : residents_.items()) {
+      const ExpertKey k = detail::dense_key(i, n_experts_);
+      if (!q.evictable(k)) continue;
+      const std::uint32_t d = distance(k.layer, q.layer);
+      const double s = -freq_[i] / double(d);
+      const std::uint64_t t = last_tick_[i];
+      if (!best || s > best_s ||
+          (s == best_s &&
+           (d > best_d || (d == best_d && (t < best_t || (t == best_t && k > *best)))))) {
+        best = k;
+        best_s = s;
+        best_d = d;
+        best_t = t;
+      }
+    }
+    return best;
+  }
+
+  /// The distance d in the score's denominator, in [1, S].
+  [[nodiscard]] std::uint32_t distance(std::uint32_t layer, std::uint32_t current) const noexcept {
+    const std::uint32_t S = n_layers_;
+    const std::uint32_t d = cfg_.distance == EdgeMoeDistance::forward
+                                ? (layer % S + S - current % S) % S
+                                : (current % S + S - layer % S) % S;
+    return d == 0 ? S : d;
+  }
+  /// EdgeMoE's score of `key` while `current` runs (higher = evicted first).
+  [[nodiscard]] double score(ExpertKey key, std::uint32_t current) const noexcept {
+    return -freq_[detail::dense_index(key, n_experts_)] / double(distance(key.layer, current));
+  }
+  [[nodiscard]] double frequency(ExpertKey key) const noexcept {
+    return freq_[detail::dense_index(key, n_experts_)];
+  }
+
+ private:
+  Config cfg_{};
+  std::uint32_t n_experts_ = 0;
+  std::uint32_t n_layers_ = 1;
+  std::vector<double> freq_;
+  std::vector<std::uint64_t> last_tick_;
+  detail::ResidentSet residents_;
+};
+static_assert(CachePolicy<EdgeMoePolicy>);
+
+}  // namespace moekit

@@ -1,0 +1,169 @@
+#pragma once
+/// \file MultiDimPolicy: HOBBIT's sequence-level multidimensional cache (LRU + LFU + LHU + FLD).
+///
+/// HOBBIT (Tang et al., "HOBBIT: A Mixed Precision Expert Offloading System for Fast MoE
+/// Inference", 2024, §3.3, Eq. 3) keeps, per expert and per sequence, the token of its last use R,
+/// its use count F and its high-precision use count H, and ranks a cached expert t, while layer l_i
+/// is being computed at token T of the sequence, by
+///
+///   prio(t) = w_lru·R_t/T + w_lfu·F_t/T + w_lhu·H_t/T + w_fld·(1 − ((l_t − l_i + L) mod L)/L)
+///
+/// with user weights summing to 1; the lowest priority is evicted. Records reset at each sequence
+/// (the cache contents are kept). High- and low-precision versions live in separate pools: pool 0
+/// holds copies at >= `Config::high` bits, pool 1 the rest; by default both pools get the same
+/// number of slots (HOBBIT's high pool is "typically larger" in bytes: 80% of them at f16/q4).
+/// Experts predicted for later layers are soft-pinned by ExpertCache, so they are masked from
+/// eviction while anything else is evictable. Ties: smaller R, then smaller F, then least recently
+/// used (cache tick), then smallest (layer, expert). T counts tokens from `begin_token(n)`; before
+/// the first token T is taken as 1.
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "moekit/cache/detail/resident_set.hpp"
+#include "moekit/cache/detail/use_records.hpp"
+#include "moekit/cache/fld.hpp"
+#include "moekit/core/cache_events.hpp"
+#include "moekit/core/concepts.hpp"
+#include "moekit/core/model_shape.hpp"
+#include "moekit/error.hpp"
+
+namespace moekit {
+
+/// HOBBIT's weighted LRU/LFU/LHU/FLD eviction with separate high/low precision pools.
+class MultiDimPolicy {
+ public:
+  /// Run-time knobs. The four weights must be >= 0 and sum to 1 (HOBBIT does not publish its
+  /// tuned values; equal weights are moekit's default).
+  struct Config {
+    double w_lru = 0.25;
+    double w_lfu = 0.25;
+    double w_lhu = 0.25;
+    double w_fld = 0.25;
+    Precision high = Precision::f16;  ///< copies at >= this many bits go to the high pool (0)
+    Precision low = Precision::q4;    ///< precision of the low pool's slots (sizing only)
+    double high_slot_fraction = 0.5;  ///< share of the slots in the high pool, in [0, 1]
+    std::size_t high_pool_bytes = 0;  ///< if non-zero: byte split instead of the slot fraction
+  };
+
+  MultiDimPolicy() = default;
+  explicit MultiDimPolicy(Config cfg) : cfg_(cfg) { validate(cfg_); }
+
+  /// Throws `moekit::Error` naming the first Config field that cannot work.
+  static void validate(const Config& c) {
+    const double w[] = {c.w_lru, c.w_lfu, c.w_lhu, c.w_fld};
+    const char* names[] = {"w_lru", "w_lfu", "w_lhu", "w_fld"};
+    for (int i = 0; i < 4; ++i)
+      MOEKIT_EXPECTS(std::isfinite(w[i]) && w[i] >= 0.0,
+                     std::string("MultiDimPolicy::Config.") + names[i] + " must be >= 0");
+    MOEKIT_EXPECTS(std::abs(w[0] + w[1] + w[2] + w[3] - 1.0) <= 1e-9,
+                   "MultiDimPolicy::Config: w_lru + w_lfu + w_lhu + w_fld must sum to 1");
+    MOEKIT_EXPECTS(c.high != Precision::skip && c.low != Precision::skip,
+                   "MultiDimPolicy::Config.high/low must be stored precisions, not skip");
+    MOEKIT_EXPECTS(bits(c.low) < bits(c.high),
+                   "MultiDimPolicy::Config.low must have fewer bits than Config.high");
+    MOEKIT_EXPECTS(c.high_slot_fraction >= 0.0 && c.high_slot_fraction <= 1.0,
+                   "MultiDimPolicy::Config.high_slot_fraction must be in [0, 1]");
+  }
+
+  void bind(const ModelShape& shape) {
+    n_experts_ = shape.n_experts;
+    n_layers_ = shape.n_layers;
+    records_.reset(shape.expert_count());
+    residents_.reset(shape.expert_count());
+  }
+
+  /// Pool 0 (high) and pool 1 (low). `sizing` is not used: the pools are sized by
+  /// `Config::high` and `Config::low`. The low pool gets every byte the high pool does not.
+  [[nodiscard]] std::vector<std::size_t> pool_capacities(const ModelShape& shape,
+                                                         std::size_t budget, Precision) const {
+    const std::size_t bh = shape.expert_bytes(cfg_.high), bl = shape.expert_bytes(cfg_.low);
+    std::size_t high_bytes = cfg_.high_pool_bytes;
+    if (high_bytes == 0) {
+      const double s = cfg_.high_slot_fraction;
+      const double per_slot = s * double(bh) + (1.0 - s) * double(bl);
+      const double slots = std::floor(double(budget) / per_slot);
+      high_bytes = static_cast<std::size_t>(std::floor(s * slots + 0.5)) * bh;
+    }
+    MOEKIT_EXPECTS(high_bytes <= budget,
+                   "MultiDimPolicy::Config.high_pool_bytes exceeds the cache budget");
+    return {high_bytes, budget - high_bytes};
+  }
+  [[nodiscard]] std::uint32_t pool_of(ExpertKey, Precision p) const noexcept {
+    return bits(p) >= bits(cfg_.high) ? 0u : 1u;
+  }
+
+  void begin_sequence() noexcept {
+    records_.clear_counts();
+    token_ = 0;
+  }
+  void begin_token(std::uint32_t n) noexcept { token_ += n; }
+
+  void on_hit(ExpertKey key, const AccessInfo& a) noexcept {
+    records_.use(detail::dense_index(key, n_experts_), a, token_, cfg_.high);
+  }
+  /// A prefetch landing is not a use: its records are updated when its layer runs.
+  void on_insert(ExpertKey key, const AccessInfo& a) noexcept {
+    const std::uint32_t i = detail::dense_index(key, n_experts_);
+    residents_.insert(i);
+    if (a.prefetch) records_.touch(i, a);
+    else records_.use(i, a, token_, cfg_.high);
+  }
+  void on_evict(ExpertKey key) noexcept { residents_.erase(detail::dense_index(key, n_experts_)); }
+
+  [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
+    std::optional<ExpertKey> best;
+    double best_p = 0.0;
+    const detail::UseRecord* rb = nullptr;
+    for (const std::uint32_t i : residents_.items()) {
+      const ExpertKey k = detail::dense_key(i, n_experts_);
+      if (!q.evictable(k)) continue;
+      const detail::UseRecord& r = records_[i];
+      const double p = priority_of(r, k.layer, q.layer);
+      if (!best || p < best_p ||
+          (p == best_p &&
+           (r.last_token < rb->last_token ||
+            (r.last_token == rb->last_token &&
+             (r.uses < rb->uses ||
+              (r.uses == rb->uses &&
+               (r.last_tick < rb->last_tick || (r.last_tick == rb->last_tick && k < *best)))))))) {
+        best = k;
+        best_p = p;
+        rb = &r;
+      }
+    }
+    return best;
+  }
+
+  /// Eq. 3 for `key` while layer `current_layer` runs (higher = keep).
+  [[nodiscard]] double priority(ExpertKey key, std::uint32_t current_layer) const noexcept {
+    return priority_of(records_[detail::dense_index(key, n_experts_)], key.layer, current_layer);
+  }
+  [[nodiscard]] std::uint64_t sequence_token() const noexcept { return token_; }
+  [[nodiscard]] const detail::UseRecord& record(ExpertKey key) const noexcept {
+    return records_[detail::dense_index(key, n_experts_)];
+  }
+  [[nodiscard]] const Config& config() const noexcept { return cfg_; }
+
+ private:
+  [[nodiscard]] double priority_of(const detail::UseRecord& r, std::uint32_t layer,
+                                   std::uint32_t current) const noexcept {
+    const double t = token_ == 0 ? 1.0 : double(token_);
+    const double d = double(layer_distance(layer, current, n_layers_)) / double(n_layers_);
+    return cfg_.w_lru * double(r.last_token) / t + cfg_.w_lfu * double(r.uses) / t +
+           cfg_.w_lhu * double(r.high_uses) / t + cfg_.w_fld * (1.0 - d);
+  }
+
+  Config cfg_{};
+  std::uint32_t n_experts_ = 0;
+  std::uint32_t n_layers_ = 1;
+  std::uint64_t token_ = 0;
+  detail::UseRecords records_;
+  detail::ResidentSet residents_;
+};
+static_assert(CachePolicy<MultiDimPolicy>);
+
+}  // namespace moekit
