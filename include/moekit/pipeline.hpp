@@ -82,6 +82,7 @@ struct PipelineStats {
   std::uint64_t prefetches_cancelled = 0;
   std::uint64_t bytes_demand_loaded = 0;
   std::uint64_t bytes_prefetched = 0;
+  std::uint64_t bytes_preloaded = 0;      ///< start-up placement (`preload`)
   /// HOBBIT's miss penalty: a miss at the base precision costs 1, at a lower one bits/base bits.
   double miss_penalty = 0.0;
   std::array<PredictionStats, 4> prediction{};  ///< index = distance 1..3 (0 unused)
@@ -181,6 +182,23 @@ class OffloadPipeline {
     call_begin_sequence(token_policy_);
     for (std::uint32_t l = 0; l < shape_.n_layers; ++l) release_soft_pins(l);
     for (auto& p : predicted_) std::fill(p.begin(), p.end(), std::uint8_t{0});
+  }
+
+  /// Loads `key` at `precision` into the cache ahead of any demand (start-up placement, e.g.
+  /// Fiddler's most popular experts). Returns false when the cache cannot admit it. Not counted as
+  /// a demand or a prefetch; `stats().bytes_preloaded` counts its bytes.
+  bool preload(ExpertKey key, Precision precision) {
+    MOEKIT_EXPECTS(shape_.contains(key), "preload: key outside the model shape");
+    if (cache_.resident_at(key, precision)) return true;
+    const auto r = cache_.insert(key, cache_.access(precision, key.layer));
+    if (!r.ok()) return false;
+    const LoadTicket t =
+        submit(key, precision, LoadPriority::prefetch, r.slot, shape_.expert_bytes(precision));
+    cache_.mark_loading(key, t);
+    cache_.pin_hard(key);  // loading pin
+    in_flight_.push_back({key, t});
+    stats_.bytes_preloaded += shape_.expert_bytes(precision);
+    return true;
   }
 
   /// Experts each token should select at this layer (a token policy may narrow the model's top-k).

@@ -96,3 +96,18 @@ TEST_CASE("Prefetches of resident experts are redundant; invalid ones are droppe
   CHECK(p.stats().prefetches_redundant == 1);
   CHECK(p.stats().prefetches_issued == 1);
 }
+
+TEST_CASE("preload places experts before any demand", "[core][pipeline]") {
+  presets::Baseline<ManualLoader> p(shape, {.expert_budget_bytes = 2 * f16}, ManualLoader{});
+  CHECK(p.preload({2, 3}, Precision::f16));
+  CHECK(p.preload({2, 1}, Precision::f16));
+  CHECK(p.stats().bytes_preloaded == 2 * f16);
+  const auto& plan = p.route(ctx(2, 3), Route(4, {{3, 1}}).view());
+  CHECK(plan.experts[0].hit);
+  CHECK(plan.experts[1].hit);
+  p.resolve(plan);
+  p.end_layer(ctx(2, 3));
+  CHECK(p.stats().misses == 0);
+  CHECK(p.stats().prefetches_issued == 0);
+  p.cache().check_invariants();
+}
