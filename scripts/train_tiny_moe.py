@@ -234,8 +234,12 @@ def main():
 
     checkpoint(final=True)
     wall = time.time() - t0
-    # Final numbers: the best model on the whole held-out slice and a same-sized train sample.
+    # Final numbers: the best model, rounded to bfloat16 as shipped, on the whole held-out slice and a
+    # same-sized train sample.
     model.load_state_dict(torch.load(args.state_dir / "best_model.pt"))
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.copy_(prm.to(torch.bfloat16).float())
     val_loss, val_tokens = evaluate(model, val_ids, args.seq)
     train_loss, train_tokens = evaluate(model, train_ids[: val_ids.numel()], args.seq)
     final = {"step": step, "best_step": best_step, "wall_minutes": wall / 60, "tokens_seen": tokens_seen,
@@ -246,7 +250,49 @@ def main():
     print("final:", json.dumps(final), flush=True)
     if not args.no_export:
         export(args, model, history, final=final)
+        write_reference(args, sp, val_ids)
     print("done", flush=True)
+
+
+REFERENCE_PROMPT = "The history of the"
+
+
+@torch.no_grad()
+def write_reference(args, sp, val_ids: torch.Tensor) -> None:
+    """reference.json for the engine's tests: what transformers (float32, eager attention) computes from the
+    exported bf16 checkpoint: 32 greedy tokens after a fixed prompt, top-5 logits and per-layer router
+    logits at every position, and the held-out loss of the first 1024 tokens."""
+    m = MixtralForCausalLM.from_pretrained(str(args.out), dtype=torch.float32, attn_implementation="eager").eval()
+    prompt = [sp.bos_id()] + sp.encode(REFERENCE_PROMPT)
+    seq, gaps = list(prompt), []
+    for _ in range(32):
+        lg = m(torch.tensor([seq]), use_cache=False).logits[0, -1]
+        top2 = torch.topk(lg, 2).values
+        gaps.append(float(top2[0] - top2[1]))
+        seq.append(int(lg.argmax()))
+    full = seq[:-1]
+    out = m(torch.tensor([full]), use_cache=False, output_router_logits=True)
+    top = torch.topk(out.logits[0], 5, dim=-1)
+    router = [r.reshape(len(full), -1).tolist() for r in out.router_logits]
+    nll, n = evaluate(m, val_ids, args.seq, 1024)
+    ref = {
+        "prompt_text": REFERENCE_PROMPT, "prompt_ids": prompt, "generated_ids": seq[len(prompt):],
+        "generated_text": sp.decode(seq[len(prompt):]), "sequence_ids": full,
+        "min_greedy_gap": min(gaps), "greedy_gaps": gaps,
+        "top5_ids": top.indices.tolist(), "top5_logits": top.values.tolist(), "router_logits": router,
+        "heldout_first_1024": {"mean_nll": nll, "tokens": n, "protocol": (
+            f"held-out ids h (the held-out text encoded as one string, no BOS); for s = 0, {args.seq}, "
+            f"{2 * args.seq}, ...: the model sees h[s..s+{args.seq - 1}] (fresh context, no BOS) and predicts "
+            f"h[s+1..s+{args.seq}]; mean negative log-likelihood (nats) over the {n} predicted tokens "
+            f"h[1..{n}]")},
+        "notes": ("transformers float32 eager run of model.safetensors (bf16 weights upcast). Greedy = argmax "
+                  "by full re-evaluation; top5_*[t] and router_logits[layer][t] are for sequence_ids[0..t]; "
+                  "bf16 weights make near-ties possible: compare tokens only while the greedy gap is "
+                  "comfortably above the engine's error."),
+        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+    }
+    (args.out / "reference.json").write_text(json.dumps(ref) + "\n")
+    print("reference:", repr(ref["generated_text"]), "min gap", min(gaps), flush=True)
 
 
 def export(args, model, history, partial: bool = False, final: dict | None = None):
@@ -320,6 +366,14 @@ WikiText-flavoured near-sentences. Do not use it for anything but testing and de
 ## Results
 
 {results}
+
+## Files
+
+`config.json` (transformers 5 layout; RoPE base both as `rope_parameters.rope_theta` and top-level
+`rope_theta`), `model.safetensors` (bf16), `tokenizer.model` + `LICENCE-mistral-common`, `training_log.json`
+(arguments and the loss history), `reference.json` (written when training finishes: what transformers
+computes from this checkpoint in float32 — 32 greedy tokens after `"{REFERENCE_PROMPT}"`, top-5 logits and
+router logits at every position, the held-out loss of the first 1024 tokens — for the engine's tests).
 
 ## Licence
 
