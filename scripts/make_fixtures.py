@@ -213,7 +213,7 @@ def verify_reload(model_cls, out_dir: Path, prompt_full: list[int], expect: np.n
     return err
 
 
-def make_model_fixture(name: str, out_root: Path, prompt: list[int]) -> dict:
+def make_model_fixture(name: str, out_root: Path, prompt: list[int], tokenizer_proto: bytes) -> dict:
     cls = FIXTURES[name][0]
     seed = FIXTURES[name][3]
     for attempt in range(50):
@@ -231,6 +231,9 @@ def make_model_fixture(name: str, out_root: Path, prompt: list[int]) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     shard = 80_000 if name == "mixtral_swa" else None
     files = save_hub_checkpoint(model, out, torch.float32, shard_bytes=shard)
+    # The tiny tokenizer next to the weights, as in a Hub model folder, so an engine can run from text.
+    (out / "tokenizer.model").write_bytes(tokenizer_proto)
+    files.append("tokenizer.model")
     verify_reload(cls, out, ref["full"], ref["logits"])
     n_prompt = len(prompt)
     meta = {
@@ -514,7 +517,7 @@ def main():
     summary = {}
     fixtures = {}
     for name in FIXTURES:
-        fx = make_model_fixture(name, out_root, prompt)
+        fx = make_model_fixture(name, out_root, prompt, proto)
         fixtures[name] = fx
         summary[name] = {k: fx["meta"][k] for k in ("seed", "min_router_gap", "min_greedy_gap", "generated_ids")}
         print(f"{name}: seed {fx['meta']['seed']} router gap {fx['ref']['router_gap']:.4g} "
