@@ -1,0 +1,80 @@
+#pragma once
+/// \file OraclePredictor: knows the future routing and predicts it exactly (an upper bound).
+///
+/// It is given the sequence of layer calls the engine will make (each call's layer and the
+/// distinct experts it selects, in `route` order) and, at each call, pushes the experts of the
+/// next `distance` calls when they are the following layers of the same forward. Every `observe`
+/// is checked against the script, so a test or simulation that drifts from it fails loudly
+/// instead of measuring a wrong bound.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "moekit/core/concepts.hpp"
+#include "moekit/error.hpp"
+
+namespace moekit {
+
+/// One scripted layer call: its layer and the distinct experts its tokens select.
+struct OracleCall {
+  std::uint32_t layer = 0;
+  std::vector<std::uint32_t> experts;
+};
+
+/// Predicts the scripted future exactly.
+class OraclePredictor {
+ public:
+  struct Config {
+    std::vector<OracleCall> calls;       ///< every layer call, in the order `route` sees them
+    std::uint32_t distance = 1;          ///< layers ahead to predict (1..3)
+    Precision precision = Precision::f16;
+  };
+  explicit OraclePredictor(Config c) : cfg_(std::move(c)) {
+    MOEKIT_EXPECTS(cfg_.distance >= 1 && cfg_.distance <= 3,
+                   "OraclePredictor: Config.distance must be in [1, 3]");
+    MOEKIT_EXPECTS(cfg_.precision != Precision::skip,
+                   "OraclePredictor: Config.precision must be a stored format");
+    for (auto& call : cfg_.calls) std::sort(call.experts.begin(), call.experts.end());
+  }
+
+  /// Checks the call against the script and advances.
+  void observe(const LayerContext& ctx, const GateView& gate) {
+    const std::string where = "OraclePredictor: layer call " + std::to_string(cursor_);
+    MOEKIT_EXPECTS(cursor_ < cfg_.calls.size(), where + " is beyond the script");
+    const OracleCall& c = cfg_.calls[cursor_];
+    MOEKIT_EXPECTS(c.layer == ctx.layer, where + " is at layer " + std::to_string(ctx.layer) +
+                                             ", the script says " + std::to_string(c.layer));
+    seen_.assign(gate.experts.begin(), gate.experts.end());
+    std::sort(seen_.begin(), seen_.end());
+    seen_.erase(std::unique(seen_.begin(), seen_.end()), seen_.end());
+    MOEKIT_EXPECTS(seen_ == c.experts, where + " selects other experts than the script");
+    ++cursor_;
+  }
+
+  void predict(const LayerContext& ctx, const GateView&, const ResidencyView&,
+               PrefetchList& out) const {
+    if (cursor_ == 0) return;  // nothing observed yet: no position in the script
+    for (std::uint32_t d = 1; d <= cfg_.distance; ++d) {
+      const std::size_t i = cursor_ - 1 + d;
+      if (i >= cfg_.calls.size() || cfg_.calls[i].layer != ctx.layer + d) break;
+      for (std::uint32_t e : cfg_.calls[i].experts)
+        out.push(Prefetch{{ctx.layer + d, e}, cfg_.precision, 1.0f, d});
+    }
+  }
+
+  /// Calls observed so far.
+  [[nodiscard]] std::size_t position() const noexcept { return cursor_; }
+  [[nodiscard]] const Config& config() const noexcept { return cfg_; }
+
+ private:
+  Config cfg_;
+  std::size_t cursor_ = 0;
+  std::vector<std::uint32_t> seen_;
+};
+static_assert(Predictor<OraclePredictor>);
+
+}  // namespace moekit

@@ -1,0 +1,191 @@
+// End-to-end: predictors and token policies inside OffloadPipeline with the ManualLoader, and the
+// property that every prediction names a valid expert of a later layer.
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "moekit/cache/lru.hpp"
+#include "moekit/pipeline.hpp"
+#include "moekit/predict/activation_path.hpp"
+#include "moekit/predict/cross_layer_gate.hpp"
+#include "moekit/predict/oracle.hpp"
+#include "moekit/predict/router_replay.hpp"
+#include "moekit/predict/stacked_gate.hpp"
+#include "moekit/sched/on_demand.hpp"
+#include "moekit/score/big_little.hpp"
+#include "moekit/score/uniform.hpp"
+#include "predict/predict_test_support.hpp"
+#include "support/manual_loader.hpp"
+#include "support/routing.hpp"
+
+using namespace moekit;
+using test::ctx;
+using test::ManualLoader;
+using test::OwnedList;
+using test::ResidentSet;
+using test::Route;
+
+namespace {
+constexpr ModelShape shape{.n_layers = 4, .n_experts = 8, .top_k = 2, .hidden = 64, .ffn = 64};
+const std::size_t f16 = shape.expert_bytes(Precision::f16);
+
+std::vector<std::vector<std::uint32_t>> random_routing(std::size_t tokens, std::uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<std::vector<std::uint32_t>> r;
+  for (std::size_t i = 0; i < tokens * shape.n_layers; ++i) {
+    const std::uint32_t a = g() % 8;
+    std::uint32_t b = g() % 7;
+    if (b >= a) ++b;
+    r.push_back({a, b});
+  }
+  return r;
+}
+}  // namespace
+
+TEST_CASE("Oracle predictor through the pipeline: precision and recall 1 at distances 1 and 2",
+          "[predict][pipeline]") {
+  const std::uint32_t seed = 31337;
+  INFO("seed " << seed);
+  const auto routing = random_routing(25, seed);
+  OraclePredictor::Config oc{.calls = {}, .distance = 2};
+  for (std::size_t i = 0; i < routing.size(); ++i)
+    oc.calls.push_back({static_cast<std::uint32_t>(i % shape.n_layers), routing[i]});
+  OffloadPipeline<UniformScorer, OraclePredictor, LruPolicy, ManualLoader, OnDemandScheduler> p(
+      shape, {.expert_budget_bytes = 12 * f16}, ManualLoader{}, UniformScorer{},
+      OraclePredictor(oc));
+  p.begin_sequence();
+  for (std::size_t i = 0; i < routing.size(); ++i) {
+    const auto l = static_cast<std::uint32_t>(i % shape.n_layers);
+    const auto c = ctx(l, shape.n_layers, i / shape.n_layers);
+    const Route r(8, {{routing[i][0], routing[i][1]}}, {{0.6f, 0.4f}});
+    const auto& plan = p.route(c, r.view());
+    p.resolve(plan);
+    p.end_layer(c);
+    if (l + 1 == shape.n_layers) CHECK(p.end_token({}) == TokenVerdict::accept);
+  }
+  const auto s = p.stats();
+  CHECK(s.prediction[1].recall() == 1.0);
+  CHECK(s.prediction[1].precision() == 1.0);
+  CHECK(s.prediction[2].recall() == 1.0);
+  CHECK(s.prediction[2].precision() == 1.0);
+  CHECK(s.prediction[1].true_positive == 25 * 3 * 2);  // layers 1..3 of every token
+  CHECK(s.prediction[3].true_positive == 0);
+  // every demand after layer 0 was predicted and prefetched (or already resident): no misses there
+  CHECK(s.misses <= 25 * 2);
+  p.cache().check_invariants();
+  // drifting from the script is an error, not a silently wrong bound
+  CHECK_THROWS_WITH(p.route(ctx(0, 4, 99), Route(8, {{0, 1}}).view()),
+                    Catch::Contains("beyond the script"));
+}
+
+TEST_CASE("MoBiLE through the pipeline: little pass, fallback, replayed prefetch, big pass hits",
+          "[predict][pipeline][mobile]") {
+  constexpr ModelShape s3{.n_layers = 3, .n_experts = 4, .top_k = 2, .hidden = 64, .ffn = 64};
+  const std::size_t b = s3.expert_bytes(Precision::f16);
+  OffloadPipeline<UniformScorer, RouterReplayPredictor, LruPolicy, ManualLoader,
+                  OnDemandScheduler, BigLittlePolicy>
+      p(s3, {.expert_budget_bytes = 12 * b}, ManualLoader{}, UniformScorer{},
+        RouterReplayPredictor({.top_k = 2}));
+  p.begin_sequence();
+  const std::vector<std::vector<float>> logits{
+      {0.1f, 0.5f, 0.9f, 0.2f}, {0.8f, 0.0f, 0.1f, 0.7f}, {0.3f, 0.3f, 0.2f, 0.9f}};
+  // little pass: K_s = 1
+  for (std::uint32_t l = 0; l < 3; ++l) {
+    const auto c = ctx(l, 3, 10);
+    REQUIRE(p.active_top_k(c) == 1);
+    std::uint32_t top = 0;
+    for (std::uint32_t e = 1; e < 4; ++e)
+      if (logits[l][e] > logits[l][top]) top = e;
+    Route r(4, {{top}}, {{1.0f}});
+    r.logits = logits[l];
+    p.resolve(p.route(c, r.view()));
+    p.end_layer(c);
+  }
+  const auto before = p.stats();
+  CHECK(before.misses == 3);
+  // the output distribution is flat: fallback, and the replay prefetches the other K - K_s
+  CHECK(p.end_token(std::vector<float>{0, 0, 0}) == TokenVerdict::fallback);
+  const auto after = p.stats();
+  CHECK(after.fallbacks == 1);
+  CHECK(after.prefetches_issued == 3);  // (0,1), (1,3), (2,0): the little experts are resident
+  CHECK(after.prefetches_redundant == 3);
+  // big pass: K = 2, routes exactly as replayed except layer 1 -> {0, 2}
+  const std::vector<std::vector<std::uint32_t>> big{{2, 1}, {0, 2}, {3, 0}};
+  for (std::uint32_t l = 0; l < 3; ++l) {
+    const auto c = ctx(l, 3, 10);
+    REQUIRE(p.active_top_k(c) == 2);
+    Route r(4, {{big[l][0], big[l][1]}}, {{0.5f, 0.5f}});
+    r.logits = logits[l];
+    p.resolve(p.route(c, r.view()));
+    p.end_layer(c);
+  }
+  CHECK(p.end_token(std::vector<float>{0, 0, 0}) == TokenVerdict::accept);  // never twice
+  const auto done = p.stats();
+  CHECK(done.hits - after.hits == 5);
+  CHECK(done.misses - after.misses == 1);  // (1, 2) was not in the replayed plan
+  CHECK(p.predictor().stats().matched == 5);
+  CHECK(p.token_policy().stats().fallback_ratio() == 1.0);
+  p.cache().check_invariants();
+}
+
+TEST_CASE("Every predictor names valid experts of later layers only (random property)",
+          "[predict][property]") {
+  const std::uint32_t L = 5, E = 8, d = 16, seed = 777;
+  INFO("seed " << seed);
+  std::mt19937 g(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> w(std::size_t{L} * E * d);
+  for (auto& v : w) v = n(g);
+  StackedGatePredictor stacked({.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d,
+                                .lookahead = 3});
+  CrossLayerGatePredictor cross({.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d});
+  auto prof = std::make_shared<ActivationPathProfile>(L, E, 2);
+  ActivationPathPredictor path({.profile = prof, .min_support = 1});
+  ResidentSet res;
+  auto check = [&](auto& pred, const LayerContext& c, const GateView& gv, const char* who) {
+    OwnedList out;
+    pred.observe(c, gv);
+    pred.predict(c, gv, res.view(), out.list);
+    for (const Prefetch& pf : out.items()) {
+      INFO(who << " at layer " << c.layer);
+      CHECK(pf.key.layer > c.layer);
+      CHECK(pf.key.layer < L);
+      CHECK(pf.key.expert < E);
+      CHECK(pf.distance == pf.key.layer - c.layer);
+      CHECK(pf.precision != Precision::skip);
+      CHECK(pf.confidence >= 0.0f);
+      CHECK(pf.confidence <= 1.0f);
+    }
+  };
+  for (std::uint64_t t = 0; t < 60; ++t) {
+    std::vector<std::vector<std::uint32_t>> sets;
+    const std::uint32_t tokens = t % 5 == 0 ? 3 : 1;
+    for (std::uint32_t l = 0; l < L; ++l) {
+      Route r(E, {{0, 1}});
+      r.experts.clear();
+      r.weights.clear();
+      r.n_tokens = tokens;
+      for (std::uint32_t k = 0; k < tokens; ++k) {
+        const std::uint32_t a = g() % E;
+        std::uint32_t b = g() % (E - 1);
+        if (b >= a) ++b;
+        r.experts.insert(r.experts.end(), {a, b});
+        r.weights.insert(r.weights.end(), {0.7f, 0.3f});
+        if (k == 0) sets.push_back({a, b});
+      }
+      r.hidden.resize(std::size_t{tokens} * d);
+      for (auto& v : r.hidden) v = n(g);
+      res.keys.clear();
+      for (std::uint32_t e = 0; e < E; ++e)
+        if (g() % 3 == 0) res.keys.insert({std::uint32_t(g() % L), e});
+      const auto c = ctx(l, L, t, tokens > 1 ? Phase::prefill : Phase::decode, tokens);
+      check(stacked, c, r.view(), "stacked");
+      check(cross, c, r.view(), "cross");
+      check(path, c, r.view(), "path");
+    }
+    std::vector<std::span<const std::uint32_t>> v(sets.begin(), sets.end());
+    prof->add_path(v);  // the profile learns as the test goes (shared with the predictor)
+  }
+}
