@@ -1,0 +1,416 @@
+#pragma once
+/// \file replay: runs an OffloadPipeline — the same type the engine runs — over a RoutingTrace,
+/// with a SimLoader and a compute-time model, and reports what it would have cost.
+///
+/// Per sequence: `begin_sequence`; its prefill tokens form one forward, then each decode token is
+/// one forward. Per forward, per layer: the clock advances by the dense part (gate, attention,
+/// norms), the trace's records become a GateView, `route` plans the layer, then the plan's experts
+/// run in the scheduler's order: a device expert first waits for its load (the SimLoader advances
+/// the clock to the completion; that wait is stall) and then runs for its device time at its
+/// precision, a host_cpu expert runs for its CPU time, a skipped one costs nothing. So compute of
+/// resident experts overlaps the loading of later misses, as OnDemandScheduler intends; loads and
+/// prefetches otherwise overlap compute only through the link running while the clock advances.
+/// Then `resolve`, `end_layer`, and after the last layer `end_token` (with no output logits: traces
+/// do not store them). On `fallback` the forward is replayed again (MoBiLE's recomputation).
+///
+/// A token policy that narrows top-k (MoBiLE) gets the first `active_top_k` experts of each
+/// record, weights renormalised; that is exactly what the router would select from the same logits.
+///
+/// Missing records (e.g. the shared Mixtral traces drop ties at 0.5/0.5): in a forward of several
+/// tokens, a token whose record is missing at a layer is left out of that layer's GateView (the
+/// layer is routed with the records present); when no token of the forward has a record at a
+/// layer, that layer call is not routed at all (its dense time still counts, no expert is touched).
+/// Both are counted in the report (`records_missing`, `layer_calls_unrouted`).
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "moekit/core/concepts.hpp"
+#include "moekit/core/gate_view.hpp"
+#include "moekit/core/layer_context.hpp"
+#include "moekit/core/model_shape.hpp"
+#include "moekit/core/plan.hpp"
+#include "moekit/error.hpp"
+#include "moekit/pipeline.hpp"
+#include "moekit/sim/sim_loader.hpp"
+#include "moekit/sim/trace.hpp"
+
+namespace moekit::sim {
+
+/// Compute time, in seconds, of the parts of a layer the replay accounts for. Every cost is
+/// `fixed + per_token · n` for a call over n tokens (a decode call: n = 1): the fixed part is the
+/// weight read that a call pays once, the per-token part the arithmetic that grows with the batch.
+struct ComputeModel {
+  std::array<double, precision_count> device_expert_s{};        ///< one routed expert, per call
+  std::array<double, precision_count> device_expert_token_s{};  ///< ... plus per token
+  std::array<double, precision_count> cpu_expert_s{};           ///< the same on the host CPU
+  std::array<double, precision_count> cpu_expert_token_s{};
+  double layer_s = 0.0;        ///< dense part of a layer (gate, attention, norms), per forward
+  double layer_token_s = 0.0;  ///< ... plus per token
+
+  /// Throws `moekit::Error` naming the first negative or non-finite field.
+  void validate() const {
+    auto ok = [](double v) { return v >= 0 && v < 1e300; };
+    for (std::size_t i = 0; i < precision_count; ++i) {
+      const std::string p(name(all_precisions[i]));
+      MOEKIT_EXPECTS(ok(device_expert_s[i]) && ok(device_expert_token_s[i]),
+                     "ComputeModel.device_expert_s[" + p + "] must be finite and >= 0");
+      MOEKIT_EXPECTS(ok(cpu_expert_s[i]) && ok(cpu_expert_token_s[i]),
+                     "ComputeModel.cpu_expert_s[" + p + "] must be finite and >= 0");
+    }
+    MOEKIT_EXPECTS(ok(layer_s) && ok(layer_token_s),
+                   "ComputeModel.layer_s must be finite and >= 0");
+  }
+  [[nodiscard]] double device(Precision p, std::uint32_t n_tokens) const noexcept {
+    const auto i = static_cast<std::size_t>(p);
+    return device_expert_s[i] + device_expert_token_s[i] * n_tokens;
+  }
+  [[nodiscard]] double cpu(Precision p, std::uint32_t n_tokens) const noexcept {
+    const auto i = static_cast<std::size_t>(p);
+    return cpu_expert_s[i] + cpu_expert_token_s[i] * n_tokens;
+  }
+  [[nodiscard]] double layer(std::uint32_t n_tokens) const noexcept {
+    return layer_s + layer_token_s * n_tokens;
+  }
+};
+
+/// What one replay cost. Pipeline and loader counters are snapshots at the end of the replay
+/// (cumulative over the pipeline's life: replay a fresh pipeline to measure one run); times and
+/// the token counts are for this replay only.
+struct ReplayReport {
+  std::string trace_name;
+  bool synthetic = false;  ///< the trace was generated, not recorded
+  std::uint64_t sequences = 0;
+  std::uint64_t prefill_tokens = 0;
+  std::uint64_t decode_tokens = 0;
+  std::uint64_t forwards = 0;              ///< forwards replayed (fallback recomputations included)
+  std::uint64_t records_missing = 0;       ///< (token, layer) records absent from the trace
+  std::uint64_t layer_calls_unrouted = 0;  ///< layer calls without any record: not routed
+  PipelineStats pipeline{};
+  SimLoaderStats loader{};
+  double total_s = 0.0;    ///< simulated time of the whole replay
+  double prefill_s = 0.0;  ///< in prefill forwards
+  double decode_s = 0.0;   ///< in decode forwards
+  double stall_s = 0.0;    ///< waiting for loads
+  double compute_s = 0.0;  ///< dense + expert compute
+
+  [[nodiscard]] double hit_rate() const noexcept { return pipeline.hit_rate(); }
+  [[nodiscard]] std::uint64_t misses() const noexcept { return pipeline.misses; }
+  [[nodiscard]] double miss_penalty() const noexcept { return pipeline.miss_penalty; }
+  /// Bytes moved over the link (started transfers; cancelled prefetches moved nothing).
+  [[nodiscard]] std::uint64_t bytes_moved() const noexcept { return loader.bytes; }
+  /// Prefetched bytes evicted before any use.
+  [[nodiscard]] std::uint64_t wasted_bytes() const noexcept {
+    return pipeline.cache.wasted_prefetch_bytes;
+  }
+  /// Bytes of prefetches still in flight when they were needed.
+  [[nodiscard]] std::uint64_t late_bytes() const noexcept { return loader.late_bytes; }
+  /// Decode tokens per simulated second (0 without decode tokens).
+  [[nodiscard]] double decode_tokens_per_s() const noexcept {
+    return decode_s > 0 ? double(decode_tokens) / decode_s : 0.0;
+  }
+  /// Mean simulated latency of a sequence's prefill forward (0 without prefill).
+  [[nodiscard]] double prefill_latency_s() const noexcept {
+    return prefill_sequences ? prefill_s / double(prefill_sequences) : 0.0;
+  }
+  std::uint64_t prefill_sequences = 0;  ///< sequences with a prefill forward
+};
+
+/// Replay knobs.
+struct ReplayOptions {
+  /// Called after each sequence with (sequences done, sequences in the trace); may be empty.
+  void (*progress)(void* ctx, std::size_t done, std::size_t total) = nullptr;
+  void* progress_ctx = nullptr;
+};
+
+/// The demand sequence a replay with the full top-k produces: per routed layer call, its distinct
+/// experts in first-seen order (tokens in order, ranks in order), which is the order in which
+/// OffloadPipeline builds its demands. `call_end[c]` is the end of call c in `keys`. This is what
+/// offline policies (Belady) are fed as their future.
+struct DemandSequence {
+  std::vector<ExpertKey> keys;
+  std::vector<std::size_t> call_end;
+};
+
+namespace detail {
+
+/// Walks a trace's forwards and layer calls the way `replay` does.
+class ForwardWalker {
+ public:
+  explicit ForwardWalker(const RoutingTrace& trace) : trace_(trace) {}
+
+  /// Calls `forward(seq, first_token, n_tokens, phase)` for each forward, in replay order.
+  template <class F>
+  void for_each_forward(F&& forward) const {
+    for (std::size_t s = 0; s < trace_.sequence_count(); ++s) {
+      const std::size_t len = trace_.sequence_length(s);
+      if (len == 0) continue;
+      const std::size_t first = trace_.global_token(s, 0);
+      const std::size_t pre = trace_.prefill_length(s);
+      if (pre > 0) forward(s, first, pre, Phase::prefill);
+      for (std::size_t t = pre; t < len; ++t) forward(s, first + t, std::size_t{1}, Phase::decode);
+    }
+  }
+
+ private:
+  const RoutingTrace& trace_;
+};
+
+/// Buffers of one layer call's GateView (reused; no allocation once sized).
+struct GateBuffers {
+  std::vector<std::uint32_t> ids;
+  std::vector<float> weights, logits, hidden;
+
+  /// Gathers the present records of tokens [first, first+n) at `layer`, keeping the first `k`
+  /// experts of each (weights renormalised over them). Returns the view (n_tokens = 0 when no
+  /// record is present) and adds the missing records to `missing`.
+  GateView gather(const RoutingTrace& tr, std::size_t first, std::size_t n, std::uint32_t layer,
+                  std::uint32_t k, std::uint64_t& missing) {
+    const TraceDims& d = tr.dims();
+    ids.clear(), weights.clear(), logits.clear(), hidden.clear();
+    std::uint32_t rows = 0;
+    for (std::size_t t = first; t < first + n; ++t) {
+      if (!tr.valid(t, layer)) {
+        ++missing;
+        continue;
+      }
+      const auto e = tr.experts(t, layer);
+      const auto w = tr.weights(t, layer);
+      float sum = 0.0f;
+      for (std::uint32_t j = 0; j < k; ++j) sum += w[j];
+      for (std::uint32_t j = 0; j < k; ++j) {
+        ids.push_back(e[j]);
+        weights.push_back(k == d.top_k || !(sum > 0) ? w[j] : w[j] / sum);
+      }
+      if (d.has_logits) {
+        const auto l = tr.logits(t, layer);
+        logits.insert(logits.end(), l.begin(), l.end());
+      }
+      if (d.hidden) {
+        const auto h = tr.hidden(t, layer);
+        hidden.insert(hidden.end(), h.begin(), h.end());
+      }
+      ++rows;
+    }
+    GateView g;
+    g.n_tokens = rows;
+    g.k = k;
+    g.n_experts = d.n_experts;
+    g.experts = ids;
+    g.weights = weights;
+    g.logits = logits;
+    g.hidden = hidden;
+    return g;
+  }
+};
+
+template <class T>
+concept ends_layer_calls = requires(T& t) { t.end_layer_call(); };
+
+}  // namespace detail
+
+/// The demand sequence of `trace` replayed with its full top-k (see DemandSequence).
+[[nodiscard]] inline DemandSequence demand_sequence(const RoutingTrace& trace) {
+  DemandSequence out;
+  const TraceDims& d = trace.dims();
+  std::vector<std::uint8_t> seen(d.n_experts, 0);
+  std::uint64_t missing = 0;
+  detail::GateBuffers buf;
+  detail::ForwardWalker(trace).for_each_forward(
+      [&](std::size_t, std::size_t first, std::size_t n, Phase) {
+        for (std::uint32_t l = 0; l < d.n_layers; ++l) {
+          const GateView g = buf.gather(trace, first, n, l, d.top_k, missing);
+          if (g.n_tokens == 0) continue;
+          const std::size_t begin = out.keys.size();
+          for (std::uint32_t e : g.experts)
+            if (!seen[e]) seen[e] = 1, out.keys.push_back(ExpertKey{l, e});
+          for (std::size_t i = begin; i < out.keys.size(); ++i) seen[out.keys[i].expert] = 0;
+          out.call_end.push_back(out.keys.size());
+        }
+      });
+  return out;
+}
+
+/// Adapts an offline policy (`needs_future`, fed a DemandSequence) to the order in which the
+/// pipeline reports accesses. Within one layer call the pipeline reports hits first and misses
+/// after, while the future lists the call's experts in demand order; an offline policy that
+/// consumes its future in order would mistake that for skipped demands. This adapter holds the
+/// demand accesses of the current call and passes them on in future order when the replay
+/// signals the end of the call (`end_layer_call`). Holding them is safe: every expert of the call
+/// is pinned until then, so no victim choice depends on them. Prefetch insertions pass at once.
+template <class Inner>
+class CallOrderedPolicy {
+  static_assert(assert_cache_policy<Inner>());
+
+ public:
+  static constexpr bool needs_future = true;
+
+  explicit CallOrderedPolicy(DemandSequence future, Inner inner = Inner{})
+      : inner_(std::move(inner)), future_(std::move(future)) {
+    inner_.set_future(std::span<const ExpertKey>(future_.keys));
+  }
+
+  void bind(const ModelShape& shape) {
+    if constexpr (requires { inner_.bind(shape); }) inner_.bind(shape);
+    pending_.reserve(shape.n_experts);
+  }
+  void begin_sequence() {
+    if constexpr (requires { inner_.begin_sequence(); }) inner_.begin_sequence();
+  }
+  void begin_token(std::uint32_t n) {
+    if constexpr (requires { inner_.begin_token(n); }) inner_.begin_token(n);
+  }
+
+  void on_hit(ExpertKey key, const AccessInfo& a) { pending_.push_back({key, a, false, 0}); }
+  void on_insert(ExpertKey key, const AccessInfo& a) {
+    if (a.prefetch) inner_.on_insert(key, a);
+    else pending_.push_back({key, a, true, 0});
+  }
+  void on_evict(ExpertKey key) {
+    for (std::size_t i = 0; i < pending_.size(); ++i)
+      if (pending_[i].key == key && pending_[i].insert) {  // never seen by the inner policy
+        pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+    inner_.on_evict(key);
+  }
+  [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const {
+    return inner_.victim(q);
+  }
+
+  /// The replay finished a routed layer call: pass its accesses on in future order.
+  void end_layer_call() {
+    const std::size_t begin = call_ == 0 ? 0 : future_.call_end[call_ - 1];
+    const std::size_t end = call_ < future_.call_end.size() ? future_.call_end[call_] : begin;
+    ++call_;
+    for (Pending& p : pending_) {
+      p.order = end - begin;  // not in this call's future: after the call's own entries
+      for (std::size_t i = begin; i < end; ++i)
+        if (future_.keys[i] == p.key) p.order = i - begin;
+    }
+    std::stable_sort(pending_.begin(), pending_.end(),
+                     [](const Pending& x, const Pending& y) { return x.order < y.order; });
+    for (const Pending& p : pending_) {
+      if (p.insert) inner_.on_insert(p.key, p.access);
+      else inner_.on_hit(p.key, p.access);
+    }
+    pending_.clear();
+  }
+
+  [[nodiscard]] Inner& inner() noexcept { return inner_; }
+
+ private:
+  struct Pending {
+    ExpertKey key;
+    AccessInfo access;
+    bool insert;
+    std::size_t order;
+  };
+  Inner inner_;
+  DemandSequence future_;
+  std::vector<Pending> pending_;
+  std::size_t call_ = 0;
+};
+
+/// Replays `trace` through `pipeline` (whose loader must be a SimLoader) and reports the cost;
+/// see the file comment for the model. The trace's dims must match the pipeline's shape.
+template <class Pipeline>
+ReplayReport replay(Pipeline& pipeline, const RoutingTrace& trace, const ComputeModel& compute,
+                    const ReplayOptions& options = {}) {
+  static_assert(std::is_same_v<typename Pipeline::Loader, SimLoader>,
+                "moekit::sim::replay: the pipeline's Loader must be moekit::sim::SimLoader");
+  compute.validate();
+  const TraceDims& d = trace.dims();
+  const ModelShape& shape = pipeline.shape();
+  MOEKIT_EXPECTS(d.n_layers == shape.n_layers && d.n_experts == shape.n_experts,
+                 "replay: trace '" + trace.name() + "' has " + std::to_string(d.n_layers) +
+                     " layers × " + std::to_string(d.n_experts) + " experts, the model " +
+                     std::to_string(shape.n_layers) + " × " + std::to_string(shape.n_experts));
+  MOEKIT_EXPECTS(d.top_k == shape.top_k,
+                 "replay: trace '" + trace.name() + "' records top-" + std::to_string(d.top_k) +
+                     ", the model selects top-" + std::to_string(shape.top_k));
+
+  SimLoader& loader = pipeline.loader();
+  VirtualClock& clock = loader.clock();
+  ReplayReport rep;
+  rep.trace_name = trace.name();
+  rep.synthetic = trace.synthetic();
+  rep.sequences = trace.sequence_count();
+  const double t_start = clock.now(), stall_start = clock.stall();
+  double compute_s = 0.0;
+  detail::GateBuffers buf;
+  std::size_t last_seq = static_cast<std::size_t>(-1);
+
+  auto run = [&](double dt) {
+    clock.advance(dt);
+    compute_s += dt;
+  };
+
+  detail::ForwardWalker(trace).for_each_forward([&](std::size_t seq, std::size_t first,
+                                                    std::size_t n, Phase phase) {
+    if (seq != last_seq) {
+      if (options.progress && last_seq != static_cast<std::size_t>(-1))
+        options.progress(options.progress_ctx, last_seq + 1, trace.sequence_count());
+      pipeline.begin_sequence();
+      last_seq = seq;
+      if (phase == Phase::prefill) ++rep.prefill_sequences;
+    }
+    (phase == Phase::prefill ? rep.prefill_tokens : rep.decode_tokens) += n;
+    const double f_start = clock.now();
+    const std::uint64_t token_index = first - trace.global_token(seq, 0);
+    for (int attempt = 0;; ++attempt) {
+      ++rep.forwards;
+      for (std::uint32_t l = 0; l < d.n_layers; ++l) {
+        LayerContext ctx{l, d.n_layers, token_index, phase, seq,
+                         static_cast<std::uint32_t>(n)};
+        run(compute.layer(static_cast<std::uint32_t>(n)));
+        const std::uint32_t k = std::clamp<std::uint32_t>(pipeline.active_top_k(ctx), 1, d.top_k);
+        std::uint64_t missing = 0;
+        const GateView gate = buf.gather(trace, first, n, l, k, missing);
+        if (attempt == 0) rep.records_missing += missing;
+        if (gate.n_tokens == 0) {
+          ++rep.layer_calls_unrouted;
+          continue;
+        }
+        ctx.n_tokens = gate.n_tokens;
+        const LayerPlan& plan = pipeline.route(ctx, gate);
+        for (const ExpertPlan& p : plan.experts) {
+          if (p.placement == Placement::device) {
+            if (p.ticket.valid()) loader.wait(p.ticket);
+            run(compute.device(p.precision, p.n_tokens));
+          } else if (p.placement == Placement::host_cpu) {
+            run(compute.cpu(p.precision, p.n_tokens));
+          }
+        }
+        (void)pipeline.resolve(plan);
+        pipeline.end_layer(ctx);
+        if constexpr (detail::ends_layer_calls<typename Pipeline::CachePolicy>)
+          pipeline.cache().policy().end_layer_call();
+      }
+      if (pipeline.end_token(std::span<const float>{}) == TokenVerdict::accept) break;
+      if (attempt >= 1)
+        moekit::detail::fail(ErrorKind::internal,
+                             "replay: the token policy rejected a recomputed forward");
+    }
+    (phase == Phase::prefill ? rep.prefill_s : rep.decode_s) += clock.now() - f_start;
+  });
+  if (options.progress)
+    options.progress(options.progress_ctx, trace.sequence_count(), trace.sequence_count());
+
+  rep.pipeline = pipeline.stats();
+  rep.loader = loader.stats();
+  rep.total_s = clock.now() - t_start;
+  rep.stall_s = clock.stall() - stall_start;
+  rep.compute_s = compute_s;
+  return rep;
+}
+
+}  // namespace moekit::sim

@@ -1,0 +1,146 @@
+// SimLoader: link timing, on-demand before prefetch, cancellation, stall and late-byte accounting.
+// Sizes are chosen so every time is a dyadic fraction and the sums are exact in double.
+
+#include <catch2/catch.hpp>
+
+#include "moekit/error.hpp"
+#include "moekit/sim/sim_loader.hpp"
+#include "moekit/sim/virtual_clock.hpp"
+
+using namespace moekit;
+using namespace moekit::sim;
+
+namespace {
+
+// 3 matrices of 32×32 f16 = 6144 bytes per expert; 2^30 B/s.
+constexpr ModelShape tiny{.n_layers = 4, .n_experts = 4, .top_k = 1, .hidden = 32, .ffn = 32};
+constexpr double bw = 1073741824.0;
+const double dur = double(tiny.expert_bytes(Precision::f16)) / bw;
+
+LoadRequest req(std::uint32_t layer, std::uint32_t e, LoadPriority p,
+                Precision prec = Precision::f16) {
+  return LoadRequest{ExpertKey{layer, e}, prec, p, {}};
+}
+
+}  // namespace
+
+TEST_CASE("VirtualClock advances, counts stall, rejects bad durations", "[sim][clock]") {
+  VirtualClock c;
+  c.advance(0.25);
+  CHECK(c.now() == 0.25);
+  CHECK(c.stall_until(0.125) == 0.0);  // the past: no move
+  CHECK(c.stall_until(1.0) == 0.75);
+  CHECK(c.now() == 1.0);
+  CHECK(c.stall() == 0.75);
+  CHECK_THROWS_AS(c.advance(-1.0), Error);
+}
+
+TEST_CASE("SimLoader: one on-demand load takes bytes/bandwidth and wait stalls until then",
+          "[sim][loader]") {
+  REQUIRE(tiny.expert_bytes(Precision::f16) == 6144);
+  SimLoader l(tiny, LinkModel{bw, 0.0});
+  const LoadTicket t = l.submit(req(0, 0, LoadPriority::on_demand));
+  CHECK_FALSE(l.poll(t));
+  CHECK(l.completion_time(t) == dur);
+  l.wait(t);
+  CHECK(l.clock().now() == dur);
+  CHECK(l.clock().stall() == dur);
+  CHECK(l.poll(t));
+  CHECK(l.stats().bytes == 6144);
+  CHECK(l.stats().demand_bytes == 6144);
+  CHECK(l.stats().late_waits == 0);
+}
+
+TEST_CASE("SimLoader: a load submitted later starts at its submit time; latency adds per load",
+          "[sim][loader]") {
+  const double lat = 1.0 / 1024;
+  SimLoader l(tiny, LinkModel{bw, lat});
+  l.clock().advance(2.0);
+  const LoadTicket a = l.submit(req(0, 0, LoadPriority::on_demand));
+  const LoadTicket b = l.submit(req(0, 1, LoadPriority::on_demand, Precision::q8));
+  CHECK(l.completion_time(a) == 2.0 + lat + dur);
+  l.wait(b);
+  const double q8 = double(tiny.expert_bytes(Precision::q8)) / bw;
+  CHECK(l.clock().now() == 2.0 + lat + dur + lat + q8);
+  CHECK(l.clock().stall() == lat + dur + lat + q8);
+  CHECK(l.stats().busy_s == lat + dur + lat + q8);
+  // compute past both completions: poll sees them done without a wait
+  l.clock().advance(1.0);
+  CHECK(l.poll(a));
+}
+
+TEST_CASE("SimLoader: on-demand loads overtake queued prefetches, not the running one",
+          "[sim][loader]") {
+  SimLoader l(tiny, LinkModel{bw, 0.0});
+  const LoadTicket p1 = l.submit(req(1, 0, LoadPriority::prefetch));  // starts at once
+  const LoadTicket p2 = l.submit(req(1, 1, LoadPriority::prefetch));
+  const LoadTicket p3 = l.submit(req(2, 0, LoadPriority::prefetch));
+  const LoadTicket d = l.submit(req(0, 3, LoadPriority::on_demand));
+  CHECK(l.queued() == 3);
+  l.wait(d);
+  CHECK(l.clock().now() == 2 * dur);  // behind p1 only
+  CHECK(l.completion_time(p1) == dur);
+  CHECK(l.completion_time(p2) == 3 * dur);  // p2 started when d finished
+  l.wait(p3);
+  CHECK(l.clock().now() == 4 * dur);
+  CHECK(l.poll(p2));
+  CHECK(l.stats().prefetch_bytes == 3 * 6144);
+  CHECK(l.stats().demand_bytes == 6144);
+}
+
+TEST_CASE("SimLoader: cancelling a queued prefetch frees its place in the queue",
+          "[sim][loader]") {
+  SimLoader l(tiny, LinkModel{bw, 0.0});
+  const LoadTicket p1 = l.submit(req(1, 0, LoadPriority::prefetch));
+  const LoadTicket p2 = l.submit(req(1, 1, LoadPriority::prefetch));
+  const LoadTicket p3 = l.submit(req(2, 0, LoadPriority::prefetch));
+  const LoadTicket d = l.submit(req(0, 3, LoadPriority::on_demand));
+  CHECK_FALSE(l.cancel(p1));  // running
+  CHECK_FALSE(l.cancel(d));   // on-demand loads are never withdrawn
+  CHECK(l.cancel(p2));
+  CHECK_FALSE(l.cancel(p2));  // already withdrawn
+  CHECK_FALSE(l.poll(p2));
+  CHECK_THROWS_AS(l.wait(p2), Error);
+  l.wait(p3);
+  CHECK(l.clock().now() == 3 * dur);  // p1, d, p3: p2 moved no bytes
+  CHECK(l.stats().bytes == 3 * 6144);
+  CHECK(l.stats().cancelled == 1);
+  CHECK(l.stats().cancelled_bytes == 6144);
+  CHECK(l.queued() == 0);
+}
+
+TEST_CASE("SimLoader: a wait on an unfinished prefetch counts late bytes", "[sim][loader]") {
+  SimLoader l(tiny, LinkModel{bw, 0.0});
+  const LoadTicket p = l.submit(req(1, 0, LoadPriority::prefetch));
+  const LoadTicket q = l.submit(req(1, 1, LoadPriority::prefetch));
+  l.clock().advance(dur / 2);  // half of p overlapped with compute
+  l.wait(p);
+  CHECK(l.clock().now() == dur);
+  CHECK(l.stats().late_waits == 1);
+  CHECK(l.stats().late_bytes == 6144);
+  CHECK(l.stats().late_stall_s == dur / 2);
+  l.clock().advance(4 * dur);  // q done long ago: waiting on it is free and not late
+  l.wait(q);
+  CHECK(l.clock().now() == 5 * dur);
+  CHECK(l.stats().late_waits == 1);
+}
+
+TEST_CASE("SimLoader: an idle gap leaves the link idle (no credit for past time)",
+          "[sim][loader]") {
+  SimLoader l(tiny, LinkModel{bw, 0.0});
+  l.wait(l.submit(req(0, 0, LoadPriority::on_demand)));
+  l.clock().advance(10.0);
+  const LoadTicket t = l.submit(req(0, 1, LoadPriority::prefetch));
+  CHECK(l.completion_time(t) == dur + 10.0 + dur);
+}
+
+TEST_CASE("SimLoader rejects bad links, keys and tickets", "[sim][loader]") {
+  CHECK_THROWS_AS(SimLoader(tiny, LinkModel{0.0, 0.0}), Error);
+  CHECK_THROWS_AS(SimLoader(tiny, LinkModel{1e9, -1.0}), Error);
+  SimLoader l(tiny, LinkModel{bw, 0.0});
+  CHECK_THROWS_AS(l.submit(req(9, 0, LoadPriority::on_demand)), Error);
+  CHECK_THROWS_AS(l.submit(req(0, 0, LoadPriority::on_demand, Precision::skip)), Error);
+  CHECK_THROWS_AS(l.wait(LoadTicket{42}), Error);
+  CHECK_THROWS_AS(l.poll(LoadTicket{0}), Error);
+  static_assert(!SimLoader::keeps_bytes);
+}
