@@ -248,12 +248,12 @@ TEMPLATE_LIST_TEST_CASE("cache policies keep the contents at a sequence reset an
 TEMPLATE_LIST_TEST_CASE("cache policies never evict pinned experts and fall back to soft pins",
                         "[cache][properties]", AllPolicies) {
   if constexpr (test::PolicyTraits<TestType>::always_finds_victim) {
-    // Two slots per layer pool for the per-layer policies; one pool of 8 slots otherwise.
+    // Six slots: one pool, or per-layer pools (uniform 2,2,1,1; shallow-favoring 6,0,0,0).
     const ModelShape s{.n_layers = 4, .n_experts = 8, .top_k = 2, .hidden = 64, .ffn = 128};
     std::vector<FutureAccess> future;
-    for (std::uint32_t e = 0; e < 4; ++e)
+    for (std::uint32_t e = 0; e < 7; ++e)
       for (std::uint32_t l = 0; l < 4; ++l) future.push_back({{l, e}, Precision::f16});
-    ExpertCache<TestType> c(s, 8 * s.expert_bytes(Precision::f16), Precision::f16,
+    ExpertCache<TestType> c(s, 6 * s.expert_bytes(Precision::f16), Precision::f16,
                             test::make_policy<TestType>(s, future));
     std::vector<ExpertKey> in;
     for (const FutureAccess& f : future) {
