@@ -1,0 +1,393 @@
+#pragma once
+/// \file HardwareModel: the machine a replay pretends to run on — the link that brings experts
+/// into the cache, and how fast the device and the host CPU run an expert and a layer's dense part.
+///
+/// Cost model (per call over n tokens, the form `ComputeModel` in replay.hpp uses):
+///   expert on a processor P at precision p:  P.call_overhead_s + bytes(p) / P.weight_bytes_per_s[p]
+///                                            + n · 2·params / P.flops_per_s
+///   dense part of a layer (router + attention projections, on the device):
+///                                            layer_overhead_s + dense bytes / device rate
+///                                            + n · 2·dense params / device.flops_per_s
+///   transfer of b bytes over the link:       link.latency_s + b / link.bandwidth_bytes_per_s
+/// The fixed term is the weight read a call pays once (memory-bound GEMV at batch 1); the per-token
+/// term is the arithmetic that grows with the batch (prefill). Attention over the KV cache is not
+/// modelled (it is small next to expert I/O at the sequence lengths of the papers).
+///
+/// Presets for the machines of the papers (design/papers/*.md). Every number says where it comes
+/// from: [paper] a paper states it, [derived] computed from paper numbers, [vendor] the maker's
+/// spec sheet, [choice] our assumption (an efficiency factor or an unreported quantity).
+/// `this_machine` is read from a JSON file written by a calibration command (schema below).
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moekit/core/model_shape.hpp"
+#include "moekit/core/precision.hpp"
+#include "moekit/error.hpp"
+#include "moekit/sim/replay.hpp"
+#include "moekit/sim/sim_loader.hpp"
+#include "moekit/sim/trace.hpp"
+
+namespace moekit::sim {
+
+/// One executor (a GPU, or the host CPU) in the linear cost model of the file comment.
+struct ProcessorModel {
+  /// Effective rate at which a batch-1 expert call streams its weights, per stored precision
+  /// (index = `Precision` value; quantized formats include their dequantization cost).
+  std::array<double, precision_count> weight_bytes_per_s{};
+  double flops_per_s = 0;      ///< effective matmul throughput for the per-token term
+  double call_overhead_s = 0;  ///< fixed cost per expert call (kernel launch, thread wake-up)
+
+  /// Same rate for every precision.
+  [[nodiscard]] static ProcessorModel uniform(double bytes_per_s, double flops, double overhead) {
+    ProcessorModel p;
+    p.weight_bytes_per_s.fill(bytes_per_s);
+    p.flops_per_s = flops;
+    p.call_overhead_s = overhead;
+    return p;
+  }
+  /// Throws `moekit::Error` naming `what` and the bad field.
+  void validate(std::string_view what) const {
+    auto positive = [](double v) { return v > 0 && std::isfinite(v); };
+    for (std::size_t i = 0; i < precision_count; ++i)
+      MOEKIT_EXPECTS(positive(weight_bytes_per_s[i]),
+                     std::string(what) + ".weight_bytes_per_s." +
+                         std::string(name(all_precisions[i])) + " must be finite and > 0");
+    MOEKIT_EXPECTS(positive(flops_per_s), std::string(what) + ".flops_per_s must be finite and > 0");
+    MOEKIT_EXPECTS(call_overhead_s >= 0 && std::isfinite(call_overhead_s),
+                   std::string(what) + ".call_overhead_s must be finite and >= 0");
+  }
+  /// Seconds to run one expert of `shape` stored at `p` over `n_tokens` tokens.
+  [[nodiscard]] double expert_s(const ModelShape& shape, Precision p,
+                                std::uint32_t n_tokens) const noexcept {
+    if (p == Precision::skip) return 0.0;
+    return fixed_s(shape, p) + per_token_s(shape) * n_tokens;
+  }
+  [[nodiscard]] double fixed_s(const ModelShape& shape, Precision p) const noexcept {
+    return call_overhead_s +
+           double(shape.expert_bytes(p)) / weight_bytes_per_s[static_cast<std::size_t>(p)];
+  }
+  [[nodiscard]] double per_token_s(const ModelShape& shape) const noexcept {
+    return 2.0 * 3.0 * double(shape.hidden) * double(shape.ffn) / flops_per_s;
+  }
+};
+
+/// The non-expert weights of one layer that every token passes through (attention projections,
+/// router, shared experts), as parameter count and storage precision.
+struct DenseLayerShape {
+  std::uint64_t params = 0;
+  Precision precision = Precision::bf16;
+
+  /// q, k, v, o projections of grouped-query attention plus the router (n_experts × hidden) and
+  /// the shared experts of `shape`.
+  [[nodiscard]] static DenseLayerShape from(const ModelShape& shape, std::uint32_t n_heads,
+                                            std::uint32_t n_kv_heads, std::uint32_t head_dim,
+                                            Precision p = Precision::bf16) {
+    const std::uint64_t d = shape.hidden;
+    const std::uint64_t attn = d * n_heads * head_dim * 2 + d * n_kv_heads * head_dim * 2;
+    const std::uint64_t shared = std::uint64_t{shape.n_shared_experts} * 3 * d * shape.shared_ffn;
+    return {attn + std::uint64_t{shape.n_experts} * d + shared, p};
+  }
+};
+
+/// Mixtral-8x7B's dense layer: 32 heads, 8 KV heads, head_dim 128 (public HF config).
+inline DenseLayerShape mixtral_8x7b_dense() {
+  return DenseLayerShape::from(mixtral_8x7b, 32, 8, 128);
+}
+
+/// A machine: the link into the expert cache, the device and the host CPU.
+struct HardwareModel {
+  std::string name;
+  std::string source;       ///< where the numbers come from
+  LinkModel link;           ///< slow tier → expert cache (PCIe, SSD, or disk → RAM)
+  ProcessorModel device;    ///< where cached experts and the dense part run
+  ProcessorModel cpu;       ///< host CPU (Fiddler's / HOBBIT's cooperative mode)
+  double layer_overhead_s = 0;  ///< fixed cost of a layer's dense part (launches, norms)
+
+  void validate() const {
+    MOEKIT_EXPECTS(!name.empty(), "HardwareModel.name must not be empty");
+    link.validate();
+    device.validate("HardwareModel.device");
+    cpu.validate("HardwareModel.cpu");
+    MOEKIT_EXPECTS(layer_overhead_s >= 0 && std::isfinite(layer_overhead_s),
+                   "HardwareModel.layer_overhead_s must be finite and >= 0");
+  }
+  /// Seconds to move `bytes` over the link.
+  [[nodiscard]] double transfer_s(std::size_t bytes) const noexcept { return link.transfer_s(bytes); }
+  /// Seconds for the dense part of one layer over `n_tokens` tokens.
+  [[nodiscard]] double dense_layer_s(const DenseLayerShape& dense,
+                                     std::uint32_t n_tokens) const noexcept {
+    const double bytes = double(matrix_bytes(1, dense.params, dense.precision));
+    return layer_overhead_s +
+           bytes / device.weight_bytes_per_s[static_cast<std::size_t>(dense.precision)] +
+           2.0 * double(dense.params) * n_tokens / device.flops_per_s;
+  }
+  /// The replay's per-call compute model for a model of `shape` with dense layers `dense`.
+  [[nodiscard]] ComputeModel compute_model(const ModelShape& shape,
+                                           const DenseLayerShape& dense) const {
+    validate();
+    shape.validate();
+    ComputeModel m;
+    for (std::size_t i = 0; i < precision_count; ++i) {
+      const Precision p = all_precisions[i];
+      const auto idx = static_cast<std::size_t>(p);
+      m.device_expert_s[idx] = device.fixed_s(shape, p);
+      m.device_expert_token_s[idx] = device.per_token_s(shape);
+      m.cpu_expert_s[idx] = cpu.fixed_s(shape, p);
+      m.cpu_expert_token_s[idx] = cpu.per_token_s(shape);
+    }
+    m.layer_s = dense_layer_s(dense, 0);
+    m.layer_token_s = 2.0 * double(dense.params) / device.flops_per_s;
+    return m;
+  }
+};
+
+// ---- presets ------------------------------------------------------------------------------------
+
+namespace detail {
+// Bytes of one Mixtral-8x7B expert at 16 bit: 3 × 4096 × 14336 × 2 [derived, hobbit.md §4].
+inline constexpr double mixtral_expert_f16_bytes = 352'321'536.0;
+}  // namespace detail
+
+/// RTX 4090 + PCIe 4.0 (HOBBIT's edge server; hobbit.md §5.2).
+inline HardwareModel rtx4090_pcie4() {
+  HardwareModel h;
+  h.name = "rtx4090-pcie4";
+  h.source =
+      "link 32 GB/s [paper: HOBBIT §5.2, PCIe 4.0 theoretical], latency 10 us [choice]; "
+      "device 940 GB/s [derived: HOBBIT §2.1, one Mixtral layer of 8 fp16 experts computes in "
+      "~3 ms] (vendor peak 1008 GB/s), 82.6 TFLOP/s [choice: half the vendor 165.2 TFLOP/s fp16 "
+      "tensor, fp32 accumulate]; CPU 70.5 GB/s [derived: HOBBIT §2.5, 5 ms per fp16 Mixtral "
+      "expert with llama.cpp], 2 TFLOP/s [choice: 64 cores]";
+  h.link = {.bandwidth_bytes_per_s = 32e9, .latency_s = 10e-6};
+  h.device = ProcessorModel::uniform(8 * detail::mixtral_expert_f16_bytes / 3e-3, 82.6e12, 5e-6);
+  h.cpu = ProcessorModel::uniform(detail::mixtral_expert_f16_bytes / 5e-3, 2e12, 20e-6);
+  h.layer_overhead_s = 50e-6;  // [choice] norms, rotary, launches
+  return h;
+}
+
+/// Jetson AGX Orin 32 GB, experts on an NVMe SSD (HOBBIT's end device; hobbit.md §5.2).
+inline HardwareModel jetson_orin_ssd() {
+  HardwareModel h;
+  h.name = "jetson-orin-ssd";
+  h.source =
+      "link 3.0 GB/s [paper: HOBBIT §5.2, Samsung 980 PRO ~3,000 MB/s in practice], latency "
+      "100 us [choice: NVMe read setup]; device 164 GB/s [choice: 0.8 x vendor 204.8 GB/s LPDDR5 "
+      "unified memory], 13.5 TFLOP/s [choice: half of ~27 TFLOP/s fp16, vendor dense estimate]; "
+      "CPU 30 GB/s, 0.2 TFLOP/s [choice: 12 Cortex-A78AE cores sharing the same memory]";
+  h.link = {.bandwidth_bytes_per_s = 3.0e9, .latency_s = 100e-6};
+  h.device = ProcessorModel::uniform(0.8 * 204.8e9, 13.5e12, 10e-6);
+  h.cpu = ProcessorModel::uniform(30e9, 0.2e12, 20e-6);
+  h.layer_overhead_s = 100e-6;  // [choice]
+  return h;
+}
+
+/// RTX 3090 + PCIe 3.0 ×16 (Fate's high-end PC; fate.md §5.2).
+inline HardwareModel rtx3090_pcie3() {
+  HardwareModel h;
+  h.name = "rtx3090-pcie3";
+  h.source =
+      "link 16 GB/s [paper: Fate §5.2, PCIe 3.0 x16], latency 10 us [choice] (Fate measured "
+      "~6 ms per Qwen expert, far above 17.3 MB / 16 GB/s: calibrate for absolute numbers); "
+      "device 796 GB/s [choice: 0.85 x vendor 936 GB/s], 35.5 TFLOP/s [choice: half the vendor "
+      "71 TFLOP/s fp16 tensor, fp32 accumulate]; CPU i9-9900X 51 GB/s [choice: 0.6 x vendor "
+      "85.3 GB/s 4-channel DDR4-2666], 0.5 TFLOP/s [choice]";
+  h.link = {.bandwidth_bytes_per_s = 16e9, .latency_s = 10e-6};
+  h.device = ProcessorModel::uniform(0.85 * 936e9, 35.5e12, 5e-6);
+  h.cpu = ProcessorModel::uniform(0.6 * 85.3e9, 0.5e12, 20e-6);
+  h.layer_overhead_s = 50e-6;  // [choice]
+  return h;
+}
+
+/// RTX 4080 16 GB + PCIe 4.0 (MoBiLE's machine; mobile.md §5.1).
+inline HardwareModel rtx4080_pcie4() {
+  HardwareModel h;
+  h.name = "rtx4080-pcie4";
+  h.source =
+      "link 32 GB/s [derived: MoBiLE §5.1 quotes 64 GB/s bidirectional PCIe 4.0 x16, 32 GB/s per "
+      "direction], latency 10 us [choice]; device 609 GB/s [choice: 0.85 x vendor 716.8 GB/s], "
+      "48.7 TFLOP/s [choice: half the vendor 97.5 TFLOP/s fp16 tensor, fp32 accumulate]; CPU "
+      "i5-12400 30.7 GB/s [choice: 0.6 x vendor 51.2 GB/s dual-channel DDR4-3200], 0.3 TFLOP/s "
+      "[choice]";
+  h.link = {.bandwidth_bytes_per_s = 32e9, .latency_s = 10e-6};
+  h.device = ProcessorModel::uniform(0.85 * 716.8e9, 48.7e12, 5e-6);
+  h.cpu = ProcessorModel::uniform(0.6 * 51.2e9, 0.3e12, 20e-6);
+  h.layer_overhead_s = 50e-6;  // [choice]
+  return h;
+}
+
+/// Quadro RTX 6000 + PCIe 3.0 (Fiddler's environment 1; fiddler.md §5.2, §5.5).
+inline HardwareModel quadro_rtx6000_pcie3() {
+  HardwareModel h;
+  h.name = "quadro-rtx6000-pcie3";
+  h.source =
+      "link 7.05 GB/s [derived: Fiddler App. B, ~50 ms to copy one 352 MB expert; nominal PCIe "
+      "3.0 x16 is 16 GB/s per direction], latency 10 us [choice]; device 70.5 GB/s [derived: "
+      "Fiddler App. B, GPU expert compute ~1/10 of the copy = 5 ms], 65 TFLOP/s [choice: half "
+      "the vendor 130.5 TFLOP/s]; CPU 117 GB/s [derived: ~3 ms per Mixtral expert per token in "
+      "Fiddler, hobbit.md §2.5], 1 TFLOP/s [choice: the prefill slope is not reported]";
+  h.link = {.bandwidth_bytes_per_s = detail::mixtral_expert_f16_bytes / 50e-3, .latency_s = 10e-6};
+  h.device = ProcessorModel::uniform(detail::mixtral_expert_f16_bytes / 5e-3, 65e12, 5e-6);
+  h.cpu = ProcessorModel::uniform(detail::mixtral_expert_f16_bytes / 3e-3, 1e12, 20e-6);
+  h.layer_overhead_s = 50e-6;  // [choice]
+  return h;
+}
+
+/// Names accepted by `hardware_preset` (besides "this_machine", which needs a file).
+inline std::vector<std::string> hardware_preset_names() {
+  return {"rtx4090-pcie4", "jetson-orin-ssd", "rtx3090-pcie3", "rtx4080-pcie4",
+          "quadro-rtx6000-pcie3"};
+}
+
+// ---- this_machine: JSON written by a calibration command ----------------------------------------
+//
+// {"format": "moekit-hardware", "version": 1, "name": str, "source": str,
+//  "link":   {"bandwidth_bytes_per_s": num, "latency_s": num},
+//  "device": {"weight_bytes_per_s": {"f32": num, "bf16": num, "f16": num, "q8": num, "q4": num,
+//                                    "q2": num},
+//             "flops_per_s": num, "call_overhead_s": num},
+//  "cpu":    {same fields as "device"},
+//  "layer_overhead_s": num}
+// All numbers SI (bytes, seconds). Every key is required and no other key is allowed. On a
+// CPU-only machine "device" is the CPU running the project's kernels from the RAM cache and
+// "link" is the expert-store read path (O_DIRECT disk bandwidth).
+
+inline constexpr std::string_view hardware_json_format = "moekit-hardware";
+
+/// Serialises `h` in the schema above (what the calibration command writes).
+[[nodiscard]] inline std::string serialize_hardware_json(const HardwareModel& h) {
+  auto proc = [](const ProcessorModel& p) {
+    nlohmann::json rates = nlohmann::json::object();
+    for (std::size_t i = 0; i < precision_count; ++i)
+      rates[std::string(name(all_precisions[i]))] =
+          p.weight_bytes_per_s[static_cast<std::size_t>(all_precisions[i])];
+    return nlohmann::json{{"weight_bytes_per_s", rates},
+                          {"flops_per_s", p.flops_per_s},
+                          {"call_overhead_s", p.call_overhead_s}};
+  };
+  nlohmann::json j = {
+      {"format", hardware_json_format},
+      {"version", 1},
+      {"name", h.name},
+      {"source", h.source},
+      {"link",
+       {{"bandwidth_bytes_per_s", h.link.bandwidth_bytes_per_s}, {"latency_s", h.link.latency_s}}},
+      {"device", proc(h.device)},
+      {"cpu", proc(h.cpu)},
+      {"layer_overhead_s", h.layer_overhead_s}};
+  return j.dump(2) + "\n";
+}
+
+/// Parses and validates a hardware JSON document; `source` names it in errors.
+[[nodiscard]] inline HardwareModel parse_hardware_json(std::string_view text,
+                                                       std::string_view source = "<memory>") {
+  auto bad = [&](const std::string& field, const std::string& why) -> void {
+    ::moekit::detail::fail(ErrorKind::invalid_format, "hardware file '" + std::string(source) +
+                                                          "': field '" + field + "': " + why);
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    bad("<document>", std::string("invalid JSON: ") + e.what());
+  }
+  auto object = [&](const nlohmann::json& o, const std::string& path,
+                    std::initializer_list<const char*> keys) {
+    if (!o.is_object()) bad(path, "must be an object");
+    for (const char* k : keys)
+      if (!o.contains(k)) bad(path.empty() ? k : path + "." + k, "missing");
+    for (const auto& [k, v] : o.items()) {
+      bool known = false;
+      for (const char* x : keys) known = known || k == x;
+      if (!known) bad(path.empty() ? k : path + "." + k, "unknown key");
+    }
+  };
+  auto number = [&](const nlohmann::json& v, const std::string& path, bool allow_zero) {
+    if (!v.is_number()) bad(path, "must be a number");
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || x < 0 || (!allow_zero && x == 0))
+      bad(path, allow_zero ? "must be finite and >= 0" : "must be finite and > 0");
+    return x;
+  };
+  object(j, "", {"format", "version", "name", "source", "link", "device", "cpu",
+                 "layer_overhead_s"});
+  if (!j["format"].is_string() || j["format"].get<std::string>() != hardware_json_format)
+    bad("format", "must be \"moekit-hardware\"");
+  if (!j["version"].is_number_integer() || j["version"].get<std::int64_t>() != 1)
+    bad("version", "unsupported (this reader: 1)");
+  if (!j["name"].is_string() || j["name"].get<std::string>().empty())
+    bad("name", "must be a non-empty string");
+  if (!j["source"].is_string()) bad("source", "must be a string");
+  HardwareModel h;
+  h.name = j["name"].get<std::string>();
+  h.source = j["source"].get<std::string>();
+  object(j["link"], "link", {"bandwidth_bytes_per_s", "latency_s"});
+  h.link.bandwidth_bytes_per_s =
+      number(j["link"]["bandwidth_bytes_per_s"], "link.bandwidth_bytes_per_s", false);
+  h.link.latency_s = number(j["link"]["latency_s"], "link.latency_s", true);
+  auto proc = [&](const nlohmann::json& o, const std::string& path) {
+    object(o, path, {"weight_bytes_per_s", "flops_per_s", "call_overhead_s"});
+    ProcessorModel p;
+    const auto& rates = o["weight_bytes_per_s"];
+    object(rates, path + ".weight_bytes_per_s", {"f32", "bf16", "f16", "q8", "q4", "q2"});
+    for (Precision q : all_precisions) {
+      const std::string n(name(q));
+      p.weight_bytes_per_s[static_cast<std::size_t>(q)] =
+          number(rates[n], path + ".weight_bytes_per_s." + n, false);
+    }
+    p.flops_per_s = number(o["flops_per_s"], path + ".flops_per_s", false);
+    p.call_overhead_s = number(o["call_overhead_s"], path + ".call_overhead_s", true);
+    return p;
+  };
+  h.device = proc(j["device"], "device");
+  h.cpu = proc(j["cpu"], "cpu");
+  h.layer_overhead_s = number(j["layer_overhead_s"], "layer_overhead_s", true);
+  h.validate();
+  return h;
+}
+
+/// Reads a hardware JSON file (the `this_machine` preset).
+[[nodiscard]] inline HardwareModel read_hardware_json(const std::string& path) {
+  return parse_hardware_json(detail::read_file_text(path), path);
+}
+
+/// Writes `h` as JSON; throws if the file exists unless `overwrite`.
+inline void write_hardware_json(const HardwareModel& h, const std::string& path,
+                                bool overwrite = false) {
+  h.validate();
+  const std::string text = serialize_hardware_json(h);
+  detail::write_file_bytes(
+      path, std::as_bytes(std::span<const char>(text.data(), text.size())), overwrite);
+}
+
+/// A preset by name; "this_machine" reads `this_machine_json` (written by the calibration
+/// command). Throws `moekit::Error(invalid_argument)` listing the names on an unknown one.
+[[nodiscard]] inline HardwareModel hardware_preset(std::string_view preset,
+                                                   const std::string& this_machine_json = "") {
+  if (preset == "rtx4090-pcie4") return rtx4090_pcie4();
+  if (preset == "jetson-orin-ssd") return jetson_orin_ssd();
+  if (preset == "rtx3090-pcie3") return rtx3090_pcie3();
+  if (preset == "rtx4080-pcie4") return rtx4080_pcie4();
+  if (preset == "quadro-rtx6000-pcie3") return quadro_rtx6000_pcie3();
+  if (preset == "this_machine") {
+    MOEKIT_EXPECTS(!this_machine_json.empty(),
+                   "hardware preset 'this_machine' needs the JSON file written by calibration");
+    return read_hardware_json(this_machine_json);
+  }
+  std::string names;
+  for (const auto& n : hardware_preset_names()) names += " " + n;
+  ::moekit::detail::fail(ErrorKind::invalid_argument, "unknown hardware preset '" +
+                                                          std::string(preset) + "'; known:" +
+                                                          names + " this_machine");
+}
+
+}  // namespace moekit::sim

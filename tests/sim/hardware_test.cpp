@@ -1,0 +1,149 @@
+// HardwareModel: presets agree with the paper numbers they were derived from; the this_machine
+// JSON round-trips and every malformed field is reported by name.
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "moekit/core/model_shape.hpp"
+#include "moekit/sim/hardware.hpp"
+
+using namespace moekit;
+using namespace moekit::sim;
+
+TEST_CASE("every preset validates and is reachable by name", "[sim][hardware]") {
+  for (const auto& n : hardware_preset_names()) {
+    const HardwareModel h = hardware_preset(n);
+    CHECK(h.name == n);
+    CHECK_FALSE(h.source.empty());
+    CHECK_NOTHROW(h.validate());
+  }
+  try {
+    (void)hardware_preset("rtx9090");
+    FAIL();
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::invalid_argument);
+    CHECK(e.message().find("rtx4090-pcie4") != std::string::npos);
+  }
+  CHECK_THROWS_AS(hardware_preset("this_machine"), Error);
+}
+
+TEST_CASE("presets reproduce the papers' reference costs", "[sim][hardware]") {
+  const ModelShape m = mixtral_8x7b;
+  const std::size_t f16 = m.expert_bytes(Precision::f16);
+  REQUIRE(f16 == 352'321'536u);
+  SECTION("HOBBIT RTX 4090: a layer (8 experts) copies in ~88 ms and computes in ~3 ms") {
+    const HardwareModel h = rtx4090_pcie4();
+    CHECK(8 * h.transfer_s(f16) == Approx(0.088).epsilon(0.02));
+    CHECK(8 * h.device.expert_s(m, Precision::f16, 1) == Approx(3e-3).epsilon(0.05));
+    CHECK(h.cpu.expert_s(m, Precision::f16, 1) == Approx(5e-3).epsilon(0.05));
+  }
+  SECTION("Fiddler Quadro RTX 6000: copy ~50 ms, GPU ~1/10 of it, CPU ~3 ms per token") {
+    const HardwareModel h = quadro_rtx6000_pcie3();
+    CHECK(h.transfer_s(f16) == Approx(0.050).epsilon(0.01));
+    CHECK(h.device.expert_s(m, Precision::f16, 1) / h.transfer_s(f16) ==
+          Approx(0.1).epsilon(0.05));
+    CHECK(h.cpu.expert_s(m, Precision::f16, 1) == Approx(3e-3).epsilon(0.15));
+    // CPU cost grows with tokens, GPU cost barely (Fiddler App. B).
+    CHECK(h.cpu.expert_s(m, Precision::f16, 32) > 1.5 * h.cpu.expert_s(m, Precision::f16, 1));
+    CHECK(h.device.expert_s(m, Precision::f16, 32) < 1.1 * h.device.expert_s(m, Precision::f16, 1));
+  }
+  SECTION("HOBBIT Orin: loading dominates (paper: 94.5 % of a layer's time)") {
+    const HardwareModel h = jetson_orin_ssd();
+    const double load = 2 * h.transfer_s(m.expert_bytes(Precision::q8));
+    const double compute = 2 * h.device.expert_s(m, Precision::q8, 1) +
+                           h.dense_layer_s(mixtral_8x7b_dense(), 1);
+    CHECK(load / (load + compute) > 0.9);
+  }
+  SECTION("lower precision is cheaper to move and to run") {
+    for (const auto& n : hardware_preset_names()) {
+      const HardwareModel h = hardware_preset(n);
+      CHECK(h.transfer_s(m.expert_bytes(Precision::q4)) < h.transfer_s(f16));
+      CHECK(h.device.expert_s(m, Precision::q4, 1) < h.device.expert_s(m, Precision::f16, 1));
+    }
+  }
+}
+
+TEST_CASE("compute_model matches the processor costs", "[sim][hardware]") {
+  const HardwareModel h = rtx3090_pcie3();
+  const ModelShape m = mixtral_8x7b;
+  const DenseLayerShape dense = mixtral_8x7b_dense();
+  // q, k, v, o of Mixtral (4096·4096·2 + 4096·1024·2) plus the 8 × 4096 router.
+  CHECK(dense.params == 4096ull * 4096 * 2 + 4096ull * 1024 * 2 + 8 * 4096);
+  const ComputeModel c = h.compute_model(m, dense);
+  for (Precision p : all_precisions) {
+    CHECK(c.device(p, 1) == Approx(h.device.expert_s(m, p, 1)));
+    CHECK(c.cpu(p, 7) == Approx(h.cpu.expert_s(m, p, 7)));
+  }
+  CHECK(c.layer(1) == Approx(h.dense_layer_s(dense, 1)));
+  CHECK(c.layer(64) == Approx(h.dense_layer_s(dense, 64)));
+}
+
+TEST_CASE("this_machine JSON round-trips and is validated field by field", "[sim][hardware]") {
+  HardwareModel h = rtx4080_pcie4();
+  h.name = "this_machine";
+  h.cpu.weight_bytes_per_s[static_cast<std::size_t>(Precision::q4)] = 12.5e9;
+  const std::string text = serialize_hardware_json(h);
+  const HardwareModel back = parse_hardware_json(text, "mem");
+  CHECK(back.name == h.name);
+  CHECK(back.source == h.source);
+  CHECK(back.link.bandwidth_bytes_per_s == h.link.bandwidth_bytes_per_s);
+  CHECK(back.link.latency_s == h.link.latency_s);
+  CHECK(back.device.weight_bytes_per_s == h.device.weight_bytes_per_s);
+  CHECK(back.cpu.weight_bytes_per_s == h.cpu.weight_bytes_per_s);
+  CHECK(back.cpu.flops_per_s == h.cpu.flops_per_s);
+  CHECK(back.device.call_overhead_s == h.device.call_overhead_s);
+  CHECK(back.layer_overhead_s == h.layer_overhead_s);
+
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("moekit-hw-" + std::to_string(::getpid()) + ".json")).string();
+  std::filesystem::remove(path);
+  write_hardware_json(h, path);
+  CHECK(hardware_preset("this_machine", path).cpu.weight_bytes_per_s ==
+        h.cpu.weight_bytes_per_s);
+  CHECK_THROWS_AS(write_hardware_json(h, path), Error);
+  std::filesystem::remove(path);
+  CHECK_THROWS_AS(read_hardware_json(path), Error);
+
+  auto expect_error = [&](const nlohmann::json& j, const std::string& field) {
+    try {
+      (void)parse_hardware_json(j.dump(), "hw.json");
+      FAIL("accepted a document with a bad '" << field << "'");
+    } catch (const Error& e) {
+      INFO(e.message());
+      CHECK(e.kind() == ErrorKind::invalid_format);
+      CHECK(e.message().find("hw.json") != std::string::npos);
+      CHECK(e.message().find("'" + field + "'") != std::string::npos);
+    }
+  };
+  const nlohmann::json good = nlohmann::json::parse(text);
+  auto edit = [&](auto&& f) {
+    nlohmann::json j = good;
+    f(j);
+    return j;
+  };
+  expect_error(edit([](auto& j) { j["format"] = "x"; }), "format");
+  expect_error(edit([](auto& j) { j["version"] = 2; }), "version");
+  expect_error(edit([](auto& j) { j.erase("cpu"); }), "cpu");
+  expect_error(edit([](auto& j) { j["extra"] = 1; }), "extra");
+  expect_error(edit([](auto& j) { j["link"]["bandwidth_bytes_per_s"] = 0; }),
+               "link.bandwidth_bytes_per_s");
+  expect_error(edit([](auto& j) { j["link"]["latency_s"] = -1; }), "link.latency_s");
+  expect_error(edit([](auto& j) { j["device"]["weight_bytes_per_s"].erase("q2"); }),
+               "device.weight_bytes_per_s.q2");
+  expect_error(edit([](auto& j) { j["cpu"]["weight_bytes_per_s"]["q8"] = "fast"; }),
+               "cpu.weight_bytes_per_s.q8");
+  expect_error(edit([](auto& j) { j["device"]["flops_per_s"] = -3; }), "device.flops_per_s");
+  expect_error(edit([](auto& j) { j["layer_overhead_s"] = nullptr; }), "layer_overhead_s");
+  expect_error(edit([](auto& j) { j["name"] = ""; }), "name");
+  try {
+    (void)parse_hardware_json("{", "hw.json");
+    FAIL();
+  } catch (const Error& e) {
+    CHECK(e.message().find("invalid JSON") != std::string::npos);
+  }
+}
