@@ -333,10 +333,10 @@ inline ModelConfig parse_config(const nlohmann::json& j, const std::string& sour
   return c;
 }
 
-/// Reads `<path>/config.json` (or `path` itself when it names a file).
+/// Reads `path` when it is a file, else `<path>/config.json`.
 inline ModelConfig load_config(const std::filesystem::path& path) {
   const std::filesystem::path file =
-      std::filesystem::is_directory(path) ? path / "config.json" : path;
+      std::filesystem::is_regular_file(path) ? path : path / "config.json";
   std::ifstream in(file);
   if (!in)
     throw moekit::Error(moekit::ErrorKind::io, "cannot open model config '" + file.string() + "'");

@@ -1,0 +1,181 @@
+#pragma once
+/// \file moe-run's command line (CLI11), in the spirit of llama.cpp's tools. Parsing only: every
+/// bad value is reported naming its flag; checks that need the model (budget too small, vocabulary
+/// mismatch) happen after loading, and name their flag too.
+
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "moekit/core/precision.hpp"
+#include "moekit/error.hpp"
+
+#include "offload.hpp"
+
+#ifndef MOE_RUN_DEFAULT_MODEL
+#define MOE_RUN_DEFAULT_MODEL "models/moekit-tiny-moe"
+#endif
+
+namespace moe_run {
+
+/// An expert budget as written on the command line.
+struct BudgetSpec {
+  enum class Kind { all, bytes, percent } kind = Kind::all;
+  double value = 0;  ///< bytes, or percent of the all-resident size
+
+  /// Bytes for a model whose experts take `all_bytes` when all resident (0 = all resident).
+  [[nodiscard]] std::size_t resolve(std::size_t all_bytes) const noexcept {
+    switch (kind) {
+      case Kind::all: return 0;
+      case Kind::bytes: return static_cast<std::size_t>(value);
+      case Kind::percent: return static_cast<std::size_t>(std::ceil(all_bytes * value / 100.0));
+    }
+    return 0;
+  }
+};
+
+/// Parses "all", "50%", "2GiB", "1.5G", "512MiB", "300MB", "123456" (bytes). Binary units
+/// (KiB/MiB/GiB/TiB and the bare K/M/G/T) are powers of 1024, KB/MB/GB/TB powers of 1000.
+/// Throws `Error(invalid_argument)` naming `flag` otherwise.
+inline BudgetSpec parse_budget(std::string_view s, std::string_view flag = "--expert-budget") {
+  auto bad = [&](const std::string& why) {
+    moekit::detail::fail(moekit::ErrorKind::invalid_argument,
+                         std::string(flag) + ": '" + std::string(s) + "' " + why +
+                             " (examples: 2GiB, 512MiB, 1.5G, 50%, all)");
+  };
+  if (s == "all") return {};
+  std::size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) bad("is not a size");
+  double v = 0;
+  try {
+    std::size_t used = 0;
+    v = std::stod(std::string(s.substr(0, i)), &used);
+    if (used != i) bad("is not a size");
+  } catch (const std::logic_error&) {
+    bad("is not a size");
+  }
+  std::string unit(s.substr(i));
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (unit == "%") {
+    if (!(v > 0 && v <= 100)) bad("must be a percentage in (0, 100]");
+    return {BudgetSpec::Kind::percent, v};
+  }
+  struct Unit {
+    std::string_view name;
+    double factor;
+  };
+  static constexpr Unit units[] = {
+      {"", 1},         {"b", 1},          {"k", 1024.0},      {"kib", 1024.0},
+      {"kb", 1e3},     {"m", 1048576.0},  {"mib", 1048576.0}, {"mb", 1e6},
+      {"g", 1073741824.0}, {"gib", 1073741824.0}, {"gb", 1e9}, {"t", 1099511627776.0},
+      {"tib", 1099511627776.0}, {"tb", 1e12}};
+  for (const Unit& u : units)
+    if (unit == u.name) {
+      const double bytes = v * u.factor;
+      if (!(bytes >= 1) || bytes > 1e18) bad("is not a usable number of bytes");
+      return {BudgetSpec::Kind::bytes, std::floor(bytes)};
+    }
+  bad("has an unknown unit '" + std::string(s.substr(i)) + "'");
+  return {};
+}
+
+/// Everything the command line sets.
+struct Options {
+  std::string model = MOE_RUN_DEFAULT_MODEL;
+  std::string prompt = "The";
+  int n_predict = 64;
+  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  float temperature = 0.8f;
+  float top_p = 0.95f;
+  std::uint64_t seed = 42;
+  std::string preset = "baseline";
+  BudgetSpec budget{};
+  std::string budget_text = "all";
+  moekit::Precision precision = moekit::Precision::f16;
+  std::uint32_t context = 0;  ///< 0 = prompt + n_predict
+  bool no_bos = false;
+  bool json = false;
+};
+
+/// The parser. `parse` returns 0 with `options()` filled, or the exit code after printing help
+/// or an error (which names the flag) to the given streams.
+class Cli {
+ public:
+  Cli() : app_("moe-run: Mixture-of-Experts inference with expert offloading (moekit)") {
+    app_.option_defaults()->always_capture_default();
+    app_.add_option("-m,--model", o_.model,
+                    "Hugging Face model directory (config.json, *.safetensors, tokenizer.model)");
+    app_.add_option("-p,--prompt", o_.prompt, "prompt text");
+    app_.add_option("-n,--n-predict", o_.n_predict, "tokens to generate")
+        ->check(CLI::Range(0, 1 << 20));
+    app_.add_option("-t,--threads", o_.threads, "CPU threads")->check(CLI::Range(1u, 1024u));
+    app_.add_option("--temp", o_.temperature, "sampling temperature (0 = greedy)")
+        ->check(CLI::Range(0.0f, 100.0f));
+    app_.add_option("--top-p", o_.top_p, "nucleus sampling mass, in (0, 1]")
+        ->check(CLI::Range(0.0f, 1.0f));
+    app_.add_option("--seed", o_.seed, "sampling seed");
+    std::string presets;
+    for (const auto& p : preset_table)
+      presets += "\n  " + std::string(p.name) + ": " + std::string(p.summary);
+    app_.add_option("--preset", o_.preset, "offloading preset:" + presets);
+    app_.add_option("--expert-budget", o_.budget_text,
+                    "bytes of expert cache: all, 2GiB, 512MiB, 1.5G, 50% (of all experts)");
+    app_.add_option("--precision", precision_text_,
+                    "precision experts are stored and run at: f32, bf16, f16, q8, q4, q2");
+    app_.add_option("-c,--ctx-size", o_.context, "context length (0 = prompt + n-predict)");
+    app_.add_flag("--no-bos", o_.no_bos, "do not prepend the BOS token to the prompt");
+    app_.add_flag("--json", o_.json, "print the text and statistics as one JSON object");
+  }
+
+  int parse(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+    try {
+      app_.parse(argc, argv);
+      finish();
+    } catch (const CLI::ParseError& e) {
+      return app_.exit(e, out, err);
+    } catch (const moekit::Error& e) {
+      err << "moe-run: " << e.message() << "\n";
+      return 2;
+    }
+    return 0;
+  }
+
+  [[nodiscard]] const Options& options() const noexcept { return o_; }
+
+ private:
+  void finish() {
+    if (o_.preset.empty()) throw moekit::Error(moekit::ErrorKind::invalid_argument, "--preset: empty");
+    bool known = false;
+    for (const auto& p : preset_table) known = known || p.name == o_.preset;
+    if (!known) {
+      std::string names;
+      for (const auto& p : preset_table) names += (names.empty() ? "" : ", ") + std::string(p.name);
+      throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                          "--preset: unknown preset '" + o_.preset + "' (known: " + names + ")");
+    }
+    if (!(o_.top_p > 0))
+      throw moekit::Error(moekit::ErrorKind::invalid_argument, "--top-p: must be in (0, 1]");
+    o_.budget = parse_budget(o_.budget_text);
+    const auto p = moekit::parse_precision(precision_text_);
+    if (!p || *p == moekit::Precision::skip)
+      throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                          "--precision: '" + precision_text_ +
+                              "' is not one of f32, bf16, f16, q8, q4, q2");
+    o_.precision = *p;
+  }
+
+  CLI::App app_;
+  Options o_;
+  std::string precision_text_ = "f16";
+};
+
+}  // namespace moe_run

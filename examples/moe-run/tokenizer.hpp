@@ -1,0 +1,109 @@
+#pragma once
+/// \file Tokenizer: SentencePiece (Mixtral's tokenizer.model, via Debian's libsentencepiece) with
+/// BOS handling, and StreamDecoder, which turns generated ids into text as they arrive.
+///
+/// Streaming detokenisation follows transformers' TextStreamer: decode the ids since a prefix
+/// offset, emit only what extends the text already emitted, and hold the output while it ends in
+/// U+FFFD (a multi-byte character whose byte-fallback pieces have not all arrived yet). Decoding
+/// from a prefix that starts inside the already-printed text keeps SentencePiece's leading-space
+/// rule right for every new piece.
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <sentencepiece_processor.h>
+
+#include "moekit/error.hpp"
+
+namespace moe_run {
+
+/// A SentencePiece model.
+class Tokenizer {
+ public:
+  /// Loads `path` (a tokenizer.model file). Throws `Error` naming the file on failure.
+  explicit Tokenizer(const std::filesystem::path& path)
+      : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+    if (!std::filesystem::exists(path))
+      throw moekit::Error(moekit::ErrorKind::io, "tokenizer '" + path.string() + "' not found");
+    const auto status = sp_->Load(path.string());
+    if (!status.ok())
+      throw moekit::Error(moekit::ErrorKind::invalid_format,
+                          "tokenizer '" + path.string() + "': " + status.ToString());
+  }
+
+  /// Token ids of `text`, with BOS first when `add_bos` (and the model has one).
+  [[nodiscard]] std::vector<std::uint32_t> encode(std::string_view text, bool add_bos) const {
+    std::vector<int> ids;
+    const auto status = sp_->Encode(text, &ids);
+    if (!status.ok())
+      throw moekit::Error(moekit::ErrorKind::invalid_argument, "tokenizer: " + status.ToString());
+    std::vector<std::uint32_t> out;
+    out.reserve(ids.size() + 1);
+    if (add_bos && bos_id()) out.push_back(*bos_id());
+    for (int id : ids) out.push_back(static_cast<std::uint32_t>(id));
+    return out;
+  }
+
+  /// Text of `ids` (control tokens such as BOS/EOS produce nothing).
+  [[nodiscard]] std::string decode(std::span<const std::uint32_t> ids) const {
+    std::vector<int> v(ids.begin(), ids.end());
+    std::string text;
+    const auto status = sp_->Decode(v, &text);
+    if (!status.ok())
+      throw moekit::Error(moekit::ErrorKind::invalid_argument, "tokenizer: " + status.ToString());
+    return text;
+  }
+
+  [[nodiscard]] std::uint32_t vocab_size() const noexcept {
+    return static_cast<std::uint32_t>(sp_->GetPieceSize());
+  }
+  [[nodiscard]] std::optional<std::uint32_t> bos_id() const noexcept { return id_or_none(sp_->bos_id()); }
+  [[nodiscard]] std::optional<std::uint32_t> eos_id() const noexcept { return id_or_none(sp_->eos_id()); }
+  [[nodiscard]] std::string piece(std::uint32_t id) const {
+    return sp_->IdToPiece(static_cast<int>(id));
+  }
+
+ private:
+  static std::optional<std::uint32_t> id_or_none(int id) noexcept {
+    return id >= 0 ? std::optional<std::uint32_t>(static_cast<std::uint32_t>(id)) : std::nullopt;
+  }
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+};
+
+/// Turns a growing sequence of ids into text increments.
+class StreamDecoder {
+ public:
+  /// `context` are the ids before the generated ones (the prompt), used only to get the first
+  /// generated piece's leading space right.
+  StreamDecoder(const Tokenizer& tok, std::span<const std::uint32_t> context) : tok_(tok) {
+    if (!context.empty()) ids_.push_back(context.back());
+    prefix_ = 0;
+    read_ = ids_.size();
+  }
+
+  /// Adds one id; returns the text it completes (possibly empty).
+  std::string push(std::uint32_t id) {
+    ids_.push_back(id);
+    const std::span<const std::uint32_t> all(ids_);
+    const std::string before = tok_.decode(all.subspan(prefix_, read_ - prefix_));
+    const std::string now = tok_.decode(all.subspan(prefix_));
+    if (now.size() <= before.size() || now.ends_with("\xEF\xBF\xBD")) return {};
+    std::string out = now.substr(before.size());
+    prefix_ = read_;
+    read_ = ids_.size();
+    return out;
+  }
+
+ private:
+  const Tokenizer& tok_;
+  std::vector<std::uint32_t> ids_;
+  std::size_t prefix_ = 0, read_ = 0;
+};
+
+}  // namespace moe_run

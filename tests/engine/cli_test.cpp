@@ -1,0 +1,100 @@
+// moe-run's command line: byte sizes with units, and errors that name the flag.
+
+#include <catch2/catch.hpp>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+
+using namespace moe_run;
+
+namespace {
+struct Parsed {
+  int rc = 0;
+  std::string out, err;
+  Options options;
+};
+Parsed parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "moe-run");
+  Cli cli;
+  std::ostringstream out, err;
+  Parsed p;
+  p.rc = cli.parse(static_cast<int>(args.size()), args.data(), out, err);
+  p.out = out.str();
+  p.err = err.str();
+  p.options = cli.options();
+  return p;
+}
+}  // namespace
+
+TEST_CASE("expert budgets parse with binary and decimal units", "[engine][cli]") {
+  CHECK(parse_budget("all").kind == BudgetSpec::Kind::all);
+  CHECK(parse_budget("2GiB").resolve(0) == 2ull << 30);
+  CHECK(parse_budget("2G").resolve(0) == 2ull << 30);
+  CHECK(parse_budget("1.5gib").resolve(0) == 3ull << 29);
+  CHECK(parse_budget("300MB").resolve(0) == 300'000'000ull);
+  CHECK(parse_budget("512KiB").resolve(0) == 512ull << 10);
+  CHECK(parse_budget("123456").resolve(0) == 123456ull);
+  CHECK(parse_budget("50%").resolve(1000) == 500ull);
+  for (const char* bad : {"", "GiB", "2XB", "-1G", "0", "1.2.3G", "150%", "0%"}) {
+    INFO(bad);
+    try {
+      (void)parse_budget(bad);
+      FAIL("accepted");
+    } catch (const moekit::Error& e) {
+      CHECK(std::string(e.message()).find("--expert-budget") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("flags set the options", "[engine][cli]") {
+  const auto p = parse({"-m", "dir", "-p", "hi", "-n", "5", "-t", "2", "--temp", "0", "--top-p",
+                        "0.5", "--seed", "9", "--preset", "baseline", "--expert-budget", "1MiB",
+                        "--precision", "q4", "--json"});
+  REQUIRE(p.rc == 0);
+  CHECK(p.options.model == "dir");
+  CHECK(p.options.prompt == "hi");
+  CHECK(p.options.n_predict == 5);
+  CHECK(p.options.threads == 2);
+  CHECK(p.options.temperature == 0.f);
+  CHECK(p.options.top_p == 0.5f);
+  CHECK(p.options.seed == 9);
+  CHECK(p.options.budget.resolve(0) == 1u << 20);
+  CHECK(p.options.precision == moekit::Precision::q4);
+  CHECK(p.options.json);
+}
+
+TEST_CASE("bad flags are refused naming the flag", "[engine][cli]") {
+  auto refused = [](std::vector<const char*> args, const std::string& flag) {
+    const auto p = parse(args);
+    INFO(p.err);
+    CHECK(p.rc != 0);
+    CHECK(p.err.find(flag) != std::string::npos);
+  };
+  refused({"--bogus"}, "--bogus");
+  refused({"--precision", "q3"}, "--precision");
+  refused({"--precision", "skip"}, "--precision");
+  refused({"--preset", "hobbit-ish"}, "--preset");
+  refused({"--expert-budget", "lots"}, "--expert-budget");
+  refused({"-n", "many"}, "-n");
+  refused({"--temp", "-1"}, "--temp");
+  refused({"--top-p", "0"}, "--top-p");
+}
+
+TEST_CASE("an impossible expert budget is refused with the minimum that works", "[engine][cli]") {
+  const moekit::ModelShape s{.n_layers = 2, .n_experts = 4, .top_k = 2, .hidden = 32, .ffn = 32};
+  const std::size_t one = s.expert_bytes(moekit::Precision::f16);
+  CHECK(minimum_expert_budget(s, moekit::Precision::f16) == 2 * one);
+  CHECK_NOTHROW(check_budget(s, {2 * one, moekit::Precision::f16}));
+  CHECK_NOTHROW(check_budget(s, {0, moekit::Precision::f16}));  // 0 = all resident
+  try {
+    check_budget(s, {2 * one - 1, moekit::Precision::f16});
+    FAIL("accepted");
+  } catch (const moekit::Error& e) {
+    INFO(e.message());
+    CHECK(e.message().find("--expert-budget") != std::string::npos);
+    CHECK(e.message().find("minimum at f16 is " + std::to_string(2 * one)) != std::string::npos);
+  }
+}
