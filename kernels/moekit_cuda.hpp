@@ -4,7 +4,7 @@
 /// All pointers are device pointers; MatrixView::data points to device memory holding the same
 /// bytes as the host format (docs/formats.md). Kernels are asynchronous on `stream`; launch
 /// failures throw moekit::Error(internal). Quantized weights only (q8/q4/q2, any scheme); rows
-/// whose stride is a multiple of 16 bytes (e.g. cols % 128 == 0 with group sizes 32/64/128) use
+/// whose stride is a multiple of 16 bytes (e.g. cols % 1024 == 0 with group sizes 32/64/128) use
 /// 128-bit loads, other rows a byte-wise fallback.
 
 #include <cstddef>
