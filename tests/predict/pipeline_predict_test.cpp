@@ -189,3 +189,84 @@ TEST_CASE("Every predictor names valid experts of later layers only (random prop
     prof->add_path(v);  // the profile learns as the test goes (shared with the predictor)
   }
 }
+
+#include "moekit/score/hobbit_threshold.hpp"
+#include "moekit/score/static_bitwidth.hpp"
+
+TEST_CASE("HOBBIT components through the pipeline: stacked gate predicts the next layer exactly",
+          "[predict][pipeline][hobbit]") {
+  // Layer l routes every token to {l % 8, (l + 3) % 8}; routers are designed so that the gate
+  // input e_0 predicts exactly that, with weights 0.7 / 0.3 (second expert low precision).
+  test::DesignedRouters r(4, 8, 64);
+  for (std::uint32_t l = 0; l < 4; ++l) r.route(l, {{l % 8, 0.7f}, {(l + 3) % 8, 0.3f}});
+  StackedGatePredictor pred({.router_weights = r.w, .n_layers = 4, .n_experts = 8, .hidden = 64,
+                             .top_k = 2, .lookahead = 2});
+  OffloadPipeline<HobbitThresholdScorer, StackedGatePredictor, LruPolicy, ManualLoader,
+                  OnDemandScheduler>
+      p(shape, {.expert_budget_bytes = 16 * f16}, ManualLoader{}, HobbitThresholdScorer{},
+        std::move(pred));
+  p.begin_sequence();
+  for (std::uint64_t tok = 0; tok < 3; ++tok)
+    for (std::uint32_t l = 0; l < 4; ++l) {
+      const auto c = ctx(l, 4, tok);
+      Route route(8, {{l % 8, (l + 3) % 8}}, {{0.7f, 0.3f}});
+      route.hidden = r.x();
+      const auto& plan = p.route(c, route.view());
+      REQUIRE(plan.experts.size() == 2);
+      CHECK(plan.experts[0].precision == Precision::f16);
+      CHECK(plan.experts[1].precision == Precision::q4);  // the T1/T2 rule on the true weights
+      if (tok == 0 && l > 0) {
+        CHECK(plan.experts[0].hit);  // prefetched by the previous layer
+        CHECK(plan.experts[1].hit);
+      }
+      p.resolve(plan);
+      p.end_layer(c);
+    }
+  const auto s = p.stats();
+  CHECK(s.prediction[1].recall() == 1.0);
+  CHECK(s.prediction[1].precision() == 1.0);
+  CHECK(s.misses == 2);  // layer 0 of the first token only
+  // prefetches carried the rule's precisions: one f16 and one q4 per predicted layer
+  std::size_t q4 = 0, f16n = 0;
+  for (const auto& rec : p.loader().records())
+    if (rec.request.priority == LoadPriority::prefetch)
+      (rec.request.precision == Precision::q4 ? q4 : f16n) += 1;
+  CHECK(q4 == 3);
+  CHECK(f16n == 3);
+  p.cache().check_invariants();
+}
+
+TEST_CASE("EdgeMoE components through the pipeline: static bit widths and path preloading",
+          "[predict][pipeline][edgemoe]") {
+  PrecisionTable bits(4, 8, Precision::q4);
+  bits.set({1, 5}, Precision::q2);
+  auto prof = std::make_shared<ActivationPathProfile>(4, 8, 2);
+  const std::vector<std::vector<std::uint32_t>> path{{0, 1}, {2, 5}, {3, 4}, {6, 7}};
+  {
+    std::vector<std::span<const std::uint32_t>> v(path.begin(), path.end());
+    for (int i = 0; i < 10; ++i) prof->add_path(v);
+  }
+  ActivationPathPredictor pred({.profile = prof, .max_preload = 2,
+                                .precisions = {bits.all().begin(), bits.all().end()}});
+  OffloadPipeline<StaticBitwidthScorer, ActivationPathPredictor, LruPolicy, ManualLoader,
+                  OnDemandScheduler>
+      p(shape, {.expert_budget_bytes = 16 * f16, .base_precision = Precision::q4}, ManualLoader{},
+        StaticBitwidthScorer({bits}), std::move(pred));
+  p.begin_sequence();
+  for (std::uint32_t l = 0; l < 4; ++l) {
+    const auto c = ctx(l, 4, 0);
+    const Route route(8, {{path[l][0], path[l][1]}}, {{0.6f, 0.4f}});
+    const auto& plan = p.route(c, route.view());
+    if (l == 1) {
+      CHECK(plan.experts[1].key == ExpertKey{1, 5});
+      CHECK(plan.experts[1].precision == Precision::q2);  // the table's, also for the preload
+    }
+    if (l > 0) CHECK(plan.experts[0].hit);
+    p.resolve(plan);
+    p.end_layer(c);
+  }
+  const auto s = p.stats();
+  CHECK(s.prediction[1].recall() == 1.0);
+  CHECK(s.misses == 2);
+  CHECK(p.predictor().stats().by_source[0] == 2);  // layers 2, 3 from the two-layer table
+}
