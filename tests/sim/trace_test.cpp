@@ -296,6 +296,14 @@ TEST_CASE("JSONL reader rejects malformed input naming line and field", "[sim][t
                        "layers");
   require_format_error([&] { (void)parse_trace_jsonl(header + seq + R"({"phase":"middle","layers":[null,null]})" + "\n"); },
                        "phase");
+  // Dimensions that would make one token line allocate gigabytes are refused up front.
+  require_format_error(
+      [&] {
+        (void)parse_trace_jsonl(
+            R"({"format":"moekit-trace","version":1,"name":"x","synthetic":false,"n_layers":4000,)"
+            R"("n_experts":4000000,"top_k":2,"hidden":0,"has_logits":true})");
+      },
+      "n_layers");
   try {
     (void)parse_trace_jsonl(header + seq + tok(ok) + tok("7"), "f.jsonl");
     FAIL();
@@ -364,6 +372,10 @@ TEST_CASE("importer for the shared *.prefill-decode.raw.jsonl format (hand-writt
       "\n"
       R"({"dataset":"d","problem_id":0,"layer":0,"token_pos":3,"experts":[1,2],"gating_probs":[0.75,0.25]})";
   require_format_error([&] { (void)parse_mixtral_raw_jsonl(decode_with_pos, "m", dims); },
+                       "token_pos");
+  const std::string huge_prompt =
+      R"({"dataset":"d","problem_id":0,"layer":0,"token_pos":4000000000,"experts":[1,2],"gating_probs":[0.75,0.25]})";
+  require_format_error([&] { (void)parse_mixtral_raw_jsonl(huge_prompt, "m", dims); },
                        "token_pos");
 }
 

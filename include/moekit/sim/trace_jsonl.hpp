@@ -40,6 +40,12 @@
 
 namespace moekit::sim {
 
+/// Upper bound on n_layers · (2·top_k + logits + hidden) accepted by the JSONL reader.
+inline constexpr std::size_t max_jsonl_values_per_token = std::size_t{1} << 24;
+
+/// Largest prompt (tokens of one prefill forward) the raw importer accepts.
+inline constexpr std::uint64_t max_raw_prompt_tokens = std::uint64_t{1} << 16;
+
 namespace detail {
 
 /// Calls `f(line_number, line)` for each non-blank line of `text` (1-based numbers).
@@ -203,6 +209,14 @@ inline nlohmann::json floats_json(std::span<const float> v) {
       if (d.n_layers == 0) cx.bad("n_layers", "must be > 0");
       if (d.n_experts == 0) cx.bad("n_experts", "must be > 0");
       if (d.top_k == 0 || d.top_k > d.n_experts) cx.bad("top_k", "must be in [1, n_experts]");
+      // A token line allocates its records before they are read: bound the values per token
+      // (real models: 64 layers × (256 logits + 8192 hidden) ≈ 0.5 M) so that a hostile header
+      // cannot request gigabytes.
+      const double per_token = double(d.n_layers) * (2.0 * d.top_k +
+                                                     (d.has_logits ? double(d.n_experts) : 0.0) +
+                                                     double(d.hidden));
+      if (per_token > double(max_jsonl_values_per_token))
+        cx.bad("n_layers", "dimensions imply more than 2^24 values per token");
       trace = RoutingTrace(d, cx.get_string(j, "name"), cx.get_bool(j, "synthetic"));
       have_header = true;
       return;
@@ -288,7 +302,7 @@ inline MixtralRecord parse_mixtral_record(const JsonlContext& cx, std::string_vi
   r.problem = cx.get_uint(j, "problem_id", UINT64_MAX);
   r.layer = static_cast<std::uint32_t>(cx.get_uint(j, "layer"));
   if (r.layer >= d.n_layers) cx.bad("layer", "out of range [0, n_layers)");
-  r.pos = cx.get_uint(j, pos_key, UINT64_MAX);
+  r.pos = cx.get_uint(j, pos_key, UINT32_MAX);
   r.ids = cx.get_ids(j, "experts");
   r.w = cx.get_floats(j, "gating_probs");
   if (r.ids.size() != d.top_k || r.w.size() != d.top_k)
@@ -395,7 +409,8 @@ inline MixtralRecord parse_mixtral_record(const JsonlContext& cx, std::string_vi
     std::uint64_t n_tok = 1;
     for (const auto& r : f.recs) n_tok = std::max<std::uint64_t>(n_tok, r.pos + 1);
     cx.at_line(f.line);
-    if (n_tok > (std::uint64_t{1} << 24)) cx.bad("token_pos", "implausibly large prompt");
+    if (n_tok > max_raw_prompt_tokens)
+      cx.bad("token_pos", "prompt longer than max_raw_prompt_tokens (65536)");
     const std::size_t first = trace.token_count();
     for (std::uint64_t t = 0; t < n_tok; ++t)
       trace.append_token(f.prefill ? Phase::prefill : Phase::decode);
