@@ -55,3 +55,20 @@ TEST_CASE("BigLittlePolicy: fallback exactly at gamma, never twice per token",
   CHECK(always.end_token(std::vector<float>{1000, 0}) == TokenVerdict::fallback);
   CHECK_THROWS_AS(BigLittlePolicy({.gamma = -1.0f}), Error);
 }
+
+TEST_CASE("BigLittlePolicy: little prefill is judged and recomputed with the full K",
+          "[score][mobile]") {
+  BigLittlePolicy p({.big_prefill = false});
+  const auto pre = ctx(0, 2, 0, Phase::prefill, 8);
+  CHECK(p.active_top_k(pre, 4) == 2);
+  CHECK(p.end_token(std::vector<float>{0, 0}) == TokenVerdict::fallback);  // 0.5 <= 0.7
+  CHECK(p.active_top_k(pre, 4) == 4);
+  CHECK(p.end_token(std::vector<float>{0, 0}) == TokenVerdict::accept);
+  CHECK(p.stats().tokens == 0);  // prefill is not counted in the fallback ratio
+  CHECK(p.stats().fallback_ratio() == 0.0);
+  // begin_sequence forgets a pending recomputation
+  CHECK(p.active_top_k(ctx(0, 2, 8), 4) == 2);
+  CHECK(p.end_token(std::vector<float>{0, 0}) == TokenVerdict::fallback);
+  p.begin_sequence();
+  CHECK(p.active_top_k(ctx(0, 2, 0), 4) == 2);
+}

@@ -38,6 +38,7 @@ TEST_CASE("PrecisionTable text round trip and file I/O", "[score][edgemoe]") {
   const std::string path = std::string(MOEKIT_BINARY_DIR) + "/score_bits_test.txt";
   t.save(path);
   CHECK(PrecisionTable::load(path) == t);
+  CHECK(StaticBitwidthScorer::from_file(path).config().table == t);
   std::remove(path.c_str());
   CHECK(t.count(Precision::q4) == 9);
 }

@@ -100,15 +100,18 @@ class HobbitThresholdScorer {
   HobbitThresholdScorer() = default;
   explicit HobbitThresholdScorer(Config c) : cfg_(c) { cfg_.rule.validate(); }
 
+  /// Throws `moekit::Error` when a token selects more than `HobbitRule::max_k` experts.
   void score(const LayerContext&, const GateView& gate, std::span<const ExpertDemand> demands,
-             std::span<Precision> out) noexcept {
+             std::span<Precision> out) {
+    MOEKIT_EXPECTS(gate.k <= HobbitRule::max_k,
+                   "HobbitThresholdScorer: GateView.k exceeds HobbitRule::max_k (64)");
     if (best_.size() < gate.n_experts) best_.resize(gate.n_experts);  // grows once
     for (const ExpertDemand& d : demands) best_[d.expert] = HobbitDecision::skip;
     std::array<HobbitDecision, HobbitRule::max_k> dec{};
     for (std::uint32_t t = 0; t < gate.n_tokens; ++t) {
       const TokenRoute r = gate.token(t);
       cfg_.rule.decide(r.experts, r.weights, std::span<HobbitDecision>(dec).first(r.experts.size()));
-      for (std::size_t j = 0; j < r.experts.size() && j < HobbitRule::max_k; ++j)
+      for (std::size_t j = 0; j < r.experts.size(); ++j)
         best_[r.experts[j]] = std::max(best_[r.experts[j]], dec[j]);
     }
     for (std::size_t i = 0; i < demands.size(); ++i) {

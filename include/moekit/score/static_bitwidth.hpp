@@ -218,6 +218,10 @@ class StaticBitwidthScorer {
       out[i] = cfg_.table.at(k);
     }
   }
+  /// A scorer over the table file at `path` (see the file comment for the format).
+  [[nodiscard]] static StaticBitwidthScorer from_file(const std::string& path) {
+    return StaticBitwidthScorer(Config{PrecisionTable::load(path)});
+  }
   [[nodiscard]] const Config& config() const noexcept { return cfg_; }
 
  private:
