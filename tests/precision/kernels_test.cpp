@@ -170,3 +170,60 @@ TEST_CASE("fused expert FFN equals its composition and the reference", "[precisi
       }
     }
 }
+
+TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation rounding bound",
+          "[precision][kernels]") {
+  if (!has_avx512_vnni()) {
+    WARN("skipped: this CPU has no AVX-512 VNNI; int8_activations falls back to the float path");
+    return;
+  }
+  INFO("seed " << test::test_seed());
+  ThreadPool pool(2);
+  for (std::size_t cols : {4096u, 4096u + 32u, 1000u, 96u})
+    for (Precision p : {Precision::q8, Precision::q4, Precision::q2})
+      for (QuantScheme s : schemes) {
+        const std::size_t rows = 21;
+        const Case c = make(rows, cols, p, s, cols * 3 + bits(p));
+        auto x = test::random_normal(cols, cols + 9);
+        x[5] = 9.f;  // an outlier: its block gets a coarse int8 step
+        std::vector<float> y(rows);
+        KernelOptions o{std::nullopt, &pool};
+        o.int8_activations = true;
+        gemv(c.view, x, y, o);
+        const RowLayout l = c.view.layout();
+        for (std::size_t r = 0; r < rows; ++r) {
+          // Bound: each activation moves by at most half its block's int8 step (max|x|/254).
+          double bound = 0;
+          for (std::size_t col = 0; col < cols / 32 * 32; ++col) {
+            float amax = 0;
+            for (std::size_t i = col / 32 * 32; i < col / 32 * 32 + 32; ++i)
+              amax = std::max(amax, std::fabs(x[i]));
+            bound += std::fabs(weight_at(c.view.row(r), l, p, col)) * amax / 254.0;
+          }
+          bound = bound * 1.01 + rel_tol * test::dot_magnitude(c.view, r, x.data()) + 1e-6;
+          const double want = reference::dot_row(c.view, r, x.data());
+          if (std::fabs(y[r] - want) > bound)
+            FAIL(name(p) << " g" << s.group_size << " z" << s.zero_point << " cols " << cols
+                         << " row " << r << ": " << y[r] << " want " << want << " bound "
+                         << bound);
+        }
+        // The float path is used when the option is off: results differ (the rounding is real).
+        std::vector<float> yf(rows);
+        gemv(c.view, x, yf, {std::nullopt, &pool});
+        CHECK(yf != y);
+      }
+  // The fused FFN takes the same option: it equals its composition from int8-activation GEMVs.
+  const Case w1 = make(64, 256, Precision::q4, {32, false}, 900),
+             w3 = make(64, 256, Precision::q4, {32, false}, 901),
+             w2 = make(256, 64, Precision::q8, {32, false}, 902);
+  const auto x = test::random_normal(256, 903);
+  KernelOptions o;
+  o.int8_activations = true;
+  std::vector<float> fused(256, 0.f), comp(256, 0.f), g(64), u(64);
+  expert_ffn({w1.view, w3.view, w2.view}, x, 1, fused, 1.f, o);
+  gemv(w1.view, x, g, o);
+  gemv(w3.view, x, u, o);
+  for (std::size_t i = 0; i < 64; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+  gemv(w2.view, g, comp, o, {1.f, true});
+  for (std::size_t i = 0; i < 256; ++i) REQUIRE(fused[i] == Approx(comp[i]).epsilon(1e-4).margin(1e-6));
+}

@@ -64,20 +64,16 @@ inline void expert_ffn(const ExpertWeights& e, std::span<const float> x, std::si
     gemm(e.w2, std::span<const float>(h.data(), n * ffn), n, out, opts, {scale, true});
     return;
   }
-  const Isa isa = detail::resolve_isa(opts);
-  const detail::RowKernels k1 = detail::row_kernels(e.w1.precision, isa);
-  const detail::RowKernels k3 = detail::row_kernels(e.w3.precision, isa);
-  thread_local std::vector<float> storage1, storage3;
-  const detail::PreparedActivation a1 = detail::prepare_for(e.w1, k1, x.data(), storage1);
+  thread_local detail::PlanStorage storage1, storage3;
+  const detail::GemvPlan p1 = detail::make_plan(e.w1, x.data(), opts, storage1);
   const bool same = e.w1.precision == e.w3.precision && e.w1.scheme == e.w3.scheme;
-  const detail::PreparedActivation a3 =
-      same ? a1 : detail::prepare_for(e.w3, k3, x.data(), storage3);
-  const RowLayout l1 = e.w1.layout(), l3 = e.w3.layout();
+  const detail::GemvPlan p3 = same ? p1 : detail::make_plan(e.w3, x.data(), opts, storage3);
   if (h.size() < ffn) h.resize(ffn);
   float* hp = h.data();
   auto up_gate = [&](std::size_t r0, std::size_t r1) {
+    float* scratch = detail::plan_scratch(hidden);
     for (std::size_t r = r0; r < r1; ++r)
-      hp[r] = detail::silu(k1.dot(e.w1.row(r), l1, a1)) * k3.dot(e.w3.row(r), l3, a3);
+      hp[r] = detail::silu(p1.dot(e.w1.row(r), scratch)) * p3.dot(e.w3.row(r), scratch);
   };
   if (opts.pool) opts.pool->parallel_for(0, ffn, detail::row_grain(ffn, opts.pool), up_gate);
   else up_gate(0, ffn);

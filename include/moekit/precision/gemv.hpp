@@ -17,6 +17,7 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/precision/detail/avx2_rows.hpp"
+#include "moekit/precision/detail/avx512_int8_rows.hpp"
 #include "moekit/precision/detail/avx512_rows.hpp"
 #include "moekit/precision/detail/prepared_activation.hpp"
 #include "moekit/precision/format.hpp"
@@ -30,6 +31,10 @@ namespace moekit {
 struct KernelOptions {
   std::optional<Isa> isa;      ///< force a path (must be supported); default: the best one
   ThreadPool* pool = nullptr;  ///< threads to split rows over; nullptr: the calling thread only
+  /// GEMV of quantized rows with the activation rounded to int8 per 32 values (ggml's q8_0
+  /// activations) on CPUs with AVX-512 VNNI: about 3× fewer instructions, error ≤ max|x|/254 per
+  /// element of each 32-block. Ignored elsewhere (float path) and for f32/bf16/f16 rows.
+  bool int8_activations = false;
 };
 
 /// What a kernel does with its result: y = scale·result, or y += scale·result.
@@ -154,13 +159,70 @@ inline PreparedActivation prepare_for(const MatrixView& w, const RowKernels& k, 
   return prepare_activation(x, w.layout(), k.permuted ? w.precision : Precision::q8, storage);
 }
 
+/// Scratch the storage of one prepared activation lives in (reused across calls).
+struct PlanStorage {
+  std::vector<float> f;
+  std::vector<std::int8_t> q;
+};
+
+/// Everything a GEMV over rows of `w` needs for one activation: the row kernel and the prepared
+/// activation (float, or int8 for the VNNI path).
+struct GemvPlan {
+  RowLayout layout{};
+  RowKernels kernels{};
+  PreparedActivation act{};
+  bool int8 = false;
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  avx512_int8::Int8Activation act8{};
+#endif
+
+  /// Row · x. `scratch` holds at least cols/32 floats (int8 path only).
+  float dot(const std::byte* row, float* scratch) const noexcept {
+#if defined(MOEKIT_HAS_X86_KERNELS)
+    if (int8) {
+      switch (layout.bits) {
+        case 8: return avx512_int8::row_dot<8>(row, layout, act8, scratch);
+        case 4: return avx512_int8::row_dot<4>(row, layout, act8, scratch);
+        default: return avx512_int8::row_dot<2>(row, layout, act8, scratch);
+      }
+    }
+#endif
+    (void)scratch;
+    return kernels.dot(row, layout, act);
+  }
+};
+
+inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptions& o,
+                          PlanStorage& st) {
+  GemvPlan p;
+  const Isa isa = resolve_isa(o);
+  p.layout = w.layout();
+  p.kernels = row_kernels(w.precision, isa);
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  if (o.int8_activations && isa == Isa::avx512 && has_avx512_vnni() && is_quantized(w.precision)) {
+    p.int8 = true;
+    p.act8 = avx512_int8::prepare(x, w.cols, p.layout.bits, st.q, st.f);
+    return p;
+  }
+#endif
+  p.act = prepare_for(w, p.kernels, x, st.f);
+  return p;
+}
+
+/// Per-thread scratch for GemvPlan::dot.
+inline float* plan_scratch(std::size_t cols) {
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < cols / 32 + 1) scratch.resize(cols / 32 + 1);
+  return scratch.data();
+}
+
 /// y[r] = ep(w_r · x) for r in [r0, r1).
-inline void gemv_rows(const MatrixView& w, const RowLayout& l, RowDotFn dot,
-                      const PreparedActivation& a, float* y, Epilogue ep, std::size_t r0,
-                      std::size_t r1) noexcept {
-  const std::size_t stride = l.bytes;
+inline void gemv_rows(const MatrixView& w, const GemvPlan& plan, float* y, Epilogue ep,
+                      std::size_t r0, std::size_t r1) noexcept {
+  float* scratch = plan_scratch(w.cols);
+  const std::size_t stride = plan.layout.bytes;
   for (std::size_t r = r0; r < r1; ++r) {
-    const float v = ep.scale * dot(w.data + r * stride, l, a);
+    const float v = ep.scale * plan.dot(w.data + r * stride, scratch);
     y[r] = ep.accumulate ? y[r] + v : v;
   }
 }
@@ -176,12 +238,10 @@ inline void gemv(const MatrixView& w, std::span<const float> x, std::span<float>
                  "gemv: x must have " + std::to_string(w.cols) + " values and y " +
                      std::to_string(w.rows) + " (got " + std::to_string(x.size()) + ", " +
                      std::to_string(y.size()) + ")");
-  const detail::RowKernels k = detail::row_kernels(w.precision, detail::resolve_isa(opts));
-  thread_local std::vector<float> storage;
-  const detail::PreparedActivation a = detail::prepare_for(w, k, x.data(), storage);
-  const RowLayout l = w.layout();
+  thread_local detail::PlanStorage storage;
+  const detail::GemvPlan plan = detail::make_plan(w, x.data(), opts, storage);
   auto body = [&](std::size_t r0, std::size_t r1) {
-    detail::gemv_rows(w, l, k.dot, a, y.data(), ep, r0, r1);
+    detail::gemv_rows(w, plan, y.data(), ep, r0, r1);
   };
   if (opts.pool) opts.pool->parallel_for(0, w.rows, detail::row_grain(w.rows, opts.pool), body);
   else body(0, w.rows);

@@ -49,6 +49,16 @@ inline Isa detect_isa() noexcept {
 #endif
 }
 
+/// True when the CPU has AVX-512 VNNI (`vpdpbusd`), used by the int8-activation kernels.
+inline bool has_avx512_vnni() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool yes = detect_isa() == Isa::avx512 && __builtin_cpu_supports("avx512vnni");
+  return yes;
+#else
+  return false;
+#endif
+}
+
 /// True when this CPU can run `isa`.
 inline bool isa_supported(Isa isa) noexcept {
   return static_cast<std::uint8_t>(isa) <= static_cast<std::uint8_t>(detect_isa());
