@@ -72,3 +72,22 @@ TEST_CASE("BigLittlePolicy: little prefill is judged and recomputed with the ful
   p.begin_sequence();
   CHECK(p.active_top_k(ctx(0, 2, 0), 4) == 2);
 }
+
+TEST_CASE("BigLittlePolicy: replay without logits needs an explicit fallback ratio",
+          "[score][mobile]") {
+  BigLittlePolicy strict;
+  (void)strict.active_top_k(ctx(0, 1, 1), 2);
+  CHECK_THROWS_WITH(strict.end_token({}), Catch::Contains("needs the output logits"));
+  BigLittlePolicy quarter({.fallback_ratio_without_logits = 0.25});
+  int fallbacks = 0;
+  for (int t = 0; t < 40; ++t) {
+    (void)quarter.active_top_k(ctx(0, 1, t), 2);
+    if (quarter.end_token({}) == TokenVerdict::fallback) {
+      ++fallbacks;
+      CHECK(quarter.end_token({}) == TokenVerdict::accept);  // the recomputation
+    }
+  }
+  CHECK(fallbacks == 10);
+  CHECK(quarter.stats().fallback_ratio() == 0.25);
+  CHECK_THROWS_AS(BigLittlePolicy({.fallback_ratio_without_logits = 2.0}), Error);
+}

@@ -34,6 +34,10 @@ class BigLittlePolicy {
     float gamma = 0.7f;            ///< accept iff max softmax probability > gamma
     std::uint32_t k_little = 0;    ///< experts per token in the little pass (0: max(1, K/2))
     bool big_prefill = true;       ///< prefill with the full K (false: little prefill + fallback)
+    /// For trace replay, where no output logits exist: when `end_token` gets empty logits and
+    /// this is in [0, 1], that share of judged forwards falls back, spread evenly and
+    /// deterministically (error diffusion). Negative (default): empty logits are an error.
+    double fallback_ratio_without_logits = -1.0;
   };
 
   /// Counters since construction (or `reset_counters`).
@@ -52,6 +56,9 @@ class BigLittlePolicy {
   explicit BigLittlePolicy(Config c) : cfg_(c) {
     MOEKIT_EXPECTS(std::isfinite(cfg_.gamma) && cfg_.gamma >= 0.0f,
                    "BigLittlePolicy: Config.gamma must be a finite value >= 0");
+    MOEKIT_EXPECTS(cfg_.fallback_ratio_without_logits <= 1.0,
+                   "BigLittlePolicy: Config.fallback_ratio_without_logits must be <= 1 (negative "
+                   "disables it)");
   }
 
   /// Experts per token for this layer call: K_s in little passes, K in prefill (by default) and
@@ -68,8 +75,9 @@ class BigLittlePolicy {
     return std::min(ks, k);
   }
 
-  /// Judges the forward that just finished from its last position's output logits.
-  [[nodiscard]] TokenVerdict end_token(std::span<const float> logits) noexcept {
+  /// Judges the forward that just finished from its last position's output logits. Throws
+  /// `moekit::Error` for empty logits unless `Config.fallback_ratio_without_logits` is set.
+  [[nodiscard]] TokenVerdict end_token(std::span<const float> logits) {
     if (phase_ == Phase::prefill) {
       ++stats_.prefills;
       if (cfg_.big_prefill || recomputing_) {
@@ -82,8 +90,20 @@ class BigLittlePolicy {
       ++stats_.fallbacks;
       return TokenVerdict::accept;
     }
-    stats_.last_confidence = max_probability(logits);
-    if (stats_.last_confidence > cfg_.gamma) {
+    bool confident = false;
+    if (logits.empty()) {
+      MOEKIT_EXPECTS(cfg_.fallback_ratio_without_logits >= 0.0,
+                     "BigLittlePolicy: end_token needs the output logits of the forward (or set "
+                     "Config.fallback_ratio_without_logits for trace replay)");
+      diffusion_ += cfg_.fallback_ratio_without_logits;
+      confident = diffusion_ < 1.0 - 1e-12;
+      if (!confident) diffusion_ -= 1.0;
+      stats_.last_confidence = confident ? 1.0f : 0.0f;
+    } else {
+      stats_.last_confidence = max_probability(logits);
+      confident = stats_.last_confidence > cfg_.gamma;
+    }
+    if (confident) {
       if (phase_ == Phase::decode) ++stats_.tokens;
       return TokenVerdict::accept;
     }
@@ -116,6 +136,7 @@ class BigLittlePolicy {
   Stats stats_{};
   Phase phase_ = Phase::decode;
   bool recomputing_ = false;
+  double diffusion_ = 0.0;
 };
 static_assert(TokenPolicy<BigLittlePolicy>);
 
