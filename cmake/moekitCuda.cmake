@@ -23,11 +23,16 @@ if(MOEKIT_CUDA_ENABLED AND MOEKIT_CUDA_SOURCES)
   endif()
   enable_language(CUDA)
   find_package(CUDAToolkit REQUIRED)
+  # CMake 3.25 predates nvcc's C++20 support: tell it the flag.
+  if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION -std=c++20)
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION -std=c++20)
+  endif()
   add_library(moekit_cuda STATIC ${MOEKIT_CUDA_SOURCES})
   add_library(moekit::cuda ALIAS moekit_cuda)
   target_link_libraries(moekit_cuda PUBLIC moekit CUDA::cudart CUDA::cublasLt)
   target_include_directories(moekit_cuda PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/kernels>)
-  set_target_properties(moekit_cuda PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON
+  set_target_properties(moekit_cuda PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF
                         POSITION_INDEPENDENT_CODE ON)
   target_compile_options(moekit_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xptxas=-warn-spills,-warn-lmem-usage>)
   message(STATUS "moekit: CUDA kernels enabled for architectures ${CMAKE_CUDA_ARCHITECTURES}")

@@ -21,3 +21,5 @@
 #include "moekit/sched/on_demand.hpp"
 #include "moekit/score/full_top_k.hpp"
 #include "moekit/score/uniform.hpp"
+#include "moekit/sched/fiddler.hpp"
+#include "moekit/sched/ready_first.hpp"

@@ -1,0 +1,238 @@
+// Scripted scenarios per preset: a short hand-written routing sequence with the exact expected
+// plans — which experts load at which precision, which are evicted, which are prefetched.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "moekit/presets.hpp"
+#include "support/manual_loader.hpp"
+#include "support/routing.hpp"
+
+using namespace moekit;
+using test::ctx;
+using test::ManualLoader;
+using test::Route;
+
+namespace {
+constexpr ModelShape shape{.n_layers = 3, .n_experts = 4, .top_k = 2, .hidden = 4, .ffn = 32};
+const std::size_t f16 = shape.expert_bytes(Precision::f16);
+const std::size_t q4 = shape.expert_bytes(Precision::q4);
+
+// Router of every layer = identity (hidden 4 = experts 4): the logits of a layer are the gate
+// input itself, so predictions are read straight off the hidden state.
+const std::vector<float> identity_routers = [] {
+  std::vector<float> w(shape.n_layers * shape.n_experts * shape.hidden, 0.0f);
+  for (std::uint32_t l = 0; l < shape.n_layers; ++l)
+    for (std::uint32_t e = 0; e < shape.n_experts; ++e)
+      w[(l * shape.n_experts + e) * shape.hidden + e] = 1.0f;
+  return w;
+}();
+
+// Route with a gate input; the view points into `keep`, which the caller keeps alive.
+GateView with_hidden(Route& keep, Route r, std::vector<float> hidden) {
+  keep = std::move(r);
+  keep.hidden = std::move(hidden);
+  return keep.view();
+}
+Route with_logits(Route r, std::vector<float> logits) {
+  r.logits = std::move(logits);
+  return r;
+}
+struct Load {
+  ExpertKey key;
+  Precision precision;
+  LoadPriority priority;
+  friend bool operator==(const Load&, const Load&) = default;
+};
+std::vector<Load> loads(const ManualLoader& l) {
+  std::vector<Load> out;
+  for (const auto& r : l.records())
+    out.push_back({r.request.key, r.request.precision, r.request.priority});
+  return out;
+}
+constexpr auto OD = LoadPriority::on_demand;
+constexpr auto PF = LoadPriority::prefetch;
+}  // namespace
+
+TEST_CASE("presets::Hobbit: T1/T2 precisions, stacked-gate prefetch, skip", "[preset][hobbit]") {
+  StackedGatePredictor pred({.router_weights = identity_routers, .n_layers = 3, .n_experts = 4,
+                             .hidden = 4, .top_k = 2, .lookahead = 2});
+  presets::Hobbit<ManualLoader> p(shape, {.expert_budget_bytes = 4 * f16}, ManualLoader{},
+                                  HobbitThresholdScorer{}, std::move(pred),
+                                  MultiDimPolicy({.high_slot_fraction = 0.5}));
+  p.begin_sequence();
+  Route keep(4, {{0}});
+  // Layer 0: expert 2 (0.8) is top-1 → f16; expert 0: cumulative 0.8 in (0.6, 0.9] → q4.
+  // Gate input [0.1, 3, 0.2, 2] predicts layer 1 = {1, 3}, weights 0.73/0.27 → f16 / q4.
+  const auto& a =
+      p.route(ctx(0, 3), with_hidden(keep, Route(4, {{2, 0}}, {{0.8f, 0.2f}}), {0.1f, 3, 0.2f, 2}));
+  REQUIRE(a.experts.size() == 2);
+  CHECK(a.experts[0].precision == Precision::f16);
+  CHECK(a.experts[1].precision == Precision::q4);
+  p.resolve(a);
+  p.end_layer(ctx(0, 3));
+  // Layer 1 routes to the predicted {1, 3}: both hit. Its gate input predicts layer 2 = {0, 3}
+  // (weights 0.62/0.38 → f16 / q4).
+  const auto& b =
+      p.route(ctx(1, 3), with_hidden(keep, Route(4, {{1, 3}}, {{0.75f, 0.25f}}), {3, 0, 0, 2.5f}));
+  CHECK(b.experts[0].hit);
+  CHECK(b.experts[1].hit);
+  CHECK(b.experts[1].precision == Precision::q4);
+  p.resolve(b);
+  p.end_layer(ctx(1, 3));
+  // Layer 2: expert 0 at 0.95 → the second expert's cumulative weight 0.95 > T2: skipped.
+  const auto& c = p.route(ctx(2, 3), with_hidden(keep, Route(4, {{0, 3}}, {{0.95f, 0.05f}}), {1, 0, 0, 0}));
+  CHECK(c.experts[0].hit);
+  CHECK(c.experts[0].precision == Precision::f16);
+  CHECK(c.experts[1].placement == Placement::skipped);
+  p.resolve(c);
+  p.end_layer(ctx(2, 3));
+
+  const std::vector<Load> expected{
+      {{0, 2}, Precision::f16, OD}, {{0, 0}, Precision::q4, OD},
+      {{1, 1}, Precision::f16, PF}, {{1, 3}, Precision::q4, PF},
+      {{2, 0}, Precision::f16, PF}, {{2, 3}, Precision::q4, PF}};
+  CHECK(loads(p.loader()) == expected);
+  const auto s = p.stats();
+  CHECK(s.misses == 2);
+  CHECK(s.miss_penalty == Approx(1.0 + 4.0 / 16.0));  // HOBBIT: a q4 miss costs 4/16
+  CHECK(s.skipped == 1);
+  CHECK(s.prediction[1].recall() == Approx(1.0));
+  CHECK(p.cache().pools().size() == 2);  // high and low pools
+}
+
+TEST_CASE("presets::Fiddler: popular experts placed, misses on the CPU in decode, copied in a "
+          "busy prefill", "[preset][fiddler]") {
+  // Popularity: layer 0 experts 1 and 3, layer 2 expert 0 are the three most popular.
+  std::vector<double> counts{1, 9, 2, 8, 0, 1, 0, 0, 7, 3, 0, 0};
+  presets::Fiddler<ManualLoader> p(shape, {.expert_budget_bytes = 3 * f16}, ManualLoader{},
+                                   UniformScorer{}, NoPredictor{},
+                                   StaticPopularityPolicy({.counts = counts}),
+                                   FiddlerScheduler({.cpu_seconds_per_token = 7,
+                                                     .copy_seconds = 70}));
+  for (ExpertKey k : {ExpertKey{0, 1}, ExpertKey{0, 3}, ExpertKey{2, 0}})
+    CHECK(p.preload(k, Precision::f16));
+  CHECK_FALSE(p.preload({1, 1}, Precision::f16));  // not placed: never admitted
+  // Decode: (0,1) resident runs on the device, (0,2) runs on the CPU — no weights move.
+  const auto& a = p.route(ctx(0, 3), Route(4, {{1, 2}}).view());
+  REQUIRE(a.experts.size() == 2);
+  CHECK(a.experts[0].placement == Placement::device);
+  CHECK(a.experts[0].hit);
+  CHECK(a.experts[1].placement == Placement::host_cpu);
+  p.resolve(a);
+  p.end_layer(ctx(0, 3));
+  // Prefill, 12 tokens: experts 1 and 2 of layer 1 get 11 tokens each, 0 and 3 one each; none is
+  // placed. Cost max(cpu, copies) over g copied (busiest first): g=0: 168, g=1: max(91, 70) = 91,
+  // g=2: max(14, 140) = 140 → copy one (expert 1: ties go to the smaller id), the rest on the CPU.
+  Route busy(4, {{2, 0}, {2, 1}, {2, 1}, {2, 1}, {2, 1}, {2, 1}, {2, 1}, {2, 1}, {2, 1}, {2, 1},
+                 {2, 1}, {3, 1}});
+  const auto& b = p.route(ctx(1, 3, 1, Phase::prefill, 12), busy.view());
+  std::size_t copied = 0, cpu = 0;
+  for (const auto& e : b.experts) {
+    if (e.placement == Placement::device) ++copied;
+    if (e.placement == Placement::host_cpu) ++cpu;
+  }
+  CHECK(copied == 1);
+  CHECK(b.experts[0].key == ExpertKey{1, 1});
+  CHECK(b.experts[0].placement == Placement::device);
+  CHECK(cpu == 3);
+  CHECK(p.stats().staged == 1);  // copied experts are transient: never admitted
+  p.resolve(b);
+  p.end_layer(ctx(1, 3));
+  CHECK(p.cache().resident_count() == 3);  // the placement is unchanged
+  CHECK(p.stats().host_cpu_runs == 4);
+  const std::vector<Load> expected{{{0, 1}, Precision::f16, PF}, {{0, 3}, Precision::f16, PF},
+                                   {{2, 0}, Precision::f16, PF}, {{1, 1}, Precision::f16, OD}};
+  CHECK(loads(p.loader()) == expected);
+}
+
+TEST_CASE("presets::Mobile: little pass with K/2, fallback prefetches every layer's top-K",
+          "[preset][mobile]") {
+  presets::Mobile<ManualLoader> p(shape, {.expert_budget_bytes = 6 * f16}, ManualLoader{},
+                                  UniformScorer{}, RouterReplayPredictor({.top_k = 2}));
+  p.begin_sequence();
+  const LayerContext c0 = ctx(0, 3, 5);
+  REQUIRE(p.active_top_k(c0) == 1);  // little: K/2
+  const std::vector<std::vector<float>> logits{{4, 3, 0, 0}, {0, 0, 5, 4.5f}, {1, 0, 2, 0}};
+  const std::uint32_t little[] = {0, 2, 2};
+  for (std::uint32_t l = 0; l < 3; ++l) {
+    Route r = with_logits(Route(4, {{little[l]}}, {{1.0f}}), logits[l]);
+    p.resolve(p.route(ctx(l, 3, 5), r.view()));
+    p.end_layer(ctx(l, 3, 5));
+  }
+  // The output distribution is flat (max prob 0.25 < γ = 0.7): fall back.
+  const std::vector<float> flat(8, 0.0f);
+  CHECK(p.end_token(flat) == TokenVerdict::fallback);
+  CHECK(p.active_top_k(c0) == 2);  // the recomputation uses the full K
+  // Prefetched: each layer's top-2 of the recorded router logits not already resident.
+  const std::vector<Load> expected{{{0, 0}, Precision::f16, OD}, {{1, 2}, Precision::f16, OD},
+                                   {{2, 2}, Precision::f16, OD}, {{0, 1}, Precision::f16, PF},
+                                   {{1, 3}, Precision::f16, PF}, {{2, 0}, Precision::f16, PF}};
+  CHECK(loads(p.loader()) == expected);
+  // A confident output is accepted.
+  std::vector<float> peaked(8, 0.0f);
+  peaked[3] = 10.0f;
+  CHECK(p.end_token(peaked) == TokenVerdict::accept);
+  CHECK(p.stats().fallbacks == 1);
+  CHECK(p.stats().tokens_accepted == 1);
+}
+
+TEST_CASE("presets::Fate: q4 decode transfers, per-layer shallow-favoring pools, cross-layer "
+          "gate prefetch", "[preset][fate]") {
+  CrossLayerGatePredictor pred({.router_weights = identity_routers, .n_layers = 3,
+                                .n_experts = 4, .hidden = 4, .top_k = 2});
+  // Budget of 6 q4 experts over 3 layers of 4: shallow layer 0 gets all 4, the rest 1 each.
+  presets::Fate<ManualLoader> p(
+      shape, {.expert_budget_bytes = 6 * q4, .sizing_precision = Precision::q4}, ManualLoader{},
+      PopularityScorer{}, std::move(pred), ShallowFavoring<ArcPolicy>({.shallow_layers = 1}));
+  Route keep(4, {{0}});
+  const auto& slots = p.cache().policy().layer_slots();
+  CHECK(slots == std::vector<std::uint32_t>{4, 1, 1});
+  // Decode at layer 0: experts {1, 2} at q4. Gate input [0, 5, 0, 4] → layer 1 predicted scores
+  // softmax ≈ [.005, .73, .005, .26]: above the 75th percentile only expert 1.
+  const auto& a = p.route(ctx(0, 3), with_hidden(keep, Route(4, {{1, 2}}), {0, 5, 0, 4}));
+  CHECK(a.experts[0].precision == Precision::q4);
+  CHECK(a.experts[1].precision == Precision::q4);
+  REQUIRE(a.prefetches.size() == 1);
+  CHECK(a.prefetches[0].key == ExpertKey{1, 1});
+  CHECK(a.prefetches[0].precision == Precision::q4);
+  p.resolve(a);
+  p.end_layer(ctx(0, 3));
+  // Layer 1 needs {1, 0}: its pool holds one expert, so the prefetched 1 hits and 0 is staged.
+  const auto& b = p.route(ctx(1, 3), with_hidden(keep, Route(4, {{1, 0}}), {0, 0, 0, 0}));
+  CHECK(b.experts[0].hit);   // ready first
+  CHECK_FALSE(b.experts[1].hit);
+  p.resolve(b);
+  p.end_layer(ctx(1, 3));
+  CHECK(p.stats().staged == 1);
+  p.cache().check_invariants();
+}
+
+TEST_CASE("presets::EdgeMoe: per-expert bit widths and activation-path preloading",
+          "[preset][edgemoe]") {
+  PrecisionTable table(3, 4, Precision::q4);
+  table.set({0, 1}, Precision::q8);
+  table.set({1, 2}, Precision::q2);
+  // Profile: after layer 0 → {1}, layer 1 → {2}, layer 2 always uses expert 3 (seen 10 times).
+  auto profile = std::make_shared<ActivationPathProfile>(3, 4, 1);
+  for (int i = 0; i < 10; ++i) {
+    const std::uint32_t e1[] = {1}, e2[] = {2}, e3[] = {3};
+    const std::span<const std::uint32_t> path[] = {e1, e2, e3};
+    profile->add_path(path);
+  }
+  presets::EdgeMoe<ManualLoader> p(
+      shape, {.expert_budget_bytes = 6 * q4, .base_precision = Precision::q8}, ManualLoader{},
+      StaticBitwidthScorer({.table = table}),
+      ActivationPathPredictor({.profile = profile, .max_preload = 1, .min_support = 1,
+                               .precisions = std::vector<Precision>(table.all().begin(), table.all().end())}));
+  const auto& a = p.route(ctx(0, 3), Route(4, {{1}}, {{1.0f}}).view());
+  CHECK(a.experts[0].precision == Precision::q8);
+  p.resolve(a);
+  p.end_layer(ctx(0, 3));
+  const auto& b = p.route(ctx(1, 3), Route(4, {{2}}, {{1.0f}}).view());
+  CHECK(b.experts[0].precision == Precision::q2);
+  REQUIRE_FALSE(b.prefetches.empty());
+  CHECK(b.prefetches[0].key == ExpertKey{2, 3});  // P(E2 = 3 | E0 = 1, E1 = 2) = 1
+  CHECK(b.prefetches[0].precision == Precision::q4);
+}
