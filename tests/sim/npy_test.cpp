@@ -37,11 +37,11 @@ std::vector<std::byte> npy(const std::string& dict, const std::vector<unsigned c
 
 template <class T>
 std::vector<unsigned char> le(std::initializer_list<T> v) {
-  std::vector<unsigned char> out;
-  for (T x : v) {
-    unsigned char buf[sizeof(T)];
-    std::memcpy(buf, &x, sizeof(T));  // the test host is little-endian (checked below)
-    out.insert(out.end(), buf, buf + sizeof(T));
+  std::vector<unsigned char> out(v.size() * sizeof(T));
+  std::size_t at = 0;
+  for (T x : v) {  // the test host is little-endian (checked below)
+    std::memcpy(out.data() + at, &x, sizeof(T));
+    at += sizeof(T);
   }
   return out;
 }
