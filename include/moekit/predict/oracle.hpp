@@ -3,7 +3,7 @@
 ///
 /// It is given the sequence of layer calls the engine will make (each call's layer and the
 /// distinct experts it selects, in `route` order) and, at each call, pushes the experts of the
-/// next `distance` calls when they are the following layers of the same forward. Every `observe`
+/// following calls of the same forward that lie at most `distance` layers ahead. Every `observe`
 /// is checked against the script, so a test or simulation that drifts from it fails loudly
 /// instead of measuring a wrong bound.
 
@@ -58,11 +58,15 @@ class OraclePredictor {
   void predict(const LayerContext& ctx, const GateView&, const ResidencyView&,
                PrefetchList& out) const {
     if (cursor_ == 0) return;  // nothing observed yet: no position in the script
-    for (std::uint32_t d = 1; d <= cfg_.distance; ++d) {
-      const std::size_t i = cursor_ - 1 + d;
-      if (i >= cfg_.calls.size() || cfg_.calls[i].layer != ctx.layer + d) break;
+    // The following calls of the same forward (layers increase) within `distance` layers; a
+    // layer the engine does not route (no call) is simply absent.
+    std::uint32_t prev = ctx.layer;
+    for (std::size_t i = cursor_; i < cfg_.calls.size(); ++i) {
+      const std::uint32_t m = cfg_.calls[i].layer;
+      if (m <= prev || m > ctx.layer + cfg_.distance) break;
       for (std::uint32_t e : cfg_.calls[i].experts)
-        out.push(Prefetch{{ctx.layer + d, e}, cfg_.precision, 1.0f, d});
+        out.push(Prefetch{{m, e}, cfg_.precision, 1.0f, m - ctx.layer});
+      prev = m;
     }
   }
 
