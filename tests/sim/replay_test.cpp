@@ -20,6 +20,7 @@
 #include "moekit/sched/on_demand.hpp"
 #include "moekit/score/uniform.hpp"
 #include "moekit/sim/replay.hpp"
+#include "moekit/sim/report.hpp"
 #include "moekit/sim/sim_loader.hpp"
 #include "moekit/sim/trace.hpp"
 #include "moekit/sim/trace_jsonl.hpp"
@@ -361,4 +362,73 @@ TEST_CASE("replay rejects a trace that does not fit the model", "[sim][replay]")
   const ModelShape s2 = shape_for(d);
   LruSim p2(s2, config_slots(s2, 4), SimLoader(s2, LinkModel{}));
   CHECK_THROWS_AS(replay(p2, tr, bad), Error);
+}
+
+namespace {
+/// A MoBiLE-shaped token policy double: the first pass of each decode token uses top-1 and is
+/// rejected; the recomputation uses the full top-k and is accepted.
+struct NarrowThenFallback {
+  bool recomputing = false;
+  Phase phase = Phase::decode;
+  std::uint32_t active_top_k(const LayerContext& ctx, std::uint32_t k) {
+    phase = ctx.phase;
+    return ctx.phase == Phase::decode && !recomputing ? 1 : k;
+  }
+  TokenVerdict end_token(std::span<const float>) {
+    if (phase == Phase::prefill || recomputing) {
+      recomputing = false;
+      return TokenVerdict::accept;
+    }
+    recomputing = true;
+    return TokenVerdict::fallback;
+  }
+};
+}  // namespace
+
+TEST_CASE("replay: a narrowing token policy sees top-1 first, fallbacks are recomputed",
+          "[sim][replay][token-policy]") {
+  const TraceDims d{.n_layers = 2, .n_experts = 8, .top_k = 2};
+  const ModelShape s = shape_for(d);
+  const RoutingTrace tr = random_trace(9, d, 1, 3, 5);
+  using P = OffloadPipeline<UniformScorer, NoPredictor, LruPolicy, SimLoader, OnDemandScheduler,
+                            NarrowThenFallback>;
+  P p(s, config_slots(s, s.expert_count()), SimLoader(s, LinkModel{}));
+  const ReplayReport r = replay(p, tr, zero_compute());
+  CHECK(r.forwards == 1 + 2 * 5);
+  CHECK(r.pipeline.fallbacks == 5);
+  CHECK(r.pipeline.tokens_accepted == 1 + 5);
+  CHECK(r.decode_tokens == 5);
+  // demands: the prefill's two layer calls, then per decode token and layer 1 (little pass) +
+  // 2 (recomputation with the full top-2)
+  const auto calls = brute_calls(tr);
+  CHECK(r.pipeline.demands == calls[0].size() + calls[1].size() + 5 * 2 * (1 + 2));
+}
+
+TEST_CASE("report writers: CSV quoting, JSON fields, SVG plot", "[sim][report]") {
+  CsvTable csv({"a", "b"});
+  csv.add_row({"x,y", "say \"hi\""});
+  CHECK(csv.text() == "a,b\n\"x,y\",\"say \"\"hi\"\"\"\n");
+  CHECK_THROWS_AS(csv.add_row({"only one"}), Error);
+  CHECK(CsvTable::num(0.6) == "0.6");
+
+  const TraceDims d{.n_layers = 2, .n_experts = 4, .top_k = 1};
+  const ModelShape s = shape_for(d);
+  LruSim p(s, config_slots(s, 2), SimLoader(s, LinkModel{}));
+  const ReplayReport r = replay(p, random_trace(2, d, 1, 0, 6), zero_compute());
+  const auto j = report_json(r);
+  CHECK(j["misses"].get<std::uint64_t>() == r.misses());
+  CHECK(j["prediction"].size() == 3);
+
+  const std::string svg = svg_line_plot("t <1>", "x", "y",
+                                        {{"lru", {1, 2, 3}, {3, 2, 1}, false},
+                                         {"belady", {1, 2, 3}, {2, 1, 0}, true}});
+  CHECK(svg.find("<svg") == 0);
+  CHECK(svg.find("t &lt;1&gt;") != std::string::npos);
+  std::size_t lines = 0;
+  for (std::size_t at = svg.find("<polyline"); at != std::string::npos;
+       at = svg.find("<polyline", at + 1))
+    ++lines;
+  CHECK(lines == 2);
+  CHECK(svg.find("stroke-dasharray") != std::string::npos);
+  CHECK_THROWS_AS(svg_line_plot("t", "x", "y", {{"bad", {1, 2}, {1}, false}}), Error);
 }
