@@ -1,7 +1,8 @@
 // Predictors and scorers on the real Mixtral-8x7B routing traces in ../shared/data (skipped when
 // absent; see that README for what each file is):
 //  1. HOBBIT's T1 = 0.6 / T2 = 0.9 split of all expert selections on the GSM8K decode trace
-//     (paper Fig. 5b: 67 / 30 / 3 % high / low / skip; the data README computes ~65 / 32 / 3).
+//     (paper Fig. 5b: 67 / 30 / 3 % high / low / skip; the data README computes ~65 / 32 / 3),
+//     and the thresholds the calibration procedure picks on it for 30 % low / 3 % skip.
 //  2. EdgeMoE's activation-path predictor on the only layer-aligned file (HumanEval problem 0,
 //     prefill + decode): profile fitted on one part, recall of the true top-2 by the top-m
 //     preloads measured on the other, against the uniform-guess recall m / 8.
@@ -17,6 +18,7 @@
 #include "moekit/score/hobbit_threshold.hpp"
 #include "moekit/sim/trace_jsonl.hpp"
 #include "moekit/tools/activation_profile.hpp"
+#include "moekit/tools/hobbit_calibration.hpp"
 
 using namespace moekit;
 
@@ -31,10 +33,12 @@ void hobbit_split(const std::string& path) {
   std::array<std::uint64_t, 3> n{};
   std::array<HobbitDecision, 2> dec{};
   std::uint64_t records = 0;
+  tools::HobbitScoreCollector scores;
   for (std::size_t tok = 0; tok < t.token_count(); ++tok)
     for (std::uint32_t l = 0; l < t.dims().n_layers; ++l) {
       if (!t.valid(tok, l)) continue;
       ++records;
+      scores.add(t.experts(tok, l), t.weights(tok, l));
       rule.decide(t.experts(tok, l), t.weights(tok, l), dec);
       for (auto d : dec) ++n[static_cast<std::size_t>(d)];
     }
@@ -43,6 +47,9 @@ void hobbit_split(const std::string& path) {
               static_cast<unsigned long long>(records), all);
   std::printf("  high %.1f %%  low %.1f %%  skip %.1f %%   (paper 67 / 30 / 3; data README ~65 / 32 / 3)\n",
               100.0 * double(n[2]) / all, 100.0 * double(n[1]) / all, 100.0 * double(n[0]) / all);
+  const HobbitRule cal = scores.thresholds(0.30, 0.03);
+  std::printf("  thresholds calibrated on this trace for the paper's 30 %% low / 3 %% skip: "
+              "T1 = %.3f, T2 = %.3f (paper, profiled on Mixtral: 0.6 / 0.9)\n", cal.t1, cal.t2);
 }
 
 void activation_path(const std::string& path) {
