@@ -46,6 +46,7 @@ class ThreadPool {
 
   /// Calls `body(b, e)` on disjoint sub-ranges [b, e) covering [begin, end), each at most `grain`
   /// long, on all threads; returns when all are done. `body` must be safe to call concurrently.
+  /// Not re-entrant: calling it from inside a job of the same pool deadlocks.
   template <class Body>
   void parallel_for(std::size_t begin, std::size_t end, std::size_t grain, Body&& body) {
     if (begin >= end) return;
