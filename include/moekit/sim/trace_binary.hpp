@@ -92,6 +92,13 @@ class ByteReader {
     if (n) std::memcpy(dst, bytes_.data() + pos_, n);
     pos_ += n;
   }
+  /// A string of `n` bytes; checks the size before allocating.
+  std::string get_string(std::size_t n, std::string_view field) {
+    need(n, field);
+    std::string out(reinterpret_cast<const char*>(bytes_.data() + pos_), n);
+    pos_ += n;
+    return out;
+  }
   [[nodiscard]] std::size_t remaining() const noexcept { return bytes_.size() - pos_; }
   [[noreturn]] void bad(std::string_view field, std::string_view why) const {
     ::moekit::detail::fail(ErrorKind::invalid_format,
@@ -189,8 +196,7 @@ class ByteReader {
   // absurd counts before allocating anything.
   if (n_seq > r.remaining() / 12) r.bad("n_sequences", "inconsistent with the file size");
   if (n_tok > r.remaining()) r.bad("n_tokens", "inconsistent with the file size");
-  std::string name(name_len, '\0');
-  r.get_bytes(name.data(), name_len, "name");
+  std::string name = r.get_string(name_len, "name");
 
   RoutingTrace trace(d, std::move(name), (flags & trace_flag_synthetic) != 0);
   std::vector<std::uint64_t> lengths(n_seq);
@@ -199,8 +205,7 @@ class ByteReader {
   for (std::uint64_t s = 0; s < n_seq; ++s) {
     lengths[s] = r.get<std::uint64_t>("sequence.n_tokens");
     const auto len = r.get<std::uint32_t>("sequence.name_length");
-    names[s].resize(len);
-    r.get_bytes(names[s].data(), len, "sequence.name");
+    names[s] = r.get_string(len, "sequence.name");
     if (lengths[s] > n_tok - total)
       r.bad("sequence.n_tokens", "sequence lengths exceed n_tokens");
     total += lengths[s];
