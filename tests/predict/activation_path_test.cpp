@@ -167,4 +167,6 @@ TEST_CASE("ActivationPathPredictor: preloads in probability order up to max_prel
   p.predict(ctx(1, 4, 0, Phase::prefill, 2), pre.view(), none.view(), c.list);
   CHECK(c.items().empty());
   CHECK_THROWS_AS(ActivationPathPredictor({}), Error);
+  CHECK_THROWS_WITH(p.observe(ctx(0, 5, 9), l0.view()),
+                    Catch::Contains("the profile describes 4 layers x 8 experts, the model 5 x 8"));
 }

@@ -419,8 +419,13 @@ class ActivationPathPredictor {
     ranked_.reserve(p.n_experts());
   }
 
+  /// Throws `moekit::Error` when the layer call does not fit the profile's model.
   void observe(const LayerContext& ctx, const GateView& gate) {
-    if (ctx.layer >= sets_.size()) return;
+    MOEKIT_EXPECTS(ctx.n_layers == sets_.size() && gate.n_experts == cfg_.profile->n_experts(),
+                   "ActivationPathPredictor: the profile describes " +
+                       std::to_string(sets_.size()) + " layers x " +
+                       std::to_string(cfg_.profile->n_experts()) + " experts, the model " +
+                       std::to_string(ctx.n_layers) + " x " + std::to_string(gate.n_experts));
     if (gate.n_tokens != 1) {  // prefill / batches: no history, no prediction (EdgeMoE B15)
       token_[ctx.layer] = no_token;
       return;

@@ -52,7 +52,8 @@ class RouterReplayPredictor {
   void observe(const LayerContext& ctx, const GateView& gate) {
     if (ctx.phase != Phase::decode || gate.n_tokens != 1) return;
     if (n_layers_ == 0) bind(ctx.n_layers, gate.n_experts);
-    if (ctx.layer >= n_layers_ || gate.n_experts != n_experts_) return;
+    MOEKIT_EXPECTS(ctx.n_layers == n_layers_ && gate.n_experts == n_experts_,
+                   "RouterReplayPredictor: the model shape changed between layer calls");
     if (replaying_) {  // the big pass: measure the plan against its true routing
       for (std::uint32_t e : gate.experts) {
         ++stats_.planned;
