@@ -93,6 +93,7 @@ struct Format {
   const char* label;
   Precision p;
   QuantScheme s;
+  bool int8 = false;  ///< KernelOptions::int8_activations
 };
 
 std::vector<std::byte> random_matrix(std::size_t rows, std::size_t cols, Format f, unsigned seed) {
@@ -106,6 +107,7 @@ std::vector<std::byte> random_matrix(std::size_t rows, std::size_t cols, Format 
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows appear as they are measured
   bool quick = false;
   int reps = 40;
   for (int i = 1; i < argc; ++i) {
@@ -116,12 +118,18 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("moekit GEMV benchmark: ISA %s, cold weights (rotation over %zu MiB)\n",
-              std::string(name(detect_isa())).c_str(), rotation_bytes >> 20);
+  std::printf("moekit GEMV benchmark: ISA %s%s, cold weights (rotation over %zu MiB)\n"
+              "i8x = int8 activations (KernelOptions::int8_activations, AVX-512 VNNI)\n",
+              std::string(name(detect_isa())).c_str(), has_avx512_vnni() ? "+vnni" : "",
+              rotation_bytes >> 20);
   const Format formats[] = {{"q8 g32 sym", Precision::q8, {32, false}},
                             {"q4 g32 sym", Precision::q4, {32, false}},
+                            {"q8 g32 i8x", Precision::q8, {32, false}, true},
+                            {"q4 g32 i8x", Precision::q4, {32, false}, true},
                             {"q4 g64 aff", Precision::q4, {64, true}},
+                            {"q4 g64 i8x", Precision::q4, {64, true}, true},
                             {"q2 g64 aff", Precision::q2, {64, true}},
+                            {"q2 g64 i8x", Precision::q2, {64, true}, true},
                             {"bf16", Precision::bf16, {}}};
   const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
   for (unsigned threads : {1u, 2u}) {
@@ -141,8 +149,10 @@ int main(int argc, char** argv) {
           else mats.push_back(mats[0]);
         }
         std::vector<float> x(cols, 0.5f), y(rows);
+        KernelOptions o{std::nullopt, &pool};
+        o.int8_activations = f.int8;
         const double s = time_rotating(copies, reps, [&](std::size_t c) {
-          gemv(MatrixView{mats[c].data(), rows, cols, f.p, f.s}, x, y, {std::nullopt, &pool});
+          gemv(MatrixView{mats[c].data(), rows, cols, f.p, f.s}, x, y, o);
         });
         mats.clear();
         const double bw = read_bandwidth(pool, bytes, reps);
@@ -151,7 +161,7 @@ int main(int argc, char** argv) {
       }
     }
     // Fused expert FFN vs three separate GEMVs (+ the elementwise step), one Mixtral expert.
-    for (const Format& f : {formats[1], formats[0]}) {
+    for (const Format& f : {formats[1], formats[3], formats[0], formats[2]}) {
       const std::size_t hidden = 4096, ffn = 14336;
       const auto w1 = random_matrix(ffn, hidden, f, 2), w3 = random_matrix(ffn, hidden, f, 3),
                  w2 = random_matrix(hidden, ffn, f, 4);
@@ -162,7 +172,8 @@ int main(int argc, char** argv) {
       auto view = [&](const std::vector<std::byte>& b, std::size_t r, std::size_t c) {
         return MatrixView{b.data(), r, c, f.p, f.s};
       };
-      const KernelOptions opts{std::nullopt, &pool};
+      KernelOptions opts{std::nullopt, &pool};
+      opts.int8_activations = f.int8;
       const double fused = time_rotating(copies, reps, [&](std::size_t c) {
         expert_ffn({view(c1[c], ffn, hidden), view(c3[c], ffn, hidden), view(c2[c], hidden, ffn)},
                    x, 1, out, 0.5f, opts);
