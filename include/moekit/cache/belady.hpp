@@ -24,12 +24,12 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "moekit/cache/detail/ranked_set.hpp"
 #include "moekit/cache/detail/resident_set.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
@@ -101,7 +101,7 @@ class FutureIndex {
 
 }  // namespace detail
 
-/// Belady's offline optimal eviction (unit cost). O(log n) per access.
+/// Belady's offline optimal eviction (unit cost). O(log n) per access and per eviction.
 class BeladyPolicy {
  public:
   static constexpr bool needs_future = true;
@@ -132,15 +132,14 @@ class BeladyPolicy {
   }
   void on_evict(ExpertKey key) noexcept {
     const std::uint32_t i = detail::dense_index(key, shape_.n_experts);
-    if (next_use_[i] != unset) order_.erase({next_use_[i], i});
+    order_.erase(i);
     next_use_[i] = unset;
   }
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
-    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
-      const ExpertKey k = detail::dense_key(it->second, shape_.n_experts);
-      if (q.evictable(k)) return k;
-    }
-    return std::nullopt;
+    const auto i = order_.first(
+        [&](std::uint32_t j) { return q.evictable(detail::dense_key(j, shape_.n_experts)); });
+    if (!i) return std::nullopt;
+    return detail::dense_key(*i, shape_.n_experts);
   }
 
   /// Position of the next demand of a resident `key` (`FutureIndex::never` if none).
@@ -154,13 +153,12 @@ class BeladyPolicy {
   void rebuild() {
     future_.build(cfg_.future, shape_);
     next_use_.assign(shape_.expert_count(), unset);
-    order_.clear();
+    order_.reset(shape_.expert_count());
   }
   void reschedule(ExpertKey key, std::uint64_t next) {
     const std::uint32_t i = detail::dense_index(key, shape_.n_experts);
-    if (next_use_[i] != unset) order_.erase({next_use_[i], i});
     next_use_[i] = next;
-    order_.insert({next, i});
+    order_.update(i, Farther{next});
   }
 
   Config cfg_{};
@@ -168,7 +166,12 @@ class BeladyPolicy {
   bool bound_ = false;
   detail::FutureIndex future_;
   std::vector<std::uint64_t> next_use_;
-  std::set<std::pair<std::uint64_t, std::uint32_t>> order_;  ///< (next use, index); max = victim
+  /// Heap rank: the farther the next use, the lower (first evicted); ties: smaller index.
+  struct Farther {
+    std::uint64_t next = 0;
+    friend bool operator<(const Farther& a, const Farther& b) noexcept { return a.next > b.next; }
+  };
+  detail::RankedSet<Farther> order_;
 };
 static_assert(CachePolicy<BeladyPolicy>);
 

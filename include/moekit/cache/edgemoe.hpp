@@ -23,7 +23,8 @@
 #include <utility>
 #include <vector>
 
-#include "moekit/cache/detail/resident_set.hpp"
+#include "moekit/cache/detail/ranked_set.hpp"
+#include "moekit/cache/detail/dense_index.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/model_shape.hpp"
@@ -57,7 +58,8 @@ class EdgeMoePolicy {
     n_layers_ = shape.n_layers;
     freq_.assign(shape.expert_count(), 0.0);
     last_tick_.assign(shape.expert_count(), 0);
-    residents_.reset(shape.expert_count());
+    ranked_.assign(n_layers_, {});
+    for (auto& r : ranked_) r.reset(n_experts_);
     if (cfg_.prior_counts.empty()) return;
     MOEKIT_EXPECTS(cfg_.prior_counts.size() == shape.expert_count(),
                    "EdgeMoePolicy::Config.prior_counts must hold n_layers × n_experts counts");
@@ -79,34 +81,46 @@ class EdgeMoePolicy {
     const std::uint32_t i = detail::dense_index(key, n_experts_);
     freq_[i] += a.n_tokens;
     last_tick_[i] = a.tick;
+    rerank(key);
   }
   /// A prefetch landing is not an activation; a demand insertion is.
   void on_insert(ExpertKey key, const AccessInfo& a) noexcept {
     const std::uint32_t i = detail::dense_index(key, n_experts_);
-    residents_.insert(i);
     if (!a.prefetch) freq_[i] += a.n_tokens;
     last_tick_[i] = a.tick;
+    rerank(key);
   }
-  void on_evict(ExpertKey key) noexcept { residents_.erase(detail::dense_index(key, n_experts_)); }
+  void on_evict(ExpertKey key) noexcept { ranked_[key.layer].erase(key.expert); }
 
+  /// Inside one layer d is common, so the highest score is the lowest f: each layer keeps its
+  /// residents ordered by (f, recency, larger id first) and the victim is the best of the layers'
+  /// first evictable entries: O(layers + pinned · log n); layers that cannot win are skipped.
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
     std::optional<ExpertKey> best;
     double best_s = 0.0;
     std::uint32_t best_d = 0;
     std::uint64_t best_t = 0;
-    for (const std::uint32_t i : residents_.items()) {
-      const ExpertKey k = detail::dense_key(i, n_experts_);
-      if (!q.evictable(k)) continue;
-      const std::uint32_t d = distance(k.layer, q.layer);
-      const double s = -freq_[i] / double(d);
-      const std::uint64_t t = last_tick_[i];
-      if (!best || s > best_s ||
-          (s == best_s &&
-           (d > best_d || (d == best_d && (t < best_t || (t == best_t && k > *best)))))) {
-        best = k;
-        best_s = s;
-        best_d = d;
-        best_t = t;
+    for (std::uint32_t l = 0; l < n_layers_; ++l) {
+      const auto& heap = ranked_[l];
+      if (heap.size() == 0) continue;
+      // The layer's lowest f bounds its best score: skip it without looking at pins.
+      if (best && -heap.min_rank().f / double(distance(l, q.layer)) < best_s) continue;
+      const auto e = heap.first([&](std::uint32_t x) { return q.evictable({l, x}); });
+      if (!e) continue;
+      {
+        const ExpertKey k{l, *e};
+        const std::uint32_t i = detail::dense_index(k, n_experts_);
+        const std::uint32_t d = distance(l, q.layer);
+        const double s = -freq_[i] / double(d);
+        const std::uint64_t t = last_tick_[i];
+        if (!best || s > best_s ||
+            (s == best_s &&
+             (d > best_d || (d == best_d && (t < best_t || (t == best_t && k > *best)))))) {
+          best = k;
+          best_s = s;
+          best_d = d;
+          best_t = t;
+        }
       }
     }
     return best;
@@ -134,7 +148,23 @@ class EdgeMoePolicy {
   std::uint32_t n_layers_ = 1;
   std::vector<double> freq_;
   std::vector<std::uint64_t> last_tick_;
-  detail::ResidentSet residents_;
+  /// Rank inside a layer: lower f first, then least recently used, then larger expert id.
+  struct Rank {
+    double f;
+    std::uint64_t tick;
+    std::uint32_t inverse_id;
+    friend bool operator<(const Rank& a, const Rank& b) noexcept {
+      if (a.f != b.f) return a.f < b.f;
+      if (a.tick != b.tick) return a.tick < b.tick;
+      return a.inverse_id < b.inverse_id;
+    }
+  };
+  std::vector<detail::RankedSet<Rank>> ranked_;  ///< per layer, indexed by expert
+
+  void rerank(ExpertKey key) noexcept {
+    const std::uint32_t i = detail::dense_index(key, n_experts_);
+    ranked_[key.layer].update(key.expert, Rank{freq_[i], last_tick_[i], ~key.expert});
+  }
 };
 static_assert(CachePolicy<EdgeMoePolicy>);
 

@@ -12,7 +12,7 @@
 #include <optional>
 #include <vector>
 
-#include "moekit/cache/detail/resident_set.hpp"
+#include "moekit/cache/detail/dense_index.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/model_shape.hpp"
@@ -25,48 +25,65 @@ namespace moekit {
   return (of + n_layers - now % n_layers) % n_layers;
 }
 
-/// Farthest-layer-distance eviction.
+/// Farthest-layer-distance eviction. One recency list per layer: `victim` visits layers from the
+/// farthest and takes the least recently used evictable entry, so it costs O(layers + pinned).
 class FldPolicy {
  public:
   void bind(const ModelShape& shape) {
     n_experts_ = shape.n_experts;
     n_layers_ = shape.n_layers;
-    last_tick_.assign(shape.expert_count(), 0);
-    residents_.reset(shape.expert_count());
+    links_.assign(shape.expert_count(), Link{});
+    head_.assign(shape.n_layers, none);
+    tail_.assign(shape.n_layers, none);
   }
-  void on_hit(ExpertKey key, const AccessInfo& a) noexcept {
-    last_tick_[detail::dense_index(key, n_experts_)] = a.tick;
-  }
-  void on_insert(ExpertKey key, const AccessInfo& a) noexcept {
+  void on_hit(ExpertKey key, const AccessInfo&) noexcept { touch(key); }
+  void on_insert(ExpertKey key, const AccessInfo&) noexcept { touch(key); }
+  void on_evict(ExpertKey key) noexcept {
     const std::uint32_t i = detail::dense_index(key, n_experts_);
-    residents_.insert(i);
-    last_tick_[i] = a.tick;
+    if (links_[i].linked) unlink(key.layer, i);
   }
-  void on_evict(ExpertKey key) noexcept { residents_.erase(detail::dense_index(key, n_experts_)); }
 
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
-    std::optional<ExpertKey> best;
-    std::uint32_t best_d = 0;
-    std::uint64_t best_t = 0;
-    for (const std::uint32_t i : residents_.items()) {
-      const ExpertKey k = detail::dense_key(i, n_experts_);
-      if (!q.evictable(k)) continue;
-      const std::uint32_t d = layer_distance(k.layer, q.layer, n_layers_);
-      const std::uint64_t t = last_tick_[i];
-      if (!best || d > best_d || (d == best_d && (t < best_t || (t == best_t && k < *best)))) {
-        best = k;
-        best_d = d;
-        best_t = t;
+    for (std::uint32_t d = n_layers_; d-- > 0;) {
+      const std::uint32_t layer = (q.layer % n_layers_ + d) % n_layers_;
+      for (std::uint32_t i = tail_[layer]; i != none; i = links_[i].prev) {
+        const ExpertKey k = detail::dense_key(i, n_experts_);
+        if (q.evictable(k)) return k;
       }
     }
-    return best;
+    return std::nullopt;
   }
 
  private:
+  static constexpr std::uint32_t none = 0xffffffffu;
+  struct Link {
+    std::uint32_t prev = none, next = none;
+    bool linked = false;
+  };
+
+  void touch(ExpertKey key) noexcept {
+    const std::uint32_t i = detail::dense_index(key, n_experts_);
+    const std::uint32_t l = key.layer;
+    if (links_[i].linked) unlink(l, i);
+    Link& n = links_[i];
+    n.prev = none;
+    n.next = head_[l];
+    n.linked = true;
+    if (head_[l] != none) links_[head_[l]].prev = i;
+    head_[l] = i;
+    if (tail_[l] == none) tail_[l] = i;
+  }
+  void unlink(std::uint32_t l, std::uint32_t i) noexcept {
+    Link& n = links_[i];
+    if (n.prev != none) links_[n.prev].next = n.next; else head_[l] = n.next;
+    if (n.next != none) links_[n.next].prev = n.prev; else tail_[l] = n.prev;
+    n = Link{};
+  }
+
   std::uint32_t n_experts_ = 0;
   std::uint32_t n_layers_ = 1;
-  std::vector<std::uint64_t> last_tick_;
-  detail::ResidentSet residents_;
+  std::vector<Link> links_;
+  std::vector<std::uint32_t> head_, tail_;  ///< per layer: most / least recently used
 };
 static_assert(CachePolicy<FldPolicy>);
 

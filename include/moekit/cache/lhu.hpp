@@ -11,8 +11,11 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
+#include <vector>
 
-#include "moekit/cache/detail/resident_set.hpp"
+#include "moekit/cache/detail/dense_index.hpp"
+#include "moekit/cache/detail/ranked_set.hpp"
 #include "moekit/cache/detail/use_records.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
@@ -35,37 +38,35 @@ class LhuPolicy {
   void bind(const ModelShape& shape) {
     n_experts_ = shape.n_experts;
     records_.reset(shape.expert_count());
-    residents_.reset(shape.expert_count());
+    ranked_.reset(shape.expert_count());
   }
-  void begin_sequence() noexcept {
-    if (cfg_.scope == CountScope::sequence) records_.clear_counts();
+  void begin_sequence() {
+    if (cfg_.scope != CountScope::sequence) return;
+    records_.clear_counts();
+    const auto m = ranked_.members();
+    const std::vector<std::uint32_t> members(m.begin(), m.end());
+    for (const std::uint32_t i : members) rerank(i);
   }
   void on_hit(ExpertKey key, const AccessInfo& a) noexcept {
-    records_.use(detail::dense_index(key, n_experts_), a, a.token, cfg_.high);
+    const std::uint32_t i = detail::dense_index(key, n_experts_);
+    records_.use(i, a, a.token, cfg_.high);
+    if (ranked_.contains(i)) rerank(i);
   }
   void on_insert(ExpertKey key, const AccessInfo& a) noexcept {
     const std::uint32_t i = detail::dense_index(key, n_experts_);
-    residents_.insert(i);
     if (a.prefetch) records_.touch(i, a);
     else records_.use(i, a, a.token, cfg_.high);
+    rerank(i);
   }
-  void on_evict(ExpertKey key) noexcept { residents_.erase(detail::dense_index(key, n_experts_)); }
+  void on_evict(ExpertKey key) noexcept { ranked_.erase(detail::dense_index(key, n_experts_)); }
 
+  /// The lowest-ranked evictable resident: O(log n) updates keep a heap, and the search expands
+  /// only pinned entries.
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
-    std::optional<ExpertKey> best;
-    const detail::UseRecord* rb = nullptr;
-    for (const std::uint32_t i : residents_.items()) {
-      const ExpertKey k = detail::dense_key(i, n_experts_);
-      if (!q.evictable(k)) continue;
-      const detail::UseRecord& r = records_[i];
-      if (!best || r.high_uses < rb->high_uses ||
-          (r.high_uses == rb->high_uses &&
-           (r.last_tick < rb->last_tick || (r.last_tick == rb->last_tick && k < *best)))) {
-        best = k;
-        rb = &r;
-      }
-    }
-    return best;
+    const auto i = ranked_.first(
+        [&](std::uint32_t j) { return q.evictable(detail::dense_key(j, n_experts_)); });
+    if (!i) return std::nullopt;
+    return detail::dense_key(*i, n_experts_);
   }
 
   /// High-precision uses of `key` counted in the current scope.
@@ -78,7 +79,12 @@ class LhuPolicy {
   Config cfg_{};
   std::uint32_t n_experts_ = 0;
   detail::UseRecords records_;
-  detail::ResidentSet residents_;
+  // Rank: (count, last tick); the index breaks the remaining ties (smaller (layer, expert)).
+  detail::RankedSet<std::pair<std::uint64_t, std::uint64_t>> ranked_;
+
+  void rerank(std::uint32_t i) noexcept {
+    ranked_.update(i, {records_[i].high_uses, records_[i].last_tick});
+  }
 };
 static_assert(CachePolicy<LhuPolicy>);
 

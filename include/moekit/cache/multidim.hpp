@@ -23,7 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "moekit/cache/detail/resident_set.hpp"
+#include "moekit/cache/detail/ranked_set.hpp"
+#include "moekit/cache/detail/dense_index.hpp"
 #include "moekit/cache/detail/use_records.hpp"
 #include "moekit/cache/fld.hpp"
 #include "moekit/core/cache_events.hpp"
@@ -73,7 +74,9 @@ class MultiDimPolicy {
     n_experts_ = shape.n_experts;
     n_layers_ = shape.n_layers;
     records_.reset(shape.expert_count());
-    residents_.reset(shape.expert_count());
+    pool_.assign(shape.expert_count(), 0);
+    ranked_.assign(2 * std::size_t{n_layers_}, {});
+    for (auto& r : ranked_) r.reset(n_experts_);
   }
 
   /// Pool 0 (high) and pool 1 (low). `sizing` is not used: the pools are sized by
@@ -96,40 +99,63 @@ class MultiDimPolicy {
     return bits(p) >= bits(cfg_.high) ? 0u : 1u;
   }
 
-  void begin_sequence() noexcept {
+  void begin_sequence() {
     records_.clear_counts();
     token_ = 0;
+    for (std::uint32_t pool = 0; pool < 2; ++pool)
+      for (std::uint32_t l = 0; l < n_layers_; ++l) {
+        const auto m = set(pool, l).members();
+        const std::vector<std::uint32_t> members(m.begin(), m.end());
+        for (const std::uint32_t e : members) rerank({l, e});
+      }
   }
   void begin_token(std::uint32_t n) noexcept { token_ += n; }
 
   void on_hit(ExpertKey key, const AccessInfo& a) noexcept {
     records_.use(detail::dense_index(key, n_experts_), a, token_, cfg_.high);
+    rerank(key);
   }
   /// A prefetch landing is not a use: its records are updated when its layer runs.
   void on_insert(ExpertKey key, const AccessInfo& a) noexcept {
     const std::uint32_t i = detail::dense_index(key, n_experts_);
-    residents_.insert(i);
     if (a.prefetch) records_.touch(i, a);
     else records_.use(i, a, token_, cfg_.high);
+    set(pool_[i], key.layer).erase(key.expert);
+    pool_[i] = static_cast<std::uint8_t>(pool_of(key, a.precision));
+    rerank(key);
   }
-  void on_evict(ExpertKey key) noexcept { residents_.erase(detail::dense_index(key, n_experts_)); }
+  void on_evict(ExpertKey key) noexcept {
+    set(pool_[detail::dense_index(key, n_experts_)], key.layer).erase(key.expert);
+  }
 
+  /// Within one layer Eq. 3 orders entries like S = w_lru·R + w_lfu·F + w_lhu·H (T and the FLD
+  /// term are common), so each (pool, layer) keeps a heap on S. Layers are visited from the
+  /// farthest (lowest FLD term) on; a layer whose lowest S cannot beat the best so far is skipped
+  /// without looking at pins, and the walk stops once the FLD term alone exceeds the best.
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
     std::optional<ExpertKey> best;
     double best_p = 0.0;
     const detail::UseRecord* rb = nullptr;
-    for (const std::uint32_t i : residents_.items()) {
-      const ExpertKey k = detail::dense_key(i, n_experts_);
-      if (!q.evictable(k)) continue;
-      const detail::UseRecord& r = records_[i];
-      const double p = priority_of(r, k.layer, q.layer);
+    if (q.pool >= 2) return best;
+    const double inv_t = 1.0 / (token_ == 0 ? 1.0 : double(token_));
+    for (std::uint32_t d = n_layers_; d-- > 0;) {
+      const std::uint32_t l = (q.layer % n_layers_ + d) % n_layers_;
+      const double fld = fld_term(d);
+      if (best && fld > best_p) break;  // S >= 0: no later layer can do better
+      const auto& heap = set(q.pool, l);
+      if (heap.size() == 0 || (best && heap.min_rank().s * inv_t + fld > best_p)) continue;
+      const auto e = heap.first([&](std::uint32_t x) { return q.evictable({l, x}); });
+      if (!e) continue;
+      const ExpertKey k{l, *e};
+      const detail::UseRecord& r = records_[detail::dense_index(k, n_experts_)];
+      const double p = weighted(r) * inv_t + fld;
       if (!best || p < best_p ||
           (p == best_p &&
            (r.last_token < rb->last_token ||
             (r.last_token == rb->last_token &&
              (r.uses < rb->uses ||
-              (r.uses == rb->uses &&
-               (r.last_tick < rb->last_tick || (r.last_tick == rb->last_tick && k < *best)))))))) {
+              (r.uses == rb->uses && (r.last_tick < rb->last_tick ||
+                                      (r.last_tick == rb->last_tick && k < *best)))))))) {
         best = k;
         best_p = p;
         rb = &r;
@@ -149,12 +175,18 @@ class MultiDimPolicy {
   [[nodiscard]] const Config& config() const noexcept { return cfg_; }
 
  private:
+  [[nodiscard]] double weighted(const detail::UseRecord& r) const noexcept {
+    return cfg_.w_lru * double(r.last_token) + cfg_.w_lfu * double(r.uses) +
+           cfg_.w_lhu * double(r.high_uses);
+  }
+  /// w_fld · (1 − d/L) for a layer d layers ahead.
+  [[nodiscard]] double fld_term(std::uint32_t d) const noexcept {
+    return cfg_.w_fld * (1.0 - double(d) / double(n_layers_));
+  }
   [[nodiscard]] double priority_of(const detail::UseRecord& r, std::uint32_t layer,
                                    std::uint32_t current) const noexcept {
-    const double t = token_ == 0 ? 1.0 : double(token_);
-    const double d = double(layer_distance(layer, current, n_layers_)) / double(n_layers_);
-    return cfg_.w_lru * double(r.last_token) / t + cfg_.w_lfu * double(r.uses) / t +
-           cfg_.w_lhu * double(r.high_uses) / t + cfg_.w_fld * (1.0 - d);
+    const double inv_t = 1.0 / (token_ == 0 ? 1.0 : double(token_));
+    return weighted(r) * inv_t + fld_term(layer_distance(layer, current, n_layers_));
   }
 
   Config cfg_{};
@@ -162,7 +194,34 @@ class MultiDimPolicy {
   std::uint32_t n_layers_ = 1;
   std::uint64_t token_ = 0;
   detail::UseRecords records_;
-  detail::ResidentSet residents_;
+  std::vector<std::uint8_t> pool_;  ///< pool of each resident
+  /// Rank inside one (pool, layer): (w_lru·R + w_lfu·F + w_lhu·H, R, F, last tick); the expert id
+  /// breaks the remaining ties.
+  struct Rank {
+    double s;
+    std::uint64_t r, f, tick;
+    friend bool operator<(const Rank& a, const Rank& b) noexcept {
+      if (a.s != b.s) return a.s < b.s;
+      if (a.r != b.r) return a.r < b.r;
+      if (a.f != b.f) return a.f < b.f;
+      return a.tick < b.tick;
+    }
+  };
+  std::vector<detail::RankedSet<Rank>> ranked_;  ///< [pool · n_layers + layer], indexed by expert
+
+  [[nodiscard]] detail::RankedSet<Rank>& set(std::uint32_t pool, std::uint32_t layer) noexcept {
+    return ranked_[std::size_t{pool} * n_layers_ + layer];
+  }
+  [[nodiscard]] const detail::RankedSet<Rank>& set(std::uint32_t pool,
+                                                   std::uint32_t layer) const noexcept {
+    return ranked_[std::size_t{pool} * n_layers_ + layer];
+  }
+  void rerank(ExpertKey key) noexcept {
+    const std::uint32_t i = detail::dense_index(key, n_experts_);
+    const detail::UseRecord& r = records_[i];
+    const Rank rank{weighted(r), r.last_token, r.uses, r.last_tick};
+    set(pool_[i], key.layer).update(key.expert, rank);
+  }
 };
 static_assert(CachePolicy<MultiDimPolicy>);
 

@@ -1,17 +1,15 @@
 #pragma once
 /// \file ResidentSet: the dense indices of the experts a scoring policy currently tracks.
 ///
-/// Scoring policies (LFU, LHU, FLD, HOBBIT's multidimensional score, EdgeMoE) rank residents by a
-/// score that depends on the layer being computed, so no order can be kept between evictions; they
-/// scan their residents instead. This set gives O(1) insert/erase and a contiguous array to scan,
-/// so a victim costs O(residents), not O(model experts).
+/// For policies whose rank of an entry changes with time itself (the cost-aware offline reference:
+/// next-use distance × bytes), so no order can be kept between evictions; they scan their
+/// residents. O(1) insert/erase and a contiguous array to scan: a victim costs O(residents).
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
-#include "moekit/core/expert_key.hpp"
-#include "moekit/core/model_shape.hpp"
+#include "moekit/cache/detail/dense_index.hpp"
 
 namespace moekit::detail {
 
@@ -46,13 +44,5 @@ class ResidentSet {
   std::vector<std::uint32_t> items_;
   std::vector<std::uint32_t> pos_;
 };
-
-/// Dense index <-> key for a model with `n_experts` experts per layer.
-[[nodiscard]] constexpr std::uint32_t dense_index(ExpertKey k, std::uint32_t n_experts) noexcept {
-  return k.layer * n_experts + k.expert;
-}
-[[nodiscard]] constexpr ExpertKey dense_key(std::uint32_t i, std::uint32_t n_experts) noexcept {
-  return ExpertKey{i / n_experts, i % n_experts};
-}
 
 }  // namespace moekit::detail
