@@ -46,6 +46,8 @@ struct PipelineConfig {
   /// 0 = the number of experts per layer.
   std::uint32_t staging_slots = 0;
   std::uint32_t max_prefetch_distance = 3;  ///< prefetches further ahead are dropped
+  /// A `skip` from the scorer drops only misses by default; true drops resident experts too.
+  bool skip_even_if_resident = false;
 };
 
 /// Precision and recall of prefetches, per distance (layers ahead).
@@ -430,12 +432,16 @@ class OffloadPipeline {
     p.n_tokens = d.n_tokens;
     p.weight_sum = d.weight_sum;
     ++stats_.demands;
-    if (p.precision == Precision::skip) {
+    // `skip` drops a miss; a resident copy runs anyway (its compute is free: HOBBIT §2.2), unless
+    // the config asks for unconditional skips.
+    const bool skip = p.precision == Precision::skip;
+    if (skip && (cfg_.skip_even_if_resident || !cache_.resident(p.key))) {
       p.placement = Placement::skipped;
       ++stats_.skipped;
       return p;
     }
-    if (cache_.resident_at(p.key, p.precision)) {
+    const Precision want = skip ? Precision::q2 : p.precision;  // any resident copy serves
+    if (cache_.resident_at(p.key, want)) {
       const auto& e = cache_.entry(p.key);
       p.hit = true;
       p.precision = e.precision;  // a more precise resident copy is used as is
@@ -445,7 +451,7 @@ class OffloadPipeline {
         p.ticket = e.ticket;
         ++stats_.late_prefetches;
       }
-      cache_.on_hit(p.key, cache_.access(precisions_[i], ctx.layer, d.n_tokens));
+      cache_.on_hit(p.key, cache_.access(skip ? p.precision : precisions_[i], ctx.layer, d.n_tokens));
       cache_.pin_hard(p.key);
       ++stats_.hits;
     }

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <vector>
 
 #include "moekit/presets.hpp"
@@ -110,4 +111,33 @@ TEST_CASE("preload places experts before any demand", "[core][pipeline]") {
   CHECK(p.stats().misses == 0);
   CHECK(p.stats().prefetches_issued == 0);
   p.cache().check_invariants();
+}
+
+namespace {
+struct SkipSecond {  // skips every expert but the first demand
+  void score(const LayerContext&, const GateView&, std::span<const ExpertDemand> d,
+             std::span<Precision> out) const {
+    for (std::size_t i = 0; i < d.size(); ++i) out[i] = i == 0 ? Precision::f16 : Precision::skip;
+  }
+};
+}  // namespace
+
+TEST_CASE("skip drops misses but runs resident experts, unless told otherwise", "[core][pipeline]") {
+  for (bool always : {false, true}) {
+    OffloadPipeline<SkipSecond, NoPredictor, LruPolicy, ManualLoader, OnDemandScheduler> p(
+        shape, {.expert_budget_bytes = 4 * f16, .skip_even_if_resident = always}, ManualLoader{});
+    REQUIRE(p.preload({0, 3}, Precision::f16));
+    const auto& plan = p.route(ctx(0, 3), Route(4, {{0, 3}}).view());
+    const auto e3 = std::find_if(plan.experts.begin(), plan.experts.end(),
+                                 [](const ExpertPlan& e) { return e.key == ExpertKey{0, 3}; });
+    REQUIRE(e3 != plan.experts.end());
+    CHECK(e3->placement == (always ? Placement::skipped : Placement::device));
+    CHECK(e3->hit == !always);
+    p.resolve(plan);
+    p.end_layer(ctx(0, 3));
+    const auto& plan2 = p.route(ctx(0, 3, 1), Route(4, {{0, 2}}).view());
+    CHECK(plan2.experts.back().key == ExpertKey{0, 2});
+    CHECK(plan2.experts.back().placement == Placement::skipped);  // a miss: dropped either way
+    p.cache().check_invariants();
+  }
 }
