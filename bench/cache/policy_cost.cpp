@@ -22,6 +22,7 @@
 #include "moekit/cache/arc.hpp"
 #include "moekit/cache/belady.hpp"
 #include "moekit/cache/edgemoe.hpp"
+#include "moekit/cache/expected_next_use.hpp"
 #include "moekit/cache/expert_cache.hpp"
 #include "moekit/cache/fld.hpp"
 #include "moekit/cache/lfu.hpp"
@@ -166,6 +167,7 @@ int main(int argc, char** argv) {
     row("arc per layer", st, ArcPolicy{});
     row("fate shallow(3)+arc", st, ShallowFavoringArcPolicy({3}));
     row("edgemoe", st, EdgeMoePolicy{});
+    row("expected next use", st, ExpectedNextUsePolicy{});
     row("fiddler static", st, StaticPopularityPolicy({.counts = st.counts}));
     {
       BeladyPolicy::Config c;

@@ -4,7 +4,7 @@
 //  * unit mode: every demand at f16; reference = Belady (optimal miss count).
 //  * hobbit mode: HOBBIT's scorer (T1 = 0.6, T2 = 0.9: top-1 always f16; rank 1 f16 if w0 <= 0.6,
 //    q4 if <= 0.9, else skipped); penalty = Σ misses bytes(p)/bytes(f16); reference = the
-//    cost-aware Belady (a strong offline reference, not a bound; see belady.hpp).
+//    lower penalty of Belady and the cost-aware Belady (offline references, not bounds; belady.hpp).
 // Replay mirrors OffloadPipeline: per sequence begin_sequence; per forward begin_token(n); per
 // layer the demanded experts are looked up (hit) or inserted (miss) and hard-pinned until the
 // layer ends. Prefill forwards (raw trace) demand the union of their tokens' experts per layer.
@@ -27,6 +27,7 @@
 #include "moekit/cache/arc.hpp"
 #include "moekit/cache/belady.hpp"
 #include "moekit/cache/edgemoe.hpp"
+#include "moekit/cache/expected_next_use.hpp"
 #include "moekit/cache/expert_cache.hpp"
 #include "moekit/cache/fld.hpp"
 #include "moekit/cache/lfu.hpp"
@@ -211,6 +212,13 @@ std::vector<Row> rows(const std::vector<double>& profile, Mode mode) {
     return MultiDimPolicy({.w_lru = 0, .w_lfu = 0.5, .w_lhu = 0, .w_fld = 0.5,
                            .high_slot_fraction = high_fraction});
   });
+  add("expected next use (moekit)", [](const Workload&) { return ExpectedNextUsePolicy{}; });
+  add("expected next use, g=.9 p=1", [](const Workload&) {
+    return ExpectedNextUsePolicy({.gamma = 0.9, .prior = 1.0});
+  });
+  add("expected next use, g=1 p=16", [](const Workload&) {
+    return ExpectedNextUsePolicy({.gamma = 1.0, .prior = 16.0});
+  });
   add("belady (offline)", [](const Workload& w) {
     BeladyPolicy::Config c;
     for (const auto& f : w.future) c.future.push_back(f.key);
@@ -259,7 +267,7 @@ int main(int argc, char** argv) {
     const bool unit = mode == Mode::unit;
     std::printf("\n=== %s mode: %s ===\n", unit ? "unit" : "hobbit",
                 unit ? "every demand f16; ratio = misses / Belady misses"
-                     : "T1=0.6/T2=0.9 f16|q4|skip; ratio = penalty / cost-aware Belady penalty");
+                     : "T1=0.6/T2=0.9 f16|q4|skip; ratio = penalty / min(Belady, cost-aware) penalty");
     for (const auto& src : traces) {
       const Workload w = build(src.trace, src.name, mode);
       std::printf("\n-- %s: %zu demands --\n", src.name.c_str(), w.future.size());
@@ -267,9 +275,16 @@ int main(int argc, char** argv) {
       for (auto s : slot_counts) std::printf(" | %3zu/256: miss  penalty  ratio", s);
       std::printf("\n");
       const auto rs = rows(profile, mode);
+      // Reference: Belady's misses (unit); the lower penalty of Belady and the cost-aware
+      // reference (hobbit: neither is a bound on penalty, the better one is the reference).
       std::vector<Result> reference(3);
-      for (std::size_t i = 0; i < 3; ++i)
-        reference[i] = rs[rs.size() - (unit ? 2 : 1)].run(w, slot_counts[i] * full);
+      for (std::size_t i = 0; i < 3; ++i) {
+        reference[i] = rs[rs.size() - 2].run(w, slot_counts[i] * full);
+        if (!unit) {
+          const Result c = rs[rs.size() - 1].run(w, slot_counts[i] * full);
+          if (c.penalty < reference[i].penalty) reference[i] = c;
+        }
+      }
       for (const auto& row : rs) {
         std::printf("%-28s", row.name.c_str());
         for (std::size_t i = 0; i < 3; ++i) {
@@ -315,7 +330,10 @@ int main(int argc, char** argv) {
             for (const auto& f : w.future) c.future.push_back(f.key);
             return double(replay(w, budget, BeladyPolicy(std::move(c))).misses);
           }
-          return replay(w, budget, CostAwareBeladyPolicy({.future = w.future})).penalty;
+          BeladyPolicy::Config c;
+          for (const auto& f : w.future) c.future.push_back(f.key);
+          return std::min(replay(w, budget, BeladyPolicy(std::move(c))).penalty,
+                          replay(w, budget, CostAwareBeladyPolicy({.future = w.future})).penalty);
         };
         const double eq = cost(eva, {0.25, 0.25, 0.25, 0.25});
         const double tuned = cost(eva, best);

@@ -13,6 +13,7 @@
 #include "moekit/cache/arc.hpp"
 #include "moekit/cache/belady.hpp"
 #include "moekit/cache/edgemoe.hpp"
+#include "moekit/cache/expected_next_use.hpp"
 #include "moekit/cache/fld.hpp"
 #include "moekit/cache/lfu.hpp"
 #include "moekit/cache/lhu.hpp"
@@ -27,7 +28,7 @@ namespace moekit::test {
 using AllPolicies =
     std::tuple<LruPolicy, LfuPolicy, LhuPolicy, FldPolicy, MultiDimPolicy, ArcPolicy,
                ShallowFavoringArcPolicy, ShallowFavoring<LruPolicy>, EdgeMoePolicy,
-               StaticPopularityPolicy, BeladyPolicy, CostAwareBeladyPolicy>;
+               StaticPopularityPolicy, BeladyPolicy, CostAwareBeladyPolicy, ExpectedNextUsePolicy>;
 
 /// What the property suite may expect of a policy beyond the concept.
 template <class P>
@@ -83,6 +84,7 @@ constexpr std::string_view policy_name() {
   else if constexpr (std::is_same_v<P, StaticPopularityPolicy>) return "static-popularity";
   else if constexpr (std::is_same_v<P, BeladyPolicy>) return "belady";
   else if constexpr (std::is_same_v<P, CostAwareBeladyPolicy>) return "cost-aware-belady";
+  else if constexpr (std::is_same_v<P, ExpectedNextUsePolicy>) return "expected-next-use";
   else return "?";
 }
 
