@@ -6,6 +6,8 @@
 //
 // Usage: moekit_bench_replay_speed [--tokens N] [--reps N]
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -58,17 +60,32 @@ RoutingTrace synthetic_trace(std::size_t tokens) {
   return tr;
 }
 
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+struct Rate {
+  double wall = 0, cpu = 0;  ///< accesses per wall second, per CPU second of this process
+};
+
+// Best of `reps`. The CPU-time rate is the one to read on a shared machine: other engineers'
+// builds steal wall time, not this process's CPU time.
 template <class Make>
-double best_rate(int reps, const RoutingTrace& tr, const ComputeModel& cm, Make make,
-                 std::uint64_t& accesses) {
-  double best = 0;
+Rate best_rate(int reps, const RoutingTrace& tr, const ComputeModel& cm, Make make,
+               std::uint64_t& accesses) {
+  Rate best;
   for (int r = 0; r < reps; ++r) {
     auto p = make();
     const auto t0 = Clock::now();
+    const double c0 = cpu_seconds();
     const ReplayReport rep = replay(*p, tr, cm);
+    const double c = cpu_seconds() - c0;
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     accesses = rep.pipeline.demands;
-    best = std::max(best, double(accesses) / s);
+    best.wall = std::max(best.wall, double(accesses) / s);
+    best.cpu = std::max(best.cpu, double(accesses) / c);
   }
   return best;
 }
@@ -93,13 +110,13 @@ int main(int argc, char** argv) {
   const PipelineConfig cfg{.expert_budget_bytes = 128 * shape.expert_bytes(Precision::f16)};
 
   std::uint64_t n_lru = 0, n_bel = 0;
-  const double lru = best_rate(reps, tr, cm, [&] {
+  const Rate lru = best_rate(reps, tr, cm, [&] {
     return std::make_unique<presets::Baseline<SimLoader>>(shape, cfg, SimLoader(shape, hw.link));
   }, n_lru);
   using Belady = CallOrderedPolicy<BeladyPolicy>;
   using BeladySim = OffloadPipeline<UniformScorer, NoPredictor, Belady, SimLoader, OnDemandScheduler>;
   const DemandSequence future = demand_sequence(tr);
-  const double bel = best_rate(reps, tr, cm, [&] {
+  const Rate bel = best_rate(reps, tr, cm, [&] {
     return std::make_unique<BeladySim>(shape, cfg, SimLoader(shape, hw.link), UniformScorer{},
                                        NoPredictor{}, Belady(future));
   }, n_bel);
@@ -107,10 +124,14 @@ int main(int argc, char** argv) {
   constexpr double target = 5e6;
   std::printf("replay speed, Mixtral-8x7B shapes, 128/256 slots, %zu decode tokens (SYNTHETIC "
               "routing), best of %d\n", tokens, reps);
-  std::printf("%-8s %14s %16s %14s\n", "policy", "accesses", "accesses/s", "vs 5 M/s");
-  std::printf("%-8s %14llu %16.3e %13.2fx\n", "lru", static_cast<unsigned long long>(n_lru), lru,
-              lru / target);
-  std::printf("%-8s %14llu %16.3e %13.2fx\n", "belady", static_cast<unsigned long long>(n_bel),
-              bel, bel / target);
+  std::printf("%-8s %12s %14s %10s %14s %10s\n", "policy", "accesses", "per CPU s",
+              "vs 5 M/s", "per wall s", "vs 5 M/s");
+  auto row = [&](const char* name, std::uint64_t n, Rate r) {
+    std::printf("%-8s %12llu %14.3e %9.2fx %14.3e %9.2fx\n", name,
+                static_cast<unsigned long long>(n), r.cpu, r.cpu / target, r.wall,
+                r.wall / target);
+  };
+  row("lru", n_lru, lru);
+  row("belady", n_bel, bel);
   return 0;
 }

@@ -468,9 +468,15 @@ int run(int argc, char** argv) {
         r.hardware = hw.name;
         r.bandwidth = rp.link.bandwidth_bytes_per_s;
         r.t1 = rp.t1, r.t2 = rp.t2, r.gamma = rp.gamma;
-        r.rep = p->run(rp, tr);
-        rows.push_back(std::move(r));
         ++done;
+        try {
+          r.rep = p->run(rp, tr);
+        } catch (const moekit::Error& e) {  // a preset that cannot run here: say so, go on
+          unavailable.push_back(std::string(p->name) + " on " + tr.name() + ": failed (" +
+                                e.message() + ")");
+          continue;
+        }
+        rows.push_back(std::move(r));
       }
     }
   }

@@ -175,6 +175,21 @@ struct GateBuffers {
   GateView gather(const RoutingTrace& tr, std::size_t first, std::size_t n, std::uint32_t layer,
                   std::uint32_t k, std::uint64_t& missing) {
     const TraceDims& d = tr.dims();
+    if (n == 1 && k == d.top_k) {  // a decode record as stored: view it, copy nothing
+      GateView g;
+      g.k = k;
+      g.n_experts = d.n_experts;
+      if (!tr.valid(first, layer)) {
+        ++missing;
+        g.n_tokens = 0;
+        return g;
+      }
+      g.experts = tr.experts(first, layer);
+      g.weights = tr.weights(first, layer);
+      g.logits = tr.logits(first, layer);
+      g.hidden = tr.hidden(first, layer);
+      return g;
+    }
     ids.clear(), weights.clear(), logits.clear(), hidden.clear();
     std::uint32_t rows = 0;
     for (std::size_t t = first; t < first + n; ++t) {
