@@ -21,7 +21,7 @@ namespace moekit::io::detail {
 
 /// Throws `Error(io)` "<what> '<path>': <strerror(err)>".
 [[noreturn]] inline void fail_errno(std::string_view what, const std::string& path, int err,
-                                    std::source_location where = std::source_location::current()) {
+                                    source_location where = source_location::current()) {
   throw Error(ErrorKind::io,
               std::string(what) + " '" + path + "': " + std::strerror(err), where);
 }
