@@ -25,15 +25,20 @@ using Baseline = moekit::presets::Baseline<moekit::MemoryLoader>;
 
 namespace {
 
-constexpr const char* fixtures[] = {"mixtral", "mixtral_swa", "qwen2_moe", "olmoe"};
+// tests/data (shared fixtures) and tests/engine/data (engine-only: Qwen2-MoE with dense MLP layers,
+// a sliding-window layer and tied embeddings; see make_engine_fixtures.py there).
+const std::vector<std::filesystem::path> fixtures = {
+    engine_test::data_dir() / "mixtral", engine_test::data_dir() / "mixtral_swa",
+    engine_test::data_dir() / "qwen2_moe", engine_test::data_dir() / "olmoe",
+    std::filesystem::path(MOEKIT_SOURCE_DIR) / "tests/engine/data/qwen2_moe_dense"};
 
 struct Loaded {
   ModelConfig cfg;
   ModelWeights weights;
 };
 
-std::unique_ptr<Loaded> load_fixture(const std::string& name, Precision p = Precision::f32) {
-  const auto dir = engine_test::data_dir() / name;
+std::unique_ptr<Loaded> load_fixture(const std::filesystem::path& dir,
+                                     Precision p = Precision::f32) {
   if (!std::filesystem::exists(dir / "reference.json")) return nullptr;
   auto l = std::make_unique<Loaded>();
   l->cfg = load_config(dir);
@@ -71,14 +76,15 @@ Run greedy(const Loaded& m, Baseline& pipeline, const engine_test::Reference& re
 
 TEST_CASE("f32 forward pass matches transformers' logits and greedy tokens", "[engine][golden]") {
   moekit::ThreadPool pool(2);
-  for (const char* name : fixtures) {
+  for (const auto& dir : fixtures) {
+    const std::string name = dir.filename().string();
     DYNAMIC_SECTION(name) {
-      const auto m = load_fixture(name);
+      const auto m = load_fixture(dir);
       if (!m) {
-        WARN("fixture tests/data/" << name << " is missing (run scripts/make_fixtures.py); skipped");
+        WARN("fixture " << dir << " is missing (run scripts/make_fixtures.py); skipped");
         continue;
       }
-      const auto ref = engine_test::load_reference(engine_test::data_dir() / name);
+      const auto ref = engine_test::load_reference(dir);
       REQUIRE(ref.vocab == m->cfg.vocab_size);
       const auto shape = m->cfg.shape();
       Baseline pipeline(shape, pipeline_config(shape, {0, Precision::f32}),
@@ -104,14 +110,15 @@ TEST_CASE("f32 forward pass matches transformers' logits and greedy tokens", "[e
 TEST_CASE("an expert budget forcing evictions gives the all-resident logits bit for bit",
           "[engine][golden]") {
   moekit::ThreadPool pool(2);
-  for (const char* name : fixtures) {
+  for (const auto& dir : fixtures) {
+    const std::string name = dir.filename().string();
     DYNAMIC_SECTION(name) {
-      const auto m = load_fixture(name);
+      const auto m = load_fixture(dir);
       if (!m) {
-        WARN("fixture tests/data/" << name << " is missing; skipped");
+        WARN("fixture " << dir << " is missing; skipped");
         continue;
       }
-      const auto ref = engine_test::load_reference(engine_test::data_dir() / name);
+      const auto ref = engine_test::load_reference(dir);
       const auto shape = m->cfg.shape();
       Baseline all(shape, pipeline_config(shape, {0, Precision::f32}),
                    host_loader(m->weights.experts), moekit::UniformScorer({Precision::f32}));
