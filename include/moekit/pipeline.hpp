@@ -159,6 +159,7 @@ class OffloadPipeline {
     in_flight_.reserve(N + cfg_.staging_slots);
     truth_.assign(E, 0);
     for (auto& p : predicted_) p.assign(N, 0);
+    for (auto& p : pending_predictions_) p.assign(shape_.n_layers, 0);
     soft_mark_.assign(N, none_layer);
     soft_by_layer_.resize(shape_.n_layers);
     for (auto& v : soft_by_layer_) v.reserve(E);
@@ -184,6 +185,7 @@ class OffloadPipeline {
     call_begin_sequence(token_policy_);
     for (std::uint32_t l = 0; l < shape_.n_layers; ++l) release_soft_pins(l);
     for (auto& p : predicted_) std::fill(p.begin(), p.end(), std::uint8_t{0});
+    for (auto& p : pending_predictions_) std::fill(p.begin(), p.end(), 0u);
   }
 
   /// Loads `key` at `precision` into the cache ahead of any demand (start-up placement, e.g.
@@ -412,6 +414,12 @@ class OffloadPipeline {
     for (std::uint32_t dist = 1; dist <= 3; ++dist) {
       if (layer < dist) continue;
       PredictionStats& s = stats_.prediction[dist];
+      std::uint32_t& pending = pending_predictions_[dist][layer];
+      if (pending == 0) {  // nothing predicted for this layer at this distance: all misses
+        s.false_negative += demands_.size();
+        continue;
+      }
+      pending = 0;
       std::vector<std::uint8_t>& pred = predicted_[dist];
       for (std::uint32_t e = 0; e < shape_.n_experts; ++e) {
         const bool p = pred[base + e] != 0, t = truth_[e] != 0;
@@ -502,7 +510,11 @@ class OffloadPipeline {
         ++stats_.prefetches_dropped;
         continue;
       }
-      if (dist >= 1 && dist <= 3) predicted_[dist][shape_.index(pf.key)] = 1;
+      if (dist >= 1 && dist <= 3) {
+        std::uint8_t& bit = predicted_[dist][shape_.index(pf.key)];
+        if (!bit) ++pending_predictions_[dist][pf.key.layer];
+        bit = 1;
+      }
       if (cache_.resident_at(pf.key, pf.precision)) {
         ++stats_.prefetches_redundant;
         soft_pin(pf.key);
@@ -605,7 +617,8 @@ class OffloadPipeline {
   std::vector<Prefetch> prefetch_buf_;
   std::vector<InFlight> in_flight_;
   std::vector<std::uint8_t> truth_;
-  std::array<std::vector<std::uint8_t>, 4> predicted_;
+  std::array<std::vector<std::uint8_t>, 4> predicted_;  // [distance][expert index]: predicted?
+  std::array<std::vector<std::uint32_t>, 4> pending_predictions_;  // [distance][layer]: how many
   std::vector<std::uint32_t> soft_mark_;
   std::vector<std::vector<ExpertKey>> soft_by_layer_;
   std::uint32_t staging_used_ = 0;
