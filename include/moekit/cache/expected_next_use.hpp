@@ -94,10 +94,12 @@ class ExpectedNextUsePolicy {
     for (std::uint32_t l = 0; l < n_layers_; ++l) {
       const auto& heap = ranked_[l];
       if (heap.size() == 0) continue;
+      // The layer's lowest p bounds its largest E[t]: skip it without looking at pins.
+      if (best && expected_next_use(l, heap.min_rank().p, q.layer) < best_t) continue;
       const auto e = heap.first([&](std::uint32_t x) { return q.evictable({l, x}); });
       if (!e) continue;
       const ExpertKey k{l, *e};
-      const double t = expected_next_use(l, heap_rank(l, *e), q.layer);
+      const double t = expected_next_use(l, heap.rank(*e).p, q.layer);
       const std::uint64_t tick = last_tick_[detail::dense_index(k, n_experts_)];
       if (!best || t > best_t || (t == best_t && (tick < best_tick ||
                                                   (tick == best_tick && k < *best)))) {
@@ -124,9 +126,6 @@ class ExpectedNextUsePolicy {
     }
   };
 
-  [[nodiscard]] double heap_rank(std::uint32_t l, std::uint32_t e) const noexcept {
-    return estimate(l, e);
-  }
   [[nodiscard]] double expected_next_use(std::uint32_t l, double p,
                                          std::uint32_t current) const noexcept {
     std::uint32_t d = (l + n_layers_ - current % n_layers_) % n_layers_;
@@ -156,8 +155,13 @@ class ExpectedNextUsePolicy {
     for (const std::uint32_t x : visit_)
       if (x == key.expert) seen = true;
     if (!seen && visit_.size() < n_experts_) visit_.push_back(key.expert);
-    last_tick_[detail::dense_index(key, n_experts_)] = a.tick;
-    rerank(key);
+    const std::uint32_t i = detail::dense_index(key, n_experts_);
+    last_tick_[i] = a.tick;
+    auto& heap = ranked_[key.layer];
+    if (heap.contains(key.expert))  // statistics change only when a visit is folded: keep p
+      heap.update(key.expert, Rank{heap.rank(key.expert).p, a.tick});
+    else
+      rerank(key);
   }
 
   /// Folds the open visit into its layer's statistics and re-ranks that layer's residents.

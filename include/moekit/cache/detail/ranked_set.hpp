@@ -49,6 +49,8 @@ class RankedSet {
   }
   [[nodiscard]] bool contains(std::uint32_t i) const noexcept { return pos_[i] != none; }
   [[nodiscard]] std::size_t size() const noexcept { return heap_.size(); }
+  /// Rank of member `i`.
+  [[nodiscard]] const Rank& rank(std::uint32_t i) const noexcept { return rank_[i]; }
   /// Rank of the lowest member (the set must not be empty).
   [[nodiscard]] const Rank& min_rank() const noexcept { return rank_[heap_[0]]; }
   /// Members in heap order (not sorted).
