@@ -21,9 +21,14 @@
 #include <nlohmann/json.hpp>
 
 #include "moekit/error.hpp"
+#include "moekit/io/dequantize.hpp"
+#include "moekit/io/safetensors.hpp"
+#include "moekit/io/tensor_names.hpp"
 #include "moekit/sim/hardware.hpp"
+#include "moekit/sim/npy.hpp"
 #include "moekit/sim/replay.hpp"
 #include "moekit/sim/report.hpp"
+#include "moekit/sim/synthetic_trace.hpp"
 #include "moekit/sim/trace.hpp"
 #include "moekit/sim/trace_binary.hpp"
 #include "moekit/sim/trace_jsonl.hpp"
@@ -123,7 +128,7 @@ double parse_bandwidth(const std::string& flag, const std::string& s) {
 
 /// A sweep "param=v1,v2,...".
 struct Sweep {
-  std::string param;  ///< budget | bandwidth | t1 | t2 | gamma
+  std::string param;  ///< budget | bandwidth | t1 | t2 | fallback
   std::vector<std::string> values;
 };
 
@@ -133,9 +138,13 @@ Sweep parse_sweep(const std::string& s) {
     bad_flag("--sweep", "expected PARAM=V1,V2,... (e.g. budget=25%,50%,75%), got '" + s + "'");
   Sweep w;
   w.param = s.substr(0, eq);
+  if (w.param == "gamma")
+    bad_flag("--sweep", "gamma decides MoBiLE's fallback from the model's output logits, which "
+                        "traces do not store; sweep 'fallback' (the fallback ratio) instead");
   if (w.param != "budget" && w.param != "bandwidth" && w.param != "t1" && w.param != "t2" &&
-      w.param != "gamma")
-    bad_flag("--sweep", "unknown parameter '" + w.param + "' (budget, bandwidth, t1, t2, gamma)");
+      w.param != "fallback")
+    bad_flag("--sweep",
+             "unknown parameter '" + w.param + "' (budget, bandwidth, t1, t2, fallback)");
   std::string rest = s.substr(eq + 1), item;
   for (std::size_t i = 0; i <= rest.size(); ++i) {
     if (i == rest.size() || rest[i] == ',') {
@@ -182,9 +191,65 @@ struct Options {
   std::uint32_t hidden = 0, ffn = 0;
   std::vector<std::string> sweeps;
   std::string out = "moe-sim-sweep";
-  bool json = false, compare = false, no_belady = false, list = false;
+  std::string routers, bitwidths;
+  bool json = false, compare = false, no_belady = false, list = false, synthetic = false;
   double t1 = 0.6, t2 = 0.9, gamma = 0.7;
+  double hobbit_recall = hobbit_paper_recall, fate_recall = fate_paper_recall;
+  double fallback_ratio = mobile_paper_fallback_ratio;
+  std::uint64_t seed = 1;
 };
+
+/// Router weights of every MoE layer, [n_layers · n_experts · hidden] f32, from a .npy of shape
+/// [L, E, H] or [L·E, H], or from safetensors (a file, a directory or an index) holding each
+/// layer's router under its Mixtral or Qwen2-MoE/OLMoE name. `layers` × `experts` must match.
+std::vector<float> load_routers(const std::string& path, std::uint32_t layers,
+                                std::uint32_t experts) {
+  const std::string what = "--routers '" + path + "'";
+  if (path.ends_with(".npy")) {
+    const NpyArray a = read_npy(path);
+    const bool ok3 = a.shape.size() == 3 && a.shape[0] == layers && a.shape[1] == experts;
+    const bool ok2 = a.shape.size() == 2 && a.shape[0] == std::size_t{layers} * experts;
+    if (!ok3 && !ok2)
+      bad_flag(what, "expected shape [" + std::to_string(layers) + ", " + std::to_string(experts) +
+                         ", hidden] or [" + std::to_string(layers * experts) + ", hidden]");
+    return std::vector<float>(a.data.begin(), a.data.end());
+  }
+  const io::SafetensorsModel m = io::SafetensorsModel::open(path);
+  std::vector<float> out;
+  std::uint64_t hidden = 0;
+  for (std::uint32_t l = 0; l < layers; ++l) {
+    std::optional<io::TensorView> t;
+    for (io::Architecture a : {io::Architecture::mixtral, io::Architecture::qwen2_moe})
+      if (!t) t = m.find(io::router_tensor_name(a, io::TensorFormat::hugging_face, l));
+    if (!t)
+      bad_flag(what, "no router of layer " + std::to_string(l) + " (looked for '" +
+                         io::router_tensor_name(io::Architecture::mixtral,
+                                                io::TensorFormat::hugging_face, l) +
+                         "' and '" +
+                         io::router_tensor_name(io::Architecture::qwen2_moe,
+                                                io::TensorFormat::hugging_face, l) + "')");
+    if (t->rank != 2 || t->rows() != experts || (hidden && t->cols() != hidden))
+      bad_flag(what, t->where() + " is not [" + std::to_string(experts) + ", hidden]" +
+                         (hidden ? " with hidden " + std::to_string(hidden) : ""));
+    hidden = t->cols();
+    const std::vector<float> w = io::dequantize(*t);
+    out.insert(out.end(), w.begin(), w.end());
+  }
+  return out;
+}
+
+/// The bundled synthetic trace: Mixtral-8x7B routing generated from the published transition
+/// statistics in the repository's data/stats (MIT), 2 sequences of 64 prompt + 128 decode tokens.
+RoutingTrace bundled_synthetic_trace() {
+  SyntheticConfig c;
+  c.sequences = 2;
+  c.prefill_tokens = 64;
+  c.decode_tokens = 128;
+  c.seed = 1;
+  c.label = "mixtral-8x7b";
+  return generate_synthetic_trace("mixtral-8x7b",
+                                  (fs::path(MOEKIT_SOURCE_DIR) / "data" / "stats").string(), c);
+}
 
 /// The model shape behind a trace: Mixtral-8x7B when the dims are its, else --hidden/--ffn.
 ModelShape shape_for(const RoutingTrace& tr, const Options& o) {
@@ -212,19 +277,20 @@ DenseLayerShape dense_for(const ModelShape& s) {
 }
 
 HardwareModel hardware_for(const Options& o) {
-  std::string name = o.hardware;
-  if (name == "orin-ssd") name = "jetson-orin-ssd";
-  if (name == "this-machine") name = "this_machine";
+  // One spelling: the names sim/hardware.hpp defines (hardware_preset_names() + this_machine).
+  const std::string& name = o.hardware;
   if (name == "this_machine" && o.hardware_file.empty())
-    bad_flag("--hardware this-machine", "needs --hardware-file (the JSON the calibration "
-                                        "command writes)");
+    bad_flag("--hardware this_machine", "needs --hardware-file (the JSON moe-calibrate writes)");
+  if (name != "this_machine" && !o.hardware_file.empty())
+    bad_flag("--hardware-file", "is read only with --hardware this_machine");
   HardwareModel h = hardware_preset(name, o.hardware_file);
   if (!o.bandwidth.empty()) h.link.bandwidth_bytes_per_s = parse_bandwidth("--bandwidth", o.bandwidth);
   return h;
 }
 
-/// Traces `--compare` runs on: bench/traces/ of the repository, then the shared Mixtral traces.
-std::vector<RoutingTrace> compare_traces(std::vector<std::string>& notes) {
+/// Traces `--compare` runs on: bench/traces/ of the repository, then the shared Mixtral traces;
+/// without the shared data (or with `synthetic`), the bundled synthetic Mixtral trace.
+std::vector<RoutingTrace> compare_traces(std::vector<std::string>& notes, bool synthetic) {
   std::vector<RoutingTrace> out;
   const fs::path repo(MOEKIT_SOURCE_DIR);
   const fs::path bench = repo / "bench" / "traces";
@@ -242,16 +308,22 @@ std::vector<RoutingTrace> compare_traces(std::vector<std::string>& notes) {
   const fs::path shared = repo.parent_path() / "shared" / "data" / "traces" / "mixtral-8x7b";
   // GSM8K decode (per-layer order) and HumanEval in forward order (aligned, with prefill); the
   // HumanEval decode file is the same run as the latter.
+  bool shared_found = false;
   for (const char* f : {"gsm8k-p0-p1.decode.jsonl", "humaneval-p0.prefill-decode.raw.jsonl"}) {
     const fs::path p = shared / f;
-    if (fs::exists(p)) out.push_back(load_mixtral(p.string()));
+    if (fs::exists(p)) out.push_back(load_mixtral(p.string())), shared_found = true;
     else notes.push_back("shared trace not found: " + p.string());
+  }
+  if (!shared_found || synthetic) {
+    out.push_back(bundled_synthetic_trace());
+    notes.push_back("added the bundled SYNTHETIC Mixtral trace (generated now from data/stats)");
   }
   return out;
 }
 
 struct Row {
   std::string trace, preset, sweep_param, sweep_value;
+  std::string label, note, reference;  ///< what ran, why a substitute ran, its reference row
   double x = 0;  ///< plot abscissa
   std::size_t budget_bytes = 0, budget_slots = 0;
   double budget_percent = 0;
@@ -276,8 +348,52 @@ void print_table(const std::vector<Row>& rows, bool show_sweep) {
   }
 }
 
+/// Penalty of the row named `ref` on the same trace and sweep value (0 if absent).
+double reference_penalty(const std::vector<Row>& rows, const Row& r, const std::string& ref) {
+  for (const Row& x : rows)
+    if (x.trace == r.trace && x.sweep_value == r.sweep_value && x.preset == ref)
+      return x.rep.miss_penalty();
+  return 0;
+}
+
+/// The --compare table: per trace, each preset and reference with the headline metrics.
+void print_compare(const std::vector<Row>& rows) {
+  std::printf("%-9s %-15s %7s %9s %8s %8s %9s %7s %7s %10s\n", "trace", "policy", "miss %",
+              "penalty", "/belady", "/ref", "GB moved", "pf prec", "pf rec", "decode t/s");
+  std::string last;
+  for (const Row& r : rows) {
+    std::string t = r.trace.substr(r.trace.find_last_of('/') + 1);
+    if (t != last) {
+      std::printf("-- %s%s\n", t.c_str(), r.rep.synthetic ? "  [SYNTHETIC]" : "");
+      last = t;
+    }
+    const double miss = r.rep.pipeline.demands
+                            ? 100.0 * double(r.rep.misses()) / double(r.rep.pipeline.demands)
+                            : 0.0;
+    const double bel = reference_penalty(rows, r, "belady");
+    const double ref = reference_penalty(rows, r, r.reference);
+    auto ratio = [](double a, double b) {
+      char buf[16];
+      if (b > 0) std::snprintf(buf, sizeof buf, "%.2f", a / b);
+      else std::snprintf(buf, sizeof buf, "-");
+      return std::string(buf);
+    };
+    const auto& pr = r.rep.pipeline.prediction[1];
+    const bool predicts = pr.true_positive + pr.false_positive > 0;
+    std::printf("%-9s %-15s %6.1f%% %9.1f %8s %8s %9.2f %7s %7s %10.2f\n", "", r.preset.c_str(),
+                miss, r.rep.miss_penalty(), ratio(r.rep.miss_penalty(), bel).c_str(),
+                ratio(r.rep.miss_penalty(), ref).c_str(), double(r.rep.bytes_moved()) / 1e9,
+                predicts ? (std::to_string(int(std::lround(100 * pr.precision()))) + "%").c_str()
+                         : "-",
+                predicts ? (std::to_string(int(std::lround(100 * pr.recall()))) + "%").c_str()
+                         : "-",
+                r.rep.decode_tokens_per_s());
+  }
+}
+
 std::string csv_of(const std::vector<Row>& rows) {
-  std::vector<std::string> header = {"trace", "synthetic", "preset", "sweep_param", "sweep_value",
+  std::vector<std::string> header = {"trace", "synthetic", "preset", "label", "sweep_param",
+                                     "sweep_value",
                                      "hardware", "bandwidth_bytes_per_s", "budget_bytes",
                                      "budget_slots", "budget_percent", "t1", "t2", "gamma"};
   const std::vector<std::string> metrics = {
@@ -292,7 +408,8 @@ std::string csv_of(const std::vector<Row>& rows) {
   CsvTable csv(header);
   for (const Row& r : rows) {
     const nlohmann::json j = report_json(r.rep);
-    std::vector<std::string> f = {r.trace, r.rep.synthetic ? "1" : "0", r.preset, r.sweep_param,
+    std::vector<std::string> f = {r.trace, r.rep.synthetic ? "1" : "0", r.preset, r.label,
+                                  r.sweep_param,
                                   r.sweep_value, r.hardware, CsvTable::num(r.bandwidth),
                                   std::to_string(r.budget_bytes), std::to_string(r.budget_slots),
                                   CsvTable::num(r.budget_percent), CsvTable::num(r.t1),
@@ -328,18 +445,35 @@ int run(int argc, char** argv) {
   app.add_option("--budget", o.budget,
                  "expert cache: slots (128), bytes (24GiB, 1.5e9B) or share of experts (50%)");
   app.add_option("--hardware", o.hardware,
-                 "rtx4090-pcie4|jetson-orin-ssd (orin-ssd)|rtx3090-pcie3|rtx4080-pcie4|"
-                 "quadro-rtx6000-pcie3|this-machine");
-  app.add_option("--hardware-file", o.hardware_file, "JSON for --hardware this-machine");
+                 "rtx4090-pcie4|jetson-orin-ssd|rtx3090-pcie3|rtx4080-pcie4|"
+                 "quadro-rtx6000-pcie3|this_machine (default rtx4090-pcie4)");
+  app.add_option("--hardware-file", o.hardware_file,
+                 "JSON for --hardware this_machine (written by moe-calibrate)");
   app.add_option("--bandwidth", o.bandwidth, "override the link bandwidth (e.g. 16GB/s)");
   app.add_option("--precision", o.precision, "the model's own (base) precision (default f16)");
   app.add_option("--hidden", o.hidden, "expert hidden size, for traces not shaped like Mixtral");
   app.add_option("--ffn", o.ffn, "expert ffn size, for traces not shaped like Mixtral");
   app.add_option("--t1", o.t1, "HOBBIT T1 (presets that use it)");
   app.add_option("--t2", o.t2, "HOBBIT T2 (presets that use it)");
-  app.add_option("--gamma", o.gamma, "MoBiLE gamma (presets that use it)");
+  app.add_option("--gamma", o.gamma,
+                 "MoBiLE gamma (needs output logits, which traces do not store)");
+  app.add_option("--fallback-ratio", o.fallback_ratio,
+                 "MoBiLE: share of decode tokens that fall back (default 0.1375, MoBiLE Table II)");
+  app.add_option("--hobbit-recall", o.hobbit_recall,
+                 "noisy-oracle recall standing in for HOBBIT's stacked gate (default 0.96)");
+  app.add_option("--fate-recall", o.fate_recall,
+                 "noisy-oracle recall standing in for Fate's cross-layer gate (default 0.9715)");
+  app.add_option("--seed", o.seed, "noisy-oracle seed (default 1)");
+  app.add_option("--routers", o.routers,
+                 "router weights (.npy [L,E,H] or safetensors): HOBBIT/Fate run their real gate "
+                 "predictors on traces with hidden states");
+  app.add_option("--bitwidths", o.bitwidths,
+                 "EdgeMoE bit-width table (moekit-precision-table; default: every expert q4)");
+  app.add_flag("--synthetic", o.synthetic,
+               "add the bundled synthetic Mixtral trace (--compare adds it when the shared "
+               "traces are absent)");
   app.add_option("--sweep", o.sweeps,
-                 "PARAM=V1,V2,...: budget, bandwidth, t1, t2 or gamma (one sweep per run)");
+                 "PARAM=V1,V2,...: budget, bandwidth, t1, t2 or fallback (one sweep per run)");
   app.add_option("--out", o.out, "file prefix of the sweep's CSV and SVG (default moe-sim-sweep)");
   app.add_flag("--json", o.json, "print JSON instead of the table");
   app.add_flag("--compare", o.compare,
@@ -355,15 +489,25 @@ int run(int argc, char** argv) {
   if (o.list) {
     std::printf("presets:\n");
     for (const auto& p : preset_table)
-      std::printf("  %-9s %s%s%s\n", std::string(p.name).c_str(), std::string(p.what).c_str(),
+      std::printf("  %-14s %s%s%s\n", std::string(p.name).c_str(), std::string(p.what).c_str(),
                   p.run ? "" : "  [not available: ",
                   p.run ? "" : (std::string(p.unavailable) + "]").c_str());
-    std::printf("  %-9s %s\nhardware:\n", "belady", std::string(belady_entry.what).c_str());
+    std::printf("references:\n  %-14s %s\n", "belady", std::string(belady_entry.what).c_str());
+    for (const auto& p : cost_aware_table)
+      std::printf("  %-14s %s\n", std::string(p.name).c_str(), std::string(p.what).c_str());
+    std::printf("hardware:\n");
     for (const auto& n : hardware_preset_names())
       std::printf("  %-21s %s\n", n.c_str(), hardware_preset(n).source.c_str());
-    std::printf("  %-21s measured; needs --hardware-file\n", "this-machine");
+    std::printf("  %-21s measured by moe-calibrate; needs --hardware-file\n", "this_machine");
     return 0;
   }
+  for (auto [flag, v] : {std::pair{"--hobbit-recall", o.hobbit_recall},
+                         std::pair{"--fate-recall", o.fate_recall},
+                         std::pair{"--fallback-ratio", o.fallback_ratio}})
+    if (!(v >= 0 && v <= 1)) bad_flag(flag, "must be in [0, 1]");
+  std::shared_ptr<const PrecisionTable> bitwidths;
+  if (!o.bitwidths.empty())
+    bitwidths = std::make_shared<const PrecisionTable>(PrecisionTable::load(o.bitwidths));
 
   const auto base = parse_precision(o.precision);
   if (!base || *base == Precision::skip) bad_flag("--precision", "unknown precision '" + o.precision + "'");
@@ -379,8 +523,10 @@ int run(int argc, char** argv) {
   if (o.compare) {
     if (!o.traces.empty() || !o.mixtral.empty())
       bad_flag("--compare", "runs on the repository's traces; do not combine with --trace");
-    traces = compare_traces(notes);
+    traces = compare_traces(notes, o.synthetic);
     o.preset = "all";
+  } else if (o.synthetic) {
+    traces.push_back(bundled_synthetic_trace());
   }
   for (const auto& t : o.traces) traces.push_back(load_trace(t));
   for (const auto& t : o.mixtral) traces.push_back(load_mixtral(t));
@@ -401,19 +547,29 @@ int run(int argc, char** argv) {
   }
   if (!known) bad_flag("--preset", "unknown preset '" + o.preset + "' (baseline, hobbit, fate, "
                                    "edgemoe, mobile, fiddler, all)");
-  if (sweep && (sweep->param == "t1" || sweep->param == "t2" || sweep->param == "gamma")) {
-    const bool t = sweep->param != "gamma";
+  if (sweep && (sweep->param == "t1" || sweep->param == "t2" || sweep->param == "fallback")) {
+    const bool t = sweep->param != "fallback";
     std::vector<const PresetEntry*> keep;
     for (const auto* p : chosen)
-      if (t ? p->uses_t1_t2 : p->uses_gamma) keep.push_back(p);
+      if (t ? p->uses_t1_t2 : p->uses_fallback) keep.push_back(p);
     if (keep.empty())
       bad_flag("--sweep", sweep->param + " applies to " + (t ? "hobbit" : "mobile") +
-                              ", which is not available among the chosen presets");
+                              ", which is not among the chosen presets");
     chosen = keep;
   }
   const bool with_belady = !o.no_belady && (!sweep || sweep->param == "budget" ||
-                                            sweep->param == "bandwidth");
-  if (with_belady) chosen.push_back(&belady_entry);
+                                            sweep->param == "bandwidth" || sweep->param == "t1" ||
+                                            sweep->param == "t2");
+  if (with_belady) {
+    // Belady, and the cost-aware reference of each mixed-precision preset (T1/T2 sweeps: only
+    // the latter, whose precisions follow T1/T2).
+    std::vector<const PresetEntry*> refs;
+    if (!sweep || (sweep->param != "t1" && sweep->param != "t2")) refs.push_back(&belady_entry);
+    for (const auto* p : chosen)
+      if (p->reference != "belady")
+        if (const PresetEntry* r = find_entry(p->reference)) refs.push_back(r);
+    chosen.insert(chosen.end(), refs.begin(), refs.end());
+  }
   if (chosen.empty()) bad_flag("--preset", "no available preset to run");
 
   // ---- runs -----------------------------------------------------------------------------------
@@ -432,6 +588,12 @@ int run(int argc, char** argv) {
       rp.link = hw.link;
       rp.compute = compute;
       rp.t1 = o.t1, rp.t2 = o.t2, rp.gamma = o.gamma;
+      rp.hobbit_recall = o.hobbit_recall, rp.fate_recall = o.fate_recall;
+      rp.fallback_ratio = o.fallback_ratio, rp.seed = o.seed;
+      rp.bitwidths = bitwidths;
+      if (!o.routers.empty() && tr.has_hidden())  // read once per trace shape
+        rp.routers = std::make_shared<const std::vector<float>>(
+            load_routers(o.routers, shape.n_layers, shape.n_experts));
       BudgetSpec b = budget;
       double x = 0;
       if (sweep && sweep->param == "budget") b = BudgetSpec::parse("--sweep budget", v);
@@ -439,7 +601,10 @@ int run(int argc, char** argv) {
         rp.link.bandwidth_bytes_per_s = x = parse_bandwidth("--sweep bandwidth", v);
       if (sweep && sweep->param == "t1") rp.t1 = x = parse_quantity("--sweep t1", v, {});
       if (sweep && sweep->param == "t2") rp.t2 = x = parse_quantity("--sweep t2", v, {});
-      if (sweep && sweep->param == "gamma") rp.gamma = x = parse_quantity("--sweep gamma", v, {});
+      if (sweep && sweep->param == "fallback") {
+        rp.fallback_ratio = x = parse_quantity("--sweep fallback", v, {});
+        if (x > 1) bad_flag("--sweep fallback", "a ratio must be in [0, 1]");
+      }
       rp.config.base_precision = *base;
       rp.config.expert_budget_bytes = b.bytes(shape, *base);
       const std::size_t one = shape.expert_bytes(*base);
@@ -468,9 +633,13 @@ int run(int argc, char** argv) {
         r.hardware = hw.name;
         r.bandwidth = rp.link.bandwidth_bytes_per_s;
         r.t1 = rp.t1, r.t2 = rp.t2, r.gamma = rp.gamma;
+        r.reference = std::string(p->reference);
         ++done;
         try {
-          r.rep = p->run(rp, tr);
+          PresetResult res = p->run(rp, tr);
+          r.rep = std::move(res.report);
+          r.label = std::move(res.label);
+          r.note = std::move(res.note);
         } catch (const moekit::Error& e) {  // a preset that cannot run here: say so, go on
           unavailable.push_back(std::string(p->name) + " on " + tr.name() + ": failed (" +
                                 e.message() + ")");
@@ -527,6 +696,9 @@ int run(int argc, char** argv) {
     for (const Row& r : rows) {
       nlohmann::json x = report_json(r.rep);
       x["preset"] = r.preset;
+      x["label"] = r.label;
+      x["substitution"] = r.note;
+      x["reference"] = r.reference;
       x["budget_bytes"] = r.budget_bytes;
       x["budget_slots"] = r.budget_slots;
       x["budget_percent"] = r.budget_percent;
@@ -543,7 +715,27 @@ int run(int argc, char** argv) {
   }
   std::printf("hardware: %s (link %.1f GB/s)   wall time %.2f s\n", hw.name.c_str(),
               hw.link.bandwidth_bytes_per_s / 1e9, wall);
-  print_table(rows, sweep.has_value());
+  if (o.compare && !sweep) {
+    std::printf("budget %s of the experts; penalty = HOBBIT miss penalty (a miss at the base "
+                "precision counts 1, lower precisions bits/base bits); /belady = penalty / "
+                "Belady's; /ref = penalty / the preset's reference (cost-aware Belady with the "
+                "same precisions for mixed-precision presets); pf prec/rec = prefetch "
+                "precision/recall at distance 1\n",
+                budget.text.c_str());
+    print_compare(rows);
+  } else {
+    print_table(rows, sweep.has_value());
+  }
+  // What ran, per preset: the label (and any substitution) of its first run on each trace.
+  std::vector<std::string> said;
+  for (const Row& r : rows) {
+    const std::string t = r.trace.substr(r.trace.find_last_of('/') + 1);
+    const std::string line = r.preset + " = " + r.label + (r.note.empty() ? "" : " — " + r.note);
+    if (r.label == r.preset && r.note.empty()) continue;
+    if (std::find(said.begin(), said.end(), line) != said.end()) continue;
+    said.push_back(line);
+  }
+  for (const auto& l : said) std::printf("%s\n", l.c_str());
   for (const RoutingTrace& tr : traces)
     if (tr.synthetic()) std::printf("note: %s is SYNTHETIC routing\n", tr.name().c_str());
   for (const auto& u : unavailable) std::printf("%s\n", u.c_str());

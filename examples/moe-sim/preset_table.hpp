@@ -1,19 +1,40 @@
 #pragma once
-/// \file The presets moe-sim can replay — the ONE place to add one. A preset that presets.hpp does
-/// not define yet has `run = nullptr` and says why; moe-sim reports it as not available.
+/// \file The presets moe-sim can replay — the ONE place to add one. Each entry builds the paper's
+/// whole mechanism from `presets.hpp` components where the trace allows it, and says what it
+/// substituted where it does not (the run's `label` and `note`). Tests call the same functions
+/// (tests/sim/moe_sim_presets_test.cpp), so what they check is what moe-sim runs.
 ///
-/// To add a preset once it lands in presets.hpp: replace its `nullptr` with
-/// `&run_defaults<moekit::presets::Name<moekit::sim::SimLoader>>` (components default-built), or
-/// with a small factory like `run_belady` below when a component needs RunParams (T1/T2, γ).
+/// Substitutions (each visible in the output):
+///  * hobbit / fate: their gate predictors need the gate-input hidden states (traces may lack
+///    them) and the model's router weights (`--routers`). Without both, a NoisyOraclePredictor
+///    stands in: the trace's true next-layer experts, each kept with the paper's recall (HOBBIT
+///    0.96 top-1 at distance 1, Fig. 7; Fate 0.9715 with the 75th-percentile set, §4.2), otherwise
+///    replaced by a random wrong expert (design spec fate.md §3).
+///  * edgemoe: bit widths uniform q4 unless a table is given (`--bitwidths`); the activation-path
+///    profile is built from the first half of the trace (its sequences, or its decode tokens when
+///    it has one sequence), and the whole trace is replayed (the second half is unseen by it).
+///  * mobile: traces store no output logits, so BigLittlePolicy falls back on a fixed share of
+///    tokens (MoBiLE Table II); router replay needs the router logits in the trace, otherwise the
+///    fallback's experts load on demand (LRU, no replay). The little pass uses the first K/2 of
+///    each record's experts (what the router picks from the same logits).
+///  * fiddler: popularity profiled on the replayed trace itself (optimistic).
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "moekit/cache/belady.hpp"
 #include "moekit/pipeline.hpp"
+#include "moekit/predict/noisy_oracle.hpp"
 #include "moekit/predict/none.hpp"
 #include "moekit/presets.hpp"
 #include "moekit/sched/on_demand.hpp"
@@ -22,8 +43,15 @@
 #include "moekit/sim/sim_loader.hpp"
 #include "moekit/sim/trace.hpp"
 #include "moekit/sim/trace_stats.hpp"
+#include "moekit/tools/activation_profile.hpp"
 
 namespace moe_sim {
+
+/// Paper defaults of the substitutes (see the file comment for sources).
+inline constexpr double hobbit_paper_recall = 0.96;   ///< HOBBIT Fig. 7, top-1 at distance 1
+inline constexpr double fate_paper_recall = 0.9715;   ///< Fate §4.2, 75th-percentile set, decode
+/// MoBiLE Table II at γ = 0.7: mean of the four fallback ratios 0.11, 0.11, 0.21, 0.12.
+inline constexpr double mobile_paper_fallback_ratio = 0.1375;
 
 /// Everything one replay needs besides the trace.
 struct RunParams {
@@ -33,58 +61,421 @@ struct RunParams {
   moekit::sim::ComputeModel compute{};
   double t1 = 0.6;     ///< HOBBIT's high-precision threshold (paper default)
   double t2 = 0.9;     ///< HOBBIT's low-precision threshold (paper default)
-  double gamma = 0.7;  ///< MoBiLE's fallback threshold (paper default)
+  double gamma = 0.7;  ///< MoBiLE's fallback threshold (used only with output logits)
+  double hobbit_recall = hobbit_paper_recall;  ///< noisy-oracle recall standing in for HOBBIT's
+  double fate_recall = fate_paper_recall;      ///< ... and for Fate's cross-layer gate
+  double fallback_ratio = mobile_paper_fallback_ratio;  ///< MoBiLE without output logits
+  std::uint64_t seed = 1;                      ///< noisy-oracle seed
+  /// Router weights [n_layers · n_experts · hidden] f32 (`--routers`); null: none.
+  std::shared_ptr<const std::vector<float>> routers{};
+  /// EdgeMoE bit widths (`--bitwidths`); null: every expert at q4.
+  std::shared_ptr<const moekit::PrecisionTable> bitwidths{};
 };
 
-using RunFn = moekit::sim::ReplayReport (*)(const RunParams&, const moekit::sim::RoutingTrace&);
+/// One replay: the report and what actually ran.
+struct PresetResult {
+  moekit::sim::ReplayReport report;
+  std::string label;  ///< e.g. "hobbit (noisy-oracle predictor, recall 0.96)"
+  std::string note;   ///< why a substitute ran (empty when the paper's mechanism ran as is)
+};
 
-/// Replays `tr` through a pipeline `P` whose components are default-built.
-template <class P>
-moekit::sim::ReplayReport run_defaults(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
-  P p(rp.shape, rp.config, moekit::sim::SimLoader(rp.shape, rp.link));
-  return moekit::sim::replay(p, tr, rp.compute);
+using RunFn = PresetResult (*)(const RunParams&, const moekit::sim::RoutingTrace&);
+
+inline std::string fmt_num(double v, int digits = 2) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
+  return b;
+}
+
+// ---- offline walks of the trace -----------------------------------------------------------------
+
+/// What a scorer asks for at every demand of a full-top-k replay of the trace: the layer calls
+/// (for the noisy oracle), the precision of each of their experts (same order), and the demand
+/// sequence with precisions (for the cost-aware Belady reference). The order is the pipeline's
+/// (first-seen per call), i.e. `sim::demand_sequence`'s.
+struct ScoredScript {
+  std::vector<moekit::OracleCall> calls;
+  std::vector<std::vector<moekit::Precision>> precisions;
+  std::vector<moekit::FutureAccess> future;
+};
+
+/// Runs `scorer` (a copy) over every layer call a replay with the full top-k makes.
+template <class Scorer>
+ScoredScript scored_script(const moekit::sim::RoutingTrace& tr, Scorer scorer) {
+  using namespace moekit;
+  ScoredScript out;
+  const sim::TraceDims& d = tr.dims();
+  std::vector<int> slot(d.n_experts, -1);
+  std::vector<ExpertDemand> demands;
+  std::vector<Precision> prec;
+  sim::detail::GateBuffers buf;
+  std::uint64_t missing = 0;
+  std::size_t last_seq = static_cast<std::size_t>(-1);
+  sim::detail::ForwardWalker(tr).for_each_forward([&](std::size_t seq, std::size_t first,
+                                                      std::size_t n, Phase phase) {
+    if (seq != last_seq) {
+      if constexpr (requires { scorer.begin_sequence(); }) scorer.begin_sequence();
+      last_seq = seq;
+    }
+    for (std::uint32_t l = 0; l < d.n_layers; ++l) {
+      const GateView g = buf.gather(tr, first, n, l, d.top_k, missing);
+      if (g.n_tokens == 0) continue;
+      demands.clear();
+      for (std::uint32_t t = 0; t < g.n_tokens; ++t) {
+        const TokenRoute r = g.token(t);
+        for (std::uint32_t j = 0; j < g.k; ++j) {
+          int& s = slot[r.experts[j]];
+          if (s < 0) {
+            s = static_cast<int>(demands.size());
+            demands.push_back(ExpertDemand{r.experts[j], 0, 0.0f, 0.0f, j});
+          }
+          ExpertDemand& x = demands[static_cast<std::size_t>(s)];
+          ++x.n_tokens;
+          x.weight_sum += r.weights[j];
+          x.max_weight = std::max(x.max_weight, r.weights[j]);
+          x.best_rank = std::min(x.best_rank, j);
+        }
+      }
+      for (const ExpertDemand& x : demands) slot[x.expert] = -1;
+      prec.assign(demands.size(), Precision::skip);
+      const LayerContext ctx{l, d.n_layers, first - tr.global_token(seq, 0), phase, seq,
+                             g.n_tokens};
+      scorer.score(ctx, g, std::span<const ExpertDemand>(demands), std::span<Precision>(prec));
+      OracleCall call{l, {}};
+      for (std::size_t i = 0; i < demands.size(); ++i) {
+        call.experts.push_back(demands[i].expert);
+        // A skipped demand is served by any resident copy: it asks for the fewest bits.
+        out.future.push_back({{l, demands[i].expert},
+                              prec[i] == Precision::skip ? Precision::q2 : prec[i]});
+      }
+      out.calls.push_back(std::move(call));
+      out.precisions.push_back(prec);
+    }
+  });
+  return out;
+}
+
+/// CostAwareBeladyPolicy behind the key-only `set_future` that sim::CallOrderedPolicy feeds: the
+/// precisions come from a ScoredScript of the same trace (checked key by key).
+class CostAwareByKey {
+ public:
+  static constexpr bool needs_future = true;
+  explicit CostAwareByKey(std::vector<moekit::FutureAccess> future) : future_(std::move(future)) {}
+
+  void set_future(std::span<const moekit::ExpertKey> keys) {
+    MOEKIT_EXPECTS(keys.size() == future_.size(),
+                   "CostAwareByKey: the demand sequence and the scored script differ in length");
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      MOEKIT_EXPECTS(keys[i] == future_[i].key,
+                     "CostAwareByKey: the demand sequence and the scored script differ at " +
+                         std::to_string(i));
+    inner_.set_future(future_);
+  }
+  void bind(const moekit::ModelShape& s) { inner_.bind(s); }
+  void on_hit(moekit::ExpertKey k, const moekit::AccessInfo& a) { inner_.on_hit(k, a); }
+  void on_insert(moekit::ExpertKey k, const moekit::AccessInfo& a) { inner_.on_insert(k, a); }
+  void on_evict(moekit::ExpertKey k) { inner_.on_evict(k); }
+  [[nodiscard]] std::optional<moekit::ExpertKey> victim(const moekit::EvictionQuery& q) const {
+    return inner_.victim(q);
+  }
+
+ private:
+  std::vector<moekit::FutureAccess> future_;
+  moekit::CostAwareBeladyPolicy inner_;
+};
+
+// ---- presets ------------------------------------------------------------------------------------
+
+/// The baseline: LRU, on demand, model precision.
+inline PresetResult run_baseline(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
+  moekit::presets::Baseline<moekit::sim::SimLoader> p(rp.shape, rp.config,
+                                                      moekit::sim::SimLoader(rp.shape, rp.link));
+  return {moekit::sim::replay(p, tr, rp.compute), "baseline", ""};
 }
 
 /// The Belady reference: the baseline's components with Belady's offline eviction, fed the
 /// trace's own demand sequence.
-inline moekit::sim::ReplayReport run_belady(const RunParams& rp,
-                                            const moekit::sim::RoutingTrace& tr) {
+inline PresetResult run_belady(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
   using Belady = sim::CallOrderedPolicy<BeladyPolicy>;
   OffloadPipeline<UniformScorer, NoPredictor, Belady, sim::SimLoader, OnDemandScheduler> p(
       rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
       UniformScorer({.precision = rp.config.base_precision}), NoPredictor{},
       Belady(sim::demand_sequence(tr)));
-  return sim::replay(p, tr, rp.compute);
+  return {sim::replay(p, tr, rp.compute), "belady", ""};
+}
+
+/// Cost-aware Belady with `scorer`'s precisions: no prediction, on demand; the reference for a
+/// mixed-precision preset (a strong greedy reference, not a lower bound: see cache/belady.hpp).
+template <class Scorer>
+PresetResult run_cost_aware(const RunParams& rp, const moekit::sim::RoutingTrace& tr,
+                            Scorer scorer, moekit::PipelineConfig cfg, std::string label) {
+  using namespace moekit;
+  using Policy = sim::CallOrderedPolicy<CostAwareByKey>;
+  ScoredScript s = scored_script(tr, scorer);
+  OffloadPipeline<Scorer, NoPredictor, Policy, sim::SimLoader, OnDemandScheduler> p(
+      rp.shape, cfg, sim::SimLoader(rp.shape, rp.link), std::move(scorer), NoPredictor{},
+      Policy(sim::demand_sequence(tr), CostAwareByKey(std::move(s.future))));
+  return {sim::replay(p, tr, rp.compute), std::move(label), ""};
+}
+
+/// HOBBIT's precision rule for the run's base precision (f16/bf16/f32 → high = base, low = q4;
+/// q8 → q8/q2, the paper's Jetson setting).
+inline moekit::HobbitRule hobbit_rule(const RunParams& rp) {
+  moekit::HobbitRule r;
+  if (rp.config.base_precision == moekit::Precision::q8) r = moekit::HobbitRule::for_q8_model();
+  else r.high = rp.config.base_precision;
+  if (moekit::bits(r.low) > moekit::bits(r.high)) r.low = r.high;  // a q4/q2 model
+  r.t1 = static_cast<float>(rp.t1);
+  r.t2 = static_cast<float>(rp.t2);
+  r.validate();
+  return r;
+}
+
+/// The reason a gate predictor cannot run on `tr` (empty: it can).
+inline std::string gate_predictor_gap(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
+  std::string why;
+  if (!tr.has_hidden()) why = "the trace has no gate-input hidden states";
+  if (!rp.routers) why += std::string(why.empty() ? "" : " and ") + "no --routers given";
+  if (why.empty() &&
+      rp.routers->size() != std::size_t{rp.shape.n_layers} * rp.shape.n_experts * tr.dims().hidden)
+    why = "--routers holds " + std::to_string(rp.routers->size()) + " floats, the trace needs " +
+          std::to_string(rp.shape.n_layers) + " x " + std::to_string(rp.shape.n_experts) + " x " +
+          std::to_string(tr.dims().hidden);
+  return why;
+}
+
+/// HOBBIT: T1/T2 mixed precision, stacked-gate prefetch (or the noisy oracle), multidimensional
+/// cache with high/low pools.
+inline PresetResult run_hobbit(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
+  using namespace moekit;
+  const HobbitRule rule = hobbit_rule(rp);
+  const HobbitThresholdScorer scorer({.rule = rule});
+  const MultiDimPolicy policy({.high = rule.high, .low = rule.low});
+  const std::string gap = gate_predictor_gap(rp, tr);
+  if (gap.empty()) {
+    presets::Hobbit<sim::SimLoader> p(
+        rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), scorer,
+        StackedGatePredictor({.router_weights = *rp.routers, .n_layers = rp.shape.n_layers,
+                              .n_experts = rp.shape.n_experts, .hidden = tr.dims().hidden,
+                              .top_k = rp.shape.top_k, .lookahead = 2, .rule = rule}),
+        policy);
+    return {sim::replay(p, tr, rp.compute), "hobbit (stacked-gate predictor, p = 2)", ""};
+  }
+  ScoredScript s = scored_script(tr, scorer);
+  OffloadPipeline<HobbitThresholdScorer, NoisyOraclePredictor, MultiDimPolicy, sim::SimLoader,
+                  OnDemandScheduler>
+      p(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), scorer,
+        NoisyOraclePredictor({.calls = std::move(s.calls), .precisions = std::move(s.precisions),
+                              .recall = rp.hobbit_recall, .seed = rp.seed, .distance = 1,
+                              .n_experts = rp.shape.n_experts}),
+        policy);
+  return {sim::replay(p, tr, rp.compute),
+          "hobbit (noisy-oracle predictor, recall " + fmt_num(rp.hobbit_recall) + ")",
+          "stacked-gate predictor not run: " + gap};
+}
+
+/// Fate's decode prefetch cap n = floor(T / t_expert): T = dense layer + top-k experts at q4 on
+/// the device (one decode token), t_expert = one q4 transfer.
+inline std::uint32_t fate_decode_cap(const RunParams& rp, double* budget_s = nullptr,
+                                     double* expert_s = nullptr) {
+  using moekit::Precision;
+  const double T = rp.compute.layer(1) + rp.shape.top_k * rp.compute.device(Precision::q4, 1);
+  const double t = rp.link.transfer_s(rp.shape.expert_bytes(Precision::q4));
+  if (budget_s) *budget_s = T;
+  if (expert_s) *expert_s = t;
+  return static_cast<std::uint32_t>(std::floor(T / t));
+}
+
+inline moekit::PipelineConfig fate_config(const RunParams& rp) {
+  moekit::PipelineConfig c = rp.config;
+  c.sizing_precision = moekit::Precision::q4;  // Fate caches int4 copies
+  return c;
+}
+
+/// Fate: popularity precisions (q4, prefill tail q2), cross-layer gate prefetch (or the noisy
+/// oracle), shallow-favoring per-layer ARC sized at q4, ready-first scheduling.
+inline PresetResult run_fate(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
+  using namespace moekit;
+  using Cache = ShallowFavoring<ArcPolicy>;
+  const PipelineConfig cfg = fate_config(rp);
+  double T = 0, t = 0;
+  const std::uint32_t cap = fate_decode_cap(rp, &T, &t);
+  const std::string cap_text = "decode cap n = floor(" + fmt_num(T * 1e3, 3) + " ms / " +
+                               fmt_num(t * 1e3, 3) + " ms) = " + std::to_string(cap);
+  const std::string gap = gate_predictor_gap(rp, tr);
+  if (gap.empty()) {
+    presets::Fate<sim::SimLoader> p(
+        rp.shape, cfg, sim::SimLoader(rp.shape, rp.link), PopularityScorer{},
+        CrossLayerGatePredictor({.router_weights = *rp.routers, .n_layers = rp.shape.n_layers,
+                                 .n_experts = rp.shape.n_experts, .hidden = tr.dims().hidden,
+                                 .top_k = rp.shape.top_k, .budget_time = T, .expert_time = t}),
+        Cache({.shallow_layers = 3}), ReadyFirstScheduler{});
+    return {sim::replay(p, tr, rp.compute), "fate (cross-layer gate, " + cap_text + ")", ""};
+  }
+  ScoredScript s = scored_script(tr, PopularityScorer{});
+  // The 75th-percentile rule predicts ceil(0.25·E) experts per layer: pad to that many.
+  const auto set = static_cast<std::uint32_t>(std::ceil(0.25 * rp.shape.n_experts));
+  OffloadPipeline<PopularityScorer, NoisyOraclePredictor, Cache, sim::SimLoader,
+                  ReadyFirstScheduler>
+      p(rp.shape, cfg, sim::SimLoader(rp.shape, rp.link), PopularityScorer{},
+        NoisyOraclePredictor({.calls = std::move(s.calls), .precisions = std::move(s.precisions),
+                              .recall = rp.fate_recall, .seed = rp.seed, .distance = 1,
+                              .set_size = set, .n_experts = rp.shape.n_experts,
+                              .max_nonresident = cap, .precision = Precision::q4}),
+        Cache({.shallow_layers = 3}), ReadyFirstScheduler{});
+  return {sim::replay(p, tr, rp.compute),
+          "fate (noisy-oracle predictor, recall " + fmt_num(rp.fate_recall, 4) + ", " +
+              std::to_string(set) + " predicted per layer, " + cap_text + ")",
+          "cross-layer gate not run: " + gap};
+}
+
+/// EdgeMoE's bit-width table for this run (given, or uniform q4) and its most common precision.
+inline moekit::PrecisionTable edgemoe_table(const RunParams& rp, moekit::Precision* common) {
+  using namespace moekit;
+  PrecisionTable t = rp.bitwidths ? *rp.bitwidths
+                                  : PrecisionTable(rp.shape.n_layers, rp.shape.n_experts,
+                                                   Precision::q4);
+  MOEKIT_EXPECTS(t.n_layers() == rp.shape.n_layers && t.n_experts() == rp.shape.n_experts,
+                 "--bitwidths: the table has " + std::to_string(t.n_layers()) + " layers x " +
+                     std::to_string(t.n_experts()) + " experts, the model " +
+                     std::to_string(rp.shape.n_layers) + " x " +
+                     std::to_string(rp.shape.n_experts));
+  std::size_t best = 0;
+  for (Precision p : all_precisions)
+    if (t.count(p) > best) best = t.count(p), *common = p;
+  return t;
+}
+
+inline moekit::PipelineConfig edgemoe_config(const RunParams& rp, moekit::Precision common) {
+  moekit::PipelineConfig c = rp.config;
+  c.sizing_precision = common;
+  return c;
+}
+
+/// The profile's share of the trace: the first half of its sequences, or of its decode tokens
+/// when it has a single sequence (decode tokens only: EdgeMoE profiles decoding).
+inline moekit::tools::TraceSelection edgemoe_profile_selection(const moekit::sim::RoutingTrace& tr) {
+  moekit::tools::TraceSelection sel;
+  const std::size_t n = tr.sequence_count();
+  if (n >= 2) {
+    sel.end_token = tr.global_token(n / 2, 0);
+  } else if (n == 1) {
+    const std::size_t pre = tr.prefill_length(0), len = tr.sequence_length(0);
+    sel.end_token = pre + (len - pre) / 2;
+  }
+  return sel;
+}
+
+/// EdgeMoE: static bit widths, activation-path preloading (profile from the first half of the
+/// trace), EdgeMoE eviction score.
+inline PresetResult run_edgemoe(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
+  using namespace moekit;
+  Precision common = Precision::q4;
+  PrecisionTable table = edgemoe_table(rp, &common);
+  const tools::TraceSelection sel = edgemoe_profile_selection(tr);
+  auto profile =
+      std::make_shared<ActivationPathProfile>(tools::build_activation_profile(tr, sel));
+  std::size_t profiled = 0;
+  for (std::size_t g = 0; g < tr.token_count(); ++g) profiled += sel.takes(tr, g);
+  MOEKIT_EXPECTS(profiled > 0, "edgemoe: the first half of trace '" + tr.name() +
+                                   "' has no decode token to build the activation-path profile");
+  const std::string what = table.count(Precision::q4) == table.size() && !rp.bitwidths
+                               ? "uniform q4 bit widths"
+                               : "bit widths from --bitwidths";
+  const std::vector<Precision> prec(table.all().begin(), table.all().end());
+  presets::EdgeMoe<sim::SimLoader> p(
+      rp.shape, edgemoe_config(rp, common), sim::SimLoader(rp.shape, rp.link),
+      StaticBitwidthScorer({.table = std::move(table)}),
+      ActivationPathPredictor({.profile = profile, .max_preload = 3, .precisions = prec}),
+      EdgeMoePolicy{});
+  return {sim::replay(p, tr, rp.compute),
+          "edgemoe (" + what + ", activation-path profile from the first half: " +
+              std::to_string(profiled) + " decode tokens)",
+          "the profile comes from the first half of the trace and the whole trace is replayed"};
+}
+
+/// MoBiLE: big-little token policy (fixed fallback share without output logits), router replay
+/// when the trace has router logits.
+inline PresetResult run_mobile(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
+  using namespace moekit;
+  const BigLittlePolicy tokens({.gamma = static_cast<float>(rp.gamma),
+                                .fallback_ratio_without_logits = rp.fallback_ratio});
+  const std::uint32_t little = std::max<std::uint32_t>(1, rp.shape.top_k / 2);
+  const std::string base = "fallback ratio " + fmt_num(rp.fallback_ratio, 4) +
+                           " (no output logits), little pass = first " + std::to_string(little) +
+                           " of " + std::to_string(rp.shape.top_k) + " recorded experts";
+  if (tr.has_logits()) {
+    presets::Mobile<sim::SimLoader> p(
+        rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
+        UniformScorer({.precision = rp.config.base_precision}),
+        RouterReplayPredictor({.top_k = rp.shape.top_k, .precision = rp.config.base_precision}),
+        LruPolicy{}, OnDemandScheduler{}, tokens);
+    return {sim::replay(p, tr, rp.compute), "mobile (router replay, " + base + ")",
+            "traces store no output logits: fallback on a fixed share of tokens"};
+  }
+  OffloadPipeline<UniformScorer, NoPredictor, LruPolicy, sim::SimLoader, OnDemandScheduler,
+                  BigLittlePolicy>
+      p(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
+        UniformScorer({.precision = rp.config.base_precision}), NoPredictor{}, LruPolicy{},
+        OnDemandScheduler{}, tokens);
+  return {sim::replay(p, tr, rp.compute), "mobile (LRU without router replay, " + base + ")",
+          "the trace has no router logits: no router replay; traces store no output logits: "
+          "fallback on a fixed share of tokens"};
 }
 
 /// Fiddler: static popularity placement profiled on the replayed trace itself (an optimistic
 /// profile: Fiddler profiles a calibration set), and the CPU-vs-copy scheduler with latencies
 /// from the hardware model (CPU: one token through one expert; copy: transfer + device run).
-inline moekit::sim::ReplayReport run_fiddler(const RunParams& rp,
-                                             const moekit::sim::RoutingTrace& tr) {
+inline PresetResult run_fiddler(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
   const Precision base = rp.config.base_precision;
   FiddlerScheduler sched({.cpu_seconds_per_token = rp.compute.cpu(base, 1),
                           .copy_seconds = rp.link.transfer_s(rp.shape.expert_bytes(base)) +
                                           rp.compute.device(base, 1)});
+  const std::vector<double> shares = sim::expert_shares(tr);
   presets::Fiddler<sim::SimLoader> p(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
                                      UniformScorer({.precision = base}), NoPredictor{},
-                                     StaticPopularityPolicy({.counts = sim::expert_shares(tr)}),
-                                     sched);
-  // Fiddler places the popular experts at load time: insert every expert, most popular first;
-  // the policy admits those that fit its placement (free: before the replay's clock starts).
-  const std::vector<double> shares = sim::expert_shares(tr);
+                                     StaticPopularityPolicy({.counts = shares}), sched);
+  // Fiddler places the popular experts at load time: preload every expert, most popular first;
+  // the policy admits those that fit its placement. The placement's transfers finish before the
+  // replay's clock starts (start-up, not decode time); its bytes are in the loader's count.
   std::vector<std::size_t> order(shares.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return shares[a] > shares[b]; });
-  for (std::size_t i : order) {
-    const ExpertKey key{static_cast<std::uint32_t>(i / rp.shape.n_experts),
-                        static_cast<std::uint32_t>(i % rp.shape.n_experts)};
-    (void)p.cache().insert(key, p.cache().access(base, key.layer));
-  }
-  return sim::replay(p, tr, rp.compute);
+  std::size_t placed = 0;
+  for (std::size_t i : order)
+    placed += p.preload({static_cast<std::uint32_t>(i / rp.shape.n_experts),
+                         static_cast<std::uint32_t>(i % rp.shape.n_experts)},
+                        base);
+  sim::SimLoader& loader = p.loader();
+  while (loader.queued() > 0) loader.clock().stall_until(loader.link_free_at());
+  loader.clock().stall_until(loader.link_free_at());
+  const std::uint64_t bytes = p.stats().bytes_preloaded;
+  return {sim::replay(p, tr, rp.compute), "fiddler",
+          "popularity profiled on the replayed trace itself; start-up placement of " +
+              std::to_string(placed) + " experts (" + fmt_num(double(bytes) / 1e9) +
+              " GB, counted in bytes moved) completes before the clock starts"};
+}
+
+inline PresetResult run_belady_cost_hobbit(const RunParams& rp,
+                                           const moekit::sim::RoutingTrace& tr) {
+  return run_cost_aware(rp, tr, moekit::HobbitThresholdScorer({.rule = hobbit_rule(rp)}),
+                        rp.config, "cost-aware belady with HOBBIT's T1/T2 precisions");
+}
+inline PresetResult run_belady_cost_fate(const RunParams& rp,
+                                         const moekit::sim::RoutingTrace& tr) {
+  return run_cost_aware(rp, tr, moekit::PopularityScorer{}, fate_config(rp),
+                        "cost-aware belady with Fate's precisions (q4, prefill tail q2)");
+}
+inline PresetResult run_belady_cost_edgemoe(const RunParams& rp,
+                                            const moekit::sim::RoutingTrace& tr) {
+  moekit::Precision common = moekit::Precision::q4;
+  moekit::PrecisionTable t = edgemoe_table(rp, &common);
+  return run_cost_aware(rp, tr, moekit::StaticBitwidthScorer({.table = std::move(t)}),
+                        edgemoe_config(rp, common),
+                        "cost-aware belady with EdgeMoE's bit widths");
 }
 
 /// One row of the table.
@@ -94,31 +485,48 @@ struct PresetEntry {
   RunFn run;                     ///< nullptr: not available
   std::string_view unavailable;  ///< why, when `run` is nullptr
   bool uses_t1_t2 = false;       ///< sweeps of t1/t2 apply
-  bool uses_gamma = false;       ///< sweeps of gamma apply
+  bool uses_fallback = false;    ///< sweeps of the fallback ratio apply
+  std::string_view reference = "belady";  ///< the reference its penalty is compared with
 };
 
 inline constexpr PresetEntry preset_table[] = {
-    {"baseline", "LRU cache, on-demand loads at full precision, no prediction",
-     &run_defaults<moekit::presets::Baseline<moekit::sim::SimLoader>>, "", false, false},
-    {"hobbit", "HOBBIT: T1/T2 mixed precision, stacked-gate prefetch, multidimensional cache",
-     nullptr, "not wired in moe-sim yet: its stacked-gate predictor needs the model's router "
-     "weights and traces with hidden states", true, false},
-    {"fate", "Fate: cross-layer gate prefetch, shallow-favoring ARC cache", nullptr,
-     "not wired in moe-sim yet: its cross-layer gate needs the model's router weights and traces "
-     "with hidden states", false, false},
-    {"edgemoe", "EdgeMoE: static bit-widths, activation-path preload, distance-aware eviction",
-     nullptr, "not wired in moe-sim yet: needs a bit-width table (tools::bitwidth_search) and an "
-     "activation-path profile", false, false},
-    {"mobile", "MoBiLE: big-little experts with fallback at gamma", nullptr,
-     "not wired in moe-sim yet: its fallback decision needs output logits, which traces do not "
-     "store", false, true},
-    {"fiddler", "Fiddler: popular experts placed up front (profiled on the trace), misses on the CPU when cheaper",
-     &run_fiddler, "", false, false},
+    {"baseline", "LRU cache, on-demand loads at full precision, no prediction", &run_baseline, "",
+     false, false},
+    {"hobbit", "HOBBIT: T1/T2 mixed precision, stacked-gate prefetch (or noisy oracle), "
+     "multidimensional cache", &run_hobbit, "", true, false, "belady-hobbit"},
+    {"fate", "Fate: cross-layer gate prefetch (or noisy oracle), q4 cache, shallow-favoring ARC, "
+     "ready-first", &run_fate, "", false, false, "belady-fate"},
+    {"edgemoe", "EdgeMoE: static bit widths, activation-path preload (profile: first half of the "
+     "trace), distance-aware eviction", &run_edgemoe, "", false, false, "belady-edgemoe"},
+    {"mobile", "MoBiLE: big-little experts, fixed fallback share without output logits, router "
+     "replay when the trace has router logits", &run_mobile, "", false, true},
+    {"fiddler", "Fiddler: popular experts placed up front (profiled on the trace), misses on "
+     "the CPU when cheaper", &run_fiddler, "", false, false},
 };
 
 /// The reference line every comparison adds.
 inline constexpr PresetEntry belady_entry{
     "belady", "Belady's offline optimum (baseline components, future-aware eviction)",
-    &run_belady, "", false, false};
+    &run_belady, "", false, false, "belady"};
+
+/// Cost-aware Belady references, one per mixed-precision preset (added next to it).
+inline constexpr PresetEntry cost_aware_table[] = {
+    {"belady-hobbit", "cost-aware Belady with HOBBIT's precisions (greedy reference)",
+     &run_belady_cost_hobbit, "", true, false, "belady-hobbit"},
+    {"belady-fate", "cost-aware Belady with Fate's precisions and q4 sizing",
+     &run_belady_cost_fate, "", false, false, "belady-fate"},
+    {"belady-edgemoe", "cost-aware Belady with EdgeMoE's bit widths",
+     &run_belady_cost_edgemoe, "", false, false, "belady-edgemoe"},
+};
+
+/// The entry named `name` in either table (nullptr if none).
+inline const PresetEntry* find_entry(std::string_view name) {
+  for (const auto& p : preset_table)
+    if (p.name == name) return &p;
+  for (const auto& p : cost_aware_table)
+    if (p.name == name) return &p;
+  if (name == belady_entry.name) return &belady_entry;
+  return nullptr;
+}
 
 }  // namespace moe_sim
