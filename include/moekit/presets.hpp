@@ -18,9 +18,11 @@
 /// | EdgeMoe  | static bit-width table  | activation path          | EdgeMoE eviction score     | on demand      | full top-k      |
 /// | Mobile   | uniform                 | router replay            | LRU                        | on demand      | big-little γ=.7 |
 /// | Fiddler  | uniform (model prec.)   | none                     | static popularity          | CPU vs copy    | full top-k      |
+/// | NextUse  | T1/T2 cumulative gate   | none                     | expected next use (moekit) | on demand      | full top-k      |
 
 #include "moekit/cache/arc.hpp"
 #include "moekit/cache/edgemoe.hpp"
+#include "moekit/cache/expected_next_use.hpp"
 #include "moekit/cache/lru.hpp"
 #include "moekit/cache/multidim.hpp"
 #include "moekit/cache/shallow_favoring.hpp"
@@ -71,5 +73,12 @@ using Mobile = OffloadPipeline<UniformScorer, RouterReplayPredictor, LruPolicy, 
 template <class Loader>
 using Fiddler = OffloadPipeline<UniformScorer, NoPredictor, StaticPopularityPolicy, Loader,
                                 FiddlerScheduler>;
+
+/// moekit's own: HOBBIT's mixed-precision misses with the ExpectedNextUse cache, the online policy
+/// closest to Belady on the real Mixtral traces (bench/RESULTS.md). No predictor, so it needs no
+/// router weights or hidden states.
+template <class Loader>
+using NextUse = OffloadPipeline<HobbitThresholdScorer, NoPredictor, ExpectedNextUsePolicy, Loader,
+                                OnDemandScheduler>;
 
 }  // namespace moekit::presets

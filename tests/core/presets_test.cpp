@@ -241,3 +241,23 @@ TEST_CASE("presets::EdgeMoe: per-expert bit widths and activation-path preloadin
   CHECK(b.prefetches[0].key == ExpertKey{2, 3});  // P(E2 = 3 | E0 = 1, E1 = 2) = 1
   CHECK(b.prefetches[0].precision == Precision::q4);
 }
+
+TEST_CASE("presets::NextUse: T1/T2 precisions over the ExpectedNextUse cache", "[preset][nextuse]") {
+  presets::NextUse<ManualLoader> p(shape, {.expert_budget_bytes = 3 * f16}, ManualLoader{});
+  p.begin_sequence();
+  const auto& a = p.route(ctx(0, 3), Route(4, {{2, 0}}, {{0.8f, 0.2f}}).view());
+  CHECK(a.experts[0].precision == Precision::f16);
+  CHECK(a.experts[1].precision == Precision::q4);
+  p.resolve(a);
+  p.end_layer(ctx(0, 3));
+  for (std::uint32_t t = 1; t < 20; ++t) {  // a stream that forces evictions
+    for (std::uint32_t l = 0; l < 3; ++l) {
+      const auto& plan = p.route(ctx(l, 3, t), Route(4, {{t % 4, (t + l + 1) % 4}}, {{0.5f, 0.5f}}).view());
+      p.resolve(plan);
+      p.end_layer(ctx(l, 3, t));
+      p.cache().check_invariants();
+    }
+  }
+  CHECK(p.stats().cache.evictions > 0);
+  CHECK(p.cache().used_bytes() <= 3 * f16);
+}
