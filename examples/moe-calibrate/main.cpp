@@ -1,0 +1,360 @@
+// moe-calibrate: measures this machine and writes the `this_machine` hardware JSON that
+// sim/hardware.hpp reads (moe-sim --hardware this_machine --hardware-file FILE).
+//
+// What it measures (all on the CPU; this is the model of a CPU-only machine, where "device" is
+// the CPU running the project's kernels on experts cached in RAM and "link" is the expert store's
+// read path, see the schema comment in sim/hardware.hpp):
+//  * streaming memory read bandwidth (all threads, buffers rotating over > 4x a large LLC) —
+//    reported in `source`, for reference;
+//  * disk read bandwidth with O_DIRECT on a temporary file of --disk-size bytes created in
+//    --disk-dir with O_EXCL (never overwrites; deleted afterwards) → link.bandwidth_bytes_per_s;
+//    the median 4 KiB O_DIRECT read → link.latency_s;
+//  * the project's fused expert FFN (precision/expert_ffn.hpp over precision/gemv.hpp) per stored
+//    precision for one expert of --hidden × --ffn: weight rate = expert bytes / (time of one
+//    token − call overhead) → weight_bytes_per_s[p]; call overhead = the median call of a tiny
+//    (64 × 64) f32 expert; flops_per_s from the slope between 1 and 16 tokens at f16.
+// "cpu" gets the same numbers as "device"; layer_overhead_s = the call overhead [choice].
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "moekit/core/precision.hpp"
+#include "moekit/error.hpp"
+#include "moekit/io/aligned_buffer.hpp"
+#include "moekit/precision/expert_ffn.hpp"
+#include "moekit/precision/gemv.hpp"
+#include "moekit/precision/isa.hpp"
+#include "moekit/precision/quantize.hpp"
+#include "moekit/precision/thread_pool.hpp"
+#include "moekit/sim/hardware.hpp"
+
+namespace fs = std::filesystem;
+using namespace moekit;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+[[noreturn]] void bad_flag(const std::string& flag, const std::string& why) {
+  moekit::detail::fail(ErrorKind::invalid_argument, flag + ": " + why);
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// "1GiB", "256MiB", "1e9" → bytes.
+std::size_t parse_size(const std::string& flag, const std::string& s) {
+  std::string num = s, unit;
+  while (!num.empty() && std::isalpha(static_cast<unsigned char>(num.back())))
+    unit.insert(unit.begin(), num.back()), num.pop_back();
+  for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double scale = 1;
+  if (unit == "kib") scale = 1024.0;
+  else if (unit == "mib") scale = 1048576.0;
+  else if (unit == "gib") scale = 1073741824.0;
+  else if (unit == "kb") scale = 1e3;
+  else if (unit == "mb") scale = 1e6;
+  else if (unit == "gb") scale = 1e9;
+  else if (!unit.empty() && unit != "b") bad_flag(flag, "unknown unit '" + unit + "'");
+  double v = 0;
+  try {
+    std::size_t used = 0;
+    v = std::stod(num, &used);
+    if (used != num.size()) throw 0;
+  } catch (...) {
+    bad_flag(flag, "cannot read '" + s + "' (e.g. 1GiB, 256MiB)");
+  }
+  if (!(v > 0) || !std::isfinite(v)) bad_flag(flag, "must be > 0");
+  return static_cast<std::size_t>(v * scale);
+}
+
+// ---- memory ---------------------------------------------------------------------------------------
+
+float stream_sum(const float* p, std::size_t n) {
+  float a[8] = {};
+  for (std::size_t i = 0; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) a[j] += p[i + j];  // vectorised by the compiler
+  float s = 0;
+  for (float x : a) s += x;
+  return s;
+}
+
+/// Streaming read bandwidth (bytes/s) over `copies` buffers of `bytes` each, all threads.
+double memory_bandwidth(ThreadPool& pool, std::size_t bytes, std::size_t copies, int reps) {
+  const std::size_t n = bytes / sizeof(float);
+  std::vector<std::vector<float>> bufs(copies, std::vector<float>(n, 1.0f));
+  std::atomic<float> sink{0};
+  std::vector<double> t;
+  for (int r = -1; r < reps; ++r) {
+    const float* p = bufs[static_cast<std::size_t>(r + 1) % copies].data();
+    const auto t0 = Clock::now();
+    pool.parallel_for(0, n, (n / pool.size() + 1023) / 1024 * 1024,
+                      [&](std::size_t b, std::size_t e) {
+                        sink.store(sink.load() + stream_sum(p + b, e - b));
+                      });
+    if (r >= 0) t.push_back(seconds_since(t0));  // r = -1: warm-up
+  }
+  return double(n * sizeof(float)) / median(t);
+}
+
+// ---- disk -------------------------------------------------------------------------------------
+
+/// A temporary file created with O_EXCL, removed on destruction.
+class TempFile {
+ public:
+  explicit TempFile(const fs::path& dir) {
+    if (!fs::is_directory(dir))
+      bad_flag("--disk-dir", "'" + dir.string() + "' is not a directory");
+    for (int i = 0; i < 100 && fd_ < 0; ++i) {
+      path_ = dir / ("moe-calibrate-" + std::to_string(::getpid()) + "-" + std::to_string(i) +
+                     ".tmp");
+      fd_ = ::open(path_.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);  // never an existing file
+      if (fd_ < 0 && errno != EEXIST)
+        moekit::detail::fail(ErrorKind::io, "--disk-dir: cannot create '" + path_.string() +
+                                                "': " + std::strerror(errno));
+    }
+    if (fd_ < 0) moekit::detail::fail(ErrorKind::io, "--disk-dir: no free temporary file name");
+  }
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  [[nodiscard]] const fs::path& path() const noexcept { return path_; }
+
+  /// Writes `size` bytes of incompressible data and syncs them to the disk.
+  void fill(std::size_t size) {
+    std::vector<std::uint64_t> chunk((8u << 20) / 8);
+    std::mt19937_64 g(42);
+    for (std::size_t done = 0; done < size;) {
+      for (auto& x : chunk) x = g();
+      const std::size_t n = std::min(size - done, chunk.size() * 8);
+      const ssize_t w = ::write(fd_, chunk.data(), n);
+      if (w <= 0)
+        moekit::detail::fail(ErrorKind::io, "writing '" + path_.string() + "': " +
+                                                std::strerror(errno) + " (disk full? lower --disk-size)");
+      done += static_cast<std::size_t>(w);
+    }
+    if (::fsync(fd_) != 0)
+      moekit::detail::fail(ErrorKind::io, "fsync '" + path_.string() + "': " + std::strerror(errno));
+    ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+};
+
+struct DiskResult {
+  double bandwidth = 0, latency = 0;
+};
+
+DiskResult disk_read(const fs::path& dir, std::size_t size) {
+  constexpr std::size_t align = 4096, chunk = 4u << 20;
+  size = std::max(chunk, size / chunk * chunk);
+  TempFile f(dir);
+  std::printf("disk: writing %.2f GiB to %s ...\n", double(size) / 1073741824.0,
+              f.path().c_str());
+  std::fflush(stdout);
+  f.fill(size);
+  const int fd = ::open(f.path().c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0)
+    moekit::detail::fail(ErrorKind::unsupported,
+                         "--disk-dir: O_DIRECT open of '" + f.path().string() + "' failed (" +
+                             std::strerror(errno) +
+                             "); tmpfs and some file systems refuse it: use a directory on the "
+                             "disk the expert store lives on");
+  io::AlignedBuffer buf(chunk, align);
+  DiskResult r;
+  const auto t0 = Clock::now();
+  for (std::size_t off = 0; off < size; off += chunk) {
+    const ssize_t n = ::pread(fd, buf.data(), chunk, static_cast<off_t>(off));
+    if (n != static_cast<ssize_t>(chunk)) {
+      ::close(fd);
+      moekit::detail::fail(ErrorKind::io, "O_DIRECT read of '" + f.path().string() + "' failed: " +
+                                              std::strerror(errno));
+    }
+  }
+  r.bandwidth = double(size) / seconds_since(t0);
+  std::mt19937_64 g(7);
+  std::vector<double> lat;
+  for (int i = 0; i < 64; ++i) {
+    const off_t off = static_cast<off_t>((g() % (size / align)) * align);
+    const auto t1 = Clock::now();
+    if (::pread(fd, buf.data(), align, off) != static_cast<ssize_t>(align)) break;
+    lat.push_back(seconds_since(t1));
+  }
+  ::close(fd);
+  r.latency = lat.empty() ? 0.0 : median(lat);
+  return r;
+}
+
+// ---- kernels ----------------------------------------------------------------------------------
+
+struct Expert {
+  std::vector<std::byte> w1, w3, w2;
+  std::size_t hidden, ffn;
+  Precision p;
+  [[nodiscard]] ExpertWeights view() const {
+    return {MatrixView{w1.data(), ffn, hidden, p, {}}, MatrixView{w3.data(), ffn, hidden, p, {}},
+            MatrixView{w2.data(), hidden, ffn, p, {}}};
+  }
+  [[nodiscard]] std::size_t bytes() const { return w1.size() + w3.size() + w2.size(); }
+};
+
+Expert make_expert(std::size_t hidden, std::size_t ffn, Precision p, unsigned seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, 0.02f);
+  auto mat = [&](std::size_t rows, std::size_t cols) {
+    std::vector<float> w(rows * cols);
+    for (auto& v : w) v = d(g);
+    return encode_matrix<float>(w, rows, cols, p, QuantScheme{});
+  };
+  Expert e{mat(ffn, hidden), mat(ffn, hidden), mat(hidden, ffn), hidden, ffn, p};
+  return e;
+}
+
+/// Median seconds of one expert_ffn call over `n` tokens, rotating over copies of `e` whose
+/// total exceeds `rotation` bytes (cold weights, as in MoE decode).
+double time_expert(const Expert& e, std::size_t n, ThreadPool& pool, std::size_t rotation,
+                   int reps) {
+  const std::size_t copies = std::max<std::size_t>(2, rotation / std::max<std::size_t>(1, e.bytes()));
+  std::vector<Expert> cs(copies, e);
+  std::vector<float> x(n * e.hidden, 0.5f), out(n * e.hidden, 0.0f);
+  const KernelOptions opts{std::nullopt, &pool};
+  std::vector<double> t;
+  for (int r = -static_cast<int>(copies); r < reps; ++r) {
+    const Expert& c = cs[static_cast<std::size_t>(r + static_cast<int>(copies)) % copies];
+    const auto t0 = Clock::now();
+    expert_ffn(c.view(), x, n, out, 1.0f, opts);
+    if (r >= 0) t.push_back(seconds_since(t0));
+  }
+  return median(t);
+}
+
+int run(int argc, char** argv) {
+  std::string out = "this_machine.json", disk_dir = ".", disk_size = "1GiB";
+  std::size_t hidden = 4096, ffn = 14336;
+  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  int reps = 9;
+  bool force = false, skip_disk = false;
+  CLI::App app{"moe-calibrate: measure this machine and write the `this_machine` hardware JSON "
+               "for moe-sim --hardware this_machine --hardware-file FILE"};
+  app.add_option("--out", out, "hardware JSON to write (default this_machine.json)");
+  app.add_flag("--force", force, "overwrite --out if it exists");
+  app.add_option("--disk-dir", disk_dir,
+                 "directory for the temporary O_DIRECT test file (default .; put it on the "
+                 "expert store's disk)");
+  app.add_option("--disk-size", disk_size, "size of the temporary file (default 1GiB)");
+  app.add_option("--hidden", hidden, "expert hidden size (default 4096, Mixtral-8x7B)");
+  app.add_option("--ffn", ffn, "expert ffn size (default 14336, Mixtral-8x7B)");
+  app.add_option("--threads", threads, "kernel threads (default: all cores)");
+  app.add_option("--reps", reps, "timed repetitions per measurement (median; default 9)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (hidden == 0 || ffn == 0) bad_flag("--hidden/--ffn", "must be > 0");
+  if (hidden % 32 || ffn % 32) bad_flag("--hidden/--ffn", "must be multiples of 32 (q4/q2 groups)");
+  if (threads == 0 || threads > 1024) bad_flag("--threads", "must be in [1, 1024]");
+  if (reps < 1) bad_flag("--reps", "must be >= 1");
+  const std::size_t dsize = parse_size("--disk-size", disk_size);
+  if (fs::exists(out) && !force)
+    bad_flag("--out", "'" + out + "' exists; refusing to overwrite it (pass --force)");
+
+  ThreadPool pool(threads);
+  constexpr std::size_t rotation = 256u << 20;  // > 4x the LLC of large server CPUs
+
+  const double mem = memory_bandwidth(pool, 64u << 20, 4, reps);
+  std::printf("memory: streaming read %.2f GB/s (%u threads)\n", mem / 1e9, threads);
+
+  const DiskResult disk = disk_read(disk_dir, dsize);
+  std::printf("disk: O_DIRECT sequential read %.2f GB/s, 4 KiB read latency %.1f us\n",
+              disk.bandwidth / 1e9, disk.latency * 1e6);
+
+  const double overhead =
+      time_expert(make_expert(64, 64, Precision::f32, 1), 1, pool, 0, std::max(reps, 31));
+  std::printf("kernels (ISA %s): call overhead %.1f us; expert %zux%zu:\n",
+              std::string(name(detect_isa())).c_str(), overhead * 1e6, hidden, ffn);
+  sim::ProcessorModel cpu;
+  cpu.call_overhead_s = overhead;
+  for (Precision p : all_precisions) {
+    if (p == Precision::skip) continue;
+    const Expert e = make_expert(hidden, ffn, p, 2);
+    const double t = time_expert(e, 1, pool, rotation, reps);
+    const double rate = double(e.bytes()) / std::max(t - overhead, t * 1e-3);
+    cpu.weight_bytes_per_s[static_cast<std::size_t>(p)] = rate;
+    std::printf("  %-5s %8.1f MiB  %9.3f ms  %7.2f GB/s\n", std::string(name(p)).c_str(),
+                double(e.bytes()) / 1048576.0, t * 1e3, rate / 1e9);
+    std::fflush(stdout);
+  }
+  {
+    const Expert e = make_expert(hidden, ffn, Precision::f16, 3);
+    const double t1 = time_expert(e, 1, pool, rotation, reps);
+    const double t16 = time_expert(e, 16, pool, rotation, reps);
+    const double per_token = (t16 - t1) / 15.0;
+    if (!(per_token > 0))
+      moekit::detail::fail(ErrorKind::internal,
+                           "the 16-token expert call was not slower than the 1-token call; rerun "
+                           "with more --reps on a quieter machine");
+    cpu.flops_per_s = 6.0 * double(hidden) * double(ffn) / per_token;
+    std::printf("  batch slope: %.3f ms per extra token → %.1f GFLOP/s\n", per_token * 1e3,
+                cpu.flops_per_s / 1e9);
+  }
+
+  sim::HardwareModel h;
+  h.name = "this_machine";
+  char src[512];
+  std::snprintf(src, sizeof src,
+                "moe-calibrate: link = O_DIRECT read of a %.2f GiB file in '%s' [measured]; "
+                "device = cpu = moekit's CPU expert_ffn, %u threads, ISA %s, expert %zux%zu "
+                "[measured]; memory streaming read %.2f GB/s [measured, reference]; "
+                "layer_overhead_s = call overhead [choice]",
+                double(dsize) / 1073741824.0, disk_dir.c_str(), threads,
+                std::string(name(detect_isa())).c_str(), hidden, ffn, mem / 1e9);
+  h.source = src;
+  h.link = {.bandwidth_bytes_per_s = disk.bandwidth, .latency_s = disk.latency};
+  h.device = cpu;
+  h.cpu = cpu;
+  h.layer_overhead_s = overhead;
+  sim::write_hardware_json(h, out, force);
+  std::printf("wrote %s (use: moe-sim --hardware this_machine --hardware-file %s)\n", out.c_str(),
+              out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const moekit::Error& e) {
+    std::fprintf(stderr, "moe-calibrate: %s\n", e.message().c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moe-calibrate: %s\n", e.what());
+    return 2;
+  }
+}
