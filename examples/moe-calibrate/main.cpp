@@ -258,7 +258,7 @@ int run(int argc, char** argv) {
   std::size_t hidden = 4096, ffn = 14336;
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   int reps = 9;
-  bool force = false, skip_disk = false;
+  bool force = false;
   CLI::App app{"moe-calibrate: measure this machine and write the `this_machine` hardware JSON "
                "for moe-sim --hardware this_machine --hardware-file FILE"};
   app.add_option("--out", out, "hardware JSON to write (default this_machine.json)");

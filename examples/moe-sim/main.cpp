@@ -356,13 +356,19 @@ double reference_penalty(const std::vector<Row>& rows, const Row& r, const std::
   return 0;
 }
 
+/// A trace's name for tables: the file name, or a synthetic trace's "synthetic:<model>".
+std::string short_name(const std::string& name) {
+  std::string n = name.substr(0, name.find(" ("));
+  return n.substr(n.find_last_of('/') + 1);
+}
+
 /// The --compare table: per trace, each preset and reference with the headline metrics.
 void print_compare(const std::vector<Row>& rows) {
   std::printf("%-9s %-15s %7s %9s %8s %8s %9s %7s %7s %10s\n", "trace", "policy", "miss %",
               "penalty", "/belady", "/ref", "GB moved", "pf prec", "pf rec", "decode t/s");
   std::string last;
   for (const Row& r : rows) {
-    std::string t = r.trace.substr(r.trace.find_last_of('/') + 1);
+    const std::string t = short_name(r.trace);
     if (t != last) {
       std::printf("-- %s%s\n", t.c_str(), r.rep.synthetic ? "  [SYNTHETIC]" : "");
       last = t;
