@@ -101,6 +101,14 @@ struct Options {
   BudgetSpec budget{};
   std::string budget_text = "all";
   moekit::Precision precision = moekit::Precision::f16;
+  // Offloading (offload.hpp, expert_source.hpp, calibration.hpp).
+  PresetParams preset_params{};    ///< the presets' parameters (--t1, --gamma, ...)
+  std::string store;               ///< --store: expert store file ("" = per -m)
+  bool in_memory = false;          ///< --in-memory: experts from the checkpoint into host memory
+  bool direct = true;              ///< O_DIRECT store reads (--no-direct: page cache)
+  bool uring = true;               ///< io_uring when available (--pread: never)
+  unsigned io_threads = 2;         ///< --io-threads: store loader threads
+  int calib_tokens = 16;           ///< --calib-tokens: greedy tokens after the prompt
   std::uint32_t context = 0;  ///< 0 = prompt + n_predict
   bool no_bos = false;
   bool json = false;
@@ -131,6 +139,7 @@ class Cli {
                     "bytes of expert cache: all, 2GiB, 512MiB, 1.5G, 50% (of all experts)");
     app_.add_option("--precision", precision_text_,
                     "precision experts are stored and run at: f32, bf16, f16, q8, q4, q2");
+    add_offload_options();
     app_.add_option("-c,--ctx-size", o_.context, "context length (0 = prompt + n-predict)");
     app_.add_flag("--no-bos", o_.no_bos, "do not prepend the BOS token to the prompt");
     app_.add_flag("--json", o_.json, "print the text and statistics as one JSON object");
@@ -171,11 +180,74 @@ class Cli {
                           "--precision: '" + precision_text_ +
                               "' is not one of f32, bf16, f16, q8, q4, q2");
     o_.precision = *p;
+    finish_offload();
+  }
+
+  // Preset parameters and the expert store (docs/engine.md, "Presets" and "Expert store").
+  void add_offload_options() {
+    PresetParams& q = o_.preset_params;
+    app_.add_option("--t1", q.t1, "hobbit/nextuse: cumulative gate weight run at --precision")
+        ->check(CLI::Range(0.0f, 1.0f));
+    app_.add_option("--t2", q.t2, "hobbit/nextuse: cumulative gate weight run at --low-precision "
+                                  "(the rest is skipped)")
+        ->check(CLI::Range(0.0f, 1.0f));
+    app_.add_option("--low-precision", low_text_, "hobbit/nextuse/fate: the low precision");
+    app_.add_option("--lookahead", q.lookahead, "hobbit: stacked-gate layers predicted ahead")
+        ->check(CLI::Range(1u, 64u));
+    app_.add_option("--shallow-layers", q.shallow_layers, "fate: shallow layers cached in full")
+        ->check(CLI::Range(0u, 1u << 16));
+    app_.add_option("--fate-low-fraction", q.fate_low_fraction,
+                    "fate: least popular share of a prefill layer at --low-precision (0 = none)")
+        ->check(CLI::Range(0.0, 1.0));
+    app_.add_option("--fate-percentile", q.fate_percentile,
+                    "fate: decode prefetch candidates score above this percentile")
+        ->check(CLI::Range(0.0, 0.999));
+    app_.add_option("--gamma", q.gamma, "mobile: accept a token iff its max probability > gamma")
+        ->check(CLI::Range(0.0f, 1.0f));
+    app_.add_option("--k-little", q.k_little, "mobile: experts per token in the little pass (0 = K/2)");
+    app_.add_option("--bitwidth-table", q.bitwidth_table,
+                    "edgemoe: per-expert precision table (JSON, score/static_bitwidth.hpp; default: "
+                    "every expert at --precision)");
+    app_.add_option("--popularity", q.popularity_file,
+                    "fiddler: tokens per expert, JSON [[layer 0 counts], ...] (default: counted "
+                    "from a calibration run of the prompt plus --calib-tokens greedy tokens)");
+    app_.add_option("--cpu-latency", q.cpu_seconds_per_token,
+                    "fiddler: seconds per token per expert on the CPU (0 = measured at start-up)")
+        ->check(CLI::Range(0.0, 1e6));
+    app_.add_option("--copy-latency", q.copy_seconds,
+                    "fiddler: seconds to load one expert and run it (0 = measured at start-up)")
+        ->check(CLI::Range(0.0, 1e6));
+    app_.add_option("--calib-tokens", o_.calib_tokens,
+                    "edgemoe/fiddler: greedy tokens after the prompt in the calibration run")
+        ->check(CLI::Range(0, 4096));
+    app_.add_option("--store", o_.store,
+                    "expert store (moe-convert) to read experts from with O_DIRECT; -m is the "
+                    "checkpoint of the dense part (or the store itself, the checkpoint then comes "
+                    "from the store's meta)");
+    app_.add_flag("--in-memory", o_.in_memory,
+                  "encode the experts from the checkpoint into host memory instead of reading a "
+                  "store (the default for models other than the built-in one)");
+    app_.add_flag("!--no-direct", o_.direct, "store reads through the page cache (no O_DIRECT)");
+    app_.add_flag("!--pread", o_.uring, "store reads with pread(2), never io_uring");
+    app_.add_option("--io-threads", o_.io_threads, "store loader I/O threads")
+        ->check(CLI::Range(1u, 64u));
+  }
+
+  void finish_offload() {
+    const auto low = moekit::parse_precision(low_text_);
+    if (!low || *low == moekit::Precision::skip)
+      throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                          "--low-precision: '" + low_text_ + "' is not one of f32, bf16, f16, q8, q4, q2");
+    o_.preset_params.low = *low;
+    if (!o_.store.empty() && o_.in_memory)
+      throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                          "--in-memory: contradicts --store " + o_.store);
   }
 
   CLI::App app_;
   Options o_;
   std::string precision_text_ = "f16";
+  std::string low_text_ = "q4";
 };
 
 }  // namespace moe_run

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <memory>
+#include <span>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -15,13 +17,19 @@
 #include "moekit/error.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
+#include "calibration.hpp"
 #include "cli.hpp"
 #include "config.hpp"
+#include "expert_source.hpp"
 #include "model.hpp"
 #include "offload.hpp"
 #include "sampler.hpp"
 #include "tokenizer.hpp"
 #include "weights.hpp"
+
+#ifndef MOE_RUN_STORE_DIR
+#define MOE_RUN_STORE_DIR "build/moe-run-stores"
+#endif
 
 namespace fs = std::filesystem;
 using namespace moe_run;
@@ -48,9 +56,31 @@ fs::path check_model_path(const Options& o) {
                         "yet. Pass a Hugging Face model directory (config.json + safetensors)");
   if (!fs::is_directory(p) || !fs::exists(p / "config.json"))
     throw moekit::Error(moekit::ErrorKind::unsupported,
-                        "-m: '" + o.model + "' is not a Hugging Face model directory (no "
-                        "config.json); expert stores are not supported by moe-run yet");
+                        "-m: '" + o.model + "' is neither a Hugging Face model directory (no "
+                        "config.json) nor an expert store (moe-convert)");
   return p;
+}
+
+// Where the dense part and the experts come from: -m DIR [--store FILE], or -m STORE (the
+// checkpoint directory recorded in the store's meta).
+struct ModelSource {
+  fs::path dir;
+  std::string store;  // "" = none given
+};
+
+ModelSource resolve_model(const Options& o) {
+  if (fs::is_regular_file(o.model) && is_expert_store(o.model)) {
+    if (!o.store.empty()) fail("--store: -m already names an expert store ('" + o.model + "')");
+    const auto st = moekit::io::ExpertStore::open(o.model);
+    const auto& meta = st.manifest().meta;
+    if (!meta.contains("checkpoint_dir") || !meta["checkpoint_dir"].is_string())
+      fail("-m: expert store '" + o.model + "' records no checkpoint_dir in its meta; pass the "
+           "checkpoint with -m DIR and the store with --store");
+    Options d = o;
+    d.model = meta["checkpoint_dir"].get<std::string>();
+    return {check_model_path(d), o.model};
+  }
+  return {check_model_path(o), o.store};
 }
 
 struct Timings {
@@ -169,8 +199,117 @@ void print_stats(const nlohmann::json& j) {
                j["fallbacks"].get<unsigned long long>());
 }
 
+// ---- expert source and preset inputs (offload wiring) -------------------------------------
+
+struct ExpertPlacement {
+  std::shared_ptr<const moekit::io::ExpertStore> store;  // null: host memory
+  bool built = false;
+};
+
+std::string precision_list(std::span<const moekit::Precision> ps) {
+  std::string s;
+  for (moekit::Precision p : ps) {
+    if (!s.empty()) s += ',';
+    s += moekit::name(p);
+  }
+  return s;
+}
+
+std::shared_ptr<const moekit::io::ExpertStore> open_store(const std::string& path,
+                                                          const moekit::ModelShape& shape,
+                                                          std::span<const moekit::Precision> need,
+                                                          const char* flag) {
+  auto st = std::make_shared<moekit::io::ExpertStore>(moekit::io::ExpertStore::open(path, shape));
+  for (moekit::Precision p : need) {
+    const auto& have = st->manifest().precisions;
+    if (std::find(have.begin(), have.end(), p) == have.end())
+      fail(std::string(flag) + ": expert store '" + path + "' holds " + precision_list(have) +
+           ", but this run needs " + precision_list(need) + " (rebuild it with moe-convert "
+           "--precisions " + precision_list(need) + ")");
+  }
+  return st;
+}
+
+// The default model's store: built at first use into the build tree (never next to the model),
+// rebuilt when the checkpoint changed or a precision is missing.
+ExpertPlacement default_store(const ModelConfig& cfg, const fs::path& dir,
+                              std::vector<moekit::Precision> need, bool quiet) {
+  for (moekit::Precision p : {moekit::Precision::f16, moekit::Precision::q8,
+                              moekit::Precision::q4, moekit::Precision::q2})
+    if (std::find(need.begin(), need.end(), p) == need.end()) need.push_back(p);
+  std::string tag;
+  for (moekit::Precision p : need) tag += "-" + std::string(moekit::name(p));
+  const fs::path out = fs::path(MOE_RUN_STORE_DIR) / (dir.filename().string() + tag + ".moestore");
+  const std::string fp = checkpoint_fingerprint(dir);
+  bool stale = false;
+  if (fs::exists(out)) {
+    try {
+      const auto st = moekit::io::ExpertStore::open(out.string(), cfg.shape());
+      const auto& meta = st.manifest().meta;
+      if (meta.value("checkpoint_fingerprint", std::string()) == fp)
+        return {std::make_shared<moekit::io::ExpertStore>(std::move(st)), false};
+      stale = true;
+    } catch (const moekit::Error&) {
+      stale = true;  // ours and unreadable (e.g. an older format): rebuilt below
+    }
+  }
+  fs::create_directories(out.parent_path());
+  if (!quiet)
+    std::fprintf(stderr, "building the expert store %s (%s) from %s%s...\n", out.c_str(),
+                 precision_list(need).c_str(), dir.c_str(), stale ? " (checkpoint changed)" : "");
+  moekit::io::ExpertStoreWriteOptions wo;
+  wo.overwrite = stale;  // only our own cache file in the build tree
+  build_store_from_checkpoint(cfg, dir, need, out, wo);
+  return {std::make_shared<moekit::io::ExpertStore>(
+              moekit::io::ExpertStore::open(out.string(), cfg.shape())),
+          true};
+}
+
+ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const fs::path& dir,
+                              const std::string& store, const std::vector<moekit::Precision>& need) {
+  if (!store.empty()) return {open_store(store, cfg.shape(), need, o.store.empty() ? "-m" : "--store"), false};
+  if (o.in_memory || fs::weakly_canonical(dir) != fs::weakly_canonical(MOE_RUN_DEFAULT_MODEL))
+    return {};
+  return default_store(cfg, dir, need, o.json);
+}
+
+// Router weights, calibration routing and measured latencies, for the presets that need them.
+PresetInputs preset_inputs(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
+                           const Tokenizer& tok, const OffloadSettings& settings,
+                           const ExpertBacking& backing, moekit::ThreadPool& pool) {
+  const PresetNeeds needs = preset_needs(o.preset, settings);
+  const moekit::ModelShape shape = cfg.shape();
+  PresetInputs in;
+  if (!o.preset_params.popularity_file.empty())
+    in.popularity = load_popularity(o.preset_params.popularity_file, shape);
+  if (needs.calibration) {
+    std::vector<Token> prompt = tok.encode(o.prompt, false);
+    if (!o.no_bos && cfg.bos_token_id) prompt.insert(prompt.begin(), *cfg.bos_token_id);
+    if (prompt.empty()) fail("-p: the prompt encodes to no tokens (calibration run)");
+    const Calibration c = calibrate(cfg, w.dense, settings, backing, prompt, o.calib_tokens, &pool);
+    if (in.popularity.empty()) in.popularity = c.counts;
+    in.paths = c.paths;
+    if (!o.json)
+      std::fprintf(stderr, "calibration: routing of %zu tokens (prompt + %d greedy) counted\n",
+                   c.tokens, o.calib_tokens);
+  }
+  if (o.preset == "edgemoe" && in.popularity.empty()) in.popularity.assign(shape.expert_count(), 0.0);
+  in.cpu_seconds_per_token = o.preset_params.cpu_seconds_per_token;
+  in.copy_seconds = o.preset_params.copy_seconds;
+  if (needs.latencies) {
+    const FiddlerLatencies l = measure_fiddler_latencies(shape, o.precision, backing, &pool);
+    if (!(in.cpu_seconds_per_token > 0)) in.cpu_seconds_per_token = l.cpu_seconds_per_token;
+    if (!(in.copy_seconds > 0)) in.copy_seconds = l.copy_seconds;
+    if (!o.json)
+      std::fprintf(stderr, "fiddler: measured %.1f us per token per expert on the CPU, %.1f us "
+                   "to load + run one expert\n", 1e6 * in.cpu_seconds_per_token, 1e6 * in.copy_seconds);
+  }
+  return in;
+}
+
 int run(const Options& o) {
-  const fs::path dir = check_model_path(o);
+  const ModelSource src = resolve_model(o);
+  const fs::path& dir = src.dir;
   const ModelConfig cfg = load_config(dir);
   const Tokenizer tok(dir / "tokenizer.model");
   if (tok.vocab_size() > cfg.vocab_size)
@@ -180,14 +319,38 @@ int run(const Options& o) {
   // Refuse an impossible budget before loading any weight.
   const moekit::ModelShape shape = cfg.shape();
   const OffloadSettings settings{o.budget.resolve(all_resident_budget(shape, o.precision)),
-                                 o.precision};
+                                 o.precision, o.preset_params};
   check_budget(shape, settings);
+  check_preset_params(o.preset, settings);
 
-  const ModelWeights w = load_weights(cfg, dir, {o.precision});
+  // Experts: a store read with O_DIRECT (--store, -m STORE, or the default model's store built
+  // at first use) or host memory (--in-memory, other checkpoints).
+  const auto needed = required_precisions(o.preset, shape, settings);
+  const ExpertPlacement where = place_experts(o, cfg, dir, src.store, needed);
+  const ModelWeights w = load_weights(cfg, dir, where.store ? std::vector<moekit::Precision>{}
+                                                            : needed);
+  ExpertBacking backing{where.store ? nullptr : &w.experts, where.store,
+                        StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads}};
   moekit::ThreadPool pool(o.threads);
-  const nlohmann::json stats = with_preset(
-      o.preset, shape, settings, w.experts,
-      [&](auto& pipeline) { return generate(o, cfg, w, tok, pipeline, pool); });
+  PresetInputs in = preset_inputs(o, cfg, w, tok, settings, backing, pool);
+  std::vector<float> routers;
+  if (preset_needs(o.preset, settings).routers) {
+    routers = router_stack(cfg, w.dense);
+    in.routers = routers;
+  }
+  std::string loader_kind;
+  nlohmann::json stats = with_preset(
+      o.preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
+        loader_kind = pipeline.loader().kind();
+        return generate(o, cfg, w, tok, pipeline, pool);
+      });
+  stats["expert_source"] = where.store ? where.store->path() : std::string("host memory");
+  stats["expert_reads"] = loader_kind;
+  stats["store_built"] = where.built;
+  if (!o.json)
+    std::fprintf(stderr, "expert source: %s (%s%s)%s\n", stats["expert_source"].get<std::string>().c_str(),
+                 loader_kind.c_str(), where.store && o.direct ? ", O_DIRECT" : "",
+                 where.built ? " [built now]" : "");
   if (o.json) std::cout << stats.dump(1) << "\n";
   else print_stats(stats);
   return 0;

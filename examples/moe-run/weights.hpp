@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moekit/core/expert_key.hpp"
@@ -21,6 +22,7 @@
 #include "moekit/error.hpp"
 #include "moekit/io/dequantize.hpp"
 #include "moekit/io/safetensors.hpp"
+#include "moekit/io/tensor_names.hpp"
 #include "moekit/precision/expert_ffn.hpp"
 #include "moekit/precision/format.hpp"
 #include "moekit/precision/quantize.hpp"
@@ -83,6 +85,52 @@ struct DenseWeights {
   }
 };
 
+/// The one definition of moe-run's expert blob (shared by the engine, `moe-convert` and the expert
+/// store): encodes w1, w3 (ffn × hidden) and w2 (hidden × ffn), f32 row-major, at `p` into `dst`,
+/// which must be exactly `s.expert_bytes(p)` long, laid out [w1][w3][w2] in precision/'s format.
+inline void encode_expert_blob(const moekit::ModelShape& s, std::span<const float> w1,
+                               std::span<const float> w3, std::span<const float> w2,
+                               moekit::Precision p, std::span<std::byte> dst) {
+  MOEKIT_EXPECTS(dst.size() == s.expert_bytes(p),
+                 "encode_expert_blob: destination size differs from expert_bytes");
+  const std::size_t f = s.ffn, h = s.hidden;
+  MOEKIT_EXPECTS(w1.size() == f * h && w3.size() == f * h && w2.size() == h * f,
+                 "encode_expert_blob: matrix sizes differ from the shape");
+  std::byte* out = dst.data();
+  for (auto [m, rows, cols] : {std::tuple{w1, f, h}, std::tuple{w3, f, h}, std::tuple{w2, h, f}}) {
+    const auto enc = moekit::encode_matrix<float>(m, rows, cols, p, s.quant);
+    std::copy(enc.begin(), enc.end(), out);
+    out += enc.size();
+  }
+}
+
+/// The same, returning a new blob.
+inline std::vector<std::byte> encode_expert_blob(const moekit::ModelShape& s,
+                                                 std::span<const float> w1,
+                                                 std::span<const float> w3,
+                                                 std::span<const float> w2, moekit::Precision p) {
+  std::vector<std::byte> b(s.expert_bytes(p));
+  encode_expert_blob(s, w1, w3, w2, p, b);
+  return b;
+}
+
+/// One expert's matrices in f32: w1, w3 (ffn × hidden), w2 (hidden × ffn).
+struct ExpertF32 {
+  std::vector<float> w1, w3, w2;
+};
+
+/// Reads routed expert `key` (MoE-layer numbering of `s`, i.e. layer = the checkpoint layer when
+/// every layer is MoE) from a safetensors or GGUF reader in f32, shape-checked against `s`.
+/// `layer` is the checkpoint's decoder layer holding that MoE layer.
+template <moekit::io::TensorReader R>
+ExpertF32 read_expert_f32(const R& reader, moekit::io::Architecture arch,
+                          moekit::io::TensorFormat format, std::uint32_t layer,
+                          std::uint32_t expert, const moekit::ModelShape& s) {
+  const auto m = moekit::io::find_expert_matrices(reader, arch, format, {layer, expert}, s);
+  return {moekit::io::dequantize(m.gate), moekit::io::dequantize(m.up),
+          moekit::io::dequantize(m.down)};
+}
+
 /// Every routed expert in host memory at each of a set of stored precisions.
 class HostExperts {
  public:
@@ -101,13 +149,9 @@ class HostExperts {
            std::span<const float> w2) {
     for (std::size_t i = 0; i < precisions_.size(); ++i) {
       const moekit::Precision p = precisions_[i];
-      const std::size_t f = shape_.ffn, h = shape_.hidden;
-      std::byte* dst = blobs_[i].data() + shape_.index(key) * shape_.expert_bytes(p);
-      for (auto [m, rows, cols] : {std::tuple{w1, f, h}, std::tuple{w3, f, h}, std::tuple{w2, h, f}}) {
-        const auto enc = moekit::encode_matrix<float>(m, rows, cols, p, shape_.quant);
-        std::copy(enc.begin(), enc.end(), dst);
-        dst += enc.size();
-      }
+      const std::size_t n = shape_.expert_bytes(p);
+      encode_expert_blob(shape_, w1, w3, w2, p,
+                         std::span<std::byte>(blobs_[i].data() + shape_.index(key) * n, n));
     }
   }
 
@@ -208,7 +252,8 @@ class TensorReader {
 }  // namespace detail
 
 /// Loads a Hugging Face safetensors checkpoint (directory, index or single file) for `cfg`,
-/// encoding the routed experts at each of `expert_precisions`.
+/// encoding the routed experts at each of `expert_precisions`. With no precision the routed
+/// experts are not read at all (they come from an expert store): only the dense part is loaded.
 inline ModelWeights load_weights(const ModelConfig& cfg, const std::filesystem::path& path,
                                  std::vector<moekit::Precision> expert_precisions) {
   const auto model = moekit::io::SafetensorsModel::open(path);
@@ -221,7 +266,8 @@ inline ModelWeights load_weights(const ModelConfig& cfg, const std::filesystem::
   if (!cfg.tie_word_embeddings) d.lm_head = r.linear("lm_head", V, H);
 
   const moekit::ModelShape shape = cfg.shape();
-  w.experts = HostExperts(shape, std::move(expert_precisions));
+  const bool with_experts = !expert_precisions.empty();
+  if (with_experts) w.experts = HostExperts(shape, std::move(expert_precisions));
   const bool mixtral = cfg.arch == Architecture::mixtral;
   d.layers.resize(cfg.n_layers);
   for (std::uint32_t l = 0; l < cfg.n_layers; ++l) {
@@ -249,7 +295,7 @@ inline ModelWeights load_weights(const ModelConfig& cfg, const std::filesystem::
       L.shared_gate = r.linear(moe + ".shared_expert_gate", 1, H);
     }
     const std::size_t F = cfg.expert_ffn;
-    for (std::uint32_t e = 0; e < cfg.n_experts; ++e) {
+    for (std::uint32_t e = 0; with_experts && e < cfg.n_experts; ++e) {
       const std::string x = moe + ".experts." + std::to_string(e);
       const auto w1 = r.read(x + (mixtral ? ".w1.weight" : ".gate_proj.weight"), {F, H});
       const auto w3 = r.read(x + (mixtral ? ".w3.weight" : ".up_proj.weight"), {F, H});
@@ -258,6 +304,26 @@ inline ModelWeights load_weights(const ModelConfig& cfg, const std::filesystem::
     }
   }
   return w;
+}
+
+/// The routers of every MoE layer back to back, [n_moe_layers · n_experts · hidden] f32 (row
+/// l·E + e = expert e of MoE layer l): the layout HOBBIT's and Fate's gate predictors read.
+inline std::vector<float> router_stack(const ModelConfig& cfg, const DenseWeights& d) {
+  std::vector<float> out;
+  out.reserve(std::size_t{cfg.n_moe_layers} * cfg.n_experts * cfg.hidden);
+  for (std::uint32_t l = 0; l < cfg.n_layers; ++l)
+    if (cfg.moe_index[l] >= 0) out.insert(out.end(), d.layers[l].router.w.begin(), d.layers[l].router.w.end());
+  MOEKIT_EXPECTS(out.size() == std::size_t{cfg.n_moe_layers} * cfg.n_experts * cfg.hidden,
+                 "router_stack: router sizes differ from the config");
+  return out;
+}
+
+/// Decoder layer (checkpoint numbering) of each MoE layer of `cfg`.
+inline std::vector<std::uint32_t> moe_decoder_layers(const ModelConfig& cfg) {
+  std::vector<std::uint32_t> out(cfg.n_moe_layers);
+  for (std::uint32_t l = 0; l < cfg.n_layers; ++l)
+    if (cfg.moe_index[l] >= 0) out[static_cast<std::size_t>(cfg.moe_index[l])] = l;
+  return out;
 }
 
 }  // namespace moe_run

@@ -1,0 +1,213 @@
+#pragma once
+/// \file Start-up measurements some presets need: a calibration run that records the routing of
+/// the prompt (plus a few greedy tokens) — per-(layer, expert) token counts for Fiddler's
+/// placement and EdgeMoE's prior, and per-token activation paths for EdgeMoE's preloading — and
+/// Fiddler's two latencies (one token through one expert on the CPU; one expert loaded through the
+/// run's loader and run), timed on this machine rather than taken from the paper.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <span>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moekit/core/gate_view.hpp"
+#include "moekit/core/layer_context.hpp"
+#include "moekit/detail/expert_arena.hpp"
+#include "moekit/pipeline.hpp"  // WeightView (moe_layer.hpp uses it without including it)
+#include "moekit/precision/expert_ffn.hpp"
+#include "moekit/precision/thread_pool.hpp"
+#include "moekit/predict/activation_path.hpp"
+
+#include "config.hpp"
+#include "expert_source.hpp"
+#include "model.hpp"
+#include "offload.hpp"
+
+namespace moe_run {
+
+/// Forwards a pipeline's per-layer calls and records the routing it sees.
+template <class Pipeline>
+class RouteRecorder {
+ public:
+  RouteRecorder(Pipeline& inner, std::uint32_t n_layers, std::uint32_t n_experts)
+      : inner_(inner), n_layers_(n_layers), n_experts_(n_experts),
+        counts_(std::size_t{n_layers} * n_experts, 0.0), sets_(n_layers) {}
+
+  void begin_sequence() {
+    flush();
+    inner_.begin_sequence();
+  }
+  std::uint32_t active_top_k(const moekit::LayerContext& c) { return inner_.active_top_k(c); }
+  const moekit::LayerPlan& route(const moekit::LayerContext& c, const moekit::GateView& g) {
+    if (c.layer == 0) flush();
+    sets_[c.layer].assign(g.experts.begin(), g.experts.end());
+    k_ = g.k;
+    n_tokens_ = g.n_tokens;
+    for (std::uint32_t e : g.experts) counts_[std::size_t{c.layer} * n_experts_ + e] += 1;
+    return inner_.route(c, g);
+  }
+  std::span<const moekit::WeightView> resolve(const moekit::LayerPlan& p) { return inner_.resolve(p); }
+  void end_layer(const moekit::LayerContext& c) { inner_.end_layer(c); }
+  moekit::TokenVerdict end_token(std::span<const float> logits) { return inner_.end_token(logits); }
+  [[nodiscard]] auto stats() const { return inner_.stats(); }
+  [[nodiscard]] const auto& config() const noexcept { return inner_.config(); }
+  [[nodiscard]] const auto& shape() const noexcept { return inner_.shape(); }
+
+  /// Tokens routed to each (layer, expert) so far, [L × E].
+  [[nodiscard]] const std::vector<double>& counts() const noexcept { return counts_; }
+  /// Activation paths of every recorded token (call after the last forward).
+  std::shared_ptr<moekit::ActivationPathProfile> paths() {
+    flush();
+    return profile_;
+  }
+
+ private:
+  // Turns the last forward's per-layer routing into one path per token.
+  void flush() {
+    if (n_tokens_ == 0 || sets_.back().empty()) return;
+    if (!profile_)
+      profile_ = std::make_shared<moekit::ActivationPathProfile>(n_layers_, n_experts_, k_);
+    std::vector<std::vector<std::uint32_t>> tok(n_layers_);
+    std::vector<std::span<const std::uint32_t>> view(n_layers_);
+    for (std::uint32_t t = 0; t < n_tokens_; ++t) {
+      bool complete = true;
+      for (std::uint32_t l = 0; l < n_layers_; ++l) {
+        if (sets_[l].size() != std::size_t{n_tokens_} * k_) complete = false;
+        else tok[l].assign(sets_[l].begin() + t * k_, sets_[l].begin() + (t + 1) * k_);
+        view[l] = tok[l];
+      }
+      if (complete && k_ == profile_->top_k()) profile_->add_path(view);
+    }
+    for (auto& s : sets_) s.clear();
+    n_tokens_ = 0;
+  }
+
+  Pipeline& inner_;
+  std::uint32_t n_layers_, n_experts_;
+  std::vector<double> counts_;
+  std::vector<std::vector<std::uint32_t>> sets_;
+  std::uint32_t k_ = 0, n_tokens_ = 0;
+  std::shared_ptr<moekit::ActivationPathProfile> profile_;
+};
+
+/// The routing of a calibration run.
+struct Calibration {
+  std::vector<double> counts;  ///< [L × E] tokens per expert
+  std::shared_ptr<const moekit::ActivationPathProfile> paths;
+  std::size_t tokens = 0;      ///< tokens routed (prompt + greedy continuation)
+};
+
+/// Runs `prompt` and then `extra` greedy tokens through the baseline preset (same experts, same
+/// budget) and records the routing.
+inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
+                             const OffloadSettings& o, const ExpertBacking& experts,
+                             std::span<const Token> prompt, int extra, moekit::ThreadPool* pool) {
+  const moekit::ModelShape s = cfg.shape();
+  OffloadSettings base = o;
+  base.preset = {};
+  return with_preset("baseline", s, base, experts.make_loader(), PresetInputs{}, [&](auto& p) {
+    RouteRecorder rec(p, s.n_layers, s.n_experts);
+    const auto ctx = static_cast<std::uint32_t>(prompt.size() + std::max(extra, 0) + 1);
+    Model<decltype(rec)> model(cfg, dense, rec, ctx, pool);
+    model.begin_sequence();
+    auto logits = model.prefill(prompt);
+    for (int i = 0; i < extra; ++i) {
+      const auto next = static_cast<Token>(std::max_element(logits.begin(), logits.end()) -
+                                           logits.begin());
+      logits = model.decode(next);
+    }
+    Calibration c;
+    c.counts = rec.counts();
+    c.paths = rec.paths();
+    c.tokens = prompt.size() + static_cast<std::size_t>(std::max(extra, 0));
+    return c;
+  });
+}
+
+/// Reads a popularity profile: JSON `[[tokens of layer 0's experts], [layer 1], ...]`, one row per
+/// MoE layer, one non-negative number per expert. Throws naming --popularity and the file.
+inline std::vector<double> load_popularity(const std::string& path, const moekit::ModelShape& s) {
+  auto bad = [&](const std::string& why) {
+    moekit::detail::fail(moekit::ErrorKind::invalid_argument, "--popularity: '" + path + "' " + why);
+  };
+  std::ifstream in(path);
+  if (!in) bad("cannot be opened");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    bad(std::string("is not JSON: ") + e.what());
+  }
+  if (!j.is_array() || j.size() != s.n_layers)
+    bad("must be an array of " + std::to_string(s.n_layers) + " rows (one per MoE layer)");
+  std::vector<double> out;
+  for (std::size_t l = 0; l < j.size(); ++l) {
+    if (!j[l].is_array() || j[l].size() != s.n_experts)
+      bad("row " + std::to_string(l) + " must hold " + std::to_string(s.n_experts) + " numbers");
+    for (const auto& v : j[l]) {
+      if (!v.is_number() || v.get<double>() < 0)
+        bad("row " + std::to_string(l) + " holds a value that is not a non-negative number");
+      out.push_back(v.get<double>());
+    }
+  }
+  return out;
+}
+
+/// Fiddler's latencies on this machine, in seconds.
+struct FiddlerLatencies {
+  double cpu_seconds_per_token = 0;  ///< one token through one expert, weights in host memory
+  double copy_seconds = 0;           ///< load one expert through the loader, then run it
+};
+
+/// Times (median of `reps`) one token through expert (0, 0) from host memory, and a load of a
+/// different expert each repetition through a fresh loader of `experts` into a 4 KiB-aligned
+/// buffer followed by the same run.
+inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s,
+                                                  moekit::Precision p,
+                                                  const ExpertBacking& experts,
+                                                  moekit::ThreadPool* pool, int reps = 9) {
+  using clock = std::chrono::steady_clock;
+  moekit::KernelOptions opts{};
+  opts.pool = pool;
+  std::vector<float> x(s.hidden, 0.01f), y(s.hidden);
+  ExpertLoader loader = experts.make_loader();
+  const auto host = loader.host_bytes({0, 0}, p);
+  auto run = [&](std::span<const std::byte> b) {
+    std::fill(y.begin(), y.end(), 0.f);
+    moekit::expert_ffn(expert_view(s, b, p), x, 1, y, 1.f, opts);
+  };
+  run(host);  // warm the mapping / caches once
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<double> cpu, copy;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = clock::now();
+    run(host);
+    cpu.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+  }
+  moekit::detail::ExpertArena arena(1, s.expert_bytes(p));
+  const std::uint32_t n = static_cast<std::uint32_t>(s.expert_count());
+  for (int i = 0; i < reps; ++i) {
+    const std::uint32_t idx = static_cast<std::uint32_t>(1 + i) % n;  // not the warmed expert
+    const moekit::ExpertKey k{idx / s.n_experts, idx % s.n_experts};
+    const auto t0 = clock::now();
+    const auto dest = arena.acquire(0, s.expert_bytes(p));
+    const auto t = loader.submit({k, p, moekit::LoadPriority::on_demand, dest});
+    loader.wait(t);
+    run(dest);
+    copy.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+    arena.release(0);
+  }
+  return {std::max(median(cpu), 1e-9), std::max(median(copy), 1e-9)};
+}
+
+}  // namespace moe_run

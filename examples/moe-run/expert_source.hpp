@@ -1,0 +1,262 @@
+#pragma once
+/// \file Where moe-run's routed experts come from: host memory (`HostExperts`) or an expert store
+/// (io/expert_store.hpp) read with O_DIRECT through `io::AsyncLoader` — io_uring when the build
+/// has liburing and the kernel allows a ring, pread otherwise — straight into the pipeline's
+/// 4 KiB-aligned slots. `ExpertLoader` is the one Loader type every preset is instantiated with,
+/// so the preset table is compiled once for both paths. Also builds stores from checkpoints
+/// (shared by `moe-convert` and the default model's store made at first use).
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "moekit/core/concepts.hpp"
+#include "moekit/core/model_shape.hpp"
+#include "moekit/core/plan.hpp"
+#include "moekit/core/precision.hpp"
+#include "moekit/error.hpp"
+#include "moekit/io/async_loader.hpp"
+#include "moekit/io/byte_source.hpp"
+#include "moekit/io/expert_store.hpp"
+#include "moekit/io/memory_loader.hpp"
+#include "moekit/io/safetensors.hpp"
+#include "moekit/io/tensor_names.hpp"
+#if defined(MOEKIT_HAS_URING)
+#include "moekit/io/uring_source.hpp"
+#endif
+
+#include "config.hpp"
+#include "weights.hpp"
+
+namespace moe_run {
+
+/// How the store is read.
+struct StoreIo {
+  bool direct = true;       ///< O_DIRECT (page cache bypassed)
+  bool uring = true;        ///< io_uring when available; pread otherwise
+  unsigned io_threads = 2;  ///< AsyncLoader threads
+  bool verify_checksums = false;  ///< XXH64 of every loaded blob
+};
+
+/// An O_DIRECT (or buffered) byte source over the store file: io_uring or pread(2).
+class DirectSource {
+ public:
+  DirectSource(const std::string& path, const StoreIo& io) {
+#if defined(MOEKIT_HAS_URING)
+    if (io.uring) {
+      try {
+        src_.emplace<moekit::io::UringSource>(
+            path, moekit::io::UringSource::Config{.direct = io.direct, .rings = io.io_threads});
+        return;
+      } catch (const moekit::Error& e) {
+        if (e.kind() != moekit::ErrorKind::unsupported) throw;  // only "no io_uring" falls back
+      }
+    }
+#endif
+    src_.emplace<moekit::io::PreadSource>(path, moekit::io::PreadSource::Config{.direct = io.direct});
+  }
+  void read(moekit::io::BlobRange r, std::span<std::byte> dest) const {
+    std::visit([&](const auto& s) {
+      if constexpr (!std::is_same_v<std::decay_t<decltype(s)>, std::monostate>) s.read(r, dest);
+    }, src_);
+  }
+  [[nodiscard]] const std::string& name() const {
+    return std::visit([](const auto& s) -> const std::string& {
+      if constexpr (std::is_same_v<std::decay_t<decltype(s)>, std::monostate>) {
+        static const std::string none = "(none)";
+        return none;
+      } else {
+        return s.name();
+      }
+    }, src_);
+  }
+  /// "io_uring" or "pread".
+  [[nodiscard]] const char* kind() const noexcept {
+#if defined(MOEKIT_HAS_URING)
+    if (std::holds_alternative<moekit::io::UringSource>(src_)) return "io_uring";
+#endif
+    return "pread";
+  }
+
+ private:
+#if defined(MOEKIT_HAS_URING)
+  std::variant<std::monostate, moekit::io::PreadSource, moekit::io::UringSource> src_;
+#else
+  std::variant<std::monostate, moekit::io::PreadSource> src_;
+#endif
+};
+static_assert(moekit::io::ByteSource<DirectSource>);
+
+/// The Loader every moe-run pipeline uses: a synchronous copy from host memory, or asynchronous
+/// reads from an expert store. `host_bytes` (Fiddler's CPU execution) points into host memory:
+/// the HostExperts blobs, or a read-only mapping of the store (pages fault in on first use and
+/// are never copied into the cache).
+class ExpertLoader {
+ public:
+  using StoreReader = moekit::io::AsyncLoader<DirectSource>;
+
+  static ExpertLoader host(const HostExperts& experts) {
+    ExpertLoader l;
+    l.host_ = &experts;
+    l.memory_ = std::make_unique<moekit::MemoryLoader>(
+        [&experts](moekit::ExpertKey k, moekit::Precision p) { return experts.bytes(k, p); });
+    return l;
+  }
+  static ExpertLoader store(std::shared_ptr<const moekit::io::ExpertStore> store,
+                            const StoreIo& io) {
+    ExpertLoader l;
+    DirectSource src(store->path(), io);
+    l.kind_ = src.kind();
+    l.store_ = store;
+    typename StoreReader::Config c{};
+    c.io_threads = io.io_threads;
+    c.verify_checksums = io.verify_checksums;
+    l.reader_ = std::make_unique<StoreReader>(
+        std::move(src),
+        [store](moekit::ExpertKey k, moekit::Precision p) { return store->blob(k, p); }, c);
+    return l;
+  }
+
+  moekit::LoadTicket submit(const moekit::LoadRequest& r) {
+    return memory_ ? memory_->submit(r) : reader_->submit(r);
+  }
+  bool poll(moekit::LoadTicket t) { return memory_ ? memory_->poll(t) : reader_->poll(t); }
+  void wait(moekit::LoadTicket t) {
+    if (memory_) memory_->wait(t);
+    else reader_->wait(t);
+  }
+  bool cancel(moekit::LoadTicket t) { return memory_ ? memory_->cancel(t) : reader_->cancel(t); }
+
+  /// The expert's bytes in host memory, for experts run on the CPU without entering the cache.
+  [[nodiscard]] std::span<const std::byte> host_bytes(moekit::ExpertKey k,
+                                                      moekit::Precision p) const {
+    if (host_) return host_->bytes(k, p);
+    if (!map_) map_ = std::make_shared<moekit::io::MmapSource>(store_->path());
+    const moekit::io::StoreBlob& b = store_->blob(k, p);
+    return map_->bytes().subspan(b.offset, b.bytes);
+  }
+
+  /// "memory", "io_uring" or "pread".
+  [[nodiscard]] const char* kind() const noexcept { return kind_; }
+
+ private:
+  ExpertLoader() = default;
+  const HostExperts* host_ = nullptr;
+  std::unique_ptr<moekit::MemoryLoader> memory_;
+  std::shared_ptr<const moekit::io::ExpertStore> store_;
+  std::unique_ptr<StoreReader> reader_;
+  mutable std::shared_ptr<moekit::io::MmapSource> map_;
+  const char* kind_ = "memory";
+};
+static_assert(moekit::Loader<ExpertLoader>);
+
+/// What the experts of a run are backed by; makes as many loaders as the run needs (the
+/// calibration pass and the pipeline each get their own).
+struct ExpertBacking {
+  const HostExperts* host = nullptr;                     ///< in-memory path
+  std::shared_ptr<const moekit::io::ExpertStore> store;  ///< store path
+  StoreIo io{};
+
+  [[nodiscard]] ExpertLoader make_loader() const {
+    return host ? ExpertLoader::host(*host) : ExpertLoader::store(store, io);
+  }
+  [[nodiscard]] std::vector<moekit::Precision> precisions() const {
+    return host ? host->precisions() : store->manifest().precisions;
+  }
+  [[nodiscard]] bool holds(moekit::Precision p) const {
+    for (moekit::Precision q : precisions())
+      if (q == p) return true;
+    return false;
+  }
+  /// One expert's bytes in host memory (copied out of the store when needed; for measurements).
+  [[nodiscard]] std::vector<std::byte> read_expert(moekit::ExpertKey k, moekit::Precision p) const {
+    if (host) {
+      const auto b = host->bytes(k, p);
+      return {b.begin(), b.end()};
+    }
+    const moekit::io::StoreBlob& b = store->blob(k, p);
+    std::vector<std::byte> out(b.bytes);
+    moekit::io::PreadSource(store->path()).read({b.offset, b.bytes}, out);
+    return out;
+  }
+};
+
+/// True when `p` starts with the expert store's magic (io/expert_store.hpp).
+inline bool is_expert_store(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  char magic[8] = {};
+  in.read(magic, 8);
+  return in.gcount() == 8 && std::equal(magic, magic + 8, moekit::io::store_magic);
+}
+
+// ---- building stores from checkpoints ---------------------------------------------------------
+
+/// Architecture of moe-run's config in io/'s naming.
+inline moekit::io::Architecture io_architecture(Architecture a) {
+  switch (a) {
+    case Architecture::mixtral: return moekit::io::Architecture::mixtral;
+    case Architecture::qwen2_moe: return moekit::io::Architecture::qwen2_moe;
+    case Architecture::olmoe: return moekit::io::Architecture::olmoe;
+  }
+  return moekit::io::Architecture::mixtral;
+}
+
+/// A fingerprint of a checkpoint directory's weight files (names, sizes, modification times),
+/// recorded in a store's meta so a store built from an older checkpoint is noticed.
+inline std::string checkpoint_fingerprint(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> parts;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto n = e.path().filename().string();
+    if (!e.is_regular_file() || (e.path().extension() != ".safetensors" && n != "config.json"))
+      continue;
+    const auto t = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       e.last_write_time().time_since_epoch())
+                       .count();
+    parts.push_back(n + ":" + std::to_string(e.file_size()) + ":" + std::to_string(t));
+  }
+  std::sort(parts.begin(), parts.end());
+  std::string s;
+  for (const auto& p : parts) s += p + ";";
+  return s;
+}
+
+/// Writes the expert store of the Hugging Face checkpoint `dir` (config `cfg`) at `precisions`
+/// to `out`; the manifest's meta records the checkpoint (`checkpoint_dir`, absolute, and its
+/// fingerprint) so `moe-run -m <store>` finds the dense part. Options as write_expert_store's.
+inline moekit::io::ExpertStoreWriteReport build_store_from_checkpoint(
+    const ModelConfig& cfg, const std::filesystem::path& dir,
+    std::span<const moekit::Precision> precisions, const std::filesystem::path& out,
+    moekit::io::ExpertStoreWriteOptions options) {
+  const auto model = moekit::io::SafetensorsModel::open(dir);
+  const moekit::ModelShape shape = cfg.shape();
+  const auto layers = moe_decoder_layers(cfg);
+  const auto arch = io_architecture(cfg.arch);
+  // The writer asks precision-major, so each expert is read (and dequantized) once per precision:
+  // cheap next to quantizing, and memory stays at one expert.
+  auto encode = [&](moekit::ExpertKey k, moekit::Precision p) {
+    const ExpertF32 e = read_expert_f32(model, arch, moekit::io::TensorFormat::hugging_face,
+                                        layers.at(k.layer), k.expert, shape);
+    return encode_expert_blob(shape, e.w1, e.w3, e.w2, p);
+  };
+  options.meta["checkpoint_dir"] = std::filesystem::absolute(dir).lexically_normal().string();
+  options.meta["checkpoint_fingerprint"] = checkpoint_fingerprint(dir);
+  options.meta["tool"] = "moe-run/moe-convert";
+  options.meta["blob_layout"] = "[w1 gate][w3 up][w2 down], precision/ row format";
+  return moekit::io::write_expert_store(out.string(), shape, precisions, encode, options);
+}
+
+}  // namespace moe_run
