@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -112,6 +113,15 @@ struct Options {
   std::uint32_t context = 0;  ///< 0 = prompt + n_predict
   bool no_bos = false;
   bool json = false;
+  // Quality and traces (perplexity.hpp, trace_recorder.hpp).
+  std::string perplexity;          ///< text file to score ("" = generate)
+  std::uint32_t chunks = 0;        ///< --chunks: score at most this many chunks (0 = all)
+  bool ppl_decode = false;         ///< score token by token through decode forwards
+  std::string save_logits;         ///< .mklogp file to write (top-K log-probs per position)
+  std::uint32_t logits_top_k = 32; ///< K of --save-logits
+  std::string kl_reference;        ///< .mklogp file to compare with (KL divergence)
+  std::string trace_out;           ///< .mktrace file to record the routing into
+  bool force = false;              ///< overwrite --trace-out / --save-logits files
 };
 
 /// The parser. `parse` returns 0 with `options()` filled, or the exit code after printing help
@@ -140,9 +150,27 @@ class Cli {
     app_.add_option("--precision", precision_text_,
                     "precision experts are stored and run at: f32, bf16, f16, q8, q4, q2");
     add_offload_options();
-    app_.add_option("-c,--ctx-size", o_.context, "context length (0 = prompt + n-predict)");
+    app_.add_option("-c,--ctx-size,--ctx", o_.context,
+                    "context length (0 = prompt + n-predict; with --perplexity: tokens per chunk, "
+                    "0 = 512)");
     app_.add_flag("--no-bos", o_.no_bos, "do not prepend the BOS token to the prompt");
     app_.add_flag("--json", o_.json, "print the text and statistics as one JSON object");
+    app_.add_option("--perplexity", o_.perplexity,
+                    "score a text file instead of generating: chunks of --ctx-size tokens, each "
+                    "after a BOS; prints tokens, mean NLL and perplexity");
+    app_.add_option("--chunks", o_.chunks, "--perplexity: score at most N chunks (0 = all)");
+    app_.add_flag("--ppl-decode", o_.ppl_decode,
+                  "--perplexity: feed each chunk token by token (decode forwards, where token "
+                  "policies such as MoBiLE's fallback act) instead of one prefill");
+    app_.add_option("--save-logits", o_.save_logits,
+                    "--perplexity: save the top-K log-probs of every position (.mklogp)");
+    app_.add_option("--logits-top-k", o_.logits_top_k, "K of --save-logits (default 32)")
+        ->check(CLI::Range(1u, 1u << 24));
+    app_.add_option("--kl-reference", o_.kl_reference,
+                    "--perplexity: KL divergence against a --save-logits file of a reference run");
+    app_.add_option("--trace-out", o_.trace_out,
+                    "record the routing (top-k, router logits, gate inputs) as a .mktrace file");
+    app_.add_flag("--force", o_.force, "overwrite the --trace-out / --save-logits file");
   }
 
   int parse(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
@@ -181,6 +209,16 @@ class Cli {
                               "' is not one of f32, bf16, f16, q8, q4, q2");
     o_.precision = *p;
     finish_offload();
+    if (o_.perplexity.empty()) {
+      for (const auto& [flag, set] :
+           {std::pair<const char*, bool>{"--save-logits", !o_.save_logits.empty()},
+            {"--kl-reference", !o_.kl_reference.empty()},
+            {"--chunks", o_.chunks != 0},
+            {"--ppl-decode", o_.ppl_decode}})
+        if (set)
+          throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                              std::string(flag) + ": only meaningful with --perplexity FILE");
+    }
   }
 
   // Preset parameters and the expert store (docs/engine.md, "Presets" and "Expert store").

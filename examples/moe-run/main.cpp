@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,10 @@
 #include "expert_source.hpp"
 #include "model.hpp"
 #include "offload.hpp"
+#include "perplexity.hpp"
 #include "sampler.hpp"
 #include "tokenizer.hpp"
+#include "trace_recorder.hpp"
 #include "weights.hpp"
 
 #ifndef MOE_RUN_STORE_DIR
@@ -175,6 +178,130 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   j["dense_bytes"] = w.dense.bytes();
   j["kv_cache_bytes"] = model.kv_cache().bytes();
   j["host_expert_bytes"] = w.experts.total_bytes();
+  return j;
+}
+
+// Pipeline counters shared by generation and --perplexity output.
+template <class Pipeline>
+void add_pipeline_stats(nlohmann::json& j, const Pipeline& pipeline) {
+  const auto s = pipeline.stats();
+  j["hit_rate"] = s.hit_rate();
+  j["hits"] = s.hits;
+  j["misses"] = s.misses;
+  nlohmann::json by_precision = nlohmann::json::object();
+  for (std::size_t i = 0; i < s.misses_by_precision.size(); ++i)
+    if (s.misses_by_precision[i])
+      by_precision[std::string(moekit::name(static_cast<moekit::Precision>(i)))] =
+          s.misses_by_precision[i];
+  j["misses_by_precision"] = by_precision;
+  j["skipped"] = s.skipped;
+  j["bytes_loaded"] = s.bytes_loaded();
+  j["fallbacks"] = s.fallbacks;
+  j["tokens_accepted"] = s.tokens_accepted;
+  j["fallback_ratio"] = s.tokens_accepted ? double(s.fallbacks) / double(s.tokens_accepted) : 0.0;
+  j["evictions"] = s.cache.evictions;
+}
+
+// --perplexity FILE: scores the text (perplexity.hpp), optionally saving top-K log-probs or
+// comparing with a reference run's.
+template <class Pipeline>
+nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
+                          const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
+                          TraceRecorder* recorder) {
+  if (!cfg.bos_token_id)
+    fail("--perplexity: the model's config has no bos_token_id; chunks are scored after a BOS");
+  const std::vector<Token> tokens = tok.encode(read_text_stripped(o.perplexity), false);
+  const PerplexitySettings s{o.context ? o.context : 512u, o.chunks, o.ppl_decode};
+  std::optional<LogProbFile> save, reference;
+  if (!o.save_logits.empty()) {
+    if (!o.force && fs::exists(o.save_logits))
+      fail("--save-logits: '" + o.save_logits + "' exists; refusing to overwrite it (pass --force)");
+    if (o.logits_top_k > cfg.vocab_size)
+      fail("--logits-top-k: " + std::to_string(o.logits_top_k) + " exceeds the vocabulary (" +
+           std::to_string(cfg.vocab_size) + ")");
+    save.emplace(cfg.vocab_size, o.logits_top_k);
+  }
+  if (!o.kl_reference.empty()) reference = LogProbFile::load(o.kl_reference);
+  PerplexityMeter meter(cfg.vocab_size, save ? &*save : nullptr, reference ? &*reference : nullptr);
+  Model<Pipeline> model(cfg, w.dense, pipeline, s.ctx, &pool);
+  const auto t0 = std::chrono::steady_clock::now();
+  const PerplexityResult r =
+      score_text(model, tokens, *cfg.bos_token_id, s, meter, [&](std::size_t c, std::size_t n) {
+        if (recorder) recorder->name_next_sequence("chunk-" + std::to_string(c));
+        if (!o.json && c > 0)
+          std::fprintf(stderr, "[%zu/%zu] perplexity so far %.4f\n", c, n,
+                       meter.result().perplexity());
+      });
+  const double seconds = seconds_since(t0);
+  if (reference && r.tokens != reference->positions())
+    fail("--kl-reference: the reference has " + std::to_string(reference->positions()) +
+         " positions, this run scored " + std::to_string(r.tokens) +
+         "; run with the same text, --ctx-size and --chunks");
+  if (save) save->save(o.save_logits, o.force);
+
+  nlohmann::json j;
+  j["model"] = o.model;
+  j["file"] = o.perplexity;
+  j["preset"] = o.preset;
+  j["precision"] = std::string(moekit::name(o.precision));
+  j["mode"] = s.decode ? "decode" : "prefill";
+  j["ctx"] = s.ctx;
+  j["chunks"] = r.chunks;
+  j["tokens"] = r.tokens;
+  j["mean_nll"] = r.mean_nll();
+  j["perplexity"] = r.perplexity();
+  if (r.has_kl) {
+    j["kl_mean"] = r.mean_kl();
+    j["kl_max"] = r.kl_max;
+    j["top1_agreement"] = r.top1_agreement();
+    j["kl_reference_top_k"] = reference->top_k();
+  }
+  j["seconds"] = seconds;
+  j["tokens_per_s"] = seconds > 0 ? r.tokens / seconds : 0.0;
+  j["expert_budget_bytes"] = pipeline.config().expert_budget_bytes;
+  add_pipeline_stats(j, pipeline);
+  return j;
+}
+
+void print_perplexity(const nlohmann::json& j) {
+  std::printf("perplexity: %zu chunks of <= %u tokens (%s), %zu tokens scored, mean NLL %.6f, "
+              "perplexity %.4f\n",
+              j["chunks"].get<std::size_t>(), j["ctx"].get<unsigned>(),
+              j["mode"].get<std::string>().c_str(), j["tokens"].get<std::size_t>(),
+              j["mean_nll"].get<double>(), j["perplexity"].get<double>());
+  if (j.contains("kl_mean"))
+    std::printf("KL vs reference (top-%u + rest): mean %.6f, max %.6f, top-1 agreement %.2f%%\n",
+                j["kl_reference_top_k"].get<unsigned>(), j["kl_mean"].get<double>(),
+                j["kl_max"].get<double>(), 100 * j["top1_agreement"].get<double>());
+  std::fprintf(stderr,
+               "%.1f tokens/s | experts: preset %s at %s, hit rate %.1f%%, %llu skipped | "
+               "fallbacks: %llu (ratio %.3f)\n",
+               j["tokens_per_s"].get<double>(), j["preset"].get<std::string>().c_str(),
+               j["precision"].get<std::string>().c_str(), 100 * j["hit_rate"].get<double>(),
+               j["skipped"].get<unsigned long long>(), j["fallbacks"].get<unsigned long long>(),
+               j["fallback_ratio"].get<double>());
+}
+
+// Generation or --perplexity on `pipeline`, behind a TracingPipeline when --trace-out is set.
+template <class Pipeline>
+nlohmann::json run_on(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
+                      const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool) {
+  auto go = [&](auto& p, TraceRecorder* recorder) {
+    return o.perplexity.empty() ? generate(o, cfg, w, tok, p, pool)
+                                : perplexity(o, cfg, w, tok, p, pool, recorder);
+  };
+  if (o.trace_out.empty()) return go(pipeline, nullptr);
+  if (!o.force && fs::exists(o.trace_out))
+    fail("--trace-out: '" + o.trace_out + "' exists; refusing to overwrite it (pass --force)");
+  TraceRecorder recorder(cfg, fs::path(o.trace_out).stem().string());
+  TracingPipeline<Pipeline> traced(pipeline, recorder);
+  nlohmann::json j = go(traced, &recorder);
+  recorder.write(o.trace_out, o.force);
+  j["trace_out"] = o.trace_out;
+  j["trace_tokens"] = recorder.trace().token_count();
+  if (!o.json)
+    std::fprintf(stderr, "trace: %zu tokens x %u layers written to %s\n",
+                 recorder.trace().token_count(), cfg.n_moe_layers, o.trace_out.c_str());
   return j;
 }
 
@@ -342,7 +469,7 @@ int run(const Options& o) {
   nlohmann::json stats = with_preset(
       o.preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
         loader_kind = pipeline.loader().kind();
-        return generate(o, cfg, w, tok, pipeline, pool);
+        return run_on(o, cfg, w, tok, pipeline, pool);
       });
   stats["expert_source"] = where.store ? where.store->path() : std::string("host memory");
   stats["expert_reads"] = loader_kind;
@@ -352,6 +479,7 @@ int run(const Options& o) {
                  loader_kind.c_str(), where.store && o.direct ? ", O_DIRECT" : "",
                  where.built ? " [built now]" : "");
   if (o.json) std::cout << stats.dump(1) << "\n";
+  else if (!o.perplexity.empty()) print_perplexity(stats);
   else print_stats(stats);
   return 0;
 }
