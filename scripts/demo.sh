@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-cmake --preset release -DMOEKIT_BUILD_TESTS=OFF >/dev/null
+cmake --preset release >/dev/null
 jobs=$(nproc)
 targets=(custom_policy)
 [[ -f examples/moe-run/CMakeLists.txt ]] && targets+=(moe-run)
