@@ -31,6 +31,7 @@
 #include "moekit/io/async_loader.hpp"
 #include "moekit/io/byte_source.hpp"
 #include "moekit/io/expert_store.hpp"
+#include "moekit/io/gguf.hpp"
 #include "moekit/io/memory_loader.hpp"
 #include "moekit/io/safetensors.hpp"
 #include "moekit/io/tensor_names.hpp"
@@ -255,6 +256,54 @@ inline moekit::io::ExpertStoreWriteReport build_store_from_checkpoint(
   options.meta["checkpoint_dir"] = std::filesystem::absolute(dir).lexically_normal().string();
   options.meta["checkpoint_fingerprint"] = checkpoint_fingerprint(dir);
   options.meta["tool"] = "moe-run/moe-convert";
+  options.meta["blob_layout"] = "[w1 gate][w3 up][w2 down], precision/ row format";
+  return moekit::io::write_expert_store(out.string(), shape, precisions, encode, options);
+}
+
+/// The routed-expert shape of a GGUF model from its metadata (`<arch>.block_count`,
+/// `expert_count`, `expert_used_count`, `embedding_length`, and `expert_feed_forward_length` or
+/// else `feed_forward_length`). Every block is taken as an MoE layer (Mixtral, OLMoE, and
+/// Qwen2-MoE GGUFs without dense layers). Throws `Error(invalid_format)` naming the key.
+inline moekit::ModelShape gguf_shape(const moekit::io::GgufFile& g) {
+  const std::string a = g.architecture();
+  auto u32 = [&](const std::string& key) -> std::uint32_t {
+    const moekit::io::GgufValue* v = g.metadata(a + "." + key);
+    if (!v)
+      throw moekit::Error(moekit::ErrorKind::invalid_format,
+                          "GGUF '" + g.path() + "' has no metadata '" + a + "." + key + "'");
+    return static_cast<std::uint32_t>(v->as_uint(a + "." + key));
+  };
+  moekit::ModelShape s{};
+  s.n_layers = u32("block_count");
+  s.n_experts = u32("expert_count");
+  s.top_k = u32("expert_used_count");
+  s.hidden = u32("embedding_length");
+  s.ffn = g.metadata(a + ".expert_feed_forward_length") ? u32("expert_feed_forward_length")
+                                                         : u32("feed_forward_length");
+  s.validate();
+  return s;
+}
+
+/// Writes the expert store of GGUF file `path` (experts as the stacked `_exps` tensors or
+/// per-expert tensors; F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q2_K, dequantized then re-encoded) at
+/// `precisions` to `out`.
+inline moekit::io::ExpertStoreWriteReport build_store_from_gguf(
+    const std::filesystem::path& path, std::span<const moekit::Precision> precisions,
+    const std::filesystem::path& out, moekit::io::ExpertStoreWriteOptions options) {
+  const moekit::io::GgufFile g(path.string());
+  const moekit::ModelShape shape = gguf_shape(g);
+  const auto arch = moekit::io::parse_architecture(g.architecture());
+  if (!arch)
+    throw moekit::Error(moekit::ErrorKind::unsupported,
+                        "GGUF '" + g.path() + "': general.architecture '" + g.architecture() +
+                            "' is not an MoE architecture moekit reads (llama/mixtral, qwen2moe, olmoe)");
+  auto encode = [&](moekit::ExpertKey k, moekit::Precision p) {
+    const ExpertF32 e = read_expert_f32(g, *arch, moekit::io::TensorFormat::gguf, k.layer,
+                                        k.expert, shape);
+    return encode_expert_blob(shape, e.w1, e.w3, e.w2, p);
+  };
+  options.meta["gguf"] = std::filesystem::absolute(path).lexically_normal().string();
+  options.meta["tool"] = "moe-convert";
   options.meta["blob_layout"] = "[w1 gate][w3 up][w2 down], precision/ row format";
   return moekit::io::write_expert_store(out.string(), shape, precisions, encode, options);
 }

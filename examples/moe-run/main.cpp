@@ -364,6 +364,10 @@ ExpertPlacement default_store(const ModelConfig& cfg, const fs::path& dir,
   for (moekit::Precision p : {moekit::Precision::f16, moekit::Precision::q8,
                               moekit::Precision::q4, moekit::Precision::q2})
     if (std::find(need.begin(), need.end(), p) == need.end()) need.push_back(p);
+  // one canonical order (most precise first), so every preset finds the same file
+  std::sort(need.begin(), need.end(), [](moekit::Precision a, moekit::Precision b) {
+    return moekit::bits(a) != moekit::bits(b) ? moekit::bits(a) > moekit::bits(b) : a < b;
+  });
   std::string tag;
   for (moekit::Precision p : need) tag += "-" + std::string(moekit::name(p));
   const fs::path out = fs::path(MOE_RUN_STORE_DIR) / (dir.filename().string() + tag + ".moestore");

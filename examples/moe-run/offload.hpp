@@ -171,8 +171,10 @@ inline std::vector<moekit::Precision> required_precisions(std::string_view name,
   };
   if (name == "hobbit" || name == "nextuse" || (name == "fate" && o.preset.fate_low_fraction > 0))
     add(o.preset.low);
-  if (name == "edgemoe")
-    for (moekit::Precision p : edgemoe_table(s, o).all()) add(p);
+  if (name == "edgemoe") {
+    const moekit::PrecisionTable table = edgemoe_table(s, o);
+    for (moekit::Precision p : table.all()) add(p);
+  }
   return out;
 }
 

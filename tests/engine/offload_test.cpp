@@ -1,0 +1,158 @@
+// Every moe-run preset, configured for full precision and exact routing (HOBBIT/NextUse
+// T1 = T2 = 1, Fate without a low-precision share, MoBiLE γ = 0 with the full top-k in the little
+// pass, EdgeMoE with a uniform table, Fiddler with its CPU path), must give baseline's logits bit
+// for bit on the transformers fixtures — under a budget that forces evictions, so the prefetches,
+// cache policies, staging and Fiddler's CPU execution all run.
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/precision/thread_pool.hpp"
+
+#include "calibration.hpp"
+#include "config.hpp"
+#include "engine_test_support.hpp"
+#include "expert_source.hpp"
+#include "model.hpp"
+#include "offload.hpp"
+#include "weights.hpp"
+
+using namespace moe_run;
+using moekit::Precision;
+
+namespace {
+
+const std::vector<std::filesystem::path> fixtures = {engine_test::data_dir() / "mixtral",
+                                                     engine_test::data_dir() / "qwen2_moe",
+                                                     engine_test::data_dir() / "olmoe"};
+
+// Prefill (all logits) and greedy decode steps; every position's logits back to back.
+template <class Pipeline>
+std::vector<float> greedy_logits(const ModelConfig& cfg, const DenseWeights& dense,
+                                 Pipeline& pipeline, std::span<const Token> prompt, int steps,
+                                 moekit::ThreadPool* pool) {
+  Model<Pipeline> model(cfg, dense, pipeline, static_cast<std::uint32_t>(prompt.size() + steps + 1),
+                        pool);
+  model.begin_sequence();
+  const auto pre = model.prefill(prompt, true);
+  std::vector<float> out(pre.begin(), pre.end());
+  const std::size_t V = cfg.vocab_size;
+  Token next = engine_test::argmax(pre.data() + pre.size() - V, V);
+  for (int i = 0; i < steps; ++i) {
+    const auto lg = model.decode(next);
+    out.insert(out.end(), lg.begin(), lg.end());
+    next = engine_test::argmax(lg.data(), V);
+  }
+  return out;
+}
+
+// The settings under which every preset must equal baseline.
+OffloadSettings exact_settings(std::size_t budget, Precision p, std::uint32_t top_k) {
+  OffloadSettings o{budget, p};
+  o.preset.t1 = 1.0f;
+  o.preset.t2 = 1.0f;
+  o.preset.low = Precision::q4;
+  o.preset.fate_low_fraction = 0.0;
+  o.preset.gamma = 0.0f;
+  o.preset.k_little = top_k;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("every preset at full precision and exact routing equals baseline bit for bit",
+          "[engine][offload][presets]") {
+  moekit::ThreadPool pool(2);
+  int ran = 0;
+  for (const auto& dir : fixtures) {
+    REQUIRE(std::filesystem::exists(dir / "reference.json"));
+    ++ran;
+    const std::string fixture = dir.filename().string();
+    const ModelConfig cfg = load_config(dir);
+    const moekit::ModelShape s = cfg.shape();
+    // Half the experts fit: every layer evicts.
+    const std::size_t budget =
+        std::max(all_resident_budget(s, Precision::f32) / 2, minimum_expert_budget(s, Precision::f32));
+    OffloadSettings o = exact_settings(budget, Precision::f32, s.top_k);
+    const ModelWeights w = load_weights(cfg, dir, {Precision::f32, Precision::q4});
+    const std::vector<float> routers = router_stack(cfg, w.dense);
+    const auto ref = engine_test::load_reference(dir);
+    const int steps = 12;
+    const ExpertBacking backing{&w.experts, nullptr, {}};
+
+    PresetInputs in;
+    in.routers = routers;
+    const Calibration cal = calibrate(cfg, w.dense, o, backing, ref.prompt_ids, 4, &pool);
+    in.popularity = cal.counts;
+    in.paths = cal.paths;
+    REQUIRE(cal.paths);
+    double routed = 0;
+    for (double c : cal.counts) routed += c;
+    CHECK(routed == double(cal.tokens) * s.n_layers * s.top_k);
+
+    const std::vector<float> base = with_preset(
+        "baseline", s, o, backing.make_loader(), in, [&](auto& p) {
+          return greedy_logits(cfg, w.dense, p, ref.prompt_ids, steps, &pool);
+        });
+    for (const auto& info : preset_table) {
+      const std::string name(info.name);
+      if (name == "baseline") continue;
+      {
+        INFO(fixture << " / " << name);
+        // Fiddler: CPU cheaper than a load, so every miss in decode runs from host memory.
+        in.cpu_seconds_per_token = 1e-6;
+        in.copy_seconds = 1e-3;
+        moekit::PipelineStats stats{};
+        const std::vector<float> got =
+            with_preset(name, s, o, backing.make_loader(), in, [&](auto& p) {
+              auto r = greedy_logits(cfg, w.dense, p, ref.prompt_ids, steps, &pool);
+              stats = p.stats();
+              return r;
+            });
+        REQUIRE(got.size() == base.size());
+        CHECK(std::memcmp(got.data(), base.data(), got.size() * sizeof(float)) == 0);
+        CHECK(stats.skipped == 0);
+        CHECK(stats.cache.evictions + stats.staged + stats.host_cpu_runs > 0);  // offloading ran
+        if (name == "fiddler") CHECK(stats.host_cpu_runs > 0);
+        if (name == "mobile") CHECK(stats.fallbacks == 0);
+      }
+    }
+    // The comparison has teeth: HOBBIT's default thresholds run some experts at q4 or skip them.
+    OffloadSettings lossy = o;
+    lossy.preset = PresetParams{};
+    const std::vector<float> hobbit = with_preset(
+        "hobbit", s, lossy, backing.make_loader(), in, [&](auto& p) {
+          return greedy_logits(cfg, w.dense, p, ref.prompt_ids, steps, &pool);
+        });
+    CHECK(std::memcmp(hobbit.data(), base.data(), std::min(hobbit.size(), base.size()) *
+                                                      sizeof(float)) != 0);
+  }
+  CHECK(ran == 3);
+}
+
+TEST_CASE("preset flags are checked against each other", "[engine][offload]") {
+  const moekit::ModelShape s{.n_layers = 2, .n_experts = 4, .top_k = 2, .hidden = 32, .ffn = 32};
+  OffloadSettings o{0, Precision::q4};
+  o.preset.low = Precision::q8;
+  CHECK_THROWS_WITH(check_preset_params("hobbit", o), Catch::Contains("--low-precision"));
+  o.preset.low = Precision::q2;
+  o.preset.t1 = 0.95f;
+  CHECK_THROWS_WITH(check_preset_params("hobbit", o), Catch::Contains("--t1/--t2"));
+  o.preset.t1 = 0.5f;
+  CHECK_NOTHROW(check_preset_params("hobbit", o));
+  CHECK_THROWS_WITH(check_preset_name("hobbbit"), Catch::Contains("--preset"));
+  const auto need = required_precisions("hobbit", s, o);
+  CHECK(need == std::vector<Precision>{Precision::q4, Precision::q2});
+  CHECK(required_precisions("baseline", s, o) == std::vector<Precision>{Precision::q4});
+  CHECK(preset_needs("hobbit", o).routers);
+  CHECK(preset_needs("fiddler", o).calibration);
+  CHECK(preset_needs("fiddler", o).latencies);
+  o.preset.cpu_seconds_per_token = 1;
+  o.preset.copy_seconds = 2;
+  CHECK_FALSE(preset_needs("fiddler", o).latencies);
+}

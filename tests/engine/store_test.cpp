@@ -1,0 +1,153 @@
+// The expert-store path of moe-run: stores built from the fixtures (safetensors and GGUF) hold the
+// engine's own blob layout, and generation reading experts from the store with O_DIRECT through
+// io::AsyncLoader (io_uring and pread) gives the in-memory path's logits bit for bit.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/io/byte_source.hpp"
+#include "moekit/io/expert_store.hpp"
+#include "moekit/precision/thread_pool.hpp"
+
+#include "calibration.hpp"
+#include "config.hpp"
+#include "engine_test_support.hpp"
+#include "expert_source.hpp"
+#include "model.hpp"
+#include "offload.hpp"
+#include "weights.hpp"
+
+using namespace moe_run;
+using moekit::Precision;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory in the build tree (on disk: O_DIRECT is refused by tmpfs).
+fs::path scratch(const std::string& name) {
+  const fs::path d = fs::path(MOEKIT_BINARY_DIR) / "test-scratch" / "engine-store" / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+template <class Pipeline>
+std::vector<float> greedy_logits(const ModelConfig& cfg, const DenseWeights& dense,
+                                 Pipeline& pipeline, std::span<const Token> prompt, int steps,
+                                 moekit::ThreadPool* pool) {
+  Model<Pipeline> model(cfg, dense, pipeline, static_cast<std::uint32_t>(prompt.size() + steps + 1),
+                        pool);
+  model.begin_sequence();
+  const auto pre = model.prefill(prompt, true);
+  std::vector<float> out(pre.begin(), pre.end());
+  const std::size_t V = cfg.vocab_size;
+  Token next = engine_test::argmax(pre.data() + pre.size() - V, V);
+  for (int i = 0; i < steps; ++i) {
+    const auto lg = model.decode(next);
+    out.insert(out.end(), lg.begin(), lg.end());
+    next = engine_test::argmax(lg.data(), V);
+  }
+  return out;
+}
+
+std::vector<std::byte> read_blob(const moekit::io::ExpertStore& st, moekit::ExpertKey k, Precision p) {
+  const auto& b = st.blob(k, p);
+  std::vector<std::byte> out(b.bytes);
+  moekit::io::PreadSource(st.path()).read({b.offset, b.bytes}, out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("store from a checkpoint holds the engine's expert blobs; store path equals the "
+          "in-memory path bit for bit", "[engine][store]") {
+  moekit::ThreadPool pool(2);
+  for (const char* fixture : {"mixtral", "qwen2_moe", "olmoe"}) {
+    INFO(fixture);
+    const fs::path dir = engine_test::data_dir() / fixture;
+    const ModelConfig cfg = load_config(dir);
+    const moekit::ModelShape s = cfg.shape();
+    const std::vector<Precision> ps{Precision::f16, Precision::q4};
+    const fs::path out = scratch(fixture) / "experts.moestore";
+    const auto report = build_store_from_checkpoint(cfg, dir, ps, out, {});
+    CHECK(report.blobs_encoded == 2 * s.expert_count());
+    auto store = std::make_shared<moekit::io::ExpertStore>(moekit::io::ExpertStore::open(out.string(), s));
+    CHECK(store->manifest().meta.at("checkpoint_dir") == fs::absolute(dir).lexically_normal().string());
+    CHECK(is_expert_store(out));
+    CHECK_FALSE(is_expert_store(dir / "config.json"));
+
+    // The same bytes as the engine's host-memory encoding.
+    const ModelWeights w = load_weights(cfg, dir, ps);
+    for (Precision p : ps)
+      for (std::uint32_t l = 0; l < s.n_layers; ++l)
+        for (std::uint32_t e = 0; e < s.n_experts; ++e) {
+          const auto a = read_blob(*store, {l, e}, p);
+          const auto b = w.experts.bytes({l, e}, p);
+          REQUIRE(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+        }
+
+    // Refuses to overwrite.
+    CHECK_THROWS_WITH(build_store_from_checkpoint(cfg, dir, ps, out, {}),
+                      Catch::Contains("refusing to overwrite"));
+
+    // Generation: host memory vs store (io_uring and pread, O_DIRECT), budget at 50%.
+    const auto ref = engine_test::load_reference(dir);
+    const ModelWeights dense_only = load_weights(cfg, dir, {});
+    CHECK(dense_only.experts.total_bytes() == 0);
+    const std::vector<float> routers = router_stack(cfg, w.dense);
+    OffloadSettings o{all_resident_budget(s, Precision::f16) / 2, Precision::f16};
+    o.preset.t1 = o.preset.t2 = 1.0f;  // HOBBIT exact: prefetches only at f16
+    PresetInputs in;
+    in.routers = routers;
+    in.popularity.assign(s.expert_count(), 1.0);
+    in.cpu_seconds_per_token = 1e-6;
+    in.copy_seconds = 1e-3;
+    const ExpertBacking host{&w.experts, nullptr, {}};
+    for (const char* preset : {"baseline", "hobbit", "fiddler", "nextuse"}) {
+      INFO(preset);
+      std::string kind;
+      const auto mem = with_preset(preset, s, o, host.make_loader(), in, [&](auto& p) {
+        return greedy_logits(cfg, w.dense, p, ref.prompt_ids, 8, &pool);
+      });
+      for (bool uring : {true, false}) {
+        const ExpertBacking disk{nullptr, store, StoreIo{.direct = true, .uring = uring,
+                                                         .io_threads = 2, .verify_checksums = true}};
+        const auto got = with_preset(preset, s, o, disk.make_loader(), in, [&](auto& p) {
+          kind = p.loader().kind();
+          return greedy_logits(cfg, dense_only.dense, p, ref.prompt_ids, 8, &pool);
+        });
+        REQUIRE(got.size() == mem.size());
+        CHECK(std::memcmp(got.data(), mem.data(), got.size() * sizeof(float)) == 0);
+        if (!uring) CHECK(kind == std::string("pread"));
+      }
+    }
+  }
+}
+
+TEST_CASE("store from a GGUF file equals the one from the same weights in safetensors",
+          "[engine][store][gguf]") {
+  const fs::path dir = engine_test::data_dir() / "mixtral";
+  const ModelConfig cfg = load_config(dir);
+  const moekit::ModelShape s = cfg.shape();
+  const std::vector<Precision> ps{Precision::f32, Precision::q8};
+  const fs::path d = scratch("gguf");
+  build_store_from_checkpoint(cfg, dir, ps, d / "st.moestore", {});
+  build_store_from_gguf(dir / "model-f32.gguf", ps, d / "gguf.moestore", {});
+  const auto a = moekit::io::ExpertStore::open((d / "st.moestore").string(), s);
+  const auto b = moekit::io::ExpertStore::open((d / "gguf.moestore").string(), s);
+  CHECK(gguf_shape(moekit::io::GgufFile((dir / "model-f32.gguf").string())) == s);
+  for (Precision p : ps)
+    for (std::uint32_t l = 0; l < s.n_layers; ++l)
+      for (std::uint32_t e = 0; e < s.n_experts; ++e) {
+        INFO("layer " << l << " expert " << e << " " << moekit::name(p));
+        CHECK(read_blob(a, {l, e}, p) == read_blob(b, {l, e}, p));
+      }
+  CHECK_THROWS_WITH(build_store_from_gguf(dir / "config.json", ps, d / "x.moestore", {}),
+                    Catch::Contains("config.json"));
+}
