@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -252,7 +253,46 @@ RoutingTrace bundled_synthetic_trace() {
 }
 
 /// The model shape behind a trace: Mixtral-8x7B when the dims are its, else --hidden/--ffn.
-ModelShape shape_for(const RoutingTrace& tr, const Options& o) {
+/// What a sidecar `<trace>.json` beside a trace tells: the expert sizes ("hidden"/"ffn", or a
+/// "model" directory, relative to the repository, whose config.json has hidden_size and
+/// intermediate_size) and that model's checkpoint, whose routers let HOBBIT's and Fate's real gate
+/// predictors run. Keyed by trace name.
+struct Sidecar {
+  std::uint32_t hidden = 0, ffn = 0;
+  std::string routers;  ///< model.safetensors of the recorded model, when present
+};
+using ExpertDims = std::map<std::string, Sidecar>;
+
+void read_sidecar_dims(const fs::path& trace_path, const std::string& trace_name, ExpertDims& out) {
+  fs::path side = trace_path;
+  side.replace_extension(".json");
+  if (!fs::exists(side)) return;
+  std::ifstream in(side);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return;
+  if (j.contains("hidden") && j.contains("ffn") && j["hidden"].is_number_unsigned() &&
+      j["ffn"].is_number_unsigned()) {
+    out[trace_name] = {j["hidden"].get<std::uint32_t>(), j["ffn"].get<std::uint32_t>(), ""};
+    return;
+  }
+  if (!j.contains("model") || !j["model"].is_string()) return;
+  fs::path model = j["model"].get<std::string>();
+  if (model.is_relative()) model = fs::path(MOEKIT_SOURCE_DIR) / model;
+  std::ifstream cfg(model / "config.json");
+  const nlohmann::json c = nlohmann::json::parse(cfg, nullptr, /*allow_exceptions=*/false);
+  if (c.is_object() && c.contains("hidden_size") && c.contains("intermediate_size") &&
+      c["hidden_size"].is_number_unsigned() && c["intermediate_size"].is_number_unsigned())
+    out[trace_name] = {c["hidden_size"].get<std::uint32_t>(),
+                       c["intermediate_size"].get<std::uint32_t>(),
+                       fs::exists(model / "model.safetensors")
+                           ? (model / "model.safetensors").string()
+                           : std::string()};
+}
+
+ModelShape shape_for(const RoutingTrace& tr, Options o, const ExpertDims& dims) {
+  if (o.hidden == 0 && o.ffn == 0)
+    if (const auto it = dims.find(tr.name()); it != dims.end())
+      o.hidden = it->second.hidden, o.ffn = it->second.ffn;
   const TraceDims& d = tr.dims();
   if (o.hidden == 0 && o.ffn == 0 && d.n_layers == mixtral_8x7b.n_layers &&
       d.n_experts == mixtral_8x7b.n_experts && d.top_k == mixtral_8x7b.top_k)
@@ -290,7 +330,8 @@ HardwareModel hardware_for(const Options& o) {
 
 /// Traces `--compare` runs on: bench/traces/ of the repository, then the shared Mixtral traces;
 /// without the shared data (or with `synthetic`), the bundled synthetic Mixtral trace.
-std::vector<RoutingTrace> compare_traces(std::vector<std::string>& notes, bool synthetic) {
+std::vector<RoutingTrace> compare_traces(std::vector<std::string>& notes, bool synthetic,
+                                         ExpertDims& dims) {
   std::vector<RoutingTrace> out;
   const fs::path repo(MOEKIT_SOURCE_DIR);
   const fs::path bench = repo / "bench" / "traces";
@@ -301,7 +342,10 @@ std::vector<RoutingTrace> compare_traces(std::vector<std::string>& notes, bool s
                                   e.path().extension() == ".jsonl"))
         files.push_back(e.path());
     std::sort(files.begin(), files.end());
-    for (const auto& f : files) out.push_back(load_trace(f.string()));
+    for (const auto& f : files) {
+      out.push_back(load_trace(f.string()));
+      read_sidecar_dims(f, out.back().name(), dims);
+    }
   } else {
     notes.push_back("no engine traces yet (" + bench.string() + " does not exist)");
   }
@@ -526,15 +570,19 @@ int run(int argc, char** argv) {
   // ---- traces ---------------------------------------------------------------------------------
   std::vector<std::string> notes;
   std::vector<RoutingTrace> traces;
+  ExpertDims trace_dims;
   if (o.compare) {
     if (!o.traces.empty() || !o.mixtral.empty())
       bad_flag("--compare", "runs on the repository's traces; do not combine with --trace");
-    traces = compare_traces(notes, o.synthetic);
+    traces = compare_traces(notes, o.synthetic, trace_dims);
     o.preset = "all";
   } else if (o.synthetic) {
     traces.push_back(bundled_synthetic_trace());
   }
-  for (const auto& t : o.traces) traces.push_back(load_trace(t));
+  for (const auto& t : o.traces) {
+    traces.push_back(load_trace(t));
+    read_sidecar_dims(t, traces.back().name(), trace_dims);
+  }
   for (const auto& t : o.mixtral) traces.push_back(load_mixtral(t));
   if (traces.empty())
     bad_flag("--trace", o.compare ? "no traces found for --compare" : "give --trace, "
@@ -586,7 +634,7 @@ int run(int argc, char** argv) {
   std::size_t done = 0;
   const auto t_wall = std::chrono::steady_clock::now();
   for (const RoutingTrace& tr : traces) {
-    const ModelShape shape = shape_for(tr, o);
+    const ModelShape shape = shape_for(tr, o, trace_dims);
     const ComputeModel compute = hw.compute_model(shape, dense_for(shape));
     for (const std::string& v : values) {
       RunParams rp;
@@ -597,9 +645,12 @@ int run(int argc, char** argv) {
       rp.hobbit_recall = o.hobbit_recall, rp.fate_recall = o.fate_recall;
       rp.fallback_ratio = o.fallback_ratio, rp.seed = o.seed;
       rp.bitwidths = bitwidths;
-      if (!o.routers.empty() && tr.has_hidden())  // read once per trace shape
+      std::string routers = o.routers;  // else the recorded model's own, from the sidecar
+      if (const auto it = trace_dims.find(tr.name()); routers.empty() && it != trace_dims.end())
+        routers = it->second.routers;
+      if (!routers.empty() && tr.has_hidden())  // read once per trace shape
         rp.routers = std::make_shared<const std::vector<float>>(
-            load_routers(o.routers, shape.n_layers, shape.n_experts));
+            load_routers(routers, shape.n_layers, shape.n_experts));
       BudgetSpec b = budget;
       double x = 0;
       if (sweep && sweep->param == "budget") b = BudgetSpec::parse("--sweep budget", v);
