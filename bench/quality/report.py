@@ -90,6 +90,8 @@ def main():
     fig.suptitle("moekit-tiny-moe on its held-out WikiText-2 text")
     fig.tight_layout()
     fig.savefig(out / "quality.svg", metadata={"Date": None})
+    if len(sys.argv) > 6:  # a PNG preview, e.g. for a quick look
+        fig.savefig(sys.argv[6], dpi=80)
 
 
 if __name__ == "__main__":
