@@ -198,6 +198,12 @@ inline void check_preset_params(std::string_view name, const OffloadSettings& o)
   if (!(q.gamma >= 0 && q.gamma <= 1)) bad("--gamma: must be in [0, 1]");
 }
 
+/// EdgeMoE's scorer over `table`. Out of line: inlined into `with_preset`, g++ 12 -O3 reports a
+/// false -Wfree-nonheap-object on the table's vector.
+[[gnu::noinline]] inline moekit::StaticBitwidthScorer edgemoe_scorer(const moekit::PrecisionTable& table) {
+  return moekit::StaticBitwidthScorer({.table = table});
+}
+
 /// What presets need from the model beyond the settings (filled per `preset_needs`).
 struct PresetInputs {
   /// Routers of every MoE layer, [L·E·hidden] f32 (`router_stack`); must outlive the pipeline.
@@ -266,7 +272,7 @@ decltype(auto) with_preset(std::string_view name, const moekit::ModelShape& s,
     pc.sizing_precision = o.precision;
     using P = pr::EdgeMoe<Loader>;
     auto p = std::make_unique<P>(
-        s, pc, std::move(loader), mk::StaticBitwidthScorer({.table = table}),
+        s, pc, std::move(loader), edgemoe_scorer(table),
         mk::ActivationPathPredictor(
             {.profile = in.paths,
              .precisions = std::vector<mk::Precision>(table.all().begin(), table.all().end())}),
