@@ -90,8 +90,9 @@ run "fate-prefill-q4-q2" fate prefill --preset fate --precision q4 --low-precisi
   --fate-low-fraction 0.25 --expert-budget "$b4"
 
 # EdgeMoE: searched bit widths at P = 1 % and 5 % (search on the first chunk).
-"$build/bench/moekit_bench_edgemoe_search" --moe-run "$R" --model "$model" --text "$text" \
-  --ctx "$ctx" --chunks "$search_chunks" --loss top1 --budget 1 --budget 5 --out-prefix "$out/edgemoe" >&2
+(cd "$root" && "$build/bench/moekit_bench_edgemoe_search" --moe-run "$R" --model "$model" \
+  --text bench/quality/heldout.txt --ctx "$ctx" --chunks "$search_chunks" --loss top1 \
+  --budget 1 --budget 5 --out-prefix bench/quality/edgemoe >&2)
 for P in 1 5; do
   run "edgemoe-P$P" edgemoe prefill --preset edgemoe --precision f16 \
     --bitwidth-table "$out/edgemoe-P$P.table"
