@@ -6,6 +6,8 @@
 //   moe-convert -m models/moekit-tiny-moe -o tiny.moestore --precisions f16,q8,q4,q2
 //   moe-run -m tiny.moestore -p "The history of"        (dense part from the recorded checkpoint)
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -51,23 +53,27 @@ std::vector<moekit::Precision> parse_precisions(const std::string& text) {
 // A one-line progress bar on stderr (redrawn in place when stderr is a terminal).
 class Progress {
  public:
-  explicit Progress(const char* what) : what_(what), t0_(std::chrono::steady_clock::now()) {}
+  explicit Progress(const char* what)
+      : what_(what), t0_(std::chrono::steady_clock::now()), tty_(::isatty(2) == 1) {}
   void operator()(std::size_t done, std::size_t total) {
     const int width = 40;
     const int fill = total ? static_cast<int>(width * done / total) : width;
     if (done != total && fill == last_) return;
+    if (!tty_ && done != total && fill % 10 != 0) return;  // logs: a line per quarter
     last_ = fill;
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    std::fprintf(stderr, "\r%-9s [%s%s] %zu/%zu blobs %.1fs", what_,
+    if (tty_) std::fputc('\r', stderr);
+    std::fprintf(stderr, "%-9s [%s%s] %zu/%zu blobs %.1fs", what_,
                  std::string(static_cast<std::size_t>(fill), '#').c_str(),
                  std::string(static_cast<std::size_t>(width - fill), '.').c_str(), done, total, s);
-    if (done == total) std::fputc('\n', stderr);
+    if (done == total || !tty_) std::fputc('\n', stderr);
   }
 
  private:
   const char* what_;
   std::chrono::steady_clock::time_point t0_;
+  bool tty_;
   int last_ = -1;
 };
 

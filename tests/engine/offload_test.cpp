@@ -9,12 +9,14 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "moekit/precision/thread_pool.hpp"
 
 #include "calibration.hpp"
+#include "cli.hpp"
 #include "config.hpp"
 #include "engine_test_support.hpp"
 #include "expert_source.hpp"
@@ -155,4 +157,45 @@ TEST_CASE("preset flags are checked against each other", "[engine][offload]") {
   o.preset.cpu_seconds_per_token = 1;
   o.preset.copy_seconds = 2;
   CHECK_FALSE(preset_needs("fiddler", o).latencies);
+}
+
+TEST_CASE("preset and store flags parse, and bad values name their flag", "[engine][offload][cli]") {
+  auto parse = [](std::vector<const char*> args, std::string* err = nullptr) {
+    args.insert(args.begin(), "moe-run");
+    Cli cli;
+    std::ostringstream out, e;
+    const int rc = cli.parse(static_cast<int>(args.size()), args.data(), out, e);
+    if (err) *err = e.str();
+    return std::pair<int, Options>{rc, cli.options()};
+  };
+  const auto [rc, o] = parse({"--preset", "hobbit", "--t1", "0.5", "--t2", "0.8", "--low-precision",
+                              "q2", "--lookahead", "3", "--gamma", "0.4", "--k-little", "1",
+                              "--shallow-layers", "2", "--store", "x.moestore", "--pread",
+                              "--no-direct", "--io-threads", "3", "--cpu-latency", "0.001"});
+  REQUIRE(rc == 0);
+  CHECK(o.preset == "hobbit");
+  CHECK(o.preset_params.t1 == 0.5f);
+  CHECK(o.preset_params.t2 == 0.8f);
+  CHECK(o.preset_params.low == Precision::q2);
+  CHECK(o.preset_params.lookahead == 3);
+  CHECK(o.preset_params.gamma == 0.4f);
+  CHECK(o.preset_params.k_little == 1);
+  CHECK(o.preset_params.shallow_layers == 2);
+  CHECK(o.preset_params.cpu_seconds_per_token == 0.001);
+  CHECK(o.store == "x.moestore");
+  CHECK_FALSE(o.uring);
+  CHECK_FALSE(o.direct);
+  CHECK(o.io_threads == 3);
+  const auto d = parse({});
+  CHECK(d.second.uring);
+  CHECK(d.second.direct);
+  CHECK_FALSE(d.second.in_memory);
+  for (const auto& p : preset_table) CHECK(parse({"--preset", p.name.data()}).first == 0);
+  std::string err;
+  CHECK(parse({"--low-precision", "q9"}, &err).first != 0);
+  CHECK_THAT(err, Catch::Contains("--low-precision"));
+  CHECK(parse({"--store", "a", "--in-memory"}, &err).first != 0);
+  CHECK_THAT(err, Catch::Contains("--in-memory"));
+  CHECK(parse({"--preset", "fidler"}, &err).first != 0);
+  CHECK_THAT(err, Catch::Contains("--preset"));
 }
