@@ -55,8 +55,9 @@ fs::path check_model_path(const Options& o) {
   }
   if (fs::is_regular_file(p) && p.extension() == ".gguf")
     throw moekit::Error(moekit::ErrorKind::unsupported,
-                        "-m: '" + o.model + "' is a GGUF file; moe-run does not read GGUF models "
-                        "yet. Pass a Hugging Face model directory (config.json + safetensors)");
+                        "-m: '" + o.model + "' is a GGUF file; moe-run reads the dense part from "
+                        "safetensors only. Convert its experts with `moe-convert -m " + o.model +
+                        " -o <store>` and run -m <Hugging Face checkpoint> --store <store>");
   if (!fs::is_directory(p) || !fs::exists(p / "config.json"))
     throw moekit::Error(moekit::ErrorKind::unsupported,
                         "-m: '" + o.model + "' is neither a Hugging Face model directory (no "
