@@ -178,6 +178,7 @@ class Cli {
       app_.parse(argc, argv);
       finish();
     } catch (const CLI::ParseError& e) {
+      stop_ = true;  // --help printed (exit code 0) or an error reported
       return app_.exit(e, out, err);
     } catch (const moekit::Error& e) {
       err << "moe-run: " << e.message() << "\n";
@@ -187,6 +188,8 @@ class Cli {
   }
 
   [[nodiscard]] const Options& options() const noexcept { return o_; }
+  /// True when `parse` printed help or an error: there is nothing to run.
+  [[nodiscard]] bool stop() const noexcept { return stop_; }
 
  private:
   void finish() {
@@ -285,6 +288,7 @@ class Cli {
   CLI::App app_;
   Options o_;
   std::string precision_text_ = "f16";
+  bool stop_ = false;
   std::string low_text_ = "q4";
 };
 

@@ -493,7 +493,7 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   Cli cli;
-  if (const int rc = cli.parse(argc, argv, std::cout, std::cerr); rc != 0) return rc;
+  if (const int rc = cli.parse(argc, argv, std::cout, std::cerr); rc != 0 || cli.stop()) return rc;
   try {
     return run(cli.options());
   } catch (const moekit::Error& e) {
