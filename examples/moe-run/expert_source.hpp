@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -258,6 +259,59 @@ inline moekit::io::ExpertStoreWriteReport build_store_from_checkpoint(
   options.meta["tool"] = "moe-run/moe-convert";
   options.meta["blob_layout"] = "[w1 gate][w3 up][w2 down], precision/ row format";
   return moekit::io::write_expert_store(out.string(), shape, precisions, encode, options);
+}
+
+/// A store found in, or built into, a cache directory.
+struct CachedStore {
+  std::shared_ptr<const moekit::io::ExpertStore> store;
+  bool built = false;  ///< built (or rebuilt) by this call
+};
+
+/// The store of checkpoint `dir` in `cache_dir` holding `need` plus f16, q8, q4 and q2 (one file
+/// per precision set, named `<model>-<precisions>.moestore`, precisions most precise first). Used
+/// as is when its recorded checkpoint fingerprint matches `dir`'s; built when missing; rebuilt
+/// (only this cache file is replaced) when the checkpoint changed or the file is unreadable.
+inline CachedStore cached_store(const ModelConfig& cfg, const std::filesystem::path& dir,
+                                std::vector<moekit::Precision> need,
+                                const std::filesystem::path& cache_dir, bool quiet) {
+  namespace fs = std::filesystem;
+  for (moekit::Precision p : {moekit::Precision::f16, moekit::Precision::q8,
+                              moekit::Precision::q4, moekit::Precision::q2})
+    if (std::find(need.begin(), need.end(), p) == need.end()) need.push_back(p);
+  std::sort(need.begin(), need.end(), [](moekit::Precision a, moekit::Precision b) {
+    return moekit::bits(a) != moekit::bits(b) ? moekit::bits(a) > moekit::bits(b) : a < b;
+  });
+  std::string tag, list;
+  for (moekit::Precision p : need) {
+    tag += '-';
+    tag += moekit::name(p);
+    if (!list.empty()) list += ',';
+    list += moekit::name(p);
+  }
+  const fs::path out = cache_dir / (dir.filename().string() + tag + ".moestore");
+  const std::string fp = checkpoint_fingerprint(dir);
+  bool stale = false;
+  if (fs::exists(out)) {
+    try {
+      auto st = std::make_shared<moekit::io::ExpertStore>(
+          moekit::io::ExpertStore::open(out.string(), cfg.shape()));
+      if (st->manifest().meta.value("checkpoint_fingerprint", std::string()) == fp)
+        return {std::move(st), false};
+      stale = true;
+    } catch (const moekit::Error&) {
+      stale = true;  // our cache file, unreadable (e.g. an older format): rebuilt below
+    }
+  }
+  fs::create_directories(out.parent_path());
+  if (!quiet)
+    std::fprintf(stderr, "building the expert store %s (%s) from %s%s...\n", out.c_str(),
+                 list.c_str(), dir.c_str(), stale ? " (checkpoint changed)" : "");
+  moekit::io::ExpertStoreWriteOptions wo;
+  wo.overwrite = stale;
+  build_store_from_checkpoint(cfg, dir, need, out, wo);
+  return {std::make_shared<moekit::io::ExpertStore>(
+              moekit::io::ExpertStore::open(out.string(), cfg.shape())),
+          true};
 }
 
 /// The routed-expert shape of a GGUF model from its metadata (`<arch>.block_count`,

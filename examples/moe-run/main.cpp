@@ -359,42 +359,11 @@ std::shared_ptr<const moekit::io::ExpertStore> open_store(const std::string& pat
 }
 
 // The default model's store: built at first use into the build tree (never next to the model),
-// rebuilt when the checkpoint changed or a precision is missing.
+// rebuilt when the checkpoint changed (expert_source.hpp: cached_store).
 ExpertPlacement default_store(const ModelConfig& cfg, const fs::path& dir,
                               std::vector<moekit::Precision> need, bool quiet) {
-  for (moekit::Precision p : {moekit::Precision::f16, moekit::Precision::q8,
-                              moekit::Precision::q4, moekit::Precision::q2})
-    if (std::find(need.begin(), need.end(), p) == need.end()) need.push_back(p);
-  // one canonical order (most precise first), so every preset finds the same file
-  std::sort(need.begin(), need.end(), [](moekit::Precision a, moekit::Precision b) {
-    return moekit::bits(a) != moekit::bits(b) ? moekit::bits(a) > moekit::bits(b) : a < b;
-  });
-  std::string tag;
-  for (moekit::Precision p : need) tag += "-" + std::string(moekit::name(p));
-  const fs::path out = fs::path(MOE_RUN_STORE_DIR) / (dir.filename().string() + tag + ".moestore");
-  const std::string fp = checkpoint_fingerprint(dir);
-  bool stale = false;
-  if (fs::exists(out)) {
-    try {
-      const auto st = moekit::io::ExpertStore::open(out.string(), cfg.shape());
-      const auto& meta = st.manifest().meta;
-      if (meta.value("checkpoint_fingerprint", std::string()) == fp)
-        return {std::make_shared<moekit::io::ExpertStore>(std::move(st)), false};
-      stale = true;
-    } catch (const moekit::Error&) {
-      stale = true;  // ours and unreadable (e.g. an older format): rebuilt below
-    }
-  }
-  fs::create_directories(out.parent_path());
-  if (!quiet)
-    std::fprintf(stderr, "building the expert store %s (%s) from %s%s...\n", out.c_str(),
-                 precision_list(need).c_str(), dir.c_str(), stale ? " (checkpoint changed)" : "");
-  moekit::io::ExpertStoreWriteOptions wo;
-  wo.overwrite = stale;  // only our own cache file in the build tree
-  build_store_from_checkpoint(cfg, dir, need, out, wo);
-  return {std::make_shared<moekit::io::ExpertStore>(
-              moekit::io::ExpertStore::open(out.string(), cfg.shape())),
-          true};
+  CachedStore c = cached_store(cfg, dir, std::move(need), MOE_RUN_STORE_DIR, quiet);
+  return {std::move(c.store), c.built};
 }
 
 ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const fs::path& dir,

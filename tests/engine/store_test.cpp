@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -150,4 +151,51 @@ TEST_CASE("store from a GGUF file equals the one from the same weights in safete
       }
   CHECK_THROWS_WITH(build_store_from_gguf(dir / "config.json", ps, d / "x.moestore", {}),
                     Catch::Contains("config.json"));
+}
+
+TEST_CASE("the default model's cached store: built once, reused, rebuilt when the checkpoint "
+          "changes", "[engine][store]") {
+  // A copy of a fixture stands in for the default model (its files are never touched here).
+  const fs::path d = scratch("cached");
+  const fs::path model = d / "model";
+  fs::create_directories(model);
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(engine_test::data_dir() / "mixtral" / f, model / f);
+  const ModelConfig cfg = load_config(model);
+  const fs::path cache = d / "stores";
+  const auto a = cached_store(cfg, model, {Precision::f32}, cache, true);
+  CHECK(a.built);
+  CHECK(fs::path(a.store->path()).filename() == "model-f32-f16-q8-q4-q2.moestore");
+  CHECK(a.store->manifest().precisions.size() == 5);
+  const auto b = cached_store(cfg, model, {Precision::q4}, cache, true);  // another precision set
+  CHECK(b.built);
+  CHECK_FALSE(cached_store(cfg, model, {Precision::q8, Precision::f16}, cache, true).built);
+  CHECK(fs::path(b.store->path()).filename() == "model-f16-q8-q4-q2.moestore");
+  const auto c = cached_store(cfg, model, {Precision::f32}, cache, true);
+  CHECK_FALSE(c.built);  // reused
+  // A changed checkpoint (new modification time) rebuilds the cache file.
+  fs::last_write_time(model / "model.safetensors",
+                      fs::last_write_time(model / "model.safetensors") + std::chrono::seconds(5));
+  const auto e = cached_store(cfg, model, {Precision::f32}, cache, true);
+  CHECK(e.built);
+  CHECK(e.store->manifest().meta.at("checkpoint_fingerprint") == checkpoint_fingerprint(model));
+  CHECK(fs::exists(engine_test::data_dir() / "mixtral" / "model.safetensors"));
+}
+
+TEST_CASE("Fiddler's latencies are measured through the run's loader", "[engine][store]") {
+  const fs::path dir = engine_test::data_dir() / "mixtral";
+  const ModelConfig cfg = load_config(dir);
+  const moekit::ModelShape s = cfg.shape();
+  const fs::path out = scratch("latency") / "e.moestore";
+  build_store_from_checkpoint(cfg, dir, std::vector<Precision>{Precision::f16}, out, {});
+  auto store = std::make_shared<moekit::io::ExpertStore>(moekit::io::ExpertStore::open(out.string(), s));
+  const ModelWeights w = load_weights(cfg, dir, {Precision::f16});
+  moekit::ThreadPool pool(1);
+  for (const ExpertBacking& b : {ExpertBacking{&w.experts, nullptr, {}}, ExpertBacking{nullptr, store, {}}}) {
+    const FiddlerLatencies l = measure_fiddler_latencies(s, Precision::f16, b, &pool, 5);
+    CHECK(l.cpu_seconds_per_token > 0);
+    CHECK(l.copy_seconds > 0);
+    CHECK(l.cpu_seconds_per_token < 1.0);
+    CHECK(l.copy_seconds < 1.0);
+  }
 }
