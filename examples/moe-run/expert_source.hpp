@@ -120,7 +120,15 @@ class ExpertLoader {
   static ExpertLoader store(std::shared_ptr<const moekit::io::ExpertStore> store,
                             const StoreIo& io) {
     ExpertLoader l;
-    DirectSource src(store->path(), io);
+    DirectSource src = [&] {
+      try {
+        return DirectSource(store->path(), io);
+      } catch (const moekit::Error& e) {
+        if (!io.direct) throw;
+        throw moekit::Error(e.kind(), e.message() + " (opened with O_DIRECT; a filesystem without "
+                                                    "it, such as tmpfs, needs --no-direct)");
+      }
+    }();
     l.kind_ = src.kind();
     l.store_ = store;
     typename StoreReader::Config c{};
