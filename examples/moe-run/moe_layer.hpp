@@ -21,6 +21,7 @@
 #include "moekit/core/gate_view.hpp"
 #include "moekit/core/layer_context.hpp"
 #include "moekit/error.hpp"
+#include "moekit/pipeline.hpp"  // WeightView
 #include "moekit/precision/expert_ffn.hpp"
 #include "moekit/precision/gemv.hpp"
 
