@@ -89,7 +89,7 @@ struct TempDir {
 
 }  // namespace
 
-TEST_CASE("--trace-out records the engine's routing, router logits and gate inputs",
+TEST_CASE("moe-run --trace-out records the engine's routing, router logits and gate inputs",
           "[engine][trace]") {
   moekit::ThreadPool pool(2);
   for (const char* name : {"mixtral", "qwen2_moe", "olmoe"}) {
@@ -157,7 +157,7 @@ TEST_CASE("--trace-out records the engine's routing, router logits and gate inpu
   }
 }
 
-TEST_CASE("--trace-out keeps the accepted forward of a token and the model's full top-k",
+TEST_CASE("moe-run --trace-out keeps the accepted forward of a token and the model's full top-k",
           "[engine][trace]") {
   const fs::path dir = engine_test::data_dir() / "mixtral";
   if (!fs::exists(dir / "reference.json")) return;
