@@ -99,16 +99,7 @@ class NoisyOraclePredictor {
 
   /// Checks the call against the script and advances.
   void observe(const LayerContext& ctx, const GateView& gate) {
-    const std::string where = "NoisyOraclePredictor: layer call " + std::to_string(cursor_);
-    MOEKIT_EXPECTS(cursor_ < cfg_.calls.size(), where + " is beyond the script");
-    const OracleCall& c = cfg_.calls[cursor_];
-    MOEKIT_EXPECTS(c.layer == ctx.layer, where + " is at layer " + std::to_string(ctx.layer) +
-                                             ", the script says " + std::to_string(c.layer));
-    seen_.assign(gate.experts.begin(), gate.experts.end());
-    std::sort(seen_.begin(), seen_.end());
-    seen_.erase(std::unique(seen_.begin(), seen_.end()), seen_.end());
-    MOEKIT_EXPECTS(seen_ == c.experts, where + " selects other experts than the script");
-    ++cursor_;
+    detail::check_script_call("NoisyOraclePredictor", cfg_.calls, cursor_, seen_, ctx, gate);
   }
 
   void predict(const LayerContext& ctx, const GateView&, const ResidencyView& residency,

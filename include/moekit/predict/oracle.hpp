@@ -25,6 +25,25 @@ struct OracleCall {
   std::vector<std::uint32_t> experts;
 };
 
+namespace detail {
+/// Checks an observed layer call against the script entry at `cursor` (throws `moekit::Error`
+/// naming `who` when the run drifts from it) and advances `cursor`. `seen` is scratch space.
+inline void check_script_call(const char* who, const std::vector<OracleCall>& calls,
+                              std::size_t& cursor, std::vector<std::uint32_t>& seen,
+                              const LayerContext& ctx, const GateView& gate) {
+  const std::string where = std::string(who) + ": layer call " + std::to_string(cursor);
+  MOEKIT_EXPECTS(cursor < calls.size(), where + " is beyond the script");
+  const OracleCall& c = calls[cursor];
+  MOEKIT_EXPECTS(c.layer == ctx.layer, where + " is at layer " + std::to_string(ctx.layer) +
+                                           ", the script says " + std::to_string(c.layer));
+  seen.assign(gate.experts.begin(), gate.experts.end());
+  std::sort(seen.begin(), seen.end());
+  seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+  MOEKIT_EXPECTS(seen == c.experts, where + " selects other experts than the script");
+  ++cursor;
+}
+}  // namespace detail
+
 /// Predicts the scripted future exactly.
 class OraclePredictor {
  public:
@@ -43,16 +62,7 @@ class OraclePredictor {
 
   /// Checks the call against the script and advances.
   void observe(const LayerContext& ctx, const GateView& gate) {
-    const std::string where = "OraclePredictor: layer call " + std::to_string(cursor_);
-    MOEKIT_EXPECTS(cursor_ < cfg_.calls.size(), where + " is beyond the script");
-    const OracleCall& c = cfg_.calls[cursor_];
-    MOEKIT_EXPECTS(c.layer == ctx.layer, where + " is at layer " + std::to_string(ctx.layer) +
-                                             ", the script says " + std::to_string(c.layer));
-    seen_.assign(gate.experts.begin(), gate.experts.end());
-    std::sort(seen_.begin(), seen_.end());
-    seen_.erase(std::unique(seen_.begin(), seen_.end()), seen_.end());
-    MOEKIT_EXPECTS(seen_ == c.experts, where + " selects other experts than the script");
-    ++cursor_;
+    detail::check_script_call("OraclePredictor", cfg_.calls, cursor_, seen_, ctx, gate);
   }
 
   void predict(const LayerContext& ctx, const GateView&, const ResidencyView&,
