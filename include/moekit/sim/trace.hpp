@@ -276,8 +276,9 @@ class RoutingTrace {
     const std::size_t r = record(token, layer);
     std::copy(ids.begin(), ids.end(), experts_.begin() + r * dims_.top_k);
     std::copy(w.begin(), w.end(), weights_.begin() + r * dims_.top_k);
-    std::copy(logits.begin(), logits.end(), logits_.begin() + r * dims_.n_experts);
-    std::copy(hidden.begin(), hidden.end(), hidden_.begin() + r * dims_.hidden);
+    // Guarded: offsetting an empty vector's null begin() is undefined even by zero elements.
+    if (!logits.empty()) std::copy(logits.begin(), logits.end(), logits_.begin() + r * dims_.n_experts);
+    if (!hidden.empty()) std::copy(hidden.begin(), hidden.end(), hidden_.begin() + r * dims_.hidden);
   }
   /// Marks a record missing again.
   void clear_route(std::size_t token, std::uint32_t layer) {
