@@ -7,8 +7,8 @@
 #include "io/gguf_builder.hpp"
 #include "io/io_test_util.hpp"
 #include "moekit/io/dequantize.hpp"
-#include "moekit/io/detail/half.hpp"
 #include "moekit/io/gguf.hpp"
+#include "moekit/precision/half.hpp"
 
 using namespace moekit;
 using namespace moekit::io;
@@ -19,7 +19,7 @@ using moekit::test::TempDir;
 namespace {
 
 void put_half(std::vector<std::byte>& b, std::size_t at, float v) {
-  const std::uint16_t h = io::detail::f32_to_f16(v);
+  const std::uint16_t h = float_to_half_bits(v);
   std::memcpy(b.data() + at, &h, 2);
 }
 std::byte u8(unsigned v) { return static_cast<std::byte>(v & 0xFF); }

@@ -1,6 +1,9 @@
 #include <catch2/catch.hpp>
 
+#include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -8,6 +11,7 @@
 #include "io/io_test_util.hpp"
 #include "moekit/io/dequantize.hpp"
 #include "moekit/io/safetensors.hpp"
+#include "moekit/precision/half.hpp"
 
 using namespace moekit;
 using namespace moekit::io;
@@ -62,6 +66,49 @@ TEST_CASE("safetensors: f32/f16/bf16 round trip through the writer and the mmap 
   CHECK(dequantize(tc) == c);
   CHECK_FALSE(f.find("missing").has_value());
   require_error([&] { (void)f.tensor("missing"); }, ErrorKind::invalid_argument, {"missing", "m.safetensors"});
+}
+
+TEST_CASE("safetensors: f16/bf16 go through precision/half.hpp bit for bit (every pattern, NaN, Inf, subnormals)",
+          "[io][safetensors][half]") {
+  // Decoding: all 65536 patterns of each type through dequantize().
+  std::vector<std::byte> bytes(2 * 65536);
+  for (std::uint32_t h = 0; h < 65536; ++h) std::memcpy(bytes.data() + 2 * h, &h, 2);  // little endian
+  for (DType t : {DType::f16, DType::bf16}) {
+    TensorView v;
+    v.name = "all";
+    v.file = "memory";
+    v.dtype = t;
+    v.rank = 1;
+    v.dims = {65536, 0, 0, 0};
+    v.bytes = bytes;
+    const auto got = dequantize(v);
+    for (std::uint32_t h = 0; h < 65536; ++h) {
+      const auto b = static_cast<std::uint16_t>(h);
+      const float want = t == DType::f16 ? half_bits_to_float(b) : bf16_bits_to_float(b);
+      if (std::bit_cast<std::uint32_t>(got[h]) != std::bit_cast<std::uint32_t>(want))
+        FAIL(name(t) << " pattern " << h << " decodes differently from precision/half.hpp");
+    }
+  }
+  // Encoding: the writer's bits are float_to_half_bits / float_to_bf16_bits, NaN payloads included.
+  const std::vector<float> edge{0.f, -0.f, 1.f, 65504.f, 65519.f, 65520.f, -1e30f,
+                                std::ldexp(1.f, -24), std::ldexp(1.f, -25), std::ldexp(3.f, -26),
+                                std::ldexp(1.f, -130), std::numeric_limits<float>::infinity(),
+                                std::bit_cast<float>(0x7fc00000u), std::bit_cast<float>(0xffa5a000u),
+                                std::bit_cast<float>(0x7f800001u), 1.f + std::ldexp(1.f, -11)};
+  TempDir dir;
+  SafetensorsWriter w;
+  w.add("h", DType::f16, {edge.size()}, edge).add("b", DType::bf16, {edge.size()}, edge);
+  w.write(dir.file("edge.safetensors"));
+  SafetensorsFile f(dir.file("edge.safetensors"));
+  const auto th = f.tensor("h"), tb = f.tensor("b");
+  for (std::size_t i = 0; i < edge.size(); ++i) {
+    std::uint16_t h, b;
+    std::memcpy(&h, th.bytes.data() + 2 * i, 2);
+    std::memcpy(&b, tb.bytes.data() + 2 * i, 2);
+    INFO("value " << i);
+    CHECK(h == float_to_half_bits(edge[i]));
+    CHECK(b == float_to_bf16_bits(edge[i]));
+  }
 }
 
 TEST_CASE("safetensors: the view is zero-copy into the mapping", "[io][safetensors]") {

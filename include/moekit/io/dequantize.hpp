@@ -24,14 +24,15 @@
 
 #include "moekit/error.hpp"
 #include "moekit/io/detail/bytes.hpp"
-#include "moekit/io/detail/half.hpp"
 #include "moekit/io/tensor.hpp"
+#include "moekit/precision/half.hpp"
 
 namespace moekit::io {
 
 namespace detail {
 
-inline float half_at(const std::byte* p) noexcept { return f16_to_f32(load_le<std::uint16_t>(p)); }
+// f16/bf16 decoding is moekit/precision/half.hpp's, the one the kernels and quantizers use.
+inline float half_at(const std::byte* p) noexcept { return half_bits_to_float(load_le<std::uint16_t>(p)); }
 inline std::uint8_t u8_at(const std::byte* p) noexcept { return std::to_integer<std::uint8_t>(*p); }
 
 /// Unpacks the 6-bit scale and min of sub-block j (0..7) from Q4_K's 12 packed bytes:
@@ -121,7 +122,7 @@ inline void dequantize(const TensorView& t, std::span<float> out) {
     switch (t.dtype) {
       case DType::f32: *y = detail::load_le<float>(p); break;
       case DType::f16: *y = detail::half_at(p); break;
-      case DType::bf16: *y = detail::bf16_to_f32(detail::load_le<std::uint16_t>(p)); break;
+      case DType::bf16: *y = bf16_bits_to_float(detail::load_le<std::uint16_t>(p)); break;
       case DType::q8_0: detail::dequantize_q8_0(p, y); break;
       case DType::q4_0: detail::dequantize_q4_0(p, y); break;
       case DType::q4_k: detail::dequantize_q4_k(p, y); break;

@@ -29,9 +29,9 @@
 
 #include "moekit/error.hpp"
 #include "moekit/io/detail/bytes.hpp"
-#include "moekit/io/detail/half.hpp"
 #include "moekit/io/detail/posix_file.hpp"
 #include "moekit/io/tensor.hpp"
+#include "moekit/precision/half.hpp"
 
 namespace moekit::io {
 
@@ -361,8 +361,8 @@ class SafetensorsWriter {
         detail::store_le<float>(bytes.data() + 4 * i, values[i]);
       else
         detail::store_le<std::uint16_t>(bytes.data() + 2 * i, dtype == DType::f16
-                                                                  ? detail::f32_to_f16(values[i])
-                                                                  : detail::f32_to_bf16(values[i]));
+                                                                  ? float_to_half_bits(values[i])
+                                                                  : float_to_bf16_bits(values[i]));
     }
     return add_raw(std::move(name), std::string(dn), std::move(shape), std::move(bytes));
   }
