@@ -9,14 +9,24 @@
 /// Fate (Fang et al., 2025, §4.4) runs one ARC per MoE layer with its own capacity c (in slots).
 ///
 /// Mapping onto ExpertCache: each layer is a pool (`pool_of` = layer). The cache calls `victim`
-/// when a layer's pool is full; the query's `incoming` key drives the ghost-hit adaptation, which
-/// happens once per insertion (in `victim`, or in `on_insert` when no eviction was needed). The
-/// incoming key then enters MRU(T2) if it was a ghost, else MRU(T1); ghost lists are trimmed to
-/// |T1|+|B1| <= c and |T1|+|T2|+|B1|+|B2| <= 2c as in the paper. When ARC's preferred list has no
-/// evictable (unpinned) entry the victim comes from the other resident list. A prefetch insertion
-/// is not an access (Fate admits only routed experts): it enters T1 without touching B1/B2
-/// adaptation in `on_insert`, and its first demand hit keeps it in T1. Limitation: a prefetch that
-/// needs an eviction still adapts `p` in `victim` (the query does not say it is a prefetch).
+/// when a layer's pool is full; the query's `incoming` key drives REPLACE. The incoming key then
+/// enters MRU(T2) if it was a ghost, else MRU(T1); ghost lists are trimmed to |T1|+|B1| <= c and
+/// |T1|+|T2|+|B1|+|B2| <= 2c as in the paper. When ARC's preferred list has no evictable (unpinned)
+/// entry the victim comes from the other resident list.
+///
+/// Prefetches (Fate drives ARC by actual router selections only, fate.md §4.1/A10): a prefetch
+/// insertion is not an access. ExpertCache announces every insertion through `prepare_insert`
+/// before it evicts for it, so ARC knows whether the incoming key is a demand or a prefetch:
+/// - a demand miss adapts p once (B1 ghost: p += max(|B2|/|B1|, 1); B2 ghost: p −= max(|B1|/|B2|,
+///   1)), before REPLACE, exactly as in the paper;
+/// - a prefetch insertion never adapts p. If it must evict, REPLACE treats it as a complete miss
+///   (its ghost status is ignored), with the current p. It enters T1 marked "prefetched" and leaves
+///   its ghost list, remembering which one;
+/// - the first demand hit of a prefetched entry is ARC's access to it: if it had been a B1/B2 ghost
+///   that hit adapts p as that ghost hit would have (the ghost list's size counting the entry
+///   itself, as when it was still on it) and moves it to MRU(T2); otherwise it goes to MRU(T1) (a
+///   first access). A prefetched entry evicted unused becomes a B1 ghost like any T1 entry.
+/// Without `prepare_insert` (a caller other than ExpertCache), `victim` assumes a demand.
 /// State persists across sequences (Fate's choice); `set_layer_capacities` rebuilds nothing but c.
 
 #include <algorithm>
@@ -81,17 +91,33 @@ class ArcPolicy {
     Layer& L = layers_[key.layer];
     if (n.list == ArcList::t1 && n.prefetched) {  // first real access of a prefetched entry
       n.prefetched = false;
-      move_to_front(L, i, ArcList::t1);
+      const ArcList ghost = n.prefetched_ghost;
+      n.prefetched_ghost = ArcList::none;
+      if (ghost != ArcList::none) adapt(L, ghost, /*self_counted=*/false);
+      move_to_front(L, i, ghost != ArcList::none ? ArcList::t2 : ArcList::t1);
     } else if (n.list == ArcList::t1 || n.list == ArcList::t2) {
       move_to_front(L, i, ArcList::t2);
     }
+  }
+
+  /// Called by ExpertCache before it evicts for the insertion of `key` (see the file comment).
+  void prepare_insert(ExpertKey key, const AccessInfo& a) noexcept {
+    if (key.layer >= layers_.size()) return;
+    Layer& L = layers_[key.layer];
+    L.pending_key = key;
+    L.pending_tick = a.tick;
+    L.pending_prefetch = a.prefetch;
+    L.pending = true;
+    if (!a.prefetch) adapt_once(key, a.tick);
   }
 
   void on_insert(ExpertKey key, const AccessInfo& a) noexcept {
     const std::uint32_t i = index(key);
     Layer& L = layers_[key.layer];
     Node& n = nodes_[i];
+    L.pending = false;
     if (a.prefetch) {
+      n.prefetched_ghost = n.list == ArcList::b1 || n.list == ArcList::b2 ? n.list : ArcList::none;
       move_to_front(L, i, ArcList::t1);
       n.prefetched = true;
     } else {
@@ -99,6 +125,7 @@ class ArcPolicy {
       const bool ghost = n.list == ArcList::b1 || n.list == ArcList::b2;
       move_to_front(L, i, ghost ? ArcList::t2 : ArcList::t1);
       n.prefetched = false;
+      n.prefetched_ghost = ArcList::none;
     }
     const std::size_t c = L.c;
     while (L.size[t1] + L.size[b1] > c && L.size[b1] > 0) remove(L, L.tail[b1]);
@@ -112,6 +139,7 @@ class ArcPolicy {
     Layer& L = layers_[key.layer];
     Node& n = nodes_[i];
     n.prefetched = false;
+    n.prefetched_ghost = ArcList::none;
     if (n.list == ArcList::t1) move_to_front(L, i, ArcList::b1);
     else if (n.list == ArcList::t2) move_to_front(L, i, ArcList::b2);
   }
@@ -119,9 +147,12 @@ class ArcPolicy {
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) noexcept {
     const ExpertKey x = q.incoming;
     if (x.layer >= layers_.size()) return std::nullopt;
-    adapt_once(x, q.tick);
     const Layer& L = layers_[x.layer];
-    const ArcList xl = nodes_[index(x)].list;
+    const bool prefetch =
+        L.pending && L.pending_key == x && L.pending_tick == q.tick && L.pending_prefetch;
+    if (!prefetch) adapt_once(x, q.tick);  // a no-op when prepare_insert already adapted
+    // A prefetch is not an access: REPLACE sees it as a complete miss, whatever its ghost status.
+    const ArcList xl = prefetch ? ArcList::none : nodes_[index(x)].list;
     bool from_t1;
     if (xl != ArcList::b1 && xl != ArcList::b2 && L.size[t1] + L.size[b1] >= L.c &&
         L.size[t1] >= L.c) {
@@ -159,7 +190,8 @@ class ArcPolicy {
   struct Node {
     std::uint32_t prev = none, next = none;
     ArcList list = ArcList::none;
-    bool prefetched = false;
+    bool prefetched = false;                     ///< inserted by a prefetch, not accessed since
+    ArcList prefetched_ghost = ArcList::none;   ///< ghost list it left when it was prefetched
   };
   struct Layer {
     std::uint32_t head[4] = {none, none, none, none};  ///< MRU ends
@@ -170,6 +202,10 @@ class ArcPolicy {
     ExpertKey adapted_key{};      ///< the insertion whose ghost hit was already applied
     std::uint64_t adapted_tick = 0;
     bool adapted = false;
+    ExpertKey pending_key{};      ///< the insertion announced by prepare_insert
+    std::uint64_t pending_tick = 0;
+    bool pending = false;
+    bool pending_prefetch = false;
   };
 
   static constexpr std::size_t slot(ArcList l) noexcept { return std::size_t(l) - 1; }
@@ -183,10 +219,19 @@ class ArcPolicy {
     L.adapted = true;
     L.adapted_key = x;
     L.adapted_tick = tick;
-    const ArcList xl = nodes_[index(x)].list;
-    const double s1 = double(L.size[b1]), s2 = double(L.size[b2]);
-    if (xl == ArcList::b1) L.p = std::min(double(L.c), L.p + std::max(s2 / s1, 1.0));
-    else if (xl == ArcList::b2) L.p = std::max(0.0, L.p - std::max(s1 / s2, 1.0));
+    adapt(L, nodes_[index(x)].list, /*self_counted=*/true);
+  }
+  /// ARC's adaptation for a ghost hit on `ghost`. `self_counted`: the hit entry is still on its
+  /// ghost list (a demand miss); otherwise (the first hit of a prefetched ghost) it is counted in.
+  static void adapt(Layer& L, ArcList ghost, bool self_counted) noexcept {
+    const double extra = self_counted ? 0.0 : 1.0;
+    if (ghost == ArcList::b1) {
+      const double s1 = double(L.size[b1]) + extra, s2 = double(L.size[b2]);
+      L.p = std::min(double(L.c), L.p + std::max(s2 / s1, 1.0));
+    } else if (ghost == ArcList::b2) {
+      const double s1 = double(L.size[b1]), s2 = double(L.size[b2]) + extra;
+      L.p = std::max(0.0, L.p - std::max(s1 / s2, 1.0));
+    }
   }
 
   [[nodiscard]] std::optional<ExpertKey> lru_evictable(const Layer& L, std::size_t list,

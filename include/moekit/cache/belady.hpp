@@ -29,8 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include "moekit/cache/detail/dense_index.hpp"
 #include "moekit/cache/detail/ranked_set.hpp"
-#include "moekit/cache/detail/resident_set.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/model_shape.hpp"
@@ -176,7 +176,14 @@ class BeladyPolicy {
 static_assert(CachePolicy<BeladyPolicy>);
 
 /// Offline reference for mixed precision: misses weighted by the bytes they load (see the file
-/// comment for what it guarantees). O(log n) per access, O(residents) per eviction.
+/// comment for what it guarantees). O(log n) per access; a victim costs O(classes + pinned · log n).
+///
+/// Indexing: the keep score (j − now + 1) · freed / cost changes with `now`, but for residents
+/// holding the same precision whose next demand wants the same precision (a *class*: freed and
+/// cost are common) it only grows with j. So each (held, wanted) class keeps a heap on j, largest
+/// first, and copies that can never serve again sit in one more set ordered by key; the victim is
+/// the best of the classes' heads, searched exactly (a class heap is walked while its score, as
+/// computed in doubles, can still tie or win; ties: smaller (layer, expert)).
 class CostAwareBeladyPolicy {
  public:
   static constexpr bool needs_future = true;
@@ -200,45 +207,68 @@ class CostAwareBeladyPolicy {
   }
 
   void on_hit(ExpertKey key, const AccessInfo&) {
-    next_[detail::dense_index(key, shape_.n_experts)] = future_.consume(key);
+    const std::uint32_t i = detail::dense_index(key, shape_.n_experts);
+    place(i, held_[i], future_.consume(key));
   }
   void on_insert(ExpertKey key, const AccessInfo& a) {
     const std::uint32_t i = detail::dense_index(key, shape_.n_experts);
-    residents_.insert(i);
-    held_[i] = a.precision;
-    next_[i] = a.prefetch ? future_.next_at_or_after(key, future_.position())
-                          : future_.consume(key);
+    place(i, a.precision,
+          a.prefetch ? future_.next_at_or_after(key, future_.position()) : future_.consume(key));
   }
   void on_evict(ExpertKey key) noexcept {
-    residents_.erase(detail::dense_index(key, shape_.n_experts));
+    const std::uint32_t i = detail::dense_index(key, shape_.n_experts);
+    if (class_[i] != none) classes_[class_[i]].erase(i);
+    class_[i] = none;
   }
 
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
-    std::optional<ExpertKey> best;
-    double best_s = -1.0;
+    const auto evictable = [&](std::uint32_t j) {
+      return q.evictable(detail::dense_key(j, shape_.n_experts));
+    };
+    // A copy that cannot serve again scores +inf: the smallest evictable key of them wins.
+    if (const auto d = classes_[dead].first(evictable)) return detail::dense_key(*d, shape_.n_experts);
+    std::optional<std::uint32_t> best;
+    double best_s = 0.0;
     const double now = double(future_.position());
-    for (const std::uint32_t i : residents_.items()) {
-      const ExpertKey k = detail::dense_key(i, shape_.n_experts);
-      if (!q.evictable(k)) continue;
-      const double s = keep_score(i, now);
-      if (!best || s > best_s || (s == best_s && k < *best)) {
-        best = k;
-        best_s = s;
-      }
+    for (std::uint32_t c = 0; c < dead; ++c) {
+      const auto& set = classes_[c];
+      if (set.size() == 0) continue;
+      const double freed = double(shape_.expert_bytes(held_of(c)));
+      const double cost = double(shape_.expert_bytes(wanted_of(c)));
+      // Children have j <= their parent's, hence scores <= (rounding is monotone).
+      set.walk([&](std::uint32_t i) {
+        const double s = (double(next_[i]) - now + 1.0) * freed / cost;
+        if (best && s < best_s) return false;
+        if (!evictable(i)) return true;
+        if (!best || s > best_s || i < *best) best = i, best_s = s;
+        return true;
+      });
     }
-    return best;
+    if (!best) return std::nullopt;
+    return detail::dense_key(*best, shape_.n_experts);
   }
 
  private:
-  /// Higher = evict first; +inf for a copy that cannot serve again.
-  [[nodiscard]] double keep_score(std::uint32_t i, double now) const noexcept {
-    const std::uint64_t j = next_[i];
-    if (j == detail::FutureIndex::never) return std::numeric_limits<double>::infinity();
-    const Precision want = cfg_.future[j].precision;
-    if (!satisfies(held_[i], want)) return std::numeric_limits<double>::infinity();
-    const double freed = double(shape_.expert_bytes(held_[i]));
-    const double cost = double(shape_.expert_bytes(want));
-    return (double(j) - now + 1.0) * freed / cost;
+  static constexpr std::uint32_t none = 0xffffffffu;
+  static constexpr std::uint32_t dead = std::uint32_t(precision_count * precision_count);
+  [[nodiscard]] static Precision held_of(std::uint32_t c) noexcept {
+    return static_cast<Precision>(c / precision_count);
+  }
+  [[nodiscard]] static Precision wanted_of(std::uint32_t c) noexcept {
+    return static_cast<Precision>(c % precision_count);
+  }
+
+  /// Records that `i` holds `held` and is next demanded at position `j`, and files it in its class.
+  void place(std::uint32_t i, Precision held, std::uint64_t j) {
+    held_[i] = held;
+    next_[i] = j;
+    std::uint32_t c = dead;
+    if (j != detail::FutureIndex::never && satisfies(held, cfg_.future[j].precision))
+      c = std::uint32_t(held) * precision_count + std::uint32_t(cfg_.future[j].precision);
+    if (class_[i] != none && class_[i] != c) classes_[class_[i]].erase(i);
+    class_[i] = c;
+    if (classes_[c].capacity() == 0) classes_[c].reset(shape_.expert_count());  // first use only
+    classes_[c].update(i, Later{c == dead ? 0 : j});
   }
   void rebuild() {
     std::vector<ExpertKey> keys(cfg_.future.size());
@@ -251,7 +281,9 @@ class CostAwareBeladyPolicy {
     future_.build(keys, shape_);
     next_.assign(shape_.expert_count(), detail::FutureIndex::never);
     held_.assign(shape_.expert_count(), Precision::skip);
-    residents_.reset(shape_.expert_count());
+    class_.assign(shape_.expert_count(), none);
+    classes_.assign(dead + 1, {});
+    classes_[dead].reset(shape_.expert_count());
   }
 
   Config cfg_{};
@@ -260,7 +292,14 @@ class CostAwareBeladyPolicy {
   detail::FutureIndex future_;
   std::vector<std::uint64_t> next_;
   std::vector<Precision> held_;
-  detail::ResidentSet residents_;
+  /// Heap rank inside a class: the later the next demand, the lower (first evicted); ties: smaller
+  /// index. The dead set ranks every member equal, so it is ordered by index alone.
+  struct Later {
+    std::uint64_t next = 0;
+    friend bool operator<(const Later& a, const Later& b) noexcept { return a.next > b.next; }
+  };
+  std::vector<std::uint32_t> class_;  ///< [expert] class of a resident, `none` if not resident
+  std::vector<detail::RankedSet<Later>> classes_;  ///< [held · precision_count + wanted], dead
 };
 static_assert(CachePolicy<CostAwareBeladyPolicy>);
 

@@ -60,6 +60,7 @@ class EdgeMoePolicy {
     last_tick_.assign(shape.expert_count(), 0);
     ranked_.assign(n_layers_, {});
     for (auto& r : ranked_) r.reset(n_experts_);
+    bound_.assign(n_layers_, 0.0);
     if (cfg_.prior_counts.empty()) return;
     MOEKIT_EXPECTS(cfg_.prior_counts.size() == shape.expert_count(),
                    "EdgeMoePolicy::Config.prior_counts must hold n_layers × n_experts counts");
@@ -93,37 +94,30 @@ class EdgeMoePolicy {
   void on_evict(ExpertKey key) noexcept { ranked_[key.layer].erase(key.expert); }
 
   /// Inside one layer d is common, so the highest score is the lowest f: each layer keeps its
-  /// residents ordered by (f, recency, larger id first) and the victim is the best of the layers'
-  /// first evictable entries: O(layers + pinned · log n); layers that cannot win are skipped.
+  /// residents ordered by (f, recency, larger id first), and a layer's lowest f bounds its scores.
+  /// The layer with the best bound is searched first; another layer is searched only when its
+  /// bound is not below the best score found, so a victim usually costs one pass over the layers'
+  /// bounds and O(1 + pinned) heap entries. Inside a layer the heap is walked while the score (as
+  /// computed, in doubles) can still tie or win, so the documented tie order holds even when two
+  /// different f round to the same score.
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
-    std::optional<ExpertKey> best;
-    double best_s = 0.0;
-    std::uint32_t best_d = 0;
-    std::uint64_t best_t = 0;
+    Best best;
+    std::uint32_t first = n_layers_;
+    double first_bound = 0.0;
     for (std::uint32_t l = 0; l < n_layers_; ++l) {
       const auto& heap = ranked_[l];
       if (heap.size() == 0) continue;
-      // The layer's lowest f bounds its best score: skip it without looking at pins.
-      if (best && -heap.min_rank().f / double(distance(l, q.layer)) < best_s) continue;
-      const auto e = heap.first([&](std::uint32_t x) { return q.evictable({l, x}); });
-      if (!e) continue;
-      {
-        const ExpertKey k{l, *e};
-        const std::uint32_t i = detail::dense_index(k, n_experts_);
-        const std::uint32_t d = distance(l, q.layer);
-        const double s = -freq_[i] / double(d);
-        const std::uint64_t t = last_tick_[i];
-        if (!best || s > best_s ||
-            (s == best_s &&
-             (d > best_d || (d == best_d && (t < best_t || (t == best_t && k > *best)))))) {
-          best = k;
-          best_s = s;
-          best_d = d;
-          best_t = t;
-        }
-      }
+      const double b = -heap.min_rank().f / double(distance(l, q.layer));
+      bound_[l] = b;
+      if (first == n_layers_ || b > first_bound) first = l, first_bound = b;
     }
-    return best;
+    if (first == n_layers_) return std::nullopt;
+    search_layer(q, first, best);
+    for (std::uint32_t l = 0; l < n_layers_; ++l) {
+      if (l == first || ranked_[l].size() == 0 || (best.key && bound_[l] < best.s)) continue;
+      search_layer(q, l, best);
+    }
+    return best.key;
   }
 
   /// The distance d in the score's denominator, in [1, S].
@@ -160,6 +154,33 @@ class EdgeMoePolicy {
     }
   };
   std::vector<detail::RankedSet<Rank>> ranked_;  ///< per layer, indexed by expert
+  mutable std::vector<double> bound_;  ///< victim's scratch: [layer] best score of the layer
+
+  /// The best victim so far: highest score, then larger d, least recently used, larger key.
+  struct Best {
+    std::optional<ExpertKey> key;
+    double s = 0.0;
+    std::uint32_t d = 0;
+    std::uint64_t tick = 0;
+  };
+  /// Offers every evictable entry of layer `l` that may beat or tie `best`.
+  void search_layer(const EvictionQuery& q, std::uint32_t l, Best& best) const noexcept {
+    const auto& heap = ranked_[l];
+    const std::uint32_t d = distance(l, q.layer);
+    heap.walk([&](std::uint32_t e) {
+      // Children have f >= their parent's, hence scores <= (rounding is monotone).
+      const double s = -heap.rank(e).f / double(d);
+      if (best.key && s < best.s) return false;
+      const ExpertKey k{l, e};
+      if (!q.evictable(k)) return true;
+      const std::uint64_t t = last_tick_[detail::dense_index(k, n_experts_)];
+      if (!best.key || s > best.s ||
+          (d > best.d || (d == best.d && (t < best.tick || (t == best.tick && k > *best.key))))) {
+        best = {k, s, d, t};
+      }
+      return true;
+    });
+  }
 
   void rerank(ExpertKey key) noexcept {
     const std::uint32_t i = detail::dense_index(key, n_experts_);

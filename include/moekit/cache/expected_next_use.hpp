@@ -20,8 +20,8 @@
 /// A visit of layer l is the set of experts demanded with the same (layer, cache token); it is
 /// folded into the statistics when the next visit begins. Prefetch insertions are not demands.
 /// Within one layer d is common, so each layer keeps a heap on p (recomputed for that layer's
-/// residents when one of its visits is folded in): victim is O(layers + pinned · log E), an update
-/// O(E · k) per visit. Ties: least recently used, then smallest (layer, expert).
+/// residents, and rebuilt in O(residents), when one of its visits is folded in): a victim costs a
+/// pass over the layers' bounds plus O(1 + pinned) heap entries, a visit O(E + residents · k). Ties: least recently used, then smallest (layer, expert).
 /// Statistics persist across sequences unless `Config::reset_per_sequence`.
 
 #include <cstdint>
@@ -63,6 +63,7 @@ class ExpectedNextUsePolicy {
     resident_.assign(shape.expert_count(), false);
     ranked_.assign(n_layers_, {});
     for (auto& r : ranked_) r.reset(n_experts_);
+    bound_.assign(n_layers_, 0.0);
   }
   void begin_sequence() {
     fold_visit();
@@ -87,28 +88,31 @@ class ExpectedNextUsePolicy {
     ranked_[key.layer].erase(key.expert);
   }
 
+  /// Within a layer d is common, so each layer keeps a heap on p and its lowest p bounds its E[t].
+  /// The layer with the largest bound is searched first; another layer is searched only when its
+  /// bound is not below the best E[t] found. Inside a layer the heap is walked while E[t] (as
+  /// computed, in doubles) can still tie or win, so ties follow the documented order.
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
-    std::optional<ExpertKey> best;
-    double best_t = 0.0;
-    std::uint64_t best_tick = 0;
-    for (std::uint32_t l = 0; l < n_layers_; ++l) {
+    Best best;
+    const std::uint32_t cur = q.layer % n_layers_;
+    std::uint32_t first = n_layers_;
+    double first_bound = 0.0;
+    for (std::uint32_t l = 0, d = (n_layers_ - cur) % n_layers_; l < n_layers_;
+         ++l, d = d + 1 == n_layers_ ? 0 : d + 1) {
       const auto& heap = ranked_[l];
       if (heap.size() == 0) continue;
-      // The layer's lowest p bounds its largest E[t]: skip it without looking at pins.
-      if (best && expected_next_use(l, heap.min_rank().p, q.layer) < best_t) continue;
-      const auto e = heap.first([&](std::uint32_t x) { return q.evictable({l, x}); });
-      if (!e) continue;
-      const ExpertKey k{l, *e};
-      const double t = expected_next_use(l, heap.rank(*e).p, q.layer);
-      const std::uint64_t tick = last_tick_[detail::dense_index(k, n_experts_)];
-      if (!best || t > best_t || (t == best_t && (tick < best_tick ||
-                                                  (tick == best_tick && k < *best)))) {
-        best = k;
-        best_t = t;
-        best_tick = tick;
-      }
+      const double b = expected_next_use(d, heap.min_rank().p);
+      bound_[l] = b;
+      if (first == n_layers_ || b > first_bound) first = l, first_bound = b;
     }
-    return best;
+    if (first == n_layers_) return std::nullopt;
+    search_layer(q, first, (first + n_layers_ - cur) % n_layers_, best);
+    for (std::uint32_t l = 0, d = (n_layers_ - cur) % n_layers_; l < n_layers_;
+         ++l, d = d + 1 == n_layers_ ? 0 : d + 1) {
+      if (l == first || ranked_[l].size() == 0 || (best.key && bound_[l] < best.t)) continue;
+      search_layer(q, l, d, best);
+    }
+    return best.key;
   }
 
   /// The current estimate of p for `key` (probability it is chosen at its layer's next visit).
@@ -126,22 +130,50 @@ class ExpectedNextUsePolicy {
     }
   };
 
-  [[nodiscard]] double expected_next_use(std::uint32_t l, double p,
-                                         std::uint32_t current) const noexcept {
-    std::uint32_t d = (l + n_layers_ - current % n_layers_) % n_layers_;
-    if (d == 0) d = n_layers_;
-    return double(d) + double(n_layers_) * (1.0 / p - 1.0);
+  /// E[t] of an expert of a layer `d` layers ahead (d = 0: the current layer, a full pass away).
+  [[nodiscard]] double expected_next_use(std::uint32_t d, double p) const noexcept {
+    return double(d == 0 ? n_layers_ : d) + double(n_layers_) * (1.0 / p - 1.0);
   }
   [[nodiscard]] double estimate(std::uint32_t l, std::uint32_t e) const noexcept {
+    return estimate(l, e, denominator(l));
+  }
+  /// prior + Σ_{a ∈ last(l)} N[l][a], common to the layer's experts.
+  [[nodiscard]] double denominator(std::uint32_t l) const noexcept {
+    const std::size_t base = std::size_t{l} * n_experts_;
+    double den = cfg_.prior;
+    for (const std::uint32_t a : last_[l]) den += from_[base + a];
+    return den;
+  }
+  [[nodiscard]] double estimate(std::uint32_t l, std::uint32_t e, double den) const noexcept {
     const std::size_t base = std::size_t{l} * n_experts_;
     const double k = last_[l].empty() ? double(top_k_) : double(last_[l].size());
     const double f = (count_[base + e] + k / double(n_experts_)) / (visits_[l] + 1.0);
-    double num = cfg_.prior * f, den = cfg_.prior;
-    for (const std::uint32_t a : last_[l]) {
-      num += trans_[(base + a) * n_experts_ + e];
-      den += from_[base + a];
-    }
+    double num = cfg_.prior * f;
+    for (const std::uint32_t a : last_[l]) num += trans_[(base + a) * n_experts_ + e];
     return num / den;
+  }
+
+  /// The best victim so far: largest E[t], then least recently used, then smaller key.
+  struct Best {
+    std::optional<ExpertKey> key;
+    double t = 0.0;
+    std::uint64_t tick = 0;
+  };
+  /// Offers every evictable entry of layer `l` (d layers ahead) that may beat or tie `best`.
+  void search_layer(const EvictionQuery& q, std::uint32_t l, std::uint32_t d,
+                    Best& best) const noexcept {
+    const auto& heap = ranked_[l];
+    heap.walk([&](std::uint32_t e) {
+      // Children have p >= their parent's, hence E[t] <= (rounding is monotone).
+      const double t = expected_next_use(d, heap.rank(e).p);
+      if (best.key && t < best.t) return false;
+      const ExpertKey k{l, e};
+      if (!q.evictable(k)) return true;
+      const std::uint64_t tick = last_tick_[detail::dense_index(k, n_experts_)];
+      if (!best.key || t > best.t || tick < best.tick || (tick == best.tick && k < *best.key))
+        best = {k, t, tick};
+      return true;
+    });
   }
 
   void demand(ExpertKey key, const AccessInfo& a) noexcept {
@@ -184,11 +216,15 @@ class ExpectedNextUsePolicy {
 
   void rerank(ExpertKey key) noexcept {
     const std::uint32_t i = detail::dense_index(key, n_experts_);
-    if (resident_[i]) ranked_[key.layer].update(key.expert, Rank{estimate(key.layer, key.expert),
-                                                                 last_tick_[i]});
+    if (resident_[i])
+      ranked_[key.layer].update(key.expert, Rank{estimate(key.layer, key.expert), last_tick_[i]});
   }
+  /// Re-ranks the layer's residents (its heap's members) at once: O(residents · |last|).
   void rerank_layer(std::uint32_t l) noexcept {
-    for (std::uint32_t e = 0; e < n_experts_; ++e) rerank({l, e});
+    const double den = denominator(l);
+    const std::size_t base = std::size_t{l} * n_experts_;
+    ranked_[l].rerank_all(
+        [&](std::uint32_t e) { return Rank{estimate(l, e, den), last_tick_[base + e]}; });
   }
   void clear_statistics() {
     const std::size_t n = std::size_t{n_layers_} * n_experts_;
@@ -217,6 +253,7 @@ class ExpectedNextUsePolicy {
   std::vector<std::uint64_t> last_tick_;
   std::vector<bool> resident_;
   std::vector<detail::RankedSet<Rank>> ranked_;  ///< per layer, indexed by expert
+  mutable std::vector<double> bound_;  ///< victim's scratch: [layer] largest E[t] of the layer
 };
 static_assert(CachePolicy<ExpectedNextUsePolicy>);
 

@@ -10,6 +10,8 @@
 /// Pins: a *hard* pin (loading, or needed by the layer being computed) is never evicted; a *soft*
 /// pin (predicted for a later layer) is evicted only when nothing unpinned is left in the pool.
 /// All per-access operations are O(1) plus the policy's own cost, and allocate nothing.
+/// Optional policy hook beyond the CachePolicy concept: `prepare_insert(key, access)`, called by
+/// `insert` once the insertion is known to go ahead and before it asks for any victim.
 
 #include <algorithm>
 #include <cstddef>
@@ -195,6 +197,9 @@ class ExpertCache {
     const std::size_t bytes = shape_.expert_bytes(a.precision);
     Pool& p = pools_[pool];
     if (bytes > p.capacity_bytes) return fail(InsertStatus::too_large);
+    // Lets a policy tell a demand from a prefetch before it names victims (ARC adapts only on
+    // demands); EvictionQuery does not carry the access.
+    if constexpr (requires { policy_.prepare_insert(key, a); }) policy_.prepare_insert(key, a);
     while (p.used_bytes + bytes > p.capacity_bytes) {
       std::optional<ExpertKey> v = pick_victim(pool, key, a, /*allow_soft=*/false);
       if (!v) v = pick_victim(pool, key, a, /*allow_soft=*/true);

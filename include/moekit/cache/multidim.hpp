@@ -77,6 +77,10 @@ class MultiDimPolicy {
     pool_.assign(shape.expert_count(), 0);
     ranked_.assign(2 * std::size_t{n_layers_}, {});
     for (auto& r : ranked_) r.reset(n_experts_);
+    fld_.resize(n_layers_);
+    for (std::uint32_t d = 0; d < n_layers_; ++d)
+      fld_[d] = cfg_.w_fld * (1.0 - double(d) / double(n_layers_));
+    bound_.assign(n_layers_, 0.0);
   }
 
   /// Pool 0 (high) and pool 1 (low). `sizing` is not used: the pools are sized by
@@ -129,39 +133,35 @@ class MultiDimPolicy {
   }
 
   /// Within one layer Eq. 3 orders entries like S = w_lru·R + w_lfu·F + w_lhu·H (T and the FLD
-  /// term are common), so each (pool, layer) keeps a heap on S. Layers are visited from the
-  /// farthest (lowest FLD term) on; a layer whose lowest S cannot beat the best so far is skipped
-  /// without looking at pins, and the walk stops once the FLD term alone exceeds the best.
+  /// term are common), so each (pool, layer) keeps a heap on S and the lowest S of a layer bounds
+  /// its priorities. The layer with the lowest bound is searched first; any other layer is searched
+  /// only when its bound does not exceed the best priority found, so a victim usually costs one
+  /// pass over the layers' bounds (no division, no modulo) and O(1 + pinned) heap entries. Inside
+  /// a layer the heap is walked while Eq. 3 (as computed, in doubles) can still tie or win, so ties
+  /// follow the documented order even when two different S round to the same priority.
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
-    std::optional<ExpertKey> best;
-    double best_p = 0.0;
-    const detail::UseRecord* rb = nullptr;
-    if (q.pool >= 2) return best;
+    Best best;
+    if (q.pool >= 2 || n_layers_ == 0) return std::nullopt;
     const double inv_t = 1.0 / (token_ == 0 ? 1.0 : double(token_));
-    for (std::uint32_t d = n_layers_; d-- > 0;) {
-      const std::uint32_t l = (q.layer % n_layers_ + d) % n_layers_;
-      const double fld = fld_term(d);
-      if (best && fld > best_p) break;  // S >= 0: no later layer can do better
+    const std::uint32_t cur = q.layer % n_layers_;
+    std::uint32_t first = n_layers_;
+    double first_bound = 0.0;
+    for (std::uint32_t l = 0, d = (n_layers_ - cur) % n_layers_; l < n_layers_;
+         ++l, d = d + 1 == n_layers_ ? 0 : d + 1) {
       const auto& heap = set(q.pool, l);
-      if (heap.size() == 0 || (best && heap.min_rank().s * inv_t + fld > best_p)) continue;
-      const auto e = heap.first([&](std::uint32_t x) { return q.evictable({l, x}); });
-      if (!e) continue;
-      const ExpertKey k{l, *e};
-      const detail::UseRecord& r = records_[detail::dense_index(k, n_experts_)];
-      const double p = weighted(r) * inv_t + fld;
-      if (!best || p < best_p ||
-          (p == best_p &&
-           (r.last_token < rb->last_token ||
-            (r.last_token == rb->last_token &&
-             (r.uses < rb->uses ||
-              (r.uses == rb->uses && (r.last_tick < rb->last_tick ||
-                                      (r.last_tick == rb->last_tick && k < *best)))))))) {
-        best = k;
-        best_p = p;
-        rb = &r;
-      }
+      if (heap.size() == 0) continue;
+      const double b = heap.min_rank().s * inv_t + fld_[d];
+      bound_[l] = b;
+      if (first == n_layers_ || b < first_bound) first = l, first_bound = b;
     }
-    return best;
+    if (first == n_layers_) return std::nullopt;
+    search_layer(q, first, (first + n_layers_ - cur) % n_layers_, inv_t, best);
+    for (std::uint32_t l = 0, d = (n_layers_ - cur) % n_layers_; l < n_layers_;
+         ++l, d = d + 1 == n_layers_ ? 0 : d + 1) {
+      if (l == first || set(q.pool, l).size() == 0 || (best.key && bound_[l] > best.p)) continue;
+      search_layer(q, l, d, inv_t, best);
+    }
+    return best.key;
   }
 
   /// Eq. 3 for `key` while layer `current_layer` runs (higher = keep).
@@ -179,9 +179,37 @@ class MultiDimPolicy {
     return cfg_.w_lru * double(r.last_token) + cfg_.w_lfu * double(r.uses) +
            cfg_.w_lhu * double(r.high_uses);
   }
-  /// w_fld · (1 − d/L) for a layer d layers ahead.
-  [[nodiscard]] double fld_term(std::uint32_t d) const noexcept {
-    return cfg_.w_fld * (1.0 - double(d) / double(n_layers_));
+  /// w_fld · (1 − d/L) for a layer d layers ahead (tabulated at bind: no division per victim).
+  [[nodiscard]] double fld_term(std::uint32_t d) const noexcept { return fld_[d]; }
+
+  /// The best victim so far: lowest priority, then smaller R, F, last tick, (layer, expert).
+  struct Best {
+    std::optional<ExpertKey> key;
+    double p = 0.0;
+    const detail::UseRecord* r = nullptr;
+  };
+  /// Offers every evictable entry of layer `l` (d layers ahead) that may beat or tie `best`.
+  void search_layer(const EvictionQuery& q, std::uint32_t l, std::uint32_t d, double inv_t,
+                    Best& best) const noexcept {
+    const auto& heap = set(q.pool, l);
+    const double fld = fld_[d];
+    heap.walk([&](std::uint32_t e) {
+      // Children have S >= their parent's, hence priorities >= (rounding is monotone).
+      const double p = heap.rank(e).s * inv_t + fld;
+      if (best.key && p > best.p) return false;
+      const ExpertKey k{l, e};
+      if (!q.evictable(k)) return true;
+      const detail::UseRecord& r = records_[detail::dense_index(k, n_experts_)];
+      if (!best.key || p < best.p || before_on_tie(r, k, *best.r, *best.key)) best = {k, p, &r};
+      return true;
+    });
+  }
+  [[nodiscard]] static bool before_on_tie(const detail::UseRecord& a, ExpertKey ka,
+                                          const detail::UseRecord& b, ExpertKey kb) noexcept {
+    if (a.last_token != b.last_token) return a.last_token < b.last_token;
+    if (a.uses != b.uses) return a.uses < b.uses;
+    if (a.last_tick != b.last_tick) return a.last_tick < b.last_tick;
+    return ka < kb;
   }
   [[nodiscard]] double priority_of(const detail::UseRecord& r, std::uint32_t layer,
                                    std::uint32_t current) const noexcept {
@@ -195,6 +223,8 @@ class MultiDimPolicy {
   std::uint64_t token_ = 0;
   detail::UseRecords records_;
   std::vector<std::uint8_t> pool_;  ///< pool of each resident
+  std::vector<double> fld_;         ///< [d] the FLD term of a layer d layers ahead
+  mutable std::vector<double> bound_;  ///< victim's scratch: [layer] lowest priority in the pool
   /// Rank inside one (pool, layer): (w_lru·R + w_lfu·F + w_lhu·H, R, F, last tick); the expert id
   /// breaks the remaining ties.
   struct Rank {

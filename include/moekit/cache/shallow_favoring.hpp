@@ -94,6 +94,9 @@ class ShallowFavoring {
   }
   void on_hit(ExpertKey key, const AccessInfo& a) { inner_.on_hit(key, a); }
   void on_insert(ExpertKey key, const AccessInfo& a) { inner_.on_insert(key, a); }
+  void prepare_insert(ExpertKey key, const AccessInfo& a) {
+    if constexpr (requires { inner_.prepare_insert(key, a); }) inner_.prepare_insert(key, a);
+  }
   void on_evict(ExpertKey key) { inner_.on_evict(key); }
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) { return inner_.victim(q); }
 

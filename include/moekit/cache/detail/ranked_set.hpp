@@ -5,7 +5,10 @@
 /// partial score) keeps its residents here. It is an indexed binary min-heap: `update` and `erase`
 /// are O(log n) and allocate nothing after `reset`. `first(pred)` returns the lowest-ranked member
 /// satisfying `pred` by a best-first walk of the heap that expands only members failing `pred`
-/// (pinned entries, which are few), so it costs O(pinned · log) rather than O(members).
+/// (pinned entries, which are few), so it costs O(pinned · log) rather than O(members). `walk`
+/// visits a subtree-closed part of the heap for policies whose exact score is only monotone in the
+/// rank (equal ranks-to-be after rounding must still be tie-broken by the score's own rules), and
+/// `rerank_all` re-ranks every member at once in O(n) (Floyd's heap construction).
 
 #include <algorithm>
 #include <array>
@@ -49,12 +52,40 @@ class RankedSet {
   }
   [[nodiscard]] bool contains(std::uint32_t i) const noexcept { return pos_[i] != none; }
   [[nodiscard]] std::size_t size() const noexcept { return heap_.size(); }
+  /// Number of ids the set was reset for (0 before the first `reset`).
+  [[nodiscard]] std::size_t capacity() const noexcept { return pos_.size(); }
   /// Rank of member `i`.
   [[nodiscard]] const Rank& rank(std::uint32_t i) const noexcept { return rank_[i]; }
   /// Rank of the lowest member (the set must not be empty).
   [[nodiscard]] const Rank& min_rank() const noexcept { return rank_[heap_[0]]; }
   /// Members in heap order (not sorted).
   [[nodiscard]] std::span<const std::uint32_t> members() const noexcept { return heap_; }
+
+  /// Depth-first walk from the lowest member: calls `expand(id)` on a member and descends into its
+  /// heap children only when it returns true. Every member ranks at or above its heap parent, so a
+  /// caller whose score is monotone in the rank can prune a subtree at its first member that is
+  /// worse than its best so far.
+  template <class Expand>
+  void walk(Expand&& expand) const {
+    if (heap_.empty()) return;
+    // Each level leaves at most one pending sibling: the stack stays below depth + 2 entries.
+    std::array<std::uint32_t, 72> stack;
+    std::size_t n = 0;
+    stack[n++] = 0;
+    while (n > 0) {
+      const std::uint32_t p = stack[--n];
+      if (!expand(heap_[p])) continue;
+      for (std::uint32_t c = 2 * p + 2; c >= 2 * p + 1; --c)
+        if (c < heap_.size()) stack[n++] = c;
+    }
+  }
+
+  /// Sets the rank of every member to `fn(id)` and restores the heap in O(members).
+  template <class Fn>
+  void rerank_all(Fn&& fn) noexcept {
+    for (const std::uint32_t i : heap_) rank_[i] = fn(i);
+    for (std::size_t p = heap_.size() / 2; p-- > 0;) sift_down(static_cast<std::uint32_t>(p));
+  }
 
   /// The lowest-ranked member for which `pred(id)` holds.
   template <class Pred>
