@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "moekit/precision/gemv.hpp"
-#include "moekit/predict/detail/router_bank.hpp"
+#include "moekit/predict/router_stack.hpp"
 #include "moekit/predict/stacked_gate.hpp"
 #include "predict/predict_test_support.hpp"
 #include "support/routing.hpp"
@@ -44,7 +44,7 @@ TEST_CASE("StackedGate: stacking p gates equals p sequential products (random pr
   for (std::uint32_t p = 1; p <= 3; ++p) {
     StackedGatePredictor pred({.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d,
                                .top_k = 2, .lookahead = p});
-    const detail::RouterBank bank{w, L, E, d};
+    const RouterStack bank(w, L, E, d, "test");
     for (int trial = 0; trial < 10; ++trial) {
       const std::uint32_t T = trial % 2 ? 3 : 1;  // one token (GEMV) and three (small GEMM)
       std::vector<float> x(std::size_t{T} * d);
@@ -64,7 +64,7 @@ TEST_CASE("StackedGate: stacking p gates equals p sequential products (random pr
         for (std::uint32_t j = 1; j <= count; ++j) {
           // the same tokens through layer l+j's router alone, with the same kernel
           std::vector<float> one;
-          bank.stacked_logits(l + j, 1, x, T, one);
+          bank.logits(l + j, 1, x, T, one);
           for (std::uint32_t t = 0; t < T; ++t) {
             for (std::uint32_t e = 0; e < E; ++e) {
               const float s = stacked[(std::size_t{t} * count + (j - 1)) * E + e];

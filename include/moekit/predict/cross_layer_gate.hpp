@@ -25,7 +25,8 @@
 
 #include "moekit/core/concepts.hpp"
 #include "moekit/error.hpp"
-#include "moekit/predict/detail/router_bank.hpp"
+#include "moekit/predict/detail/routing.hpp"
+#include "moekit/predict/router_stack.hpp"
 
 namespace moekit {
 
@@ -34,7 +35,7 @@ class CrossLayerGatePredictor {
  public:
   struct Config {
     /// Routers of all MoE layers, back to back: [n_layers · n_experts · hidden] f32 (row l·E + e).
-    /// Not owned: must outlive the predictor.
+    /// Copied (packed) by the constructor. These four fields are RouterStack's arguments.
     std::span<const float> router_weights{};
     std::uint32_t n_layers = 0;
     std::uint32_t n_experts = 0;
@@ -52,8 +53,10 @@ class CrossLayerGatePredictor {
     Precision prefill_low = Precision::q2;
   };
 
-  explicit CrossLayerGatePredictor(Config c) : cfg_(c) {
-    bank().validate("CrossLayerGatePredictor");
+  explicit CrossLayerGatePredictor(Config c)
+      : cfg_(c),
+        routers_(c.router_weights, c.n_layers, c.n_experts, c.hidden,
+                 "CrossLayerGatePredictor") {
     MOEKIT_EXPECTS(cfg_.top_k > 0 && cfg_.top_k <= cfg_.n_experts,
                    "CrossLayerGatePredictor: Config.top_k must be in [1, n_experts]");
     MOEKIT_EXPECTS(cfg_.percentile >= 0.0 && cfg_.percentile < 1.0,
@@ -86,11 +89,9 @@ class CrossLayerGatePredictor {
   void predict(const LayerContext& ctx, const GateView& gate, const ResidencyView& residency,
                PrefetchList& out) {
     if (ctx.layer + 1 >= cfg_.n_layers) return;
-    MOEKIT_EXPECTS(gate.has_hidden() && gate.hidden_size() == cfg_.hidden,
-                   "CrossLayerGatePredictor: GateView.hidden must hold the gate input (" +
-                       std::to_string(cfg_.hidden) + " floats per token)");
+    routers_.check_gate_input(gate);
     const std::uint32_t next = ctx.layer + 1;
-    bank().stacked_logits(next, 1, gate.hidden, gate.n_tokens, probs_);
+    routers_.logits(next, 1, gate.hidden, gate.n_tokens, probs_);
     const std::size_t E = cfg_.n_experts;
     for (std::uint32_t t = 0; t < gate.n_tokens; ++t)
       detail::softmax(std::span<float>(probs_.data() + t * E, E));
@@ -104,12 +105,10 @@ class CrossLayerGatePredictor {
   /// Predicted probabilities of the last `predict` call ([n_tokens × E], row-major).
   [[nodiscard]] std::span<const float> last_probabilities() const noexcept { return probs_; }
   [[nodiscard]] const Config& config() const noexcept { return cfg_; }
+  [[nodiscard]] const RouterStack& routers() const noexcept { return routers_; }
+  [[nodiscard]] RouterStack& routers() noexcept { return routers_; }
 
  private:
-  [[nodiscard]] detail::RouterBank bank() const noexcept {
-    return {cfg_.router_weights, cfg_.n_layers, cfg_.n_experts, cfg_.hidden};
-  }
-
   void predict_decode(std::uint32_t next, const ResidencyView& residency, PrefetchList& out) {
     const std::span<const float> p(probs_.data(), cfg_.n_experts);
     for (std::uint32_t e = 0; e < cfg_.n_experts; ++e) order_[e] = e;
@@ -152,6 +151,7 @@ class CrossLayerGatePredictor {
   }
 
   Config cfg_;
+  RouterStack routers_;
   std::uint32_t candidates_ = 1;
   std::uint32_t transfers_ = 1;
   std::vector<float> probs_;

@@ -5,8 +5,8 @@
 /// Inference", arXiv:2411.01433, §3.3, Fig. 8): gate inputs of consecutive layers are nearly equal
 /// (residual stream), so layer l's gate input x_l, fed to the routers of layers l+1..l+p, predicts
 /// their experts (top-1 96 % at +1, ~90 % at +2/+3 on Mixtral). The p routers are stacked into one
-/// [p·E × d] matrix and applied to x_l in ONE product (stored contiguously, the slice needs no
-/// copy). Walking forward from l+1, each examined layer's predicted experts (top-k of the model's
+/// [p·E × d] matrix and applied to x_l in ONE product (RouterStack: consecutive packed panels,
+/// read in one sequential pass). Walking forward from l+1, each examined layer's predicted experts (top-k of the model's
 /// softmax routing) get HOBBIT's T1/T2 precision; they are pushed (the pipeline pins them, and
 /// prefetches those not resident). The walk stops at the first layer with a missing expert: only
 /// that layer is prefetched, so a wrong guess further ahead costs nothing. Skip-predicted experts
@@ -23,7 +23,8 @@
 
 #include "moekit/core/concepts.hpp"
 #include "moekit/error.hpp"
-#include "moekit/predict/detail/router_bank.hpp"
+#include "moekit/predict/detail/routing.hpp"
+#include "moekit/predict/router_stack.hpp"
 #include "moekit/score/hobbit_threshold.hpp"
 
 namespace moekit {
@@ -33,7 +34,8 @@ class StackedGatePredictor {
  public:
   struct Config {
     /// Routers of all MoE layers, back to back: [n_layers · n_experts · hidden] f32, row l·E + e
-    /// = router row of expert e of layer l. Not owned: must outlive the predictor.
+    /// = router row of expert e of layer l. Copied (packed) by the constructor: the span only
+    /// needs to live until then. These four fields are RouterStack's arguments.
     std::span<const float> router_weights{};
     std::uint32_t n_layers = 0;
     std::uint32_t n_experts = 0;
@@ -44,8 +46,9 @@ class StackedGatePredictor {
   };
 
   /// Throws `moekit::Error` naming the Config field when it cannot work.
-  explicit StackedGatePredictor(Config c) : cfg_(c) {
-    bank().validate("StackedGatePredictor");
+  explicit StackedGatePredictor(Config c)
+      : cfg_(c),
+        routers_(c.router_weights, c.n_layers, c.n_experts, c.hidden, "StackedGatePredictor") {
     MOEKIT_EXPECTS(cfg_.top_k > 0 && cfg_.top_k <= cfg_.n_experts &&
                        cfg_.top_k <= HobbitRule::max_k,
                    "StackedGatePredictor: Config.top_k must be in [1, n_experts]");
@@ -99,21 +102,19 @@ class StackedGatePredictor {
   /// layer `layer + j`, row e, · x_t, for j = 1..min(p, L−1−layer). Throws when `gate` has no
   /// hidden state of the configured width.
   void stacked_logits(std::uint32_t layer, const GateView& gate, std::vector<float>& logits) const {
-    MOEKIT_EXPECTS(gate.has_hidden() && gate.hidden_size() == cfg_.hidden,
-                   "StackedGatePredictor: GateView.hidden must hold the gate input (" +
-                       std::to_string(cfg_.hidden) + " floats per token)");
-    const std::uint32_t count = std::min(cfg_.lookahead, cfg_.n_layers - 1 - layer);
-    bank().stacked_logits(layer + 1, count, gate.hidden, gate.n_tokens, logits);
+    routers_.check_gate_input(gate);
+    const std::uint32_t count =
+        layer + 1 >= cfg_.n_layers ? 0 : std::min(cfg_.lookahead, cfg_.n_layers - 1 - layer);
+    routers_.logits(layer + 1, count, gate.hidden, gate.n_tokens, logits);
   }
 
   [[nodiscard]] const Config& config() const noexcept { return cfg_; }
+  [[nodiscard]] const RouterStack& routers() const noexcept { return routers_; }
+  [[nodiscard]] RouterStack& routers() noexcept { return routers_; }
 
  private:
-  [[nodiscard]] detail::RouterBank bank() const noexcept {
-    return {cfg_.router_weights, cfg_.n_layers, cfg_.n_experts, cfg_.hidden};
-  }
-
   Config cfg_;
+  RouterStack routers_;
   std::vector<float> logits_;
   std::vector<HobbitDecision> best_;
   std::vector<float> conf_;
