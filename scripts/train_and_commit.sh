@@ -1,14 +1,15 @@
 #!/bin/sh
 # Train moekit's default model in the background and commit the result (issue 10).
-#   nohup nice -n 19 scripts/train_and_commit.sh [train_tiny_moe.py flags...] > /tmp/train.log 2>&1 &
+#   nohup scripts/train_and_commit.sh [train_tiny_moe.py flags...] > /tmp/train.log 2>&1 &
+# Training runs at nice $MOEKIT_TRAIN_NICE (default 5: the 2-core machine is shared with compiler jobs).
 # Commits ONLY models/moekit-tiny-moe/ (pathspec commit: other people's staged changes stay staged),
 # retrying while another git process holds .git/index.lock.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-nice -n 19 python3 scripts/train_tiny_moe.py "$@"
+nice -n "${MOEKIT_TRAIN_NICE:-5}" python3 scripts/train_tiny_moe.py "$@"
 status=$?
 if [ "$status" -ne 0 ]; then
-    echo "train_and_commit: training failed with status $status; the best checkpoint so far (if any) is in models/moekit-tiny-moe, not committed" >&2
+    echo "train_and_commit: training failed with status $status; the resumable state and the best weights so far are in build/tiny-moe-train (state.pt, best_model.pt; resume with --resume); nothing committed" >&2
     exit "$status"
 fi
 size=$(du -sb models/moekit-tiny-moe | cut -f1)
