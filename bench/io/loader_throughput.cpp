@@ -127,8 +127,7 @@ int main(int argc, char** argv) {
   std::printf("\n%-36s %8s %14s %12s %14s\n", "reader (median of reps)", "GB/s", "of raw", "min..max",
               "1 load (ms)");
   std::printf("%-36s %8.2f %14s %12s %14s\n", "raw O_DIRECT 8 MiB sequential", median(raw_all) / 1e9, "1.00", "-", "-");
-  std::printf("%-36s %8.2f %14s %12s %14s\n", "  (QD1 / QD4)", median(raw1_all) / 1e9, "", "", "");
-  std::printf("%-36s %8.2f %14s %12s %14s\n", "", median(raw4_all) / 1e9, "", "", "");
+  std::printf("  (QD1 %.2f GB/s, QD4 %.2f GB/s)\n", median(raw1_all) / 1e9, median(raw4_all) / 1e9);
   bool all_ok = true;
   for (const Job& job : jobs) {
     const auto& rs = ratio[job.label];
