@@ -169,6 +169,8 @@ class OffloadPipeline {
                                    cfg_.expert_budget_bytes + cfg_.staging_slots * max_bytes +
                                        max_bytes);
     }
+    for (std::size_t i = 0; i < bytes_.size(); ++i)  // every Precision, `skip` included
+      bytes_[i] = shape_.expert_bytes(static_cast<Precision>(i));
     cache_.set_eviction_listener(this, &on_evicted);
   }
 
@@ -197,11 +199,11 @@ class OffloadPipeline {
     const auto r = cache_.insert(key, cache_.access(precision, key.layer));
     if (!r.ok()) return false;
     const LoadTicket t =
-        submit(key, precision, LoadPriority::prefetch, r.slot, shape_.expert_bytes(precision));
+        submit(key, precision, LoadPriority::prefetch, r.slot, bytes_of(precision));
     cache_.mark_loading(key, t);
     cache_.pin_hard(key);  // loading pin
     in_flight_.push_back({key, t});
-    stats_.bytes_preloaded += shape_.expert_bytes(precision);
+    stats_.bytes_preloaded += bytes_of(precision);
     return true;
   }
 
@@ -224,8 +226,10 @@ class OffloadPipeline {
 
     predictor_.observe(ctx, gate);
     build_demands(gate);
+    for (const ExpertDemand& d : demands_) truth_[d.expert] = 1;  // read by the next two steps
     score_predictions(ctx.layer);
     cancel_stale_prefetches(ctx.layer);
+    for (const ExpertDemand& d : demands_) truth_[d.expert] = 0;
 
     plan_.clear();
     plan_.layer = ctx.layer;
@@ -269,7 +273,7 @@ class OffloadPipeline {
           }
         }
         if constexpr (keeps_bytes)
-          v.bytes = arena_.bytes(p.slot, shape_.expert_bytes(p.precision));
+          v.bytes = arena_.bytes(p.slot, bytes_of(p.precision));
       } else if (p.placement == Placement::host_cpu) {
         if constexpr (requires { loader_.host_bytes(p.key, p.precision); })
           v.bytes = loader_.host_bytes(p.key, p.precision);
@@ -365,6 +369,9 @@ class OffloadPipeline {
     return std::size_t{shape_.n_experts} * (cfg_.max_prefetch_distance + 1) +
            std::size_t{shape_.n_layers} * shape_.top_k;
   }
+  [[nodiscard]] std::size_t bytes_of(Precision p) const noexcept {
+    return bytes_[static_cast<std::size_t>(p)];
+  }
   [[nodiscard]] bool is_staging(std::uint32_t slot) const noexcept {
     return slot >= shape_.expert_count();
   }
@@ -407,9 +414,9 @@ class OffloadPipeline {
     for (const ExpertDemand& d : demands_) demand_slot_[d.expert] = -1;
   }
 
-  // Scores the predictions made for this layer (at every distance) against its true demand.
+  // Scores the predictions made for this layer (at every distance) against its true demand
+  // (`truth_` marks the layer's demanded experts).
   void score_predictions(std::uint32_t layer) {
-    for (const ExpertDemand& d : demands_) truth_[d.expert] = 1;
     const std::size_t base = std::size_t{layer} * shape_.n_experts;
     for (std::uint32_t dist = 1; dist <= 3; ++dist) {
       if (layer < dist) continue;
@@ -429,7 +436,6 @@ class OffloadPipeline {
         pred[base + e] = 0;
       }
     }
-    for (const ExpertDemand& d : demands_) truth_[d.expert] = 0;
   }
 
   ExpertPlan plan_for(const LayerContext& ctx, std::size_t i) {
@@ -467,7 +473,7 @@ class OffloadPipeline {
   }
 
   void load_demand(const LayerContext& ctx, ExpertPlan& p) {
-    const std::size_t bytes = shape_.expert_bytes(p.precision);
+    const std::size_t bytes = bytes_of(p.precision);
     const auto r = cache_.insert(p.key, cache_.access(p.precision, ctx.layer, p.n_tokens));
     if (r.ok()) {
       p.slot = r.slot;
@@ -524,7 +530,7 @@ class OffloadPipeline {
         ++stats_.prefetches_dropped;
         continue;
       }
-      const std::size_t bytes = shape_.expert_bytes(pf.precision);
+      const std::size_t bytes = bytes_of(pf.precision);
       const auto r = cache_.insert(
           pf.key, cache_.access(pf.precision, from_layer == none_layer ? 0 : from_layer, 1,
                                 /*prefetch=*/true));
@@ -578,9 +584,8 @@ class OffloadPipeline {
     in_flight_.resize(w);
   }
 
-  // Queued prefetches for this layer that it does not need are withdrawn.
+  // Queued prefetches for this layer that it does not need (`truth_` unmarked) are withdrawn.
   void cancel_stale_prefetches(std::uint32_t layer) {
-    for (const ExpertDemand& d : demands_) truth_[d.expert] = 1;
     std::size_t w = 0;
     for (const InFlight& f : in_flight_) {
       const auto& e = cache_.entry(f.key);
@@ -595,7 +600,6 @@ class OffloadPipeline {
       in_flight_[w++] = f;
     }
     in_flight_.resize(w);
-    for (const ExpertDemand& d : demands_) truth_[d.expert] = 0;
   }
 
   ModelShape shape_;
@@ -622,6 +626,7 @@ class OffloadPipeline {
   std::vector<std::uint32_t> soft_mark_;
   std::vector<std::vector<ExpertKey>> soft_by_layer_;
   std::uint32_t staging_used_ = 0;
+  std::array<std::size_t, precision_count + 1> bytes_{};  // expert bytes per stored precision
 };
 
 }  // namespace moekit

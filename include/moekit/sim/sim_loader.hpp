@@ -10,6 +10,7 @@
 /// the completion and counts the difference as stall. Completion times are computed lazily from
 /// the submit times, so the result equals an event-driven simulation and is deterministic.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -63,6 +64,8 @@ class SimLoader {
   SimLoader(const ModelShape& shape, const LinkModel& link) : shape_(shape), link_(link) {
     shape_.validate();
     link_.validate();
+    for (std::size_t i = 0; i < bytes_.size(); ++i)  // every Precision, `skip` included
+      bytes_[i] = shape_.expert_bytes(static_cast<Precision>(i));
   }
 
   // ---- Loader concept ------------------------------------------------------------------------
@@ -72,12 +75,13 @@ class SimLoader {
     MOEKIT_EXPECTS(r.precision != Precision::skip, "SimLoader::submit: `skip` is not a format");
     settle();
     Record rec;
-    rec.bytes = shape_.expert_bytes(r.precision);
+    rec.bytes = bytes_[static_cast<std::size_t>(r.precision)];
     rec.priority = r.priority;
     rec.submitted = clock_.now();
     records_.push_back(rec);
     const auto id = static_cast<std::uint32_t>(records_.size() - 1);
     (r.priority == LoadPriority::on_demand ? demand_q_ : prefetch_q_).push(id);
+    ++queued_;
     settle();  // an idle link starts it at once
     return LoadTicket{records_.size()};
   }
@@ -115,6 +119,7 @@ class SimLoader {
     settle();
     if (r.state != State::queued || r.priority != LoadPriority::prefetch) return false;
     r.state = State::cancelled;
+    --queued_;
     ++stats_.cancelled;
     stats_.cancelled_bytes += r.bytes;
     return true;
@@ -195,12 +200,13 @@ class SimLoader {
   /// Starts every queued transfer that the link would have started by the current time.
   void settle() {
     const double now = clock_.now();
-    for (;;) {
+    while (queued_ > 0) {
       const double t = next_start();
       if (t > now) return;
       const Record* d = demand_q_.front(*this);
       Record* r = (d && d->submitted <= t) ? demand_q_.pop(*this) : prefetch_q_.pop(*this);
       r->state = State::started;
+      --queued_;
       const double dur = link_.transfer_s(r->bytes);
       r->done = t + dur;
       link_free_ = r->done;
@@ -218,6 +224,8 @@ class SimLoader {
   std::vector<Record> records_;
   Queue demand_q_, prefetch_q_;
   double link_free_ = 0.0;
+  std::size_t queued_ = 0;  ///< records in State::queued (settle's fast exit when none)
+  std::array<std::size_t, precision_count + 1> bytes_{};  ///< expert bytes per precision
   SimLoaderStats stats_{};
 };
 static_assert(Loader<SimLoader>);
