@@ -1,0 +1,245 @@
+// moekit's dequant-GEMV against ggml's CPU mul_mat (n = 1) and against a streaming read, all
+// three timed rep by rep in one process, so the load of a shared machine hits them alike.
+//
+// Built and run by bench/kernels/ggml_peer.sh against the ggml that ggml-python compiled from
+// source (its headers and libraries live in the script's venv); not part of the CMake build,
+// which has no ggml. Weights are cold as in MoE decode: every call uses the next of a rotating set
+// of copies larger than the last-level cache, for moekit, ggml and the read alike.
+//
+// For each (format, shape, threads): medians over --reps rounds; each round runs moekit's float-
+// activation path, moekit's int8-activation path (VNNI), ggml, and the streaming read, each on its
+// own next cold copy. The error columns compare both results with the exact product of the
+// unquantized weights (max abs error over max abs value), so both are known to compute the same
+// thing. Ratios are ggml time / moekit time (> 1: moekit faster) and moekit bytes/s
+// as a fraction of the read bandwidth of the same round set.
+//
+// Usage: gemv_vs_ggml [--reps N] [--quick] [--only q8_0|q4_0|q2_K] [--threads N]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moekit/precision/gemv.hpp"
+#include "moekit/precision/quantize.hpp"
+#include "moekit/precision/thread_pool.hpp"
+
+#include <ggml-cpu.h>
+#include <ggml.h>
+
+using namespace moekit;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr std::size_t rotation_bytes = 160u << 20;  // > 4× the 35.8 MiB LLC of this machine
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) float stream_sum_avx512(const float* p, std::size_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (std::size_t i = 0; i + 64 <= n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+#pragma GCC diagnostic pop
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double seconds(auto&& fn) {
+  const auto t0 = Clock::now();
+  fn();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// A ggml context holding `copies` copies of one quantized matrix, each with its own n = 1 graph.
+class GgmlGemv {
+ public:
+  GgmlGemv(ggml_type type, const std::vector<float>& w, std::size_t rows, std::size_t cols,
+           std::size_t copies, int threads) {
+    mat_bytes_ = ggml_row_size(type, static_cast<std::int64_t>(cols)) * rows;
+    const std::size_t mem = copies * (mat_bytes_ + 3 * ggml_tensor_overhead() + ggml_graph_overhead()) +
+                            (cols + rows) * sizeof(float) + (16u << 20);
+    ctx_ = ggml_init({mem, nullptr, false});
+    if (!ctx_) throw std::runtime_error("ggml_init failed");
+    x_ = ggml_new_tensor_2d(ctx_, GGML_TYPE_F32, static_cast<std::int64_t>(cols), 1);
+    std::fill_n(static_cast<float*>(x_->data), cols, 0.5f);
+    for (std::size_t c = 0; c < copies; ++c) {
+      ggml_tensor* m = ggml_new_tensor_2d(ctx_, type, static_cast<std::int64_t>(cols),
+                                          static_cast<std::int64_t>(rows));
+      if (c == 0)
+        ggml_quantize_chunk(type, w.data(), m->data, 0, static_cast<std::int64_t>(rows),
+                            static_cast<std::int64_t>(cols), nullptr);
+      else std::memcpy(m->data, mats_[0]->data, mat_bytes_);
+      mats_.push_back(m);
+      ggml_tensor* y = ggml_mul_mat(ctx_, m, x_);
+      ys_.push_back(y);
+      ggml_cgraph* g = ggml_new_graph(ctx_);
+      ggml_build_forward_expand(g, y);
+      graphs_.push_back(g);
+    }
+    // One plan and work buffer (the activation quantized to q8) reused by every call.
+    plan_ = ggml_graph_plan(graphs_[0], threads, nullptr);
+    work_.resize(plan_.work_size + 64);
+    plan_.work_data = work_.data();
+  }
+  GgmlGemv(const GgmlGemv&) = delete;
+  GgmlGemv& operator=(const GgmlGemv&) = delete;
+  ~GgmlGemv() { ggml_free(ctx_); }
+
+  void run(std::size_t copy) {
+    if (ggml_graph_compute(graphs_[copy], &plan_) != GGML_STATUS_SUCCESS)
+      throw std::runtime_error("ggml_graph_compute failed");
+  }
+  void set_x(const std::vector<float>& x) { std::copy(x.begin(), x.end(), static_cast<float*>(x_->data)); }
+  const float* y(std::size_t copy) const { return static_cast<const float*>(ys_[copy]->data); }
+  std::size_t bytes() const { return mat_bytes_; }
+
+ private:
+  ggml_context* ctx_ = nullptr;
+  ggml_tensor* x_ = nullptr;
+  std::vector<ggml_tensor*> mats_, ys_;
+  std::vector<ggml_cgraph*> graphs_;
+  ggml_cplan plan_{};
+  std::vector<std::uint8_t> work_;
+  std::size_t mat_bytes_ = 0;
+};
+
+struct Pair {
+  const char* label;
+  Precision p;
+  QuantScheme s;
+  ggml_type gtype;
+  const char* gname;
+};
+
+/// max |a − b| / max |b|
+double rel_diff(const float* a, const float* b, std::size_t n) {
+  double d = 0, r = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    d = std::max(d, double(std::abs(a[i] - b[i])));
+    r = std::max(r, double(std::abs(b[i])));
+  }
+  return r > 0 ? d / r : d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  int reps = 21;
+  bool quick = false;
+  std::string only;
+  int only_threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--quick")) quick = true, reps = 7;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: %s [--reps N] [--quick] [--only q8_0|q4_0|q2_K] [--threads N]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  ggml_cpu_init();
+  const bool vnni = detect_isa() == Isa::avx512 && has_avx512_vnni();
+  std::printf("moekit GEMV vs ggml mul_mat, n = 1, cold weights (rotation over %zu MiB each), "
+              "ISA %s%s, medians of %d interleaved rounds\n",
+              rotation_bytes >> 20, std::string(name(detect_isa())).c_str(), vnni ? "+vnni" : "", reps);
+  std::printf("f32x: float activations; i8x: int8 activations (KernelOptions::int8_activations)\n"
+              "vs ggml: ggml time / moekit time (> 1: moekit faster); of read: moekit bytes/s over a "
+              "streaming read of the same bytes\n");
+  const Pair pairs[] = {{"q8 g32 sym", Precision::q8, {32, false}, GGML_TYPE_Q8_0, "q8_0"},
+                        {"q4 g32 sym", Precision::q4, {32, false}, GGML_TYPE_Q4_0, "q4_0"},
+                        {"q2 g64 aff", Precision::q2, {64, true}, GGML_TYPE_Q2_K, "q2_K"}};
+  const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
+  for (int threads : {1, 2}) {
+    if (only_threads && threads != only_threads) continue;
+    ThreadPool pool(static_cast<unsigned>(threads));
+    std::printf("\n== %d thread(s)\n%-11s %-11s %6s %6s | %7s %7s %7s %7s | %7s %7s | %7s %7s | %5s %5s %5s\n",
+                threads, "format", "shape", "MiB", "gg MiB", "f32x ms", "i8x ms", "ggml ms", "read ms",
+                "f32x rd", "i8x rd", "f32x/gg", "i8x/gg", "f err", "i8err", "gg er");
+    for (const Pair& f : pairs) {
+      if (!only.empty() && only != f.gname) continue;
+      for (const auto& shape : shapes) {
+        if (quick && shape[0] != 14336) continue;
+        const std::size_t rows = shape[0], cols = shape[1];
+        std::mt19937 rng(1);
+        std::normal_distribution<float> d(0.f, 0.02f);
+        std::vector<float> w(rows * cols);
+        for (auto& v : w) v = d(rng);
+
+        const std::size_t bytes = matrix_bytes(rows, cols, f.p, f.s);
+        const std::size_t copies = std::max<std::size_t>(2, rotation_bytes / bytes);
+        std::vector<std::vector<std::byte>> mats(copies);
+        mats[0] = encode_matrix<float>(w, rows, cols, f.p, f.s);
+        for (std::size_t c = 1; c < copies; ++c) mats[c] = mats[0];
+        const std::size_t gbytes = ggml_row_size(f.gtype, static_cast<std::int64_t>(cols)) * rows;
+        const std::size_t gcopies = std::max<std::size_t>(2, rotation_bytes / gbytes);
+        GgmlGemv gg(f.gtype, w, rows, cols, gcopies, threads);
+        std::vector<float> x(cols), y(rows), y8(rows), exact(rows);
+        for (auto& v : x) v = d(rng) * 50.f;
+        gg.set_x(x);
+        for (std::size_t r = 0; r < rows; ++r) {
+          double acc = 0;
+          for (std::size_t c = 0; c < cols; ++c) acc += double(w[r * cols + c]) * x[c];
+          exact[r] = static_cast<float>(acc);
+        }
+        w.clear();
+        w.shrink_to_fit();
+        const std::size_t n = bytes / 4;
+        std::vector<std::vector<float>> bufs(copies, std::vector<float>(n, 1.f));
+        KernelOptions of{std::nullopt, &pool}, o8{std::nullopt, &pool};
+        o8.int8_activations = true;
+        volatile float sink = 0;
+        std::vector<float> part(static_cast<std::size_t>(threads));
+        auto read = [&](std::size_t c) {
+          const float* p = bufs[c].data();
+          const std::size_t per = (n / part.size() + 63) / 64 * 64;
+          pool.parallel_for(0, part.size(), 1, [&](std::size_t b, std::size_t) {
+            const std::size_t lo = b * per, hi = std::min(n, lo + per);
+            if (lo < hi) part[b] = stream_sum_avx512(p + lo, hi - lo);
+          });
+          for (float v : part) sink = sink + v;
+        };
+        auto ours = [&](std::size_t c, const KernelOptions& o, std::vector<float>& out) {
+          gemv(MatrixView{mats[c].data(), rows, cols, f.p, f.s}, x, out, o);
+        };
+        std::vector<double> tf, t8, tg, tr;
+        for (int r = -1; r < reps; ++r) {  // round -1 warms every copy (page faults, threads)
+          const std::size_t n_rounds = r < 0 ? std::max(copies, gcopies) : 1;
+          for (std::size_t k = 0; k < n_rounds; ++k) {
+            const std::size_t i = r < 0 ? k : static_cast<std::size_t>(r);
+            const double a = seconds([&] { ours(i % copies, of, y); });
+            const double b = seconds([&] { ours((i + 1) % copies, o8, y8); });
+            const double g = seconds([&] { gg.run(i % gcopies); });
+            const double s = seconds([&] { read(i % copies); });
+            if (r >= 0) tf.push_back(a), t8.push_back(b), tg.push_back(g), tr.push_back(s);
+          }
+        }
+        const double mf = median(tf), m8 = median(t8), mg = median(tg), mr = median(tr);
+        // Same math: each result's error against the exact product of the unquantized weights.
+        const double err_f = rel_diff(y.data(), exact.data(), rows);
+        const double err_8 = rel_diff(y8.data(), exact.data(), rows);
+        const double err_g = rel_diff(gg.y(0), exact.data(), rows);
+        std::printf("%-4s/%-6s %5zux%-5zu %6.1f %6.1f | %7.3f %7.3f %7.3f %7.3f | %6.0f%% %6.0f%% | %6.2fx %6.2fx | %5.3f %5.3f %5.3f\n",
+                    f.gname, f.label, rows, cols, bytes / 1048576.0, gbytes / 1048576.0, mf * 1e3, vnni ? m8 * 1e3 : NAN,
+                    mg * 1e3, mr * 1e3, 100 * mr / mf, vnni ? 100 * mr / m8 : NAN, mg / mf,
+                    vnni ? mg / m8 : NAN, err_f, err_8, err_g);
+      }
+    }
+  }
+  return 0;
+}
