@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""llama.cpp (through llama-cpp-python) as moe-run's peer. Run by bench/engine/llama_cpp_peer.sh.
+
+    llama_cpp_peer.py reference GGUF MODEL_DIR OUT.json [--top-k K] [--threads T]
+        llama.cpp's logits for the fixed sequence of MODEL_DIR/reference.json (the transformers
+        reference's prompt + greedy tokens), teacher-forced in one batch, f32 KV cache; saves the
+        top-K ids and logits of every position, and llama.cpp's own tokenisation of the prompt.
+        tests/engine/llama_cpp_reference_test.cpp compares moe-run's logits with it.
+
+    llama_cpp_peer.py bench MOE_RUN MODEL_DIR --pair GGUF:PRECISION [--pair ...] [-p PROMPT]
+                      [-n N] [-t T] [--rounds R]
+        Decode tokens/s, greedy, of llama.cpp on GGUF and of moe-run on MODEL_DIR (safetensors,
+        experts at PRECISION, all of them in memory), alternating round by round in this one run;
+        prints the medians and the ratio moe-run / llama.cpp per pair.
+"""
+import argparse
+import ctypes
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import llama_cpp
+
+GGML_TYPE_F32 = 0
+
+
+def load(gguf: Path, n_ctx: int, threads: int, logits_all: bool) -> llama_cpp.Llama:
+    return llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
+                           n_threads=threads, n_threads_batch=threads, logits_all=logits_all,
+                           type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, flash_attn=False,
+                           use_mmap=True, seed=0, verbose=False)
+
+
+def reference(a) -> None:
+    ref = json.loads((a.model_dir / "reference.json").read_text())
+    seq = ref["sequence_ids"]
+    llm = load(a.gguf, max(64, len(seq) + 8), a.threads, logits_all=True)
+    llama_tokens = llm.tokenize(ref["prompt_text"].encode("utf-8"), add_bos=True, special=False)
+    llm.reset()
+    llm.eval(seq)
+    scores = np.asarray(llm.scores[: len(seq)], dtype=np.float32)
+    if scores.shape != (len(seq), llm.n_vocab()) or not np.isfinite(scores).all():
+        raise SystemExit(f"llama.cpp returned logits of shape {scores.shape} (or non-finite values)")
+    top = np.argsort(-scores, axis=1)[:, : a.top_k]
+    out = {
+        "what": "llama.cpp logits for MODEL_DIR/reference.json's sequence_ids, teacher-forced in one "
+                "batch (logits_all), f32 KV cache, no flash attention",
+        "gguf": a.gguf.name,
+        "gguf_bytes": a.gguf.stat().st_size,
+        "model_dir": str(a.model_dir),
+        "llama_cpp_python": llama_cpp.__version__,
+        "threads": a.threads,
+        "prompt_text": ref["prompt_text"],
+        "prompt_ids": ref["prompt_ids"],
+        "llama_prompt_ids": list(map(int, llama_tokens)),
+        "sequence_ids": seq,
+        "top_k": a.top_k,
+        "top_ids": top.tolist(),
+        "top_logits": np.take_along_axis(scores, top, axis=1).tolist(),
+        "greedy_ids": scores.argmax(axis=1).tolist(),
+    }
+    a.out.write_text(json.dumps(out) + "\n")
+    print(f"{a.out}: {len(seq)} positions, top-{a.top_k}; llama.cpp prompt tokens "
+          f"{'equal' if out['llama_prompt_ids'] == ref['prompt_ids'] else 'DIFFER from'} the reference's")
+
+
+def llama_decode(llm: llama_cpp.Llama, prompt: list[int], n: int) -> tuple[float, list[int]]:
+    """Greedy decode of n tokens after the prompt; llama.cpp's own eval time per decoded token
+    (llama_perf_context: time inside llama_decode for the one-token batches)."""
+    llm.reset()
+    llm.eval(prompt)
+    llama_cpp.llama_perf_context_reset(llm.ctx)
+    out = []
+    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    for _ in range(n):
+        out.append(tok)
+        llm.eval([tok])
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    perf = llama_cpp.llama_perf_context(llm.ctx)
+    if perf.n_eval != n:
+        raise SystemExit(f"llama.cpp counted {perf.n_eval} decode evals, expected {n}")
+    return perf.n_eval / (perf.t_eval_ms / 1e3), out
+
+
+def moe_run_decode(moe_run: Path, model_dir: Path, precision: str, prompt: str, n: int,
+                   threads: int) -> tuple[float, str]:
+    cmd = [str(moe_run), "-m", str(model_dir), "-p", prompt, "-n", str(n), "-t", str(threads),
+           "--temp", "0", "--precision", precision, "--expert-budget", "all", "--in-memory", "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr}")
+    j = json.loads(r.stdout)
+    if j["generated_tokens"] != n:
+        raise SystemExit(f"moe-run generated {j['generated_tokens']} tokens, expected {n}")
+    return j["decode_tokens_per_s"], j["text"]
+
+
+def bench(a) -> None:
+    print(f"decode tokens/s, greedy, -p {a.prompt!r} -n {a.n} -t {a.threads}, medians of {a.rounds} "
+          f"alternating rounds (llama-cpp-python {llama_cpp.__version__})")
+    print("llama.cpp: eval time of the one-token llama_decode calls (llama_perf_context); "
+          "moe-run: its decode_tokens_per_s (--json), experts in memory (--in-memory --expert-budget all)")
+    print(f"{'llama.cpp GGUF':34s} {'moe-run experts':15s} {'llama tok/s':>11s} {'moe tok/s':>10s} {'ratio':>7s}  same text")
+    for pair in a.pair:
+        gguf, precision = pair.rsplit(":", 1)
+        gguf = Path(gguf)
+        llm = load(gguf, 512, a.threads, logits_all=False)
+        prompt = llm.tokenize(a.prompt.encode("utf-8"), add_bos=True, special=False)
+        lt, mt, same = [], [], True
+        for _ in range(a.rounds):
+            tps, toks = llama_decode(llm, prompt, a.n)
+            lt.append(tps)
+            mps, text = moe_run_decode(a.moe_run, a.model_dir, precision, a.prompt, a.n, a.threads)
+            mt.append(mps)
+            ltext = llm.detokenize(toks).decode("utf-8", errors="replace")
+            same = same and ltext.strip() == text.strip()
+        del llm
+        l, m = statistics.median(lt), statistics.median(mt)
+        print(f"{gguf.name:34s} {precision:15s} {l:11.1f} {m:10.1f} {m / l:6.2f}x  {'yes' if same else 'no'}",
+              flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("reference")
+    r.add_argument("gguf", type=Path)
+    r.add_argument("model_dir", type=Path)
+    r.add_argument("out", type=Path)
+    r.add_argument("--top-k", type=int, default=8)
+    r.add_argument("--threads", type=int, default=2)
+    b = sub.add_parser("bench")
+    b.add_argument("moe_run", type=Path)
+    b.add_argument("model_dir", type=Path)
+    b.add_argument("--pair", action="append", required=True, help="GGUF:moe-run precision")
+    b.add_argument("-p", "--prompt", default="The history of the")
+    b.add_argument("-n", type=int, default=128)
+    b.add_argument("-t", "--threads", type=int, default=2)
+    b.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    reference(a) if a.cmd == "reference" else bench(a)
+
+
+if __name__ == "__main__":
+    main()
