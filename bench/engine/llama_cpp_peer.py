@@ -74,12 +74,16 @@ def llama_decode(llm: llama_cpp.Llama, prompt: list[int], n: int) -> tuple[float
     llm.reset()
     llm.eval(prompt)
     llama_cpp.llama_perf_context_reset(llm.ctx)
+    # Without logits_all, Llama.eval no longer copies logits into llm.scores: read the last
+    # position's row from the context.
+    last = lambda: int(np.argmax(np.ctypeslib.as_array(
+        llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))))
     out = []
-    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    tok = last()
     for _ in range(n):
         out.append(tok)
         llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = last()
     perf = llama_cpp.llama_perf_context(llm.ctx)
     if perf.n_eval != n:
         raise SystemExit(f"llama.cpp counted {perf.n_eval} decode evals, expected {n}")
