@@ -214,16 +214,6 @@ inline bool is_expert_store(const std::filesystem::path& p) {
 
 // ---- building stores from checkpoints ---------------------------------------------------------
 
-/// Architecture of moe-run's config in io/'s naming.
-inline moekit::io::Architecture io_architecture(Architecture a) {
-  switch (a) {
-    case Architecture::mixtral: return moekit::io::Architecture::mixtral;
-    case Architecture::qwen2_moe: return moekit::io::Architecture::qwen2_moe;
-    case Architecture::olmoe: return moekit::io::Architecture::olmoe;
-  }
-  return moekit::io::Architecture::mixtral;
-}
-
 /// A fingerprint of a checkpoint directory's weight files (names, sizes, modification times),
 /// recorded in a store's meta so a store built from an older checkpoint is noticed.
 inline std::string checkpoint_fingerprint(const std::filesystem::path& dir) {
@@ -275,20 +265,28 @@ struct CachedStore {
   bool built = false;  ///< built (or rebuilt) by this call
 };
 
-/// The store of checkpoint `dir` in `cache_dir` holding `need` plus f16, q8, q4 and q2 (one file
-/// per precision set, named `<model>-<precisions>.moestore`, precisions most precise first). Used
-/// as is when its recorded checkpoint fingerprint matches `dir`'s; built when missing; rebuilt
-/// (only this cache file is replaced) when the checkpoint changed or the file is unreadable.
-inline CachedStore cached_store(const ModelConfig& cfg, const std::filesystem::path& dir,
-                                std::vector<moekit::Precision> need,
-                                const std::filesystem::path& cache_dir, bool quiet) {
-  namespace fs = std::filesystem;
+namespace detail {
+
+/// `need` plus f16, q8, q4 and q2, most precise first (the precision set of a cached store).
+inline std::vector<moekit::Precision> cached_precisions(std::vector<moekit::Precision> need) {
   for (moekit::Precision p : {moekit::Precision::f16, moekit::Precision::q8,
                               moekit::Precision::q4, moekit::Precision::q2})
     if (std::find(need.begin(), need.end(), p) == need.end()) need.push_back(p);
   std::sort(need.begin(), need.end(), [](moekit::Precision a, moekit::Precision b) {
     return moekit::bits(a) != moekit::bits(b) ? moekit::bits(a) > moekit::bits(b) : a < b;
   });
+  return need;
+}
+
+/// The cache file `<cache_dir>/<stem>-<precisions>.moestore` for shape `shape`, reused when its
+/// meta's checkpoint_fingerprint equals `fp`, else (re)built by `build(precisions, out, options)`.
+template <class Build>
+CachedStore cached_store_file(const moekit::ModelShape& shape, const std::string& stem,
+                              const std::string& fp, std::vector<moekit::Precision> need,
+                              const std::filesystem::path& cache_dir, bool quiet,
+                              const std::string& from, Build build) {
+  namespace fs = std::filesystem;
+  need = cached_precisions(std::move(need));
   std::string tag, list;
   for (moekit::Precision p : need) {
     tag += '-';
@@ -296,13 +294,12 @@ inline CachedStore cached_store(const ModelConfig& cfg, const std::filesystem::p
     if (!list.empty()) list += ',';
     list += moekit::name(p);
   }
-  const fs::path out = cache_dir / (dir.filename().string() + tag + ".moestore");
-  const std::string fp = checkpoint_fingerprint(dir);
+  const fs::path out = cache_dir / (stem + tag + ".moestore");
   bool stale = false;
   if (fs::exists(out)) {
     try {
       auto st = std::make_shared<moekit::io::ExpertStore>(
-          moekit::io::ExpertStore::open(out.string(), cfg.shape()));
+          moekit::io::ExpertStore::open(out.string(), shape));
       if (st->manifest().meta.value("checkpoint_fingerprint", std::string()) == fp)
         return {std::move(st), false};
       stale = true;
@@ -313,13 +310,38 @@ inline CachedStore cached_store(const ModelConfig& cfg, const std::filesystem::p
   fs::create_directories(out.parent_path());
   if (!quiet)
     std::fprintf(stderr, "building the expert store %s (%s) from %s%s...\n", out.c_str(),
-                 list.c_str(), dir.c_str(), stale ? " (checkpoint changed)" : "");
+                 list.c_str(), from.c_str(), stale ? " (checkpoint changed)" : "");
   moekit::io::ExpertStoreWriteOptions wo;
   wo.overwrite = stale;
-  build_store_from_checkpoint(cfg, dir, need, out, wo);
+  build(std::span<const moekit::Precision>(need), out, wo);
   return {std::make_shared<moekit::io::ExpertStore>(
-              moekit::io::ExpertStore::open(out.string(), cfg.shape())),
+              moekit::io::ExpertStore::open(out.string(), shape)),
           true};
+}
+
+}  // namespace detail
+
+/// The store of checkpoint `dir` in `cache_dir` holding `need` plus f16, q8, q4 and q2 (one file
+/// per precision set, named `<model>-<precisions>.moestore`, precisions most precise first). Used
+/// as is when its recorded checkpoint fingerprint matches `dir`'s; built when missing; rebuilt
+/// (only this cache file is replaced) when the checkpoint changed or the file is unreadable.
+inline CachedStore cached_store(const ModelConfig& cfg, const std::filesystem::path& dir,
+                                std::vector<moekit::Precision> need,
+                                const std::filesystem::path& cache_dir, bool quiet) {
+  return detail::cached_store_file(
+      cfg.shape(), dir.filename().string(), checkpoint_fingerprint(dir), std::move(need),
+      cache_dir, quiet, dir.string(), [&](auto ps, const auto& out, auto wo) {
+        build_store_from_checkpoint(cfg, dir, ps, out, wo);
+      });
+}
+
+/// A fingerprint of one file (name, size, modification time), as checkpoint_fingerprint.
+inline std::string file_fingerprint(const std::filesystem::path& f) {
+  const auto t = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::filesystem::last_write_time(f).time_since_epoch())
+                     .count();
+  return f.filename().string() + ":" + std::to_string(std::filesystem::file_size(f)) + ":" +
+         std::to_string(t) + ";";
 }
 
 /// The routed-expert shape of a GGUF model from its metadata (`<arch>.block_count`,
@@ -365,9 +387,27 @@ inline moekit::io::ExpertStoreWriteReport build_store_from_gguf(
     return encode_expert_blob(shape, e.w1, e.w3, e.w2, p);
   };
   options.meta["gguf"] = std::filesystem::absolute(path).lexically_normal().string();
+  options.meta["checkpoint_fingerprint"] = file_fingerprint(path);
   options.meta["tool"] = "moe-convert";
   options.meta["blob_layout"] = "[w1 gate][w3 up][w2 down], precision/ row format";
   return moekit::io::write_expert_store(out.string(), shape, precisions, encode, options);
+}
+
+/// The store of GGUF file `path` in `cache_dir`, as cached_store: `<stem>-<hash of the absolute
+/// path>-<precisions>.moestore`, rebuilt when the file changed.
+inline CachedStore cached_gguf_store(const std::filesystem::path& path,
+                                     std::vector<moekit::Precision> need,
+                                     const std::filesystem::path& cache_dir, bool quiet) {
+  const std::string abs = std::filesystem::absolute(path).lexically_normal().string();
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                static_cast<unsigned long long>(std::hash<std::string>{}(abs)));
+  const moekit::ModelShape shape = gguf_shape(moekit::io::GgufFile(path.string()));
+  return detail::cached_store_file(
+      shape, path.stem().string() + "-" + std::string(hash, 8), file_fingerprint(path),
+      std::move(need), cache_dir, quiet, path.string(), [&](auto ps, const auto& out, auto wo) {
+        build_store_from_gguf(path, ps, out, wo);
+      });
 }
 
 }  // namespace moe_run

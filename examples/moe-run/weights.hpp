@@ -114,6 +114,16 @@ inline std::vector<std::byte> encode_expert_blob(const moekit::ModelShape& s,
   return b;
 }
 
+/// Architecture of moe-run's config in io/'s naming.
+inline moekit::io::Architecture io_architecture(Architecture a) {
+  switch (a) {
+    case Architecture::mixtral: return moekit::io::Architecture::mixtral;
+    case Architecture::qwen2_moe: return moekit::io::Architecture::qwen2_moe;
+    case Architecture::olmoe: return moekit::io::Architecture::olmoe;
+  }
+  return moekit::io::Architecture::mixtral;
+}
+
 /// One expert's matrices in f32: w1, w3 (ffn × hidden), w2 (hidden × ffn).
 struct ExpertF32 {
   std::vector<float> w1, w3, w2;
@@ -209,14 +219,16 @@ struct ModelWeights {
 
 namespace detail {
 
-/// Reads tensors of a checkpoint as f32 with shape checks that name the tensor.
-class TensorReader {
+/// Reads tensors of a checkpoint (a safetensors model or a GGUF file: anything with
+/// `find(name)` and `tensor(name)`) as f32 with shape checks that name the tensor.
+template <class Reader>
+class CheckedReader {
  public:
-  explicit TensorReader(const moekit::io::SafetensorsModel& m) : m_(m) {}
+  explicit CheckedReader(const Reader& m) : m_(m) {}
 
   [[nodiscard]] bool has(const std::string& name) const { return m_.find(name).has_value(); }
 
-  /// Tensor `name`, checked to have exactly `shape`.
+  /// Tensor `name` (any dtype io/dequantize reads), checked to have exactly `shape`.
   std::vector<float> read(const std::string& name, std::vector<std::uint64_t> shape) const {
     const moekit::io::TensorView t = m_.tensor(name);
     const auto got = t.shape();
@@ -225,6 +237,11 @@ class TensorReader {
                           t.where() + " has shape " + dims(got) + ", expected " + dims(shape) +
                               " from the config");
     return moekit::io::dequantize(t);
+  }
+  /// A vector stored as [n] or [1, n] (GGUF keeps some gate vectors 1-D).
+  std::vector<float> read_vector(const std::string& name, std::uint64_t n) const {
+    const moekit::io::TensorView t = m_.tensor(name);
+    return read(name, t.rank == 1 ? std::vector<std::uint64_t>{n} : std::vector<std::uint64_t>{1, n});
   }
   Linear linear(const std::string& name, std::size_t rows, std::size_t cols,
                 bool bias = false) const {
@@ -246,7 +263,7 @@ class TensorReader {
     for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
     return s + "]";
   }
-  const moekit::io::SafetensorsModel& m_;
+  const Reader& m_;
 };
 
 }  // namespace detail
@@ -257,7 +274,7 @@ class TensorReader {
 inline ModelWeights load_weights(const ModelConfig& cfg, const std::filesystem::path& path,
                                  std::vector<moekit::Precision> expert_precisions) {
   const auto model = moekit::io::SafetensorsModel::open(path);
-  const detail::TensorReader r(model);
+  const detail::CheckedReader r(model);
   const std::size_t H = cfg.hidden, V = cfg.vocab_size;
   ModelWeights w;
   DenseWeights& d = w.dense;

@@ -1,15 +1,24 @@
 #pragma once
-// Helpers shared by the engine tests: fixture discovery and the reference files.
+// Helpers shared by the engine tests: fixture discovery, the reference files, scratch
+// directories and greedy runs of moe-run's Model.
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "moekit/error.hpp"
+#include "moekit/precision/thread_pool.hpp"
+
+#include "config.hpp"
+#include "model.hpp"
+#include "weights.hpp"
 
 namespace engine_test {
 
@@ -33,10 +42,15 @@ inline std::vector<float> read_f32(const std::filesystem::path& p, std::size_t c
   return v;
 }
 
-inline Reference load_reference(const std::filesystem::path& dir) {
+/// The reference of `dir`: reference.json, or the object `key` of another JSON file in `dir`
+/// (gguf_reference.json's "q8_0").
+inline Reference load_reference(const std::filesystem::path& dir,
+                                const std::string& file = "reference.json",
+                                const std::string& key = "") {
   Reference r;
-  std::ifstream in(dir / "reference.json");
+  std::ifstream in(dir / file);
   r.json = nlohmann::json::parse(in);
+  if (!key.empty()) r.json = nlohmann::json(r.json.at(key));
   r.prompt_ids = r.json.at("prompt_ids").get<std::vector<std::uint32_t>>();
   r.generated_ids = r.json.at("generated_ids").get<std::vector<std::uint32_t>>();
   r.sequence_ids = r.json.at("sequence_ids").get<std::vector<std::uint32_t>>();
@@ -61,6 +75,54 @@ inline std::uint32_t argmax(const float* v, std::size_t n) {
   for (std::size_t i = 1; i < n; ++i)
     if (v[i] > v[best]) best = i;
   return static_cast<std::uint32_t>(best);
+}
+
+/// A fresh directory in the build tree (on disk: O_DIRECT is refused by tmpfs).
+inline std::filesystem::path scratch(const std::string& area, const std::string& name) {
+  const std::filesystem::path d =
+      std::filesystem::path(MOEKIT_BINARY_DIR) / "test-scratch" / area / name;
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+/// A greedy run: logits of every position (prefill rows, then one row per decode step),
+/// row-major, and the generated tokens (the prefill's argmax, then each step's).
+struct GreedyRun {
+  std::vector<float> logits;
+  std::vector<moe_run::Token> tokens;
+};
+
+/// Prefills `prompt` (all logits) then decodes `steps` greedy tokens, feeding back each argmax.
+template <class Pipeline>
+GreedyRun greedy(const moe_run::ModelConfig& cfg, const moe_run::DenseWeights& dense,
+                 Pipeline& pipeline, std::span<const moe_run::Token> prompt, int steps,
+                 moekit::ThreadPool* pool) {
+  moe_run::Model<Pipeline> model(cfg, dense, pipeline,
+                                 static_cast<std::uint32_t>(prompt.size() + steps + 1), pool);
+  model.begin_sequence();
+  const auto pre = model.prefill(prompt, /*all_logits=*/true);
+  GreedyRun r;
+  r.logits.assign(pre.begin(), pre.end());
+  const std::size_t V = cfg.vocab_size;
+  moe_run::Token next = argmax(pre.data() + pre.size() - V, V);
+  r.tokens.push_back(next);
+  for (int i = 0; i < steps; ++i) {
+    const auto lg = model.decode(next);
+    r.logits.insert(r.logits.end(), lg.begin(), lg.end());
+    next = argmax(lg.data(), V);
+    r.tokens.push_back(next);
+  }
+  return r;
+}
+
+/// Worst per-position relative error of `got` against `want` (both positions × vocab).
+inline double worst_relative_error(const std::vector<float>& got, const std::vector<float>& want,
+                                   std::size_t vocab) {
+  double worst = 0;
+  for (std::size_t t = 0; t < want.size() / vocab && t < got.size() / vocab; ++t)
+    worst = std::max(worst, relative_error(got.data() + t * vocab, want.data() + t * vocab, vocab));
+  return worst;
 }
 
 }  // namespace engine_test

@@ -1,0 +1,210 @@
+// moe-run on a GGUF file: config from the metadata, dense weights from the GGUF (llama.cpp's Q/K
+// row permutation undone), experts through the expert store built from the same file. The
+// fixtures tests/data/mixtral/model-{f32,q8_0}.gguf (scripts/make_fixtures.py, PyPI gguf) hold
+// the weights of tests/data/mixtral/model.safetensors.
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moekit/io/expert_store.hpp"
+#include "moekit/io/gguf.hpp"
+#include "moekit/precision/thread_pool.hpp"
+
+#include "config.hpp"
+#include "engine_test_support.hpp"
+#include "expert_source.hpp"
+#include "gguf_model.hpp"
+#include "model.hpp"
+#include "offload.hpp"
+#include "weights.hpp"
+
+using namespace moe_run;
+using moekit::Precision;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path mixtral = engine_test::data_dir() / "mixtral";
+
+// Baseline pipeline at f32 over `backing`, greedy run of the reference prompt for 31 decode steps
+// (the 51 reference positions and 32 tokens).
+engine_test::GreedyRun run_reference(const ModelConfig& cfg, const DenseWeights& dense,
+                                     const ExpertBacking& backing,
+                                     const engine_test::Reference& ref, moekit::ThreadPool* pool) {
+  const moekit::ModelShape s = cfg.shape();
+  const OffloadSettings o{all_resident_budget(s, Precision::f32) / 2, Precision::f32};
+  return with_preset("baseline", s, o, backing.make_loader(), PresetInputs{}, [&](auto& p) {
+    return engine_test::greedy(cfg, dense, p, ref.prompt_ids,
+                               static_cast<int>(ref.generated_ids.size()) - 1, pool);
+  });
+}
+
+// A copy of `from` with the first occurrence of `a` replaced by `b` (same length).
+fs::path patched_copy(const fs::path& from, const fs::path& to, const std::string& a,
+                      const std::string& b) {
+  REQUIRE(a.size() == b.size());
+  std::ifstream in(from, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = bytes.find(a);
+  REQUIRE(at != std::string::npos);
+  bytes.replace(at, a.size(), b);
+  std::ofstream(to, std::ios::binary) << bytes;
+  return to;
+}
+
+}  // namespace
+
+TEST_CASE("GGUF metadata gives the config.json's model", "[engine][gguf]") {
+  const ModelConfig want = load_config(mixtral);
+  for (const char* file : {"model-f32.gguf", "model-q8_0.gguf"}) {
+    INFO(file);
+    const moekit::io::GgufFile g((mixtral / file).string());
+    const ModelConfig c = gguf_config(g);
+    CHECK(c.arch == Architecture::mixtral);
+    CHECK(c.vocab_size == want.vocab_size);
+    CHECK(c.hidden == want.hidden);
+    CHECK(c.n_layers == want.n_layers);
+    CHECK(c.n_heads == want.n_heads);
+    CHECK(c.n_kv_heads == want.n_kv_heads);
+    CHECK(c.head_dim == want.head_dim);
+    CHECK(c.rope_theta == want.rope_theta);
+    CHECK(c.rms_norm_eps == want.rms_norm_eps);
+    CHECK(c.window == want.window);
+    CHECK(c.n_experts == want.n_experts);
+    CHECK(c.top_k == want.top_k);
+    CHECK(c.expert_ffn == want.expert_ffn);
+    CHECK(c.norm_topk_prob == want.norm_topk_prob);
+    CHECK(c.moe_index == want.moe_index);
+    CHECK(c.tie_word_embeddings == want.tie_word_embeddings);
+    CHECK(c.qkv_bias == want.qkv_bias);
+    CHECK_FALSE(c.qk_norm);
+    CHECK(c.bos_token_id == want.bos_token_id);
+    CHECK(c.eos_token_ids == want.eos_token_ids);
+    CHECK(c.shape() == want.shape());
+    CHECK(gguf_shape(g) == c.shape());
+  }
+}
+
+TEST_CASE("unpermute_qk inverts llama.cpp's Q/K row permutation", "[engine][gguf]") {
+  // permute (convert_hf_to_gguf.py): rows (head, half, i) -> (head, i, half).
+  const std::uint32_t heads = 3, hd = 8, cols = 5;
+  std::vector<float> hf(heads * hd * cols);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& v : hf) v = u(rng);
+  std::vector<float> gguf(hf.size());
+  for (std::uint32_t h = 0; h < heads; ++h)
+    for (std::uint32_t half = 0; half < 2; ++half)
+      for (std::uint32_t i = 0; i < hd / 2; ++i)
+        std::copy_n(hf.data() + (h * hd + half * hd / 2 + i) * cols, cols,
+                    gguf.data() + (h * hd + 2 * i + half) * cols);
+  REQUIRE(gguf != hf);
+  unpermute_qk(gguf, heads, hd, cols);
+  CHECK(gguf == hf);
+  std::vector<float> wrong(7);
+  CHECK_THROWS_AS(unpermute_qk(wrong, heads, hd, cols), moekit::Error);
+}
+
+TEST_CASE("GGUF f32 dense weights equal the safetensors checkpoint's", "[engine][gguf]") {
+  const ModelConfig cfg = load_config(mixtral);
+  const moekit::io::GgufFile g((mixtral / "model-f32.gguf").string());
+  const ModelWeights a = load_weights(cfg, mixtral, {});
+  const ModelWeights b = load_gguf_weights(gguf_config(g), g, {});
+  CHECK(a.dense.embed.w == b.dense.embed.w);
+  CHECK(a.dense.lm_head.w == b.dense.lm_head.w);
+  CHECK(a.dense.final_norm == b.dense.final_norm);
+  REQUIRE(a.dense.layers.size() == b.dense.layers.size());
+  for (std::size_t l = 0; l < a.dense.layers.size(); ++l) {
+    INFO("layer " << l);
+    const LayerWeights &x = a.dense.layers[l], &y = b.dense.layers[l];
+    CHECK(x.attn_norm == y.attn_norm);
+    CHECK(x.ffn_norm == y.ffn_norm);
+    CHECK(x.q.w == y.q.w);  // the permutation undone
+    CHECK(x.k.w == y.k.w);
+    CHECK(x.v.w == y.v.w);
+    CHECK(x.o.w == y.o.w);
+    CHECK(x.router.w == y.router.w);
+  }
+  CHECK(a.dense.bytes() == b.dense.bytes());
+}
+
+TEST_CASE("GGUF model with experts from its store matches transformers and the safetensors path",
+          "[engine][gguf]") {
+  moekit::ThreadPool pool(2);
+  const fs::path d = engine_test::scratch("engine-gguf", "forward");
+  const ModelConfig st_cfg = load_config(mixtral);
+  const ModelWeights st = load_weights(st_cfg, mixtral, {Precision::f32});
+  const auto ref = engine_test::load_reference(mixtral);
+  const auto st_run = run_reference(st_cfg, st.dense, ExpertBacking{&st.experts, nullptr, {}}, ref,
+                                    &pool);
+  REQUIRE(st_run.tokens == std::vector<Token>(ref.generated_ids.begin(), ref.generated_ids.end()));
+
+  SECTION("f32: same logits as the safetensors path, bit for bit") {
+    const moekit::io::GgufFile g((mixtral / "model-f32.gguf").string());
+    const ModelConfig cfg = gguf_config(g);
+    build_store_from_gguf(mixtral / "model-f32.gguf", std::vector<Precision>{Precision::f32},
+                          d / "f32.moestore", {});
+    auto store = std::make_shared<moekit::io::ExpertStore>(
+        moekit::io::ExpertStore::open((d / "f32.moestore").string(), cfg.shape()));
+    const ModelWeights w = load_gguf_weights(cfg, g, {});
+    CHECK(w.experts.total_bytes() == 0);
+    const auto run = run_reference(cfg, w.dense, ExpertBacking{nullptr, store, {}}, ref, &pool);
+    CHECK(run.tokens == st_run.tokens);
+    REQUIRE(run.logits.size() == ref.logits.size());
+    CHECK(engine_test::worst_relative_error(run.logits, ref.logits, ref.vocab) <= 1e-4);
+    CHECK(std::memcmp(run.logits.data(), st_run.logits.data(), run.logits.size() * 4) == 0);
+  }
+  SECTION("Q8_0: transformers' logits of the dequantized weights, same greedy tokens") {
+    const auto q8 = engine_test::load_reference(mixtral, "gguf_reference.json", "q8_0");
+    const moekit::io::GgufFile g((mixtral / "model-q8_0.gguf").string());
+    REQUIRE(g.tensor("blk.0.attn_q.weight").dtype == moekit::io::DType::q8_0);
+    const ModelConfig cfg = gguf_config(g);
+    // Experts stored at f32 hold the dequantized Q8_0 values exactly.
+    const auto cached = cached_gguf_store(mixtral / "model-q8_0.gguf", {Precision::f32}, d, true);
+    CHECK(cached.built);
+    CHECK_FALSE(cached_gguf_store(mixtral / "model-q8_0.gguf", {Precision::f32}, d, true).built);
+    const ModelWeights w = load_gguf_weights(cfg, g, {});
+    const auto run =
+        run_reference(cfg, w.dense, ExpertBacking{nullptr, cached.store, {}}, q8, &pool);
+    CHECK(run.tokens == std::vector<Token>(q8.generated_ids.begin(), q8.generated_ids.end()));
+    CHECK(run.tokens == st_run.tokens);
+    REQUIRE(run.logits.size() == q8.logits.size());
+    const double err = engine_test::worst_relative_error(run.logits, q8.logits, q8.vocab);
+    INFO("worst relative error vs the dequantized-weights reference: " << err);
+    CHECK(err <= 1e-4);
+  }
+  SECTION("experts in host memory from the GGUF: the same logits as through the store") {
+    const moekit::io::GgufFile g((mixtral / "model-f32.gguf").string());
+    const ModelConfig cfg = gguf_config(g);
+    const ModelWeights w = load_gguf_weights(cfg, g, {Precision::f32});
+    const auto run = run_reference(cfg, w.dense, ExpertBacking{&w.experts, nullptr, {}}, ref, &pool);
+    CHECK(std::memcmp(run.logits.data(), st_run.logits.data(), run.logits.size() * 4) == 0);
+  }
+}
+
+TEST_CASE("GGUF files moe-run cannot run are refused naming the file and key", "[engine][gguf]") {
+  const fs::path d = engine_test::scratch("engine-gguf", "errors");
+  const fs::path dense = patched_copy(mixtral / "model-f32.gguf", d / "dense.gguf",
+                                      "llama.expert_count", "llama.expert_cnt__");
+  CHECK_THROWS_WITH(gguf_config(moekit::io::GgufFile(dense.string())),
+                    Catch::Contains("dense.gguf") && Catch::Contains("llama.expert_count") &&
+                        Catch::Contains("not a Mixture-of-Experts"));
+  const fs::path arch = patched_copy(mixtral / "model-f32.gguf", d / "arch.gguf",
+                                     std::string("\x05\0\0\0\0\0\0\0llama", 13),
+                                     std::string("\x05\0\0\0\0\0\0\0gemma", 13));
+  CHECK_THROWS_WITH(gguf_config(moekit::io::GgufFile(arch.string())),
+                    Catch::Contains("arch.gguf") && Catch::Contains("'gemma'"));
+  const fs::path scaled = patched_copy(mixtral / "model-f32.gguf", d / "rope.gguf",
+                                       "llama.rope.dimension_count", "llama.rope.dimension_cnt__");
+  CHECK_NOTHROW(gguf_config(moekit::io::GgufFile(scaled.string())));  // optional key
+  CHECK(is_gguf_file(mixtral / "model-f32.gguf"));
+  CHECK_FALSE(is_gguf_file(mixtral / "config.json"));
+}
