@@ -19,6 +19,7 @@
 /// profile. Ties: larger d, then least recently used, then larger (layer, expert).
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -61,6 +62,7 @@ class EdgeMoePolicy {
     ranked_.assign(n_layers_, {});
     for (auto& r : ranked_) r.reset(n_experts_);
     bound_.assign(n_layers_, 0.0);
+    min_f_.assign(n_layers_, std::numeric_limits<double>::infinity());
     if (cfg_.prior_counts.empty()) return;
     MOEKIT_EXPECTS(cfg_.prior_counts.size() == shape.expert_count(),
                    "EdgeMoePolicy::Config.prior_counts must hold n_layers × n_experts counts");
@@ -91,7 +93,10 @@ class EdgeMoePolicy {
     last_tick_[i] = a.tick;
     rerank(key);
   }
-  void on_evict(ExpertKey key) noexcept { ranked_[key.layer].erase(key.expert); }
+  void on_evict(ExpertKey key) noexcept {
+    ranked_[key.layer].erase(key.expert);
+    sync_min(key.layer);
+  }
 
   /// Inside one layer d is common, so the highest score is the lowest f: each layer keeps its
   /// residents ordered by (f, recency, larger id first), and a layer's lowest f bounds its scores.
@@ -104,17 +109,29 @@ class EdgeMoePolicy {
     Best best;
     std::uint32_t first = n_layers_;
     double first_bound = 0.0;
-    for (std::uint32_t l = 0; l < n_layers_; ++l) {
-      const auto& heap = ranked_[l];
-      if (heap.size() == 0) continue;
-      const double b = -heap.min_rank().f / double(distance(l, q.layer));
+    const std::uint32_t S = n_layers_, cur = q.layer % S;
+    const bool forward = cfg_.distance == EdgeMoeDistance::forward;
+    // d of layer 0, then stepped per layer (no modulo): forward grows, as printed shrinks.
+    std::uint32_t r = forward ? (S - cur) % S : cur;
+    double second_bound = -std::numeric_limits<double>::infinity();
+    for (std::uint32_t l = 0; l < S; ++l) {
+      const double b = -min_f_[l] / double(r == 0 ? S : r);  // -inf for an empty layer
       bound_[l] = b;
-      if (first == n_layers_ || b > first_bound) first = l, first_bound = b;
+      if (first == S || b > first_bound) {
+        if (first != S) second_bound = first_bound;
+        first = l, first_bound = b;
+      } else if (b > second_bound) {
+        second_bound = b;
+      }
+      r = forward ? (r + 1 == S ? 0 : r + 1) : (r == 0 ? S - 1 : r - 1);
     }
-    if (first == n_layers_) return std::nullopt;
+    if (first == S || min_f_[first] == std::numeric_limits<double>::infinity()) return std::nullopt;
     search_layer(q, first, best);
-    for (std::uint32_t l = 0; l < n_layers_; ++l) {
-      if (l == first || ranked_[l].size() == 0 || (best.key && bound_[l] < best.s)) continue;
+    if (best.key && best.s > second_bound) return best.key;  // no other layer can tie or win
+    for (std::uint32_t l = 0; l < S; ++l) {
+      if (l == first || min_f_[l] == std::numeric_limits<double>::infinity() ||
+          (best.key && bound_[l] < best.s))
+        continue;
       search_layer(q, l, best);
     }
     return best.key;
@@ -155,6 +172,9 @@ class EdgeMoePolicy {
   };
   std::vector<detail::RankedSet<Rank>> ranked_;  ///< per layer, indexed by expert
   mutable std::vector<double> bound_;  ///< victim's scratch: [layer] best score of the layer
+  /// [layer] lowest f of its heap, +inf if empty: the victim's first pass reads this contiguous
+  /// array instead of chasing every heap's storage.
+  std::vector<double> min_f_;
 
   /// The best victim so far: highest score, then larger d, least recently used, larger key.
   struct Best {
@@ -185,6 +205,12 @@ class EdgeMoePolicy {
   void rerank(ExpertKey key) noexcept {
     const std::uint32_t i = detail::dense_index(key, n_experts_);
     ranked_[key.layer].update(key.expert, Rank{freq_[i], last_tick_[i], ~key.expert});
+    sync_min(key.layer);
+  }
+  /// Mirrors a layer heap's lowest f into `min_f_` (+inf when empty).
+  void sync_min(std::uint32_t l) noexcept {
+    const auto& heap = ranked_[l];
+    min_f_[l] = heap.size() == 0 ? std::numeric_limits<double>::infinity() : heap.min_rank().f;
   }
 };
 static_assert(CachePolicy<EdgeMoePolicy>);

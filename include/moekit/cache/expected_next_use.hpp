@@ -19,17 +19,22 @@
 ///
 /// A visit of layer l is the set of experts demanded with the same (layer, cache token); it is
 /// folded into the statistics when the next visit begins. Prefetch insertions are not demands.
-/// Within one layer d is common, so each layer keeps a heap on p (recomputed for that layer's
-/// residents, and rebuilt in O(residents), when one of its visits is folded in): a victim costs a
-/// pass over the layers' bounds plus O(1 + pinned) heap entries, a visit O(E + residents · k). Ties: least recently used, then smallest (layer, expert).
+/// Ties: least recently used, then smallest (layer, expert).
+///
+/// Cost: p changes only when a visit is folded, so the policy keeps p and g = L · (1/p − 1) per
+/// expert (recomputed for the folded layer in contiguous passes, O(E · k) per visit) and, per
+/// layer, its residents and their largest g. Within a layer d is common, so d + (largest g) bounds
+/// the layer's E[t]: a victim is one pass over the layers' bounds, then a scan of the residents of
+/// the layer with the largest bound (others only if their bound can still tie or win). A hit only
+/// records the tick: no per-access re-ranking.
 /// Statistics persist across sequences unless `Config::reset_per_sequence`.
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <vector>
 
 #include "moekit/cache/detail/dense_index.hpp"
-#include "moekit/cache/detail/ranked_set.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/model_shape.hpp"
@@ -59,10 +64,14 @@ class ExpectedNextUsePolicy {
     n_experts_ = shape.n_experts;
     top_k_ = shape.top_k;
     clear_statistics();
-    last_tick_.assign(shape.expert_count(), 0);
-    resident_.assign(shape.expert_count(), false);
-    ranked_.assign(n_layers_, {});
-    for (auto& r : ranked_) r.reset(n_experts_);
+    const std::size_t n = shape.expert_count();
+    last_tick_.assign(n, 0);
+    p_.assign(n, 1.0);
+    g_.assign(n, 0.0);
+    pos_.assign(n, none);
+    members_.assign(n_layers_, {});
+    for (auto& m : members_) m.reserve(n_experts_);
+    max_g_.assign(n_layers_, -std::numeric_limits<double>::infinity());
     bound_.assign(n_layers_, 0.0);
   }
   void begin_sequence() {
@@ -74,42 +83,46 @@ class ExpectedNextUsePolicy {
 
   void on_hit(ExpertKey key, const AccessInfo& a) noexcept { demand(key, a); }
   void on_insert(ExpertKey key, const AccessInfo& a) noexcept {
-    const std::uint32_t i = detail::dense_index(key, n_experts_);
-    resident_[i] = true;
-    if (a.prefetch) {
-      last_tick_[i] = a.tick;
-      rerank(key);
-    } else {
-      demand(key, a);
-    }
+    if (a.prefetch) last_tick_[detail::dense_index(key, n_experts_)] = a.tick;
+    else demand(key, a);  // may fold the previous visit first
+    admit(key);
   }
   void on_evict(ExpertKey key) noexcept {
-    resident_[detail::dense_index(key, n_experts_)] = false;
-    ranked_[key.layer].erase(key.expert);
+    const std::uint32_t i = detail::dense_index(key, n_experts_);
+    if (pos_[i] == none) return;
+    auto& m = members_[key.layer];
+    const std::uint32_t last = m.back();
+    m[pos_[i]] = last;
+    pos_[detail::dense_index({key.layer, last}, n_experts_)] = pos_[i];
+    m.pop_back();
+    pos_[i] = none;
+    if (g_[i] == max_g_[key.layer]) refresh_max(key.layer);
   }
 
-  /// Within a layer d is common, so each layer keeps a heap on p and its lowest p bounds its E[t].
-  /// The layer with the largest bound is searched first; another layer is searched only when its
-  /// bound is not below the best E[t] found. Inside a layer the heap is walked while E[t] (as
-  /// computed, in doubles) can still tie or win, so ties follow the documented order.
+  /// The layer with the largest bound d + (largest g) is scanned first; another layer is scanned
+  /// only when its bound can still tie or beat the best E[t] found.
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
     Best best;
     const std::uint32_t cur = q.layer % n_layers_;
     std::uint32_t first = n_layers_;
-    double first_bound = 0.0;
+    double first_bound = 0.0, second_bound = -std::numeric_limits<double>::infinity();
     for (std::uint32_t l = 0, d = (n_layers_ - cur) % n_layers_; l < n_layers_;
          ++l, d = d + 1 == n_layers_ ? 0 : d + 1) {
-      const auto& heap = ranked_[l];
-      if (heap.size() == 0) continue;
-      const double b = expected_next_use(d, heap.min_rank().p);
+      const double b = expected_next_use(d, max_g_[l]);  // -inf for an empty layer
       bound_[l] = b;
-      if (first == n_layers_ || b > first_bound) first = l, first_bound = b;
+      if (first == n_layers_ || b > first_bound) {
+        if (first != n_layers_) second_bound = first_bound;
+        first = l, first_bound = b;
+      } else if (b > second_bound) {
+        second_bound = b;
+      }
     }
-    if (first == n_layers_) return std::nullopt;
+    if (first == n_layers_ || members_[first].empty()) return std::nullopt;
     search_layer(q, first, (first + n_layers_ - cur) % n_layers_, best);
+    if (best.key && best.t > second_bound) return best.key;  // no other layer can tie or win
     for (std::uint32_t l = 0, d = (n_layers_ - cur) % n_layers_; l < n_layers_;
          ++l, d = d + 1 == n_layers_ ? 0 : d + 1) {
-      if (l == first || ranked_[l].size() == 0 || (best.key && bound_[l] < best.t)) continue;
+      if (l == first || members_[l].empty() || (best.key && bound_[l] < best.t)) continue;
       search_layer(q, l, d, best);
     }
     return best.key;
@@ -121,18 +134,15 @@ class ExpectedNextUsePolicy {
   }
 
  private:
-  struct Rank {
-    double p;
-    std::uint64_t tick;
-    friend bool operator<(const Rank& a, const Rank& b) noexcept {
-      if (a.p != b.p) return a.p < b.p;
-      return a.tick < b.tick;
-    }
-  };
+  static constexpr std::uint32_t none = 0xffffffffu;
 
-  /// E[t] of an expert of a layer `d` layers ahead (d = 0: the current layer, a full pass away).
-  [[nodiscard]] double expected_next_use(std::uint32_t d, double p) const noexcept {
-    return double(d == 0 ? n_layers_ : d) + double(n_layers_) * (1.0 / p - 1.0);
+  /// E[t] of an expert of a layer `d` layers ahead (d = 0: the current layer, a full pass away),
+  /// from its g = L · (1/p − 1).
+  [[nodiscard]] double expected_next_use(std::uint32_t d, double g) const noexcept {
+    return double(d == 0 ? n_layers_ : d) + g;
+  }
+  [[nodiscard]] double g_of(double p) const noexcept {
+    return double(n_layers_) * (1.0 / p - 1.0);
   }
   [[nodiscard]] double estimate(std::uint32_t l, std::uint32_t e) const noexcept {
     return estimate(l, e, denominator(l));
@@ -149,7 +159,7 @@ class ExpectedNextUsePolicy {
     const double k = last_[l].empty() ? double(top_k_) : double(last_[l].size());
     const double f = (count_[base + e] + k / double(n_experts_)) / (visits_[l] + 1.0);
     double num = cfg_.prior * f;
-    for (const std::uint32_t a : last_[l]) num += trans_[(base + a) * n_experts_ + e];
+    for (const std::uint32_t a : last_[l]) num += double(trans_[(base + a) * n_experts_ + e]);
     return num / den;
   }
 
@@ -159,21 +169,20 @@ class ExpectedNextUsePolicy {
     double t = 0.0;
     std::uint64_t tick = 0;
   };
-  /// Offers every evictable entry of layer `l` (d layers ahead) that may beat or tie `best`.
+  /// Offers every evictable resident of layer `l` (d layers ahead) that beats `best`.
   void search_layer(const EvictionQuery& q, std::uint32_t l, std::uint32_t d,
                     Best& best) const noexcept {
-    const auto& heap = ranked_[l];
-    heap.walk([&](std::uint32_t e) {
-      // Children have p >= their parent's, hence E[t] <= (rounding is monotone).
-      const double t = expected_next_use(d, heap.rank(e).p);
-      if (best.key && t < best.t) return false;
+    const std::size_t base = std::size_t{l} * n_experts_;
+    for (const std::uint32_t e : members_[l]) {
+      const double t = expected_next_use(d, g_[base + e]);
+      if (best.key && t < best.t) continue;
+      const std::uint64_t tick = last_tick_[base + e];
       const ExpertKey k{l, e};
-      if (!q.evictable(k)) return true;
-      const std::uint64_t tick = last_tick_[detail::dense_index(k, n_experts_)];
-      if (!best.key || t > best.t || tick < best.tick || (tick == best.tick && k < *best.key))
-        best = {k, t, tick};
-      return true;
-    });
+      if (best.key && t == best.t &&
+          (tick > best.tick || (tick == best.tick && k > *best.key)))
+        continue;
+      if (q.evictable(k)) best = {k, t, tick};  // the predicate only for a would-be winner
+    }
   }
 
   void demand(ExpertKey key, const AccessInfo& a) noexcept {
@@ -187,16 +196,10 @@ class ExpectedNextUsePolicy {
     for (const std::uint32_t x : visit_)
       if (x == key.expert) seen = true;
     if (!seen && visit_.size() < n_experts_) visit_.push_back(key.expert);
-    const std::uint32_t i = detail::dense_index(key, n_experts_);
-    last_tick_[i] = a.tick;
-    auto& heap = ranked_[key.layer];
-    if (heap.contains(key.expert))  // statistics change only when a visit is folded: keep p
-      heap.update(key.expert, Rank{heap.rank(key.expert).p, a.tick});
-    else
-      rerank(key);
+    last_tick_[detail::dense_index(key, n_experts_)] = a.tick;
   }
 
-  /// Folds the open visit into its layer's statistics and re-ranks that layer's residents.
+  /// Folds the open visit into its layer's statistics and re-ranks that layer.
   void fold_visit() noexcept {
     if (!visit_open_) return;
     visit_open_ = false;
@@ -204,7 +207,10 @@ class ExpectedNextUsePolicy {
     const std::size_t base = std::size_t{l} * n_experts_;
     for (const std::uint32_t a : last_[l]) {
       from_[base + a] += 1.0;
-      for (const std::uint32_t b : visit_) trans_[(base + a) * n_experts_ + b] += 1.0;
+      for (const std::uint32_t b : visit_) {
+        std::int32_t& t = trans_[(base + a) * n_experts_ + b];
+        if (t != std::numeric_limits<std::int32_t>::max()) ++t;  // saturates at 2^31 − 1
+      }
     }
     visits_[l] = cfg_.gamma * visits_[l] + 1.0;
     for (std::uint32_t e = 0; e < n_experts_; ++e) count_[base + e] *= cfg_.gamma;
@@ -214,21 +220,49 @@ class ExpectedNextUsePolicy {
     rerank_layer(l);
   }
 
-  void rerank(ExpertKey key) noexcept {
+  /// Adds a newly resident `key` with the current estimate of its p.
+  void admit(ExpertKey key) noexcept {
     const std::uint32_t i = detail::dense_index(key, n_experts_);
-    if (resident_[i])
-      ranked_[key.layer].update(key.expert, Rank{estimate(key.layer, key.expert), last_tick_[i]});
+    p_[i] = estimate(key.layer, key.expert);
+    g_[i] = g_of(p_[i]);
+    if (pos_[i] == none) {
+      auto& m = members_[key.layer];
+      pos_[i] = static_cast<std::uint32_t>(m.size());
+      m.push_back(key.expert);  // capacity reserved in bind(): never reallocates
+    }
+    if (g_[i] > max_g_[key.layer]) max_g_[key.layer] = g_[i];
   }
-  /// Re-ranks the layer's residents (its heap's members) at once: O(residents · |last|).
+  /// Recomputes p and g of every expert of layer `l` (the same operations in the same order as
+  /// `estimate`, so the same values), in contiguous passes over the layer's statistics.
   void rerank_layer(std::uint32_t l) noexcept {
-    const double den = denominator(l);
     const std::size_t base = std::size_t{l} * n_experts_;
-    ranked_[l].rerank_all(
-        [&](std::uint32_t e) { return Rank{estimate(l, e, den), last_tick_[base + e]}; });
+    const double k = last_[l].empty() ? double(top_k_) : double(last_[l].size());
+    const double ke = k / double(n_experts_), v1 = visits_[l] + 1.0;
+    const double den = denominator(l);
+    double* p = &p_[base];
+    double* g = &g_[base];
+    const double* c = &count_[base];
+    for (std::uint32_t e = 0; e < n_experts_; ++e) p[e] = cfg_.prior * ((c[e] + ke) / v1);
+    for (const std::uint32_t a : last_[l]) {
+      const std::int32_t* row = &trans_[(base + a) * n_experts_];
+      for (std::uint32_t e = 0; e < n_experts_; ++e) p[e] += double(row[e]);
+    }
+    const double layers = double(n_layers_);
+    for (std::uint32_t e = 0; e < n_experts_; ++e) {
+      p[e] = p[e] / den;
+      g[e] = layers * (1.0 / p[e] - 1.0);
+    }
+    refresh_max(l);
+  }
+  void refresh_max(std::uint32_t l) noexcept {
+    const std::size_t base = std::size_t{l} * n_experts_;
+    double m = -std::numeric_limits<double>::infinity();
+    for (const std::uint32_t e : members_[l]) m = g_[base + e] > m ? g_[base + e] : m;
+    max_g_[l] = m;
   }
   void clear_statistics() {
     const std::size_t n = std::size_t{n_layers_} * n_experts_;
-    trans_.assign(n * n_experts_, 0.0);
+    trans_.assign(n * n_experts_, 0);
     from_.assign(n, 0.0);
     count_.assign(n, 0.0);
     visits_.assign(n_layers_, 0.0);
@@ -241,7 +275,9 @@ class ExpectedNextUsePolicy {
 
   Config cfg_{};
   std::uint32_t n_layers_ = 1, n_experts_ = 1, top_k_ = 1;
-  std::vector<double> trans_;  ///< [layer][from][to] transition counts between consecutive visits
+  /// [layer][from][to] transition counts between consecutive visits. Whole numbers: 32-bit
+  /// counters halve the memory the estimate streams through (exact up to 2^31 − 1, then saturate).
+  std::vector<std::int32_t> trans_;
   std::vector<double> from_;   ///< [layer][from] visits that followed one where `from` was chosen
   std::vector<double> count_;  ///< [layer][expert] decayed selection counts
   std::vector<double> visits_;  ///< [layer] decayed visit count
@@ -250,9 +286,11 @@ class ExpectedNextUsePolicy {
   std::uint32_t visit_layer_ = 0;
   std::uint64_t visit_token_ = 0;
   bool visit_open_ = false;
-  std::vector<std::uint64_t> last_tick_;
-  std::vector<bool> resident_;
-  std::vector<detail::RankedSet<Rank>> ranked_;  ///< per layer, indexed by expert
+  std::vector<std::uint64_t> last_tick_;  ///< [expert] tick of the last demand or prefetch landing
+  std::vector<double> p_, g_;  ///< [expert] current p and g = L · (1/p − 1) (current for residents)
+  std::vector<std::vector<std::uint32_t>> members_;  ///< [layer] resident experts, unordered
+  std::vector<std::uint32_t> pos_;  ///< [expert] index in its layer's members, `none` if absent
+  std::vector<double> max_g_;       ///< [layer] largest g of its residents, −inf if none
   mutable std::vector<double> bound_;  ///< victim's scratch: [layer] largest E[t] of the layer
 };
 static_assert(CachePolicy<ExpectedNextUsePolicy>);

@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,6 +78,7 @@ class MultiDimPolicy {
     pool_.assign(shape.expert_count(), 0);
     ranked_.assign(2 * std::size_t{n_layers_}, {});
     for (auto& r : ranked_) r.reset(n_experts_);
+    min_s_.assign(ranked_.size(), std::numeric_limits<double>::infinity());
     fld_.resize(n_layers_);
     for (std::uint32_t d = 0; d < n_layers_; ++d)
       fld_[d] = cfg_.w_fld * (1.0 - double(d) / double(n_layers_));
@@ -125,11 +127,14 @@ class MultiDimPolicy {
     if (a.prefetch) records_.touch(i, a);
     else records_.use(i, a, token_, cfg_.high);
     set(pool_[i], key.layer).erase(key.expert);
+    sync_min(pool_[i], key.layer);
     pool_[i] = static_cast<std::uint8_t>(pool_of(key, a.precision));
     rerank(key);
   }
   void on_evict(ExpertKey key) noexcept {
-    set(pool_[detail::dense_index(key, n_experts_)], key.layer).erase(key.expert);
+    const std::uint32_t pool = pool_[detail::dense_index(key, n_experts_)];
+    set(pool, key.layer).erase(key.expert);
+    sync_min(pool, key.layer);
   }
 
   /// Within one layer Eq. 3 orders entries like S = w_lru·R + w_lfu·F + w_lhu·H (T and the FLD
@@ -145,20 +150,28 @@ class MultiDimPolicy {
     const double inv_t = 1.0 / (token_ == 0 ? 1.0 : double(token_));
     const std::uint32_t cur = q.layer % n_layers_;
     std::uint32_t first = n_layers_;
-    double first_bound = 0.0;
+    double first_bound = 0.0, second_bound = std::numeric_limits<double>::infinity();
+    const double* min_s = &min_s_[std::size_t{q.pool} * n_layers_];
     for (std::uint32_t l = 0, d = (n_layers_ - cur) % n_layers_; l < n_layers_;
          ++l, d = d + 1 == n_layers_ ? 0 : d + 1) {
-      const auto& heap = set(q.pool, l);
-      if (heap.size() == 0) continue;
-      const double b = heap.min_rank().s * inv_t + fld_[d];
+      const double b = min_s[l] * inv_t + fld_[d];  // +inf for an empty layer
       bound_[l] = b;
-      if (first == n_layers_ || b < first_bound) first = l, first_bound = b;
+      if (first == n_layers_ || b < first_bound) {
+        if (first != n_layers_) second_bound = first_bound;
+        first = l, first_bound = b;
+      } else if (b < second_bound) {
+        second_bound = b;
+      }
     }
-    if (first == n_layers_) return std::nullopt;
+    if (first == n_layers_ || first_bound == std::numeric_limits<double>::infinity())
+      return std::nullopt;
     search_layer(q, first, (first + n_layers_ - cur) % n_layers_, inv_t, best);
+    if (best.key && best.p < second_bound) return best.key;  // no other layer can tie or win
     for (std::uint32_t l = 0, d = (n_layers_ - cur) % n_layers_; l < n_layers_;
          ++l, d = d + 1 == n_layers_ ? 0 : d + 1) {
-      if (l == first || set(q.pool, l).size() == 0 || (best.key && bound_[l] > best.p)) continue;
+      if (l == first || min_s[l] == std::numeric_limits<double>::infinity() ||
+          (best.key && bound_[l] > best.p))
+        continue;
       search_layer(q, l, d, inv_t, best);
     }
     return best.key;
@@ -225,6 +238,9 @@ class MultiDimPolicy {
   std::vector<std::uint8_t> pool_;  ///< pool of each resident
   std::vector<double> fld_;         ///< [d] the FLD term of a layer d layers ahead
   mutable std::vector<double> bound_;  ///< victim's scratch: [layer] lowest priority in the pool
+  /// [pool · n_layers + layer] lowest S of that heap, +inf if empty: the victim's first pass reads
+  /// this one contiguous array instead of chasing every heap's storage.
+  std::vector<double> min_s_;
   /// Rank inside one (pool, layer): (w_lru·R + w_lfu·F + w_lhu·H, R, F, last tick); the expert id
   /// breaks the remaining ties.
   struct Rank {
@@ -251,6 +267,13 @@ class MultiDimPolicy {
     const detail::UseRecord& r = records_[i];
     const Rank rank{weighted(r), r.last_token, r.uses, r.last_tick};
     set(pool_[i], key.layer).update(key.expert, rank);
+    sync_min(pool_[i], key.layer);
+  }
+  /// Mirrors the lowest S of a (pool, layer) heap into `min_s_` (+inf when empty).
+  void sync_min(std::uint32_t pool, std::uint32_t layer) noexcept {
+    const auto& heap = set(pool, layer);
+    min_s_[std::size_t{pool} * n_layers_ + layer] =
+        heap.size() == 0 ? std::numeric_limits<double>::infinity() : heap.min_rank().s;
   }
 };
 static_assert(CachePolicy<MultiDimPolicy>);
