@@ -32,6 +32,9 @@ if(MOEKIT_CUDA_ENABLED AND MOEKIT_CUDA_SOURCES)
   add_library(moekit::cuda ALIAS moekit_cuda)
   target_link_libraries(moekit_cuda PUBLIC moekit CUDA::cudart CUDA::cublasLt)
   target_include_directories(moekit_cuda PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/kernels>)
+  # Host code linking moekit::cuda gets the real CudaCopyEngine (io/cuda_staging.hpp), not the
+  # "built without CUDA" one.
+  target_compile_definitions(moekit_cuda PUBLIC MOEKIT_CUDA_RUNTIME=1)
   set_target_properties(moekit_cuda PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF
                         POSITION_INDEPENDENT_CODE ON)
   target_compile_options(moekit_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xptxas=-warn-spills,-warn-lmem-usage>)
