@@ -4,7 +4,8 @@
 /// q/k/v projections (optional biases; OLMoE's q_norm/k_norm over the whole projected q and k and
 /// its clip_qkv clamp), RoPE at each token's position, keys/values appended to the cache, then per
 /// query head h (kv head h / (heads / kv_heads)) a causal softmax(q·kᵀ/√d)·v over the cached
-/// positions — restricted to the last `window` positions on sliding-window layers — and o_proj.
+/// positions — restricted to the last `window` positions on sliding-window layers (transformers:
+/// query p sees keys k with p − window < k ≤ p) — and o_proj.
 
 #include <algorithm>
 #include <cmath>
@@ -52,14 +53,20 @@ class Attention {
     for (std::uint32_t t = 0; t < n; ++t) {
       rope_.apply(q_.data() + std::size_t{t} * qd, cfg_.n_heads, start + t);
       rope_.apply(k_.data() + std::size_t{t} * kvd, cfg_.n_kv_heads, start + t);
-      std::copy_n(k_.data() + std::size_t{t} * kvd, kvd, kv.keys(layer, start + t));
-      std::copy_n(v_.data() + std::size_t{t} * kvd, kvd, kv.values(layer, start + t));
     }
 
     ctx_.assign(std::size_t{n} * qd, 0.f);
     const std::uint32_t group = cfg_.n_heads / cfg_.n_kv_heads;
     const std::uint32_t window = cfg_.window[layer];
     const float scale = 1.f / std::sqrt(static_cast<float>(D));
+    // Keys/values of this forward's tokens come from k_/v_, older ones from the cache (which
+    // may keep only the window: kv_cache.hpp).
+    auto key = [&](std::uint32_t j) {
+      return j >= start ? k_.data() + std::size_t{j - start} * kvd : kv.keys(layer, j);
+    };
+    auto value = [&](std::uint32_t j) {
+      return j >= start ? v_.data() + std::size_t{j - start} * kvd : kv.values(layer, j);
+    };
     auto body = [&](std::size_t b, std::size_t e) {
       thread_local std::vector<float> scores;
       for (std::size_t job = b; job < e; ++job) {
@@ -71,7 +78,7 @@ class Attention {
         const float* q = q_.data() + std::size_t{t} * qd + std::size_t{h} * D;
         scores.resize(pos + 1 - first);
         for (std::uint32_t j = first; j <= pos; ++j) {
-          const float* kj = kv.keys(layer, j) + std::size_t{kvh} * D;
+          const float* kj = key(j) + std::size_t{kvh} * D;
           float dot = 0.f;
           for (std::uint32_t i = 0; i < D; ++i) dot += q[i] * kj[i];
           scores[j - first] = dot * scale;
@@ -80,7 +87,7 @@ class Attention {
         float* o = ctx_.data() + std::size_t{t} * qd + std::size_t{h} * D;
         for (std::uint32_t j = first; j <= pos; ++j) {
           const float p = scores[j - first];
-          const float* vj = kv.values(layer, j) + std::size_t{kvh} * D;
+          const float* vj = value(j) + std::size_t{kvh} * D;
           for (std::uint32_t i = 0; i < D; ++i) o[i] += p * vj[i];
         }
       }
@@ -88,6 +95,12 @@ class Attention {
     const std::size_t jobs = std::size_t{n} * cfg_.n_heads;
     if (opts.pool) opts.pool->parallel_for(0, jobs, 1, body);
     else body(0, jobs);
+    // Into the cache: the last positions of this forward that the layer retains.
+    const std::uint32_t keep = std::min(n, kv.slots(layer));
+    for (std::uint32_t t = n - keep; t < n; ++t) {
+      std::copy_n(k_.data() + std::size_t{t} * kvd, kvd, kv.keys(layer, start + t));
+      std::copy_n(v_.data() + std::size_t{t} * kvd, kvd, kv.values(layer, start + t));
+    }
     linear(w.o, ctx_, n, out, opts);
   }
 

@@ -43,7 +43,7 @@ class Model {
       : cfg_(cfg),
         w_(dense),
         pipeline_(pipeline),
-        kv_(cfg.n_layers, cfg.kv_dim(), context_length),
+        kv_(cfg.n_layers, cfg.kv_dim(), context_length, cfg.window),
         attention_(cfg),
         moe_(cfg, pipeline) {
     opts_.pool = pool;
