@@ -131,7 +131,9 @@ class Cli {
   Cli() : app_("moe-run: Mixture-of-Experts inference with expert offloading (moekit)") {
     app_.option_defaults()->always_capture_default();
     app_.add_option("-m,--model", o_.model,
-                    "Hugging Face model directory (config.json, *.safetensors, tokenizer.model)");
+                    "Hugging Face model directory (config.json, *.safetensors, tokenizer.model), a GGUF "
+                    "file (its experts go to an expert store built at first use), or an expert "
+                    "store made by moe-convert");
     app_.add_option("-p,--prompt", o_.prompt, "prompt text");
     app_.add_option("-n,--n-predict", o_.n_predict, "tokens to generate")
         ->check(CLI::Range(0, 1 << 20));

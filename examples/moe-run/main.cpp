@@ -22,6 +22,7 @@
 #include "cli.hpp"
 #include "config.hpp"
 #include "expert_source.hpp"
+#include "gguf_model.hpp"
 #include "model.hpp"
 #include "offload.hpp"
 #include "perplexity.hpp"
@@ -43,32 +44,34 @@ namespace {
   throw moekit::Error(moekit::ErrorKind::invalid_argument, msg);
 }
 
-// Accepts a Hugging Face model directory; names what else -m was given and why it is refused.
-fs::path check_model_path(const Options& o) {
-  const fs::path p = o.model;
+// A Hugging Face model directory or a GGUF file; names what else -m was given and why it is
+// refused.
+struct ModelPath {
+  fs::path dir;   // Hugging Face directory, or empty
+  fs::path gguf;  // GGUF file, or empty
+};
+
+ModelPath check_model_path(const std::string& path) {
+  const fs::path p = path;
   if (!fs::exists(p)) {
-    if (o.model == MOE_RUN_DEFAULT_MODEL)
-      fail("-m: the default model '" + o.model +
+    if (path == MOE_RUN_DEFAULT_MODEL)
+      fail("-m: the default model '" + path +
            "' does not exist yet (it is trained by scripts/train_and_commit.sh); pass -m with a "
-           "Hugging Face model directory");
-    fail("-m: '" + o.model + "' does not exist");
+           "Hugging Face model directory or a GGUF file");
+    fail("-m: '" + path + "' does not exist");
   }
-  if (fs::is_regular_file(p) && p.extension() == ".gguf")
-    throw moekit::Error(moekit::ErrorKind::unsupported,
-                        "-m: '" + o.model + "' is a GGUF file; moe-run reads the dense part from "
-                        "safetensors only. Convert its experts with `moe-convert -m " + o.model +
-                        " -o <store>` and run -m <Hugging Face checkpoint> --store <store>");
+  if (fs::is_regular_file(p) && is_gguf_file(p)) return {{}, p};
   if (!fs::is_directory(p) || !fs::exists(p / "config.json"))
     throw moekit::Error(moekit::ErrorKind::unsupported,
-                        "-m: '" + o.model + "' is neither a Hugging Face model directory (no "
-                        "config.json) nor an expert store (moe-convert)");
-  return p;
+                        "-m: '" + path + "' is neither a Hugging Face model directory (no "
+                        "config.json), a GGUF file nor an expert store (moe-convert)");
+  return {p, {}};
 }
 
-// Where the dense part and the experts come from: -m DIR [--store FILE], or -m STORE (the
-// checkpoint directory recorded in the store's meta).
+// Where the dense part and the experts come from: -m DIR|GGUF [--store FILE], or -m STORE (the
+// checkpoint directory or GGUF file recorded in the store's meta).
 struct ModelSource {
-  fs::path dir;
+  ModelPath model;
   std::string store;  // "" = none given
 };
 
@@ -77,14 +80,13 @@ ModelSource resolve_model(const Options& o) {
     if (!o.store.empty()) fail("--store: -m already names an expert store ('" + o.model + "')");
     const auto st = moekit::io::ExpertStore::open(o.model);
     const auto& meta = st.manifest().meta;
-    if (!meta.contains("checkpoint_dir") || !meta["checkpoint_dir"].is_string())
-      fail("-m: expert store '" + o.model + "' records no checkpoint_dir in its meta; pass the "
-           "checkpoint with -m DIR and the store with --store");
-    Options d = o;
-    d.model = meta["checkpoint_dir"].get<std::string>();
-    return {check_model_path(d), o.model};
+    for (const char* key : {"checkpoint_dir", "gguf"})
+      if (meta.contains(key) && meta[key].is_string())
+        return {check_model_path(meta[key].get<std::string>()), o.model};
+    fail("-m: expert store '" + o.model + "' records neither checkpoint_dir nor gguf in its "
+         "meta; pass the checkpoint with -m DIR|GGUF and the store with --store");
   }
-  return {check_model_path(o), o.store};
+  return {check_model_path(o.model), o.store};
 }
 
 struct Timings {
@@ -366,12 +368,16 @@ ExpertPlacement default_store(const ModelConfig& cfg, const fs::path& dir,
   return {std::move(c.store), c.built};
 }
 
-ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const fs::path& dir,
+ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const ModelPath& m,
                               const std::string& store, const std::vector<moekit::Precision>& need) {
   if (!store.empty()) return {open_store(store, cfg.shape(), need, o.store.empty() ? "-m" : "--store"), false};
-  if (o.in_memory || fs::weakly_canonical(dir) != fs::weakly_canonical(MOE_RUN_DEFAULT_MODEL))
-    return {};
-  return default_store(cfg, dir, need, o.json);
+  if (o.in_memory) return {};
+  if (!m.gguf.empty()) {  // a GGUF's experts: its store, built at first use (moe-convert's path)
+    CachedStore c = cached_gguf_store(m.gguf, need, MOE_RUN_STORE_DIR, o.json);
+    return {std::move(c.store), c.built};
+  }
+  if (fs::weakly_canonical(m.dir) != fs::weakly_canonical(MOE_RUN_DEFAULT_MODEL)) return {};
+  return default_store(cfg, m.dir, need, o.json);
 }
 
 // Router weights, calibration routing and measured latencies, for the presets that need them.
@@ -408,13 +414,22 @@ PresetInputs preset_inputs(const Options& o, const ModelConfig& cfg, const Model
   return in;
 }
 
+// The tokenizer of a model: tokenizer.model in a Hugging Face directory, the embedded
+// vocabulary of a GGUF file.
+Tokenizer load_tokenizer(const ModelPath& m, const moekit::io::GgufFile* gguf) {
+  if (gguf) return Tokenizer(GgufVocab::from_gguf(*gguf));
+  return Tokenizer(m.dir / "tokenizer.model");
+}
+
 int run(const Options& o) {
   const ModelSource src = resolve_model(o);
-  const fs::path& dir = src.dir;
-  const ModelConfig cfg = load_config(dir);
-  const Tokenizer tok(dir / "tokenizer.model");
+  const ModelPath& mp = src.model;
+  std::optional<moekit::io::GgufFile> gguf;
+  if (!mp.gguf.empty()) gguf.emplace(mp.gguf.string());
+  const ModelConfig cfg = gguf ? gguf_config(*gguf) : load_config(mp.dir);
+  const Tokenizer tok = load_tokenizer(mp, gguf ? &*gguf : nullptr);
   if (tok.vocab_size() > cfg.vocab_size)
-    fail("-m: tokenizer.model has " + std::to_string(tok.vocab_size()) +
+    fail("-m: the tokenizer has " + std::to_string(tok.vocab_size()) +
          " pieces, more than the model's vocab_size " + std::to_string(cfg.vocab_size));
 
   // Refuse an impossible budget before loading any weight.
@@ -427,9 +442,11 @@ int run(const Options& o) {
   // Experts: a store read with O_DIRECT (--store, -m STORE, or the default model's store built
   // at first use) or host memory (--in-memory, other checkpoints).
   const auto needed = required_precisions(o.preset, shape, settings);
-  const ExpertPlacement where = place_experts(o, cfg, dir, src.store, needed);
-  const ModelWeights w = load_weights(cfg, dir, where.store ? std::vector<moekit::Precision>{}
-                                                            : needed);
+  const ExpertPlacement where = place_experts(o, cfg, mp, src.store, needed);
+  const std::vector<moekit::Precision> host_precisions =
+      where.store ? std::vector<moekit::Precision>{} : needed;
+  const ModelWeights w = gguf ? load_gguf_weights(cfg, *gguf, host_precisions)
+                              : load_weights(cfg, mp.dir, host_precisions);
   ExpertBacking backing{where.store ? nullptr : &w.experts, where.store,
                         StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads}};
   moekit::ThreadPool pool(o.threads);

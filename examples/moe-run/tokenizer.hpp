@@ -1,6 +1,7 @@
 #pragma once
-/// \file Tokenizer: SentencePiece (Mixtral's tokenizer.model, via Debian's libsentencepiece) with
-/// BOS handling, and StreamDecoder, which turns generated ids into text as they arrive.
+/// \file Tokenizer: SentencePiece (Mixtral's tokenizer.model, via Debian's libsentencepiece) or
+/// the vocabulary embedded in a GGUF file (gguf_vocab.hpp), with BOS handling, and StreamDecoder,
+/// which turns generated ids into text as they arrive.
 ///
 /// Streaming detokenisation follows transformers' TextStreamer: decode the ids since a prefix
 /// offset, emit only what extends the text already emitted, and hold the output while it ends in
@@ -21,9 +22,11 @@
 
 #include "moekit/error.hpp"
 
+#include "gguf_vocab.hpp"
+
 namespace moe_run {
 
-/// A SentencePiece model.
+/// A SentencePiece model (tokenizer.model) or a GGUF file's embedded vocabulary.
 class Tokenizer {
  public:
   /// Loads `path` (a tokenizer.model file). Throws `Error` naming the file on failure.
@@ -37,8 +40,18 @@ class Tokenizer {
                           "tokenizer '" + path.string() + "': " + status.ToString());
   }
 
+  /// The vocabulary embedded in a GGUF file.
+  explicit Tokenizer(GgufVocab vocab) : vocab_(std::make_unique<GgufVocab>(std::move(vocab))) {}
+
   /// Token ids of `text`, with BOS first when `add_bos` (and the model has one).
   [[nodiscard]] std::vector<std::uint32_t> encode(std::string_view text, bool add_bos) const {
+    if (vocab_) {
+      std::vector<std::uint32_t> out;
+      if (add_bos && bos_id()) out.push_back(*bos_id());
+      const auto ids = vocab_->encode(text);
+      out.insert(out.end(), ids.begin(), ids.end());
+      return out;
+    }
     std::vector<int> ids;
     const auto status = sp_->Encode(text, &ids);
     if (!status.ok())
@@ -52,6 +65,7 @@ class Tokenizer {
 
   /// Text of `ids` (control tokens such as BOS/EOS produce nothing).
   [[nodiscard]] std::string decode(std::span<const std::uint32_t> ids) const {
+    if (vocab_) return vocab_->decode(ids);
     std::vector<int> v(ids.begin(), ids.end());
     std::string text;
     const auto status = sp_->Decode(v, &text);
@@ -61,19 +75,24 @@ class Tokenizer {
   }
 
   [[nodiscard]] std::uint32_t vocab_size() const noexcept {
-    return static_cast<std::uint32_t>(sp_->GetPieceSize());
+    return vocab_ ? vocab_->size() : static_cast<std::uint32_t>(sp_->GetPieceSize());
   }
-  [[nodiscard]] std::optional<std::uint32_t> bos_id() const noexcept { return id_or_none(sp_->bos_id()); }
-  [[nodiscard]] std::optional<std::uint32_t> eos_id() const noexcept { return id_or_none(sp_->eos_id()); }
+  [[nodiscard]] std::optional<std::uint32_t> bos_id() const noexcept {
+    return vocab_ ? vocab_->special().bos : id_or_none(sp_->bos_id());
+  }
+  [[nodiscard]] std::optional<std::uint32_t> eos_id() const noexcept {
+    return vocab_ ? vocab_->special().eos : id_or_none(sp_->eos_id());
+  }
   [[nodiscard]] std::string piece(std::uint32_t id) const {
-    return sp_->IdToPiece(static_cast<int>(id));
+    return vocab_ ? vocab_->piece(id) : sp_->IdToPiece(static_cast<int>(id));
   }
 
  private:
   static std::optional<std::uint32_t> id_or_none(int id) noexcept {
     return id >= 0 ? std::optional<std::uint32_t>(static_cast<std::uint32_t>(id)) : std::nullopt;
   }
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;  // null for a GGUF vocabulary
+  std::unique_ptr<GgufVocab> vocab_;                            // null for SentencePiece
 };
 
 /// Turns a growing sequence of ids into text increments.
