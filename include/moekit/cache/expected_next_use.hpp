@@ -29,6 +29,7 @@
 /// records the tick: no per-access re-ranking.
 /// Statistics persist across sequences unless `Config::reset_per_sequence`.
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -71,8 +72,13 @@ class ExpectedNextUsePolicy {
     pos_.assign(n, none);
     members_.assign(n_layers_, {});
     for (auto& m : members_) m.reserve(n_experts_);
+    member_g_.assign(n_layers_, {});
+    for (auto& m : member_g_) m.reserve(n_experts_);
     max_g_.assign(n_layers_, -std::numeric_limits<double>::infinity());
     bound_.assign(n_layers_, 0.0);
+    ramp_.resize(2 * std::size_t{n_layers_});
+    for (std::size_t j = 0; j < ramp_.size(); ++j)
+      ramp_[j] = double(j % n_layers_ == 0 ? n_layers_ : j % n_layers_);
   }
   void begin_sequence() {
     fold_visit();
@@ -91,10 +97,13 @@ class ExpectedNextUsePolicy {
     const std::uint32_t i = detail::dense_index(key, n_experts_);
     if (pos_[i] == none) return;
     auto& m = members_[key.layer];
+    auto& mg = member_g_[key.layer];
     const std::uint32_t last = m.back();
     m[pos_[i]] = last;
+    mg[pos_[i]] = mg.back();
     pos_[detail::dense_index({key.layer, last}, n_experts_)] = pos_[i];
     m.pop_back();
+    mg.pop_back();
     pos_[i] = none;
     if (g_[i] == max_g_[key.layer]) refresh_max(key.layer);
   }
@@ -103,21 +112,16 @@ class ExpectedNextUsePolicy {
   /// only when its bound can still tie or beat the best E[t] found.
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
     Best best;
-    const std::uint32_t cur = q.layer % n_layers_;
-    std::uint32_t first = n_layers_;
-    double first_bound = 0.0, second_bound = -std::numeric_limits<double>::infinity();
-    for (std::uint32_t l = 0, d = (n_layers_ - cur) % n_layers_; l < n_layers_;
-         ++l, d = d + 1 == n_layers_ ? 0 : d + 1) {
-      const double b = expected_next_use(d, max_g_[l]);  // -inf for an empty layer
-      bound_[l] = b;
-      if (first == n_layers_ || b > first_bound) {
-        if (first != n_layers_) second_bound = first_bound;
-        first = l, first_bound = b;
-      } else if (b > second_bound) {
-        second_bound = b;
-      }
-    }
-    if (first == n_layers_ || members_[first].empty()) return std::nullopt;
+    const std::uint32_t L = n_layers_, cur = q.layer % L;
+    // bound_[l] = d + (largest g), with d read from a ramp (no modulo, no branch: vectorizable).
+    const double* d_of = &ramp_[L - cur];
+    for (std::uint32_t l = 0; l < L; ++l) bound_[l] = d_of[l] + max_g_[l];  // -inf when empty
+    const double first_bound = largest(bound_.data(), L);
+    std::uint32_t first = 0;
+    while (bound_[first] != first_bound) ++first;
+    const double second_bound = std::max(largest(bound_.data(), first),
+                                         largest(bound_.data() + first + 1, L - first - 1));
+    if (members_[first].empty()) return std::nullopt;
     search_layer(q, first, (first + n_layers_ - cur) % n_layers_, best);
     if (best.key && best.t > second_bound) return best.key;  // no other layer can tie or win
     for (std::uint32_t l = 0, d = (n_layers_ - cur) % n_layers_; l < n_layers_;
@@ -169,20 +173,29 @@ class ExpectedNextUsePolicy {
     double t = 0.0;
     std::uint64_t tick = 0;
   };
-  /// Offers every evictable resident of layer `l` (d layers ahead) that beats `best`.
+  /// Offers every evictable resident of layer `l` (d layers ahead) that beats `best`. Usually the
+  /// layer's largest g (known) belongs to an evictable resident: then only the residents whose
+  /// E[t] equals it are compared (ties); otherwise every resident is.
   void search_layer(const EvictionQuery& q, std::uint32_t l, std::uint32_t d,
                     Best& best) const noexcept {
     const std::size_t base = std::size_t{l} * n_experts_;
-    for (const std::uint32_t e : members_[l]) {
-      const double t = expected_next_use(d, g_[base + e]);
-      if (best.key && t < best.t) continue;
-      const std::uint64_t tick = last_tick_[base + e];
-      const ExpertKey k{l, e};
-      if (best.key && t == best.t &&
-          (tick > best.tick || (tick == best.tick && k > *best.key)))
-        continue;
+    const auto& m = members_[l];
+    const auto& mg = member_g_[l];
+    const auto offer = [&](std::size_t j, double t) {
+      const std::uint64_t tick = last_tick_[base + m[j]];
+      const ExpertKey k{l, m[j]};
+      if (best.key && (t < best.t || (t == best.t && (tick > best.tick ||
+                                                       (tick == best.tick && k > *best.key)))))
+        return;
       if (q.evictable(k)) best = {k, t, tick};  // the predicate only for a would-be winner
-    }
+    };
+    const double top = expected_next_use(d, max_g_[l]);
+    if (best.key && top < best.t) return;
+    const std::optional<ExpertKey> before = best.key;
+    for (std::size_t j = 0; j < m.size(); ++j)
+      if (expected_next_use(d, mg[j]) == top) offer(j, top);
+    if (best.key != before || (best.key && best.t == top)) return;  // a top resident was taken
+    for (std::size_t j = 0; j < m.size(); ++j) offer(j, expected_next_use(d, mg[j]));
   }
 
   void demand(ExpertKey key, const AccessInfo& a) noexcept {
@@ -228,7 +241,10 @@ class ExpectedNextUsePolicy {
     if (pos_[i] == none) {
       auto& m = members_[key.layer];
       pos_[i] = static_cast<std::uint32_t>(m.size());
-      m.push_back(key.expert);  // capacity reserved in bind(): never reallocates
+      m.push_back(key.expert);  // capacities reserved in bind(): never reallocate
+      member_g_[key.layer].push_back(g_[i]);
+    } else {
+      member_g_[key.layer][pos_[i]] = g_[i];
     }
     if (g_[i] > max_g_[key.layer]) max_g_[key.layer] = g_[i];
   }
@@ -252,13 +268,29 @@ class ExpectedNextUsePolicy {
       p[e] = p[e] / den;
       g[e] = layers * (1.0 / p[e] - 1.0);
     }
+    const auto& m = members_[l];
+    auto& mg = member_g_[l];
+    for (std::size_t j = 0; j < m.size(); ++j) mg[j] = g[m[j]];
     refresh_max(l);
   }
   void refresh_max(std::uint32_t l) noexcept {
-    const std::size_t base = std::size_t{l} * n_experts_;
-    double m = -std::numeric_limits<double>::infinity();
-    for (const std::uint32_t e : members_[l]) m = g_[base + e] > m ? g_[base + e] : m;
-    max_g_[l] = m;
+    max_g_[l] = largest(member_g_[l].data(), member_g_[l].size());
+  }
+  /// Largest of `n` values (−inf if none); four running maxima keep it branch-free and pipelined.
+  [[nodiscard]] static double largest(const double* v, std::size_t n) noexcept {
+    constexpr double lo = -std::numeric_limits<double>::infinity();
+    double m0 = lo, m1 = lo, m2 = lo, m3 = lo;
+    std::size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      m0 = v[i] > m0 ? v[i] : m0;
+      m1 = v[i + 1] > m1 ? v[i + 1] : m1;
+      m2 = v[i + 2] > m2 ? v[i + 2] : m2;
+      m3 = v[i + 3] > m3 ? v[i + 3] : m3;
+    }
+    for (; i < n; ++i) m0 = v[i] > m0 ? v[i] : m0;
+    m0 = m1 > m0 ? m1 : m0;
+    m2 = m3 > m2 ? m3 : m2;
+    return m2 > m0 ? m2 : m0;
   }
   void clear_statistics() {
     const std::size_t n = std::size_t{n_layers_} * n_experts_;
@@ -289,9 +321,11 @@ class ExpectedNextUsePolicy {
   std::vector<std::uint64_t> last_tick_;  ///< [expert] tick of the last demand or prefetch landing
   std::vector<double> p_, g_;  ///< [expert] current p and g = L · (1/p − 1) (current for residents)
   std::vector<std::vector<std::uint32_t>> members_;  ///< [layer] resident experts, unordered
+  std::vector<std::vector<double>> member_g_;        ///< [layer] g of members_, same order
   std::vector<std::uint32_t> pos_;  ///< [expert] index in its layer's members, `none` if absent
   std::vector<double> max_g_;       ///< [layer] largest g of its residents, −inf if none
   mutable std::vector<double> bound_;  ///< victim's scratch: [layer] largest E[t] of the layer
+  std::vector<double> ramp_;  ///< [j] the layer distance j mod L as a double, L for 0; j < 2L
 };
 static_assert(CachePolicy<ExpectedNextUsePolicy>);
 
