@@ -101,6 +101,8 @@ concept Predictor = detail::has_predict<P> && detail::has_observe<P>;
 /// Optional: `bind(shape)` (called once by the cache, to size state); `pool_capacities(shape,
 /// budget_bytes, precision)` → per-pool byte capacities;
 /// `pool_of(key, precision)` → pool index; `begin_sequence()`; `begin_token(n)`;
+/// `prepare_insert(key, access)` (called before the victims of an insertion are asked for, so a
+/// policy can tell a prefetch from a demand: ARC adapts only on demands; wrappers must forward it);
 /// `static constexpr bool needs_future` (offline policies fed the whole trace).
 /// Not checked: `victim` must return a key for which `query.evictable(key)` holds.
 template <class C>

@@ -284,6 +284,9 @@ class CallOrderedPolicy {
     if constexpr (requires { inner_.begin_token(n); }) inner_.begin_token(n);
   }
 
+  void prepare_insert(ExpertKey key, const AccessInfo& a) {
+    if constexpr (requires { inner_.prepare_insert(key, a); }) inner_.prepare_insert(key, a);
+  }
   void on_hit(ExpertKey key, const AccessInfo& a) { pending_.push_back({key, a, false, 0}); }
   void on_insert(ExpertKey key, const AccessInfo& a) {
     if (a.prefetch) inner_.on_insert(key, a);
