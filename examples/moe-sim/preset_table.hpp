@@ -173,9 +173,6 @@ class CostAwareByKey {
   }
   void bind(const moekit::ModelShape& s) { inner_.bind(s); }
   void on_hit(moekit::ExpertKey k, const moekit::AccessInfo& a) { inner_.on_hit(k, a); }
-  void prepare_insert(moekit::ExpertKey k, const moekit::AccessInfo& a) {
-    if constexpr (requires { inner_.prepare_insert(k, a); }) inner_.prepare_insert(k, a);
-  }
   void on_insert(moekit::ExpertKey k, const moekit::AccessInfo& a) { inner_.on_insert(k, a); }
   void on_evict(moekit::ExpertKey k) { inner_.on_evict(k); }
   [[nodiscard]] std::optional<moekit::ExpertKey> victim(const moekit::EvictionQuery& q) const {
