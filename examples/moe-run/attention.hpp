@@ -31,15 +31,17 @@ class Attention {
 
   /// out = attention(x) for the n rows of x (already normalised), tokens at positions
   /// kv.size() .. kv.size()+n−1. Writes their keys/values into `kv` (the caller advances it).
+  /// `batched`: every projection through the batched kernel (ops.hpp: for_rows; prefill).
   void forward(std::uint32_t layer, const LayerWeights& w, KvCache& kv, std::span<const float> x,
-               std::uint32_t n, std::span<float> out, const moekit::KernelOptions& opts) {
+               std::uint32_t n, std::span<float> out, const moekit::KernelOptions& opts,
+               bool batched = false) {
     const std::uint32_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), D = cfg_.head_dim;
     q_.resize(std::size_t{n} * qd);
     k_.resize(std::size_t{n} * kvd);
     v_.resize(std::size_t{n} * kvd);
-    linear(w.q, x, n, q_, opts);
-    linear(w.k, x, n, k_, opts);
-    linear(w.v, x, n, v_, opts);
+    linear(w.q, x, n, q_, opts, batched);
+    linear(w.k, x, n, k_, opts, batched);
+    linear(w.v, x, n, v_, opts, batched);
     if (cfg_.qk_norm) {
       rms_norm(q_, w.q_norm, cfg_.rms_norm_eps, q_);
       rms_norm(k_, w.k_norm, cfg_.rms_norm_eps, k_);
@@ -101,7 +103,7 @@ class Attention {
       std::copy_n(k_.data() + std::size_t{t} * kvd, kvd, kv.keys(layer, start + t));
       std::copy_n(v_.data() + std::size_t{t} * kvd, kvd, kv.values(layer, start + t));
     }
-    linear(w.o, ctx_, n, out, opts);
+    linear(w.o, ctx_, n, out, opts, batched);
   }
 
  private:

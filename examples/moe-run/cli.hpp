@@ -111,6 +111,7 @@ struct Options {
   unsigned io_threads = 2;         ///< --io-threads: store loader threads
   int calib_tokens = 16;           ///< --calib-tokens: greedy tokens after the prompt
   std::uint32_t context = 0;  ///< 0 = prompt + n_predict
+  std::uint32_t ubatch = 512;  ///< --ubatch-size: most prompt tokens per prefill forward (llama.cpp's default)
   bool no_bos = false;
   bool json = false;
   // Quality and traces (perplexity.hpp, trace_recorder.hpp).
@@ -155,6 +156,11 @@ class Cli {
     app_.add_option("-c,--ctx-size,--ctx", o_.context,
                     "context length (0 = prompt + n-predict; with --perplexity: tokens per chunk, "
                     "0 = 512)");
+    // llama.cpp spells it -ub; CLI11 takes only one-letter short names.
+    app_.add_option("--ubatch-size,--ubatch", o_.ubatch,
+                    "most prompt tokens per prefill forward (llama.cpp's -ub; chunked prefill, "
+                    "the logits do not depend on it)")
+        ->check(CLI::Range(1u, 1u << 24));
     app_.add_flag("--no-bos", o_.no_bos, "do not prepend the BOS token to the prompt");
     app_.add_flag("--json", o_.json, "print the text and statistics as one JSON object");
     app_.add_option("--perplexity", o_.perplexity,

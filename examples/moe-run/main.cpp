@@ -112,6 +112,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
          std::to_string(prompt.size()) + " tokens) plus -n " + std::to_string(o.n_predict));
 
   Model<Pipeline> model(cfg, w.dense, pipeline, ctx, &pool);
+  model.set_ubatch(o.ubatch);
   Sampler sampler({o.temperature, o.top_p, o.seed});
   StreamDecoder stream(tok, prompt);
   std::string text;
@@ -164,6 +165,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   j["threads"] = o.threads;
   j["expert_budget_bytes"] = pipeline.config().expert_budget_bytes;
   j["prompt_tokens"] = t.prompt_tokens;
+  j["ubatch"] = o.ubatch;
   j["generated_tokens"] = t.generated_tokens;
   j["prefill_seconds"] = t.prefill_s;
   j["decode_seconds"] = t.decode_s;
@@ -227,6 +229,7 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
   if (!o.kl_reference.empty()) reference = LogProbFile::load(o.kl_reference);
   PerplexityMeter meter(cfg.vocab_size, save ? &*save : nullptr, reference ? &*reference : nullptr);
   Model<Pipeline> model(cfg, w.dense, pipeline, s.ctx, &pool);
+  model.set_ubatch(o.ubatch);
   const auto t0 = std::chrono::steady_clock::now();
   const PerplexityResult r =
       score_text(model, tokens, *cfg.bos_token_id, s, meter, [&](std::size_t c, std::size_t n) {

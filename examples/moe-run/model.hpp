@@ -2,7 +2,10 @@
 /// \file Model: the decoder forward pass (embeddings → layers of attention and MoE → final norm →
 /// LM head) over a KV cache, with the routed experts served by an OffloadPipeline.
 ///
-/// `prefill` runs the prompt as one batch (Phase::prefill, GateViews of n_tokens > 1); `decode`
+/// `prefill` runs the prompt in forwards of at most `ubatch` tokens (llama.cpp's -ub; 0 = one
+/// forward), Phase::prefill with GateViews of n_tokens > 1, every row through the batched kernels
+/// (ops.hpp: for_rows), so the logits are the same bit for bit however the prompt is split;
+/// `decode`
 /// runs one token and then asks the pipeline's token policy whether to keep it — on `fallback`
 /// the KV cache is rolled back one position and the token recomputed (MoBiLE).
 
@@ -56,11 +59,30 @@ class Model {
     pipeline_.begin_sequence();
   }
 
-  /// Runs the prompt as one batch; returns the logits of every prompt token (n × vocab) when
-  /// `all_logits`, else of the last one (vocab).
+  /// Most tokens per prefill forward (0 = the whole prompt in one).
+  void set_ubatch(std::uint32_t n) noexcept { ubatch_ = n; }
+  [[nodiscard]] std::uint32_t ubatch() const noexcept { return ubatch_; }
+
+  /// Runs the prompt in forwards of at most ubatch() tokens; returns the logits of every prompt
+  /// token (n × vocab) when `all_logits`, else of the last one (vocab).
   std::span<const float> prefill(std::span<const Token> tokens, bool all_logits = false) {
     MOEKIT_EXPECTS(!tokens.empty(), "prefill: empty prompt");
-    return forward(tokens, moekit::Phase::prefill, all_logits);
+    kv_.check_room(static_cast<std::uint32_t>(tokens.size()));
+    const std::size_t step = ubatch_ ? ubatch_ : tokens.size();
+    if (step >= tokens.size()) return forward(tokens, moekit::Phase::prefill, all_logits);
+    all_.clear();
+    std::span<const float> last;
+    for (std::size_t at = 0; at < tokens.size(); at += step) {
+      const std::size_t n = std::min(step, tokens.size() - at);
+      const bool final_chunk = at + n == tokens.size();
+      if (!all_logits && !final_chunk) {
+        forward(tokens.subspan(at, n), moekit::Phase::prefill, false, /*logits=*/false);
+        continue;
+      }
+      last = forward(tokens.subspan(at, n), moekit::Phase::prefill, all_logits);
+      if (all_logits) all_.insert(all_.end(), last.begin(), last.end());
+    }
+    return all_logits ? std::span<const float>(all_) : last;
   }
 
   /// Runs one generated token; returns its logits (vocab).
@@ -80,8 +102,10 @@ class Model {
   [[nodiscard]] std::uint32_t position() const noexcept { return kv_.size(); }
 
  private:
+  // One forward of `tokens`; the LM head runs on every row (`all_logits`), the last one, or
+  // none (`logits` false: a prefill chunk whose logits nobody reads).
   std::span<const float> forward(std::span<const Token> tokens, moekit::Phase phase,
-                                 bool all_logits) {
+                                 bool all_logits, bool logits = true) {
     const auto n = static_cast<std::uint32_t>(tokens.size());
     kv_.check_room(n);
     const std::size_t H = cfg_.hidden;
@@ -96,22 +120,24 @@ class Model {
       std::copy_n(w_.embed.w.data() + std::size_t{tokens[t]} * H, H, x_.data() + t * H);
     }
     const ForwardInfo info{kv_.size(), n, phase, sequence_id_};
+    const bool batched = phase == moekit::Phase::prefill;
     for (std::uint32_t l = 0; l < cfg_.n_layers; ++l) {
       const LayerWeights& L = w_.layers[l];
       rms_norm(x_, L.attn_norm, cfg_.rms_norm_eps, h_);
-      attention_.forward(l, L, kv_, h_, n, t_, opts_);
+      attention_.forward(l, L, kv_, h_, n, t_, opts_, batched);
       for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += t_[i];
       rms_norm(x_, L.ffn_norm, cfg_.rms_norm_eps, h_);
       moe_.forward(l, L, h_, info, t_, opts_);
       for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += t_[i];
     }
     kv_.advance(n);
+    if (!logits) return {};
     const std::uint32_t rows = all_logits ? n : 1;
     const std::span<const float> last(x_.data() + (n - rows) * H, rows * H);
     h_.resize(rows * H);
     rms_norm(last, w_.final_norm, cfg_.rms_norm_eps, h_);
     logits_.resize(std::size_t{rows} * cfg_.vocab_size);
-    linear(w_.output(), h_, rows, logits_, opts_);
+    linear(w_.output(), h_, rows, logits_, opts_, batched);
     return logits_;
   }
 
@@ -123,7 +149,8 @@ class Model {
   MoeLayer<Pipeline> moe_;
   moekit::KernelOptions opts_{};
   std::uint64_t sequence_id_ = 0;
-  std::vector<float> x_, h_, t_, logits_;
+  std::uint32_t ubatch_ = 0;
+  std::vector<float> x_, h_, t_, logits_, all_;
 };
 
 }  // namespace moe_run

@@ -49,9 +49,10 @@ class MoeLayer {
   void forward(std::uint32_t layer, const LayerWeights& w, std::span<const float> x,
                const ForwardInfo& info, std::span<float> out, const moekit::KernelOptions& opts) {
     const std::uint32_t n = info.n_tokens;
+    batched_ = info.phase == moekit::Phase::prefill;  // ops.hpp: for_rows
     std::fill(out.begin(), out.end(), 0.f);
     if (cfg_.moe_index[layer] < 0) {
-      moekit::expert_ffn(w.mlp.view(), x, n, out, 1.f, opts);
+      ffn(w.mlp.view(), x, n, out, opts);
       return;
     }
     const moekit::LayerContext ctx{.layer = static_cast<std::uint32_t>(cfg_.moe_index[layer]),
@@ -82,7 +83,7 @@ class MoeLayer {
     const std::uint32_t E = cfg_.n_experts;
     MOEKIT_EXPECTS(k >= 1 && k <= E, "MoeLayer: the token policy's top-k is outside [1, n_experts]");
     logits_.resize(std::size_t{n} * E);
-    linear(w.router, x, n, logits_, opts);
+    linear(w.router, x, n, logits_, opts, batched_);
     experts_.resize(std::size_t{n} * k);
     weights_.resize(std::size_t{n} * k);
     probs_.resize(E);
@@ -128,7 +129,7 @@ class MoeLayer {
       res_.assign(m * H, 0.f);
       for (std::size_t r = 0; r < m; ++r)
         std::copy_n(x.data() + std::size_t{rows_[r] / k} * H, H, in_.data() + r * H);
-      moekit::expert_ffn(expert_view(shape, v.bytes, v.precision), in_, m, res_, 1.f, opts);
+      ffn(expert_view(shape, v.bytes, v.precision), in_, m, res_, opts);
       for (std::size_t r = 0; r < m; ++r) {
         std::copy_n(res_.data() + r * H, H, y_.data() + std::size_t{rows_[r]} * H);
         ran_[rows_[r]] = 1;
@@ -161,17 +162,26 @@ class MoeLayer {
                          std::span<float> out, const moekit::KernelOptions& opts) {
     const std::size_t H = cfg_.hidden;
     res_.assign(std::size_t{n} * H, 0.f);
-    moekit::expert_ffn(w.shared.view(), x, n, res_, 1.f, opts);
+    ffn(w.shared.view(), x, n, res_, opts);
     gate_.resize(n);
-    linear(w.shared_gate, x, n, gate_, opts);
+    linear(w.shared_gate, x, n, gate_, opts, batched_);
     for (std::uint32_t t = 0; t < n; ++t) {
       const float g = 1.f / (1.f + std::exp(-gate_[t]));
       for (std::size_t i = 0; i < H; ++i) out[t * H + i] += g * res_[t * H + i];
     }
   }
 
+  // out += expert(x) for the n rows of x (through the batched kernel in prefill).
+  void ffn(const moekit::ExpertWeights& e, std::span<const float> x, std::size_t n,
+           std::span<float> out, const moekit::KernelOptions& opts) {
+    for_rows(x, n, out, batched_, [&](std::span<const float> xs, std::size_t m, std::span<float> ys) {
+      moekit::expert_ffn(e, xs, m, ys, 1.f, opts);
+    });
+  }
+
   const ModelConfig& cfg_;
   Pipeline& pipeline_;
+  bool batched_ = false;
   std::vector<float> logits_, weights_, probs_, y_, in_, res_, gate_;
   std::vector<std::uint32_t> experts_, order_, rank_, rows_;
   std::vector<std::uint8_t> ran_;

@@ -31,10 +31,32 @@ inline void rms_norm(std::span<const float> x, std::span<const float> weight, fl
   }
 }
 
-/// y = x·Wᵀ (+ b) for the n rows of x (n × cols → n × rows).
+/// Runs `f(x, n, y)` — a kernel over the n rows of x — with a one-row batch given to it as two
+/// copies of the row when `batched` (the first result kept). gemm hands one row to gemv, which
+/// sums in another order than its batched kernel (whose per-row result does not depend on the
+/// other rows); prefill forwards run every row through the batched kernel, so their logits do
+/// not depend on how the prompt was split into chunks (--ubatch) or how many tokens chose an
+/// expert.
+template <class F>
+void for_rows(std::span<const float> x, std::size_t n, std::span<float> y, bool batched, F&& f) {
+  if (!batched || n != 1) return f(x, n, y);
+  thread_local std::vector<float> x2, y2;
+  x2.resize(2 * x.size());
+  y2.resize(2 * y.size());
+  std::copy(x.begin(), x.end(), x2.begin());
+  std::copy(x.begin(), x.end(), x2.begin() + static_cast<std::ptrdiff_t>(x.size()));
+  std::copy(y.begin(), y.end(), y2.begin());  // kernels that accumulate into y
+  std::copy(y.begin(), y.end(), y2.begin() + static_cast<std::ptrdiff_t>(y.size()));
+  f(std::span<const float>(x2), std::size_t{2}, std::span<float>(y2));
+  std::copy_n(y2.begin(), y.size(), y.begin());
+}
+
+/// y = x·Wᵀ (+ b) for the n rows of x (n × cols → n × rows); `batched` as for_rows.
 inline void linear(const Linear& l, std::span<const float> x, std::size_t n, std::span<float> y,
-                   const moekit::KernelOptions& opts) {
-  moekit::gemm(l.view(), x, n, y, opts);
+                   const moekit::KernelOptions& opts, bool batched = false) {
+  for_rows(x, n, y, batched, [&](std::span<const float> xs, std::size_t m, std::span<float> ys) {
+    moekit::gemm(l.view(), xs, m, ys, opts);
+  });
   if (!l.bias.empty())
     for (std::size_t t = 0; t < n; ++t)
       for (std::size_t r = 0; r < l.rows; ++r) y[t * l.rows + r] += l.bias[r];
