@@ -33,26 +33,6 @@ const std::vector<std::filesystem::path> fixtures = {engine_test::data_dir() / "
                                                      engine_test::data_dir() / "qwen2_moe",
                                                      engine_test::data_dir() / "olmoe"};
 
-// Prefill (all logits) and greedy decode steps; every position's logits back to back.
-template <class Pipeline>
-std::vector<float> greedy_logits(const ModelConfig& cfg, const DenseWeights& dense,
-                                 Pipeline& pipeline, std::span<const Token> prompt, int steps,
-                                 moekit::ThreadPool* pool) {
-  Model<Pipeline> model(cfg, dense, pipeline, static_cast<std::uint32_t>(prompt.size() + steps + 1),
-                        pool);
-  model.begin_sequence();
-  const auto pre = model.prefill(prompt, true);
-  std::vector<float> out(pre.begin(), pre.end());
-  const std::size_t V = cfg.vocab_size;
-  Token next = engine_test::argmax(pre.data() + pre.size() - V, V);
-  for (int i = 0; i < steps; ++i) {
-    const auto lg = model.decode(next);
-    out.insert(out.end(), lg.begin(), lg.end());
-    next = engine_test::argmax(lg.data(), V);
-  }
-  return out;
-}
-
 // The settings under which every preset must equal baseline.
 OffloadSettings exact_settings(std::size_t budget, Precision p, std::uint32_t top_k) {
   OffloadSettings o{budget, p};
@@ -99,7 +79,7 @@ TEST_CASE("every preset at full precision and exact routing equals baseline bit 
 
     const std::vector<float> base = with_preset(
         "baseline", s, o, backing.make_loader(), in, [&](auto& p) {
-          return greedy_logits(cfg, w.dense, p, ref.prompt_ids, steps, &pool);
+          return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, steps, &pool).logits;
         });
     for (const auto& info : preset_table) {
       const std::string name(info.name);
@@ -112,7 +92,7 @@ TEST_CASE("every preset at full precision and exact routing equals baseline bit 
         moekit::PipelineStats stats{};
         const std::vector<float> got =
             with_preset(name, s, o, backing.make_loader(), in, [&](auto& p) {
-              auto r = greedy_logits(cfg, w.dense, p, ref.prompt_ids, steps, &pool);
+              auto r = engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, steps, &pool).logits;
               stats = p.stats();
               return r;
             });
@@ -129,7 +109,7 @@ TEST_CASE("every preset at full precision and exact routing equals baseline bit 
     lossy.preset = PresetParams{};
     const std::vector<float> hobbit = with_preset(
         "hobbit", s, lossy, backing.make_loader(), in, [&](auto& p) {
-          return greedy_logits(cfg, w.dense, p, ref.prompt_ids, steps, &pool);
+          return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, steps, &pool).logits;
         });
     CHECK(std::memcmp(hobbit.data(), base.data(), std::min(hobbit.size(), base.size()) *
                                                       sizeof(float)) != 0);

@@ -30,32 +30,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory in the build tree (on disk: O_DIRECT is refused by tmpfs).
-fs::path scratch(const std::string& name) {
-  const fs::path d = fs::path(MOEKIT_BINARY_DIR) / "test-scratch" / "engine-store" / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-template <class Pipeline>
-std::vector<float> greedy_logits(const ModelConfig& cfg, const DenseWeights& dense,
-                                 Pipeline& pipeline, std::span<const Token> prompt, int steps,
-                                 moekit::ThreadPool* pool) {
-  Model<Pipeline> model(cfg, dense, pipeline, static_cast<std::uint32_t>(prompt.size() + steps + 1),
-                        pool);
-  model.begin_sequence();
-  const auto pre = model.prefill(prompt, true);
-  std::vector<float> out(pre.begin(), pre.end());
-  const std::size_t V = cfg.vocab_size;
-  Token next = engine_test::argmax(pre.data() + pre.size() - V, V);
-  for (int i = 0; i < steps; ++i) {
-    const auto lg = model.decode(next);
-    out.insert(out.end(), lg.begin(), lg.end());
-    next = engine_test::argmax(lg.data(), V);
-  }
-  return out;
-}
+fs::path scratch(const std::string& name) { return engine_test::scratch("engine-store", name); }
 
 std::vector<std::byte> read_blob(const moekit::io::ExpertStore& st, moekit::ExpertKey k, Precision p) {
   const auto& b = st.blob(k, p);
@@ -114,14 +89,14 @@ TEST_CASE("store from a checkpoint holds the engine's expert blobs; store path e
       INFO(preset);
       std::string kind;
       const auto mem = with_preset(preset, s, o, host.make_loader(), in, [&](auto& p) {
-        return greedy_logits(cfg, w.dense, p, ref.prompt_ids, 8, &pool);
+        return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, 8, &pool).logits;
       });
       for (bool uring : {true, false}) {
         const ExpertBacking disk{nullptr, store, StoreIo{.direct = true, .uring = uring,
                                                          .io_threads = 2, .verify_checksums = true}};
         const auto got = with_preset(preset, s, o, disk.make_loader(), in, [&](auto& p) {
           kind = p.loader().kind();
-          return greedy_logits(cfg, dense_only.dense, p, ref.prompt_ids, 8, &pool);
+          return engine_test::greedy(cfg, dense_only.dense, p, ref.prompt_ids, 8, &pool).logits;
         });
         REQUIRE(got.size() == mem.size());
         CHECK(std::memcmp(got.data(), mem.data(), got.size() * sizeof(float)) == 0);
