@@ -79,7 +79,7 @@ TEST_CASE("chunked prefill equals one-forward prefill bit for bit", "[engine][ub
   }
 }
 
-TEST_CASE("--ubatch-size / --ubatch sets the prefill chunk; 0 is refused", "[engine][ubatch][cli]") {
+TEST_CASE("the prefill chunk flag (--ubatch-size, --ubatch) sets the chunk; 0 is refused", "[engine][ubatch][cli]") {
   auto parse = [](std::vector<const char*> args, std::string* err = nullptr) {
     args.insert(args.begin(), "moe-run");
     Cli cli;

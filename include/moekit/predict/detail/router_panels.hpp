@@ -42,10 +42,21 @@ inline void panel_dot_generic(const RouterChunk* panel, std::size_t chunks, cons
 
 #if defined(MOEKIT_HAS_X86_KERNELS)
 // GCC 12 warns about the deliberately undefined pass-through operand inside its own AVX-512
-// intrinsics (_mm512_reduce_add_ps) once inlined here; a false positive (as in avx512_rows.hpp).
+// intrinsics (_mm512_reduce_add_ps) once inlined into a caller, where these pragmas no longer
+// apply; so the horizontal sum below uses only zero-masked extracts, and the pragmas stay for
+// the rest.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+MOEKIT_TARGET_AVX512 inline float hsum_avx512(__m512 v) noexcept {
+  const __m256d hi = _mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(v), 1);
+  const __m256 s = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(hi));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+
 MOEKIT_TARGET_AVX512 inline void panel_step_avx512(const float* w, __m512 xv,
                                                    __m512 (&a)[panel_rows]) noexcept {
   for (std::size_t r = 0; r < panel_rows; ++r)
@@ -64,7 +75,7 @@ MOEKIT_TARGET_AVX512 inline void panel_dot_avx512(const RouterChunk* panel, std:
     const auto m = static_cast<__mmask16>((1u << (d - 16 * full)) - 1u);
     panel_step_avx512(panel[full * panel_rows].v, _mm512_maskz_loadu_ps(m, x + 16 * full), a);
   }
-  for (std::size_t r = 0; r < panel_rows; ++r) out[r] = _mm512_reduce_add_ps(a[r]);
+  for (std::size_t r = 0; r < panel_rows; ++r) out[r] = hsum_avx512(a[r]);
 }
 
 MOEKIT_TARGET_AVX2 inline void panel_dot_avx2(const RouterChunk* panel, std::size_t chunks,
