@@ -19,43 +19,16 @@
 #include "moekit/precision/quantize.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
+#include "cold_read.hpp"
+
 using namespace moekit;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr std::size_t rotation_bytes = 160u << 20;  // > 4× the 35.8 MiB LLC of this machine
-
-#if defined(__x86_64__)
-// GCC 12 false positive inside its own _mm512_reduce_add_ps (see detail/avx512_rows.hpp).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-__attribute__((target("avx512f"))) float stream_sum_avx512(const float* p, std::size_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (std::size_t i = 0; i + 64 <= n; i += 64) {
-    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
-    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
-    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
-    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-}
-#pragma GCC diagnostic pop
-#endif
-float stream_sum(const float* p, std::size_t n) {
-#if defined(__x86_64__)
-  if (detect_isa() == Isa::avx512) return stream_sum_avx512(p, n);
-#endif
-  float s = 0;
-  for (std::size_t i = 0; i < n; ++i) s += p[i];
-  return s;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;
+using bench::rotation_bytes;
+using bench::stream_sum;
 
 /// Median seconds of `fn(copy)` over `reps` calls rotating over `copies`.
 template <class Fn>
