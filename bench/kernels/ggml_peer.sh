@@ -28,7 +28,7 @@ lib="$site/ggml/lib"
 mkdir -p "$out"
 bin="$out/gemv_vs_ggml"
 src="$here/bench/kernels/ggml/gemv_vs_ggml.cpp"
-if [[ ! -x "$bin" || "$src" -nt "$bin" || -n "$(find "$here/include/moekit/precision" -newer "$bin" -print -quit)" ]]; then
+if [[ ! -x "$bin" || "$src" -nt "$bin" || "$here/bench/kernels/cold_read.hpp" -nt "$bin" || -n "$(find "$here/include/moekit/precision" -newer "$bin" -print -quit)" ]]; then
   nice -n 10 g++ -std=c++20 -O3 -DNDEBUG -Wall -Wextra -I"$here/include" -I"$inc" "$src" -o "$bin" \
     -L"$lib" -lggml-cpu -lggml-base -lggml -Wl,-rpath,"$lib" -pthread
 fi
