@@ -21,12 +21,13 @@
 /// folded into the statistics when the next visit begins. Prefetch insertions are not demands.
 /// Ties: least recently used, then smallest (layer, expert).
 ///
-/// Cost: p changes only when a visit is folded, so the policy keeps p and g = L · (1/p − 1) per
-/// expert (recomputed for the folded layer in contiguous passes, O(E · k) per visit) and, per
-/// layer, its residents and their largest g. Within a layer d is common, so d + (largest g) bounds
-/// the layer's E[t]: a victim is one pass over the layers' bounds, then a scan of the residents of
-/// the layer with the largest bound (others only if their bound can still tie or win). A hit only
-/// records the tick: no per-access re-ranking.
+/// Cost: p changes only when a visit is folded, so the policy keeps, per layer, its residents'
+/// g = L · (1/p − 1) (recomputed for the folded layer: numerators in contiguous passes, O(E · k)
+/// per visit, the divisions only for residents), their largest g, which resident holds it and the
+/// runner-up. Within a layer d is common, so d + (largest g) bounds the layer's E[t]: a victim is
+/// one pass over the layers' bounds, then the holder of the best layer's largest g, with no scan
+/// unless d + runner-up rounds to the same E[t] (ties) or the holder is pinned (others only if
+/// their bound can still tie or win). A hit only records the tick: no per-access re-ranking.
 /// Statistics persist across sequences unless `Config::reset_per_sequence`.
 
 #include <algorithm>
@@ -67,14 +68,16 @@ class ExpectedNextUsePolicy {
     clear_statistics();
     const std::size_t n = shape.expert_count();
     last_tick_.assign(n, 0);
-    p_.assign(n, 1.0);
-    g_.assign(n, 0.0);
     pos_.assign(n, none);
     members_.assign(n_layers_, {});
     for (auto& m : members_) m.reserve(n_experts_);
     member_g_.assign(n_layers_, {});
     for (auto& m : member_g_) m.reserve(n_experts_);
+    rows_.reserve(n_experts_);
+    num_.assign(n_experts_, 0.0);
     max_g_.assign(n_layers_, -std::numeric_limits<double>::infinity());
+    next_g_.assign(n_layers_, -std::numeric_limits<double>::infinity());
+    top_.assign(n_layers_, 0);
     bound_.assign(n_layers_, 0.0);
     ramp_.resize(2 * std::size_t{n_layers_});
     for (std::size_t j = 0; j < ramp_.size(); ++j)
@@ -96,19 +99,22 @@ class ExpectedNextUsePolicy {
   void on_evict(ExpertKey key) noexcept {
     const std::uint32_t i = detail::dense_index(key, n_experts_);
     if (pos_[i] == none) return;
-    auto& m = members_[key.layer];
-    auto& mg = member_g_[key.layer];
-    const std::uint32_t last = m.back();
-    m[pos_[i]] = last;
-    mg[pos_[i]] = mg.back();
-    pos_[detail::dense_index({key.layer, last}, n_experts_)] = pos_[i];
+    const std::uint32_t l = key.layer, j = pos_[i];
+    auto& m = members_[l];
+    auto& mg = member_g_[l];
+    const double g = mg[j];
+    const auto moved = static_cast<std::uint32_t>(m.size() - 1);  // the last slot moves to j
+    m[j] = m[moved];
+    mg[j] = mg[moved];
+    pos_[detail::dense_index({l, m[j]}, n_experts_)] = j;
     m.pop_back();
     mg.pop_back();
     pos_[i] = none;
-    if (g_[i] == max_g_[key.layer]) refresh_max(key.layer);
+    if (j == top_[l] || g >= next_g_[l]) refresh_top(l);  // the largest or the runner-up left
+    else if (top_[l] == moved) top_[l] = j;
   }
 
-  /// The layer with the largest bound d + (largest g) is scanned first; another layer is scanned
+  /// The layer with the largest bound d + (largest g) is searched first; another layer is searched
   /// only when its bound can still tie or beat the best E[t] found.
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) const noexcept {
     Best best;
@@ -116,18 +122,13 @@ class ExpectedNextUsePolicy {
     // bound_[l] = d + (largest g), with d read from a ramp (no modulo, no branch: vectorizable).
     const double* d_of = &ramp_[L - cur];
     for (std::uint32_t l = 0; l < L; ++l) bound_[l] = d_of[l] + max_g_[l];  // -inf when empty
-    const double first_bound = largest(bound_.data(), L);
-    std::uint32_t first = 0;
-    while (bound_[first] != first_bound) ++first;
-    const double second_bound = std::max(largest(bound_.data(), first),
-                                         largest(bound_.data() + first + 1, L - first - 1));
-    if (members_[first].empty()) return std::nullopt;
-    search_layer(q, first, (first + n_layers_ - cur) % n_layers_, best);
-    if (best.key && best.t > second_bound) return best.key;  // no other layer can tie or win
-    for (std::uint32_t l = 0, d = (n_layers_ - cur) % n_layers_; l < n_layers_;
-         ++l, d = d + 1 == n_layers_ ? 0 : d + 1) {
-      if (l == first || members_[l].empty() || (best.key && bound_[l] < best.t)) continue;
-      search_layer(q, l, d, best);
+    const TopTwo b = top_two(bound_.data(), L);
+    if (members_[b.at].empty()) return std::nullopt;
+    search_layer(q, b.at, d_of[b.at], best);
+    if (best.key && best.t > b.next) return best.key;  // no other layer can tie or win
+    for (std::uint32_t l = 0; l < L; ++l) {
+      if (l == b.at || members_[l].empty() || (best.key && bound_[l] < best.t)) continue;
+      search_layer(q, l, d_of[l], best);
     }
     return best.key;
   }
@@ -140,11 +141,6 @@ class ExpectedNextUsePolicy {
  private:
   static constexpr std::uint32_t none = 0xffffffffu;
 
-  /// E[t] of an expert of a layer `d` layers ahead (d = 0: the current layer, a full pass away),
-  /// from its g = L · (1/p − 1).
-  [[nodiscard]] double expected_next_use(std::uint32_t d, double g) const noexcept {
-    return double(d == 0 ? n_layers_ : d) + g;
-  }
   [[nodiscard]] double g_of(double p) const noexcept {
     return double(n_layers_) * (1.0 / p - 1.0);
   }
@@ -173,14 +169,16 @@ class ExpectedNextUsePolicy {
     double t = 0.0;
     std::uint64_t tick = 0;
   };
-  /// Offers every evictable resident of layer `l` (d layers ahead) that beats `best`. Usually the
-  /// layer's largest g (known) belongs to an evictable resident: then only the residents whose
-  /// E[t] equals it are compared (ties); otherwise every resident is.
-  void search_layer(const EvictionQuery& q, std::uint32_t l, std::uint32_t d,
-                    Best& best) const noexcept {
+  /// Offers every evictable resident of layer `l` (at layer distance `d`, L for the current layer)
+  /// that beats `best`. Usually the layer's largest g belongs to one evictable resident, known
+  /// without a scan (`top_`): then it is the only candidate, since every other resident's E[t] is
+  /// below it (d + runner-up < d + largest; if they round to one E[t], the residents whose E[t]
+  /// equals it are compared: ties). Otherwise every resident is.
+  void search_layer(const EvictionQuery& q, std::uint32_t l, double d, Best& best) const noexcept {
     const std::size_t base = std::size_t{l} * n_experts_;
-    const auto& m = members_[l];
-    const auto& mg = member_g_[l];
+    const std::uint32_t* m = members_[l].data();
+    const double* mg = member_g_[l].data();
+    const std::size_t n = members_[l].size();
     const auto offer = [&](std::size_t j, double t) {
       const std::uint64_t tick = last_tick_[base + m[j]];
       const ExpertKey k{l, m[j]};
@@ -189,13 +187,20 @@ class ExpectedNextUsePolicy {
         return;
       if (q.evictable(k)) best = {k, t, tick};  // the predicate only for a would-be winner
     };
-    const double top = expected_next_use(d, max_g_[l]);
+    const double top = d + max_g_[l];
     if (best.key && top < best.t) return;
     const std::optional<ExpertKey> before = best.key;
-    for (std::size_t j = 0; j < m.size(); ++j)
-      if (expected_next_use(d, mg[j]) == top) offer(j, top);
+    if (d + next_g_[l] < top) {
+      offer(top_[l], top);
+    } else {
+      for (std::size_t j = 0; j < n; ++j)
+        if (d + mg[j] == top) offer(j, top);  // d + mg[j] <= top for every j
+    }
     if (best.key != before || (best.key && best.t == top)) return;  // a top resident was taken
-    for (std::size_t j = 0; j < m.size(); ++j) offer(j, expected_next_use(d, mg[j]));
+    for (std::size_t j = 0; j < n; ++j) {
+      const double t = d + mg[j];
+      if (!best.key || t >= best.t) offer(j, t);  // offer() re-checks; this skips the call
+    }
   }
 
   void demand(ExpertKey key, const AccessInfo& a) noexcept {
@@ -208,7 +213,12 @@ class ExpectedNextUsePolicy {
     bool seen = false;
     for (const std::uint32_t x : visit_)
       if (x == key.expert) seen = true;
-    if (!seen && visit_.size() < n_experts_) visit_.push_back(key.expert);
+    if (!seen && visit_.size() < n_experts_) {
+      visit_.push_back(key.expert);
+      // Its transition row is summed when this visit is folded: start loading it now.
+      const std::int32_t* row = &trans_[std::size_t{detail::dense_index(key, n_experts_)} * n_experts_];
+      for (std::uint32_t e = 0; e < n_experts_; e += 16) __builtin_prefetch(row + e);
+    }
     last_tick_[detail::dense_index(key, n_experts_)] = a.tick;
   }
 
@@ -218,16 +228,20 @@ class ExpectedNextUsePolicy {
     visit_open_ = false;
     const std::uint32_t l = visit_layer_;
     const std::size_t base = std::size_t{l} * n_experts_;
+    // Locals: the compiler cannot keep members in registers across stores that may alias them.
+    const std::uint32_t* v = visit_.data();
+    const std::size_t nv = visit_.size();
     for (const std::uint32_t a : last_[l]) {
       from_[base + a] += 1.0;
-      for (const std::uint32_t b : visit_) {
-        std::int32_t& t = trans_[(base + a) * n_experts_ + b];
-        if (t != std::numeric_limits<std::int32_t>::max()) ++t;  // saturates at 2^31 − 1
-      }
+      std::int32_t* row = &trans_[(base + a) * n_experts_];
+      for (std::size_t j = 0; j < nv; ++j)  // saturates at 2^31 − 1
+        row[v[j]] += row[v[j]] != std::numeric_limits<std::int32_t>::max() ? 1 : 0;
     }
-    visits_[l] = cfg_.gamma * visits_[l] + 1.0;
-    for (std::uint32_t e = 0; e < n_experts_; ++e) count_[base + e] *= cfg_.gamma;
-    for (const std::uint32_t b : visit_) count_[base + b] += 1.0;
+    const double gamma = cfg_.gamma;
+    visits_[l] = gamma * visits_[l] + 1.0;
+    double* c = &count_[base];
+    for (std::uint32_t e = 0; e < n_experts_; ++e) c[e] *= gamma;
+    for (std::size_t j = 0; j < nv; ++j) c[v[j]] += 1.0;
     last_[l].assign(visit_.begin(), visit_.end());
     visit_.clear();
     rerank_layer(l);
@@ -236,61 +250,100 @@ class ExpectedNextUsePolicy {
   /// Adds a newly resident `key` with the current estimate of its p.
   void admit(ExpertKey key) noexcept {
     const std::uint32_t i = detail::dense_index(key, n_experts_);
-    p_[i] = estimate(key.layer, key.expert);
-    g_[i] = g_of(p_[i]);
+    const double g = g_of(estimate(key.layer, key.expert));
     if (pos_[i] == none) {
       auto& m = members_[key.layer];
       pos_[i] = static_cast<std::uint32_t>(m.size());
       m.push_back(key.expert);  // capacities reserved in bind(): never reallocate
-      member_g_[key.layer].push_back(g_[i]);
+      member_g_[key.layer].push_back(g);
+      note_top(key.layer, pos_[i], g);
     } else {
-      member_g_[key.layer][pos_[i]] = g_[i];
+      member_g_[key.layer][pos_[i]] = g;
+      refresh_top(key.layer);  // its g may have been the largest
     }
-    if (g_[i] > max_g_[key.layer]) max_g_[key.layer] = g_[i];
   }
-  /// Recomputes p and g of every expert of layer `l` (the same operations in the same order as
-  /// `estimate`, so the same values), in contiguous passes over the layer's statistics.
+  /// Recomputes g of the residents of layer `l` with the same operations in the same order as
+  /// `estimate` and `g_of`, so the same values. The numerators are summed for the whole layer in
+  /// contiguous passes (the transition rows are streamed once, a block of experts held in
+  /// registers across the rows); the two divisions of g only for the residents (`admit` computes
+  /// a newcomer's g).
   void rerank_layer(std::uint32_t l) noexcept {
     const std::size_t base = std::size_t{l} * n_experts_;
     const double k = last_[l].empty() ? double(top_k_) : double(last_[l].size());
     const double ke = k / double(n_experts_), v1 = visits_[l] + 1.0;
-    const double den = denominator(l);
-    double* p = &p_[base];
-    double* g = &g_[base];
+    const double den = denominator(l), prior = cfg_.prior, layers = double(n_layers_);
+    const std::uint32_t E = n_experts_;
+    double* num = num_.data();
     const double* c = &count_[base];
-    for (std::uint32_t e = 0; e < n_experts_; ++e) p[e] = cfg_.prior * ((c[e] + ke) / v1);
-    for (const std::uint32_t a : last_[l]) {
-      const std::int32_t* row = &trans_[(base + a) * n_experts_];
-      for (std::uint32_t e = 0; e < n_experts_; ++e) p[e] += double(row[e]);
+    for (std::uint32_t e = 0; e < E; ++e) num[e] = prior * ((c[e] + ke) / v1);
+    rows_.clear();
+    for (const std::uint32_t a : last_[l]) rows_.push_back(&trans_[(base + a) * E]);
+    constexpr std::uint32_t B = 8;
+    std::uint32_t e0 = 0;
+    for (; e0 + B <= E; e0 += B) {
+      double acc[B];
+      for (std::uint32_t i = 0; i < B; ++i) acc[i] = num[e0 + i];
+      for (const std::int32_t* row : rows_)
+        for (std::uint32_t i = 0; i < B; ++i) acc[i] += double(row[e0 + i]);
+      for (std::uint32_t i = 0; i < B; ++i) num[e0 + i] = acc[i];
     }
-    const double layers = double(n_layers_);
-    for (std::uint32_t e = 0; e < n_experts_; ++e) {
-      p[e] = p[e] / den;
-      g[e] = layers * (1.0 / p[e] - 1.0);
-    }
-    const auto& m = members_[l];
-    auto& mg = member_g_[l];
-    for (std::size_t j = 0; j < m.size(); ++j) mg[j] = g[m[j]];
-    refresh_max(l);
+    for (const std::int32_t* row : rows_)
+      for (std::uint32_t e = e0; e < E; ++e) num[e] += double(row[e]);
+    const std::uint32_t* m = members_[l].data();
+    double* g = member_g_[l].data();
+    const std::size_t n = members_[l].size();
+    for (std::size_t j = 0; j < n; ++j) g[j] = num[m[j]];
+    for (std::size_t j = 0; j < n; ++j) g[j] = layers * (1.0 / (g[j] / den) - 1.0);
+    refresh_top(l);
   }
-  void refresh_max(std::uint32_t l) noexcept {
-    max_g_[l] = largest(member_g_[l].data(), member_g_[l].size());
-  }
-  /// Largest of `n` values (−inf if none); four running maxima keep it branch-free and pipelined.
-  [[nodiscard]] static double largest(const double* v, std::size_t n) noexcept {
+  /// Largest of `n` values (−inf if none), an index holding it, and the largest of the others
+  /// (−inf if none; equal to the largest on a tie).
+  struct TopTwo {
+    double value;
+    std::uint32_t at;
+    double next;
+  };
+  /// Branch-free (the values come in no order, so a branch on "new largest" mispredicts): four
+  /// lanes (lane k holds the indices ≡ k mod 4) keep their largest and runner-up with min/max, are
+  /// merged, and the holder is looked for in the winning lane only.
+  [[nodiscard]] static TopTwo top_two(const double* v, std::size_t n) noexcept {
     constexpr double lo = -std::numeric_limits<double>::infinity();
-    double m0 = lo, m1 = lo, m2 = lo, m3 = lo;
+    if (n == 0) return {lo, 0, lo};
+    double h[4] = {lo, lo, lo, lo}, r[4] = {lo, lo, lo, lo};
     std::size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-      m0 = v[i] > m0 ? v[i] : m0;
-      m1 = v[i + 1] > m1 ? v[i + 1] : m1;
-      m2 = v[i + 2] > m2 ? v[i + 2] : m2;
-      m3 = v[i + 3] > m3 ? v[i + 3] : m3;
+    for (; i + 4 <= n; i += 4)
+      for (std::size_t k = 0; k < 4; ++k) {
+        r[k] = std::max(r[k], std::min(h[k], v[i + k]));
+        h[k] = std::max(h[k], v[i + k]);
+      }
+    for (std::size_t k = 0; i < n; ++i, ++k) {
+      r[k] = std::max(r[k], std::min(h[k], v[i]));
+      h[k] = std::max(h[k], v[i]);
     }
-    for (; i < n; ++i) m0 = v[i] > m0 ? v[i] : m0;
-    m0 = m1 > m0 ? m1 : m0;
-    m2 = m3 > m2 ? m3 : m2;
-    return m2 > m0 ? m2 : m0;
+    std::size_t best = 0;
+    for (std::size_t k = 1; k < 4; ++k) best = h[k] > h[best] ? k : best;
+    double next = r[best];  // every lane's runner-up is at most its largest
+    for (std::size_t k = 0; k < 4; ++k) next = k == best ? next : std::max(next, h[k]);
+    std::size_t at = best;
+    while (v[at] != h[best]) at += 4;
+    return {h[best], static_cast<std::uint32_t>(at), next};
+  }
+  /// Recomputes layer `l`'s largest g, its holder and the runner-up.
+  void refresh_top(std::uint32_t l) noexcept {
+    const TopTwo t = top_two(member_g_[l].data(), member_g_[l].size());
+    max_g_[l] = t.value;
+    top_[l] = t.at;
+    next_g_[l] = t.next;
+  }
+  /// Folds a new resident at index `j` with `g` into layer `l`'s largest and runner-up.
+  void note_top(std::uint32_t l, std::uint32_t j, double g) noexcept {
+    if (g > max_g_[l]) {
+      next_g_[l] = max_g_[l];
+      max_g_[l] = g;
+      top_[l] = j;
+    } else if (g > next_g_[l]) {
+      next_g_[l] = g;
+    }
   }
   void clear_statistics() {
     const std::size_t n = std::size_t{n_layers_} * n_experts_;
@@ -319,11 +372,14 @@ class ExpectedNextUsePolicy {
   std::uint64_t visit_token_ = 0;
   bool visit_open_ = false;
   std::vector<std::uint64_t> last_tick_;  ///< [expert] tick of the last demand or prefetch landing
-  std::vector<double> p_, g_;  ///< [expert] current p and g = L · (1/p − 1) (current for residents)
   std::vector<std::vector<std::uint32_t>> members_;  ///< [layer] resident experts, unordered
   std::vector<std::vector<double>> member_g_;        ///< [layer] g of members_, same order
   std::vector<std::uint32_t> pos_;  ///< [expert] index in its layer's members, `none` if absent
-  std::vector<double> max_g_;       ///< [layer] largest g of its residents, −inf if none
+  std::vector<const std::int32_t*> rows_;  ///< rerank's scratch: transition rows of last(l)
+  std::vector<double> num_;                ///< rerank's scratch: [expert] numerator of p
+  std::vector<double> max_g_;   ///< [layer] largest g of its residents, −inf if none
+  std::vector<double> next_g_;  ///< [layer] largest g of the others than top_ (= max_g_ on a tie)
+  std::vector<std::uint32_t> top_;  ///< [layer] index in members_ of a resident holding max_g_
   mutable std::vector<double> bound_;  ///< victim's scratch: [layer] largest E[t] of the layer
   std::vector<double> ramp_;  ///< [j] the layer distance j mod L as a double, L for 0; j < 2L
 };
