@@ -31,10 +31,15 @@
 /// Statistics persist across sequences unless `Config::reset_per_sequence`.
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "moekit/cache/detail/dense_index.hpp"
 #include "moekit/core/cache_events.hpp"
@@ -309,24 +314,50 @@ class ExpectedNextUsePolicy {
   [[nodiscard]] static TopTwo top_two(const double* v, std::size_t n) noexcept {
     constexpr double lo = -std::numeric_limits<double>::infinity();
     if (n == 0) return {lo, 0, lo};
-    double h[4] = {lo, lo, lo, lo}, r[4] = {lo, lo, lo, lo};
+#if defined(__SSE2__)
+    // Two SSE2 registers of two lanes each, kept in registers through the merge (a store of the
+    // lanes read back as scalars stalls on store forwarding). The tail is padded with −inf.
+    __m128d h01 = _mm_set1_pd(lo), h23 = h01, r01 = h01, r23 = h01;
+    const auto step = [&](__m128d x01, __m128d x23) {
+      r01 = _mm_max_pd(r01, _mm_min_pd(h01, x01));
+      r23 = _mm_max_pd(r23, _mm_min_pd(h23, x23));
+      h01 = _mm_max_pd(h01, x01);
+      h23 = _mm_max_pd(h23, x23);
+    };
     std::size_t i = 0;
-    for (; i + 4 <= n; i += 4)
-      for (std::size_t k = 0; k < 4; ++k) {
-        r[k] = std::max(r[k], std::min(h[k], v[i + k]));
-        h[k] = std::max(h[k], v[i + k]);
-      }
-    for (std::size_t k = 0; i < n; ++i, ++k) {
-      r[k] = std::max(r[k], std::min(h[k], v[i]));
-      h[k] = std::max(h[k], v[i]);
+    for (; i + 4 <= n; i += 4) step(_mm_loadu_pd(v + i), _mm_loadu_pd(v + i + 2));
+    if (i < n) {
+      double t[4] = {lo, lo, lo, lo};
+      for (std::size_t k = 0; i + k < n; ++k) t[k] = v[i + k];
+      step(_mm_loadu_pd(t), _mm_loadu_pd(t + 2));
     }
-    std::size_t best = 0;
-    for (std::size_t k = 1; k < 4; ++k) best = h[k] > h[best] ? k : best;
-    double next = r[best];  // every lane's runner-up is at most its largest
-    for (std::size_t k = 0; k < 4; ++k) next = k == best ? next : std::max(next, h[k]);
-    std::size_t at = best;
-    while (v[at] != h[best]) at += 4;
-    return {h[best], static_cast<std::uint32_t>(at), next};
+    const __m128d m = _mm_max_pd(h01, h23);
+    const __m128d top = _mm_max_pd(m, _mm_shuffle_pd(m, m, 1));  // the largest, in both halves
+    const __m128d eq01 = _mm_cmpeq_pd(h01, top), eq23 = _mm_cmpeq_pd(h23, top);
+    const unsigned lanes = unsigned(_mm_movemask_pd(eq01)) | unsigned(_mm_movemask_pd(eq23)) << 2;
+    const double value = _mm_cvtsd_f64(top);
+    double next = value;  // the largest in two lanes: a tie
+    if ((lanes & (lanes - 1)) == 0) {  // one lane: its runner-up and the other lanes' largest
+      const __m128d s01 = _mm_or_pd(_mm_and_pd(eq01, r01), _mm_andnot_pd(eq01, h01));
+      const __m128d s23 = _mm_or_pd(_mm_and_pd(eq23, r23), _mm_andnot_pd(eq23, h23));
+      const __m128d s = _mm_max_pd(s01, s23);
+      next = _mm_cvtsd_f64(_mm_max_pd(s, _mm_shuffle_pd(s, s, 1)));
+    }
+    std::size_t at = static_cast<std::size_t>(std::countr_zero(lanes));
+#else
+    double h[4] = {lo, lo, lo, lo}, r[4] = {lo, lo, lo, lo};
+    for (std::size_t i = 0; i < n; ++i) {
+      r[i % 4] = std::max(r[i % 4], std::min(h[i % 4], v[i]));
+      h[i % 4] = std::max(h[i % 4], v[i]);
+    }
+    std::size_t at = 0;
+    for (std::size_t k = 1; k < 4; ++k) at = h[k] > h[at] ? k : at;
+    const double value = h[at];
+    double next = r[at];  // every lane's runner-up is at most its largest
+    for (std::size_t k = 0; k < 4; ++k) next = k == at ? next : std::max(next, h[k]);
+#endif
+    while (v[at] != value) at += 4;
+    return {value, static_cast<std::uint32_t>(at), next};
   }
   /// Recomputes layer `l`'s largest g, its holder and the runner-up.
   void refresh_top(std::uint32_t l) noexcept {
