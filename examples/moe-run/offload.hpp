@@ -96,33 +96,52 @@ inline moekit::PipelineConfig pipeline_config(const moekit::ModelShape& s,
 
 // ---- the preset table ------------------------------------------------------------------------
 
+/// The presets moe-run knows. A pipeline type is fixed at compile time, so a run-time name
+/// compiles every preset; a caller that needs one calls `with_preset<PresetId::...>` and
+/// compiles only that one.
+enum class PresetId { baseline, hobbit, fate, edgemoe, mobile, fiddler, nextuse };
+
 /// A named preset and what it combines.
 struct PresetInfo {
+  PresetId id;
   std::string_view name;
   std::string_view summary;
 };
 
 /// Every preset moe-run knows, in `--help` order.
 inline constexpr PresetInfo preset_table[] = {
-    {"baseline", "LRU cache, on-demand loads at --precision, no prediction"},
-    {"hobbit", "HOBBIT: misses at --precision / --low-precision / skipped by --t1/--t2, stacked-gate "
-               "prefetch (--lookahead), multidimensional cache"},
-    {"fate", "Fate: cross-layer gate prefetch (--fate-percentile), shallow-favoring ARC "
-             "(--shallow-layers), prefill's least popular --fate-low-fraction at --low-precision"},
-    {"edgemoe", "EdgeMoE: per-expert bit widths (--bitwidth-table, default uniform --precision), "
-                "activation-path preloading (profile from a calibration run), EdgeMoE eviction"},
-    {"mobile", "MoBiLE: little pass with --k-little experts, fallback to full top-k when the max "
-               "probability <= --gamma (KV rolled back), router-replay prefetch"},
-    {"fiddler", "Fiddler: most popular experts placed at start (--popularity or a calibration run "
-                "of the prompt), misses run on the CPU from host memory when cheaper than a load "
-                "(latencies measured at start-up)"},
-    {"nextuse", "moekit's ExpectedNextUse cache with HOBBIT's --t1/--t2 precisions, no predictor"},
+    {PresetId::baseline, "baseline", "LRU cache, on-demand loads at --precision, no prediction"},
+    {PresetId::hobbit, "hobbit",
+     "HOBBIT: misses at --precision / --low-precision / skipped by --t1/--t2, stacked-gate "
+     "prefetch (--lookahead), multidimensional cache"},
+    {PresetId::fate, "fate",
+     "Fate: cross-layer gate prefetch (--fate-percentile), shallow-favoring ARC "
+     "(--shallow-layers), prefill's least popular --fate-low-fraction at --low-precision"},
+    {PresetId::edgemoe, "edgemoe",
+     "EdgeMoE: per-expert bit widths (--bitwidth-table, default uniform --precision), "
+     "activation-path preloading (profile from a calibration run), EdgeMoE eviction"},
+    {PresetId::mobile, "mobile",
+     "MoBiLE: little pass with --k-little experts, fallback to full top-k when the max "
+     "probability <= --gamma (KV rolled back), router-replay prefetch"},
+    {PresetId::fiddler, "fiddler",
+     "Fiddler: most popular experts placed at start (--popularity or a calibration run "
+     "of the prompt), misses run on the CPU from host memory when cheaper than a load "
+     "(latencies measured at start-up)"},
+    {PresetId::nextuse, "nextuse",
+     "moekit's ExpectedNextUse cache with HOBBIT's --t1/--t2 precisions, no predictor"},
 };
 
-/// Throws `Error(invalid_argument)` naming --preset for an unknown name.
-inline void check_preset_name(std::string_view name) {
+/// The name of preset `id` (as --preset spells it).
+constexpr std::string_view preset_name(PresetId id) {
   for (const auto& p : preset_table)
-    if (p.name == name) return;
+    if (p.id == id) return p.name;
+  return {};
+}
+
+/// The preset called `name`; throws `Error(invalid_argument)` naming --preset for an unknown name.
+inline PresetId check_preset_name(std::string_view name) {
+  for (const auto& p : preset_table)
+    if (p.name == name) return p.id;
   std::string known;
   for (const auto& p : preset_table) known += (known.empty() ? "" : ", ") + std::string(p.name);
   moekit::detail::fail(moekit::ErrorKind::invalid_argument,
@@ -216,15 +235,14 @@ struct PresetInputs {
   double copy_seconds = 0;           ///< Fiddler: load one expert into the cache and run it
 };
 
-/// Builds the pipeline of preset `name` with its experts served by `loader` and calls
-/// `f(pipeline)`; throws `Error(invalid_argument)` naming the flag for an unknown name or
-/// missing input.
-template <class Loader, class F>
-decltype(auto) with_preset(std::string_view name, const moekit::ModelShape& s,
-                           const OffloadSettings& o, Loader loader, const PresetInputs& in, F&& f) {
+/// Builds the pipeline of preset `Id` with its experts served by `loader` and calls
+/// `f(pipeline)`; throws `Error(invalid_argument)` naming the flag for a missing input.
+template <PresetId Id, class Loader, class F>
+decltype(auto) with_preset(const moekit::ModelShape& s, const OffloadSettings& o, Loader loader,
+                           const PresetInputs& in, F&& f) {
   namespace mk = moekit;
   namespace pr = moekit::presets;
-  check_preset_name(name);
+  constexpr std::string_view name = preset_name(Id);
   check_preset_params(name, o);
   mk::PipelineConfig pc = pipeline_config(s, o);
   const PresetParams& q = o.preset;
@@ -234,7 +252,7 @@ decltype(auto) with_preset(std::string_view name, const moekit::ModelShape& s,
       mk::detail::fail(mk::ErrorKind::internal,
                        "--preset " + std::string(name) + ": the router weights were not provided");
   };
-  if (name == "hobbit") {
+  if constexpr (Id == PresetId::hobbit) {
     need_routers();
     using P = pr::Hobbit<Loader>;
     auto p = std::make_unique<P>(
@@ -244,8 +262,7 @@ decltype(auto) with_preset(std::string_view name, const moekit::ModelShape& s,
                                   .top_k = s.top_k, .lookahead = q.lookahead, .rule = rule}),
         mk::MultiDimPolicy({.high = o.precision, .low = q.low}));
     return f(*p);
-  }
-  if (name == "fate") {
+  } else if constexpr (Id == PresetId::fate) {
     need_routers();
     using P = pr::Fate<Loader>;
     const mk::Precision low = q.fate_low_fraction > 0 ? q.low : o.precision;
@@ -261,8 +278,7 @@ decltype(auto) with_preset(std::string_view name, const moekit::ModelShape& s,
                                      .prefill_high = o.precision, .prefill_low = low}),
         mk::ShallowFavoring<mk::ArcPolicy>({.shallow_layers = std::min(q.shallow_layers, s.n_layers)}));
     return f(*p);
-  }
-  if (name == "edgemoe") {
+  } else if constexpr (Id == PresetId::edgemoe) {
     if (!in.paths)
       mk::detail::fail(mk::ErrorKind::internal,
                        "--preset edgemoe: no activation-path profile (calibration run missing)");
@@ -278,8 +294,7 @@ decltype(auto) with_preset(std::string_view name, const moekit::ModelShape& s,
              .precisions = std::vector<mk::Precision>(table.all().begin(), table.all().end())}),
         mk::EdgeMoePolicy({.prior_counts = in.popularity}));
     return f(*p);
-  }
-  if (name == "mobile") {
+  } else if constexpr (Id == PresetId::mobile) {
     using P = pr::Mobile<Loader>;
     auto p = std::make_unique<P>(
         s, pc, std::move(loader), mk::UniformScorer({.precision = o.precision}),
@@ -287,8 +302,7 @@ decltype(auto) with_preset(std::string_view name, const moekit::ModelShape& s,
         mk::LruPolicy{}, mk::OnDemandScheduler{},
         mk::BigLittlePolicy({.gamma = q.gamma, .k_little = std::min(q.k_little, s.top_k)}));
     return f(*p);
-  }
-  if (name == "fiddler") {
+  } else if constexpr (Id == PresetId::fiddler) {
     if (in.popularity.size() != s.expert_count())
       mk::detail::fail(mk::ErrorKind::internal, "--preset fiddler: no popularity profile");
     if (!(in.cpu_seconds_per_token > 0 && in.copy_seconds > 0))
@@ -310,15 +324,36 @@ decltype(auto) with_preset(std::string_view name, const moekit::ModelShape& s,
       if (!p->preload(k, o.precision)) break;
     }
     return f(*p);
-  }
-  if (name == "nextuse") {
+  } else if constexpr (Id == PresetId::nextuse) {
     using P = pr::NextUse<Loader>;
     auto p = std::make_unique<P>(s, pc, std::move(loader), mk::HobbitThresholdScorer({.rule = rule}));
     return f(*p);
+  } else {
+    static_assert(Id == PresetId::baseline);
+    using P = pr::Baseline<Loader>;
+    auto p = std::make_unique<P>(s, pc, std::move(loader), mk::UniformScorer({.precision = o.precision}));
+    return f(*p);
   }
-  using P = pr::Baseline<Loader>;
-  auto p = std::make_unique<P>(s, pc, std::move(loader), mk::UniformScorer({.precision = o.precision}));
-  return f(*p);
+}
+
+/// Builds the pipeline of preset `name` (checked against the preset table) and calls
+/// `f(pipeline)`. Every preset's pipeline type, and `f` for each, is compiled.
+template <class Loader, class F>
+decltype(auto) with_preset(std::string_view name, const moekit::ModelShape& s,
+                           const OffloadSettings& o, Loader loader, const PresetInputs& in, F&& f) {
+  auto run = [&]<PresetId Id>() -> decltype(auto) {
+    return with_preset<Id>(s, o, std::move(loader), in, std::forward<F>(f));
+  };
+  switch (check_preset_name(name)) {
+    case PresetId::hobbit: return run.template operator()<PresetId::hobbit>();
+    case PresetId::fate: return run.template operator()<PresetId::fate>();
+    case PresetId::edgemoe: return run.template operator()<PresetId::edgemoe>();
+    case PresetId::mobile: return run.template operator()<PresetId::mobile>();
+    case PresetId::fiddler: return run.template operator()<PresetId::fiddler>();
+    case PresetId::nextuse: return run.template operator()<PresetId::nextuse>();
+    case PresetId::baseline: break;
+  }
+  return run.template operator()<PresetId::baseline>();
 }
 
 /// The in-memory form used before presets took inputs: any preset that needs no model inputs.
@@ -326,6 +361,13 @@ template <class F>
 decltype(auto) with_preset(std::string_view name, const moekit::ModelShape& s,
                            const OffloadSettings& o, const HostExperts& experts, F&& f) {
   return with_preset(name, s, o, host_loader(experts), PresetInputs{}, std::forward<F>(f));
+}
+
+/// The same for one preset known at compile time.
+template <PresetId Id, class F>
+decltype(auto) with_preset(const moekit::ModelShape& s, const OffloadSettings& o,
+                           const HostExperts& experts, F&& f) {
+  return with_preset<Id>(s, o, host_loader(experts), PresetInputs{}, std::forward<F>(f));
 }
 
 }  // namespace moe_run

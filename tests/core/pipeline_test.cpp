@@ -12,8 +12,8 @@ using test::ManualLoader;
 using test::Route;
 
 namespace {
-constexpr ModelShape tiny{.n_layers = 2, .n_experts = 4, .top_k = 2, .hidden = 64, .ffn = 128};
-const std::size_t f16 = tiny.expert_bytes(Precision::f16);
+constexpr ModelShape pipeline_shape{.n_layers = 2, .n_experts = 4, .top_k = 2, .hidden = 64, .ffn = 128};
+const std::size_t pipeline_f16 = pipeline_shape.expert_bytes(Precision::f16);
 
 std::vector<ExpertKey> loaded_keys(const ManualLoader& l) {
   std::vector<ExpertKey> out;
@@ -24,7 +24,7 @@ std::vector<ExpertKey> loaded_keys(const ManualLoader& l) {
 
 TEST_CASE("Baseline: LRU over a scripted routing sequence, exact loads and evictions",
           "[core][pipeline][preset]") {
-  presets::Baseline<ManualLoader> p(tiny, {.expert_budget_bytes = 3 * f16}, ManualLoader{});
+  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 3 * pipeline_f16}, ManualLoader{});
   p.begin_sequence();
   // token 0: layer 0 -> {0,1}, layer 1 -> {2,3}
   const auto& a = p.route(ctx(0, 2), Route(4, {{0, 1}}).view());
@@ -33,9 +33,9 @@ TEST_CASE("Baseline: LRU over a scripted routing sequence, exact loads and evict
   CHECK(a.experts[0].placement == Placement::device);
   auto views = p.resolve(a);
   REQUIRE(views.size() == 2);
-  CHECK(views[0].bytes.size() == f16);
+  CHECK(views[0].bytes.size() == pipeline_f16);
   CHECK(static_cast<int>(views[0].bytes[0]) == ManualLoader::pattern({0, 0}));
-  CHECK(static_cast<int>(views[1].bytes[f16 - 1]) == ManualLoader::pattern({0, 1}));
+  CHECK(static_cast<int>(views[1].bytes[pipeline_f16 - 1]) == ManualLoader::pattern({0, 1}));
   p.end_layer(ctx(0, 2));
   const auto& b = p.route(ctx(1, 2), Route(4, {{2, 3}}).view());  // evicts (0,0): LRU
   p.resolve(b);
@@ -59,13 +59,13 @@ TEST_CASE("Baseline: LRU over a scripted routing sequence, exact loads and evict
   CHECK(s.misses == 5);
   CHECK(s.cache.evictions == 2);
   CHECK(s.miss_penalty == Approx(5.0));
-  CHECK(s.bytes_demand_loaded == 5 * f16);
+  CHECK(s.bytes_demand_loaded == 5 * pipeline_f16);
   CHECK(s.tokens_accepted == 1);
   p.cache().check_invariants();
 }
 
 TEST_CASE("Pipeline plans one entry per distinct expert of a prefill batch", "[core][pipeline]") {
-  presets::Baseline<ManualLoader> p(tiny, {.expert_budget_bytes = 4 * f16}, ManualLoader{});
+  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 4 * pipeline_f16}, ManualLoader{});
   const auto& plan =
       p.route(ctx(0, 2, 0, Phase::prefill, 3), Route(4, {{0, 1}, {1, 2}, {1, 0}}).view());
   REQUIRE(plan.experts.size() == 3);
@@ -80,9 +80,9 @@ TEST_CASE("Pipeline plans one entry per distinct expert of a prefill batch", "[c
 TEST_CASE("Pipeline stages demands the cache cannot admit, and refuses impossible budgets",
           "[core][pipeline]") {
   CHECK_THROWS_WITH(
-      (presets::Baseline<ManualLoader>(tiny, {.expert_budget_bytes = f16}, ManualLoader{})),
+      (presets::Baseline<ManualLoader>(pipeline_shape, {.expert_budget_bytes = pipeline_f16}, ManualLoader{})),
       Catch::Contains("minimum budget is"));
-  presets::Baseline<ManualLoader> p(tiny, {.expert_budget_bytes = 2 * f16}, ManualLoader{});
+  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 2 * pipeline_f16}, ManualLoader{});
   // A prefill layer needing all 4 experts: 2 fit in the cache, 2 go to staging slots.
   const auto& plan =
       p.route(ctx(0, 2, 0, Phase::prefill, 2), Route(4, {{0, 1}, {2, 3}}).view());
@@ -97,7 +97,7 @@ TEST_CASE("Pipeline stages demands the cache cannot admit, and refuses impossibl
 }
 
 TEST_CASE("Pipeline rejects a GateView inconsistent with the model", "[core][pipeline]") {
-  presets::Baseline<ManualLoader> p(tiny, {.expert_budget_bytes = 4 * f16}, ManualLoader{});
+  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 4 * pipeline_f16}, ManualLoader{});
   CHECK_THROWS_WITH(p.route(ctx(0, 2), Route(4, {{0, 7}}).view()),
                     Catch::Contains("GateView.experts holds an id >= n_experts"));
   CHECK_THROWS_WITH(p.route(ctx(5, 2), Route(4, {{0, 1}}).view()),

@@ -13,8 +13,8 @@ using test::ManualLoader;
 using test::Route;
 
 namespace {
-constexpr ModelShape shape{.n_layers = 3, .n_experts = 4, .top_k = 2, .hidden = 32, .ffn = 64};
-const std::size_t f16 = shape.expert_bytes(Precision::f16);
+constexpr ModelShape prefetch_shape{.n_layers = 3, .n_experts = 4, .top_k = 2, .hidden = 32, .ffn = 64};
+const std::size_t prefetch_f16 = prefetch_shape.expert_bytes(Precision::f16);
 
 // Predicts a fixed list of keys at every layer call (a scripted predictor for exact scenarios).
 struct ScriptedPredictor {
@@ -36,7 +36,7 @@ TEST_CASE("Prefetches load at prefetch priority, are soft-pinned, and score prec
   pred.per_layer = {{{{1, 2}, Precision::f16, 0.9f, 1}, {{1, 3}, Precision::f16, 0.5f, 1}},
                     {{{2, 0}, Precision::f16, 0.9f, 1}},
                     {}};
-  Pipeline p(shape, {.expert_budget_bytes = 4 * f16}, ManualLoader(/*instant=*/false),
+  Pipeline p(prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16}, ManualLoader(/*instant=*/false),
              UniformScorer{}, pred);
   const auto& a = p.route(ctx(0, 3), Route(4, {{0, 1}}).view());
   REQUIRE(a.prefetches.size() == 2);
@@ -72,7 +72,7 @@ TEST_CASE("Prefetches load at prefetch priority, are soft-pinned, and score prec
   CHECK(s.prediction[1].false_negative == 1);  // (1,0)
   CHECK(s.prediction[1].precision() == Approx(0.5));
   CHECK(s.prediction[1].recall() == Approx(0.5));
-  CHECK(s.bytes_prefetched == 2 * f16);  // the cancelled one moved nothing
+  CHECK(s.bytes_prefetched == 2 * prefetch_f16);  // the cancelled one moved nothing
   p.cache().check_invariants();
 }
 
@@ -83,7 +83,7 @@ TEST_CASE("Prefetches of resident experts are redundant; invalid ones are droppe
                      {{7, 1}, Precision::f16, 1.f, 7},    // outside the model: dropped
                      {{1, 1}, Precision::skip, 1.f, 1}},  // skip is not a format: dropped
                     {{{2, 1}, Precision::f16, 1.f, 1}}};
-  Pipeline p(shape, {.expert_budget_bytes = 4 * f16}, ManualLoader{}, UniformScorer{}, pred);
+  Pipeline p(prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16}, ManualLoader{}, UniformScorer{}, pred);
   p.resolve(p.route(ctx(0, 3), Route(4, {{0, 1}}).view()));
   p.end_layer(ctx(0, 3));
   CHECK(p.stats().prefetches_dropped == 3);
@@ -99,10 +99,10 @@ TEST_CASE("Prefetches of resident experts are redundant; invalid ones are droppe
 }
 
 TEST_CASE("preload places experts before any demand", "[core][pipeline]") {
-  presets::Baseline<ManualLoader> p(shape, {.expert_budget_bytes = 2 * f16}, ManualLoader{});
+  presets::Baseline<ManualLoader> p(prefetch_shape, {.expert_budget_bytes = 2 * prefetch_f16}, ManualLoader{});
   CHECK(p.preload({2, 3}, Precision::f16));
   CHECK(p.preload({2, 1}, Precision::f16));
-  CHECK(p.stats().bytes_preloaded == 2 * f16);
+  CHECK(p.stats().bytes_preloaded == 2 * prefetch_f16);
   const auto& plan = p.route(ctx(2, 3), Route(4, {{3, 1}}).view());
   CHECK(plan.experts[0].hit);
   CHECK(plan.experts[1].hit);
@@ -125,7 +125,7 @@ struct SkipSecond {  // skips every expert but the first demand
 TEST_CASE("skip drops misses but runs resident experts, unless told otherwise", "[core][pipeline]") {
   for (bool always : {false, true}) {
     OffloadPipeline<SkipSecond, NoPredictor, LruPolicy, ManualLoader, OnDemandScheduler> p(
-        shape, {.expert_budget_bytes = 4 * f16, .skip_even_if_resident = always}, ManualLoader{});
+        prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16, .skip_even_if_resident = always}, ManualLoader{});
     REQUIRE(p.preload({0, 3}, Precision::f16));
     const auto& plan = p.route(ctx(0, 3), Route(4, {{0, 3}}).view());
     const auto e3 = std::find_if(plan.experts.begin(), plan.experts.end(),

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -23,6 +24,27 @@
 namespace engine_test {
 
 inline std::filesystem::path data_dir() { return MOEKIT_TEST_DATA_DIR; }
+
+/// The transformers fixtures of the three architectures (tests/data, scripts/make_fixtures.py).
+inline std::vector<std::filesystem::path> architecture_fixtures() {
+  return {data_dir() / "mixtral", data_dir() / "qwen2_moe", data_dir() / "olmoe"};
+}
+
+/// A checkpoint's config and weights, on the heap (the weights are large).
+struct LoadedModel {
+  moe_run::ModelConfig cfg;
+  moe_run::ModelWeights weights;
+};
+
+/// The checkpoint in `dir` with its experts at `p`; null when the fixture has no reference.json.
+inline std::unique_ptr<LoadedModel> load_model(const std::filesystem::path& dir,
+                                               moekit::Precision p = moekit::Precision::f32) {
+  if (!std::filesystem::exists(dir / "reference.json")) return nullptr;
+  auto l = std::make_unique<LoadedModel>();
+  l->cfg = moe_run::load_config(dir);
+  l->weights = moe_run::load_weights(l->cfg, dir, {p});
+  return l;
+}
 
 /// reference.json of a fixture, with its f32 logits [n_positions × vocab].
 struct Reference {

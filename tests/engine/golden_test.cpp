@@ -27,59 +27,26 @@ namespace {
 
 // tests/data (shared fixtures) and tests/engine/data (engine-only: Qwen2-MoE with dense MLP layers,
 // a sliding-window layer and tied embeddings; see make_engine_fixtures.py there).
-const std::vector<std::filesystem::path> fixtures = {
+const std::vector<std::filesystem::path> golden_fixtures = {
     engine_test::data_dir() / "mixtral", engine_test::data_dir() / "mixtral_swa",
     engine_test::data_dir() / "qwen2_moe", engine_test::data_dir() / "olmoe",
     std::filesystem::path(MOEKIT_SOURCE_DIR) / "tests/engine/data/qwen2_moe_dense"};
 
-struct Loaded {
-  ModelConfig cfg;
-  ModelWeights weights;
-};
-
-std::unique_ptr<Loaded> load_fixture(const std::filesystem::path& dir,
-                                     Precision p = Precision::f32) {
-  if (!std::filesystem::exists(dir / "reference.json")) return nullptr;
-  auto l = std::make_unique<Loaded>();
-  l->cfg = load_config(dir);
-  l->weights = load_weights(l->cfg, dir, {p});
-  return l;
-}
-
-// Greedy run: prefill of the prompt (all logits), then decode steps feeding back the argmax.
-// Returns every position's logits, row-major, and the generated tokens.
-struct Run {
-  std::vector<float> logits;
-  std::vector<Token> tokens;
-};
-
-Run greedy(const Loaded& m, Baseline& pipeline, const engine_test::Reference& ref,
-           moekit::ThreadPool* pool) {
-  Model<Baseline> model(m.cfg, m.weights.dense, pipeline, 128, pool);
-  model.begin_sequence();
-  Run r;
-  const auto pre = model.prefill(ref.prompt_ids, /*all_logits=*/true);
-  r.logits.assign(pre.begin(), pre.end());
-  const std::size_t V = m.cfg.vocab_size;
-  Token next = engine_test::argmax(pre.data() + pre.size() - V, V);
-  for (std::size_t i = 0; i < ref.generated_ids.size(); ++i) {
-    r.tokens.push_back(next);
-    if (i + 1 == ref.generated_ids.size()) break;
-    const auto lg = model.decode(next);
-    r.logits.insert(r.logits.end(), lg.begin(), lg.end());
-    next = engine_test::argmax(lg.data(), V);
-  }
-  return r;
+// Greedy run of the reference prompt for as many tokens as the reference generated.
+engine_test::GreedyRun greedy_reference(const engine_test::LoadedModel& m, Baseline& pipeline,
+                                     const engine_test::Reference& ref, moekit::ThreadPool* pool) {
+  return engine_test::greedy(m.cfg, m.weights.dense, pipeline, ref.prompt_ids,
+                             static_cast<int>(ref.generated_ids.size()) - 1, pool);
 }
 
 }  // namespace
 
 TEST_CASE("f32 forward pass matches transformers' logits and greedy tokens", "[engine][golden]") {
   moekit::ThreadPool pool(2);
-  for (const auto& dir : fixtures) {
+  for (const auto& dir : golden_fixtures) {
     const std::string name = dir.filename().string();
     DYNAMIC_SECTION(name) {
-      const auto m = load_fixture(dir);
+      const auto m = engine_test::load_model(dir);
       if (!m) {
         WARN("fixture " << dir << " is missing (run scripts/make_fixtures.py); skipped");
         continue;
@@ -89,7 +56,7 @@ TEST_CASE("f32 forward pass matches transformers' logits and greedy tokens", "[e
       const auto shape = m->cfg.shape();
       Baseline pipeline(shape, pipeline_config(shape, {0, Precision::f32}),
                         host_loader(m->weights.experts), moekit::UniformScorer({Precision::f32}));
-      const Run r = greedy(*m, pipeline, ref, &pool);
+      const auto r = greedy_reference(*m, pipeline, ref, &pool);
       CHECK(r.tokens == std::vector<Token>(ref.generated_ids.begin(), ref.generated_ids.end()));
       const std::size_t V = ref.vocab;
       REQUIRE(r.logits.size() == ref.logits.size());
@@ -110,10 +77,10 @@ TEST_CASE("f32 forward pass matches transformers' logits and greedy tokens", "[e
 TEST_CASE("an expert budget forcing evictions gives the all-resident logits bit for bit",
           "[engine][golden]") {
   moekit::ThreadPool pool(2);
-  for (const auto& dir : fixtures) {
+  for (const auto& dir : golden_fixtures) {
     const std::string name = dir.filename().string();
     DYNAMIC_SECTION(name) {
-      const auto m = load_fixture(dir);
+      const auto m = engine_test::load_model(dir);
       if (!m) {
         WARN("fixture " << dir << " is missing; skipped");
         continue;
@@ -125,8 +92,8 @@ TEST_CASE("an expert budget forcing evictions gives the all-resident logits bit 
       const OffloadSettings tight{minimum_expert_budget(shape, Precision::f32), Precision::f32};
       Baseline few(shape, pipeline_config(shape, tight), host_loader(m->weights.experts),
                    moekit::UniformScorer({Precision::f32}));
-      const Run a = greedy(*m, all, ref, &pool);
-      const Run b = greedy(*m, few, ref, &pool);
+      const auto a = greedy_reference(*m, all, ref, &pool);
+      const auto b = greedy_reference(*m, few, ref, &pool);
       CHECK(all.stats().cache.evictions == 0);
       CHECK(few.stats().cache.evictions > 0);
       CHECK(a.tokens == b.tokens);

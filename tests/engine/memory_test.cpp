@@ -98,7 +98,7 @@ TEST_CASE("store path: resident set stays under dense + KV + expert budget + ove
   const std::uint32_t ctx = static_cast<std::uint32_t>(prompt.size() + steps + 1);
   std::size_t peak = 0, kv_bytes = 0, arena_limit = 0;
   moekit::PipelineStats stats{};
-  with_preset("baseline", s, o, disk.make_loader(), PresetInputs{}, [&](auto& pipeline) {
+  with_preset<PresetId::baseline>(s, o, disk.make_loader(), PresetInputs{}, [&](auto& pipeline) {
     Model<std::remove_reference_t<decltype(pipeline)>> model(cfg, w.dense, pipeline, ctx, &pool);
     model.begin_sequence();
     auto logits = model.prefill(prompt);

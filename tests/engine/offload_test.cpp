@@ -29,10 +29,6 @@ using moekit::Precision;
 
 namespace {
 
-const std::vector<std::filesystem::path> fixtures = {engine_test::data_dir() / "mixtral",
-                                                     engine_test::data_dir() / "qwen2_moe",
-                                                     engine_test::data_dir() / "olmoe"};
-
 // The settings under which every preset must equal baseline.
 OffloadSettings exact_settings(std::size_t budget, Precision p, std::uint32_t top_k) {
   OffloadSettings o{budget, p};
@@ -51,7 +47,7 @@ TEST_CASE("every preset at full precision and exact routing equals baseline bit 
           "[engine][offload][presets]") {
   moekit::ThreadPool pool(2);
   int ran = 0;
-  for (const auto& dir : fixtures) {
+  for (const auto& dir : engine_test::architecture_fixtures()) {
     REQUIRE(std::filesystem::exists(dir / "reference.json"));
     ++ran;
     const std::string fixture = dir.filename().string();

@@ -32,20 +32,9 @@ namespace {
 
 const fs::path fixture = engine_test::data_dir() / "mixtral";
 
-struct Loaded {
-  ModelConfig cfg;
-  ModelWeights weights;
-};
-
-std::unique_ptr<Loaded> load(Precision p) {
-  auto l = std::make_unique<Loaded>();
-  l->cfg = load_config(fixture);
-  l->weights = load_weights(l->cfg, fixture, {p});
-  return l;
-}
 
 // Scores `tokens` with experts at `p`; `meter` receives every position.
-PerplexityResult score(const Loaded& m, Precision p, std::span<const Token> tokens,
+PerplexityResult score(const engine_test::LoadedModel& m, Precision p, std::span<const Token> tokens,
                        const PerplexitySettings& s, PerplexityMeter& meter) {
   moekit::ThreadPool pool(2);
   const auto shape = m.cfg.shape();
@@ -70,17 +59,6 @@ double golden_mean_nll(const engine_test::Reference& ref) {
   return sum / double(n);
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("moekit_ppl_test_" + std::to_string(reinterpret_cast<std::uintptr_t>(this)));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
 }  // namespace
 
 TEST_CASE("perplexity equals exp(mean NLL) of the golden logits", "[engine][perplexity]") {
@@ -89,7 +67,8 @@ TEST_CASE("perplexity equals exp(mean NLL) of the golden logits", "[engine][perp
     return;
   }
   const auto ref = engine_test::load_reference(fixture);
-  const auto m = load(Precision::f32);
+  const auto m = engine_test::load_model(fixture, Precision::f32);
+  REQUIRE(m);
   REQUIRE(m->cfg.bos_token_id == ref.sequence_ids[0]);
   // The golden sequence is BOS + 50 tokens; one chunk of 50 scores exactly the golden rows.
   const std::vector<Token> text(ref.sequence_ids.begin() + 1, ref.sequence_ids.end());
@@ -118,7 +97,8 @@ TEST_CASE("perplexity chunks: every token scored once, each chunk after a BOS",
 
   if (!fs::exists(fixture / "reference.json")) return;
   const auto ref = engine_test::load_reference(fixture);
-  const auto m = load(Precision::f32);
+  const auto m = engine_test::load_model(fixture, Precision::f32);
+  REQUIRE(m);
   const std::vector<Token> text(ref.sequence_ids.begin() + 1, ref.sequence_ids.end());
   PerplexityMeter whole(m->cfg.vocab_size), split(m->cfg.vocab_size);
   const auto a = score(*m, Precision::f32, text, {50, 0, false}, whole);
@@ -149,12 +129,14 @@ TEST_CASE("KL against the run's own saved log-probs is 0; q4 experts give KL > 0
           "[engine][perplexity]") {
   if (!fs::exists(fixture / "reference.json")) return;
   const auto ref = engine_test::load_reference(fixture);
-  const auto m32 = load(Precision::f32);
-  const auto m4 = load(Precision::q4);
+  const auto m32 = engine_test::load_model(fixture, Precision::f32);
+  REQUIRE(m32);
+  const auto m4 = engine_test::load_model(fixture, Precision::q4);
+  REQUIRE(m4);
   const std::vector<Token> text(ref.sequence_ids.begin() + 1, ref.sequence_ids.end());
   const PerplexitySettings s{25, 0, false};
   const std::uint32_t V = m32->cfg.vocab_size;
-  TempDir tmp;
+  const fs::path tmp = engine_test::scratch("engine-perplexity", "case1");
 
   for (const std::uint32_t K : {8u, V}) {
     DYNAMIC_SECTION("K = " << K) {
@@ -162,7 +144,7 @@ TEST_CASE("KL against the run's own saved log-probs is 0; q4 experts give KL > 0
       PerplexityMeter rec(V, &saved);
       const auto base = score(*m32, Precision::f32, text, s, rec);
       REQUIRE(saved.positions() == 50);
-      const fs::path file = tmp.path / ("ref" + std::to_string(K) + ".mklogp");
+      const fs::path file = tmp / ("ref" + std::to_string(K) + ".mklogp");
       saved.save(file, false);
       CHECK_THROWS_WITH(saved.save(file, false), Catch::Contains("refusing to overwrite"));
       const LogProbFile back = LogProbFile::load(file);
@@ -196,8 +178,10 @@ TEST_CASE("top-K KL is the full KL of the coarsened distribution (a lower bound)
           "[engine][perplexity]") {
   if (!fs::exists(fixture / "reference.json")) return;
   const auto ref = engine_test::load_reference(fixture);
-  const auto m32 = load(Precision::f32);
-  const auto m2 = load(Precision::q2);
+  const auto m32 = engine_test::load_model(fixture, Precision::f32);
+  REQUIRE(m32);
+  const auto m2 = engine_test::load_model(fixture, Precision::q2);
+  REQUIRE(m2);
   const std::vector<Token> text(ref.sequence_ids.begin() + 1, ref.sequence_ids.end());
   const PerplexitySettings s{50, 0, false};
   const std::uint32_t V = m32->cfg.vocab_size;
@@ -227,14 +211,14 @@ TEST_CASE("top-K KL is the full KL of the coarsened distribution (a lower bound)
 }
 
 TEST_CASE(".mklogp files: bad input is refused naming the flag and field", "[engine][perplexity]") {
-  TempDir tmp;
-  const fs::path p = tmp.path / "x.mklogp";
+  const fs::path tmp = engine_test::scratch("engine-perplexity", "case2");
+  const fs::path p = tmp / "x.mklogp";
   auto write = [&](const std::string& bytes) {
     std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   };
   write("not a logp file at all, really not it");
   CHECK_THROWS_WITH(LogProbFile::load(p), Catch::Contains("--kl-reference") && Catch::Contains("magic"));
-  CHECK_THROWS_WITH(LogProbFile::load(tmp.path / "missing.mklogp"), Catch::Contains("cannot open"));
+  CHECK_THROWS_WITH(LogProbFile::load(tmp / "missing.mklogp"), Catch::Contains("cannot open"));
 
   LogProbFile f(10, 2);
   const std::uint32_t ids[2] = {3, 4};
@@ -265,7 +249,7 @@ TEST_CASE(".mklogp files: bad input is refused naming the flag and field", "[eng
   std::vector<float> logits(10, 0.f);
   CHECK_THROWS_WITH(m.add(logits, 5), Catch::Contains("scores token 3"));
   CHECK_THROWS_WITH(PerplexityMeter(11, nullptr, &f), Catch::Contains("vocabulary"));
-  CHECK_THROWS_WITH(read_text_stripped(tmp.path / "none.txt"), Catch::Contains("--perplexity"));
-  std::ofstream(tmp.path / "crlf.txt") << "a\r\nb\r\n";
-  CHECK(read_text_stripped(tmp.path / "crlf.txt") == "a\nb\n");
+  CHECK_THROWS_WITH(read_text_stripped(tmp / "none.txt"), Catch::Contains("--perplexity"));
+  std::ofstream(tmp / "crlf.txt") << "a\r\nb\r\n";
+  CHECK(read_text_stripped(tmp / "crlf.txt") == "a\nb\n");
 }

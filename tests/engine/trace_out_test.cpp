@@ -34,21 +34,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Loaded {
-  ModelConfig cfg;
-  ModelWeights weights;
-};
-
-std::unique_ptr<Loaded> load(const fs::path& dir) {
-  auto l = std::make_unique<Loaded>();
-  l->cfg = load_config(dir);
-  l->weights = load_weights(l->cfg, dir, {Precision::f32});
-  return l;
-}
 
 // Prefill of the reference prompt, then teacher-forced decode of the rest of sequence_ids.
 template <class P>
-void run(const Loaded& m, P& pipeline, TraceRecorder& rec, const engine_test::Reference& ref,
+void run(const engine_test::LoadedModel& m, P& pipeline, TraceRecorder& rec, const engine_test::Reference& ref,
          moekit::ThreadPool& pool) {
   TracingPipeline<P> traced(pipeline, rec);
   Model<TracingPipeline<P>> model(m.cfg, m.weights.dense, traced, 128, &pool);
@@ -76,17 +65,6 @@ void expected_route(std::span<const float> logits, std::uint32_t k, std::vector<
   for (std::uint32_t j = 0; j < k; ++j) w[j] = static_cast<float>(p[ids[j]] / top);
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("moekit_trace_test_" + std::to_string(reinterpret_cast<std::uintptr_t>(this)));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
 }  // namespace
 
 TEST_CASE("moe-run --trace-out records the engine's routing, router logits and gate inputs",
@@ -99,7 +77,8 @@ TEST_CASE("moe-run --trace-out records the engine's routing, router logits and g
         WARN("fixture " << dir << " is missing; skipped");
         continue;
       }
-      const auto m = load(dir);
+      const auto m = engine_test::load_model(dir);
+      REQUIRE(m);
       const auto ref = engine_test::load_reference(dir);
       const auto shape = m->cfg.shape();
       Baseline pipeline(shape, pipeline_config(shape, {0, Precision::f32}),
@@ -146,8 +125,8 @@ TEST_CASE("moe-run --trace-out records the engine's routing, router logits and g
       INFO(name << ": worst router-logit relative error " << worst);
       CHECK(worst <= 1e-4);
 
-      TempDir tmp;
-      const std::string file = (tmp.path / "t.mktrace").string();
+      const fs::path tmp = engine_test::scratch("engine-trace", "" + std::string(name) + "");
+      const std::string file = (tmp / "t.mktrace").string();
       rec.write(file, false);
       CHECK_THROWS_WITH(rec.write(file, false), Catch::Contains("refusing to overwrite"));
       rec.write(file, true);
@@ -162,7 +141,8 @@ TEST_CASE("moe-run --trace-out keeps the accepted forward of a token and the mod
   const fs::path dir = engine_test::data_dir() / "mixtral";
   if (!fs::exists(dir / "reference.json")) return;
   moekit::ThreadPool pool(2);
-  const auto m = load(dir);
+  const auto m = engine_test::load_model(dir);
+  REQUIRE(m);
   const auto ref = engine_test::load_reference(dir);
   const auto shape = m->cfg.shape();
   const std::size_t T = ref.sequence_ids.size(), L = m->cfg.n_moe_layers;

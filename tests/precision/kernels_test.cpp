@@ -15,7 +15,7 @@
 using namespace moekit;
 
 namespace {
-const QuantScheme schemes[] = {{32, false}, {64, true}, {128, false}, {0, false}, {0, true}};
+const QuantScheme kernel_schemes[] = {{32, false}, {64, true}, {128, false}, {0, false}, {0, true}};
 
 std::vector<Isa> isas() {
   std::vector<Isa> v;
@@ -56,7 +56,7 @@ TEST_CASE("GEMV matches the float64 reference for every format, scheme and ISA",
   INFO("seed " << test::test_seed());
   for (std::size_t cols : {512u, 4096u + 40u, 77u})
     for (Precision p : all_precisions)
-      for (QuantScheme s : schemes) {
+      for (QuantScheme s : kernel_schemes) {
         if (!is_quantized(p) && s != QuantScheme{32, false}) continue;
         const std::size_t rows = 37;
         const Case c = make(rows, cols, p, s, cols + 7);
@@ -181,7 +181,7 @@ TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation round
   ThreadPool pool(2);
   for (std::size_t cols : {4096u, 4096u + 32u, 1000u, 96u})
     for (Precision p : {Precision::q8, Precision::q4, Precision::q2})
-      for (QuantScheme s : schemes) {
+      for (QuantScheme s : kernel_schemes) {
         const std::size_t rows = 21;
         const Case c = make(rows, cols, p, s, cols * 3 + bits(p));
         auto x = test::random_normal(cols, cols + 9);

@@ -16,7 +16,7 @@
 using namespace moekit;
 
 namespace {
-const QuantScheme schemes[] = {{32, false}, {64, false}, {128, false}, {0, false},
+const QuantScheme quant_schemes[] = {{32, false}, {64, false}, {128, false}, {0, false},
                                {32, true},  {64, true},  {128, true},  {0, true}};
 
 // Error bound of one weight, stated per format (derivations in docs/formats.md §Error bounds):
@@ -47,7 +47,7 @@ double bound(Precision p, QuantScheme s, const float* group, std::size_t n, floa
 
 TEST_CASE("encoded rows have exactly row_bytes() bytes", "[precision][quantize]") {
   for (Precision p : all_precisions)
-    for (QuantScheme s : schemes)
+    for (QuantScheme s : quant_schemes)
       for (std::size_t cols : {1u, 31u, 32u, 33u, 100u, 4096u, 14336u}) {
         const auto v = test::random_normal(cols, cols);
         const auto bytes = encode_matrix<float>(v, 1, cols, p, s);
@@ -70,7 +70,7 @@ TEST_CASE("round trip error stays within the stated bound (float64 reference)",
         if (r == 5) w[r * cols + c] += 3.f;
       }
     for (Precision p : all_precisions)
-      for (QuantScheme s : schemes) {
+      for (QuantScheme s : quant_schemes) {
         if (!is_quantized(p) && s != QuantScheme{}) continue;
         const auto bytes = encode_matrix<float>(w, rows, cols, p, s);
         const MatrixView m = make_matrix_view(bytes, rows, cols, p, s);

@@ -96,7 +96,7 @@ class SimLoader {
   void wait(LoadTicket t) {
     Record& r = at(t, "wait");
     if (r.state == State::cancelled)
-      detail::fail(ErrorKind::invalid_argument, "SimLoader::wait: load was cancelled");
+      moekit::detail::fail(ErrorKind::invalid_argument, "SimLoader::wait: load was cancelled");
     settle();
     const double entered = clock_.now();
     while (r.state == State::queued) {
@@ -182,7 +182,7 @@ class SimLoader {
 
   Record& at(LoadTicket t, const char* what) {
     if (t.id == 0 || t.id > records_.size())
-      detail::fail(ErrorKind::invalid_argument,
+      moekit::detail::fail(ErrorKind::invalid_argument,
                    std::string("SimLoader::") + what + ": unknown ticket " + std::to_string(t.id));
     return records_[t.id - 1];
   }
