@@ -1,9 +1,11 @@
 #pragma once
 /// \file ExpertArena: the memory behind cache slots (and the transient staging slots).
 ///
-/// One 4 KiB-aligned buffer per slot id (aligned so O_DIRECT reads land in place). A buffer is
-/// kept when its slot is released and reused when the slot is handed out again (the cache hands
-/// slots out last-freed-first), so a steady workload allocates nothing after warm-up. A buffer is
+/// One 4 KiB-aligned buffer per slot id (aligned so O_DIRECT reads land in place; buffers of
+/// 2 MiB or more are huge-page aligned and marked for transparent huge pages, so a load's block
+/// requests are larger and far fewer: io/detail/io_memory.hpp). A buffer is kept when its slot
+/// is released and reused when the slot is handed out again (the cache hands slots out
+/// last-freed-first), so a steady workload allocates nothing after warm-up. A buffer is
 /// reallocated when the precision mix changes its size by more than 2×, and released buffers are
 /// freed once the arena holds more than its limit, so the memory held stays within the limit plus
 /// one expert.
@@ -11,9 +13,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <new>
 #include <span>
 #include <vector>
+
+#include "moekit/io/detail/io_memory.hpp"
 
 namespace moekit::detail {
 
@@ -31,7 +34,7 @@ class ExpertArena {
       if (!b.live) trim(b.capacity < bytes ? bytes : 0);
       reset(b);
       const std::size_t cap = round_up(bytes);
-      b.data.reset(static_cast<std::byte*>(::operator new(cap, std::align_val_t{alignment})));
+      b.data = std::unique_ptr<std::byte, IoDelete>(io::detail::allocate_io_memory(cap, alignment), IoDelete{cap});
       b.capacity = cap;
       held_ += cap;
     }
@@ -51,13 +54,12 @@ class ExpertArena {
   [[nodiscard]] std::size_t limit_bytes() const noexcept { return limit_; }
 
  private:
-  struct AlignedDelete {
-    void operator()(std::byte* p) const noexcept {
-      ::operator delete(p, std::align_val_t{alignment});
-    }
+  struct IoDelete {
+    std::size_t bytes;  // no default member initialiser: GCC 12 then deletes Buffer() here
+    void operator()(std::byte* p) const noexcept { io::detail::free_io_memory(p, bytes); }
   };
   struct Buffer {
-    std::unique_ptr<std::byte, AlignedDelete> data;
+    std::unique_ptr<std::byte, IoDelete> data;
     std::size_t capacity = 0;
     bool live = false;
   };

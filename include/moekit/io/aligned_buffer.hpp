@@ -1,15 +1,17 @@
 #pragma once
 /// \file AlignedBuffer: an owned byte buffer whose address and size are multiples of an
-/// alignment (4096 by default), as O_DIRECT reads require.
+/// alignment (4096 by default), as O_DIRECT reads require. Buffers of 2 MiB or more are
+/// huge-page aligned and marked for transparent huge pages (io/detail/io_memory.hpp: larger
+/// block requests, far fewer interrupts per byte read).
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <new>
+#include <cstring>
 #include <span>
 #include <utility>
 
 #include "moekit/error.hpp"
+#include "moekit/io/detail/io_memory.hpp"
 
 namespace moekit::io {
 
@@ -23,16 +25,15 @@ class AlignedBuffer {
                    "AlignedBuffer: alignment must be a power of two >= sizeof(void*)");
     size_ = (size + alignment - 1) / alignment * alignment;
     if (size_ > 0) {
-      data_ = static_cast<std::byte*>(std::aligned_alloc(alignment, size_));
-      if (data_ == nullptr) throw std::bad_alloc();
-      for (std::size_t i = 0; i < size_; ++i) data_[i] = std::byte{0};
+      data_ = detail::allocate_io_memory(size_, alignment);
+      std::memset(data_, 0, size_);  // also faults the pages in now, not during the first read
     }
   }
   AlignedBuffer(AlignedBuffer&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), alignment_(o.alignment_) {}
   AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
     if (this != &o) {
-      std::free(data_);
+      detail::free_io_memory(data_, size_);
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
       alignment_ = o.alignment_;
@@ -41,7 +42,7 @@ class AlignedBuffer {
   }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  ~AlignedBuffer() { std::free(data_); }
+  ~AlignedBuffer() { detail::free_io_memory(data_, size_); }
 
   [[nodiscard]] std::byte* data() noexcept { return data_; }
   [[nodiscard]] const std::byte* data() const noexcept { return data_; }
