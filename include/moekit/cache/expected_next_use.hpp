@@ -80,6 +80,13 @@ class ExpectedNextUsePolicy {
     for (auto& m : member_g_) m.reserve(n_experts_);
     rows_.reserve(n_experts_);
     num_.assign(n_experts_, 0.0);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__AVX__)
+    // With few experts per layer the out-of-line AVX passes cost more than they save.
+    rerank_avx_ = n_experts_ >= 16 && [] {
+      __builtin_cpu_init();
+      return __builtin_cpu_supports("avx") != 0;
+    }();
+#endif
     max_g_.assign(n_layers_, -std::numeric_limits<double>::infinity());
     next_g_.assign(n_layers_, -std::numeric_limits<double>::infinity());
     top_.assign(n_layers_, 0);
@@ -268,39 +275,68 @@ class ExpectedNextUsePolicy {
     }
   }
   /// Recomputes g of the residents of layer `l` with the same operations in the same order as
-  /// `estimate` and `g_of`, so the same values. The numerators are summed for the whole layer in
-  /// contiguous passes (the transition rows are streamed once, a block of experts held in
-  /// registers across the rows); the two divisions of g only for the residents (`admit` computes
-  /// a newcomer's g).
+  /// `estimate` and `g_of`, so the same values (`admit` computes a newcomer's g).
   void rerank_layer(std::uint32_t l) noexcept {
     const std::size_t base = std::size_t{l} * n_experts_;
     const double k = last_[l].empty() ? double(top_k_) : double(last_[l].size());
-    const double ke = k / double(n_experts_), v1 = visits_[l] + 1.0;
-    const double den = denominator(l), prior = cfg_.prior, layers = double(n_layers_);
-    const std::uint32_t E = n_experts_;
-    double* num = num_.data();
-    const double* c = &count_[base];
-    for (std::uint32_t e = 0; e < E; ++e) num[e] = prior * ((c[e] + ke) / v1);
     rows_.clear();
-    for (const std::uint32_t a : last_[l]) rows_.push_back(&trans_[(base + a) * E]);
+    for (const std::uint32_t a : last_[l]) rows_.push_back(&trans_[(base + a) * n_experts_]);
+    const RerankInputs in{&count_[base], k / double(n_experts_), visits_[l] + 1.0, cfg_.prior,
+                          rows_.data(), rows_.size(), n_experts_, members_[l].data(),
+                          members_[l].size(), denominator(l), double(n_layers_)};
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__AVX__)
+    if (rerank_avx_) rerank_avx(in, num_.data(), member_g_[l].data());
+    else rerank_values(in, num_.data(), member_g_[l].data());
+#else
+    rerank_values(in, num_.data(), member_g_[l].data());
+#endif
+    refresh_top(l);
+  }
+  struct RerankInputs {
+    const double* count;  ///< [expert] decayed counts of the layer
+    double ke, v1, prior;  ///< k / E, V(l) + 1, prior
+    const std::int32_t* const* rows;  ///< transition rows of last(l)
+    std::size_t n_rows;
+    std::uint32_t n_experts;
+    const std::uint32_t* members;  ///< the layer's residents
+    std::size_t n_members;
+    double den, layers;
+  };
+  /// The numerators are summed for the whole layer in contiguous passes (the transition rows are
+  /// streamed once, a block of experts held in registers across the rows); the two divisions of g
+  /// run only for the residents, in member order. Writes `num` [expert] and `g` [member].
+  [[gnu::always_inline]] static inline void rerank_values(const RerankInputs& in, double* num,
+                                                          double* g) noexcept {
+    // Locals: stores to num and g may alias `in`, which would force reloads in every iteration.
+    const double* c = in.count;
+    const double ke = in.ke, v1 = in.v1, prior = in.prior, den = in.den, layers = in.layers;
+    const std::int32_t* const* rows = in.rows;
+    const std::size_t n_rows = in.n_rows, n = in.n_members;
+    const std::uint32_t* m = in.members;
+    const std::uint32_t E = in.n_experts;
+    for (std::uint32_t e = 0; e < E; ++e) num[e] = prior * ((c[e] + ke) / v1);
     constexpr std::uint32_t B = 8;
     std::uint32_t e0 = 0;
     for (; e0 + B <= E; e0 += B) {
       double acc[B];
       for (std::uint32_t i = 0; i < B; ++i) acc[i] = num[e0 + i];
-      for (const std::int32_t* row : rows_)
-        for (std::uint32_t i = 0; i < B; ++i) acc[i] += double(row[e0 + i]);
+      for (std::size_t r = 0; r < n_rows; ++r)
+        for (std::uint32_t i = 0; i < B; ++i) acc[i] += double(rows[r][e0 + i]);
       for (std::uint32_t i = 0; i < B; ++i) num[e0 + i] = acc[i];
     }
-    for (const std::int32_t* row : rows_)
-      for (std::uint32_t e = e0; e < E; ++e) num[e] += double(row[e]);
-    const std::uint32_t* m = members_[l].data();
-    double* g = member_g_[l].data();
-    const std::size_t n = members_[l].size();
+    for (std::size_t r = 0; r < n_rows; ++r)
+      for (std::uint32_t e = e0; e < E; ++e) num[e] += double(rows[r][e]);
     for (std::size_t j = 0; j < n; ++j) g[j] = num[m[j]];
     for (std::size_t j = 0; j < n; ++j) g[j] = layers * (1.0 / (g[j] / den) - 1.0);
-    refresh_top(l);
   }
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__AVX__)
+  /// The same passes compiled for AVX (twice the divisions per instruction; IEEE division, no FMA
+  /// in this target, so the same values bit for bit), chosen at run time when the CPU has it.
+  [[gnu::target("avx")]] static void rerank_avx(const RerankInputs& in, double* num,
+                                                double* g) noexcept {
+    rerank_values(in, num, g);
+  }
+#endif
   /// Largest of `n` values (−inf if none), an index holding it, and the largest of the others
   /// (−inf if none; equal to the largest on a tie).
   struct TopTwo {
@@ -408,6 +444,7 @@ class ExpectedNextUsePolicy {
   std::vector<std::uint32_t> pos_;  ///< [expert] index in its layer's members, `none` if absent
   std::vector<const std::int32_t*> rows_;  ///< rerank's scratch: transition rows of last(l)
   std::vector<double> num_;                ///< rerank's scratch: [expert] numerator of p
+  bool rerank_avx_ = false;                ///< re-rank with the AVX passes (see bind)
   std::vector<double> max_g_;   ///< [layer] largest g of its residents, −inf if none
   std::vector<double> next_g_;  ///< [layer] largest g of the others than top_ (= max_g_ on a tie)
   std::vector<std::uint32_t> top_;  ///< [layer] index in members_ of a resident holding max_g_
