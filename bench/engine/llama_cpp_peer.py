@@ -14,7 +14,7 @@
         prints the medians and the ratio moe-run / llama.cpp per pair.
 """
 import argparse
-import ctypes
+import hashlib
 import json
 import statistics
 import subprocess
@@ -49,10 +49,14 @@ def reference(a) -> None:
     out = {
         "what": "llama.cpp logits for MODEL_DIR/reference.json's sequence_ids, teacher-forced in one "
                 "batch (logits_all), f32 KV cache, no flash attention",
+        "made_by": "bench/engine/llama_cpp_peer.sh reference",
         "gguf": a.gguf.name,
         "gguf_bytes": a.gguf.stat().st_size,
-        "model_dir": str(a.model_dir),
+        "model_dir": a.model_dir.name,
+        "model_safetensors_sha256": hashlib.sha256(
+            (a.model_dir / "model.safetensors").read_bytes()).hexdigest(),
         "llama_cpp_python": llama_cpp.__version__,
+        "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode().strip(),
         "threads": a.threads,
         "prompt_text": ref["prompt_text"],
         "prompt_ids": ref["prompt_ids"],
@@ -63,9 +67,19 @@ def reference(a) -> None:
         "top_logits": np.take_along_axis(scores, top, axis=1).tolist(),
         "greedy_ids": scores.argmax(axis=1).tolist(),
     }
-    a.out.write_text(json.dumps(out) + "\n")
+    a.out.write_text(fixture_json(out))
     print(f"{a.out}: {len(seq)} positions, top-{a.top_k}; llama.cpp prompt tokens "
           f"{'equal' if out['llama_prompt_ids'] == ref['prompt_ids'] else 'DIFFER from'} the reference's")
+
+
+def fixture_json(obj: dict) -> str:
+    """One key per line and one position per line for lists of rows: the committed fixture diffs
+    readably when it is regenerated."""
+    def value(v):
+        if isinstance(v, list) and v and isinstance(v[0], list):
+            return "[\n" + ",\n".join("  " + json.dumps(row) for row in v) + "\n ]"
+        return json.dumps(v)
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {value(v)}" for k, v in obj.items()) + "\n}\n"
 
 
 def llama_decode(llm: llama_cpp.Llama, prompt: list[int], n: int) -> tuple[float, list[int]]:
