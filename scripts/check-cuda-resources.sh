@@ -5,8 +5,8 @@
 #   scripts/check-cuda-resources.sh [libmoekit_cuda.a]
 #
 # Uses `cuobjdump --dump-resource-usage` on the library (spilled registers live in local memory,
-# so LOCAL/STACK > 0 catches spills). Without cuobjdump (a toolkit without the cuda-cuobjdump
-# component), it recompiles kernels/*.cu for sm_80 and sm_90 with `ptxas -v` and reads the spill
+# so LOCAL/STACK > 0 catches spills); a toolkit without it gets PyPI's nvidia-cuda-cuobjdump in
+# build/cuda-tools-venv. Where neither is available (offline), it recompiles kernels/*.cu for sm_80 and sm_90 with `ptxas -v` and reads the spill
 # and stack-frame counts from its report instead, saying so.
 set -euo pipefail
 
@@ -16,6 +16,17 @@ pattern='gemv_kernel|up_gate_kernel'
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 cuobjdump="$(command -v cuobjdump || true)"
 [[ -z "$cuobjdump" && -x "$CUDA_HOME/bin/cuobjdump" ]] && cuobjdump="$CUDA_HOME/bin/cuobjdump"
+# A toolkit without the cuobjdump component: NVIDIA publishes it on PyPI (nvidia-cuda-cuobjdump);
+# install it into a venv in the build tree (reused), offline falls through to ptxas below.
+if [[ -z "$cuobjdump" && "${MOEKIT_NO_PIP:-0}" != 1 ]]; then
+  venv="$here/build/cuda-tools-venv"
+  find_pip_cuobjdump() { find "$venv" -path '*/nvidia/*/bin/cuobjdump' -type f 2>/dev/null | head -n1; }
+  if [[ -z "$(find_pip_cuobjdump)" ]]; then
+    { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet nvidia-cuda-cuobjdump; } >&2 ||
+      echo "check-cuda-resources: could not install nvidia-cuda-cuobjdump from PyPI" >&2
+  fi
+  cuobjdump="$(find_pip_cuobjdump)"
+fi
 
 if [[ -n "$cuobjdump" ]]; then
   if [[ -z "$lib" ]]; then
