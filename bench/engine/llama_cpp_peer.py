@@ -8,14 +8,16 @@
         tests/engine/llama_cpp_reference_test.cpp compares moe-run's logits with it.
 
     llama_cpp_peer.py bench MOE_RUN MODEL_DIR --pair GGUF:PRECISION [--pair ...] [-p PROMPT]
-                      [-n N] [-t T] [--rounds R]
+                      [-n N] [-t T[,T...]] [--rounds R]
         Decode tokens/s, greedy, of llama.cpp on GGUF and of moe-run on MODEL_DIR (safetensors,
-        experts at PRECISION, all of them in memory), alternating round by round in this one run;
-        prints the medians and the ratio moe-run / llama.cpp per pair.
+        experts at PRECISION, all of them in memory), alternating round by round in this one run
+        (one warm-up round discarded); prints the medians, the ratio moe-run / llama.cpp and the
+        range per pair and thread count, and the load average before and after.
 """
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -117,29 +119,41 @@ def moe_run_decode(moe_run: Path, model_dir: Path, precision: str, prompt: str, 
     return j["decode_tokens_per_s"], j["text"]
 
 
+def load_average() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def bench(a) -> None:
-    print(f"decode tokens/s, greedy, -p {a.prompt!r} -n {a.n} -t {a.threads}, medians of {a.rounds} "
-          f"alternating rounds (llama-cpp-python {llama_cpp.__version__})")
+    threads = [int(t) for t in a.threads.split(",")]
+    print(f"decode tokens/s, greedy, -p {a.prompt!r} -n {a.n}, medians of {a.rounds} alternating "
+          f"rounds after one discarded warm-up round (llama-cpp-python {llama_cpp.__version__}, "
+          f"{llama_cpp.llama_print_system_info().decode().strip()})")
     print("llama.cpp: eval time of the one-token llama_decode calls (llama_perf_context); "
           "moe-run: its decode_tokens_per_s (--json), experts in memory (--in-memory --expert-budget all)")
-    print(f"{'llama.cpp GGUF':34s} {'moe-run experts':15s} {'llama tok/s':>11s} {'moe tok/s':>10s} {'ratio':>7s}  same text")
-    for pair in a.pair:
-        gguf, precision = pair.rsplit(":", 1)
-        gguf = Path(gguf)
-        llm = load(gguf, 512, a.threads, logits_all=False)
-        prompt = llm.tokenize(a.prompt.encode("utf-8"), add_bos=True, special=False)
-        lt, mt, same = [], [], True
-        for _ in range(a.rounds):
-            tps, toks = llama_decode(llm, prompt, a.n)
-            lt.append(tps)
-            mps, text = moe_run_decode(a.moe_run, a.model_dir, precision, a.prompt, a.n, a.threads)
-            mt.append(mps)
-            ltext = llm.detokenize(toks).decode("utf-8", errors="replace")
-            same = same and ltext.strip() == text.strip()
-        del llm
-        l, m = statistics.median(lt), statistics.median(mt)
-        print(f"{gguf.name:34s} {precision:15s} {l:11.1f} {m:10.1f} {m / l:6.2f}x  {'yes' if same else 'no'}",
-              flush=True)
+    print(f"start: {load_average()}")
+    print(f"{'llama.cpp GGUF':32s} {'moe-run experts':15s} {'-t':>3s} {'llama tok/s':>11s} "
+          f"{'moe tok/s':>10s} {'moe/llama':>9s}  same text  llama range / moe range")
+    for t in threads:
+        for pair in a.pair:
+            gguf, precision = pair.rsplit(":", 1)
+            gguf = Path(gguf)
+            llm = load(gguf, 512, t, logits_all=False)
+            prompt = llm.tokenize(a.prompt.encode("utf-8"), add_bos=True, special=False)
+            lt, mt, same = [], [], True
+            for r in range(a.rounds + 1):
+                tps, toks = llama_decode(llm, prompt, a.n)
+                mps, text = moe_run_decode(a.moe_run, a.model_dir, precision, a.prompt, a.n, t)
+                ltext = llm.detokenize(toks).decode("utf-8", errors="replace")
+                same = same and ltext.strip() == text.strip()
+                if r > 0:  # round 0 warms caches, page tables and llama.cpp's graph allocator
+                    lt.append(tps)
+                    mt.append(mps)
+            del llm
+            l, m = statistics.median(lt), statistics.median(mt)
+            print(f"{gguf.name:32s} {precision:15s} {t:3d} {l:11.1f} {m:10.1f} {m / l:8.2f}x  "
+                  f"{'yes' if same else 'no':9s}  {min(lt):.0f}-{max(lt):.0f} / {min(mt):.0f}-{max(mt):.0f}",
+                  flush=True)
+    print(f"end: {load_average()}")
 
 
 def main() -> None:
@@ -157,7 +171,7 @@ def main() -> None:
     b.add_argument("--pair", action="append", required=True, help="GGUF:moe-run precision")
     b.add_argument("-p", "--prompt", default="The history of the")
     b.add_argument("-n", type=int, default=128)
-    b.add_argument("-t", "--threads", type=int, default=2)
+    b.add_argument("-t", "--threads", default="2", help="thread counts, comma-separated (1,2)")
     b.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     reference(a) if a.cmd == "reference" else bench(a)

@@ -7,7 +7,7 @@
 #   bench/engine/llama_cpp_peer.sh reference [OUT]   # + llama.cpp's top-k logits for the test, by
 #                                                     # default into the committed fixture
 #                                                     # tests/engine/data/moekit_tiny_moe_llama_cpp.json
-#   bench/engine/llama_cpp_peer.sh bench [MOE_RUN [-n N] [-t T] [--rounds R] [-p PROMPT]]
+#   bench/engine/llama_cpp_peer.sh bench [MOE_RUN [-n N] [-t T[,T]] [--rounds R] [-p PROMPT]]
 #                                                     # + decode tok/s, llama.cpp vs moe-run
 #
 # The venv ($LLAMA_CPP_VENV, default build/llama-cpp-venv) gets llama-cpp-python, which builds
@@ -22,7 +22,7 @@ step="${1:-bench}"
 shift || true
 case "$step" in
   install | gguf | reference | bench) ;;
-  *) echo "usage: $0 [install|gguf|reference [OUT]|bench [MOE_RUN [-n N] [-t T] [--rounds R] [-p PROMPT]]]" >&2; exit 2 ;;
+  *) echo "usage: $0 [install|gguf|reference [OUT]|bench [MOE_RUN [-n N] [-t T[,T]] [--rounds R] [-p PROMPT]]]" >&2; exit 2 ;;
 esac
 
 # The converter's packages, then llama-cpp-python (only for the steps that run llama.cpp).
@@ -48,7 +48,7 @@ install_base
 py="$venv/bin/python"
 mkdir -p "$out"
 # GGUF files of the default model (rewritten when the checkpoint is newer).
-for kind in f32 f16; do
+for kind in f32 f16 f16_experts; do
   f="$out/moekit-tiny-moe-$kind.gguf"
   if [[ ! -f "$f" || "$model/model.safetensors" -nt "$f" || "$here/bench/engine/llama_cpp_gguf.py" -nt "$f" ]]; then
     "$py" "$here/bench/engine/llama_cpp_gguf.py" "$model" "$f" "$kind"
@@ -66,7 +66,9 @@ fi
 moe_run="${1:-$here/build/release/examples/moe-run/moe-run}"
 shift || true
 [[ -x "$moe_run" ]] || { echo "moe-run not found at $moe_run (pass its path)" >&2; exit 1; }
-# Same weights on both sides: f16 GGUF vs moe-run's f16 experts (its dense part is always f32),
-# and f32 GGUF vs f32 experts (everything f32 on both sides).
+# Same bytes on both sides: f16 experts + f32 rest (moe-run's dense part is always f32) and all
+# f32. The all-f16 GGUF (llama.cpp's usual f16 file: attention and the tied 32000-row head in f16
+# too, half of moe-run's dense bytes) is the third pair.
 "$py" "$here/bench/engine/llama_cpp_peer.py" bench "$moe_run" "$model" \
-  --pair "$out/moekit-tiny-moe-f16.gguf:f16" --pair "$out/moekit-tiny-moe-f32.gguf:f32" "$@"
+  --pair "$out/moekit-tiny-moe-f16_experts.gguf:f16" --pair "$out/moekit-tiny-moe-f32.gguf:f32" \
+  --pair "$out/moekit-tiny-moe-f16.gguf:f16" "$@"
