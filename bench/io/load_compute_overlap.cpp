@@ -11,7 +11,7 @@
 // the table shows medians (and min..max) over --reps repetitions. The block device's read
 // requests per GB during the loading phases are reported too (interrupt/completion load).
 //
-// Usage: moekit_bench_load_compute_overlap [--dir /var/tmp] [--reps 5] [--window 2]
+// Usage: moekit_bench_load_compute_overlap [--dir /var/tmp] [--reps 5] [--window 2] [--load-cap-gbps G]
 // The store file (~0.6 GB) is created in --dir and removed at the end.
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -89,9 +89,11 @@ struct LoadSide {
 };
 
 template <class Source>
-LoadSide make_load_side(std::string label, const ExpertStore& store, Source source) {
+LoadSide make_load_side(std::string label, const ExpertStore& store, Source source, double cap_bytes_per_s) {
   auto loader = std::make_shared<AsyncLoader<Source>>(
-      store, std::move(source), typename AsyncLoader<Source>::Config{.io_threads = 2, .verify_checksums = false});
+      store, std::move(source),
+      typename AsyncLoader<Source>::Config{
+          .io_threads = 2, .bandwidth_bytes_per_s = cap_bytes_per_s, .throttle_chunk = 4u << 20, .verify_checksums = false});
   auto bufs = std::make_shared<std::vector<AlignedBuffer>>();
   const ModelShape shape = store.manifest().shape;
   for (int i = 0; i < 4; ++i) bufs->emplace_back(shape.expert_bytes(weight_precision));
@@ -164,8 +166,11 @@ PhaseResult run_phase(std::vector<ComputeState>& compute, const LoadSide* load, 
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const Flags flags{argc, argv, "[--dir /var/tmp] [--reps 5] [--window 2] [--uring-qd N --uring-chunk-kib K]"};
-  flags.check({"--dir", "--reps", "--window", "--uring-qd", "--uring-chunk-kib"});
+  const Flags flags{argc, argv,
+                    "[--dir /var/tmp] [--reps 5] [--window 2] [--load-cap-gbps G] [--uring-qd N --uring-chunk-kib K]"};
+  flags.check({"--dir", "--reps", "--window", "--load-cap-gbps", "--uring-qd", "--uring-chunk-kib"});
+  // Caps the loading rate (0: as fast as the disk goes), to compare interference at equal bytes/s.
+  const double load_cap = 1e9 * std::max(0.0, std::atof(flags.get("--load-cap-gbps", "0").c_str()));
 #if defined(MOEKIT_HAS_URING)
   UringSource::Config uring_config{.direct = true, .rings = 2};  // moe-run's
   uring_config.queue_depth = static_cast<unsigned>(std::atoi(flags.get("--uring-qd", std::to_string(uring_config.queue_depth)).c_str()));
@@ -190,20 +195,22 @@ int main(int argc, char** argv) {
   std::printf("compute: 2 threads x GEMV %s g32 %zux%zu (%.1f MiB, %zu rotating copies each), ISA %s\n",
               std::string(name(weight_precision)).c_str(), rows, cols,
               compute[0].mats[0].size() / 1048576.0, copies_per_thread, std::string(name(detect_isa())).c_str());
-  std::printf("load: q4 experts of %.1f MB, O_DIRECT, AsyncLoader 2 I/O threads, 4 loads outstanding; "
+  std::printf("load: q4 experts of %.1f MB, O_DIRECT, AsyncLoader 2 I/O threads, 4 loads outstanding%s; "
               "window %.1f s, %d repetitions\n",
-              temp.shape().expert_bytes(weight_precision) / 1e6, window, reps);
+              temp.shape().expert_bytes(weight_precision) / 1e6,
+              load_cap > 0 ? (", capped at " + std::to_string(load_cap / 1e9).substr(0, 4) + " GB/s in 4 MiB reads").c_str() : "",
+              window, reps);
 
   std::vector<LoadSide> sides;
 #if defined(MOEKIT_HAS_URING)
   try {
-    sides.push_back(make_load_side("io_uring", store, UringSource(temp.path(), uring_config)));
+    sides.push_back(make_load_side("io_uring", store, UringSource(temp.path(), uring_config), load_cap));
     std::printf("io_uring: QD %u x %zu KiB chunks per blob\n", uring_config.queue_depth, uring_config.chunk_bytes / 1024);
   } catch (const Error& e) {
     std::printf("io_uring unavailable: %s\n", e.message().c_str());
   }
 #endif
-  sides.push_back(make_load_side("pread", store, PreadSource(temp.path(), {.direct = true})));
+  sides.push_back(make_load_side("pread", store, PreadSource(temp.path(), {.direct = true}), load_cap));
 
   // Phases of one repetition: -1 = compute alone; 2i = side i alone; 2i+1 = side i with compute.
   std::vector<int> phases{-1};
