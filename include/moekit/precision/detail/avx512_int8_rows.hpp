@@ -184,19 +184,25 @@ MOEKIT_TARGET_AVX512_VNNI inline float row_dot(const std::byte* row, const RowLa
     const unsigned shift = per_group == 1 ? 0 : per_group == 2 ? 1 : 2;
     const __m512i lane_group = _mm512_srli_epi32(
         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), shift);
-    const __mmask16 groups_mask = static_cast<__mmask16>((1u << (16u >> shift)) - 1u);
     __m512 zt = _mm512_setzero_ps();
     const __m512 zs = _mm512_set1_ps(l.symmetric_zero);
-    for (; c + 16 <= chunks; c += 16) {
+    // The last step masked, not scalar: rows of 256 columns (the tiny model's experts) have only
+    // 8 chunks, which the scalar loop below took group by group (fused 256 × 512 expert FFN, one
+    // thread: q8 44 → 37 µs, q4 42 → 33 µs per call with the masked step).
+    for (; c < chunks; c += 16) {
+      const auto left = static_cast<unsigned>(std::min<std::size_t>(16, chunks - c));
+      const auto lanes = static_cast<__mmask16>((1u << left) - 1u);
+      const auto groups_mask =
+          static_cast<__mmask16>((1u << ((left + (1u << shift) - 1u) >> shift)) - 1u);
       const std::size_t g0 = c >> shift;
-      // Masked loads: never read past this row's scales (or zeros).
+      // Masked loads: never read past this row's scales (or zeros) or the activation's chunks.
       const __m512 s = _mm512_permutexvar_ps(
           lane_group, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(groups_mask, row + l.scales_offset + 2 * g0)));
       const __m512 z = l.affine ? _mm512_permutexvar_ps(lane_group, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
                                                                         groups_mask, row + l.zeros_offset + 2 * g0)))
                                 : zs;
-      _mm512_storeu_ps(sdx + c, _mm512_mul_ps(s, _mm512_loadu_ps(a.dx + c)));
-      zt = _mm512_fmadd_ps(_mm512_mul_ps(s, z), _mm512_loadu_ps(a.dx_sum + c), zt);
+      _mm512_mask_storeu_ps(sdx + c, lanes, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(lanes, a.dx + c)));
+      zt = _mm512_fmadd_ps(_mm512_mul_ps(s, z), _mm512_maskz_loadu_ps(lanes, a.dx_sum + c), zt);
     }
     zero_term = _mm512_reduce_add_ps(zt);
   }
