@@ -76,6 +76,14 @@ echo "quality.sh: model $(sha256sum "$model/model.safetensors" | cut -c1-16), $(
 # Uniform precision, every expert resident.
 for p in f16 q8 q4 q2; do run "all-$p" uniform prefill --precision "$p"; done
 run "all-f16-decode" uniform decode --precision f16
+# Quantized experts in decode with f32 and int8 activations (--activations: int8 applies to
+# decode only and needs AVX-512 VNNI).
+for p in q8 q4; do
+  run "all-$p-decode" uniform decode --precision "$p" --activations f32
+  if grep -qw avx512_vnni /proc/cpuinfo; then
+    run "all-$p-int8-decode" uniform decode --precision "$p" --activations int8
+  fi
+done
 
 # HOBBIT: T1/T2 cumulative-gate rule (f16 / q4 / skip), every demand a miss, decode.
 b16=$(min_budget f16)

@@ -168,14 +168,17 @@ struct FiddlerLatencies {
 
 /// Times (median of `reps`) one token through expert (0, 0) from host memory, and a load of a
 /// different expert each repetition through a fresh loader of `experts` into a 4 KiB-aligned
-/// buffer followed by the same run.
+/// buffer followed by the same run. `int8_activations`: the experts run as the engine will run them
+/// (activations.hpp).
 inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s,
                                                   moekit::Precision p,
                                                   const ExpertBacking& experts,
-                                                  moekit::ThreadPool* pool, int reps = 9) {
+                                                  moekit::ThreadPool* pool, int reps = 9,
+                                                  bool int8_activations = false) {
   using clock = std::chrono::steady_clock;
   moekit::KernelOptions opts{};
   opts.pool = pool;
+  opts.int8_activations = int8_activations;
   std::vector<float> x(s.hidden, 0.01f), y(s.hidden);
   ExpertLoader loader = experts.make_loader();
   const auto host = loader.host_bytes({0, 0}, p);

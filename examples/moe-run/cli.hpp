@@ -19,6 +19,7 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 
+#include "activations.hpp"
 #include "offload.hpp"
 
 #ifndef MOE_RUN_DEFAULT_MODEL
@@ -102,6 +103,7 @@ struct Options {
   BudgetSpec budget{};
   std::string budget_text = "all";
   moekit::Precision precision = moekit::Precision::f16;
+  ActivationMode activations = ActivationMode::automatic;  ///< --activations (activations.hpp)
   // Offloading (offload.hpp, expert_source.hpp, calibration.hpp).
   PresetParams preset_params{};    ///< the presets' parameters (--t1, --gamma, ...)
   std::string store;               ///< --store: expert store file ("" = per -m)
@@ -152,6 +154,10 @@ class Cli {
                     "bytes of expert cache: all, 2GiB, 512MiB, 1.5G, 50% (of all experts)");
     app_.add_option("--precision", precision_text_,
                     "precision experts are stored and run at: f32, bf16, f16, q8, q4, q2");
+    app_.add_option("--activations", activations_text_,
+                    "activations of quantized experts in decode: f32, int8 (rounded per 32 "
+                    "values, AVX-512 VNNI kernels, like ggml's q8_0), auto (int8 on CPUs with "
+                    "VNNI when the expert rows are >= 512 wide, where it is faster)");
     add_offload_options();
     app_.add_option("-c,--ctx-size,--ctx", o_.context,
                     "context length (0 = prompt + n-predict; with --perplexity: tokens per chunk, "
@@ -219,6 +225,11 @@ class Cli {
                           "--precision: '" + precision_text_ +
                               "' is not one of f32, bf16, f16, q8, q4, q2");
     o_.precision = *p;
+    const auto a = parse_activation_mode(activations_text_);
+    if (!a)
+      throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                          "--activations: '" + activations_text_ + "' is not one of auto, f32, int8");
+    o_.activations = *a;
     finish_offload();
     if (o_.perplexity.empty()) {
       for (const auto& [flag, set] :
@@ -296,6 +307,7 @@ class Cli {
   CLI::App app_;
   Options o_;
   std::string precision_text_ = "f16";
+  std::string activations_text_ = "auto";
   bool stop_ = false;
   std::string low_text_ = "q4";
 };

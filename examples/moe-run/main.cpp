@@ -18,6 +18,7 @@
 #include "moekit/error.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
+#include "activations.hpp"
 #include "calibration.hpp"
 #include "cli.hpp"
 #include "config.hpp"
@@ -100,7 +101,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 template <class Pipeline>
 nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
-                        const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool) {
+                        const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
+                        bool int8) {
   const bool bos = !o.no_bos && cfg.bos_token_id.has_value();
   std::vector<Token> prompt = tok.encode(o.prompt, false);
   if (bos) prompt.insert(prompt.begin(), *cfg.bos_token_id);
@@ -113,6 +115,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
 
   Model<Pipeline> model(cfg, w.dense, pipeline, ctx, &pool);
   model.set_ubatch(o.ubatch);
+  model.set_int8_expert_activations(int8);
   Sampler sampler({o.temperature, o.top_p, o.seed});
   StreamDecoder stream(tok, prompt);
   std::string text;
@@ -162,6 +165,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   j["architecture"] = name(cfg.arch);
   j["preset"] = o.preset;
   j["precision"] = std::string(moekit::name(o.precision));
+  j["activations"] = std::string(activations_name(int8));
   j["threads"] = o.threads;
   j["expert_budget_bytes"] = pipeline.config().expert_budget_bytes;
   j["prompt_tokens"] = t.prompt_tokens;
@@ -212,7 +216,7 @@ void add_pipeline_stats(nlohmann::json& j, const Pipeline& pipeline) {
 template <class Pipeline>
 nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                           const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
-                          TraceRecorder* recorder) {
+                          bool int8, TraceRecorder* recorder) {
   if (!cfg.bos_token_id)
     fail("--perplexity: the model's config has no bos_token_id; chunks are scored after a BOS");
   const std::vector<Token> tokens = tok.encode(read_text_stripped(o.perplexity), false);
@@ -230,6 +234,7 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
   PerplexityMeter meter(cfg.vocab_size, save ? &*save : nullptr, reference ? &*reference : nullptr);
   Model<Pipeline> model(cfg, w.dense, pipeline, s.ctx, &pool);
   model.set_ubatch(o.ubatch);
+  model.set_int8_expert_activations(int8);
   const auto t0 = std::chrono::steady_clock::now();
   const PerplexityResult r =
       score_text(model, tokens, *cfg.bos_token_id, s, meter, [&](std::size_t c, std::size_t n) {
@@ -250,6 +255,7 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
   j["file"] = o.perplexity;
   j["preset"] = o.preset;
   j["precision"] = std::string(moekit::name(o.precision));
+  j["activations"] = std::string(activations_name(int8));
   j["mode"] = s.decode ? "decode" : "prefill";
   j["ctx"] = s.ctx;
   j["chunks"] = r.chunks;
@@ -280,10 +286,11 @@ void print_perplexity(const nlohmann::json& j) {
                 j["kl_reference_top_k"].get<unsigned>(), j["kl_mean"].get<double>(),
                 j["kl_max"].get<double>(), 100 * j["top1_agreement"].get<double>());
   std::fprintf(stderr,
-               "%.1f tokens/s | experts: preset %s at %s, hit rate %.1f%%, %llu skipped | "
-               "fallbacks: %llu (ratio %.3f)\n",
+               "%.1f tokens/s | experts: preset %s at %s, %s activations, hit rate %.1f%%, %llu "
+               "skipped | fallbacks: %llu (ratio %.3f)\n",
                j["tokens_per_s"].get<double>(), j["preset"].get<std::string>().c_str(),
-               j["precision"].get<std::string>().c_str(), 100 * j["hit_rate"].get<double>(),
+               j["precision"].get<std::string>().c_str(),
+               j["activations"].get<std::string>().c_str(), 100 * j["hit_rate"].get<double>(),
                j["skipped"].get<unsigned long long>(), j["fallbacks"].get<unsigned long long>(),
                j["fallback_ratio"].get<double>());
 }
@@ -291,10 +298,11 @@ void print_perplexity(const nlohmann::json& j) {
 // Generation or --perplexity on `pipeline`, behind a TracingPipeline when --trace-out is set.
 template <class Pipeline>
 nlohmann::json run_on(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
-                      const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool) {
+                      const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
+                      bool int8) {
   auto go = [&](auto& p, TraceRecorder* recorder) {
-    return o.perplexity.empty() ? generate(o, cfg, w, tok, p, pool)
-                                : perplexity(o, cfg, w, tok, p, pool, recorder);
+    return o.perplexity.empty() ? generate(o, cfg, w, tok, p, pool, int8)
+                                : perplexity(o, cfg, w, tok, p, pool, int8, recorder);
   };
   if (o.trace_out.empty()) return go(pipeline, nullptr);
   if (!o.force && fs::exists(o.trace_out))
@@ -319,13 +327,13 @@ void print_stats(const nlohmann::json& j) {
   const std::string prediction = buf;
   std::fprintf(stderr,
                "\nprefill: %zu tokens, %.2f tokens/s | generated: %zu tokens, decode %.2f tokens/s\n"
-               "experts: preset %s at %s, budget %zu bytes, hit rate %.1f%% (%llu hits, %llu "
-               "misses), %llu bytes loaded, %llu evictions\n"
+               "experts: preset %s at %s, %s activations, budget %zu bytes, hit rate %.1f%% (%llu "
+               "hits, %llu misses), %llu bytes loaded, %llu evictions\n"
                "prediction: %s | fallbacks: %llu\n",
                j["prompt_tokens"].get<std::size_t>(), j["prefill_tokens_per_s"].get<double>(),
                j["generated_tokens"].get<std::size_t>(), j["decode_tokens_per_s"].get<double>(),
                j["preset"].get<std::string>().c_str(), j["precision"].get<std::string>().c_str(),
-               j["expert_budget_bytes"].get<std::size_t>(), 100 * j["hit_rate"].get<double>(),
+               j["activations"].get<std::string>().c_str(), j["expert_budget_bytes"].get<std::size_t>(), 100 * j["hit_rate"].get<double>(),
                j["hits"].get<unsigned long long>(), j["misses"].get<unsigned long long>(),
                j["bytes_loaded"].get<unsigned long long>(),
                j["evictions"].get<unsigned long long>(), prediction.c_str(),
@@ -386,7 +394,7 @@ ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const Mo
 // Router weights, calibration routing and measured latencies, for the presets that need them.
 PresetInputs preset_inputs(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                            const Tokenizer& tok, const OffloadSettings& settings,
-                           const ExpertBacking& backing, moekit::ThreadPool& pool) {
+                           const ExpertBacking& backing, moekit::ThreadPool& pool, bool int8) {
   const PresetNeeds needs = preset_needs(o.preset, settings);
   const moekit::ModelShape shape = cfg.shape();
   PresetInputs in;
@@ -407,7 +415,8 @@ PresetInputs preset_inputs(const Options& o, const ModelConfig& cfg, const Model
   in.cpu_seconds_per_token = o.preset_params.cpu_seconds_per_token;
   in.copy_seconds = o.preset_params.copy_seconds;
   if (needs.latencies) {
-    const FiddlerLatencies l = measure_fiddler_latencies(shape, o.precision, backing, &pool);
+    const FiddlerLatencies l =
+        measure_fiddler_latencies(shape, o.precision, backing, &pool, /*reps=*/9, int8);
     if (!(in.cpu_seconds_per_token > 0)) in.cpu_seconds_per_token = l.cpu_seconds_per_token;
     if (!(in.copy_seconds > 0)) in.copy_seconds = l.copy_seconds;
     if (!o.json)
@@ -445,6 +454,8 @@ int run(const Options& o) {
   // Experts: a store read with O_DIRECT (--store, -m STORE, or the default model's store built
   // at first use) or host memory (--in-memory, other checkpoints).
   const auto needed = required_precisions(o.preset, shape, settings);
+  const bool int8 =
+      resolve_int8_activations(o.activations, needed, std::min(shape.hidden, shape.ffn));
   const ExpertPlacement where = place_experts(o, cfg, mp, src.store, needed);
   const std::vector<moekit::Precision> host_precisions =
       where.store ? std::vector<moekit::Precision>{} : needed;
@@ -453,7 +464,7 @@ int run(const Options& o) {
   ExpertBacking backing{where.store ? nullptr : &w.experts, where.store,
                         StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads}};
   moekit::ThreadPool pool(o.threads);
-  PresetInputs in = preset_inputs(o, cfg, w, tok, settings, backing, pool);
+  PresetInputs in = preset_inputs(o, cfg, w, tok, settings, backing, pool, int8);
   std::vector<float> routers;
   if (preset_needs(o.preset, settings).routers) {
     routers = router_stack(cfg, w.dense);
@@ -463,7 +474,7 @@ int run(const Options& o) {
   nlohmann::json stats = with_preset(
       o.preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
         loader_kind = pipeline.loader().kind();
-        return run_on(o, cfg, w, tok, pipeline, pool);
+        return run_on(o, cfg, w, tok, pipeline, pool, int8);
       });
   stats["expert_source"] = where.store ? where.store->path() : std::string("host memory");
   stats["expert_reads"] = loader_kind;

@@ -63,6 +63,13 @@ class Model {
   void set_ubatch(std::uint32_t n) noexcept { ubatch_ = n; }
   [[nodiscard]] std::uint32_t ubatch() const noexcept { return ubatch_; }
 
+  /// Routed experts with int8 activations (activations.hpp: quantized experts on AVX-512 VNNI,
+  /// decode forwards; default off).
+  void set_int8_expert_activations(bool on) noexcept { moe_.set_int8_expert_activations(on); }
+  [[nodiscard]] bool int8_expert_activations() const noexcept {
+    return moe_.int8_expert_activations();
+  }
+
   /// Runs the prompt in forwards of at most ubatch() tokens; returns the logits of every prompt
   /// token (n × vocab) when `all_logits`, else of the last one (vocab).
   std::span<const float> prefill(std::span<const Token> tokens, bool all_logits = false) {

@@ -8,7 +8,8 @@
 /// each expert runs once on the tokens that chose it (precision/'s fused SwiGLU FFN); then each
 /// token sums weight·expert(x) over its experts in ascending expert id — the order of
 /// transformers' index_add_ loop, and independent of the plan's order, so results do not
-/// depend on what was resident.
+/// depend on what was resident. Routed experts may run with int8 activations (activations.hpp);
+/// the router, dense MLPs and Qwen2-MoE's shared expert always run on f32 activations.
 
 #include <algorithm>
 #include <cmath>
@@ -44,6 +45,10 @@ template <class Pipeline>
 class MoeLayer {
  public:
   MoeLayer(const ModelConfig& cfg, Pipeline& pipeline) : cfg_(cfg), pipeline_(pipeline) {}
+
+  /// Routed experts with int8 activations (quantized experts on AVX-512 VNNI; ignored elsewhere).
+  void set_int8_expert_activations(bool on) noexcept { int8_experts_ = on; }
+  [[nodiscard]] bool int8_expert_activations() const noexcept { return int8_experts_; }
 
   /// out = ffn(x) for the n rows of x (already normalised) at decoder layer `layer`.
   void forward(std::uint32_t layer, const LayerWeights& w, std::span<const float> x,
@@ -115,6 +120,8 @@ class MoeLayer {
     y_.assign(std::size_t{n} * k * H, 0.f);
     ran_.assign(std::size_t{n} * k, 0);
     const moekit::ModelShape shape = cfg_.shape();
+    moekit::KernelOptions expert_opts = opts;
+    expert_opts.int8_activations = int8_experts_;
     for (const moekit::WeightView& v : views) {
       if (v.placement == moekit::Placement::skipped) continue;
       if (v.bytes.empty())
@@ -129,7 +136,7 @@ class MoeLayer {
       res_.assign(m * H, 0.f);
       for (std::size_t r = 0; r < m; ++r)
         std::copy_n(x.data() + std::size_t{rows_[r] / k} * H, H, in_.data() + r * H);
-      ffn(expert_view(shape, v.bytes, v.precision), in_, m, res_, opts);
+      ffn(expert_view(shape, v.bytes, v.precision), in_, m, res_, expert_opts);
       for (std::size_t r = 0; r < m; ++r) {
         std::copy_n(res_.data() + r * H, H, y_.data() + std::size_t{rows_[r]} * H);
         ran_[rows_[r]] = 1;
@@ -182,6 +189,7 @@ class MoeLayer {
   const ModelConfig& cfg_;
   Pipeline& pipeline_;
   bool batched_ = false;
+  bool int8_experts_ = false;
   std::vector<float> logits_, weights_, probs_, y_, in_, res_, gate_;
   std::vector<std::uint32_t> experts_, order_, rank_, rows_;
   std::vector<std::uint8_t> ran_;

@@ -98,3 +98,48 @@ TEST_CASE("an impossible expert budget is refused with the minimum that works", 
     CHECK(e.message().find("minimum at f16 is " + std::to_string(2 * one)) != std::string::npos);
   }
 }
+
+TEST_CASE("--activations parses auto, f32 and int8 and refuses the rest", "[engine][cli]") {
+  CHECK(parse({}).options.activations == ActivationMode::automatic);
+  CHECK(parse({"--activations", "f32"}).options.activations == ActivationMode::f32);
+  CHECK(parse({"--activations", "int8"}).options.activations == ActivationMode::int8);
+  CHECK(parse({"--activations", "auto"}).options.activations == ActivationMode::automatic);
+  for (const char* bad : {"q8", "INT8", "", "fp32"}) {
+    const auto p = parse({"--activations", bad});
+    INFO(bad << ": " << p.err);
+    CHECK(p.rc != 0);
+    CHECK(p.err.find("--activations") != std::string::npos);
+    CHECK(p.err.find("auto, f32, int8") != std::string::npos);
+  }
+}
+
+TEST_CASE("--activations resolves against the experts' precisions, width and the CPU",
+          "[engine][cli]") {
+  using moekit::Precision;
+  const std::vector<Precision> q4{Precision::q4}, f16{Precision::f16},
+      mixed{Precision::f16, Precision::q4};
+  const std::size_t wide = int8_min_row_width, narrow = int8_min_row_width - 1;
+  // auto: int8 exactly when some expert is quantized, its rows are wide enough and the CPU has
+  // VNNI.
+  CHECK(resolve_int8_activations(ActivationMode::automatic, q4, wide, true));
+  CHECK(resolve_int8_activations(ActivationMode::automatic, mixed, wide, true));
+  CHECK_FALSE(resolve_int8_activations(ActivationMode::automatic, q4, narrow, true));
+  CHECK_FALSE(resolve_int8_activations(ActivationMode::automatic, q4, wide, false));
+  CHECK_FALSE(resolve_int8_activations(ActivationMode::automatic, f16, wide, true));
+  CHECK_FALSE(resolve_int8_activations(ActivationMode::f32, q4, wide, true));
+  // An explicit int8 ignores the width (narrow rows run, just not faster).
+  CHECK(resolve_int8_activations(ActivationMode::int8, mixed, narrow, true));
+  // int8 applies to quantized experts only: nothing to apply it to at f16.
+  CHECK_FALSE(resolve_int8_activations(ActivationMode::int8, f16, wide, true));
+  try {
+    (void)resolve_int8_activations(ActivationMode::int8, q4, wide, false);
+    FAIL("int8 accepted without VNNI");
+  } catch (const moekit::Error& e) {
+    INFO(e.message());
+    CHECK(e.kind() == moekit::ErrorKind::unsupported);
+    CHECK(e.message().find("--activations int8") != std::string::npos);
+    CHECK(e.message().find("VNNI") != std::string::npos);
+  }
+  CHECK(activations_name(true) == "int8");
+  CHECK(activations_name(false) == "f32");
+}
