@@ -8,6 +8,7 @@
 /// applies to the single-token path (x, then h, rounded to int8 per 32 values for the VNNI
 /// kernels); the GEMM dequantizes rows and stays float.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -72,10 +73,22 @@ inline void expert_ffn(const ExpertWeights& e, std::span<const float> x, std::si
   const detail::GemvPlan p3 = same ? p1 : detail::make_plan(e.w3, x.data(), opts, storage3);
   if (h.size() < ffn) h.resize(ffn);
   float* hp = h.data();
+  // Short int8 rows outrun the hardware prefetcher when the experts are outside L2 (the tiny
+  // model's 48 q4 experts in turn, 256 × 512: 34 → 71 µs per call; the float path stays at 37):
+  // fetch w1's and w3's rows a few ahead. Not for rows over 8 cache lines: there the prefetcher
+  // keeps up and the extra instructions cost 10-15% (1024 × 2048 in cache).
+  const std::size_t stride = e.w1.row_stride(), stride3 = e.w3.row_stride();
+  const bool prefetch = (p1.int8 || p3.int8) && std::max(stride, stride3) <= 512;
   auto up_gate = [&](std::size_t r0, std::size_t r1) {
     float* scratch = detail::plan_scratch(hidden);
-    for (std::size_t r = r0; r < r1; ++r)
+    constexpr std::size_t ahead = 4;
+    for (std::size_t r = r0; r < r1; ++r) {
+      if (prefetch && r + ahead < r1) {
+        for (std::size_t o = 0; o < stride; o += 64) __builtin_prefetch(e.w1.row(r + ahead) + o);
+        for (std::size_t o = 0; o < stride3; o += 64) __builtin_prefetch(e.w3.row(r + ahead) + o);
+      }
       hp[r] = detail::silu(p1.dot(e.w1.row(r), scratch)) * p3.dot(e.w3.row(r), scratch);
+    }
   };
   if (opts.pool) opts.pool->parallel_for(0, ffn, detail::row_grain(ffn, opts.pool), up_gate);
   else up_gate(0, ffn);
