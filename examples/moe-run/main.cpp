@@ -150,7 +150,10 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
     ++t.decoded_tokens;
   }
   t.decode_s = seconds_since(t0);
-  if (!o.json) std::fputs("\n", stdout);
+  if (!o.json) {  // end the text before the statistics on stderr
+    std::fputs("\n", stdout);
+    std::fflush(stdout);
+  }
 
   const auto s = pipeline.stats();
   moekit::PredictionStats pred;

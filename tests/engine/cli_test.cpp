@@ -99,7 +99,7 @@ TEST_CASE("an impossible expert budget is refused with the minimum that works", 
   }
 }
 
-TEST_CASE("--activations parses auto, f32 and int8 and refuses the rest", "[engine][cli]") {
+TEST_CASE("moe-run --activations parses auto, f32 and int8 and refuses the rest", "[engine][cli]") {
   CHECK(parse({}).options.activations == ActivationMode::automatic);
   CHECK(parse({"--activations", "f32"}).options.activations == ActivationMode::f32);
   CHECK(parse({"--activations", "int8"}).options.activations == ActivationMode::int8);
@@ -113,7 +113,7 @@ TEST_CASE("--activations parses auto, f32 and int8 and refuses the rest", "[engi
   }
 }
 
-TEST_CASE("--activations resolves against the experts' precisions, width and the CPU",
+TEST_CASE("moe-run --activations resolves against the experts' precisions, width and the CPU",
           "[engine][cli]") {
   using moekit::Precision;
   const std::vector<Precision> q4{Precision::q4}, f16{Precision::f16},
