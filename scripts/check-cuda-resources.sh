@@ -2,7 +2,7 @@
 # Fails when a GEMV-family CUDA kernel (gemv_kernel, up_gate_kernel) uses local memory, a stack
 # frame or register spills, for any architecture in the built library.
 #
-#   scripts/check-cuda-resources.sh [libmoekit_cuda.a]
+#   scripts/check-cuda-resources.sh [libmoekit_cuda.a | BUILD_DIR]
 #
 # Uses `cuobjdump --dump-resource-usage` on the library (spilled registers live in local memory,
 # so LOCAL/STACK > 0 catches spills); a toolkit without it gets PyPI's nvidia-cuda-cuobjdump in
@@ -29,6 +29,7 @@ if [[ -z "$cuobjdump" && "${MOEKIT_NO_PIP:-0}" != 1 ]]; then
 fi
 
 if [[ -n "$cuobjdump" ]]; then
+  [[ -d "$lib" ]] && lib="$lib/libmoekit_cuda.a"  # a build directory: its library
   if [[ -z "$lib" ]]; then
     lib="$(ls -t "$here"/build/*/libmoekit_cuda.a 2>/dev/null | head -n1 || true)"
   fi

@@ -138,6 +138,40 @@ GreedyRun greedy(const moe_run::ModelConfig& cfg, const moe_run::DenseWeights& d
   return r;
 }
 
+/// Logits of every position of `seq` (positions × vocab), teacher-forced as the default model's
+/// references were recorded: one prefill of the first `prompt` tokens (all logits), then one
+/// decode step per further token. Pipeline: the baseline preset, experts in memory.
+template <class Pipeline>
+std::vector<float> teacher_forced(const moe_run::ModelConfig& cfg, const moe_run::DenseWeights& dense,
+                                  Pipeline& pipeline, std::span<const moe_run::Token> seq,
+                                  std::size_t prompt, moekit::ThreadPool* pool) {
+  moe_run::Model<Pipeline> model(cfg, dense, pipeline, static_cast<std::uint32_t>(seq.size() + 1),
+                                 pool);
+  model.begin_sequence();
+  const auto pre = model.prefill(seq.first(prompt), /*all_logits=*/true);
+  std::vector<float> rows(pre.begin(), pre.end());
+  for (std::size_t t = prompt; t < seq.size(); ++t) {
+    const auto lg = model.decode(seq[t]);
+    rows.insert(rows.end(), lg.begin(), lg.end());
+  }
+  return rows;
+}
+
+/// Worst error of `rows` (positions × vocab) at a reference's top-k tokens of each position,
+/// relative to that position's largest |reference logit|.
+inline double worst_top_k_error(const std::vector<float>& rows, std::size_t vocab,
+                                const std::vector<std::vector<std::uint32_t>>& top_ids,
+                                const std::vector<std::vector<float>>& top_logits) {
+  double worst = 0;
+  for (std::size_t t = 0; t < top_ids.size(); ++t) {
+    double scale = 0;
+    for (float v : top_logits.at(t)) scale = std::max(scale, double(std::abs(v)));
+    for (std::size_t j = 0; j < top_ids[t].size(); ++j)
+      worst = std::max(worst, std::abs(rows.at(t * vocab + top_ids[t][j]) - top_logits[t].at(j)) / scale);
+  }
+  return worst;
+}
+
 /// Worst per-position relative error of `got` against `want` (both positions × vocab).
 inline double worst_relative_error(const std::vector<float>& got, const std::vector<float>& want,
                                    std::size_t vocab) {

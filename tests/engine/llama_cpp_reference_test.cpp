@@ -87,39 +87,30 @@ TEST_CASE("moekit-tiny-moe matches llama.cpp's logits when its reference is pres
   Baseline pipeline(shape, pipeline_config(shape, {0, Precision::f32}), host_loader(w.experts),
                     moekit::UniformScorer({Precision::f32}));
   moekit::ThreadPool pool(2);
-  Model<Baseline> model(cfg, w.dense, pipeline, 256, &pool);
-  model.begin_sequence();
 
   // Teacher-forced like llama.cpp's run: prefill of the prompt, then one decode step per token.
   const auto seq = ref.at("sequence_ids").get<std::vector<std::uint32_t>>();
   const std::size_t P = ref.at("prompt_ids").size();
   REQUIRE(P >= 1);
   REQUIRE(seq.size() > P);
-  std::vector<float> rows;
-  const auto pre = model.prefill(std::span<const std::uint32_t>(seq).first(P), /*all_logits=*/true);
-  rows.assign(pre.begin(), pre.end());
-  for (std::size_t t = P; t < seq.size(); ++t) {
-    const auto lg = model.decode(seq[t]);
-    rows.insert(rows.end(), lg.begin(), lg.end());
-  }
+  const auto rows = engine_test::teacher_forced(cfg, w.dense, pipeline, std::span<const std::uint32_t>(seq), P, &pool);
   REQUIRE(rows.size() == seq.size() * V);
 
   const auto top_ids = ref.at("top_ids").get<std::vector<std::vector<std::uint32_t>>>();
   const auto top_logits = ref.at("top_logits").get<std::vector<std::vector<float>>>();
   REQUIRE(top_ids.size() == seq.size());
   REQUIRE(top_logits.size() == seq.size());
-  double worst = 0;
+  for (const auto& ids : top_ids) {
+    REQUIRE(ids.size() >= 2);
+    for (auto id : ids) REQUIRE(id < V);
+  }
+  const double worst = engine_test::worst_top_k_error(rows, V, top_ids, top_logits);
+  // The argmax, wherever llama.cpp's top-2 gap is well above both engines' error.
   std::size_t argmax_agree = 0, comparable = 0;
   for (std::size_t t = 0; t < seq.size(); ++t) {
     REQUIRE(top_ids[t].size() == top_logits[t].size());
-    REQUIRE(top_ids[t].size() >= 2);
     double scale = 0;
     for (float v : top_logits[t]) scale = std::max(scale, double(std::abs(v)));
-    for (std::size_t j = 0; j < top_ids[t].size(); ++j) {
-      REQUIRE(top_ids[t][j] < V);
-      worst = std::max(worst, std::abs(rows[t * V + top_ids[t][j]] - top_logits[t][j]) / scale);
-    }
-    // The argmax, wherever llama.cpp's top-2 gap is well above both engines' error.
     if (top_logits[t][0] - top_logits[t][1] > 1e-3 * scale) {
       ++comparable;
       if (engine_test::argmax(rows.data() + t * V, V) == top_ids[t][0]) ++argmax_agree;

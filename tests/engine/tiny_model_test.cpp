@@ -50,8 +50,6 @@ TEST_CASE("moekit-tiny-moe matches transformers' reference", "[engine][golden][t
   Baseline pipeline(shape, pipeline_config(shape, {0, Precision::f32}), host_loader(w.experts),
                     moekit::UniformScorer({Precision::f32}));
   moekit::ThreadPool pool(2);
-  Model<Baseline> model(cfg, w.dense, pipeline, 256, &pool);
-  model.begin_sequence();
 
   // Teacher-forced over sequence_ids: prefill of the prompt, then one decode step per token.
   const auto seq = ref.at("sequence_ids").get<std::vector<std::uint32_t>>();
@@ -60,25 +58,11 @@ TEST_CASE("moekit-tiny-moe matches transformers' reference", "[engine][golden][t
   const auto gaps = ref.at("greedy_gaps").get<std::vector<double>>();
   const auto generated = ref.at("generated_ids").get<std::vector<std::uint32_t>>();
   const std::size_t V = cfg.vocab_size, P = prompt_ids.size();
-  std::vector<float> rows;
-  const auto pre = model.prefill(std::span<const std::uint32_t>(seq).first(P), /*all_logits=*/true);
-  rows.assign(pre.begin(), pre.end());
-  for (std::size_t t = P; t < seq.size(); ++t) {
-    const auto lg = model.decode(seq[t]);
-    rows.insert(rows.end(), lg.begin(), lg.end());
-  }
+  REQUIRE(seq.size() > P);
+  const auto rows = engine_test::teacher_forced(cfg, w.dense, pipeline, std::span<const std::uint32_t>(seq), P, &pool);
   REQUIRE(rows.size() == seq.size() * V);
   REQUIRE(top_ids.size() == seq.size());
-
-  double worst = 0;
-  for (std::size_t t = 0; t < seq.size(); ++t) {
-    double scale = 0;
-    for (float v : top_logits[t]) scale = std::max(scale, double(std::abs(v)));
-    for (std::size_t j = 0; j < top_ids[t].size(); ++j) {
-      const double e = std::abs(rows[t * V + top_ids[t][j]] - top_logits[t][j]) / scale;
-      worst = std::max(worst, e);
-    }
-  }
+  const double worst = engine_test::worst_top_k_error(rows, V, top_ids, top_logits);
   INFO("worst relative error of the top-5 logits: " << worst);
   CHECK(worst <= 1e-4);
 
