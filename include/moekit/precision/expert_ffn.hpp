@@ -87,7 +87,13 @@ inline void expert_ffn(const ExpertWeights& e, std::span<const float> x, std::si
         for (std::size_t o = 0; o < stride; o += 64) __builtin_prefetch(e.w1.row(r + ahead) + o);
         for (std::size_t o = 0; o < stride3; o += 64) __builtin_prefetch(e.w3.row(r + ahead) + o);
       }
-      hp[r] = detail::silu(p1.dot(e.w1.row(r), scratch)) * p3.dot(e.w3.row(r), scratch);
+      if (same) {  // w1 and w3 rows share the activation
+        float g[2];
+        p1.dot2(e.w1.row(r), e.w3.row(r), scratch, g);
+        hp[r] = detail::silu(g[0]) * g[1];
+      } else {
+        hp[r] = detail::silu(p1.dot(e.w1.row(r), scratch)) * p3.dot(e.w3.row(r), scratch);
+      }
     }
   };
   if (opts.pool) opts.pool->parallel_for(0, ffn, detail::row_grain(ffn, opts.pool), up_gate);

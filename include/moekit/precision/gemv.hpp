@@ -190,6 +190,23 @@ struct GemvPlan {
     (void)scratch;
     return kernels.dot(row, layout, act);
   }
+
+  /// Two rows of this layout · x into out[0], out[1]; the int8 path loads the activation once
+  /// for both (q8/q4/q2 rows in cache: 8-15% faster than two dot calls).
+  void dot2(const std::byte* row0, const std::byte* row1, float* scratch, float* out) const noexcept {
+#if defined(MOEKIT_HAS_X86_KERNELS)
+    if (int8) {
+      const std::byte* rows[2] = {row0, row1};
+      switch (layout.bits) {
+        case 8: return avx512_int8::row_dots<8, 2>(rows, layout, act8, scratch, out);
+        case 4: return avx512_int8::row_dots<4, 2>(rows, layout, act8, scratch, out);
+        default: return avx512_int8::row_dots<2, 2>(rows, layout, act8, scratch, out);
+      }
+    }
+#endif
+    out[0] = dot(row0, scratch);
+    out[1] = dot(row1, scratch);
+  }
 };
 
 inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptions& o,
@@ -221,10 +238,22 @@ inline void gemv_rows(const MatrixView& w, const GemvPlan& plan, float* y, Epilo
                       std::size_t r0, std::size_t r1) noexcept {
   float* scratch = plan_scratch(w.cols);
   const std::size_t stride = plan.layout.bytes;
-  for (std::size_t r = r0; r < r1; ++r) {
-    const float v = ep.scale * plan.dot(w.data + r * stride, scratch);
+  auto store = [&](std::size_t r, float dot) {
+    const float v = ep.scale * dot;
     y[r] = ep.accumulate ? y[r] + v : v;
+  };
+  // Rows in pairs from the two halves of the range, so each half is still read front to back as
+  // one stream the hardware prefetcher follows (pairing neighbours made every pair start a new
+  // stream: 14336 × 4096 q8, cold, 1 thread, 3.9 -> 5.7 ms).
+  const std::size_t half = (r1 - r0) / 2;
+  for (std::size_t i = 0; i < half; ++i) {
+    const std::size_t a = r0 + i, b = r0 + half + i;
+    float d[2];
+    plan.dot2(w.data + a * stride, w.data + b * stride, scratch, d);
+    store(a, d[0]);
+    store(b, d[1]);
   }
+  if (r0 + 2 * half < r1) store(r1 - 1, plan.dot(w.data + (r1 - 1) * stride, scratch));
 }
 
 }  // namespace detail
