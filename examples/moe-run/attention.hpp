@@ -80,10 +80,7 @@ class Attention {
         const float* q = q_.data() + std::size_t{t} * qd + std::size_t{h} * D;
         scores.resize(pos + 1 - first);
         for (std::uint32_t j = first; j <= pos; ++j) {
-          const float* kj = key(j) + std::size_t{kvh} * D;
-          float dot = 0.f;
-          for (std::uint32_t i = 0; i < D; ++i) dot += q[i] * kj[i];
-          scores[j - first] = dot * scale;
+          scores[j - first] = dot(q, key(j) + std::size_t{kvh} * D, D) * scale;
         }
         softmax(scores);
         float* o = ctx_.data() + std::size_t{t} * qd + std::size_t{h} * D;

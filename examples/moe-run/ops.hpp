@@ -62,6 +62,20 @@ inline void linear(const Linear& l, std::span<const float> x, std::size_t n, std
       for (std::size_t r = 0; r < l.rows; ++r) y[t * l.rows + r] += l.bias[r];
 }
 
+/// a · b over n floats in 16 interleaved partial sums: a plain `dot += a[i] * b[i]` is one
+/// dependent chain the compiler may not reorder (one add latency per element); this form
+/// vectorises (attention's q·k over head_dim was 14% of a 512-token decode).
+inline float dot(const float* a, const float* b, std::size_t n) noexcept {
+  float part[16] = {};
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (std::size_t l = 0; l < 16; ++l) part[l] += a[i + l] * b[i + l];
+  float s = 0.f;
+  for (; i < n; ++i) s += a[i] * b[i];
+  for (float p : part) s += p;
+  return s;
+}
+
 /// In-place softmax of v.
 inline void softmax(std::span<float> v) {
   const float m = *std::max_element(v.begin(), v.end());
