@@ -75,17 +75,7 @@ std::vector<float> int8_test_forced_logits(const engine_test::LoadedModel& m, Pr
   const auto shape = m.cfg.shape();
   Baseline pipeline(shape, pipeline_config(shape, {0, p}), host_loader(m.weights.experts),
                     moekit::UniformScorer({p}));
-  Model<Baseline> model(m.cfg, m.weights.dense, pipeline,
-                        static_cast<std::uint32_t>(ids.size() + 1), pool);
-  model.set_int8_expert_activations(int8);
-  model.begin_sequence();
-  const auto pre = model.prefill(ids.first(n_prompt), /*all_logits=*/true);
-  std::vector<float> logits(pre.begin(), pre.end());
-  for (std::size_t t = n_prompt; t < ids.size(); ++t) {
-    const auto lg = model.decode(ids[t]);
-    logits.insert(logits.end(), lg.begin(), lg.end());
-  }
-  return logits;
+  return engine_test::teacher_forced(m.cfg, m.weights.dense, pipeline, ids, n_prompt, pool, int8);
 }
 
 }  // namespace
