@@ -13,6 +13,7 @@ packages=(
   libfmt-dev              # formatting
   liburing-dev            # io_uring loader
   libsentencepiece-dev    # Mixtral tokenizer
+  libpcre2-dev            # byte-level BPE pre-tokenizer regexes (Qwen2-MoE, OLMoE tokenizers)
   clang                   # libFuzzer targets
   libclang-rt-14-dev      # fuzzer and sanitizer runtimes for clang
 )

@@ -92,8 +92,8 @@ class GgufVocab {
     if (!model) bad("tokenizer.ggml.model", "is missing: the file embeds no vocabulary");
     const std::string& m = model->as_string("tokenizer.ggml.model");
     if (m != "llama")
-      bad("tokenizer.ggml.model", "is '" + m + "'; moe-run reads only SentencePiece vocabularies "
-          "('llama')", moekit::ErrorKind::unsupported);
+      bad("tokenizer.ggml.model", "is '" + m + "'; moe-run reads SentencePiece ('llama', GgufVocab) and "
+          "byte-level BPE ('gpt2', BpeVocab) vocabularies", moekit::ErrorKind::unsupported);
     const auto* tokens = g.metadata("tokenizer.ggml.tokens");
     if (!tokens) bad("tokenizer.ggml.tokens", "is missing");
     std::vector<std::string> pieces;

@@ -429,11 +429,12 @@ PresetInputs preset_inputs(const Options& o, const ModelConfig& cfg, const Model
   return in;
 }
 
-// The tokenizer of a model: tokenizer.model in a Hugging Face directory, the embedded
-// vocabulary of a GGUF file.
+// The tokenizer of a model: the embedded vocabulary of a GGUF file (SentencePiece "llama" or
+// byte-level BPE "gpt2"); in a Hugging Face directory tokenizer.model (SentencePiece), else a
+// byte-level BPE tokenizer.json.
 Tokenizer load_tokenizer(const ModelPath& m, const moekit::io::GgufFile* gguf) {
-  if (gguf) return Tokenizer(GgufVocab::from_gguf(*gguf));
-  return Tokenizer(m.dir / "tokenizer.model");
+  if (gguf) return Tokenizer::from_gguf(*gguf);
+  return Tokenizer::from_hf_dir(m.dir);
 }
 
 int run(const Options& o) {

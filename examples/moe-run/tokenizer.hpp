@@ -1,7 +1,9 @@
 #pragma once
-/// \file Tokenizer: SentencePiece (Mixtral's tokenizer.model, via Debian's libsentencepiece) or
-/// the vocabulary embedded in a GGUF file (gguf_vocab.hpp), with BOS handling, and StreamDecoder,
-/// which turns generated ids into text as they arrive.
+/// \file Tokenizer: SentencePiece (Mixtral's tokenizer.model, via Debian's libsentencepiece), the
+/// SentencePiece-style vocabulary embedded in a GGUF file (gguf_vocab.hpp), or GPT-2-style
+/// byte-level BPE (Qwen2-MoE, OLMoE: a Hugging Face tokenizer.json or a GGUF "gpt2" vocabulary,
+/// bpe_vocab.hpp), with BOS handling, and StreamDecoder, which turns generated ids into text as
+/// they arrive.
 ///
 /// Streaming detokenisation follows transformers' TextStreamer: decode the ids since a prefix
 /// offset, emit only what extends the text already emitted, and hold the output while it ends in
@@ -22,11 +24,13 @@
 
 #include "moekit/error.hpp"
 
+#include "bpe_vocab.hpp"
 #include "gguf_vocab.hpp"
 
 namespace moe_run {
 
-/// A SentencePiece model (tokenizer.model) or a GGUF file's embedded vocabulary.
+/// A SentencePiece model (tokenizer.model), a GGUF file's embedded vocabulary, or a byte-level BPE
+/// vocabulary.
 class Tokenizer {
  public:
   /// Loads `path` (a tokenizer.model file). Throws `Error` naming the file on failure.
@@ -43,12 +47,32 @@ class Tokenizer {
   /// The vocabulary embedded in a GGUF file.
   explicit Tokenizer(GgufVocab vocab) : vocab_(std::make_unique<GgufVocab>(std::move(vocab))) {}
 
+  /// A byte-level BPE vocabulary.
+  explicit Tokenizer(BpeVocab vocab) : bpe_(std::make_unique<BpeVocab>(std::move(vocab))) {}
+
+  /// The vocabulary embedded in `g`: byte-level BPE for `tokenizer.ggml.model = "gpt2"`, else
+  /// GgufVocab (which refuses models other than "llama").
+  static Tokenizer from_gguf(const moekit::io::GgufFile& g) {
+    const auto* model = g.metadata("tokenizer.ggml.model");
+    if (model && model->as_string("tokenizer.ggml.model") == "gpt2") return Tokenizer(BpeVocab::from_gguf(g));
+    return Tokenizer(GgufVocab::from_gguf(g));
+  }
+
+  /// The tokenizer of a Hugging Face model directory: tokenizer.model (SentencePiece) when there
+  /// is one, else tokenizer.json (byte-level BPE).
+  static Tokenizer from_hf_dir(const std::filesystem::path& dir) {
+    const auto sp = dir / "tokenizer.model";
+    const auto json = dir / "tokenizer.json";
+    if (std::filesystem::exists(sp) || !std::filesystem::exists(json)) return Tokenizer(sp);
+    return Tokenizer(BpeVocab::from_tokenizer_json(json));
+  }
+
   /// Token ids of `text`, with BOS first when `add_bos` (and the model has one).
   [[nodiscard]] std::vector<std::uint32_t> encode(std::string_view text, bool add_bos) const {
-    if (vocab_) {
+    if (vocab_ || bpe_) {
       std::vector<std::uint32_t> out;
       if (add_bos && bos_id()) out.push_back(*bos_id());
-      const auto ids = vocab_->encode(text);
+      const auto ids = vocab_ ? vocab_->encode(text) : bpe_->encode(text);
       out.insert(out.end(), ids.begin(), ids.end());
       return out;
     }
@@ -63,9 +87,12 @@ class Tokenizer {
     return out;
   }
 
-  /// Text of `ids` (control tokens such as BOS/EOS produce nothing).
+  /// Text of `ids`. SentencePiece vocabularies: control tokens such as BOS/EOS produce nothing.
+  /// Byte-level BPE: every token produces its text, special ones too (HF's
+  /// decode(skip_special_tokens=False), so EOS gives e.g. "<|endoftext|>").
   [[nodiscard]] std::string decode(std::span<const std::uint32_t> ids) const {
     if (vocab_) return vocab_->decode(ids);
+    if (bpe_) return bpe_->decode(ids);
     std::vector<int> v(ids.begin(), ids.end());
     std::string text;
     const auto status = sp_->Decode(v, &text);
@@ -75,24 +102,25 @@ class Tokenizer {
   }
 
   [[nodiscard]] std::uint32_t vocab_size() const noexcept {
-    return vocab_ ? vocab_->size() : static_cast<std::uint32_t>(sp_->GetPieceSize());
+    return vocab_ ? vocab_->size() : bpe_ ? bpe_->size() : static_cast<std::uint32_t>(sp_->GetPieceSize());
   }
   [[nodiscard]] std::optional<std::uint32_t> bos_id() const noexcept {
-    return vocab_ ? vocab_->special().bos : id_or_none(sp_->bos_id());
+    return vocab_ ? vocab_->special().bos : bpe_ ? bpe_->special().bos : id_or_none(sp_->bos_id());
   }
   [[nodiscard]] std::optional<std::uint32_t> eos_id() const noexcept {
-    return vocab_ ? vocab_->special().eos : id_or_none(sp_->eos_id());
+    return vocab_ ? vocab_->special().eos : bpe_ ? bpe_->special().eos : id_or_none(sp_->eos_id());
   }
   [[nodiscard]] std::string piece(std::uint32_t id) const {
-    return vocab_ ? vocab_->piece(id) : sp_->IdToPiece(static_cast<int>(id));
+    return vocab_ ? vocab_->piece(id) : bpe_ ? bpe_->piece(id) : sp_->IdToPiece(static_cast<int>(id));
   }
 
  private:
   static std::optional<std::uint32_t> id_or_none(int id) noexcept {
     return id >= 0 ? std::optional<std::uint32_t>(static_cast<std::uint32_t>(id)) : std::nullopt;
   }
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;  // null for a GGUF vocabulary
-  std::unique_ptr<GgufVocab> vocab_;                            // null for SentencePiece
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;  // set for tokenizer.model only
+  std::unique_ptr<GgufVocab> vocab_;                            // set for a GGUF "llama" vocabulary
+  std::unique_ptr<BpeVocab> bpe_;                               // set for byte-level BPE
 };
 
 /// Turns a growing sequence of ids into text increments.
