@@ -2,6 +2,8 @@
 """Generate moekit's model reference fixtures in tests/data/ (issue 9, point 5).
 
     python3 scripts/make_fixtures.py            # installs scripts/requirements.txt with pip if needed
+    python3 scripts/make_fixtures.py --gguf-only   # only the qwen2_moe / olmoe GGUFs, from the committed
+                                                   # safetensors (numpy + safetensors + sentencepiece + gguf)
 
 Builds tiny random-weight checkpoints with transformers' own model classes (MixtralForCausalLM,
 Qwen2MoeForCausalLM, OlmoeForCausalLM), float32, eager attention, fixed seeds, and records what
@@ -24,10 +26,16 @@ import sys
 from pathlib import Path
 
 
+# --gguf-only needs neither torch nor transformers: it reads the committed safetensors with numpy.
+GGUF_ONLY = "--gguf-only" in sys.argv[1:]
+
+
 def _ensure_deps() -> None:
     """Install scripts/requirements.txt with pip if a dependency is missing."""
     try:
-        import gguf, numpy, safetensors, sentencepiece, torch, transformers  # noqa: F401
+        import gguf, numpy, safetensors, sentencepiece  # noqa: F401
+        if not GGUF_ONLY:
+            import torch, transformers  # noqa: F401
     except ImportError:
         req = Path(__file__).resolve().parent / "requirements.txt"
         subprocess.check_call([sys.executable, "-m", "pip", "install", "-r", str(req)])
@@ -38,13 +46,24 @@ _ensure_deps()
 import gguf  # noqa: E402
 import numpy as np  # noqa: E402
 import sentencepiece as spm  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,  # noqa: E402
-                          Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_export import save_hub_checkpoint  # noqa: E402
+if GGUF_ONLY:
+    torch = transformers = None
+    MixtralConfig = MixtralForCausalLM = OlmoeConfig = OlmoeForCausalLM = None
+    Qwen2MoeConfig = Qwen2MoeForCausalLM = None
+else:
+    import torch  # noqa: E402
+    import transformers  # noqa: E402
+    from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,  # noqa: E402
+                              Qwen2MoeConfig, Qwen2MoeForCausalLM)
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hf_export import save_hub_checkpoint  # noqa: E402
+
+
+def _no_grad():
+    """torch.no_grad() as a decorator; a no-op without torch (--gguf-only never calls these functions)."""
+    return torch.no_grad() if torch is not None else (lambda f: f)
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
@@ -161,7 +180,7 @@ def build(name: str, seed: int):
     return model
 
 
-@torch.no_grad()
+@_no_grad()
 def reference(model, prompt: list[int]) -> dict:
     """Greedy decoding by full re-evaluation (no KV cache: the definition), checked against generate()
     with the KV cache; then one forward pass over prompt + generated[:-1] for logits/router/hidden states."""
@@ -309,23 +328,8 @@ def gguf_tensors(model) -> list[tuple[str, np.ndarray, bool]]:
     return t
 
 
-def write_gguf(path: Path, model, sp: spm.SentencePieceProcessor, q8: bool) -> list[dict]:
-    c = model.config
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("moekit-fixture-mixtral" + ("-q8_0" if q8 else "-f32"))
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_rope_dimension_count(c.head_dim)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_expert_count(c.num_local_experts)
-    w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_vocab_size(c.vocab_size)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
+def add_spm_vocab(w: gguf.GGUFWriter, sp: spm.SentencePieceProcessor) -> None:
+    """A SentencePiece model as a GGUF "llama" vocabulary: pieces, scores, types, BOS/EOS/UNK, add BOS."""
     tokens, scores, types = [], [], []
     for i in range(sp.get_piece_size()):
         tokens.append(sp.id_to_piece(i).encode("utf-8"))
@@ -350,6 +354,26 @@ def write_gguf(path: Path, model, sp: spm.SentencePieceProcessor, q8: bool) -> l
     w.add_unk_token_id(sp.unk_id())
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
+
+
+def write_gguf(path: Path, model, sp: spm.SentencePieceProcessor, q8: bool) -> list[dict]:
+    c = model.config
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("moekit-fixture-mixtral" + ("-q8_0" if q8 else "-f32"))
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_rope_dimension_count(c.head_dim)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_expert_count(c.num_local_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_vocab_size(c.vocab_size)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
+    add_spm_vocab(w, sp)
     listing = []
     for name, arr, quantizable in gguf_tensors(model):
         arr = np.ascontiguousarray(arr, dtype=np.float32)
@@ -491,11 +515,223 @@ def make_gguf(fx: dict, out_root: Path, sp: spm.SentencePieceProcessor, prompt: 
     return meta
 
 
+# ------------------------------------------------------------------------------- GGUF: qwen2moe, olmoe
+# tests/data/{qwen2_moe,olmoe}/model-f32.gguf: written from the committed config.json + model.safetensors
+# (Hub tensor names, one tensor per expert) as llama.cpp's convert_hf_to_gguf.py writes these
+# architectures (Qwen2MoeModel, OlmoeModel): per-expert tensors stacked into ffn_{gate,up,down}_exps,
+# NO Q/K row permutation (llama.cpp runs both with NEOX RoPE, which is transformers' rotate_half).
+HUB_GGUF = {"qwen2_moe": "qwen2moe", "olmoe": "olmoe"}  # fixture -> general.architecture
+
+
+def hub_gguf_tensors(arch: str, sd: dict[str, np.ndarray], cfg: dict) -> list[tuple[str, np.ndarray]]:
+    """(gguf name, f32 array in HF orientation) from a Hub-named state dict, in llama.cpp's names."""
+    n_exp = cfg["num_experts"]
+    t = [("token_embd.weight", sd["model.embed_tokens.weight"])]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        b = f"blk.{i}."
+        t.append((b + "attn_norm.weight", sd[p + "input_layernorm.weight"]))
+        for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v")):
+            t.append((b + gg + ".weight", sd[p + f"self_attn.{hf}.weight"]))
+            if arch == "qwen2moe":
+                t.append((b + gg + ".bias", sd[p + f"self_attn.{hf}.bias"]))
+        t.append((b + "attn_output.weight", sd[p + "self_attn.o_proj.weight"]))
+        if arch == "olmoe":
+            # HF OLMoE: q_norm over the whole q projection (hidden_size wide), k_norm over the whole k
+            # projection (kv heads x head_dim wide); convert_hf_to_gguf.py keeps these 1-D tensors as they are.
+            t.append((b + "attn_q_norm.weight", sd[p + "self_attn.q_norm.weight"]))
+            t.append((b + "attn_k_norm.weight", sd[p + "self_attn.k_norm.weight"]))
+        t.append((b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"]))
+        t.append((b + "ffn_gate_inp.weight", sd[p + "mlp.gate.weight"]))  # [E, H]
+        for hf, gg in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+            t.append((b + gg + ".weight",  # [E, I, H] (gate, up), [E, H, I] (down)
+                      np.stack([sd[p + f"mlp.experts.{e}.{hf}.weight"] for e in range(n_exp)])))
+        if arch == "qwen2moe":
+            for hf, gg in (("gate_proj", "ffn_gate_shexp"), ("up_proj", "ffn_up_shexp"),
+                           ("down_proj", "ffn_down_shexp")):
+                t.append((b + gg + ".weight", sd[p + f"mlp.shared_expert.{hf}.weight"]))
+            # [1, H] as in the checkpoint (GGUF ne = [H, 1]; llama.cpp loads it as {n_embd})
+            t.append((b + "ffn_gate_inp_shexp.weight", sd[p + "mlp.shared_expert_gate.weight"]))
+    t += [("output_norm.weight", sd["model.norm.weight"]), ("output.weight", sd["lm_head.weight"])]
+    return t
+
+
+def write_hub_gguf(path: Path, arch: str, cfg: dict, sd: dict[str, np.ndarray],
+                   sp: spm.SentencePieceProcessor) -> list[dict]:
+    """An f32 GGUF with the metadata convert_hf_to_gguf.py writes for `arch` (TextModel's common keys,
+    then Qwen2MoeModel's / OlmoeModel's own)."""
+    rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta"))
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"moekit-fixture-{path.parent.name}-f32")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(rope_theta)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    if cfg.get("head_dim") is not None:
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+    if arch == "qwen2moe":
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    # olmoe: convert_hf_to_gguf.py writes no expert_feed_forward_length; llama.cpp sizes OLMoE's experts
+    # with feed_forward_length (= intermediate_size, the expert size in OLMoE's config).
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    add_spm_vocab(w, sp)
+    listing = []
+    for name, arr in hub_gguf_tensors(arch, sd, cfg):
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        w.add_tensor(name, arr)
+        listing.append({"name": name, "type": "F32", "shape": list(arr.shape)})
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return listing
+
+
+def gguf_numpy_forward_neox(path: Path, ids: list[int]) -> np.ndarray:
+    """An independent float64 numpy forward pass of a qwen2moe / olmoe F32 GGUF, from llama.cpp's graphs
+    (llm_build_qwen2moe, llm_build_olmoe): NEOX RoPE (dimension i paired with i + head_dim/2); olmoe:
+    RMSNorm of the whole q and k projections before RoPE; qwen2moe: q/k/v biases and the shared expert
+    times sigmoid(ffn_gate_inp_shexp . x); top-k of the softmax over all experts, NOT renormalised
+    (llama.cpp's default for both). Returns logits [T, vocab]."""
+    r = gguf.GGUFReader(str(path))
+    kv = {f.name: f.contents() for f in r.fields.values()}
+    arch = kv["general.architecture"]
+    t = {x.name: np.array(x.data, dtype=np.float64) for x in r.tensors}
+    a = lambda k: kv[f"{arch}.{k}"]  # noqa: E731
+    n_layer, n_head, n_kv = a("block_count"), a("attention.head_count"), a("attention.head_count_kv")
+    eps, base, k_used = a("attention.layer_norm_rms_epsilon"), a("rope.freq_base"), a("expert_used_count")
+    hd = a("embedding_length") // n_head
+    T = len(ids)
+
+    def rms(x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+    def rope(x):  # x [T, heads, hd], NEOX: pairs (i, i + hd/2)
+        inv = base ** (-np.arange(0, hd, 2) / hd)
+        ang = np.arange(T)[:, None] * inv[None, :]
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        x0, x1 = x[..., : hd // 2], x[..., hd // 2:]
+        return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+
+    def silu(x):
+        return x / (1.0 + np.exp(-x))
+
+    def lin(x, name):
+        y = x @ t[name + ".weight"].T
+        return y + t[name + ".bias"] if name + ".bias" in t else y
+
+    h = t["token_embd.weight"][ids]
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        x = rms(h, t[b + "attn_norm.weight"])
+        q, k, v = lin(x, b + "attn_q"), lin(x, b + "attn_k"), lin(x, b + "attn_v")
+        if arch == "olmoe":
+            q, k = rms(q, t[b + "attn_q_norm.weight"]), rms(k, t[b + "attn_k_norm.weight"])
+        q, k = rope(q.reshape(T, n_head, hd)), rope(k.reshape(T, n_kv, hd))
+        v = v.reshape(T, n_kv, hd)
+        rep = n_head // n_kv
+        att = np.empty((T, n_head, hd))
+        for hh in range(n_head):
+            sc = q[:, hh] @ k[:, hh // rep].T / np.sqrt(hd) + mask
+            pr = np.exp(sc - sc.max(-1, keepdims=True))
+            pr /= pr.sum(-1, keepdims=True)
+            att[:, hh] = pr @ v[:, hh // rep]
+        h = h + lin(att.reshape(T, -1), b + "attn_output")
+        x = rms(h, t[b + "ffn_norm.weight"])
+        logits = x @ t[b + "ffn_gate_inp.weight"].T
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        moe = np.zeros_like(h)
+        for tok in range(T):
+            for e in np.argsort(-probs[tok])[:k_used]:
+                g = t[b + "ffn_gate_exps.weight"][e] @ x[tok]
+                u = t[b + "ffn_up_exps.weight"][e] @ x[tok]
+                moe[tok] += probs[tok, e] * (t[b + "ffn_down_exps.weight"][e] @ (silu(g) * u))
+        if b + "ffn_gate_shexp.weight" in t:
+            sh = lin(silu(lin(x, b + "ffn_gate_shexp")) * lin(x, b + "ffn_up_shexp"), b + "ffn_down_shexp")
+            gate = x @ t[b + "ffn_gate_inp_shexp.weight"].reshape(-1)
+            moe += sh / (1.0 + np.exp(-gate))[:, None]
+        h = h + moe
+    return rms(h, t["output_norm.weight"]) @ t["output.weight"].T
+
+
+def make_hub_ggufs(out_root: Path) -> dict:
+    """tests/data/{qwen2_moe,olmoe}/model-f32.gguf + gguf_reference.json from the committed config.json,
+    model.safetensors and tokenizer.model (torch-free: `--gguf-only`)."""
+    from safetensors.numpy import load_file
+    results = {}
+    for name, arch in HUB_GGUF.items():
+        d = out_root / name
+        cfg = json.loads((d / "config.json").read_text())
+        sd = load_file(str(d / "model.safetensors"))
+        sp = spm.SentencePieceProcessor(model_file=str(d / "tokenizer.model"))
+        if sp.get_piece_size() != cfg["vocab_size"]:
+            raise RuntimeError(f"{name}: tokenizer.model has {sp.get_piece_size()} pieces, config {cfg['vocab_size']}")
+        listing = write_hub_gguf(d / "model-f32.gguf", arch, cfg, sd, sp)
+        # Read back: every tensor bit-identical to the checkpoint's.
+        r = gguf.GGUFReader(str(d / "model-f32.gguf"))
+        by_name = {x.name: np.array(x.data) for x in r.tensors}
+        expect = hub_gguf_tensors(arch, sd, cfg)
+        if sorted(by_name) != sorted(n for n, _ in expect):
+            raise RuntimeError(f"{name}: GGUF tensor names differ from the ones written")
+        for tname, arr in expect:
+            if not np.array_equal(by_name[tname].reshape(arr.shape), arr):
+                raise RuntimeError(f"{name}: GGUF readback mismatch for {tname}")
+        ref = json.loads((d / "reference.json").read_text())
+        lshape = ref["logits"]["shape"]
+        want = np.fromfile(d / ref["logits"]["file"], dtype="<f4").reshape(lshape)
+        got = gguf_numpy_forward_neox(d / "model-f32.gguf", ref["sequence_ids"])
+        err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+        if err > 1e-5:
+            raise RuntimeError(f"{name}: numpy llama.cpp-convention forward of model-f32.gguf differs from "
+                               f"transformers: {err}")
+        if [int(i) for i in got[ref["n_prompt"] - 1:].argmax(-1)] != ref["generated_ids"]:
+            raise RuntimeError(f"{name}: numpy forward of model-f32.gguf gives other greedy tokens")
+        print(f"{name}/model-f32.gguf ({arch}): independent numpy forward (NEOX RoPE) matches transformers, "
+              f"max error / max |logit| = {err:.2e}")
+        meta = {
+            "files": {"model-f32.gguf": listing},
+            "architecture": arch,
+            "numpy_forward_max_rel_error": float(f"{err:.3e}"),
+            "notes": (f"{arch} architecture GGUF of tests/data/{name}, written by scripts/make_fixtures.py "
+                      "--gguf-only from the committed config.json + model.safetensors, as llama.cpp's "
+                      "convert_hf_to_gguf.py writes this architecture: no Q/K row permutation (NEOX RoPE); "
+                      "experts stacked into ffn_{gate,up,down}_exps ([E, I, H], [E, I, H], [E, H, I] in numpy "
+                      "order; GGUF dims are the reverse); all tensors F32. "
+                      + ("q/k/v biases; shared expert ffn_{gate,up,down}_shexp and its gate ffn_gate_inp_shexp "
+                         "[1, H]; expert_feed_forward_length = moe_intermediate_size, "
+                         "expert_shared_feed_forward_length = shared_expert_intermediate_size. "
+                         if arch == "qwen2moe" else
+                         "attn_q_norm [hidden] / attn_k_norm [kv heads x head_dim] over the whole q and k "
+                         "projections; no expert_feed_forward_length (feed_forward_length = the expert size). ")
+                      + "The file must reproduce reference.json's logits/tokens as the safetensors checkpoint "
+                      "does. Vocabulary: tokenizer.model's pieces, scores and types (tokenizer.ggml.model = llama)."),
+        }
+        (d / "gguf_reference.json").write_text(json.dumps(meta, indent=1) + "\n")
+        results[name] = meta
+    return results
+
+
 # ----------------------------------------------------------------------------------------------- main
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "tests" / "data")
+    ap.add_argument("--gguf-only", action="store_true",
+                    help="only write qwen2_moe/olmoe model-f32.gguf + gguf_reference.json from the committed "
+                         "safetensors (no torch, no transformers; nothing else is rewritten)")
     args = ap.parse_args()
+    if args.gguf_only:
+        make_hub_ggufs(args.out)
+        return
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     out_root: Path = args.out
@@ -540,6 +776,7 @@ def main():
     print(f"mixtral_swa: window changes logits from position {first} on (max abs diff {diff.max():.3g})")
     summary["mixtral_swa"]["window_first_affected_position"] = first
     (out_root / "fixtures_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    make_hub_ggufs(out_root)
 
 
 if __name__ == "__main__":

@@ -347,7 +347,10 @@ inline std::string file_fingerprint(const std::filesystem::path& f) {
 /// The routed-expert shape of a GGUF model from its metadata (`<arch>.block_count`,
 /// `expert_count`, `expert_used_count`, `embedding_length`, and `expert_feed_forward_length` or
 /// else `feed_forward_length`). Every block is taken as an MoE layer (Mixtral, OLMoE, and
-/// Qwen2-MoE GGUFs without dense layers). Throws `Error(invalid_format)` naming the key.
+/// Qwen2-MoE GGUFs without dense layers). qwen2moe: the shared expert (one per layer, size
+/// `expert_shared_feed_forward_length` or else the rows of `blk.0.ffn_gate_shexp.weight`) as
+/// gguf_config finds it, so that this equals gguf_config(g).shape(). Throws
+/// `Error(invalid_format)` naming the key.
 inline moekit::ModelShape gguf_shape(const moekit::io::GgufFile& g) {
   const std::string a = g.architecture();
   auto u32 = [&](const std::string& key) -> std::uint32_t {
@@ -364,6 +367,15 @@ inline moekit::ModelShape gguf_shape(const moekit::io::GgufFile& g) {
   s.hidden = u32("embedding_length");
   s.ffn = g.metadata(a + ".expert_feed_forward_length") ? u32("expert_feed_forward_length")
                                                          : u32("feed_forward_length");
+  if (a == "qwen2moe") {
+    s.shared_ffn = g.metadata(a + ".expert_shared_feed_forward_length")
+                       ? u32("expert_shared_feed_forward_length")
+                       : 0;
+    if (s.shared_ffn == 0)
+      if (const auto* t = g.info("blk.0.ffn_gate_shexp.weight"))
+        s.shared_ffn = static_cast<std::uint32_t>(t->dims[0]);
+    s.n_shared_experts = s.shared_ffn ? 1u : 0u;
+  }
   s.validate();
   return s;
 }

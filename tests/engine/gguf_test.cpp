@@ -1,7 +1,9 @@
 // moe-run on a GGUF file: config from the metadata, dense weights from the GGUF (llama.cpp's Q/K
 // row permutation undone), experts through the expert store built from the same file. The
-// fixtures tests/data/mixtral/model-{f32,q8_0}.gguf (scripts/make_fixtures.py, PyPI gguf) hold
-// the weights of tests/data/mixtral/model.safetensors.
+// fixtures tests/data/mixtral/model-{f32,q8_0}.gguf (llama architecture),
+// tests/data/qwen2_moe/model-f32.gguf (qwen2moe) and tests/data/olmoe/model-f32.gguf (olmoe)
+// (scripts/make_fixtures.py, PyPI gguf; the last two with --gguf-only) hold the weights of the
+// model.safetensors next to them.
 
 #include <catch2/catch.hpp>
 
@@ -33,6 +35,17 @@ namespace fs = std::filesystem;
 namespace {
 
 const fs::path mixtral = engine_test::data_dir() / "mixtral";
+
+// The GGUF architecture name llama.cpp gives each transformers fixture.
+std::string gguf_arch_name(const std::string& fixture) {
+  if (fixture == "mixtral") return "llama";
+  if (fixture == "qwen2_moe") return "qwen2moe";
+  return "olmoe";
+}
+
+bool gguf_same_linear(const Linear& a, const Linear& b) {
+  return a.rows == b.rows && a.cols == b.cols && a.w == b.w && a.bias == b.bias;
+}
 
 // Baseline pipeline at f32 over `backing`, greedy run of the reference prompt for 31 decode steps
 // (the 51 reference positions and 32 tokens).
@@ -136,21 +149,101 @@ TEST_CASE("GGUF f32 dense weights equal the safetensors checkpoint's", "[engine]
   CHECK(a.dense.bytes() == b.dense.bytes());
 }
 
+TEST_CASE("qwen2moe and olmoe GGUF files give the config.json's model and its dense weights",
+          "[engine][gguf]") {
+  const std::string name = GENERATE(as<std::string>{}, "qwen2_moe", "olmoe");
+  INFO(name);
+  const fs::path dir = engine_test::data_dir() / name;
+  const ModelConfig want = load_config(dir);
+  const moekit::io::GgufFile g((dir / "model-f32.gguf").string());
+  CHECK(g.architecture() == gguf_arch_name(name));
+  const ModelConfig c = gguf_config(g);
+  CHECK(c.arch == want.arch);
+  CHECK(c.vocab_size == want.vocab_size);
+  CHECK(c.hidden == want.hidden);
+  CHECK(c.n_layers == want.n_layers);
+  CHECK(c.n_heads == want.n_heads);
+  CHECK(c.n_kv_heads == want.n_kv_heads);
+  CHECK(c.head_dim == want.head_dim);
+  CHECK(c.max_positions == want.max_positions);
+  CHECK(c.rope_theta == want.rope_theta);
+  CHECK(c.rms_norm_eps == want.rms_norm_eps);
+  CHECK(c.window == want.window);
+  CHECK(c.n_experts == want.n_experts);
+  CHECK(c.top_k == want.top_k);
+  CHECK(c.expert_ffn == want.expert_ffn);
+  CHECK(c.norm_topk_prob == want.norm_topk_prob);
+  CHECK_FALSE(c.norm_topk_prob);  // llama.cpp's default for both, as in both fixtures' config
+  CHECK(c.shared_ffn == want.shared_ffn);
+  CHECK(c.moe_index == want.moe_index);
+  CHECK(c.tie_word_embeddings == want.tie_word_embeddings);
+  CHECK(c.qkv_bias == want.qkv_bias);
+  CHECK(c.o_bias == want.o_bias);
+  CHECK(c.qk_norm == want.qk_norm);
+  CHECK(c.clip_qkv == want.clip_qkv);
+  CHECK(c.bos_token_id == want.bos_token_id);
+  CHECK(c.eos_token_ids == want.eos_token_ids);
+  CHECK(c.shape() == want.shape());
+  CHECK(gguf_shape(g) == c.shape());
+  if (name == "qwen2_moe") {
+    CHECK(c.qkv_bias);
+    CHECK(c.shared_ffn == 64);
+    CHECK(c.expert_ffn == 32);  // expert_feed_forward_length, not feed_forward_length (128)
+  } else {
+    CHECK(c.qk_norm);
+    CHECK(c.expert_ffn == 32);  // feed_forward_length: llama.cpp's convert writes no expert length
+  }
+
+  // Dense weights: the same values as the safetensors checkpoint's (no Q/K permutation to undo).
+  const ModelWeights a = load_weights(want, dir, {});
+  const ModelWeights b = load_gguf_weights(c, g, {});
+  CHECK(gguf_same_linear(a.dense.embed, b.dense.embed));
+  CHECK(gguf_same_linear(a.dense.lm_head, b.dense.lm_head));
+  CHECK(a.dense.final_norm == b.dense.final_norm);
+  REQUIRE(a.dense.layers.size() == b.dense.layers.size());
+  for (std::size_t l = 0; l < a.dense.layers.size(); ++l) {
+    INFO("layer " << l);
+    const LayerWeights &x = a.dense.layers[l], &y = b.dense.layers[l];
+    CHECK(x.attn_norm == y.attn_norm);
+    CHECK(x.ffn_norm == y.ffn_norm);
+    CHECK(gguf_same_linear(x.q, y.q));
+    CHECK(gguf_same_linear(x.k, y.k));
+    CHECK(gguf_same_linear(x.v, y.v));
+    CHECK(gguf_same_linear(x.o, y.o));
+    CHECK(x.q_norm == y.q_norm);
+    CHECK(x.k_norm == y.k_norm);
+    CHECK(gguf_same_linear(x.router, y.router));
+    CHECK(gguf_same_linear(x.shared.gate, y.shared.gate));
+    CHECK(gguf_same_linear(x.shared.up, y.shared.up));
+    CHECK(gguf_same_linear(x.shared.down, y.shared.down));
+    CHECK(gguf_same_linear(x.shared_gate, y.shared_gate));
+    CHECK(x.q.bias.empty() == (name != "qwen2_moe"));
+    CHECK(x.q_norm.empty() == (name != "olmoe"));
+    CHECK(x.shared.empty() == (name != "qwen2_moe"));
+  }
+  CHECK(a.dense.bytes() == b.dense.bytes());
+}
+
 TEST_CASE("GGUF model with experts from its store matches transformers and the safetensors path",
           "[engine][gguf]") {
+  // mixtral: llama architecture (f32 and Q8_0); qwen2_moe: qwen2moe; olmoe: olmoe (f32).
+  const std::string name = GENERATE(as<std::string>{}, "mixtral", "qwen2_moe", "olmoe");
+  INFO(name);
+  const fs::path dir = engine_test::data_dir() / name;
   moekit::ThreadPool pool(2);
-  const fs::path d = engine_test::scratch("engine-gguf", "forward");
-  const ModelConfig st_cfg = load_config(mixtral);
-  const ModelWeights st = load_weights(st_cfg, mixtral, {Precision::f32});
-  const auto ref = engine_test::load_reference(mixtral);
+  const fs::path d = engine_test::scratch("engine-gguf", "forward-" + name);
+  const ModelConfig st_cfg = load_config(dir);
+  const ModelWeights st = load_weights(st_cfg, dir, {Precision::f32});
+  const auto ref = engine_test::load_reference(dir);
   const auto st_run = run_reference(st_cfg, st.dense, ExpertBacking{&st.experts, nullptr, {}}, ref,
                                     &pool);
   REQUIRE(st_run.tokens == std::vector<Token>(ref.generated_ids.begin(), ref.generated_ids.end()));
 
   SECTION("f32: same logits as the safetensors path, bit for bit") {
-    const moekit::io::GgufFile g((mixtral / "model-f32.gguf").string());
+    const moekit::io::GgufFile g((dir / "model-f32.gguf").string());
+    REQUIRE(g.architecture() == gguf_arch_name(name));
     const ModelConfig cfg = gguf_config(g);
-    build_store_from_gguf(mixtral / "model-f32.gguf", std::vector<Precision>{Precision::f32},
+    build_store_from_gguf(dir / "model-f32.gguf", std::vector<Precision>{Precision::f32},
                           d / "f32.moestore", {});
     auto store = std::make_shared<moekit::io::ExpertStore>(
         moekit::io::ExpertStore::open((d / "f32.moestore").string(), cfg.shape()));
@@ -158,34 +251,38 @@ TEST_CASE("GGUF model with experts from its store matches transformers and the s
     CHECK(w.experts.total_bytes() == 0);
     const auto run = run_reference(cfg, w.dense, ExpertBacking{nullptr, store, {}}, ref, &pool);
     CHECK(run.tokens == st_run.tokens);
+    CHECK(run.tokens == std::vector<Token>(ref.generated_ids.begin(), ref.generated_ids.end()));
     REQUIRE(run.logits.size() == ref.logits.size());
     CHECK(engine_test::worst_relative_error(run.logits, ref.logits, ref.vocab) <= 1e-4);
     CHECK(std::memcmp(run.logits.data(), st_run.logits.data(), run.logits.size() * 4) == 0);
   }
-  SECTION("Q8_0: transformers' logits of the dequantized weights, same greedy tokens") {
-    const auto q8 = engine_test::load_reference(mixtral, "gguf_reference.json", "q8_0");
-    const moekit::io::GgufFile g((mixtral / "model-q8_0.gguf").string());
-    REQUIRE(g.tensor("blk.0.attn_q.weight").dtype == moekit::io::DType::q8_0);
-    const ModelConfig cfg = gguf_config(g);
-    // Experts stored at f32 hold the dequantized Q8_0 values exactly.
-    const auto cached = cached_gguf_store(mixtral / "model-q8_0.gguf", {Precision::f32}, d, true);
-    CHECK(cached.built);
-    CHECK_FALSE(cached_gguf_store(mixtral / "model-q8_0.gguf", {Precision::f32}, d, true).built);
-    const ModelWeights w = load_gguf_weights(cfg, g, {});
-    const auto run =
-        run_reference(cfg, w.dense, ExpertBacking{nullptr, cached.store, {}}, q8, &pool);
-    CHECK(run.tokens == std::vector<Token>(q8.generated_ids.begin(), q8.generated_ids.end()));
-    CHECK(run.tokens == st_run.tokens);
-    REQUIRE(run.logits.size() == q8.logits.size());
-    const double err = engine_test::worst_relative_error(run.logits, q8.logits, q8.vocab);
-    INFO("worst relative error vs the dequantized-weights reference: " << err);
-    CHECK(err <= 1e-4);
+  if (name == "mixtral") {  // only the Mixtral fixture has a Q8_0 file
+    SECTION("Q8_0: transformers' logits of the dequantized weights, same greedy tokens") {
+      const auto q8 = engine_test::load_reference(mixtral, "gguf_reference.json", "q8_0");
+      const moekit::io::GgufFile g((mixtral / "model-q8_0.gguf").string());
+      REQUIRE(g.tensor("blk.0.attn_q.weight").dtype == moekit::io::DType::q8_0);
+      const ModelConfig cfg = gguf_config(g);
+      // Experts stored at f32 hold the dequantized Q8_0 values exactly.
+      const auto cached = cached_gguf_store(mixtral / "model-q8_0.gguf", {Precision::f32}, d, true);
+      CHECK(cached.built);
+      CHECK_FALSE(cached_gguf_store(mixtral / "model-q8_0.gguf", {Precision::f32}, d, true).built);
+      const ModelWeights w = load_gguf_weights(cfg, g, {});
+      const auto run =
+          run_reference(cfg, w.dense, ExpertBacking{nullptr, cached.store, {}}, q8, &pool);
+      CHECK(run.tokens == std::vector<Token>(q8.generated_ids.begin(), q8.generated_ids.end()));
+      CHECK(run.tokens == st_run.tokens);
+      REQUIRE(run.logits.size() == q8.logits.size());
+      const double err = engine_test::worst_relative_error(run.logits, q8.logits, q8.vocab);
+      INFO("worst relative error vs the dequantized-weights reference: " << err);
+      CHECK(err <= 1e-4);
+    }
   }
   SECTION("experts in host memory from the GGUF: the same logits as through the store") {
-    const moekit::io::GgufFile g((mixtral / "model-f32.gguf").string());
+    const moekit::io::GgufFile g((dir / "model-f32.gguf").string());
     const ModelConfig cfg = gguf_config(g);
     const ModelWeights w = load_gguf_weights(cfg, g, {Precision::f32});
     const auto run = run_reference(cfg, w.dense, ExpertBacking{&w.experts, nullptr, {}}, ref, &pool);
+    CHECK(run.tokens == std::vector<Token>(ref.generated_ids.begin(), ref.generated_ids.end()));
     CHECK(std::memcmp(run.logits.data(), st_run.logits.data(), run.logits.size() * 4) == 0);
   }
 }
