@@ -41,6 +41,7 @@
 #endif
 
 #include "config.hpp"
+#include "gguf_model.hpp"
 #include "weights.hpp"
 
 namespace moe_run {
@@ -344,41 +345,10 @@ inline std::string file_fingerprint(const std::filesystem::path& f) {
          std::to_string(t) + ";";
 }
 
-/// The routed-expert shape of a GGUF model from its metadata (`<arch>.block_count`,
-/// `expert_count`, `expert_used_count`, `embedding_length`, and `expert_feed_forward_length` or
-/// else `feed_forward_length`). Every block is taken as an MoE layer (Mixtral, OLMoE, and
-/// Qwen2-MoE GGUFs without dense layers). qwen2moe: the shared expert (one per layer, size
-/// `expert_shared_feed_forward_length` or else the rows of `blk.0.ffn_gate_shexp.weight`) as
-/// gguf_config finds it, so that this equals gguf_config(g).shape(). Throws
-/// `Error(invalid_format)` naming the key.
-inline moekit::ModelShape gguf_shape(const moekit::io::GgufFile& g) {
-  const std::string a = g.architecture();
-  auto u32 = [&](const std::string& key) -> std::uint32_t {
-    const moekit::io::GgufValue* v = g.metadata(a + "." + key);
-    if (!v)
-      throw moekit::Error(moekit::ErrorKind::invalid_format,
-                          "GGUF '" + g.path() + "' has no metadata '" + a + "." + key + "'");
-    return static_cast<std::uint32_t>(v->as_uint(a + "." + key));
-  };
-  moekit::ModelShape s{};
-  s.n_layers = u32("block_count");
-  s.n_experts = u32("expert_count");
-  s.top_k = u32("expert_used_count");
-  s.hidden = u32("embedding_length");
-  s.ffn = g.metadata(a + ".expert_feed_forward_length") ? u32("expert_feed_forward_length")
-                                                         : u32("feed_forward_length");
-  if (a == "qwen2moe") {
-    s.shared_ffn = g.metadata(a + ".expert_shared_feed_forward_length")
-                       ? u32("expert_shared_feed_forward_length")
-                       : 0;
-    if (s.shared_ffn == 0)
-      if (const auto* t = g.info("blk.0.ffn_gate_shexp.weight"))
-        s.shared_ffn = static_cast<std::uint32_t>(t->dims[0]);
-    s.n_shared_experts = s.shared_ffn ? 1u : 0u;
-  }
-  s.validate();
-  return s;
-}
+/// The expert shape of a GGUF model: gguf_config's (one reading of the metadata, so the store
+/// built from a file always fits the model read from it; a second copy of these rules once lost
+/// Qwen2-MoE's shared expert). Throws `Error(invalid_format)` naming the key.
+inline moekit::ModelShape gguf_shape(const moekit::io::GgufFile& g) { return gguf_config(g).shape(); }
 
 /// Writes the expert store of GGUF file `path` (experts as the stacked `_exps` tensors or
 /// per-expert tensors; F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q2_K, dequantized then re-encoded) at

@@ -204,8 +204,12 @@ inline ModelConfig gguf_config(const moekit::io::GgufFile& g) {
   if (c.top_k > c.n_experts)
     m.fail(k("expert_used_count"), "(" + std::to_string(c.top_k) + ") exceeds expert_count (" +
                                        std::to_string(c.n_experts) + ")");
-  c.expert_ffn = m.find(k("expert_feed_forward_length")) ? m.positive(k("expert_feed_forward_length"))
-                                                         : m.positive(k("feed_forward_length"));
+  // Without expert_feed_forward_length, llama.cpp sizes a qwen2moe expert as
+  // feed_forward_length / expert_used_count, the others' as feed_forward_length.
+  c.expert_ffn = m.find(k("expert_feed_forward_length"))
+                     ? m.positive(k("expert_feed_forward_length"))
+                     : m.positive(k("feed_forward_length")) / (c.arch == Architecture::qwen2_moe ? c.top_k : 1u);
+  if (c.expert_ffn == 0) m.fail(k("feed_forward_length"), "is smaller than expert_used_count");
   c.norm_topk_prob =
       m.boolean(k("expert_weights_norm")).value_or(c.arch == Architecture::mixtral);
   const std::uint32_t window = m.uint_or(k("attention.sliding_window"), 0);

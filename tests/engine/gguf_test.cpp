@@ -20,6 +20,8 @@
 #include "moekit/io/gguf.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
+#include "io/gguf_builder.hpp"
+
 #include "config.hpp"
 #include "engine_test_support.hpp"
 #include "expert_source.hpp"
@@ -304,4 +306,30 @@ TEST_CASE("GGUF files moe-run cannot run are refused naming the file and key", "
   CHECK_NOTHROW(gguf_config(moekit::io::GgufFile(scaled.string())));  // optional key
   CHECK(is_gguf_file(mixtral / "model-f32.gguf"));
   CHECK_FALSE(is_gguf_file(mixtral / "config.json"));
+}
+
+TEST_CASE("a qwen2moe GGUF without expert_feed_forward_length sizes experts as llama.cpp does",
+          "[engine][gguf]") {
+  // llama.cpp: n_ff_exp = feed_forward_length / expert_used_count for qwen2moe when the key is
+  // absent; feed_forward_length itself for the other architectures.
+  for (const char* arch : {"qwen2moe", "olmoe"}) {
+    const std::string a = arch;
+    moekit::test::GgufBuilder b;
+    b.kv_string("general.architecture", a)
+        .kv_u32(a + ".block_count", 1)
+        .kv_u32(a + ".embedding_length", 8)
+        .kv_u32(a + ".attention.head_count", 2)
+        .kv_u32(a + ".feed_forward_length", 64)
+        .kv_u32(a + ".expert_count", 8)
+        .kv_u32(a + ".expert_used_count", 4)
+        .tensor("token_embd.weight", {8, 5}, 0, std::vector<std::byte>(8 * 5 * 4));
+    const fs::path path = engine_test::scratch("engine", "gguf_expert_ffn") / (a + ".gguf");
+    const auto bytes = b.bytes();
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    const moekit::io::GgufFile g(path.string());
+    INFO(a);
+    CHECK(gguf_config(g).expert_ffn == (a == "qwen2moe" ? 16u : 64u));
+    CHECK(gguf_shape(g).ffn == gguf_config(g).expert_ffn);
+  }
 }
