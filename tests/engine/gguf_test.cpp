@@ -75,6 +75,34 @@ fs::path patched_copy(const fs::path& from, const fs::path& to, const std::strin
   return to;
 }
 
+// Every field of a GGUF-read config against the checkpoint's config.json.
+void gguf_check_same_config(const ModelConfig& c, const ModelConfig& want) {
+  CHECK(c.arch == want.arch);
+  CHECK(c.vocab_size == want.vocab_size);
+  CHECK(c.hidden == want.hidden);
+  CHECK(c.n_layers == want.n_layers);
+  CHECK(c.n_heads == want.n_heads);
+  CHECK(c.n_kv_heads == want.n_kv_heads);
+  CHECK(c.head_dim == want.head_dim);
+  CHECK(c.rope_theta == want.rope_theta);
+  CHECK(c.rms_norm_eps == want.rms_norm_eps);
+  CHECK(c.window == want.window);
+  CHECK(c.n_experts == want.n_experts);
+  CHECK(c.top_k == want.top_k);
+  CHECK(c.expert_ffn == want.expert_ffn);
+  CHECK(c.norm_topk_prob == want.norm_topk_prob);
+  CHECK(c.shared_ffn == want.shared_ffn);
+  CHECK(c.moe_index == want.moe_index);
+  CHECK(c.tie_word_embeddings == want.tie_word_embeddings);
+  CHECK(c.qkv_bias == want.qkv_bias);
+  CHECK(c.o_bias == want.o_bias);
+  CHECK(c.qk_norm == want.qk_norm);
+  CHECK(c.clip_qkv == want.clip_qkv);
+  CHECK(c.bos_token_id == want.bos_token_id);
+  CHECK(c.eos_token_ids == want.eos_token_ids);
+  CHECK(c.shape() == want.shape());
+}
+
 }  // namespace
 
 TEST_CASE("GGUF metadata gives the config.json's model", "[engine][gguf]") {
@@ -84,26 +112,8 @@ TEST_CASE("GGUF metadata gives the config.json's model", "[engine][gguf]") {
     const moekit::io::GgufFile g((mixtral / file).string());
     const ModelConfig c = gguf_config(g);
     CHECK(c.arch == Architecture::mixtral);
-    CHECK(c.vocab_size == want.vocab_size);
-    CHECK(c.hidden == want.hidden);
-    CHECK(c.n_layers == want.n_layers);
-    CHECK(c.n_heads == want.n_heads);
-    CHECK(c.n_kv_heads == want.n_kv_heads);
-    CHECK(c.head_dim == want.head_dim);
-    CHECK(c.rope_theta == want.rope_theta);
-    CHECK(c.rms_norm_eps == want.rms_norm_eps);
-    CHECK(c.window == want.window);
-    CHECK(c.n_experts == want.n_experts);
-    CHECK(c.top_k == want.top_k);
-    CHECK(c.expert_ffn == want.expert_ffn);
-    CHECK(c.norm_topk_prob == want.norm_topk_prob);
-    CHECK(c.moe_index == want.moe_index);
-    CHECK(c.tie_word_embeddings == want.tie_word_embeddings);
-    CHECK(c.qkv_bias == want.qkv_bias);
+    gguf_check_same_config(c, want);
     CHECK_FALSE(c.qk_norm);
-    CHECK(c.bos_token_id == want.bos_token_id);
-    CHECK(c.eos_token_ids == want.eos_token_ids);
-    CHECK(c.shape() == want.shape());
     CHECK(gguf_shape(g) == c.shape());
   }
 }
@@ -160,32 +170,9 @@ TEST_CASE("qwen2moe and olmoe GGUF files give the config.json's model and its de
   const moekit::io::GgufFile g((dir / "model-f32.gguf").string());
   CHECK(g.architecture() == gguf_arch_name(name));
   const ModelConfig c = gguf_config(g);
-  CHECK(c.arch == want.arch);
-  CHECK(c.vocab_size == want.vocab_size);
-  CHECK(c.hidden == want.hidden);
-  CHECK(c.n_layers == want.n_layers);
-  CHECK(c.n_heads == want.n_heads);
-  CHECK(c.n_kv_heads == want.n_kv_heads);
-  CHECK(c.head_dim == want.head_dim);
+  gguf_check_same_config(c, want);
   CHECK(c.max_positions == want.max_positions);
-  CHECK(c.rope_theta == want.rope_theta);
-  CHECK(c.rms_norm_eps == want.rms_norm_eps);
-  CHECK(c.window == want.window);
-  CHECK(c.n_experts == want.n_experts);
-  CHECK(c.top_k == want.top_k);
-  CHECK(c.expert_ffn == want.expert_ffn);
-  CHECK(c.norm_topk_prob == want.norm_topk_prob);
   CHECK_FALSE(c.norm_topk_prob);  // llama.cpp's default for both, as in both fixtures' config
-  CHECK(c.shared_ffn == want.shared_ffn);
-  CHECK(c.moe_index == want.moe_index);
-  CHECK(c.tie_word_embeddings == want.tie_word_embeddings);
-  CHECK(c.qkv_bias == want.qkv_bias);
-  CHECK(c.o_bias == want.o_bias);
-  CHECK(c.qk_norm == want.qk_norm);
-  CHECK(c.clip_qkv == want.clip_qkv);
-  CHECK(c.bos_token_id == want.bos_token_id);
-  CHECK(c.eos_token_ids == want.eos_token_ids);
-  CHECK(c.shape() == want.shape());
   CHECK(gguf_shape(g) == c.shape());
   if (name == "qwen2_moe") {
     CHECK(c.qkv_bias);
