@@ -179,7 +179,7 @@ TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation round
   }
   INFO("seed " << test::test_seed());
   ThreadPool pool(2);
-  for (std::size_t cols : {4096u, 4096u + 32u, 1000u, 256u, 96u})
+  for (std::size_t cols : {4096u, 4096u + 32u, 1000u, 256u, 96u, 16384u})  // 16384: q8/q4 rows >= 8 KiB go four at a time
     for (Precision p : {Precision::q8, Precision::q4, Precision::q2})
       for (QuantScheme s : kernel_schemes) {
         const std::size_t rows = 21;
