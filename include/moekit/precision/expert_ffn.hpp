@@ -88,8 +88,9 @@ inline void expert_ffn(const ExpertWeights& e, std::span<const float> x, std::si
         for (std::size_t o = 0; o < stride3; o += 64) __builtin_prefetch(e.w3.row(r + ahead) + o);
       }
       if (same) {  // w1 and w3 rows share the activation
+        const std::byte* rows[2] = {e.w1.row(r), e.w3.row(r)};
         float g[2];
-        p1.dot2(e.w1.row(r), e.w3.row(r), scratch, g);
+        p1.dots<2>(rows, scratch, g);
         hp[r] = detail::silu(g[0]) * g[1];
       } else {
         hp[r] = detail::silu(p1.dot(e.w1.row(r), scratch)) * p3.dot(e.w3.row(r), scratch);

@@ -140,7 +140,6 @@ inline RowKernels row_kernels(Precision p, Isa isa) {
   fail(ErrorKind::invalid_argument, "kernel: precision 'skip' cannot be run");
 }
 
-/// Rows per task: enough to amortise the claim, small enough to balance two busy cores.
 /// Rows per parallel_for chunk: one range on one thread, four chunks per thread otherwise
 /// (dynamic scheduling balances them). Long chunks keep gemv_rows' streams long: with 16 chunks
 /// per thread the prefetcher restarted every 1/32 of the matrix (14336 × 4096 q4 cold, one
@@ -183,48 +182,26 @@ struct GemvPlan {
 
   /// Row · x. `scratch` holds at least cols/32 floats (int8 path only).
   float dot(const std::byte* row, float* scratch) const noexcept {
+    float out;
+    dots<1>(&row, scratch, &out);
+    return out;
+  }
+
+  /// N rows of this layout · x into out[0..N); the int8 path loads the activation once for all
+  /// of them (N = 2, rows in cache: 8-15% faster than N dot calls), the others take them one by one.
+  template <std::size_t N>
+  void dots(const std::byte* const* rows, float* scratch, float* out) const noexcept {
 #if defined(MOEKIT_HAS_X86_KERNELS)
     if (int8) {
       switch (layout.bits) {
-        case 8: return avx512_int8::row_dot<8>(row, layout, act8, scratch);
-        case 4: return avx512_int8::row_dot<4>(row, layout, act8, scratch);
-        default: return avx512_int8::row_dot<2>(row, layout, act8, scratch);
+        case 8: return avx512_int8::row_dots<8, N>(rows, layout, act8, scratch, out);
+        case 4: return avx512_int8::row_dots<4, N>(rows, layout, act8, scratch, out);
+        default: return avx512_int8::row_dots<2, N>(rows, layout, act8, scratch, out);
       }
     }
 #endif
     (void)scratch;
-    return kernels.dot(row, layout, act);
-  }
-
-  /// Two rows of this layout · x into out[0], out[1]; the int8 path loads the activation once
-  /// for both (q8/q4/q2 rows in cache: 8-15% faster than two dot calls).
-  void dot2(const std::byte* row0, const std::byte* row1, float* scratch, float* out) const noexcept {
-#if defined(MOEKIT_HAS_X86_KERNELS)
-    if (int8) {
-      const std::byte* rows[2] = {row0, row1};
-      switch (layout.bits) {
-        case 8: return avx512_int8::row_dots<8, 2>(rows, layout, act8, scratch, out);
-        case 4: return avx512_int8::row_dots<4, 2>(rows, layout, act8, scratch, out);
-        default: return avx512_int8::row_dots<2, 2>(rows, layout, act8, scratch, out);
-      }
-    }
-#endif
-    out[0] = dot(row0, scratch);
-    out[1] = dot(row1, scratch);
-  }
-
-  /// Four rows of this layout · x (int8 path: one activation load for the four).
-  void dot4(const std::byte* const* rows, float* scratch, float* out) const noexcept {
-#if defined(MOEKIT_HAS_X86_KERNELS)
-    if (int8) {
-      switch (layout.bits) {
-        case 8: return avx512_int8::row_dots<8, 4>(rows, layout, act8, scratch, out);
-        case 4: return avx512_int8::row_dots<4, 4>(rows, layout, act8, scratch, out);
-        default: return avx512_int8::row_dots<2, 4>(rows, layout, act8, scratch, out);
-      }
-    }
-#endif
-    for (std::size_t n = 0; n < 4; ++n) out[n] = dot(rows[n], scratch);
+    for (std::size_t n = 0; n < N; ++n) out[n] = kernels.dot(rows[n], layout, act);
   }
 };
 
@@ -261,34 +238,26 @@ inline void gemv_rows(const MatrixView& w, const GemvPlan& plan, float* y, Epilo
     const float v = ep.scale * dot;
     y[r] = ep.accumulate ? y[r] + v : v;
   };
-  // Rows in pairs from the two halves of the range, so each half is still read front to back as
-  // one stream the hardware prefetcher follows (pairing neighbours made every pair start a new
-  // stream: 14336 × 4096 q8, cold, 1 thread, 3.9 -> 5.7 ms).
-  // Long int8 rows (>= 8 KiB: Mixtral's w2, 4096 × 14336) go four at a time from the four
-  // quarters: the activation is loaded once per four rows instead of two, and for such rows the
-  // activation no longer stays in L1 next to the weight streams (4096 × 14336 cold, one thread:
-  // q8 4.7 -> 3.7 ms, q4 2.9 -> 2.6 ms). Short rows keep two streams: four cost them 30-50%.
-  if (plan.int8 && stride >= 8192) {
-    const std::size_t q = (r1 - r0) / 4;
-    for (std::size_t i = 0; i < q; ++i) {
-      const std::byte* rows[4];
-      for (std::size_t n = 0; n < 4; ++n) rows[n] = w.data + (r0 + n * q + i) * stride;
-      float d[4];
-      plan.dot4(rows, scratch, d);
-      for (std::size_t n = 0; n < 4; ++n) store(r0 + n * q + i, d[n]);
+  // The range is cut into N equal parts read side by side, row i of every part in one dots<N>
+  // call, so each part is still read front to back as one stream the hardware prefetcher follows
+  // (pairing neighbours made every pair start a new stream: 14336 × 4096 q8, cold, 1 thread,
+  // 3.9 -> 5.7 ms). N = 2 in general; N = 4 for long int8 rows (>= 8 KiB: Mixtral's w2,
+  // 4096 × 14336), where the activation, loaded once per N rows, no longer stays in L1 next to
+  // the weight streams (cold, one thread: q8 4.7 -> 3.7 ms, q4 2.9 -> 2.6 ms); short rows lose
+  // 30-50% with four streams.
+  auto side_by_side = [&]<std::size_t N>() {
+    const std::size_t part = (r1 - r0) / N;
+    for (std::size_t i = 0; i < part; ++i) {
+      const std::byte* rows[N];
+      for (std::size_t n = 0; n < N; ++n) rows[n] = w.data + (r0 + n * part + i) * stride;
+      float d[N];
+      plan.dots<N>(rows, scratch, d);
+      for (std::size_t n = 0; n < N; ++n) store(r0 + n * part + i, d[n]);
     }
-    for (std::size_t r = r0 + 4 * q; r < r1; ++r) store(r, plan.dot(w.data + r * stride, scratch));
-    return;
-  }
-  const std::size_t half = (r1 - r0) / 2;
-  for (std::size_t i = 0; i < half; ++i) {
-    const std::size_t a = r0 + i, b = r0 + half + i;
-    float d[2];
-    plan.dot2(w.data + a * stride, w.data + b * stride, scratch, d);
-    store(a, d[0]);
-    store(b, d[1]);
-  }
-  if (r0 + 2 * half < r1) store(r1 - 1, plan.dot(w.data + (r1 - 1) * stride, scratch));
+    for (std::size_t r = r0 + N * part; r < r1; ++r) store(r, plan.dot(w.data + r * stride, scratch));
+  };
+  if (plan.int8 && stride >= 8192) side_by_side.template operator()<4>();
+  else side_by_side.template operator()<2>();
 }
 
 }  // namespace detail

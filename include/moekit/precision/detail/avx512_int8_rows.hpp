@@ -360,15 +360,6 @@ MOEKIT_TARGET_AVX512_VNNI inline void row_dots(const std::byte* const* rows, con
   for (std::size_t n = 0; n < N; ++n) out[n] = finish_row<Bits>(rows[n], l, a, sdx, c, acc[n], zt[n]);
 }
 
-/// One quantized row · x with int8 activations.
-template <unsigned Bits>
-MOEKIT_TARGET_AVX512_VNNI inline float row_dot(const std::byte* row, const RowLayout& l,
-                                               const Int8Activation& a, float* sdx) noexcept {
-  float out;
-  row_dots<Bits, 1>(&row, l, a, sdx, &out);
-  return out;
-}
-
 }  // namespace moekit::detail::avx512_int8
 
 #pragma GCC diagnostic pop
