@@ -75,6 +75,32 @@ fs::path patched_copy(const fs::path& from, const fs::path& to, const std::strin
   return to;
 }
 
+// Every dense weight of a GGUF-loaded model against the safetensors checkpoint's.
+void gguf_check_same_dense(const DenseWeights& a, const DenseWeights& b) {
+  CHECK(gguf_same_linear(a.embed, b.embed));
+  CHECK(gguf_same_linear(a.lm_head, b.lm_head));
+  CHECK(a.final_norm == b.final_norm);
+  REQUIRE(a.layers.size() == b.layers.size());
+  for (std::size_t l = 0; l < a.layers.size(); ++l) {
+    INFO("layer " << l);
+    const LayerWeights &x = a.layers[l], &y = b.layers[l];
+    CHECK(x.attn_norm == y.attn_norm);
+    CHECK(x.ffn_norm == y.ffn_norm);
+    CHECK(gguf_same_linear(x.q, y.q));  // for llama, the Q/K permutation undone
+    CHECK(gguf_same_linear(x.k, y.k));
+    CHECK(gguf_same_linear(x.v, y.v));
+    CHECK(gguf_same_linear(x.o, y.o));
+    CHECK(x.q_norm == y.q_norm);
+    CHECK(x.k_norm == y.k_norm);
+    CHECK(gguf_same_linear(x.router, y.router));
+    CHECK(gguf_same_linear(x.shared.gate, y.shared.gate));
+    CHECK(gguf_same_linear(x.shared.up, y.shared.up));
+    CHECK(gguf_same_linear(x.shared.down, y.shared.down));
+    CHECK(gguf_same_linear(x.shared_gate, y.shared_gate));
+  }
+  CHECK(a.bytes() == b.bytes());
+}
+
 // Every field of a GGUF-read config against the checkpoint's config.json.
 void gguf_check_same_config(const ModelConfig& c, const ModelConfig& want) {
   CHECK(c.arch == want.arch);
@@ -143,22 +169,7 @@ TEST_CASE("GGUF f32 dense weights equal the safetensors checkpoint's", "[engine]
   const moekit::io::GgufFile g((mixtral / "model-f32.gguf").string());
   const ModelWeights a = load_weights(cfg, mixtral, {});
   const ModelWeights b = load_gguf_weights(gguf_config(g), g, {});
-  CHECK(a.dense.embed.w == b.dense.embed.w);
-  CHECK(a.dense.lm_head.w == b.dense.lm_head.w);
-  CHECK(a.dense.final_norm == b.dense.final_norm);
-  REQUIRE(a.dense.layers.size() == b.dense.layers.size());
-  for (std::size_t l = 0; l < a.dense.layers.size(); ++l) {
-    INFO("layer " << l);
-    const LayerWeights &x = a.dense.layers[l], &y = b.dense.layers[l];
-    CHECK(x.attn_norm == y.attn_norm);
-    CHECK(x.ffn_norm == y.ffn_norm);
-    CHECK(x.q.w == y.q.w);  // the permutation undone
-    CHECK(x.k.w == y.k.w);
-    CHECK(x.v.w == y.v.w);
-    CHECK(x.o.w == y.o.w);
-    CHECK(x.router.w == y.router.w);
-  }
-  CHECK(a.dense.bytes() == b.dense.bytes());
+  gguf_check_same_dense(a.dense, b.dense);
 }
 
 TEST_CASE("qwen2moe and olmoe GGUF files give the config.json's model and its dense weights",
@@ -186,31 +197,12 @@ TEST_CASE("qwen2moe and olmoe GGUF files give the config.json's model and its de
   // Dense weights: the same values as the safetensors checkpoint's (no Q/K permutation to undo).
   const ModelWeights a = load_weights(want, dir, {});
   const ModelWeights b = load_gguf_weights(c, g, {});
-  CHECK(gguf_same_linear(a.dense.embed, b.dense.embed));
-  CHECK(gguf_same_linear(a.dense.lm_head, b.dense.lm_head));
-  CHECK(a.dense.final_norm == b.dense.final_norm);
-  REQUIRE(a.dense.layers.size() == b.dense.layers.size());
-  for (std::size_t l = 0; l < a.dense.layers.size(); ++l) {
-    INFO("layer " << l);
-    const LayerWeights &x = a.dense.layers[l], &y = b.dense.layers[l];
-    CHECK(x.attn_norm == y.attn_norm);
-    CHECK(x.ffn_norm == y.ffn_norm);
-    CHECK(gguf_same_linear(x.q, y.q));
-    CHECK(gguf_same_linear(x.k, y.k));
-    CHECK(gguf_same_linear(x.v, y.v));
-    CHECK(gguf_same_linear(x.o, y.o));
-    CHECK(x.q_norm == y.q_norm);
-    CHECK(x.k_norm == y.k_norm);
-    CHECK(gguf_same_linear(x.router, y.router));
-    CHECK(gguf_same_linear(x.shared.gate, y.shared.gate));
-    CHECK(gguf_same_linear(x.shared.up, y.shared.up));
-    CHECK(gguf_same_linear(x.shared.down, y.shared.down));
-    CHECK(gguf_same_linear(x.shared_gate, y.shared_gate));
+  gguf_check_same_dense(a.dense, b.dense);
+  for (const LayerWeights& x : a.dense.layers) {
     CHECK(x.q.bias.empty() == (name != "qwen2_moe"));
     CHECK(x.q_norm.empty() == (name != "olmoe"));
     CHECK(x.shared.empty() == (name != "qwen2_moe"));
   }
-  CHECK(a.dense.bytes() == b.dense.bytes());
 }
 
 TEST_CASE("GGUF model with experts from its store matches transformers and the safetensors path",
