@@ -52,6 +52,8 @@
 #include "moekit/error.hpp"
 #include "moekit/io/gguf.hpp"
 
+#include "gguf_tokenizer_metadata.hpp"
+
 namespace moe_run {
 
 /// A byte-level BPE vocabulary (tokens, merges, added tokens, pre-tokenizer regex).
@@ -284,59 +286,46 @@ class BpeVocab {
  public:
   /// The vocabulary embedded in a GGUF file with `tokenizer.ggml.model = "gpt2"`.
   static BpeVocab from_gguf(const moekit::io::GgufFile& g) {
-    const std::string src = "GGUF '" + g.path() + "'";
-    auto bad = [&](const std::string& key, const std::string& what,
-                   moekit::ErrorKind k = moekit::ErrorKind::invalid_format) -> void {
-      throw moekit::Error(k, src + ": metadata '" + key + "' " + what);
-    };
-    const auto* model = g.metadata("tokenizer.ggml.model");
-    if (!model) bad("tokenizer.ggml.model", "is missing: the file embeds no vocabulary");
-    if (model->as_string("tokenizer.ggml.model") != "gpt2")
-      bad("tokenizer.ggml.model", "is '" + model->as_string("tokenizer.ggml.model") + "', not 'gpt2' (byte-level BPE)",
-          moekit::ErrorKind::unsupported);
+    const GgufTokenizerMetadata meta(g);
+    if (const std::string model = meta.model(); model != "gpt2")
+      meta.fail("tokenizer.ggml.model", "is '" + model + "', not 'gpt2' (byte-level BPE)", moekit::ErrorKind::unsupported);
     Spec s;
-    s.source = src;
+    s.source = meta.source();
     s.tokens_field = "metadata 'tokenizer.ggml.tokens'";
     s.merges_field = "metadata 'tokenizer.ggml.merges'";
     s.added_field = "metadata 'tokenizer.ggml.token_type'";
     auto strings = [&](const char* key) {
       const auto* v = g.metadata(key);
-      if (!v) bad(key, "is missing");
+      if (!v) meta.fail(key, "is missing");
       std::vector<std::string> out;
       for (const auto& e : v->as_array(key)) out.push_back(e.as_string(key));
       return out;
     };
     s.tokens = strings("tokenizer.ggml.tokens");
     for (std::size_t i = 0; i < s.tokens.size(); ++i)
-      if (s.tokens[i].empty()) bad("tokenizer.ggml.tokens", "has an empty token (id " + std::to_string(i) + ")");
+      if (s.tokens[i].empty()) meta.fail("tokenizer.ggml.tokens", "has an empty token (id " + std::to_string(i) + ")");
     s.merges = strings("tokenizer.ggml.merges");
-    if (const auto* t = g.metadata("tokenizer.ggml.token_type")) {
-      const auto& types = t->as_array("tokenizer.ggml.token_type");
+    if (const auto t = meta.token_types()) {
+      const auto& types = *t;
       if (types.size() != s.tokens.size())
-        bad("tokenizer.ggml.token_type", "lists " + std::to_string(types.size()) + " types for " +
+        meta.fail("tokenizer.ggml.token_type", "lists " + std::to_string(types.size()) + " types for " +
                                              std::to_string(s.tokens.size()) + " tokens");
-      for (std::size_t i = 0; i < types.size(); ++i) {
-        const auto& v = types[i];
-        if (!v.is_integer()) bad("tokenizer.ggml.token_type", "holds a non-integer");
-        const auto* si = std::get_if<std::int64_t>(&v.value);
-        const std::int64_t x = si ? *si : static_cast<std::int64_t>(std::get<std::uint64_t>(v.value));
-        if (x < 1 || x > 6) bad("tokenizer.ggml.token_type", "holds type " + std::to_string(x) + " (1..6 allowed)");
-        if (x == 3 || x == 4)  // control, user-defined: matched verbatim, as HF's added tokens
-          s.added.push_back({static_cast<std::uint32_t>(i), s.tokens[i], x == 3});
-      }
+      for (std::size_t i = 0; i < types.size(); ++i)
+        if (types[i] == 3 || types[i] == 4)  // control, user-defined: matched verbatim, as HF's added tokens
+          s.added.push_back({static_cast<std::uint32_t>(i), s.tokens[i], types[i] == 3});
     }
     std::string pre = "default";  // llama.cpp's assumption for files without the key
     if (const auto* p = g.metadata("tokenizer.ggml.pre")) pre = p->as_string("tokenizer.ggml.pre");
     if (pre == "qwen2") s.regex = std::string(qwen2_regex);
     else if (pre == "gpt2" || pre == "olmo" || pre == "default") s.regex = std::string(gpt2_regex);
     else
-      bad("tokenizer.ggml.pre", "is '" + pre + "'; moe-run knows the pre-tokenizers qwen2, gpt2, olmo and default",
+      meta.fail("tokenizer.ggml.pre", "is '" + pre + "'; moe-run knows the pre-tokenizers qwen2, gpt2, olmo and default",
           moekit::ErrorKind::unsupported);
     auto id = [&](const char* key) -> std::optional<std::uint32_t> {
       const auto* v = g.metadata(key);
       if (!v) return std::nullopt;
       const std::uint64_t u = v->as_uint(key);
-      if (u >= s.tokens.size()) bad(key, "is " + std::to_string(u) + ", outside the vocabulary");
+      if (u >= s.tokens.size()) meta.fail(key, "is " + std::to_string(u) + ", outside the vocabulary");
       return static_cast<std::uint32_t>(u);
     };
     s.special.bos = id("tokenizer.ggml.bos_token_id");

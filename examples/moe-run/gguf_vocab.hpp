@@ -34,6 +34,8 @@
 #include "moekit/error.hpp"
 #include "moekit/io/gguf.hpp"
 
+#include "gguf_tokenizer_metadata.hpp"
+
 namespace moe_run {
 
 /// A SentencePiece vocabulary (pieces, scores, types) and its BPE-by-score encoder.
@@ -83,19 +85,13 @@ class GgufVocab {
   /// The vocabulary embedded in `g`; throws `Error(unsupported)` for a tokenizer model other than
   /// "llama" (SentencePiece), `Error(invalid_format)` naming the key for malformed metadata.
   static GgufVocab from_gguf(const moekit::io::GgufFile& g) {
-    const std::string src = "GGUF '" + g.path() + "'";
-    auto bad = [&](const std::string& key, const std::string& what,
-                   moekit::ErrorKind k = moekit::ErrorKind::invalid_format) -> void {
-      throw moekit::Error(k, src + ": metadata '" + key + "' " + what);
-    };
-    const auto* model = g.metadata("tokenizer.ggml.model");
-    if (!model) bad("tokenizer.ggml.model", "is missing: the file embeds no vocabulary");
-    const std::string& m = model->as_string("tokenizer.ggml.model");
+    const GgufTokenizerMetadata meta(g);
+    const std::string m = meta.model();
     if (m != "llama")
-      bad("tokenizer.ggml.model", "is '" + m + "'; moe-run reads SentencePiece ('llama', GgufVocab) and "
+      meta.fail("tokenizer.ggml.model", "is '" + m + "'; moe-run reads SentencePiece ('llama', GgufVocab) and "
           "byte-level BPE ('gpt2', BpeVocab) vocabularies", moekit::ErrorKind::unsupported);
     const auto* tokens = g.metadata("tokenizer.ggml.tokens");
-    if (!tokens) bad("tokenizer.ggml.tokens", "is missing");
+    if (!tokens) meta.fail("tokenizer.ggml.tokens", "is missing");
     std::vector<std::string> pieces;
     for (const auto& v : tokens->as_array("tokenizer.ggml.tokens"))
       pieces.push_back(v.as_string("tokenizer.ggml.tokens"));
@@ -104,20 +100,14 @@ class GgufVocab {
       for (const auto& v : s->as_array("tokenizer.ggml.scores"))
         scores.push_back(static_cast<float>(v.as_double("tokenizer.ggml.scores")));
     std::vector<Type> types;
-    if (const auto* t = g.metadata("tokenizer.ggml.token_type"))
-      for (const auto& v : t->as_array("tokenizer.ggml.token_type")) {
-        if (!v.is_integer()) bad("tokenizer.ggml.token_type", "holds a non-integer");
-        const auto* i = std::get_if<std::int64_t>(&v.value);
-        const std::int64_t x = i ? *i : static_cast<std::int64_t>(std::get<std::uint64_t>(v.value));
-        if (x < 1 || x > 6) bad("tokenizer.ggml.token_type", "holds type " + std::to_string(x) + " (1..6 allowed)");
-        types.push_back(static_cast<Type>(x));
-      }
+    if (const auto t = meta.token_types())
+      for (const std::int64_t x : *t) types.push_back(static_cast<Type>(x));
     Special sp;
     auto id = [&](const char* key) -> std::optional<std::uint32_t> {
       const auto* v = g.metadata(key);
       if (!v) return std::nullopt;
       const std::uint64_t u = v->as_uint(key);
-      if (u > 0xffffffffu) bad(key, "is too large");
+      if (u > 0xffffffffu) meta.fail(key, "is too large");
       return static_cast<std::uint32_t>(u);
     };
     sp.bos = id("tokenizer.ggml.bos_token_id");
@@ -125,13 +115,13 @@ class GgufVocab {
     sp.unk = id("tokenizer.ggml.unknown_token_id");
     if (const auto* a = g.metadata("tokenizer.ggml.add_space_prefix")) {
       const bool* b = std::get_if<bool>(&a->value);
-      if (!b) bad("tokenizer.ggml.add_space_prefix", "must be a bool");
+      if (!b) meta.fail("tokenizer.ggml.add_space_prefix", "must be a bool");
       sp.add_space_prefix = *b;
     }
     if (!sp.unk)  // SentencePiece models have one; llama.cpp falls back to the UNKNOWN piece
       for (std::size_t i = 0; i < types.size() && !sp.unk; ++i)
         if (types[i] == Type::unknown) sp.unk = static_cast<std::uint32_t>(i);
-    return GgufVocab(std::move(pieces), std::move(scores), std::move(types), sp, src);
+    return GgufVocab(std::move(pieces), std::move(scores), std::move(types), sp, meta.source());
   }
 
   [[nodiscard]] std::uint32_t size() const noexcept { return static_cast<std::uint32_t>(pieces_.size()); }
