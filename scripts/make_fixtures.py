@@ -374,12 +374,18 @@ def write_gguf(path: Path, model, sp: spm.SentencePieceProcessor, q8: bool) -> l
     w.add_vocab_size(c.vocab_size)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
     add_spm_vocab(w, sp)
+    return write_tensors_and_close(
+        w, ((name, arr, q8 and quantizable) for name, arr, quantizable in gguf_tensors(model)))
+
+
+def write_tensors_and_close(w, tensors) -> list[dict]:
+    """Adds (gguf name, array, as Q8_0?) tensors to writer `w` (f32 otherwise), writes and closes the file;
+    returns the listing recorded in gguf_reference.json."""
     listing = []
-    for name, arr, quantizable in gguf_tensors(model):
+    for name, arr, as_q8 in tensors:
         arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if q8 and quantizable:
-            data = gguf.quants.quantize(arr, Q8_TYPES.Q8_0)
-            w.add_tensor(name, data, raw_dtype=Q8_TYPES.Q8_0)
+        if as_q8:
+            w.add_tensor(name, gguf.quants.quantize(arr, Q8_TYPES.Q8_0), raw_dtype=Q8_TYPES.Q8_0)
             listing.append({"name": name, "type": "Q8_0", "shape": list(arr.shape)})
         else:
             w.add_tensor(name, arr)
@@ -583,16 +589,7 @@ def write_hub_gguf(path: Path, arch: str, cfg: dict, sd: dict[str, np.ndarray],
     # with feed_forward_length (= intermediate_size, the expert size in OLMoE's config).
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     add_spm_vocab(w, sp)
-    listing = []
-    for name, arr in hub_gguf_tensors(arch, sd, cfg):
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        w.add_tensor(name, arr)
-        listing.append({"name": name, "type": "F32", "shape": list(arr.shape)})
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return listing
+    return write_tensors_and_close(w, ((name, arr, False) for name, arr in hub_gguf_tensors(arch, sd, cfg)))
 
 
 def gguf_numpy_forward_neox(path: Path, ids: list[int]) -> np.ndarray:
