@@ -179,39 +179,42 @@ TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation round
   }
   INFO("seed " << test::test_seed());
   ThreadPool pool(2);
-  for (std::size_t cols : {4096u, 4096u + 32u, 1000u, 256u, 96u, 16384u})  // 16384: q8/q4 rows >= 8 KiB go four at a time
-    for (Precision p : {Precision::q8, Precision::q4, Precision::q2})
-      for (QuantScheme s : kernel_schemes) {
-        const std::size_t rows = 21;
-        const Case c = make(rows, cols, p, s, cols * 3 + bits(p));
-        auto x = test::random_normal(cols, cols + 9);
-        x[5] = 9.f;  // an outlier: its block gets a coarse int8 step
-        std::vector<float> y(rows);
-        KernelOptions o{std::nullopt, &pool};
-        o.int8_activations = true;
-        gemv(c.view, x, y, o);
-        const RowLayout l = c.view.layout();
-        for (std::size_t r = 0; r < rows; ++r) {
-          // Bound: each activation moves by at most half its block's int8 step (max|x|/254).
-          double bound = 0;
-          for (std::size_t col = 0; col < cols / 32 * 32; ++col) {
-            float amax = 0;
-            for (std::size_t i = col / 32 * 32; i < col / 32 * 32 + 32; ++i)
-              amax = std::max(amax, std::fabs(x[i]));
-            bound += std::fabs(weight_at(c.view.row(r), l, p, col)) * amax / 254.0;
+  // Rows go four at a time from the quarters of each thread's range, the rows after the last
+  // whole quarter one by one (21 rows: two ranges of 8 and one of 5; 3 rows: one by one), each
+  // prefetching rows further down its quarter (16384 columns: one row ahead, 96: to its end).
+  for (std::size_t rows : {21u, 3u})
+    for (std::size_t cols : {4096u, 4096u + 32u, 1000u, 256u, 96u, 16384u})
+      for (Precision p : {Precision::q8, Precision::q4, Precision::q2})
+        for (QuantScheme s : kernel_schemes) {
+          const Case c = make(rows, cols, p, s, cols * 3 + bits(p));
+          auto x = test::random_normal(cols, cols + 9);
+          x[5] = 9.f;  // an outlier: its block gets a coarse int8 step
+          std::vector<float> y(rows);
+          KernelOptions o{std::nullopt, &pool};
+          o.int8_activations = true;
+          gemv(c.view, x, y, o);
+          const RowLayout l = c.view.layout();
+          for (std::size_t r = 0; r < rows; ++r) {
+            // Bound: each activation moves by at most half its block's int8 step (max|x|/254).
+            double bound = 0;
+            for (std::size_t col = 0; col < cols / 32 * 32; ++col) {
+              float amax = 0;
+              for (std::size_t i = col / 32 * 32; i < col / 32 * 32 + 32; ++i)
+                amax = std::max(amax, std::fabs(x[i]));
+              bound += std::fabs(weight_at(c.view.row(r), l, p, col)) * amax / 254.0;
+            }
+            bound = bound * 1.01 + rel_tol * test::dot_magnitude(c.view, r, x.data()) + 1e-6;
+            const double want = reference::dot_row(c.view, r, x.data());
+            if (std::fabs(y[r] - want) > bound)
+              FAIL(name(p) << " g" << s.group_size << " z" << s.zero_point << " cols " << cols
+                           << " row " << r << " of " << rows << ": " << y[r] << " want " << want
+                           << " bound " << bound);
           }
-          bound = bound * 1.01 + rel_tol * test::dot_magnitude(c.view, r, x.data()) + 1e-6;
-          const double want = reference::dot_row(c.view, r, x.data());
-          if (std::fabs(y[r] - want) > bound)
-            FAIL(name(p) << " g" << s.group_size << " z" << s.zero_point << " cols " << cols
-                         << " row " << r << ": " << y[r] << " want " << want << " bound "
-                         << bound);
+          // The float path is used when the option is off: results differ (the rounding is real).
+          std::vector<float> yf(rows);
+          gemv(c.view, x, yf, {std::nullopt, &pool});
+          CHECK(yf != y);
         }
-        // The float path is used when the option is off: results differ (the rounding is real).
-        std::vector<float> yf(rows);
-        gemv(c.view, x, yf, {std::nullopt, &pool});
-        CHECK(yf != y);
-      }
   // The fused FFN takes the same option: it equals its composition from int8-activation GEMVs
   // (hidden 256: the chunk-by-block path; 1056: 16-chunk steps plus a remainder; w1 and w3 rows
   // go in pairs there).

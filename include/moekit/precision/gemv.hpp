@@ -188,19 +188,22 @@ struct GemvPlan {
   }
 
   /// N rows of this layout · x into out[0..N); the int8 path loads the activation once for all
-  /// of them (N = 2, rows in cache: 8-15% faster than N dot calls), the others take them one by one.
+  /// of them (N = 2, rows in cache: 8-15% faster than N dot calls) and prefetches `next` (rows
+  /// further down each row's stream, optional) into L2 as it goes; the others take them one by one.
   template <std::size_t N>
-  void dots(const std::byte* const* rows, float* scratch, float* out) const noexcept {
+  void dots(const std::byte* const* rows, float* scratch, float* out,
+            const std::byte* const* next = nullptr) const noexcept {
 #if defined(MOEKIT_HAS_X86_KERNELS)
     if (int8) {
       switch (layout.bits) {
-        case 8: return avx512_int8::row_dots<8, N>(rows, layout, act8, scratch, out);
-        case 4: return avx512_int8::row_dots<4, N>(rows, layout, act8, scratch, out);
-        default: return avx512_int8::row_dots<2, N>(rows, layout, act8, scratch, out);
+        case 8: return avx512_int8::row_dots<8, N>(rows, layout, act8, scratch, out, next);
+        case 4: return avx512_int8::row_dots<4, N>(rows, layout, act8, scratch, out, next);
+        default: return avx512_int8::row_dots<2, N>(rows, layout, act8, scratch, out, next);
       }
     }
 #endif
     (void)scratch;
+    (void)next;
     for (std::size_t n = 0; n < N; ++n) out[n] = kernels.dot(rows[n], layout, act);
   }
 };
@@ -222,6 +225,14 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
   return p;
 }
 
+/// Rows of `stride` bytes that make the int8 kernels' prefetch distance: the first whole row at
+/// least 12 KiB ahead (8 and 16 KiB measured alike; a 1 MiB L2 holds it for four streams of two
+/// threads many times over).
+inline std::size_t prefetch_rows(std::size_t stride) noexcept {
+  constexpr std::size_t distance = 12 * 1024;
+  return (distance + stride - 1) / stride;
+}
+
 /// Per-thread scratch for GemvPlan::dot.
 inline float* plan_scratch(std::size_t cols) {
   thread_local std::vector<float> scratch;
@@ -239,25 +250,30 @@ inline void gemv_rows(const MatrixView& w, const GemvPlan& plan, float* y, Epilo
     y[r] = ep.accumulate ? y[r] + v : v;
   };
   // The range is cut into N equal parts read side by side, row i of every part in one dots<N>
-  // call, so each part is still read front to back as one stream the hardware prefetcher follows
-  // (pairing neighbours made every pair start a new stream: 14336 × 4096 q8, cold, 1 thread,
-  // 3.9 -> 5.7 ms). N = 2 in general; N = 4 for long int8 rows (>= 8 KiB: Mixtral's w2,
-  // 4096 × 14336), where the activation, loaded once per N rows, no longer stays in L1 next to
-  // the weight streams (cold, one thread: q8 4.7 -> 3.7 ms, q4 2.9 -> 2.6 ms); short rows lose
-  // 30-50% with four streams.
-  auto side_by_side = [&]<std::size_t N>() {
+  // call, so each part is still read front to back as one stream (pairing neighbours made every
+  // pair start a new stream: 14336 × 4096 q8, cold, 1 thread, 3.9 -> 5.7 ms). The int8 path
+  // reads four streams, each prefetched into L2 `ahead` rows (>= 12 KiB) in front of its loads:
+  // cold Mixtral shapes, one thread, 55-77% of the streaming read with two streams and the
+  // hardware prefetcher alone, 86-104% so (bench/RESULTS.md); without the prefetch four streams
+  // lost 30-50% on short rows.
+  auto side_by_side = [&]<std::size_t N>(std::size_t ahead) {
     const std::size_t part = (r1 - r0) / N;
     for (std::size_t i = 0; i < part; ++i) {
       const std::byte* rows[N];
-      for (std::size_t n = 0; n < N; ++n) rows[n] = w.data + (r0 + n * part + i) * stride;
+      const std::byte* next[N];
+      for (std::size_t n = 0; n < N; ++n) {
+        const std::size_t first = r0 + n * part;
+        rows[n] = w.data + (first + i) * stride;
+        next[n] = w.data + (first + std::min(i + ahead, part - 1)) * stride;
+      }
       float d[N];
-      plan.dots<N>(rows, scratch, d);
+      plan.dots<N>(rows, scratch, d, ahead ? next : nullptr);
       for (std::size_t n = 0; n < N; ++n) store(r0 + n * part + i, d[n]);
     }
     for (std::size_t r = r0 + N * part; r < r1; ++r) store(r, plan.dot(w.data + r * stride, scratch));
   };
-  if (plan.int8 && stride >= 8192) side_by_side.template operator()<4>();
-  else side_by_side.template operator()<2>();
+  if (plan.int8) side_by_side.template operator()<4>(prefetch_rows(stride));
+  else side_by_side.template operator()<2>(0);
 }
 
 }  // namespace detail

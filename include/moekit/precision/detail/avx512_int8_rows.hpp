@@ -324,17 +324,36 @@ MOEKIT_TARGET_AVX512_VNNI inline float finish_row(const std::byte* row, const Ro
   return total - zero_term + tail;
 }
 
+/// Prefetches bytes [lo, hi) of each of N rows into L2, a cache line at a time.
+template <std::size_t N>
+inline void prefetch_l2(const std::byte* const* rows, std::size_t lo, std::size_t hi) noexcept {
+  for (std::size_t n = 0; n < N; ++n)
+    for (std::size_t o = lo; o < hi; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(rows[n] + o), _MM_HINT_T1);
+}
+
 /// N quantized rows (same layout) · x with int8 activations, into out[0..N). Groups of 32/64/128
 /// go 16 chunks a step, the activation's loads shared by the N rows (2 rows: 12 instead of 16
 /// 64-byte loads per 16 q8 chunks and row; the load ports bound this loop on Zen 4).
 /// `sdx` is per-thread scratch of >= cols/32 floats.
+///
+/// `next` (optional): for each row, a row further down its stream. Its bytes are prefetched into
+/// L2 in step with this call's progress through its own row (codes and scales alike), so every
+/// stream is fetched a fixed distance ahead of its loads. The hardware prefetcher alone falls
+/// behind once the loop does enough work per byte: cold Mixtral shapes, one thread, 55-77% of the
+/// streaming read without, 86-104% with (bench/RESULTS.md). L2, not L1: into L1 the lines arrived
+/// too early and evicted the activation (measured 50-60%).
 template <unsigned Bits, std::size_t N>
 MOEKIT_TARGET_AVX512_VNNI inline void row_dots(const std::byte* const* rows, const RowLayout& l,
-                                               const Int8Activation& a, float* sdx,
-                                               float* out) noexcept {
+                                               const Int8Activation& a, float* sdx, float* out,
+                                               const std::byte* const* next = nullptr) noexcept {
   constexpr std::size_t chunk_bytes = 4 * Bits;
   const std::size_t chunks = l.cols / 32;
   const std::size_t per_group = l.group_size / 32;
+  // Bytes of `next` prefetched so far, and per 16-chunk step (whole lines, rounded up; the end
+  // is clamped).
+  std::size_t fetched = 0;
+  const std::size_t fetch_step = next && chunks ? ((16 * l.bytes + chunks - 1) / chunks + 63) / 64 * 64 : 0;
   // Per chunk: the product scaled by s·dx; the zero-point term Σ s·z·dx·Σxq (subtracted at the end).
   __m512 acc[N], zt[N];
   for (std::size_t n = 0; n < N; ++n) acc[n] = zt[n] = _mm512_setzero_ps();
@@ -345,6 +364,11 @@ MOEKIT_TARGET_AVX512_VNNI inline void row_dots(const std::byte* const* rows, con
         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), shift);
     const __m512 zs = _mm512_set1_ps(l.symmetric_zero);
     for (; c + 16 <= chunks; c += 16) {
+      if (next) {
+        const std::size_t to = std::min(l.bytes, fetched + fetch_step);
+        prefetch_l2<N>(next, fetched, to);
+        fetched = to;
+      }
       __m512i q[N];
       chunk_sums16<Bits, N>(rows, c * chunk_bytes, a.xq + 32 * c, q);
       const __m512 dx = _mm512_loadu_ps(a.dx + c), dxs = _mm512_loadu_ps(a.dx_sum + c);
@@ -357,6 +381,7 @@ MOEKIT_TARGET_AVX512_VNNI inline void row_dots(const std::byte* const* rows, con
       }
     }
   }
+  if (next) prefetch_l2<N>(next, fetched, l.bytes);  // the rest (all of it when no steps ran)
   for (std::size_t n = 0; n < N; ++n) out[n] = finish_row<Bits>(rows[n], l, a, sdx, c, acc[n], zt[n]);
 }
 
