@@ -216,22 +216,24 @@ TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation round
           CHECK(yf != y);
         }
   // The fused FFN takes the same option: it equals its composition from int8-activation GEMVs
-  // (hidden 256: the chunk-by-block path; 1056: 16-chunk steps plus a remainder; w1 and w3 rows
-  // go in pairs there).
-  for (std::size_t hidden : {256u, 1056u}) {
-    const Case w1 = make(64, hidden, Precision::q4, {32, false}, 900),
-               w3 = make(64, hidden, Precision::q4, {32, false}, 901),
-               w2 = make(hidden, 64, Precision::q8, {32, false}, 902);
-    const auto x = test::random_normal(hidden, 903);
-    KernelOptions o;
-    o.int8_activations = true;
-    std::vector<float> fused(hidden, 0.f), comp(hidden, 0.f), g(64), u(64);
-    expert_ffn({w1.view, w3.view, w2.view}, x, 1, fused, 1.f, o);
-    gemv(w1.view, x, g, o);
-    gemv(w3.view, x, u, o);
-    for (std::size_t i = 0; i < 64; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-    gemv(w2.view, g, comp, o, {1.f, true});
-    for (std::size_t i = 0; i < hidden; ++i)
-      REQUIRE(fused[i] == Approx(comp[i]).epsilon(1e-4).margin(1e-6));
-  }
+  // (hidden 256: the chunk-by-block path; 1056: 16-chunk steps plus a remainder). Rows of w1 and
+  // w3 go four at a time from the two halves of each range: 64 rows on one thread, 21 on two
+  // (ranges of 8, 8 and 5: an odd range ends with one pair).
+  for (std::size_t hidden : {256u, 1056u})
+    for (std::size_t ffn : {64u, 21u}) {
+      const Case w1 = make(ffn, hidden, Precision::q4, {32, false}, 900 + ffn),
+                 w3 = make(ffn, hidden, Precision::q4, {32, false}, 901 + ffn),
+                 w2 = make(hidden, ffn, Precision::q8, {32, false}, 902 + ffn);
+      const auto x = test::random_normal(hidden, 903 + ffn);  // seeds per ffn: no stale h matches
+      KernelOptions o{std::nullopt, ffn == 21 ? &pool : nullptr};
+      o.int8_activations = true;
+      std::vector<float> fused(hidden, 0.f), comp(hidden, 0.f), g(ffn), u(ffn);
+      expert_ffn({w1.view, w3.view, w2.view}, x, 1, fused, 1.f, o);
+      gemv(w1.view, x, g, o);
+      gemv(w3.view, x, u, o);
+      for (std::size_t i = 0; i < ffn; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+      gemv(w2.view, g, comp, o, {1.f, true});
+      for (std::size_t i = 0; i < hidden; ++i)
+        REQUIRE(fused[i] == Approx(comp[i]).epsilon(1e-4).margin(1e-6));
+    }
 }

@@ -73,28 +73,34 @@ inline void expert_ffn(const ExpertWeights& e, std::span<const float> x, std::si
   const detail::GemvPlan p3 = same ? p1 : detail::make_plan(e.w3, x.data(), opts, storage3);
   if (h.size() < ffn) h.resize(ffn);
   float* hp = h.data();
-  // Short int8 rows outrun the hardware prefetcher when the experts are outside L2 (the tiny
-  // model's 48 q4 experts in turn, 256 × 512: 34 → 71 µs per call; the float path stays at 37):
-  // fetch w1's and w3's rows a few ahead. Not for rows over 8 cache lines: there the prefetcher
-  // keeps up and the extra instructions cost 10-15% (1024 × 2048 in cache).
   const std::size_t stride = e.w1.row_stride(), stride3 = e.w3.row_stride();
-  const bool prefetch = (p1.int8 || p3.int8) && std::max(stride, stride3) <= 512;
+  // As gemv's int8 path (detail::gemv_rows): four streams, row i of w1 and w3 from each half of
+  // the range, each stream prefetched into L2 a whole row >= 12 KiB ahead.
+  const std::size_t ahead = detail::prefetch_rows(std::max(stride, stride3));
   auto up_gate = [&](std::size_t r0, std::size_t r1) {
     float* scratch = detail::plan_scratch(hidden);
-    constexpr std::size_t ahead = 4;
-    for (std::size_t r = r0; r < r1; ++r) {
-      if (prefetch && r + ahead < r1) {
-        for (std::size_t o = 0; o < stride; o += 64) __builtin_prefetch(e.w1.row(r + ahead) + o);
-        for (std::size_t o = 0; o < stride3; o += 64) __builtin_prefetch(e.w3.row(r + ahead) + o);
-      }
-      if (same) {  // w1 and w3 rows share the activation
-        const std::byte* rows[2] = {e.w1.row(r), e.w3.row(r)};
-        float g[2];
-        p1.dots<2>(rows, scratch, g);
-        hp[r] = detail::silu(g[0]) * g[1];
-      } else {
+    if (!same) {  // w1 and w3 in different formats: one row at a time
+      for (std::size_t r = r0; r < r1; ++r)
         hp[r] = detail::silu(p1.dot(e.w1.row(r), scratch)) * p3.dot(e.w3.row(r), scratch);
-      }
+      return;
+    }
+    const std::size_t half = (r1 - r0) / 2;
+    for (std::size_t i = 0; i < half; ++i) {
+      const std::size_t a = r0 + i, b = r0 + half + i;
+      const std::size_t na = r0 + std::min(i + ahead, half - 1), nb = na + half;
+      const std::byte* rows[4] = {e.w1.row(a), e.w3.row(a), e.w1.row(b), e.w3.row(b)};
+      const std::byte* next[4] = {e.w1.row(na), e.w3.row(na), e.w1.row(nb), e.w3.row(nb)};
+      float g[4];
+      p1.dots<4>(rows, scratch, g, next);
+      hp[a] = detail::silu(g[0]) * g[1];
+      hp[b] = detail::silu(g[2]) * g[3];
+    }
+    if (r0 + 2 * half < r1) {  // the last row of an odd range
+      const std::size_t r = r1 - 1;
+      const std::byte* rows[2] = {e.w1.row(r), e.w3.row(r)};
+      float g[2];
+      p1.dots<2>(rows, scratch, g);
+      hp[r] = detail::silu(g[0]) * g[1];
     }
   };
   if (opts.pool) opts.pool->parallel_for(0, ffn, detail::row_grain(ffn, opts.pool), up_gate);
