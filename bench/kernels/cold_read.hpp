@@ -31,14 +31,35 @@ __attribute__((target("avx512f"))) inline float stream_sum_avx512(const float* p
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
+
+/// The same sum read as the int8 GEMV reads its rows: four quarters side by side, each prefetched
+/// into L2 12 KiB ahead. Measured 5-15% faster than one stream on this machine, so the kernel
+/// benchmarks take the faster of the two as their bound (with one stream alone the GEMV ran at
+/// 105-141% of "the read").
+__attribute__((target("avx512f"))) inline float stream_sum4_avx512(const float* p, std::size_t n) {
+  constexpr std::size_t ahead = 12 * 1024 / sizeof(float);
+  const std::size_t part = n / 4 / 16 * 16;
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (std::size_t i = 0; i < part; i += 16)
+    for (std::size_t s = 0; s < 4; ++s) {
+      const float* q = p + s * part + i;
+      if (i + ahead < part) _mm_prefetch(reinterpret_cast<const char*>(q + ahead), _MM_HINT_T1);
+      a[s] = _mm512_add_ps(a[s], _mm512_loadu_ps(q));
+    }
+  float tail = 0;
+  for (std::size_t i = 4 * part; i < n; ++i) tail += p[i];
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]))) + tail;
+}
 #pragma GCC diagnostic pop
 #endif
 
-/// The streaming read: a vectorised sum of `n` floats (AVX-512 when the CPU has it).
-inline float stream_sum(const float* p, std::size_t n) {
+/// The streaming read: a vectorised sum of `n` floats (AVX-512 when the CPU has it), as one
+/// stream or (`quarters`) as four prefetched ones.
+inline float stream_sum(const float* p, std::size_t n, bool quarters = false) {
 #if defined(__x86_64__)
-  if (detect_isa() == Isa::avx512) return stream_sum_avx512(p, n);
+  if (detect_isa() == Isa::avx512) return quarters ? stream_sum4_avx512(p, n) : stream_sum_avx512(p, n);
 #endif
+  (void)quarters;
   float s = 0;
   for (std::size_t i = 0; i < n; ++i) s += p[i];
   return s;

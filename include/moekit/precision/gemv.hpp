@@ -226,8 +226,8 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
 }
 
 /// Rows of `stride` bytes that make the int8 kernels' prefetch distance: the first whole row at
-/// least 12 KiB ahead (8 and 16 KiB measured alike; a 1 MiB L2 holds it for four streams of two
-/// threads many times over).
+/// least 12 KiB ahead (8, 16 and 24 KiB measured alike; four streams of it are a twentieth of
+/// the 1 MiB L2).
 inline std::size_t prefetch_rows(std::size_t stride) noexcept {
   constexpr std::size_t distance = 12 * 1024;
   return (distance + stride - 1) / stride;
@@ -252,9 +252,9 @@ inline void gemv_rows(const MatrixView& w, const GemvPlan& plan, float* y, Epilo
   // The range is cut into N equal parts read side by side, row i of every part in one dots<N>
   // call, so each part is still read front to back as one stream (pairing neighbours made every
   // pair start a new stream: 14336 × 4096 q8, cold, 1 thread, 3.9 -> 5.7 ms). The int8 path
-  // reads four streams, each prefetched into L2 `ahead` rows (>= 12 KiB) in front of its loads:
-  // cold Mixtral shapes, one thread, 55-77% of the streaming read with two streams and the
-  // hardware prefetcher alone, 86-104% so (bench/RESULTS.md); without the prefetch four streams
+  // reads four streams, each prefetched into L2 `ahead` rows (>= 12 KiB) in front of its loads
+  // (cold Mixtral shapes, one thread: with two streams and the hardware prefetcher alone 53-68%
+  // of a one-stream read, so 89-98%; bench/RESULTS.md); without the prefetch four streams
   // lost 30-50% on short rows.
   auto side_by_side = [&]<std::size_t N>(std::size_t ahead) {
     const std::size_t part = (r1 - r0) / N;

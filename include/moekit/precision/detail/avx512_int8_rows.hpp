@@ -10,8 +10,8 @@
 /// With groups of 32/64/128 a row goes 16 chunks a step: the step's block products are reduced to
 /// one int32 per chunk by unpack-and-add steps, then one conversion, one s·dx product and one FMA
 /// cover the 16 chunks (no per-block scale permutes, no pass over the scales before the codes).
-/// Rows go in pairs sharing the activation's loads, which bound the loop on Zen 4 (one 64-byte
-/// load a cycle). Chunks after the last step go block by block, chunks after the last whole block
+/// Rows go several at a time (gemv and the fused FFN: four) sharing the activation's loads, which
+/// bound the loop on Zen 4 (one 64-byte load a cycle), each prefetching its stream into L2. Chunks after the last step go block by block, chunks after the last whole block
 /// one by one (plain decode order), columns after the last chunk in floats.
 ///
 /// Measured on this machine (Zen 4, one thread, a 128-row GEMV in L2, min of 3000 calls, ns per
@@ -340,9 +340,9 @@ inline void prefetch_l2(const std::byte* const* rows, std::size_t lo, std::size_
 /// `next` (optional): for each row, a row further down its stream. Its bytes are prefetched into
 /// L2 in step with this call's progress through its own row (codes and scales alike), so every
 /// stream is fetched a fixed distance ahead of its loads. The hardware prefetcher alone falls
-/// behind once the loop does enough work per byte: cold Mixtral shapes, one thread, 55-77% of the
-/// streaming read without, 86-104% with (bench/RESULTS.md). L2, not L1: into L1 the lines arrived
-/// too early and evicted the activation (measured 50-60%).
+/// behind once the loop does this much work per byte (cold Mixtral shapes, one thread, against a
+/// one-stream read: q4 4096 × 14336 53% -> 98%, q8 66-68% -> 89%; bench/RESULTS.md). Into L2,
+/// not L1: `prefetcht0` the same distance ahead measured 50-60%.
 template <unsigned Bits, std::size_t N>
 MOEKIT_TARGET_AVX512_VNNI inline void row_dots(const std::byte* const* rows, const RowLayout& l,
                                                const Int8Activation& a, float* sdx, float* out,
