@@ -18,6 +18,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include <sentencepiece_processor.h>
@@ -29,12 +31,15 @@
 
 namespace moe_run {
 
-/// A SentencePiece model (tokenizer.model), a GGUF file's embedded vocabulary, or a byte-level BPE
-/// vocabulary.
-class Tokenizer {
+/// A SentencePiece model file (tokenizer.model) behind the interface GgufVocab and BpeVocab share.
+class SentencePieceVocab {
  public:
-  /// Loads `path` (a tokenizer.model file). Throws `Error` naming the file on failure.
-  explicit Tokenizer(const std::filesystem::path& path)
+  struct Special {
+    std::optional<std::uint32_t> bos, eos;
+  };
+
+  /// Loads `path`. Throws `Error` naming the file on failure.
+  explicit SentencePieceVocab(const std::filesystem::path& path)
       : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
     if (!std::filesystem::exists(path))
       throw moekit::Error(moekit::ErrorKind::io, "tokenizer '" + path.string() + "' not found");
@@ -42,19 +47,62 @@ class Tokenizer {
     if (!status.ok())
       throw moekit::Error(moekit::ErrorKind::invalid_format,
                           "tokenizer '" + path.string() + "': " + status.ToString());
+    special_ = {id_or_none(sp_->bos_id()), id_or_none(sp_->eos_id())};
   }
 
+  [[nodiscard]] std::uint32_t size() const noexcept {
+    return static_cast<std::uint32_t>(sp_->GetPieceSize());
+  }
+  [[nodiscard]] const Special& special() const noexcept { return special_; }
+  [[nodiscard]] std::string piece(std::uint32_t id) const {
+    return sp_->IdToPiece(static_cast<int>(id));
+  }
+
+  [[nodiscard]] std::vector<std::uint32_t> encode(std::string_view text) const {
+    std::vector<int> ids;
+    check(sp_->Encode(text, &ids));
+    return {ids.begin(), ids.end()};
+  }
+  /// Control tokens such as BOS/EOS produce nothing.
+  [[nodiscard]] std::string decode(std::span<const std::uint32_t> ids) const {
+    const std::vector<int> v(ids.begin(), ids.end());
+    std::string text;
+    check(sp_->Decode(v, &text));
+    return text;
+  }
+
+ private:
+  static std::optional<std::uint32_t> id_or_none(int id) noexcept {
+    return id >= 0 ? std::optional<std::uint32_t>(static_cast<std::uint32_t>(id)) : std::nullopt;
+  }
+  static void check(const sentencepiece::util::Status& status) {
+    if (!status.ok())
+      throw moekit::Error(moekit::ErrorKind::invalid_argument, "tokenizer: " + status.ToString());
+  }
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  Special special_;
+};
+
+/// A SentencePiece model (tokenizer.model), a GGUF file's embedded vocabulary, or a byte-level BPE
+/// vocabulary.
+class Tokenizer {
+ public:
+  /// Loads `path` (a tokenizer.model file). Throws `Error` naming the file on failure.
+  explicit Tokenizer(const std::filesystem::path& path)
+      : vocab_(std::in_place_type<SentencePieceVocab>, path) {}
+
   /// The vocabulary embedded in a GGUF file.
-  explicit Tokenizer(GgufVocab vocab) : vocab_(std::make_unique<GgufVocab>(std::move(vocab))) {}
+  explicit Tokenizer(GgufVocab vocab) : vocab_(std::move(vocab)) {}
 
   /// A byte-level BPE vocabulary.
-  explicit Tokenizer(BpeVocab vocab) : bpe_(std::make_unique<BpeVocab>(std::move(vocab))) {}
+  explicit Tokenizer(BpeVocab vocab) : vocab_(std::move(vocab)) {}
 
   /// The vocabulary embedded in `g`: byte-level BPE for `tokenizer.ggml.model = "gpt2"`, else
   /// GgufVocab (which refuses models other than "llama").
   static Tokenizer from_gguf(const moekit::io::GgufFile& g) {
     const auto* model = g.metadata("tokenizer.ggml.model");
-    if (model && model->as_string("tokenizer.ggml.model") == "gpt2") return Tokenizer(BpeVocab::from_gguf(g));
+    if (model && model->as_string("tokenizer.ggml.model") == "gpt2")
+      return Tokenizer(BpeVocab::from_gguf(g));
     return Tokenizer(GgufVocab::from_gguf(g));
   }
 
@@ -69,21 +117,10 @@ class Tokenizer {
 
   /// Token ids of `text`, with BOS first when `add_bos` (and the model has one).
   [[nodiscard]] std::vector<std::uint32_t> encode(std::string_view text, bool add_bos) const {
-    if (vocab_ || bpe_) {
-      std::vector<std::uint32_t> out;
-      if (add_bos && bos_id()) out.push_back(*bos_id());
-      const auto ids = vocab_ ? vocab_->encode(text) : bpe_->encode(text);
-      out.insert(out.end(), ids.begin(), ids.end());
-      return out;
-    }
-    std::vector<int> ids;
-    const auto status = sp_->Encode(text, &ids);
-    if (!status.ok())
-      throw moekit::Error(moekit::ErrorKind::invalid_argument, "tokenizer: " + status.ToString());
     std::vector<std::uint32_t> out;
-    out.reserve(ids.size() + 1);
     if (add_bos && bos_id()) out.push_back(*bos_id());
-    for (int id : ids) out.push_back(static_cast<std::uint32_t>(id));
+    const auto ids = std::visit([&](const auto& v) { return v.encode(text); }, vocab_);
+    out.insert(out.end(), ids.begin(), ids.end());
     return out;
   }
 
@@ -91,36 +128,24 @@ class Tokenizer {
   /// Byte-level BPE: every token produces its text, special ones too (HF's
   /// decode(skip_special_tokens=False), so EOS gives e.g. "<|endoftext|>").
   [[nodiscard]] std::string decode(std::span<const std::uint32_t> ids) const {
-    if (vocab_) return vocab_->decode(ids);
-    if (bpe_) return bpe_->decode(ids);
-    std::vector<int> v(ids.begin(), ids.end());
-    std::string text;
-    const auto status = sp_->Decode(v, &text);
-    if (!status.ok())
-      throw moekit::Error(moekit::ErrorKind::invalid_argument, "tokenizer: " + status.ToString());
-    return text;
+    return std::visit([&](const auto& v) { return v.decode(ids); }, vocab_);
   }
 
   [[nodiscard]] std::uint32_t vocab_size() const noexcept {
-    return vocab_ ? vocab_->size() : bpe_ ? bpe_->size() : static_cast<std::uint32_t>(sp_->GetPieceSize());
+    return std::visit([](const auto& v) { return v.size(); }, vocab_);
   }
   [[nodiscard]] std::optional<std::uint32_t> bos_id() const noexcept {
-    return vocab_ ? vocab_->special().bos : bpe_ ? bpe_->special().bos : id_or_none(sp_->bos_id());
+    return std::visit([](const auto& v) { return v.special().bos; }, vocab_);
   }
   [[nodiscard]] std::optional<std::uint32_t> eos_id() const noexcept {
-    return vocab_ ? vocab_->special().eos : bpe_ ? bpe_->special().eos : id_or_none(sp_->eos_id());
+    return std::visit([](const auto& v) { return v.special().eos; }, vocab_);
   }
   [[nodiscard]] std::string piece(std::uint32_t id) const {
-    return vocab_ ? vocab_->piece(id) : bpe_ ? bpe_->piece(id) : sp_->IdToPiece(static_cast<int>(id));
+    return std::visit([&](const auto& v) { return std::string(v.piece(id)); }, vocab_);
   }
 
  private:
-  static std::optional<std::uint32_t> id_or_none(int id) noexcept {
-    return id >= 0 ? std::optional<std::uint32_t>(static_cast<std::uint32_t>(id)) : std::nullopt;
-  }
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;  // set for tokenizer.model only
-  std::unique_ptr<GgufVocab> vocab_;                            // set for a GGUF "llama" vocabulary
-  std::unique_ptr<BpeVocab> bpe_;                               // set for byte-level BPE
+  std::variant<SentencePieceVocab, GgufVocab, BpeVocab> vocab_;
 };
 
 /// Turns a growing sequence of ids into text increments.
