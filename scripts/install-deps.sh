@@ -14,6 +14,7 @@ packages=(
   liburing-dev            # io_uring loader
   libsentencepiece-dev    # Mixtral tokenizer
   libpcre2-dev            # byte-level BPE pre-tokenizer regexes (Qwen2-MoE, OLMoE tokenizers)
+  libutf8proc-dev         # byte-level BPE's NFC normalizer (tokenizer.json normalizer NFC)
   clang                   # libFuzzer targets
   libclang-rt-14-dev      # fuzzer and sanitizer runtimes for clang
 )

@@ -2,12 +2,16 @@
 """Byte-level BPE fixtures for tests/engine/bpe_vocab_test.cpp (moe-run's BpeVocab).
 
 Trains two SMALL byte-level BPE tokenizers with Hugging Face `tokenizers` on the repository's
-README.md and docs/*.md plus a few multilingual lines, and writes under tests/engine/data/bpe/:
+README.md and docs/*.md plus a few multilingual lines (only with --retrain or when there are none
+yet; see below), and writes under tests/engine/data/bpe/:
 
   qwen2/tokenizer.json         Qwen2's layout: NFC normalizer, Sequence[Split(Qwen2 regex,
                                Isolated), ByteLevel(use_regex=false)], ByteLevel decoder; added
                                tokens <|endoftext|>, <|im_start|>, <|im_end|> (special) and
-                               <tool_call> (not special)
+                               <tool_call>, <e\u0301> (not special, "normalized": true, so HF
+                               matches <e\u0301> after NFC, as "<\u00e9>", in either spelling;
+                               HF 0.23 also decodes it from "<\u00e9>", whose \u00e9 is GPT-2's
+                               symbol for the byte 0xE9, so to "<\ufffd>")
   qwen2/tokenizer_config.json  eos_token <|im_end|> (bos_token null, as Qwen2)
   qwen2.gguf                   the same vocabulary as GGUF metadata only (no tensors):
                                tokenizer.ggml.model "gpt2", pre "qwen2", tokens, merges,
@@ -18,17 +22,28 @@ README.md and docs/*.md plus a few multilingual lines, and writes under tests/en
   gpt2.gguf                    as qwen2.gguf with pre "gpt2", bos = eos = <|endoftext|>
   cases.json                   {"qwen2": [...], "gpt2": [...]}: for each test string `text`, HF's
                                `ids` (encode(text, add_special_tokens=False)) and `decoded`
-                               (decode(ids, skip_special_tokens=False))
+                               (decode(ids, skip_special_tokens=False)); where they differ, also
+                               `ids_without_normalizer` and `decoded_without_normalizer`: the same
+                               from the tokenizer.json with "normalizer": null, which is what the
+                               GGUF vocabularies (no normalizer, as llama.cpp) must give
 
-Run once to regenerate (the output is deterministic for a given `tokenizers` version):
+Some test strings are not in Unicode NFC (combining marks, Hangul jamo, singletons such as
+U+212B ANGSTROM SIGN, marks out of canonical order): HF's NFC normalizer changes their ids.
+
+Run to regenerate; without --retrain the committed tokenizer.json files are kept (their added
+tokens completed) and only the GGUF files and cases.json are rewritten, so the output does not
+depend on the current README.md and docs (written with tokenizers 0.23.3 and gguf from PyPI):
   python3 -m venv build/bpe-venv && build/bpe-venv/bin/pip install tokenizers gguf
-  build/bpe-venv/bin/python scripts/make_bpe_fixture.py
+  build/bpe-venv/bin/python scripts/make_bpe_fixture.py [--retrain]
+--retrain trains new vocabularies from the README.md and docs/*.md of the checkout (every id in
+the fixtures changes).
 """
 import json
+import sys
 from pathlib import Path
 
 import gguf
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "engine" / "data" / "bpe"
@@ -81,6 +96,15 @@ TEST_STRINGS = [
     "MoE offloading: experts are loaded from NVMe with O_DIRECT and io_uring.",
     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
     "=====================================",
+    # Not in NFC (the qwen2 tokenizer's NFC normalizer changes them; gpt2 has none).
+    "cafe\u0301",
+    "A\u030a",
+    "\u1100\u1161 \u1100\u1161\u11a8",
+    "e\u0301\u0301",
+    "a\u0301\u0323 \u212b \u2126",
+    "Le cafe\u0301 est tre\u0300s bon, Ångstro\u0308m",
+    "x<e\u0301>y <\u00e9> <e\u0301\u0301>",
+    "e\u0301<|im_end|>\u0301e<|im_start|>\u0301",
 ]
 
 
@@ -132,30 +156,49 @@ def write_gguf(tok_json, path, pre, bos, eos):
 
 
 def cases(tok):
+    j = json.loads(tok.to_str())
+    j["normalizer"] = None  # rebuilt from JSON, so the normalized added tokens' matcher has none either
+    raw = Tokenizer.from_str(json.dumps(j))
     out = []
     for s in TEST_STRINGS:
         ids = tok.encode(s, add_special_tokens=False).ids
-        out.append({"text": s, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)})
+        c = {"text": s, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)}
+        raw_ids = raw.encode(s, add_special_tokens=False).ids
+        if raw_ids != ids:
+            c["ids_without_normalizer"] = raw_ids
+            c["decoded_without_normalizer"] = raw.decode(raw_ids, skip_special_tokens=False)
+        out.append(c)
     return out
 
 
+def trained(name, retrain, *args):
+    """The committed tokenizer OUT/name/tokenizer.json, or with --retrain (or none there) a new one."""
+    path = OUT / name / "tokenizer.json"
+    if path.exists() and not retrain:
+        return Tokenizer.from_file(str(path))
+    return train(*args)
+
+
 def main():
+    retrain = "--retrain" in sys.argv[1:]
     (OUT / "qwen2").mkdir(parents=True, exist_ok=True)
     (OUT / "gpt2").mkdir(parents=True, exist_ok=True)
 
-    qwen = train(pre_tokenizers.Sequence([
+    # Adding an added token that is already there changes nothing, so this is idempotent.
+    qwen = trained("qwen2", retrain, pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
         normalizers.NFC(), 700)
     qwen.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    qwen.add_tokens(["<tool_call>"])
+    qwen.add_tokens([AddedToken("<tool_call>", normalized=True),
+                     AddedToken("<e\u0301>", normalized=True)])
     qwen.save(str(OUT / "qwen2" / "tokenizer.json"))
     (OUT / "qwen2" / "tokenizer_config.json").write_text(
         json.dumps({"bos_token": None, "eos_token": "<|im_end|>"}, indent=1) + "\n")
     qj = json.loads((OUT / "qwen2" / "tokenizer.json").read_text(encoding="utf-8"))
     write_gguf(qj, OUT / "qwen2.gguf", "qwen2", None, qwen.token_to_id("<|im_end|>"))
 
-    gpt2 = train(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), None, 600)
+    gpt2 = trained("gpt2", retrain, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), None, 600)
     gpt2.add_special_tokens(["<|endoftext|>"])
     gpt2.save(str(OUT / "gpt2" / "tokenizer.json"))
     gj = json.loads((OUT / "gpt2" / "tokenizer.json").read_text(encoding="utf-8"))

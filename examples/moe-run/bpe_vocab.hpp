@@ -3,35 +3,50 @@
 /// Hugging Face `tokenizer.json` (model.type "BPE") or from a GGUF file's embedded vocabulary
 /// (`tokenizer.ggml.model = "gpt2"`), encoding and decoding as HF `tokenizers` does.
 ///
-/// Encoding: the added tokens (tokenizer.json's added_tokens; GGUF's control and user-defined
-/// tokens) are split out first by exact match (leftmost, longest); every other stretch of text is
-/// pre-tokenized with the model's regex (PCRE2 with UTF + UCP, so \p{L}, \p{N}, \s and (?!\S) are
-/// Unicode-aware as in HF's Oniguruma and llama.cpp); each piece's bytes are mapped through GPT-2's
-/// bytes_to_unicode table to one symbol each, and adjacent symbols are merged by lowest merge rank
-/// (ties: leftmost) until no pair of the merges list is left; the symbols are then the token ids.
-/// Input that is not valid UTF-8 does not fail: the invalid bytes match no regex branch and
-/// become pieces of their own, encoded byte by byte (decoding gives U+FFFD for them).
+/// Encoding follows HF's AddedVocabulary::extract_and_normalize. The added tokens matched in the
+/// raw text (tokenizer.json's added_tokens with "normalized": false, usually the special ones; all
+/// of GGUF's control and user-defined tokens) are split out first by exact match (leftmost,
+/// longest). Each stretch of text between them is then normalized on its own (tokenizer.json's
+/// NFC normalizer, if any), and in the normalized stretch the added tokens with "normalized": true
+/// are split out the same way, their content normalized likewise (as HF builds that matcher).
+/// Every other stretch of text is pre-tokenized with the model's regex (PCRE2 with UTF + UCP, so
+/// \p{L}, \p{N}, \s and (?!\S) are Unicode-aware as in HF's Oniguruma and llama.cpp); each piece's
+/// bytes are mapped through GPT-2's bytes_to_unicode table to one symbol each, and adjacent symbols
+/// are merged by lowest merge rank (ties: leftmost) until no pair of the merges list is left; the
+/// symbols are then the token ids.
+/// NFC is utf8proc's (UTF8PROC_STABLE | UTF8PROC_COMPOSE; its Unicode version may be newer than
+/// HF's tables, which matters only for characters assigned in between). GGUF files carry no
+/// normalizer and llama.cpp applies none, so a GGUF vocabulary does not normalize.
+/// Input that is not valid UTF-8 does not fail. HF cannot be given such input at all (a Rust
+/// &str), so there is no HF result to match: a stretch with invalid bytes (utf8proc's check, as
+/// strict as Rust's: no overlong forms, surrogates or code points above U+10FFFF) is not
+/// normalized, and its invalid bytes match no regex branch and become pieces of their own,
+/// encoded byte by byte (decoding gives U+FFFD for them). Valid stretches are still normalized.
 /// Decoding matches HF `decode(ids, skip_special_tokens=False)` with the ByteLevel decoder: every
 /// token's text, special ones included (so EOS decodes to e.g. "<|endoftext|>"), is mapped back
 /// character by character through the inverse table (characters outside it pass through as their
 /// UTF-8), and the resulting bytes become text with each maximal invalid UTF-8 sequence as one
-/// U+FFFD (Rust's from_utf8_lossy, as HF).
+/// U+FFFD (Rust's from_utf8_lossy, as HF). The text of an added token with "normalized": true is
+/// its normalized content, as in HF 0.23 (its normalized_cache; older HF used the content as
+/// written: the two differ only for content that NFC changes).
 ///
 /// Not supported, and refused with a `moekit::Error` naming the file and the field: normalizers
-/// other than none and NFC (NFC is accepted but not applied — the input is taken to be NFC already,
-/// as llama.cpp does), BPE dropout, byte_fallback, continuing-subword/end-of-word affixes,
-/// added tokens with lstrip/rstrip/single_word, pre-tokenizers other than ByteLevel or
-/// Sequence[Split(Regex, Isolated), ByteLevel(use_regex=false)], ByteLevel add_prefix_space, and
-/// GGUF `tokenizer.ggml.pre` names other than qwen2 / gpt2 / olmo / default.
+/// other than none, NFC and a Sequence of NFC only, BPE dropout, byte_fallback,
+/// continuing-subword/end-of-word affixes, added tokens with lstrip/rstrip/single_word,
+/// pre-tokenizers other than ByteLevel or Sequence[Split(Regex, Isolated), ByteLevel(use_regex=
+/// false)], ByteLevel add_prefix_space, and GGUF `tokenizer.ggml.pre` names other than qwen2 /
+/// gpt2 / olmo / default.
 
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <new>
 #include <optional>
 #include <queue>
 #include <span>
@@ -46,6 +61,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #endif
 #include <pcre2.h>
+#include <utf8proc.h>
 
 #include <nlohmann/json.hpp>
 
@@ -71,6 +87,9 @@ class BpeVocab {
     std::uint32_t id = 0;
     std::string content;
     bool special = true;  ///< HF "special" / GGUF control (false: user-defined)
+    /// HF "normalized": matched in the normalized text, content normalized too (false: matched in
+    /// the raw text before normalization, as every GGUF added token).
+    bool normalized = false;
   };
 
   struct Special {
@@ -85,13 +104,14 @@ class BpeVocab {
     Special special;
     std::string regex{gpt2_regex};
     bool ignore_merges = false;  ///< a piece that is a token as a whole is not merged (HF option)
+    bool nfc = false;            ///< apply Unicode NFC (tokenizer.json's normalizer) before BPE
     std::string source = "BPE vocabulary";
     std::string tokens_field = "tokens", merges_field = "merges", added_field = "added_tokens";
   };
 
   explicit BpeVocab(Spec spec)
       : tokens_(std::move(spec.tokens)), special_(spec.special), ignore_merges_(spec.ignore_merges),
-        source_(std::move(spec.source)) {
+        nfc_(spec.nfc), source_(std::move(spec.source)) {
     const std::size_t n = tokens_.size();
     if (n == 0) fail(spec.tokens_field, "has no tokens");
     if (n > 0xffffffffu) fail(spec.tokens_field, "has too many tokens");
@@ -104,11 +124,18 @@ class BpeVocab {
         fail(spec.added_field, "names id " + std::to_string(a.id) + " ('" + a.content + "') outside the vocabulary of " +
                                    std::to_string(n) + " tokens");
       if (a.content.empty()) fail(spec.added_field, "has an empty token (id " + std::to_string(a.id) + ")");
-      added_.push_back(a);
+      if (!a.normalized) {
+        raw_added_.push_back({a.id, a.content});
+        continue;
+      }
+      normalized_added_.push_back({a.id, normalize(a.content)});
+      // HF (0.23's normalized_cache) decodes such a token from its normalized form too.
+      if (normalized_added_.back().text != a.content) decode_as_.emplace(a.id, normalized_added_.back().text);
     }
     // Longest first, so the first match at a position is the longest.
-    std::stable_sort(added_.begin(), added_.end(),
-                     [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+    for (auto* list : {&raw_added_, &normalized_added_})
+      std::stable_sort(list->begin(), list->end(),
+                       [](const Pattern& x, const Pattern& y) { return x.text.size() > y.text.size(); });
     for (auto id : {special_.bos, special_.eos})
       if (id && (*id >= n || tokens_[*id].empty()))
         fail("bos/eos", "names id " + std::to_string(*id) + ", which is not a token");
@@ -227,6 +254,9 @@ class BpeVocab {
         t.id = static_cast<std::uint32_t>(std::min<std::uint64_t>(a["id"].get<std::uint64_t>(), 0xffffffffu));
         t.content = a["content"].get<std::string>();
         t.special = a.contains("special") && a["special"] == true;
+        // HF requires the field; when it is absent, HF's AddedToken::from default (!special).
+        t.normalized = a.contains("normalized") && a["normalized"].is_boolean() ? a["normalized"].get<bool>()
+                                                                                 : !t.special;
         place(a["id"].get<std::uint64_t>(), t.content, f);
         s.added.push_back(std::move(t));
       }
@@ -249,11 +279,19 @@ class BpeVocab {
       }
       ++r;
     }
-    // Normalizer: none, or NFC (not applied; see the file comment).
+    // Normalizer: none, NFC, or a Sequence of NFC only (NFC is idempotent; [] is none).
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
       const auto& n = j["normalizer"];
-      if (!n.is_object() || n.value("type", std::string()) != "NFC")
+      auto type = [](const nlohmann::json& x) { return x.is_object() ? x.value("type", std::string()) : std::string(); };
+      if (type(n) == "NFC") {
+        s.nfc = true;
+      } else if (type(n) == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array() &&
+                 std::all_of(n["normalizers"].begin(), n["normalizers"].end(),
+                             [&](const nlohmann::json& e) { return type(e) == "NFC"; })) {
+        s.nfc = !n["normalizers"].empty();
+      } else {
         bad("normalizer", "is " + n.dump() + "; moe-run supports none or NFC", moekit::ErrorKind::unsupported);
+      }
     }
     if (j.contains("decoder") && !j["decoder"].is_null() &&
         (!j["decoder"].is_object() || j["decoder"].value("type", std::string()) != "ByteLevel"))
@@ -311,8 +349,8 @@ class BpeVocab {
         meta.fail("tokenizer.ggml.token_type", "lists " + std::to_string(types.size()) + " types for " +
                                              std::to_string(s.tokens.size()) + " tokens");
       for (std::size_t i = 0; i < types.size(); ++i)
-        if (types[i] == 3 || types[i] == 4)  // control, user-defined: matched verbatim, as HF's added tokens
-          s.added.push_back({static_cast<std::uint32_t>(i), s.tokens[i], types[i] == 3});
+        if (types[i] == 3 || types[i] == 4)  // control, user-defined: matched verbatim in the raw text
+          s.added.push_back({static_cast<std::uint32_t>(i), s.tokens[i], types[i] == 3, false});
     }
     std::string pre = "default";  // llama.cpp's assumption for files without the key
     if (const auto* p = g.metadata("tokenizer.ggml.pre")) pre = p->as_string("tokenizer.ggml.pre");
@@ -336,33 +374,27 @@ class BpeVocab {
   [[nodiscard]] std::uint32_t size() const noexcept { return static_cast<std::uint32_t>(tokens_.size()); }
   [[nodiscard]] const Special& special() const noexcept { return special_; }
   [[nodiscard]] const std::string& regex() const noexcept { return regex_text_; }
+  /// Whether encode applies Unicode NFC (tokenizer.json's NFC normalizer; never for GGUF).
+  [[nodiscard]] bool applies_nfc() const noexcept { return nfc_; }
   /// The token text of `id` (in GPT-2's byte alphabet; added tokens as written).
   [[nodiscard]] const std::string& piece(std::uint32_t id) const {
     check_id(id);
     return tokens_[id];
   }
 
-  /// Token ids of `text` (no BOS/EOS).
+  /// Token ids of `text` (no BOS/EOS). Any bytes: see the file comment for invalid UTF-8.
   [[nodiscard]] std::vector<std::uint32_t> encode(std::string_view text) const {
     std::vector<std::uint32_t> out;
-    std::size_t plain = 0;  // start of the text not yet encoded
-    for (std::size_t i = 0; i < text.size();) {
-      const AddedToken* hit = nullptr;
-      for (const AddedToken& a : added_)
-        if (text.compare(i, a.content.size(), a.content) == 0) {
-          hit = &a;
-          break;
-        }
-      if (!hit) {
-        ++i;
-        continue;
+    // HF: the non-normalized added tokens in the raw text, then each stretch between them
+    // normalized, then the normalized added tokens in it, then pre-tokenization and BPE.
+    split_added(text, raw_added_, out, [&](std::string_view stretch) {
+      if (!nfc_) {
+        split_added(stretch, normalized_added_, out, [&](std::string_view s) { encode_plain(s, out); });
+        return;
       }
-      encode_plain(text.substr(plain, i - plain), out);
-      out.push_back(hit->id);
-      i += hit->content.size();
-      plain = i;
-    }
-    encode_plain(text.substr(plain), out);
+      const std::string normal = normalize(stretch);
+      split_added(normal, normalized_added_, out, [&](std::string_view s) { encode_plain(s, out); });
+    });
     return out;
   }
 
@@ -371,7 +403,8 @@ class BpeVocab {
     std::string bytes;
     for (std::uint32_t id : ids) {
       check_id(id);
-      const std::string& t = tokens_[id];
+      const auto as = decode_as_.empty() ? decode_as_.end() : decode_as_.find(id);
+      const std::string& t = as == decode_as_.end() ? tokens_[id] : as->second;
       for (std::size_t i = 0; i < t.size();) {
         const std::size_t n = utf8_char_length(t, i);
         const auto it = n ? unicode_to_byte_.find(decode_char(t, i, n)) : unicode_to_byte_.end();
@@ -391,6 +424,13 @@ class BpeVocab {
  private:
   struct Merge {
     std::uint32_t rank, id;
+  };
+  struct Pattern {  // an added token as matched: its id and the text it matches
+    std::uint32_t id;
+    std::string text;
+  };
+  struct MallocFree {
+    void operator()(void* p) const noexcept { std::free(p); }
   };
   struct PcreFree {
     void operator()(pcre2_code* c) const noexcept { pcre2_code_free(c); }
@@ -462,6 +502,47 @@ class BpeVocab {
                              "; moe-run supports ByteLevel and Sequence[Split(Regex), ByteLevel(use_regex=false)]",
         moekit::ErrorKind::unsupported);
     return {};
+  }
+
+  // Splits `text` at the leftmost-longest matches of `patterns` (longest first), as HF's
+  // AhoCorasick with MatchKind::LeftmostLongest: appends a match's id, hands `plain` the rest.
+  template <class Plain>
+  static void split_added(std::string_view text, const std::vector<Pattern>& patterns,
+                          std::vector<std::uint32_t>& out, Plain&& plain) {
+    std::size_t from = 0;  // start of the text not yet handed on
+    for (std::size_t i = 0; i < text.size() && !patterns.empty();) {
+      const Pattern* hit = nullptr;
+      for (const Pattern& p : patterns)
+        if (text.compare(i, p.text.size(), p.text) == 0) {
+          hit = &p;
+          break;
+        }
+      if (!hit) {
+        ++i;
+        continue;
+      }
+      if (i > from) plain(text.substr(from, i - from));
+      out.push_back(hit->id);
+      i += hit->text.size();
+      from = i;
+    }
+    if (from < text.size()) plain(text.substr(from));
+  }
+
+  // `text` in NFC when the vocabulary normalizes (utf8proc: STABLE | COMPOSE is its NFC), else
+  // as it is. Text that is not valid UTF-8 is returned as it is (see the file comment): HF cannot
+  // be given it, and unnormalized its invalid bytes are still encoded byte by byte.
+  [[nodiscard]] std::string normalize(std::string_view text) const {
+    const auto ascii = [](char c) { return static_cast<unsigned char>(c) < 0x80; };
+    if (!nfc_ || std::all_of(text.begin(), text.end(), ascii)) return std::string(text);  // ASCII is NFC
+    utf8proc_uint8_t* dst = nullptr;
+    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                            static_cast<utf8proc_ssize_t>(text.size()), &dst,
+                                            static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    const std::unique_ptr<utf8proc_uint8_t, MallocFree> owned(dst);  // malloc'd (utf8proc.h: free it)
+    if (n == UTF8PROC_ERROR_NOMEM) throw std::bad_alloc();
+    if (n < 0 || !dst) return std::string(text);  // invalid UTF-8 (or too long for utf8proc): unnormalized
+    return {reinterpret_cast<const char*>(dst), static_cast<std::size_t>(n)};
   }
 
   // Pre-tokenizes `text` (no added tokens in it) and appends its BPE ids.
@@ -634,9 +715,12 @@ class BpeVocab {
   std::vector<std::string> tokens_;
   Special special_;
   bool ignore_merges_ = false;
+  bool nfc_ = false;
   std::string source_;
   std::unordered_map<std::string, std::uint32_t, Hash, std::equal_to<>> ids_;
-  std::vector<AddedToken> added_;  // longest first
+  std::vector<Pattern> raw_added_;         // matched in the raw text; longest first
+  std::vector<Pattern> normalized_added_;  // matched in the normalized text (content normalized); longest first
+  std::unordered_map<std::uint32_t, std::string> decode_as_;  // decode text of normalized added tokens NFC changed
   std::unordered_map<std::uint64_t, Merge> merges_;
   std::array<std::string, 256> byte_char_;
   std::array<std::int64_t, 256> byte_id_{};

@@ -1,8 +1,11 @@
 // Byte-level BPE (bpe_vocab.hpp) against Hugging Face `tokenizers`: two small tokenizers trained
 // by scripts/make_bpe_fixture.py (Qwen2's Split regex + ByteLevel with an NFC normalizer, and
 // GPT-2's ByteLevel regex), each read from its tokenizer.json and from the same vocabulary written
-// as GGUF metadata; HF's ids and decoded text for every string of tests/engine/data/bpe/cases.json.
-// Then the errors: malformed tokenizer.json / GGUF vocabularies name the file and the field.
+// as GGUF metadata; HF's ids and decoded text for every string of tests/engine/data/bpe/cases.json
+// (some not in Unicode NFC: tokenizer.json's NFC normalizer applies, GGUF has none, so the GGUF
+// vocabularies must give HF's ids from the tokenizer.json with "normalizer": null). Then invalid
+// UTF-8 with NFC on (encoded unnormalized, never an exception), and the errors: malformed
+// tokenizer.json / GGUF vocabularies name the file and the field.
 
 #include <catch2/catch.hpp>
 
@@ -38,17 +41,28 @@ nlohmann::json bpe_cases(const std::string& name) {
   return j[name];
 }
 
-std::vector<std::uint32_t> bpe_ids(const nlohmann::json& c) { return c["ids"].get<std::vector<std::uint32_t>>(); }
+// HF's ids of a case; `normalized` false: those of the tokenizer.json without its normalizer
+// (what a GGUF vocabulary, which has none, must give; the same ids when the normalizer changes
+// nothing, and then the fixture omits them).
+std::vector<std::uint32_t> bpe_ids(const nlohmann::json& c, bool normalized = true) {
+  const char* key = !normalized && c.contains("ids_without_normalizer") ? "ids_without_normalizer" : "ids";
+  return c[key].get<std::vector<std::uint32_t>>();
+}
+std::string bpe_decoded(const nlohmann::json& c, bool normalized = true) {
+  const char* key = !normalized && c.contains("decoded_without_normalizer") ? "decoded_without_normalizer" : "decoded";
+  return c[key].get<std::string>();
+}
 
-// Every case: HF's ids, HF's decoded text, and decode(encode(s)) == s.
-void bpe_check_against_hf(const BpeVocab& v, const std::string& name) {
+// Every case: HF's ids, HF's decoded text, and decode(encode(s)) == HF's decode(encode(s)) (== s
+// unless NFC changed s).
+void bpe_check_against_hf(const BpeVocab& v, const std::string& name, bool normalized = true) {
   for (const auto& c : bpe_cases(name)) {
     const std::string text = c["text"].get<std::string>();
     INFO(name << ": text '" << text << "'");
-    const std::vector<std::uint32_t> want = bpe_ids(c);
+    const std::vector<std::uint32_t> want = bpe_ids(c, normalized);
     CHECK(v.encode(text) == want);
-    CHECK(v.decode(want) == c["decoded"].get<std::string>());
-    CHECK(v.decode(v.encode(text)) == text);
+    CHECK(v.decode(want) == bpe_decoded(c, normalized));
+    CHECK(v.decode(v.encode(text)) == bpe_decoded(c, normalized));
   }
 }
 
@@ -120,7 +134,8 @@ TEST_CASE("bpe: the same vocabularies from GGUF (tokenizer.ggml.model gpt2) enco
     const moekit::io::GgufFile g((bpe_data / (name + ".gguf")).string());
     const BpeVocab v = BpeVocab::from_gguf(g);
     CHECK(v.regex() == (name == "qwen2" ? BpeVocab::qwen2_regex : BpeVocab::gpt2_regex));
-    bpe_check_against_hf(v, name);
+    CHECK_FALSE(v.applies_nfc());  // GGUF carries no normalizer
+    bpe_check_against_hf(v, name, false);
   }
 }
 
@@ -135,7 +150,7 @@ TEST_CASE("bpe: Tokenizer picks byte-level BPE for tokenizer.json dirs and gpt2 
     REQUIRE(t->eos_id());
     CHECK(t->piece(*t->eos_id()) == "<|im_end|>");  // tokenizer_config.json / tokenizer.ggml.eos_token_id
     CHECK(t->decode(std::vector<std::uint32_t>{*t->eos_id()}) == "<|im_end|>");
-    for (const auto& c : qwen_cases) CHECK(t->encode(c["text"].get<std::string>(), false) == bpe_ids(c));
+    for (const auto& c : qwen_cases) CHECK(t->encode(c["text"].get<std::string>(), false) == bpe_ids(c, t == &hf));
   }
   // GPT-2's GGUF names a BOS (= EOS = <|endoftext|>): encode(add_bos) puts it first.
   const Tokenizer g2 = Tokenizer::from_gguf(moekit::io::GgufFile((bpe_data / "gpt2.gguf").string()));
@@ -178,6 +193,86 @@ TEST_CASE("bpe: input that is not valid UTF-8 encodes byte by byte and decodes l
   CHECK(std::vector<std::uint32_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(ab.size())) == ab);
 }
 
+TEST_CASE("bpe: tokenizer.json's NFC normalizer applies between the raw-matched added tokens, as HF",
+          "[engine][bpe]") {
+  const BpeVocab nfc = BpeVocab::from_tokenizer_json(bpe_data / "qwen2/tokenizer.json");
+  CHECK(nfc.applies_nfc());
+  CHECK_FALSE(BpeVocab::from_tokenizer_json(bpe_data / "gpt2/tokenizer.json").applies_nfc());
+  // The fixture has strings that NFC changes, and HF's ids for them differ with and without it.
+  std::size_t changed = 0;
+  for (const auto& c : bpe_cases("qwen2")) changed += c.contains("ids_without_normalizer") ? 1 : 0;
+  CHECK(changed >= 8);
+  // Decomposed and precomposed spellings encode alike; a normalized added token (<e U+0301>,
+  // "normalized": true) matches either spelling, the special ones only their raw text.
+  CHECK(nfc.encode("cafe\xCC\x81") == nfc.encode("caf\xC3\xA9"));
+  CHECK(nfc.encode("\xE1\x84\x80\xE1\x85\xA1") == nfc.encode("\xEA\xB0\x80"));  // jamo -> U+AC00
+  CHECK(nfc.encode("<e\xCC\x81>") == nfc.encode("<\xC3\xA9>"));
+  CHECK(nfc.encode("<e\xCC\x81>").size() == 1);
+  // A Sequence of NFC only is NFC; an empty Sequence and null are no normalizer.
+  using nlohmann::json;
+  const fs::path seq = bpe_edited_json("qwen2", "nfc_sequence", [](json& j) {
+    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array({{{"type", "NFC"}}})}};
+  });
+  const fs::path empty = bpe_edited_json("qwen2", "nfc_empty_sequence", [](json& j) {
+    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array()}};
+  });
+  const fs::path none = bpe_edited_json("qwen2", "nfc_none", [](json& j) { j["normalizer"] = nullptr; });
+  const BpeVocab s = BpeVocab::from_tokenizer_json(seq), e = BpeVocab::from_tokenizer_json(empty),
+                 n = BpeVocab::from_tokenizer_json(none);
+  CHECK(s.applies_nfc());
+  CHECK_FALSE(e.applies_nfc());
+  CHECK_FALSE(n.applies_nfc());
+  for (const auto& c : bpe_cases("qwen2")) {
+    const std::string text = c["text"].get<std::string>();
+    INFO("text '" << text << "'");
+    CHECK(s.encode(text) == bpe_ids(c));
+    CHECK(e.encode(text) == bpe_ids(c, false));
+    CHECK(n.encode(text) == bpe_ids(c, false));
+  }
+  const fs::path other = bpe_edited_json("qwen2", "nfc_sequence_other", [](json& j) {
+    j["normalizer"] = {{"type", "Sequence"},
+                       {"normalizers", json::array({{{"type", "NFC"}}, {{"type", "Lowercase"}}})}};
+  });
+  CHECK_THAT(bpe_error_of([&] { (void)BpeVocab::from_tokenizer_json(other); }), Catch::Contains("'normalizer'"));
+}
+
+TEST_CASE("bpe: with NFC on, a stretch that is not valid UTF-8 is encoded unnormalized, never an error",
+          "[engine][bpe]") {
+  using nlohmann::json;
+  const BpeVocab nfc = BpeVocab::from_tokenizer_json(bpe_data / "qwen2/tokenizer.json");
+  const BpeVocab raw =
+      BpeVocab::from_tokenizer_json(bpe_edited_json("qwen2", "nfc_off", [](json& j) { j["normalizer"] = nullptr; }));
+  REQUIRE(nfc.applies_nfc());
+  const std::string e_acute = "e\xCC\x81";  // not NFC
+  // Invalid per Rust's str (HF cannot be given them): stray continuation, truncated sequence,
+  // overlong, surrogate, above U+10FFFF, 0xFF.
+  for (const std::string& bad : {std::string("\x81"), std::string("\xE2\x82"), std::string("\xC0\xAF"),
+                                std::string("\xED\xA0\x80"), std::string("\xF4\x90\x80\x80"), std::string("\xFF")}) {
+    for (const std::string& text : {e_acute + bad, bad + e_acute + "x", "a" + e_acute + bad + e_acute}) {
+      INFO("text bytes '" << text << "'");
+      std::vector<std::uint32_t> ids;
+      REQUIRE_NOTHROW(ids = nfc.encode(text));
+      CHECK(ids == raw.encode(text));  // the whole stretch unnormalized
+      std::string back;
+      REQUIRE_NOTHROW(back = nfc.decode(ids));
+      CHECK(back.find("\xEF\xBF\xBD") != std::string::npos);
+    }
+  }
+  // Stretches are normalized one by one: the raw-matched special token splits an invalid stretch
+  // (encoded raw) from a valid one (NFC).
+  const std::uint32_t im_end = *nfc.special().eos;
+  const std::string left = e_acute + "\xFF", right = e_acute;
+  std::vector<std::uint32_t> want = raw.encode(left);
+  want.push_back(im_end);
+  for (const std::uint32_t id : nfc.encode("\xC3\xA9")) want.push_back(id);
+  CHECK(nfc.encode(left + "<|im_end|>" + right) == want);
+  CHECK(nfc.encode(right) == nfc.encode("\xC3\xA9"));
+  // NUL is valid UTF-8: normalized around it, not cut at it.
+  const std::string with_nul = e_acute + std::string(1, '\0') + e_acute;
+  CHECK(nfc.encode(with_nul) == nfc.encode(std::string("\xC3\xA9\0\xC3\xA9", 5)));
+  CHECK(nfc.decode(nfc.encode(with_nul)) == std::string("\xC3\xA9\0\xC3\xA9", 5));
+}
+
 TEST_CASE("bpe: ids outside the vocabulary are errors naming the id", "[engine][bpe]") {
   const BpeVocab v = BpeVocab::from_tokenizer_json(bpe_data / "gpt2/tokenizer.json");
   const std::string msg = bpe_error_of([&] { (void)v.decode(std::vector<std::uint32_t>{1, v.size()}); });
@@ -210,7 +305,7 @@ TEST_CASE("bpe: malformed tokenizer.json files are errors naming the file and th
       {"vocab_id_type", [](json& j) { j["model"]["vocab"]["e"] = "five"; }, "'model.vocab'"},
       {"added_out_of_range",
        [](json& j) { j["added_tokens"].push_back({{"id", -3}, {"content", "<x>"}, {"special", true}}); },
-       "'added_tokens[4]'"},
+       "'added_tokens[5]'"},  // after the fixture's five
       {"added_lstrip", [](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "'added_tokens[0].lstrip'"},
       {"normalizer", [](json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, "'normalizer'"},
       {"pre_tokenizer_missing", [](json& j) { j.erase("pre_tokenizer"); }, "'pre_tokenizer' is missing"},
