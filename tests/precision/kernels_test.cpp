@@ -16,6 +16,7 @@ using namespace moekit;
 
 namespace {
 const QuantScheme kernel_schemes[] = {{32, false}, {64, true}, {128, false}, {0, false}, {0, true}};
+const RowStreaming all_streamings[] = {{1, false}, {1, true}, {2, false}, {2, true}, {4, false}, {4, true}};
 
 std::vector<Isa> isas() {
   std::vector<Isa> v;
@@ -130,6 +131,25 @@ TEST_CASE("kernels reject mismatched shapes and unsupported requests", "[precisi
   CHECK_THROWS_AS(gemv(skip, x2, y2), Error);
   std::vector<float> xb(3 * 64), yb(2 * 8);
   CHECK_THROWS_WITH(gemm(c.view, xb, 3, yb), Catch::Contains("gemm"));
+  if (has_avx512_vnni()) {  // the streaming is read by the int8 path only
+    KernelOptions o;
+    o.int8_activations = true;
+    o.streaming = RowStreaming{3, true};
+    CHECK_THROWS_WITH(gemv(c.view, x2, y2, o), Catch::Contains("streaming.streams must be 1, 2 or 4"));
+  }
+}
+
+TEST_CASE("row streaming: the per-core table", "[precision][kernels]") {
+  // Zen 4 measured best with four prefetched streams; Zen 5 with two, prefetched only for rows
+  // past 6 KiB (w2's 14336 columns), bench/RESULTS.md; other cores get two prefetched streams.
+  STATIC_REQUIRE(default_row_streaming(CpuCore::zen4, 4352) == RowStreaming{4, true});
+  STATIC_REQUIRE(default_row_streaming(CpuCore::zen5, 4352) == RowStreaming{2, false});
+  STATIC_REQUIRE(default_row_streaming(CpuCore::zen5, 15232) == RowStreaming{2, true});
+  STATIC_REQUIRE(default_row_streaming(CpuCore::other, 4352) == RowStreaming{2, true});
+  // Both Zen cores the table names have AVX-512 (Zen 3 shares Zen 4's family without it).
+  const CpuCore core = detect_core();
+  INFO("this CPU: " << name(core));
+  CHECK((core == CpuCore::other || detect_isa() == Isa::avx512));
 }
 
 TEST_CASE("fused expert FFN equals its composition and the reference", "[precision][kernels]") {
@@ -210,6 +230,15 @@ TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation round
                            << " row " << r << " of " << rows << ": " << y[r] << " want " << want
                            << " bound " << bound);
           }
+          // Every way of streaming the rows computes each row alike: bit-identical results.
+          for (const RowStreaming& rs : all_streamings) {
+            std::vector<float> ys(rows);
+            KernelOptions os = o;
+            os.streaming = rs;
+            gemv(c.view, x, ys, os);
+            INFO("streams " << rs.streams << " prefetch " << rs.prefetch << " cols " << cols);
+            REQUIRE(ys == y);
+          }
           // The float path is used when the option is off: results differ (the rounding is real).
           std::vector<float> yf(rows);
           gemv(c.view, x, yf, {std::nullopt, &pool});
@@ -227,13 +256,19 @@ TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation round
       const auto x = test::random_normal(hidden, 903 + ffn);  // seeds per ffn: no stale h matches
       KernelOptions o{std::nullopt, ffn == 21 ? &pool : nullptr};
       o.int8_activations = true;
-      std::vector<float> fused(hidden, 0.f), comp(hidden, 0.f), g(ffn), u(ffn);
-      expert_ffn({w1.view, w3.view, w2.view}, x, 1, fused, 1.f, o);
+      std::vector<float> comp(hidden, 0.f), g(ffn), u(ffn);
       gemv(w1.view, x, g, o);
       gemv(w3.view, x, u, o);
       for (std::size_t i = 0; i < ffn; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
       gemv(w2.view, g, comp, o, {1.f, true});
-      for (std::size_t i = 0; i < hidden; ++i)
-        REQUIRE(fused[i] == Approx(comp[i]).epsilon(1e-4).margin(1e-6));
+      for (const RowStreaming& rs : all_streamings) {
+        std::vector<float> fused(hidden, 0.f);
+        KernelOptions os = o;
+        os.streaming = rs;
+        expert_ffn({w1.view, w3.view, w2.view}, x, 1, fused, 1.f, os);
+        INFO("hidden " << hidden << " ffn " << ffn << " streams " << rs.streams << " prefetch " << rs.prefetch);
+        for (std::size_t i = 0; i < hidden; ++i)
+          REQUIRE(fused[i] == Approx(comp[i]).epsilon(1e-4).margin(1e-6));
+      }
     }
 }

@@ -74,9 +74,11 @@ inline void expert_ffn(const ExpertWeights& e, std::span<const float> x, std::si
   if (h.size() < ffn) h.resize(ffn);
   float* hp = h.data();
   const std::size_t stride = e.w1.row_stride(), stride3 = e.w3.row_stride();
-  // As gemv's int8 path (detail::gemv_rows): four streams, row i of w1 and w3 from each half of
-  // the range, each stream prefetched into L2 a whole row >= 12 KiB ahead.
-  const std::size_t ahead = detail::prefetch_rows(std::max(stride, stride3));
+  // As gemv's int8 path (detail::gemv_rows), streamed as p1.streaming says: row r of w1 and w3
+  // together are two streams; four streams take them from each half of the range. Each stream
+  // is prefetched into L2 a whole row >= 12 KiB ahead when the streaming prefetches.
+  const std::size_t ahead =
+      p1.streaming.prefetch ? detail::prefetch_rows(std::max(stride, stride3)) : 0;
   auto up_gate = [&](std::size_t r0, std::size_t r1) {
     float* scratch = detail::plan_scratch(hidden);
     if (!same) {  // w1 and w3 in different formats: one row at a time
@@ -84,24 +86,28 @@ inline void expert_ffn(const ExpertWeights& e, std::span<const float> x, std::si
         hp[r] = detail::silu(p1.dot(e.w1.row(r), scratch)) * p3.dot(e.w3.row(r), scratch);
       return;
     }
-    const std::size_t half = (r1 - r0) / 2;
-    for (std::size_t i = 0; i < half; ++i) {
-      const std::size_t a = r0 + i, b = r0 + half + i;
-      const std::size_t na = r0 + std::min(i + ahead, half - 1), nb = na + half;
-      const std::byte* rows[4] = {e.w1.row(a), e.w3.row(a), e.w1.row(b), e.w3.row(b)};
-      const std::byte* next[4] = {e.w1.row(na), e.w3.row(na), e.w1.row(nb), e.w3.row(nb)};
-      float g[4];
-      p1.dots<4>(rows, scratch, g, next);
-      hp[a] = detail::silu(g[0]) * g[1];
-      hp[b] = detail::silu(g[2]) * g[3];
+    // Row i of w1 and w3 from each of `Parts` equal parts of [from, from + Parts·part), side by side.
+    auto pairs = [&]<std::size_t Parts>(std::size_t from, std::size_t part) {
+      for (std::size_t i = 0; i < part; ++i) {
+        const std::byte* rows[2 * Parts];
+        const std::byte* next[2 * Parts];
+        for (std::size_t k = 0; k < Parts; ++k) {
+          const std::size_t r = from + k * part + i, n = from + k * part + std::min(i + ahead, part - 1);
+          rows[2 * k] = e.w1.row(r), rows[2 * k + 1] = e.w3.row(r);
+          next[2 * k] = e.w1.row(n), next[2 * k + 1] = e.w3.row(n);
+        }
+        float g[2 * Parts];
+        p1.dots<2 * Parts>(rows, scratch, g, ahead ? next : nullptr);
+        for (std::size_t k = 0; k < Parts; ++k) hp[from + k * part + i] = detail::silu(g[2 * k]) * g[2 * k + 1];
+      }
+    };
+    std::size_t r = r0;
+    if (p1.streaming.streams >= 4) {
+      const std::size_t half = (r1 - r0) / 2;
+      pairs.template operator()<2>(r0, half);
+      r = r0 + 2 * half;
     }
-    if (r0 + 2 * half < r1) {  // the last row of an odd range
-      const std::size_t r = r1 - 1;
-      const std::byte* rows[2] = {e.w1.row(r), e.w3.row(r)};
-      float g[2];
-      p1.dots<2>(rows, scratch, g);
-      hp[r] = detail::silu(g[0]) * g[1];
-    }
+    pairs.template operator()<1>(r, r1 - r);  // all rows, or the last row of an odd range
   };
   if (opts.pool) opts.pool->parallel_for(0, ffn, detail::row_grain(ffn, opts.pool), up_gate);
   else up_gate(0, ffn);

@@ -23,6 +23,7 @@
 #include "moekit/precision/format.hpp"
 #include "moekit/precision/isa.hpp"
 #include "moekit/precision/quantize.hpp"
+#include "moekit/precision/row_streaming.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
 namespace moekit {
@@ -35,6 +36,9 @@ struct KernelOptions {
   /// activations) on CPUs with AVX-512 VNNI: about 3× fewer instructions, error ≤ max|x|/254 per
   /// element of each 32-block. Ignored elsewhere (float path) and for f32/bf16/f16 rows.
   bool int8_activations = false;
+  /// How the int8-activation kernels stream rows (streams 1, 2 or 4); default: the table for
+  /// this CPU's core (`default_row_streaming`).
+  std::optional<RowStreaming> streaming = std::nullopt;
 };
 
 /// What a kernel does with its result: y = scale·result, or y += scale·result.
@@ -47,6 +51,14 @@ namespace detail {
 
 using RowDotFn = float (*)(const std::byte*, const RowLayout&, const PreparedActivation&);
 using RowDecodeFn = const float* (*)(const std::byte*, const RowLayout&, float*);
+
+inline RowStreaming resolve_streaming(const KernelOptions& o, std::size_t row_bytes) {
+  const RowStreaming s = o.streaming.value_or(default_row_streaming(detect_core(), row_bytes));
+  if (s.streams != 1 && s.streams != 2 && s.streams != 4)
+    fail(ErrorKind::invalid_argument, "kernel: KernelOptions::streaming.streams must be 1, 2 or 4 (got " +
+                                          std::to_string(s.streams) + ")");
+  return s;
+}
 
 inline Isa resolve_isa(const KernelOptions& o) {
   const Isa isa = o.isa.value_or(detect_isa());
@@ -176,6 +188,7 @@ struct GemvPlan {
   RowKernels kernels{};
   PreparedActivation act{};
   bool int8 = false;
+  RowStreaming streaming{2, false};  ///< how gemv_rows reads rows (int8 path: per KernelOptions)
 #if defined(MOEKIT_HAS_X86_KERNELS)
   avx512_int8::Int8Activation act8{};
 #endif
@@ -217,6 +230,7 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
 #if defined(MOEKIT_HAS_X86_KERNELS)
   if (o.int8_activations && isa == Isa::avx512 && has_avx512_vnni() && is_quantized(w.precision)) {
     p.int8 = true;
+    p.streaming = resolve_streaming(o, w.row_stride());
     p.act8 = avx512_int8::prepare(x, w.cols, p.layout.bits, st.q, st.f);
     return p;
   }
@@ -252,10 +266,9 @@ inline void gemv_rows(const MatrixView& w, const GemvPlan& plan, float* y, Epilo
   // The range is cut into N equal parts read side by side, row i of every part in one dots<N>
   // call, so each part is still read front to back as one stream (pairing neighbours made every
   // pair start a new stream: 14336 × 4096 q8, cold, 1 thread, 3.9 -> 5.7 ms). The int8 path
-  // reads four streams, each prefetched into L2 `ahead` rows (>= 12 KiB) in front of its loads
-  // (cold Mixtral shapes, one thread: with two streams and the hardware prefetcher alone 53-68%
-  // of a one-stream read, so 89-98%; bench/RESULTS.md); without the prefetch four streams
-  // lost 30-50% on short rows.
+  // streams as `plan.streaming` says (row_streaming.hpp: the choice differs between CPU
+  // cores), each stream prefetched into L2 `ahead` rows (>= 12 KiB) in front of its loads when
+  // it prefetches.
   auto side_by_side = [&]<std::size_t N>(std::size_t ahead) {
     const std::size_t part = (r1 - r0) / N;
     for (std::size_t i = 0; i < part; ++i) {
@@ -272,8 +285,12 @@ inline void gemv_rows(const MatrixView& w, const GemvPlan& plan, float* y, Epilo
     }
     for (std::size_t r = r0 + N * part; r < r1; ++r) store(r, plan.dot(w.data + r * stride, scratch));
   };
-  if (plan.int8) side_by_side.template operator()<4>(prefetch_rows(stride));
-  else side_by_side.template operator()<2>(0);
+  const std::size_t ahead = plan.streaming.prefetch ? prefetch_rows(stride) : 0;
+  switch (plan.streaming.streams) {
+    case 1: return side_by_side.template operator()<1>(ahead);
+    case 4: return side_by_side.template operator()<4>(ahead);
+    default: return side_by_side.template operator()<2>(ahead);
+  }
 }
 
 }  // namespace detail

@@ -1,0 +1,108 @@
+// Every way the int8-activation GEMV can stream its rows (1, 2 or 4 streams per thread, with and
+// without the software prefetch), on cold Mixtral expert shapes, as a fraction of the streaming
+// read of the same bytes, all timed round by round in one process. It is how the per-core table
+// in moekit/precision/row_streaming.hpp was filled, and how to check it on another CPU: the
+// column marked * is what this CPU gets by default.
+//
+// Usage: moekit_bench_row_streaming [--reps N] [--threads N]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moekit/precision/gemv.hpp"
+#include "moekit/precision/quantize.hpp"
+#include "moekit/precision/thread_pool.hpp"
+
+#include "cold_read.hpp"
+
+using namespace moekit;
+using Clock = std::chrono::steady_clock;
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  int reps = 15, only_threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: %s [--reps N] [--threads N]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (!has_avx512_vnni()) {
+    std::printf("skipped: this CPU has no AVX-512 VNNI, so the int8-activation kernels do not run\n");
+    return 0;
+  }
+  const RowStreaming ways[] = {{1, false}, {1, true}, {2, false}, {2, true}, {4, false}, {4, true}};
+  constexpr std::size_t n_ways = std::size(ways);
+  std::printf("int8-activation GEMV, cold weights (rotation over %zu MiB), CPU core %s; medians of %d "
+              "rounds; %% of the streaming read (the faster of one and four prefetched streams per "
+              "thread); S = streams per thread, p = prefetched, * = this core's default\n",
+              bench::rotation_bytes >> 20, std::string(name(detect_core())).c_str(), reps);
+  const Precision formats[] = {Precision::q8, Precision::q4};
+  const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
+  for (int threads : {1, 2}) {
+    if (only_threads && threads != only_threads) continue;
+    ThreadPool pool(static_cast<unsigned>(threads));
+    std::printf("\n== %d thread(s)\nformat shape       read GB/s |", threads);
+    for (const RowStreaming& w : ways) std::printf("  S%u%s", w.streams, w.prefetch ? "p" : " ");
+    std::printf("\n");
+    for (Precision p : formats)
+      for (const auto& shape : shapes) {
+        const std::size_t rows = shape[0], cols = shape[1];
+        const QuantScheme s{32, false};
+        std::mt19937 rng(1);
+        std::normal_distribution<float> d(0.f, 0.02f);
+        std::vector<float> w(rows * cols), x(cols);
+        for (auto& v : w) v = d(rng);
+        for (auto& v : x) v = d(rng) * 50.f;
+        const std::vector<std::byte> enc = encode_matrix<float>(w, rows, cols, p, s);
+        const std::size_t bytes = enc.size(), copies = std::max<std::size_t>(2, bench::rotation_bytes / bytes);
+        std::vector<std::vector<std::byte>> mats(copies, enc);
+        const RowStreaming chosen = default_row_streaming(detect_core(), MatrixView{enc.data(), rows, cols, p, s}.row_stride());
+        std::vector<float> y(rows), y0(rows), part(static_cast<std::size_t>(threads));
+        volatile float sink = 0;
+        auto read = [&](std::size_t c, bool quarters) {
+          const float* f = reinterpret_cast<const float*>(mats[c].data());
+          const std::size_t n = bytes / 4, per = (n / part.size() + 63) / 64 * 64;
+          pool.parallel_for(0, part.size(), 1, [&](std::size_t b, std::size_t) {
+            const std::size_t lo = b * per, hi = std::min(n, lo + per);
+            if (lo < hi) part[b] = quarters ? bench::stream_sum4_avx512(f + lo, hi - lo) : bench::stream_sum_avx512(f + lo, hi - lo);
+          });
+          for (float v : part) sink = sink + v;
+        };
+        std::vector<std::vector<double>> t(n_ways + 2);
+        std::size_t next = 0;
+        for (int r = -1; r < reps; ++r)  // round -1 warms every copy and the pool
+          for (std::size_t k = 0; k < (r < 0 ? copies : 1); ++k)
+            for (std::size_t v = 0; v < n_ways + 2; ++v) {
+              const std::size_t c = next++ % copies;
+              const auto t0 = Clock::now();
+              if (v < n_ways) {
+                KernelOptions o{std::nullopt, &pool};
+                o.int8_activations = true;
+                o.streaming = ways[v];
+                gemv(MatrixView{mats[c].data(), rows, cols, p, s}, x, y, o);
+                if (v == 0) y0 = y;
+                else if (y != y0) {  // every way computes each row alike
+                  std::fprintf(stderr, "streaming S%u%s gave a different result\n", ways[v].streams, ways[v].prefetch ? "p" : "");
+                  return 1;
+                }
+              } else {
+                read(c, v == n_ways + 1);
+              }
+              if (r >= 0) t[v].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+            }
+        const double bound = std::min(bench::median(t[n_ways]), bench::median(t[n_ways + 1]));
+        std::printf("%-6s %5zux%-5zu %6.1f    |", std::string(name(p)).c_str(), rows, cols, bytes / bound / 1e9);
+        for (std::size_t v = 0; v < n_ways; ++v)
+          std::printf(" %4.0f%%%s", 100 * bound / bench::median(t[v]), ways[v] == chosen ? "*" : " ");
+        std::printf("\n");
+      }
+  }
+  return 0;
+}

@@ -1,0 +1,84 @@
+#pragma once
+/// \file How the int8-activation GEMV and the fused expert FFN read their rows from memory: how
+/// many streams each thread reads side by side, and whether it prefetches them in software.
+///
+/// The kernels are memory-bound on cold weights, and what keeps the memory busy while the core
+/// computes differs between CPU cores running the same code, so the choice is a table per core,
+/// filled from measurements (`moekit_bench_row_streaming` prints every choice against the
+/// streaming read; bench/RESULTS.md has the runs), overridable through `KernelOptions::streaming`.
+/// Cold Mixtral expert shapes, one thread, fraction of the streaming read:
+/// - Zen 4 (EPYC 9004): four streams, each prefetched into L2 a whole row ahead, 82-98%; two
+///   streams on the hardware prefetcher alone 53-68% (the prefetcher fell behind the loop).
+/// - Zen 5 (EPYC 9005): the same four prefetched streams 54-78%; two streams on the hardware
+///   prefetcher alone 81-89% for rows up to 4 KiB (the prefetch instructions cost 25-35% of the
+///   in-cache time and the core no longer needs them), but 30-50% for 7-15 KiB rows, where two
+///   prefetched streams give 55-68%.
+/// - Other cores are not measured: two prefetched streams, the middle of both.
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
+namespace moekit {
+
+/// How one thread reads its rows: `streams` rows side by side (1, 2 or 4; each from its own
+/// part of the thread's range, so every stream is read front to back), each prefetched into L2
+/// a whole row at least 12 KiB ahead of its loads when `prefetch` is set.
+struct RowStreaming {
+  unsigned streams = 2;
+  bool prefetch = true;
+
+  friend bool operator==(const RowStreaming&, const RowStreaming&) = default;
+};
+
+/// The CPU cores the streaming table distinguishes.
+enum class CpuCore : std::uint8_t { other, zen4, zen5 };
+
+constexpr std::string_view name(CpuCore c) noexcept {
+  switch (c) {
+    case CpuCore::zen4: return "zen4";
+    case CpuCore::zen5: return "zen5";
+    case CpuCore::other: return "other";
+  }
+  return "?";
+}
+
+/// This CPU's core (CPUID vendor and family, read once): AMD family 0x19 with AVX-512 is Zen 4
+/// (Zen 3 shares the family but has no AVX-512, so never runs the int8 kernels), 0x1A is Zen 5.
+inline CpuCore detect_core() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const CpuCore core = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return CpuCore::other;
+    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+    if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return CpuCore::other;
+    const unsigned base = (a >> 8) & 0xfu;
+    const unsigned family = base == 0xfu ? base + ((a >> 20) & 0xffu) : base;
+    __builtin_cpu_init();
+    if (family == 0x19 && __builtin_cpu_supports("avx512f")) return CpuCore::zen4;
+    if (family == 0x1a) return CpuCore::zen5;
+    return CpuCore::other;
+  }();
+  return core;
+#else
+  return CpuCore::other;
+#endif
+}
+
+/// The measured best way for `core` to stream rows of `row_bytes` (codes and scales).
+constexpr RowStreaming default_row_streaming(CpuCore core, std::size_t row_bytes) noexcept {
+  switch (core) {
+    case CpuCore::zen4: return {4, true};
+    // Rows up to 6 KiB: the Mixtral w1/w3 rows (4096 columns: 4352 bytes q8, 2176 q4) stream on
+    // the hardware prefetcher; w2's (14336 columns: 15232 / 7616 bytes) need the prefetch.
+    case CpuCore::zen5: return {2, row_bytes > 6 * 1024};
+    case CpuCore::other: break;
+  }
+  return {2, true};
+}
+
+}  // namespace moekit
