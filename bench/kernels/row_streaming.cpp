@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moekit/precision/gemv.hpp"
@@ -43,7 +44,9 @@ int main(int argc, char** argv) {
               "rounds; %% of the streaming read (the faster of one and four prefetched streams per "
               "thread); S = streams per thread, p = prefetched, * = this core's default\n",
               bench::rotation_bytes >> 20, std::string(name(detect_core())).c_str(), reps);
-  const Precision formats[] = {Precision::q8, Precision::q4};
+  // As bench/kernels/ggml_peer.sh: the formats ggml's q8_0, q4_0 and q2_K compare with.
+  const std::pair<Precision, QuantScheme> formats[] = {
+      {Precision::q8, {32, false}}, {Precision::q4, {32, false}}, {Precision::q2, {64, true}}};
   const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
   for (int threads : {1, 2}) {
     if (only_threads && threads != only_threads) continue;
@@ -51,10 +54,9 @@ int main(int argc, char** argv) {
     std::printf("\n== %d thread(s)\nformat shape       read GB/s |", threads);
     for (const RowStreaming& w : ways) std::printf("  S%u%s", w.streams, w.prefetch ? "p" : " ");
     std::printf("\n");
-    for (Precision p : formats)
+    for (const auto& [p, s] : formats)
       for (const auto& shape : shapes) {
         const std::size_t rows = shape[0], cols = shape[1];
-        const QuantScheme s{32, false};
         std::mt19937 rng(1);
         std::normal_distribution<float> d(0.f, 0.02f);
         std::vector<float> w(rows * cols), x(cols);
@@ -63,7 +65,7 @@ int main(int argc, char** argv) {
         const std::vector<std::byte> enc = encode_matrix<float>(w, rows, cols, p, s);
         const std::size_t bytes = enc.size(), copies = std::max<std::size_t>(2, bench::rotation_bytes / bytes);
         std::vector<std::vector<std::byte>> mats(copies, enc);
-        const RowStreaming chosen = default_row_streaming(detect_core(), MatrixView{enc.data(), rows, cols, p, s}.row_stride());
+        const RowStreaming chosen = default_row_streaming(detect_core(), cols);
         std::vector<float> y(rows), y0(rows), part(static_cast<std::size_t>(threads));
         volatile float sink = 0;
         auto read = [&](std::size_t c, bool quarters) {

@@ -52,8 +52,8 @@ namespace detail {
 using RowDotFn = float (*)(const std::byte*, const RowLayout&, const PreparedActivation&);
 using RowDecodeFn = const float* (*)(const std::byte*, const RowLayout&, float*);
 
-inline RowStreaming resolve_streaming(const KernelOptions& o, std::size_t row_bytes) {
-  const RowStreaming s = o.streaming.value_or(default_row_streaming(detect_core(), row_bytes));
+inline RowStreaming resolve_streaming(const KernelOptions& o, std::size_t cols) {
+  const RowStreaming s = o.streaming.value_or(default_row_streaming(detect_core(), cols));
   if (s.streams != 1 && s.streams != 2 && s.streams != 4)
     fail(ErrorKind::invalid_argument, "kernel: KernelOptions::streaming.streams must be 1, 2 or 4 (got " +
                                           std::to_string(s.streams) + ")");
@@ -230,7 +230,7 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
 #if defined(MOEKIT_HAS_X86_KERNELS)
   if (o.int8_activations && isa == Isa::avx512 && has_avx512_vnni() && is_quantized(w.precision)) {
     p.int8 = true;
-    p.streaming = resolve_streaming(o, w.row_stride());
+    p.streaming = resolve_streaming(o, w.cols);
     p.act8 = avx512_int8::prepare(x, w.cols, p.layout.bits, st.q, st.f);
     return p;
   }

@@ -69,13 +69,15 @@ inline CpuCore detect_core() noexcept {
 #endif
 }
 
-/// The measured best way for `core` to stream rows of `row_bytes` (codes and scales).
-constexpr RowStreaming default_row_streaming(CpuCore core, std::size_t row_bytes) noexcept {
+/// The measured best way for `core` to stream rows of `cols` columns.
+constexpr RowStreaming default_row_streaming(CpuCore core, std::size_t cols) noexcept {
   switch (core) {
     case CpuCore::zen4: return {4, true};
-    // Rows up to 6 KiB: the Mixtral w1/w3 rows (4096 columns: 4352 bytes q8, 2176 q4) stream on
-    // the hardware prefetcher; w2's (14336 columns: 15232 / 7616 bytes) need the prefetch.
-    case CpuCore::zen5: return {2, row_bytes > 6 * 1024};
+    // What decides is the width, not the row's bytes: rows of 4096 columns (Mixtral's w1/w3, 1280
+    // to 4352 bytes) stream on the hardware prefetcher, rows of 14336 (w2) need the prefetch at
+    // any precision (q2: 4480 bytes, 20% of the read without it), so the int8 activation
+    // (one byte per column) read beside the row is what gets in the way.
+    case CpuCore::zen5: return {2, cols > 8192};
     case CpuCore::other: break;
   }
   return {2, true};
