@@ -3,10 +3,12 @@
 //
 // Weights are cold as in MoE decode: each timed call uses the next of a rotating set of copies
 // whose total size is several times the last-level cache. Bandwidth reference: a vectorised
-// streaming sum over the same rotating buffers, on the same number of threads.
+// streaming sum over rotating buffers of the same size, on the same number of threads, timed in
+// the same rounds as the kernels.
 //
 // Usage: moekit_bench_gemv [--quick] [--reps N]
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -30,42 +32,53 @@ using bench::median;
 using bench::rotation_bytes;
 using bench::stream_sum;
 
-/// Median seconds of `fn(copy)` over `reps` calls rotating over `copies`.
-template <class Fn>
-double time_rotating(std::size_t copies, int reps, Fn&& fn) {
-  for (std::size_t c = 0; c < copies; ++c) fn(c);  // warm-up (page faults, thread wake-up)
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = Clock::now();
-    fn(static_cast<std::size_t>(i) % copies);
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return median(t);
+/// Medians of the seconds each of `fns(copy)` takes, timed round by round (every round runs each
+/// once, on its own next copy of `copies`), so a shift in the shared machine's bandwidth hits
+/// them alike. Round 0 warms every copy (page faults, thread wake-up) and is not timed.
+template <class... Fns>
+std::array<double, sizeof...(Fns)> time_rounds(std::size_t copies, int reps, Fns&&... fns) {
+  std::array<std::vector<double>, sizeof...(Fns)> t;
+  std::size_t next = 0;
+  for (int r = -1; r < reps; ++r)
+    for (std::size_t k = 0; k < (r < 0 ? copies : 1); ++k) {
+      std::size_t i = 0;
+      ((
+           [&] {
+             const auto t0 = Clock::now();
+             fns(next++ % copies);
+             if (r >= 0) t[i].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+             ++i;
+           }()),
+       ...);
+    }
+  std::array<double, sizeof...(Fns)> m{};
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = median(t[i]);
+  return m;
 }
 
-/// Streaming read bandwidth (bytes/s) of `threads` threads over buffers of `bytes` each: the
-/// faster of one stream per thread and four prefetched ones (see cold_read.hpp).
-double read_bandwidth(ThreadPool& pool, std::size_t bytes, int reps) {
-  const std::size_t copies = std::max<std::size_t>(2, rotation_bytes / bytes);
-  const std::size_t n = bytes / 4;
-  std::vector<std::vector<float>> bufs(copies, std::vector<float>(n, 1.f));
-  volatile float sink = 0;
-  double best = 0;
-  for (bool quarters : {false, true}) {
-    const double s = time_rotating(copies, reps, [&](std::size_t c) {
-      const float* p = bufs[c].data();
-      std::vector<float> part(pool.size(), 0.f);
-      const std::size_t per = (n / pool.size() + 63) / 64 * 64;
-      pool.parallel_for(0, pool.size(), 1, [&](std::size_t b, std::size_t) {
-        const std::size_t lo = b * per, hi = std::min(n, lo + per);
-        if (lo < hi) part[b] = stream_sum(p + lo, hi - lo, quarters);
-      });
-      for (float v : part) sink = sink + v;
+/// Rotating float buffers of `bytes` each and the streaming read over them on every thread of
+/// `pool` (one stream per thread, or four prefetched ones; see cold_read.hpp).
+class ColdRead {
+ public:
+  ColdRead(ThreadPool& pool, std::size_t bytes, std::size_t copies)
+      : pool_(pool), n_(bytes / 4), bufs_(copies, std::vector<float>(n_, 1.f)), part_(pool.size()) {}
+  void operator()(std::size_t c, bool quarters) {
+    const float* p = bufs_[c % bufs_.size()].data();
+    const std::size_t per = (n_ / pool_.size() + 63) / 64 * 64;
+    pool_.parallel_for(0, pool_.size(), 1, [&](std::size_t b, std::size_t) {
+      const std::size_t lo = b * per, hi = std::min(n_, lo + per);
+      part_[b] = lo < hi ? stream_sum(p + lo, hi - lo, quarters) : 0.f;
     });
-    best = std::max(best, static_cast<double>(bytes) / s);
+    for (float v : part_) sink_ = sink_ + v;
   }
-  return best;
-}
+
+ private:
+  ThreadPool& pool_;
+  std::size_t n_;
+  std::vector<std::vector<float>> bufs_;
+  std::vector<float> part_;
+  volatile float sink_ = 0;
+};
 
 struct Format {
   const char* label;
@@ -129,11 +142,12 @@ int main(int argc, char** argv) {
         std::vector<float> x(cols, 0.5f), y(rows);
         KernelOptions o{std::nullopt, &pool};
         o.int8_activations = f.int8;
-        const double s = time_rotating(copies, reps, [&](std::size_t c) {
-          gemv(MatrixView{mats[c].data(), rows, cols, f.p, f.s}, x, y, o);
-        });
-        mats.clear();
-        const double bw = read_bandwidth(pool, bytes, reps);
+        ColdRead read(pool, bytes, copies);
+        const auto [s, r1, r4] = time_rounds(
+            copies, reps,
+            [&](std::size_t c) { gemv(MatrixView{mats[c].data(), rows, cols, f.p, f.s}, x, y, o); },
+            [&](std::size_t c) { read(c, false); }, [&](std::size_t c) { read(c, true); });
+        const double bw = bytes / std::min(r1, r4);
         std::printf("%-12s %5zux%-6zu %10.1f %9.3f %10.2f %10.2f %7.0f%%\n", f.label, rows, cols,
                     bytes / 1048576.0, s * 1e3, bytes / s / 1e9, bw / 1e9, 100.0 * bytes / s / bw);
       }
@@ -152,19 +166,24 @@ int main(int argc, char** argv) {
       };
       KernelOptions opts{std::nullopt, &pool};
       opts.int8_activations = f.int8;
-      const double fused = time_rotating(copies, reps, [&](std::size_t c) {
-        expert_ffn({view(c1[c], ffn, hidden), view(c3[c], ffn, hidden), view(c2[c], hidden, ffn)},
-                   x, 1, out, 0.5f, opts);
-      });
-      const double separate = time_rotating(copies, reps, [&](std::size_t c) {
-        gemv(view(c1[c], ffn, hidden), x, g, opts);
-        gemv(view(c3[c], ffn, hidden), x, u, opts);
-        for (std::size_t i = 0; i < ffn; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-        gemv(view(c2[c], hidden, ffn), g, out, opts, {0.5f, true});
-      });
-      std::printf("expert FFN %s (%.1f MiB): fused %.3f ms, 3 GEMVs %.3f ms, ratio %.2fx, %.2f GB/s\n",
+      ColdRead read(pool, expert_bytes, copies);
+      const auto [fused, separate, r1, r4] = time_rounds(
+          copies, reps,
+          [&](std::size_t c) {
+            expert_ffn({view(c1[c], ffn, hidden), view(c3[c], ffn, hidden), view(c2[c], hidden, ffn)},
+                       x, 1, out, 0.5f, opts);
+          },
+          [&](std::size_t c) {
+            gemv(view(c1[c], ffn, hidden), x, g, opts);
+            gemv(view(c3[c], ffn, hidden), x, u, opts);
+            for (std::size_t i = 0; i < ffn; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+            gemv(view(c2[c], hidden, ffn), g, out, opts, {0.5f, true});
+          },
+          [&](std::size_t c) { read(c, false); }, [&](std::size_t c) { read(c, true); });
+      std::printf("expert FFN %s (%.1f MiB): fused %.3f ms, 3 GEMVs %.3f ms, ratio %.2fx, %.2f GB/s, "
+                  "%.0f%% of read\n",
                   f.label, expert_bytes / 1048576.0, fused * 1e3, separate * 1e3, separate / fused,
-                  expert_bytes / fused / 1e9);
+                  expert_bytes / fused / 1e9, 100.0 * std::min(r1, r4) / fused);
     }
   }
   return 0;
