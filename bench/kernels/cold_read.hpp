@@ -1,6 +1,7 @@
 #pragma once
 // What the kernel benchmarks share: the size of the rotating set of weight copies that keeps them
-// cold, and the streaming read that measures the bandwidth bound they are compared with.
+// cold, and the streaming read that measures the bandwidth bound they are compared with (over
+// rotating buffers of the weights' size, on the benchmark's threads).
 #include <algorithm>
 #include <cstddef>
 #include <vector>
@@ -10,6 +11,7 @@
 #endif
 
 #include "moekit/precision/isa.hpp"
+#include "moekit/precision/thread_pool.hpp"
 
 namespace moekit::bench {
 
@@ -64,6 +66,30 @@ inline float stream_sum(const float* p, std::size_t n, bool quarters = false) {
   for (std::size_t i = 0; i < n; ++i) s += p[i];
   return s;
 }
+
+/// Rotating float buffers of `bytes` each and the streaming read over them on every thread of
+/// `pool`: one stream per thread, or four prefetched ones (`quarters`; see stream_sum).
+class ColdRead {
+ public:
+  ColdRead(ThreadPool& pool, std::size_t bytes, std::size_t copies)
+      : pool_(pool), n_(bytes / 4), bufs_(copies, std::vector<float>(n_, 1.f)), part_(pool.size()) {}
+  void operator()(std::size_t c, bool quarters) {
+    const float* p = bufs_[c % bufs_.size()].data();
+    const std::size_t per = (n_ / pool_.size() + 63) / 64 * 64;
+    pool_.parallel_for(0, pool_.size(), 1, [&](std::size_t b, std::size_t) {
+      const std::size_t lo = b * per, hi = std::min(n_, lo + per);
+      part_[b] = lo < hi ? stream_sum(p + lo, hi - lo, quarters) : 0.f;
+    });
+    for (float v : part_) sink_ = sink_ + v;
+  }
+
+ private:
+  ThreadPool& pool_;
+  std::size_t n_;
+  std::vector<std::vector<float>> bufs_;
+  std::vector<float> part_;
+  volatile float sink_ = 0;
+};
 
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -28,9 +28,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+using bench::ColdRead;
 using bench::median;
 using bench::rotation_bytes;
-using bench::stream_sum;
 
 /// Medians of the seconds each of `fns(copy)` takes, timed round by round (every round runs each
 /// once, on its own next copy of `copies`), so a shift in the shared machine's bandwidth hits
@@ -55,30 +55,6 @@ std::array<double, sizeof...(Fns)> time_rounds(std::size_t copies, int reps, Fns
   for (std::size_t i = 0; i < m.size(); ++i) m[i] = median(t[i]);
   return m;
 }
-
-/// Rotating float buffers of `bytes` each and the streaming read over them on every thread of
-/// `pool` (one stream per thread, or four prefetched ones; see cold_read.hpp).
-class ColdRead {
- public:
-  ColdRead(ThreadPool& pool, std::size_t bytes, std::size_t copies)
-      : pool_(pool), n_(bytes / 4), bufs_(copies, std::vector<float>(n_, 1.f)), part_(pool.size()) {}
-  void operator()(std::size_t c, bool quarters) {
-    const float* p = bufs_[c % bufs_.size()].data();
-    const std::size_t per = (n_ / pool_.size() + 63) / 64 * 64;
-    pool_.parallel_for(0, pool_.size(), 1, [&](std::size_t b, std::size_t) {
-      const std::size_t lo = b * per, hi = std::min(n_, lo + per);
-      part_[b] = lo < hi ? stream_sum(p + lo, hi - lo, quarters) : 0.f;
-    });
-    for (float v : part_) sink_ = sink_ + v;
-  }
-
- private:
-  ThreadPool& pool_;
-  std::size_t n_;
-  std::vector<std::vector<float>> bufs_;
-  std::vector<float> part_;
-  volatile float sink_ = 0;
-};
 
 struct Format {
   const char* label;

@@ -66,17 +66,8 @@ int main(int argc, char** argv) {
         const std::size_t bytes = enc.size(), copies = std::max<std::size_t>(2, bench::rotation_bytes / bytes);
         std::vector<std::vector<std::byte>> mats(copies, enc);
         const RowStreaming chosen = default_row_streaming(detect_core(), cols);
-        std::vector<float> y(rows), y0(rows), part(static_cast<std::size_t>(threads));
-        volatile float sink = 0;
-        auto read = [&](std::size_t c, bool quarters) {
-          const float* f = reinterpret_cast<const float*>(mats[c].data());
-          const std::size_t n = bytes / 4, per = (n / part.size() + 63) / 64 * 64;
-          pool.parallel_for(0, part.size(), 1, [&](std::size_t b, std::size_t) {
-            const std::size_t lo = b * per, hi = std::min(n, lo + per);
-            if (lo < hi) part[b] = quarters ? bench::stream_sum4_avx512(f + lo, hi - lo) : bench::stream_sum_avx512(f + lo, hi - lo);
-          });
-          for (float v : part) sink = sink + v;
-        };
+        std::vector<float> y(rows), y0(rows);
+        bench::ColdRead read(pool, bytes, copies);
         std::vector<std::vector<double>> t(n_ways + 2);
         std::size_t next = 0;
         for (int r = -1; r < reps; ++r)  // round -1 warms every copy and the pool

@@ -40,8 +40,6 @@ namespace {
 
 using bench::median;
 using bench::rotation_bytes;
-using bench::stream_sum4_avx512;
-using bench::stream_sum_avx512;
 
 double seconds(auto&& fn) {
   const auto t0 = Clock::now();
@@ -185,21 +183,9 @@ int main(int argc, char** argv) {
         }
         w.clear();
         w.shrink_to_fit();
-        const std::size_t n = bytes / 4;
-        std::vector<std::vector<float>> bufs(copies, std::vector<float>(n, 1.f));
         KernelOptions of{std::nullopt, &pool}, o8{std::nullopt, &pool};
         o8.int8_activations = true;
-        volatile float sink = 0;
-        std::vector<float> part(static_cast<std::size_t>(threads));
-        auto read = [&](std::size_t c, bool quarters) {
-          const float* p = bufs[c].data();
-          const std::size_t per = (n / part.size() + 63) / 64 * 64;
-          pool.parallel_for(0, part.size(), 1, [&](std::size_t b, std::size_t) {
-            const std::size_t lo = b * per, hi = std::min(n, lo + per);
-            if (lo < hi) part[b] = quarters ? stream_sum4_avx512(p + lo, hi - lo) : stream_sum_avx512(p + lo, hi - lo);
-          });
-          for (float v : part) sink = sink + v;
-        };
+        bench::ColdRead read(pool, bytes, copies);
         auto ours = [&](std::size_t c, const KernelOptions& o, std::vector<float>& out) {
           gemv(MatrixView{mats[c].data(), rows, cols, f.p, f.s}, x, out, o);
         };
