@@ -104,6 +104,8 @@ struct Options {
   std::string budget_text = "all";
   moekit::Precision precision = moekit::Precision::f16;
   ActivationMode activations = ActivationMode::automatic;  ///< --activations (activations.hpp)
+  /// --row-streaming: how the int8 kernels stream rows (nullopt = this CPU core's table)
+  std::optional<moekit::RowStreaming> row_streaming;
   // Offloading (offload.hpp, expert_source.hpp, calibration.hpp).
   PresetParams preset_params{};    ///< the presets' parameters (--t1, --gamma, ...)
   std::string store;               ///< --store: expert store file ("" = per -m)
@@ -158,6 +160,10 @@ class Cli {
                     "activations of quantized experts in decode: f32, int8 (rounded per 32 "
                     "values, AVX-512 VNNI kernels, like ggml's q8_0), auto (int8 on CPUs with "
                     "VNNI when the expert rows are >= 512 wide, where it is faster)");
+    app_.add_option("--row-streaming", row_streaming_text_,
+                    "how the int8-activation kernels read rows: auto (the table for this CPU "
+                    "core), or 1, 2, 4 streams per thread, with p: each prefetched in software "
+                    "(1p, 2p, 4p); moekit_bench_row_streaming measures each on this machine");
     add_offload_options();
     app_.add_option("-c,--ctx-size,--ctx", o_.context,
                     "context length (0 = prompt + n-predict; with --perplexity: tokens per chunk, "
@@ -230,6 +236,13 @@ class Cli {
       throw moekit::Error(moekit::ErrorKind::invalid_argument,
                           "--activations: '" + activations_text_ + "' is not one of auto, f32, int8");
     o_.activations = *a;
+    if (row_streaming_text_ != "auto") {
+      o_.row_streaming = moekit::parse_row_streaming(row_streaming_text_);
+      if (!o_.row_streaming)
+        throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                            "--row-streaming: '" + row_streaming_text_ +
+                                "' is not one of auto, 1, 1p, 2, 2p, 4, 4p");
+    }
     finish_offload();
     if (o_.perplexity.empty()) {
       for (const auto& [flag, set] :
@@ -308,6 +321,7 @@ class Cli {
   Options o_;
   std::string precision_text_ = "f16";
   std::string activations_text_ = "auto";
+  std::string row_streaming_text_ = "auto";
   bool stop_ = false;
   std::string low_text_ = "q4";
 };

@@ -116,6 +116,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   Model<Pipeline> model(cfg, w.dense, pipeline, ctx, &pool);
   model.set_ubatch(o.ubatch);
   model.set_int8_expert_activations(int8);
+  model.set_row_streaming(o.row_streaming);
   Sampler sampler({o.temperature, o.top_p, o.seed});
   StreamDecoder stream(tok, prompt);
   std::string text;
@@ -238,6 +239,7 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
   Model<Pipeline> model(cfg, w.dense, pipeline, s.ctx, &pool);
   model.set_ubatch(o.ubatch);
   model.set_int8_expert_activations(int8);
+  model.set_row_streaming(o.row_streaming);
   const auto t0 = std::chrono::steady_clock::now();
   const PerplexityResult r =
       score_text(model, tokens, *cfg.bos_token_id, s, meter, [&](std::size_t c, std::size_t n) {

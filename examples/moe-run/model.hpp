@@ -63,6 +63,9 @@ class Model {
   void set_ubatch(std::uint32_t n) noexcept { ubatch_ = n; }
   [[nodiscard]] std::uint32_t ubatch() const noexcept { return ubatch_; }
 
+  /// How the int8-activation kernels stream rows (nullopt: the table for this CPU core).
+  void set_row_streaming(std::optional<moekit::RowStreaming> s) noexcept { opts_.streaming = s; }
+
   /// Routed experts with int8 activations (activations.hpp: quantized experts on AVX-512 VNNI,
   /// decode forwards; default off).
   void set_int8_expert_activations(bool on) noexcept { moe_.set_int8_expert_activations(on); }

@@ -113,6 +113,22 @@ TEST_CASE("moe-run --activations parses auto, f32 and int8 and refuses the rest"
   }
 }
 
+TEST_CASE("moe-run --row-streaming parses auto and 1/2/4 with an optional p, refuses the rest",
+          "[engine][cli]") {
+  CHECK_FALSE(parse({}).options.row_streaming.has_value());
+  CHECK_FALSE(parse({"--row-streaming", "auto"}).options.row_streaming.has_value());
+  CHECK(parse({"--row-streaming", "2"}).options.row_streaming == moekit::RowStreaming{2, false});
+  CHECK(parse({"--row-streaming", "4p"}).options.row_streaming == moekit::RowStreaming{4, true});
+  CHECK(parse({"--row-streaming", "1p"}).options.row_streaming == moekit::RowStreaming{1, true});
+  for (const char* bad : {"3", "p", "2pp", "", "8p", "two"}) {
+    const auto p = parse({"--row-streaming", bad});
+    INFO(bad << ": " << p.err);
+    CHECK(p.rc != 0);
+    CHECK(p.err.find("--row-streaming") != std::string::npos);
+    CHECK(p.err.find("auto, 1, 1p, 2, 2p, 4, 4p") != std::string::npos);
+  }
+}
+
 TEST_CASE("moe-run --activations resolves against the experts' precisions, width and the CPU",
           "[engine][cli]") {
   using moekit::Precision;

@@ -16,6 +16,7 @@
 /// - Other cores are not measured: two prefetched streams, the middle of both.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -33,6 +34,15 @@ struct RowStreaming {
 
   friend bool operator==(const RowStreaming&, const RowStreaming&) = default;
 };
+
+/// Parses "1", "2" or "4" (streams, hardware prefetcher only) with an optional "p" (each stream
+/// prefetched in software): the column labels of moekit_bench_row_streaming.
+constexpr std::optional<RowStreaming> parse_row_streaming(std::string_view s) noexcept {
+  const bool prefetch = !s.empty() && s.back() == 'p';
+  if (prefetch) s.remove_suffix(1);
+  if (s != "1" && s != "2" && s != "4") return std::nullopt;
+  return RowStreaming{static_cast<unsigned>(s[0] - '0'), prefetch};
+}
 
 /// The CPU cores the streaming table distinguishes.
 enum class CpuCore : std::uint8_t { other, zen4, zen5 };
