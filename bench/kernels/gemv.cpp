@@ -34,7 +34,7 @@ using bench::rotation_bytes;
 
 /// Medians of the seconds each of `fns(copy)` takes, timed round by round (every round runs each
 /// once, on its own next copy of `copies`), so a shift in the shared machine's bandwidth hits
-/// them alike. Round 0 warms every copy (page faults, thread wake-up) and is not timed.
+/// them alike. A first round over every copy warms them (page faults, thread wake-up), untimed.
 template <class... Fns>
 std::array<double, sizeof...(Fns)> time_rounds(std::size_t copies, int reps, Fns&&... fns) {
   std::array<std::vector<double>, sizeof...(Fns)> t;
