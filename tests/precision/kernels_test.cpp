@@ -199,9 +199,10 @@ TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation round
   }
   INFO("seed " << test::test_seed());
   ThreadPool pool(2);
-  // Rows go four at a time from the quarters of each thread's range, the rows after the last
-  // whole quarter one by one (21 rows: two ranges of 8 and one of 5; 3 rows: one by one), each
-  // prefetching rows further down its quarter (16384 columns: one row ahead, 96: to its end).
+  // Rows go 1, 2 or 4 at a time (every RowStreaming is checked below) from equal parts of each
+  // thread's range, the rows after the last whole part one by one (21 rows: two ranges of 8 and
+  // one of 5; 3 rows with 4 streams: one by one), each prefetching rows further down its part when
+  // the streaming prefetches (16384 columns: one row ahead, 96: to its end).
   for (std::size_t rows : {21u, 3u})
     for (std::size_t cols : {4096u, 4096u + 32u, 1000u, 256u, 96u, 16384u})
       for (Precision p : {Precision::q8, Precision::q4, Precision::q2})
@@ -246,8 +247,8 @@ TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation round
         }
   // The fused FFN takes the same option: it equals its composition from int8-activation GEMVs
   // (hidden 256: the chunk-by-block path; 1056: 16-chunk steps plus a remainder). Rows of w1 and
-  // w3 go four at a time from the two halves of each range: 64 rows on one thread, 21 on two
-  // (ranges of 8, 8 and 5: an odd range ends with one pair).
+  // w3 go as pairs, from the two halves of each range with four streams: 64 rows on one thread,
+  // 21 on two (ranges of 8, 8 and 5: an odd range ends with one pair); every RowStreaming below.
   for (std::size_t hidden : {256u, 1056u})
     for (std::size_t ffn : {64u, 21u}) {
       const Case w1 = make(ffn, hidden, Precision::q4, {32, false}, 900 + ffn),

@@ -54,7 +54,7 @@ using RowDecodeFn = const float* (*)(const std::byte*, const RowLayout&, float*)
 
 inline RowStreaming resolve_streaming(const KernelOptions& o, std::size_t cols) {
   const RowStreaming s = o.streaming.value_or(default_row_streaming(detect_core(), cols));
-  if (s.streams != 1 && s.streams != 2 && s.streams != 4)
+  if (!valid_streams(s.streams))
     fail(ErrorKind::invalid_argument, "kernel: KernelOptions::streaming.streams must be 1, 2 or 4 (got " +
                                           std::to_string(s.streams) + ")");
   return s;

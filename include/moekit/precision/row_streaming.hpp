@@ -35,12 +35,18 @@ struct RowStreaming {
   friend bool operator==(const RowStreaming&, const RowStreaming&) = default;
 };
 
+/// True for the stream counts the kernels are instantiated for.
+constexpr bool valid_streams(unsigned streams) noexcept {
+  return streams == 1 || streams == 2 || streams == 4;
+}
+
 /// Parses "1", "2" or "4" (streams, hardware prefetcher only) with an optional "p" (each stream
 /// prefetched in software): the column labels of moekit_bench_row_streaming.
 constexpr std::optional<RowStreaming> parse_row_streaming(std::string_view s) noexcept {
   const bool prefetch = !s.empty() && s.back() == 'p';
   if (prefetch) s.remove_suffix(1);
-  if (s != "1" && s != "2" && s != "4") return std::nullopt;
+  if (s.size() != 1 || s[0] < '0' || s[0] > '9' || !valid_streams(static_cast<unsigned>(s[0] - '0')))
+    return std::nullopt;
   return RowStreaming{static_cast<unsigned>(s[0] - '0'), prefetch};
 }
 

@@ -10,8 +10,9 @@
 /// With groups of 32/64/128 a row goes 16 chunks a step: the step's block products are reduced to
 /// one int32 per chunk by unpack-and-add steps, then one conversion, one s·dx product and one FMA
 /// cover the 16 chunks (no per-block scale permutes, no pass over the scales before the codes).
-/// Rows go several at a time (gemv and the fused FFN: four) sharing the activation's loads, which
-/// bound the loop on Zen 4 (one 64-byte load a cycle), each prefetching its stream into L2.
+/// Rows go several at a time (gemv and the fused FFN: 1, 2 or 4, as row_streaming.hpp says for the
+/// core) sharing the activation's loads, which bound the loop on Zen 4 (one 64-byte load a cycle),
+/// each prefetching its stream into L2 when the streaming prefetches.
 /// Chunks after the last step go block by block, chunks after the last whole block one by one
 /// (plain decode order), columns after the last chunk in floats.
 ///
