@@ -59,6 +59,10 @@ inline void check_quantized(const MatrixView& w, const char* what) {
                          std::string(what) + ": the CUDA kernels take q8/q4/q2 weights, not " +
                              std::string(name(w.precision)));
   MOEKIT_EXPECTS(w.data && w.rows > 0 && w.cols > 0, std::string(what) + ": empty matrix");
+  if (w.order != MatrixOrder::rows)
+    moekit::detail::fail(ErrorKind::unsupported,
+                         std::string(what) + ": the CUDA kernels take rows back to back "
+                                             "(MatrixOrder::rows), not 4-row panels");
 }
 
 /// Calls `f.template operator()<Bits, Act, Aligned>()` for the run-time combination.

@@ -7,7 +7,8 @@
 // of copies larger than the last-level cache, for moekit, ggml and the read alike.
 //
 // For each (format, shape, threads): medians over --reps rounds; each round runs moekit's float-
-// activation path, moekit's int8-activation path (VNNI), ggml, and the streaming read (twice: as
+// activation path, moekit's int8-activation path (VNNI) on the matrix in rows and in 4-row panels
+// (MatrixOrder::panels4; it must give the rows' result bit for bit), ggml, and the streaming read (twice: as
 // one stream and as four prefetched ones; the faster median is the bound), each on its own next
 // cold copy. The error columns compare both results with the exact product of the
 // unquantized weights (max abs error over max abs value), so both are known to compute the same
@@ -142,7 +143,8 @@ int main(int argc, char** argv) {
   std::printf("moekit GEMV vs ggml mul_mat, n = 1, cold weights (rotation over %zu MiB each), "
               "ISA %s%s, medians of %d interleaved rounds\n",
               rotation_bytes >> 20, std::string(name(detect_isa())).c_str(), vnni ? "+vnni" : "", reps);
-  std::printf("f32x: float activations; i8x: int8 activations (KernelOptions::int8_activations)\n"
+  std::printf("f32x: float activations; i8x: int8 activations (KernelOptions::int8_activations); "
+              "p8x: int8 activations, the matrix in 4-row panels (MatrixOrder::panels4)\n"
               "vs ggml: ggml time / moekit time (> 1: moekit faster); of read: moekit bytes/s over a "
               "streaming read of the same bytes (the faster of one stream and four prefetched ones)\n");
   const Pair pairs[] = {{"q8 g32 sym", Precision::q8, {32, false}, GGML_TYPE_Q8_0, "q8_0"},
@@ -152,9 +154,9 @@ int main(int argc, char** argv) {
   for (int threads : {1, 2}) {
     if (only_threads && threads != only_threads) continue;
     ThreadPool pool(static_cast<unsigned>(threads));
-    std::printf("\n== %d thread(s)\n%-11s %-11s %6s %6s | %7s %7s %7s %7s | %7s %7s | %7s %7s | %5s %5s %5s\n",
-                threads, "format", "shape", "MiB", "gg MiB", "f32x ms", "i8x ms", "ggml ms", "read ms",
-                "f32x rd", "i8x rd", "f32x/gg", "i8x/gg", "f err", "i8err", "gg er");
+    std::printf("\n== %d thread(s)\n%-11s %-11s %6s %6s | %7s %7s %7s %7s %7s | %7s %7s %7s | %7s %7s %7s | %5s %5s %5s\n",
+                threads, "format", "shape", "MiB", "gg MiB", "f32x ms", "i8x ms", "p8x ms", "ggml ms", "read ms",
+                "f32x rd", "i8x rd", "p8x rd", "f32x/gg", "i8x/gg", "p8x/gg", "f err", "i8err", "gg er");
     for (const Pair& f : pairs) {
       if (!only.empty() && only != f.gname) continue;
       for (const auto& shape : shapes) {
@@ -170,10 +172,13 @@ int main(int argc, char** argv) {
         std::vector<std::vector<std::byte>> mats(copies);
         mats[0] = encode_matrix<float>(w, rows, cols, f.p, f.s);
         for (std::size_t c = 1; c < copies; ++c) mats[c] = mats[0];
+        std::vector<std::vector<std::byte>> panels(copies, std::vector<std::byte>(bytes));
+        for (std::size_t c = 0; c < copies; ++c)
+          pack_panels(MatrixView{mats[0].data(), rows, cols, f.p, f.s}, panels[c]);
         const std::size_t gbytes = ggml_row_size(f.gtype, static_cast<std::int64_t>(cols)) * rows;
         const std::size_t gcopies = std::max<std::size_t>(2, rotation_bytes / gbytes);
         GgmlGemv gg(f.gtype, w, rows, cols, gcopies, threads);
-        std::vector<float> x(cols), y(rows), y8(rows), exact(rows);
+        std::vector<float> x(cols), y(rows), y8(rows), yp(rows), exact(rows);
         for (auto& v : x) v = d(rng) * 50.f;
         gg.set_x(x);
         for (std::size_t r = 0; r < rows; ++r) {
@@ -189,29 +194,37 @@ int main(int argc, char** argv) {
         auto ours = [&](std::size_t c, const KernelOptions& o, std::vector<float>& out) {
           gemv(MatrixView{mats[c].data(), rows, cols, f.p, f.s}, x, out, o);
         };
-        std::vector<double> tf, t8, tg, tr, tr4;
+        auto ours_panels = [&](std::size_t c) {
+          gemv(MatrixView{panels[c].data(), rows, cols, f.p, f.s, MatrixOrder::panels4}, x, yp, o8);
+        };
+        std::vector<double> tf, t8, tp, tg, tr, tr4;
         for (int r = -1; r < reps; ++r) {  // round -1 warms every copy (page faults, threads)
           const std::size_t n_rounds = r < 0 ? std::max(copies, gcopies) : 1;
           for (std::size_t k = 0; k < n_rounds; ++k) {
             const std::size_t i = r < 0 ? k : static_cast<std::size_t>(r);
             const double a = seconds([&] { ours(i % copies, of, y); });
             const double b = seconds([&] { ours((i + 1) % copies, o8, y8); });
+            const double pn = seconds([&] { ours_panels((i + 2) % copies); });
             const double g = seconds([&] { gg.run(i % gcopies); });
             const double s = seconds([&] { read(i % copies, false); });
             const double s4 = seconds([&] { read((i + 1) % copies, true); });
-            if (r >= 0) tf.push_back(a), t8.push_back(b), tg.push_back(g), tr.push_back(s), tr4.push_back(s4);
+            if (r >= 0) tf.push_back(a), t8.push_back(b), tp.push_back(pn), tg.push_back(g), tr.push_back(s), tr4.push_back(s4);
           }
         }
         // The bound: the faster of the two reads (one stream, four prefetched streams).
-        const double mf = median(tf), m8 = median(t8), mg = median(tg), mr = std::min(median(tr), median(tr4));
+        const double mf = median(tf), m8 = median(t8), mp = median(tp), mg = median(tg), mr = std::min(median(tr), median(tr4));
+        if (vnni && yp != y8) {  // the panel kernel does the row kernel's operations in its order
+          std::fprintf(stderr, "%s %zux%zu: panels gave a different result from rows\n", f.gname, rows, cols);
+          return 1;
+        }
         // Same math: each result's error against the exact product of the unquantized weights.
         const double err_f = rel_diff(y.data(), exact.data(), rows);
         const double err_8 = rel_diff(y8.data(), exact.data(), rows);
         const double err_g = rel_diff(gg.y(0), exact.data(), rows);
-        std::printf("%-4s/%-6s %5zux%-5zu %6.1f %6.1f | %7.3f %7.3f %7.3f %7.3f | %6.0f%% %6.0f%% | %6.2fx %6.2fx | %5.3f %5.3f %5.3f\n",
+        std::printf("%-4s/%-6s %5zux%-5zu %6.1f %6.1f | %7.3f %7.3f %7.3f %7.3f %7.3f | %6.0f%% %6.0f%% %6.0f%% | %6.2fx %6.2fx %6.2fx | %5.3f %5.3f %5.3f\n",
                     f.gname, f.label, rows, cols, bytes / 1048576.0, gbytes / 1048576.0, mf * 1e3, vnni ? m8 * 1e3 : NAN,
-                    mg * 1e3, mr * 1e3, 100 * mr / mf, vnni ? 100 * mr / m8 : NAN, mg / mf,
-                    vnni ? mg / m8 : NAN, err_f, err_8, err_g);
+                    vnni ? mp * 1e3 : NAN, mg * 1e3, mr * 1e3, 100 * mr / mf, vnni ? 100 * mr / m8 : NAN,
+                    vnni ? 100 * mr / mp : NAN, mg / mf, vnni ? mg / m8 : NAN, vnni ? mg / mp : NAN, err_f, err_8, err_g);
       }
     }
   }

@@ -4,7 +4,7 @@
 ///
 /// For one token it is fused: one pass over the rows of w1 and w3 together (row r of both, one
 /// prepared x) produces h without storing w1·x or w3·x, then w2's rows accumulate straight into
-/// `out`. Batches (n > 1) go through the small-batch GEMM. `KernelOptions::int8_activations`
+/// `out`; when w1/w3 are in panels (MatrixOrder::panels4) they go as two GEMVs instead. Batches (n > 1) go through the small-batch GEMM. `KernelOptions::int8_activations`
 /// applies to the single-token path (x, then h, rounded to int8 per 32 values for the VNNI
 /// kernels); the GEMM dequantizes rows and stays float.
 
@@ -57,7 +57,10 @@ inline void expert_ffn(const ExpertWeights& e, std::span<const float> x, std::si
   MOEKIT_EXPECTS(n > 0 && x.size() == n * hidden && out.size() == n * hidden,
                  "expert_ffn: x and out must be n x " + std::to_string(hidden));
   thread_local std::vector<float> h;
-  if (n > 1) {
+  const bool panels = e.w1.order != MatrixOrder::rows || e.w3.order != MatrixOrder::rows;
+  if (n > 1 || panels) {
+    // Batches, and w1/w3 in panels (each GEMV one stream per thread already): w1·x and w3·x
+    // apart, then the SiLU product.
     thread_local std::vector<float> up;
     h.resize(n * ffn);
     up.resize(n * ffn);

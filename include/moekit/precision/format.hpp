@@ -71,8 +71,18 @@ inline void validate_scheme(Precision p, QuantScheme scheme, std::string_view wh
                      " is not supported (use 32, 64, 128, or 0 for one group per row)");
 }
 
-/// A stored `rows × cols` matrix, row-major, `cols` = input dimension; each row laid out as
-/// `RowLayout` says, rows packed back to back (stride `row_bytes(cols, precision, scheme)`).
+/// Where the rows of a stored matrix are. Either way the matrix takes `matrix_bytes()` bytes.
+enum class MatrixOrder : std::uint8_t {
+  /// Rows back to back, each as `RowLayout` says: what files, expert stores and every kernel take.
+  rows,
+  /// Quantized rows four at a time, interleaved every 512 columns, so that a GEMV reads one
+  /// sequential stream per thread however wide the rows are (panels.hpp, docs/formats.md).
+  panels4,
+};
+
+/// A stored `rows × cols` matrix, `cols` = input dimension; in `MatrixOrder::rows` (the default)
+/// each row laid out as `RowLayout` says, rows packed back to back (stride
+/// `row_bytes(cols, precision, scheme)`); `MatrixOrder::panels4` is in panels.hpp.
 /// Non-owning and trivially copyable: pass by value to kernels and threads.
 struct MatrixView {
   const std::byte* data = nullptr;
@@ -80,11 +90,13 @@ struct MatrixView {
   std::size_t cols = 0;
   Precision precision = Precision::f32;
   QuantScheme scheme{};
+  MatrixOrder order = MatrixOrder::rows;
 
   MOEKIT_HOST_DEVICE constexpr std::size_t row_stride() const noexcept {
     return row_bytes(cols, precision, scheme);
   }
   MOEKIT_HOST_DEVICE constexpr std::size_t bytes() const noexcept { return rows * row_stride(); }
+  /// Row `r`'s bytes; `MatrixOrder::rows` only (panels4: `stored_row()` in panels.hpp).
   MOEKIT_HOST_DEVICE constexpr const std::byte* row(std::size_t r) const noexcept {
     return data + r * row_stride();
   }

@@ -10,6 +10,7 @@
 #include <array>
 #include <optional>
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "moekit/precision/detail/prepared_activation.hpp"
 #include "moekit/precision/format.hpp"
 #include "moekit/precision/isa.hpp"
+#include "moekit/precision/panels.hpp"
 #include "moekit/precision/quantize.hpp"
 #include "moekit/precision/row_streaming.hpp"
 #include "moekit/precision/thread_pool.hpp"
@@ -166,6 +168,17 @@ inline void check_view(const MatrixView& w, const char* what) {
   validate_scheme(w.precision, w.scheme, what);
   MOEKIT_EXPECTS(w.data != nullptr && w.rows > 0 && w.cols > 0,
                  std::string(what) + ": empty weight matrix");
+  if (w.order == MatrixOrder::panels4 && !panels_supported(w.precision, w.scheme))
+    fail(ErrorKind::invalid_argument,
+         std::string(what) + ": a " + std::string(name(w.precision)) + " matrix with group_size " +
+             std::to_string(w.scheme.group_size) + " cannot be in panels (q8/q4/q2, groups of 32/64/128)");
+}
+
+/// Per-thread buffer of one row's bytes (stored_row of a matrix in panels).
+inline std::byte* row_buffer(std::size_t bytes) {
+  thread_local std::vector<std::byte> buf;
+  if (buf.size() < bytes) buf.resize(bytes);
+  return buf.data();
 }
 
 /// Activation prepared for rows of `w` (permuted when the row kernels want it).
@@ -218,6 +231,28 @@ struct GemvPlan {
     (void)scratch;
     (void)next;
     for (std::size_t n = 0; n < N; ++n) out[n] = kernels.dot(rows[n], layout, act);
+  }
+
+  /// The four rows of the panel at `panel` (MatrixOrder::panels4 of this layout) · x into
+  /// out[0..4): the int8 path reads the panel as it lies, the others gather each row first.
+  void panel_dots(const std::byte* panel, const PanelLayout& pl, float* scratch,
+                  float* out) const noexcept {
+#if defined(MOEKIT_HAS_X86_KERNELS)
+    if (int8) {
+      switch (layout.bits) {
+        case 8: return avx512_int8::panel_dots<8>(panel, pl, act8, scratch, out);
+        case 4: return avx512_int8::panel_dots<4>(panel, pl, act8, scratch, out);
+        default: return avx512_int8::panel_dots<2>(panel, pl, act8, scratch, out);
+      }
+    }
+#endif
+    std::byte* row = row_buffer(layout.bytes);
+    for (std::size_t n = 0; n < PanelLayout::height; ++n) {
+      pl.for_each_piece(n, [&](std::size_t at, std::size_t in_row, std::size_t len) {
+        std::memcpy(row + in_row, panel + at, len);
+      });
+      out[n] = dot(row, scratch);
+    }
   }
 };
 
@@ -293,6 +328,21 @@ inline void gemv_rows(const MatrixView& w, const GemvPlan& plan, float* y, Epilo
   }
 }
 
+/// y = ep(W·x) for the rows of panels [k0, k1) of `w` (MatrixOrder::panels4).
+inline void gemv_panels(const MatrixView& w, const GemvPlan& plan, float* y, Epilogue ep,
+                        std::size_t k0, std::size_t k1) noexcept {
+  float* scratch = plan_scratch(w.cols);
+  const PanelLayout pl = PanelLayout::of(w.cols, w.precision, w.scheme);
+  for (std::size_t k = k0; k < k1; ++k) {
+    float d[PanelLayout::height];
+    plan.panel_dots(w.data + k * pl.panel_bytes, pl, scratch, d);
+    for (std::size_t n = 0; n < PanelLayout::height; ++n) {
+      float& dst = y[k * PanelLayout::height + n];
+      dst = ep.accumulate ? dst + ep.scale * d[n] : ep.scale * d[n];
+    }
+  }
+}
+
 }  // namespace detail
 
 /// y = W·x (or per `ep`): W is `w.rows × w.cols`, x has `w.cols` values, y `w.rows`.
@@ -306,11 +356,18 @@ inline void gemv(const MatrixView& w, std::span<const float> x, std::span<float>
                      std::to_string(y.size()) + ")");
   thread_local detail::PlanStorage storage;
   const detail::GemvPlan plan = detail::make_plan(w, x.data(), opts, storage);
-  auto body = [&](std::size_t r0, std::size_t r1) {
-    detail::gemv_rows(w, plan, y.data(), ep, r0, r1);
+  // In panels, whole panels go to the threads (each range one stream) and the rows after the
+  // last panel, stored as rows, to detail::gemv_rows.
+  const bool panels = w.order == MatrixOrder::panels4;
+  const std::size_t units = panels ? w.rows / PanelLayout::height : w.rows;
+  auto body = [&](std::size_t b, std::size_t e) {
+    if (panels) detail::gemv_panels(w, plan, y.data(), ep, b, e);
+    else detail::gemv_rows(w, plan, y.data(), ep, b, e);
   };
-  if (opts.pool) opts.pool->parallel_for(0, w.rows, detail::row_grain(w.rows, opts.pool), body);
-  else body(0, w.rows);
+  if (units > 0 && opts.pool) opts.pool->parallel_for(0, units, detail::row_grain(units, opts.pool), body);
+  else if (units > 0) body(0, units);
+  if (panels && units * PanelLayout::height < w.rows)
+    detail::gemv_rows(w, plan, y.data(), ep, units * PanelLayout::height, w.rows);
 }
 
 /// Y = X·Wᵀ (or per `ep`) for a batch: X is n × cols, Y is n × rows, both row-major. Meant for
@@ -350,7 +407,7 @@ inline void gemm(const MatrixView& w, std::span<const float> x, std::size_t n, s
       if (row_buf.size() < w.cols) row_buf.resize(w.cols);
       std::array<float, tile> out{};
       for (std::size_t r = r0; r < r1; ++r) {
-        const float* wr = k.decode(w.row(r), l, row_buf.data());
+        const float* wr = k.decode(stored_row(w, r, detail::row_buffer(l.bytes)), l, row_buf.data());
 #if defined(MOEKIT_HAS_X86_KERNELS)
         if (isa == Isa::avx512) detail::avx512::multi_dot(wr, w.cols, xs.data(), nb, out.data());
         else if (isa == Isa::avx2) detail::avx2::multi_dot(wr, w.cols, xs.data(), nb, out.data());

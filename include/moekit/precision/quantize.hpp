@@ -23,6 +23,7 @@
 #include "moekit/error.hpp"
 #include "moekit/precision/format.hpp"
 #include "moekit/precision/half.hpp"
+#include "moekit/precision/panels.hpp"
 
 namespace moekit {
 
@@ -229,8 +230,9 @@ inline void decode_row(const std::byte* row, std::size_t cols, Precision p, Quan
 /// Decodes a whole matrix to row-major floats.
 inline std::vector<float> decode_matrix(const MatrixView& m) {
   std::vector<float> out(m.rows * m.cols);
+  std::vector<std::byte> row(m.row_stride());
   for (std::size_t r = 0; r < m.rows; ++r)
-    decode_row(m.row(r), m.cols, m.precision, m.scheme, out.data() + r * m.cols);
+    decode_row(stored_row(m, r, row.data()), m.cols, m.precision, m.scheme, out.data() + r * m.cols);
   return out;
 }
 

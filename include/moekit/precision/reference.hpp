@@ -10,14 +10,16 @@
 
 #include "moekit/error.hpp"
 #include "moekit/precision/format.hpp"
+#include "moekit/precision/panels.hpp"
 #include "moekit/precision/quantize.hpp"
 
 namespace moekit::reference {
 
-/// Row `r` of `w` dotted with `x[0..w.cols)`, in double.
-inline double dot_row(const MatrixView& w, std::size_t r, const float* x) noexcept {
+/// Row `r` of `w` (either MatrixOrder) dotted with `x[0..w.cols)`, in double.
+inline double dot_row(const MatrixView& w, std::size_t r, const float* x) {
   const RowLayout l = w.layout();
-  const std::byte* row = w.row(r);
+  std::vector<std::byte> buf(w.order == MatrixOrder::rows ? 0 : l.bytes);
+  const std::byte* row = stored_row(w, r, buf.data());
   double acc = 0;
   for (std::size_t c = 0; c < w.cols; ++c)
     acc += static_cast<double>(weight_at(row, l, w.precision, c)) * static_cast<double>(x[c]);
@@ -25,12 +27,12 @@ inline double dot_row(const MatrixView& w, std::size_t r, const float* x) noexce
 }
 
 /// y[r] = Σ_c W[r,c]·x[c] for r < rows.
-inline void gemv(const MatrixView& w, const float* x, float* y) noexcept {
+inline void gemv(const MatrixView& w, const float* x, float* y) {
   for (std::size_t r = 0; r < w.rows; ++r) y[r] = static_cast<float>(dot_row(w, r, x));
 }
 
 /// Y[b, r] = Σ_c W[r,c]·X[b,c] for b < n: X is n × cols, Y is n × rows, both row-major.
-inline void gemm(const MatrixView& w, const float* x, std::size_t n, float* y) noexcept {
+inline void gemm(const MatrixView& w, const float* x, std::size_t n, float* y) {
   for (std::size_t b = 0; b < n; ++b) gemv(w, x + b * w.cols, y + b * w.rows);
 }
 
