@@ -61,6 +61,7 @@ struct Format {
   Precision p;
   QuantScheme s;
   bool int8 = false;  ///< KernelOptions::int8_activations
+  MatrixOrder order = MatrixOrder::rows;
 };
 
 std::vector<std::byte> random_matrix(std::size_t rows, std::size_t cols, Format f, unsigned seed) {
@@ -68,7 +69,11 @@ std::vector<std::byte> random_matrix(std::size_t rows, std::size_t cols, Format 
   std::normal_distribution<float> d(0.f, 0.02f);
   std::vector<float> w(rows * cols);
   for (auto& v : w) v = d(rng);
-  return encode_matrix<float>(w, rows, cols, f.p, f.s);
+  std::vector<std::byte> m = encode_matrix<float>(w, rows, cols, f.p, f.s);
+  if (f.order == MatrixOrder::rows) return m;
+  std::vector<std::byte> packed(m.size());
+  pack_panels(MatrixView{m.data(), rows, cols, f.p, f.s}, packed);
+  return packed;
 }
 
 }  // namespace
@@ -86,17 +91,21 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("moekit GEMV benchmark: ISA %s%s, cold weights (rotation over %zu MiB)\n"
-              "i8x = int8 activations (KernelOptions::int8_activations, AVX-512 VNNI)\n",
+              "i8x = int8 activations (KernelOptions::int8_activations, AVX-512 VNNI); p8x = the "
+              "same with the matrices in 4-row panels (MatrixOrder::panels4)\n",
               std::string(name(detect_isa())).c_str(), has_avx512_vnni() ? "+vnni" : "",
               rotation_bytes >> 20);
   const Format formats[] = {{"q8 g32 sym", Precision::q8, {32, false}},
                             {"q4 g32 sym", Precision::q4, {32, false}},
                             {"q8 g32 i8x", Precision::q8, {32, false}, true},
                             {"q4 g32 i8x", Precision::q4, {32, false}, true},
+                            {"q8 g32 p8x", Precision::q8, {32, false}, true, MatrixOrder::panels4},
+                            {"q4 g32 p8x", Precision::q4, {32, false}, true, MatrixOrder::panels4},
                             {"q4 g64 aff", Precision::q4, {64, true}},
                             {"q4 g64 i8x", Precision::q4, {64, true}, true},
                             {"q2 g64 aff", Precision::q2, {64, true}},
                             {"q2 g64 i8x", Precision::q2, {64, true}, true},
+                            {"q2 g64 p8x", Precision::q2, {64, true}, true, MatrixOrder::panels4},
                             {"bf16", Precision::bf16, {}}};
   const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
   for (unsigned threads : {1u, 2u}) {
@@ -121,7 +130,7 @@ int main(int argc, char** argv) {
         ColdRead read(pool, bytes, copies);
         const auto [s, r1, r4] = time_rounds(
             copies, reps,
-            [&](std::size_t c) { gemv(MatrixView{mats[c].data(), rows, cols, f.p, f.s}, x, y, o); },
+            [&](std::size_t c) { gemv(MatrixView{mats[c].data(), rows, cols, f.p, f.s, f.order}, x, y, o); },
             [&](std::size_t c) { read(c, false); }, [&](std::size_t c) { read(c, true); });
         const double bw = bytes / std::min(r1, r4);
         std::printf("%-12s %5zux%-6zu %10.1f %9.3f %10.2f %10.2f %7.0f%%\n", f.label, rows, cols,
@@ -129,7 +138,7 @@ int main(int argc, char** argv) {
       }
     }
     // Fused expert FFN vs three separate GEMVs (+ the elementwise step), one Mixtral expert.
-    for (const Format& f : {formats[1], formats[3], formats[0], formats[2]}) {
+    for (const Format& f : {formats[1], formats[3], formats[5], formats[0], formats[2], formats[4]}) {
       const std::size_t hidden = 4096, ffn = 14336;
       const auto w1 = random_matrix(ffn, hidden, f, 2), w3 = random_matrix(ffn, hidden, f, 3),
                  w2 = random_matrix(hidden, ffn, f, 4);
@@ -138,7 +147,7 @@ int main(int argc, char** argv) {
       std::vector<std::vector<std::byte>> c1(copies, w1), c3(copies, w3), c2(copies, w2);
       std::vector<float> x(hidden, 0.5f), out(hidden, 0.f), g(ffn), u(ffn);
       auto view = [&](const std::vector<std::byte>& b, std::size_t r, std::size_t c) {
-        return MatrixView{b.data(), r, c, f.p, f.s};
+        return MatrixView{b.data(), r, c, f.p, f.s, f.order};
       };
       KernelOptions opts{std::nullopt, &pool};
       opts.int8_activations = f.int8;

@@ -116,6 +116,7 @@ inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
     RouteRecorder rec(p, s.n_layers, s.n_experts);
     const auto ctx = static_cast<std::uint32_t>(prompt.size() + std::max(extra, 0) + 1);
     Model<decltype(rec)> model(cfg, dense, rec, ctx, pool);
+    model.set_expert_order(experts.order());
     model.begin_sequence();
     auto logits = model.prefill(prompt);
     for (int i = 0; i < extra; ++i) {
@@ -184,7 +185,7 @@ inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s,
   const auto host = loader.host_bytes({0, 0}, p);
   auto run = [&](std::span<const std::byte> b) {
     std::fill(y.begin(), y.end(), 0.f);
-    moekit::expert_ffn(expert_view(s, b, p), x, 1, y, 1.f, opts);
+    moekit::expert_ffn(expert_view(s, b, p, experts.order()), x, 1, y, 1.f, opts);
   };
   run(host);  // warm the mapping / caches once
   auto median = [](std::vector<double> v) {

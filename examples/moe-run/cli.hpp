@@ -106,6 +106,9 @@ struct Options {
   ActivationMode activations = ActivationMode::automatic;  ///< --activations (activations.hpp)
   /// --row-streaming: how the int8 kernels stream rows (nullopt = this CPU core's table)
   std::optional<moekit::RowStreaming> row_streaming;
+  /// --expert-layout: rows or panels for the quantized experts of a store moe-run builds or opens
+  /// (nullopt = auto: panels when the experts run with int8 activations, else rows)
+  std::optional<moekit::MatrixOrder> expert_layout;
   // Offloading (offload.hpp, expert_source.hpp, calibration.hpp).
   PresetParams preset_params{};    ///< the presets' parameters (--t1, --gamma, ...)
   std::string store;               ///< --store: expert store file ("" = per -m)
@@ -164,6 +167,12 @@ class Cli {
                     "how the int8-activation kernels read rows: auto (the table for this CPU "
                     "core), or 1, 2, 4 streams per thread, with p: each prefetched in software "
                     "(1p, 2p, 4p); moekit_bench_row_streaming measures each on this machine");
+    app_.add_option("--expert-layout", expert_layout_text_,
+                    "where the rows of quantized experts are in the expert store: rows, panels "
+                    "(four rows interleaved every 512 columns, one stream per thread for the int8 "
+                    "kernels; docs/formats.md), auto (panels when the experts run with int8 "
+                    "activations); a store given with --store or -m keeps its own, and must match "
+                    "an explicit choice");
     add_offload_options();
     app_.add_option("-c,--ctx-size,--ctx", o_.context,
                     "context length (0 = prompt + n-predict; with --perplexity: tokens per chunk, "
@@ -236,6 +245,11 @@ class Cli {
       throw moekit::Error(moekit::ErrorKind::invalid_argument,
                           "--activations: '" + activations_text_ + "' is not one of auto, f32, int8");
     o_.activations = *a;
+    if (expert_layout_text_ == "rows") o_.expert_layout = moekit::MatrixOrder::rows;
+    else if (expert_layout_text_ == "panels") o_.expert_layout = moekit::MatrixOrder::panels4;
+    else if (expert_layout_text_ != "auto")
+      throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                          "--expert-layout: '" + expert_layout_text_ + "' is not one of auto, rows, panels");
     if (row_streaming_text_ != "auto") {
       o_.row_streaming = moekit::parse_row_streaming(row_streaming_text_);
       if (!o_.row_streaming)
@@ -322,6 +336,7 @@ class Cli {
   std::string precision_text_ = "f16";
   std::string activations_text_ = "auto";
   std::string row_streaming_text_ = "auto";
+  std::string expert_layout_text_ = "auto";
   bool stop_ = false;
   std::string low_text_ = "q4";
 };

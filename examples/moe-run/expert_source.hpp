@@ -187,6 +187,10 @@ struct ExpertBacking {
   [[nodiscard]] std::vector<moekit::Precision> precisions() const {
     return host ? host->precisions() : store->manifest().precisions;
   }
+  /// Where the rows of the quantized blobs are: the store's matrix_order; host memory: rows.
+  [[nodiscard]] moekit::MatrixOrder order() const noexcept {
+    return store ? store->manifest().order : moekit::MatrixOrder::rows;
+  }
   [[nodiscard]] bool holds(moekit::Precision p) const {
     for (moekit::Precision q : precisions())
       if (q == p) return true;
@@ -256,7 +260,7 @@ inline moekit::io::ExpertStoreWriteReport build_store_from_checkpoint(
   options.meta["checkpoint_dir"] = std::filesystem::absolute(dir).lexically_normal().string();
   options.meta["checkpoint_fingerprint"] = checkpoint_fingerprint(dir);
   options.meta["tool"] = "moe-run/moe-convert";
-  options.meta["blob_layout"] = "[w1 gate][w3 up][w2 down], precision/ row format";
+  options.meta["blob_layout"] = "[w1 gate][w3 up][w2 down], precision/ formats, rows as matrix_order says";
   return moekit::io::write_expert_store(out.string(), shape, precisions, encode, options);
 }
 
@@ -279,13 +283,14 @@ inline std::vector<moekit::Precision> cached_precisions(std::vector<moekit::Prec
   return need;
 }
 
-/// The cache file `<cache_dir>/<stem>-<precisions>.moestore` for shape `shape`, reused when its
-/// meta's checkpoint_fingerprint equals `fp`, else (re)built by `build(precisions, out, options)`.
+/// The cache file `<cache_dir>/<stem>-<precisions>[-panels].moestore` for shape `shape` with its
+/// quantized experts in `order`, reused when its meta's checkpoint_fingerprint equals `fp`, else
+/// (re)built by `build(precisions, out, options)`.
 template <class Build>
 CachedStore cached_store_file(const moekit::ModelShape& shape, const std::string& stem,
                               const std::string& fp, std::vector<moekit::Precision> need,
                               const std::filesystem::path& cache_dir, bool quiet,
-                              const std::string& from, Build build) {
+                              const std::string& from, moekit::MatrixOrder order, Build build) {
   namespace fs = std::filesystem;
   need = cached_precisions(std::move(need));
   std::string tag, list;
@@ -295,13 +300,15 @@ CachedStore cached_store_file(const moekit::ModelShape& shape, const std::string
     if (!list.empty()) list += ',';
     list += moekit::name(p);
   }
-  const fs::path out = cache_dir / (stem + tag + ".moestore");
+  const bool panels = order == moekit::MatrixOrder::panels4;
+  const fs::path out = cache_dir / (stem + tag + (panels ? "-panels" : "") + ".moestore");
   bool stale = false;
   if (fs::exists(out)) {
     try {
       auto st = std::make_shared<moekit::io::ExpertStore>(
           moekit::io::ExpertStore::open(out.string(), shape));
-      if (st->manifest().meta.value("checkpoint_fingerprint", std::string()) == fp)
+      if (st->manifest().meta.value("checkpoint_fingerprint", std::string()) == fp &&
+          st->manifest().order == order)
         return {std::move(st), false};
       stale = true;
     } catch (const moekit::Error&) {
@@ -314,6 +321,7 @@ CachedStore cached_store_file(const moekit::ModelShape& shape, const std::string
                  list.c_str(), from.c_str(), stale ? " (checkpoint changed)" : "");
   moekit::io::ExpertStoreWriteOptions wo;
   wo.overwrite = stale;
+  wo.order = order;
   build(std::span<const moekit::Precision>(need), out, wo);
   return {std::make_shared<moekit::io::ExpertStore>(
               moekit::io::ExpertStore::open(out.string(), shape)),
@@ -328,10 +336,11 @@ CachedStore cached_store_file(const moekit::ModelShape& shape, const std::string
 /// (only this cache file is replaced) when the checkpoint changed or the file is unreadable.
 inline CachedStore cached_store(const ModelConfig& cfg, const std::filesystem::path& dir,
                                 std::vector<moekit::Precision> need,
-                                const std::filesystem::path& cache_dir, bool quiet) {
+                                const std::filesystem::path& cache_dir, bool quiet,
+                                moekit::MatrixOrder order = moekit::MatrixOrder::rows) {
   return detail::cached_store_file(
       cfg.shape(), dir.filename().string(), checkpoint_fingerprint(dir), std::move(need),
-      cache_dir, quiet, dir.string(), [&](auto ps, const auto& out, auto wo) {
+      cache_dir, quiet, dir.string(), order, [&](auto ps, const auto& out, auto wo) {
         build_store_from_checkpoint(cfg, dir, ps, out, wo);
       });
 }
@@ -371,7 +380,7 @@ inline moekit::io::ExpertStoreWriteReport build_store_from_gguf(
   options.meta["gguf"] = std::filesystem::absolute(path).lexically_normal().string();
   options.meta["checkpoint_fingerprint"] = file_fingerprint(path);
   options.meta["tool"] = "moe-convert";
-  options.meta["blob_layout"] = "[w1 gate][w3 up][w2 down], precision/ row format";
+  options.meta["blob_layout"] = "[w1 gate][w3 up][w2 down], precision/ formats, rows as matrix_order says";
   return moekit::io::write_expert_store(out.string(), shape, precisions, encode, options);
 }
 
@@ -379,7 +388,8 @@ inline moekit::io::ExpertStoreWriteReport build_store_from_gguf(
 /// path>-<precisions>.moestore`, rebuilt when the file changed.
 inline CachedStore cached_gguf_store(const std::filesystem::path& path,
                                      std::vector<moekit::Precision> need,
-                                     const std::filesystem::path& cache_dir, bool quiet) {
+                                     const std::filesystem::path& cache_dir, bool quiet,
+                                     moekit::MatrixOrder order = moekit::MatrixOrder::rows) {
   const std::string abs = std::filesystem::absolute(path).lexically_normal().string();
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx",
@@ -387,7 +397,7 @@ inline CachedStore cached_gguf_store(const std::filesystem::path& path,
   const moekit::ModelShape shape = gguf_shape(moekit::io::GgufFile(path.string()));
   return detail::cached_store_file(
       shape, path.stem().string() + "-" + std::string(hash, 8), file_fingerprint(path),
-      std::move(need), cache_dir, quiet, path.string(), [&](auto ps, const auto& out, auto wo) {
+      std::move(need), cache_dir, quiet, path.string(), order, [&](auto ps, const auto& out, auto wo) {
         build_store_from_gguf(path, ps, out, wo);
       });
 }

@@ -102,7 +102,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 template <class Pipeline>
 nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                         const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
-                        bool int8) {
+                        bool int8, moekit::MatrixOrder order) {
   const bool bos = !o.no_bos && cfg.bos_token_id.has_value();
   std::vector<Token> prompt = tok.encode(o.prompt, false);
   if (bos) prompt.insert(prompt.begin(), *cfg.bos_token_id);
@@ -116,6 +116,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   Model<Pipeline> model(cfg, w.dense, pipeline, ctx, &pool);
   model.set_ubatch(o.ubatch);
   model.set_int8_expert_activations(int8);
+  model.set_expert_order(order);
   model.set_row_streaming(o.row_streaming);
   Sampler sampler({o.temperature, o.top_p, o.seed});
   StreamDecoder stream(tok, prompt);
@@ -220,7 +221,7 @@ void add_pipeline_stats(nlohmann::json& j, const Pipeline& pipeline) {
 template <class Pipeline>
 nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                           const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
-                          bool int8, TraceRecorder* recorder) {
+                          bool int8, moekit::MatrixOrder order, TraceRecorder* recorder) {
   if (!cfg.bos_token_id)
     fail("--perplexity: the model's config has no bos_token_id; chunks are scored after a BOS");
   const std::vector<Token> tokens = tok.encode(read_text_stripped(o.perplexity), false);
@@ -239,6 +240,7 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
   Model<Pipeline> model(cfg, w.dense, pipeline, s.ctx, &pool);
   model.set_ubatch(o.ubatch);
   model.set_int8_expert_activations(int8);
+  model.set_expert_order(order);
   model.set_row_streaming(o.row_streaming);
   const auto t0 = std::chrono::steady_clock::now();
   const PerplexityResult r =
@@ -304,10 +306,10 @@ void print_perplexity(const nlohmann::json& j) {
 template <class Pipeline>
 nlohmann::json run_on(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                       const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
-                      bool int8) {
+                      bool int8, moekit::MatrixOrder order) {
   auto go = [&](auto& p, TraceRecorder* recorder) {
-    return o.perplexity.empty() ? generate(o, cfg, w, tok, p, pool, int8)
-                                : perplexity(o, cfg, w, tok, p, pool, int8, recorder);
+    return o.perplexity.empty() ? generate(o, cfg, w, tok, p, pool, int8, order)
+                                : perplexity(o, cfg, w, tok, p, pool, int8, order, recorder);
   };
   if (o.trace_out.empty()) return go(pipeline, nullptr);
   if (!o.force && fs::exists(o.trace_out))
@@ -379,21 +381,41 @@ std::shared_ptr<const moekit::io::ExpertStore> open_store(const std::string& pat
 // The default model's store: built at first use into the build tree (never next to the model),
 // rebuilt when the checkpoint changed (expert_source.hpp: cached_store).
 ExpertPlacement default_store(const ModelConfig& cfg, const fs::path& dir,
-                              std::vector<moekit::Precision> need, bool quiet) {
-  CachedStore c = cached_store(cfg, dir, std::move(need), MOE_RUN_STORE_DIR, quiet);
+                              std::vector<moekit::Precision> need, bool quiet,
+                              moekit::MatrixOrder order) {
+  CachedStore c = cached_store(cfg, dir, std::move(need), MOE_RUN_STORE_DIR, quiet, order);
   return {std::move(c.store), c.built};
 }
 
+// `order`: where the quantized experts' rows go in a store built here. A store given with --store
+// or -m keeps its own order; an explicit --expert-layout must match it. Experts in host memory
+// are in rows.
 ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const ModelPath& m,
-                              const std::string& store, const std::vector<moekit::Precision>& need) {
-  if (!store.empty()) return {open_store(store, cfg.shape(), need, o.store.empty() ? "-m" : "--store"), false};
-  if (o.in_memory) return {};
+                              const std::string& store, const std::vector<moekit::Precision>& need,
+                              moekit::MatrixOrder order) {
+  auto name_of = [](moekit::MatrixOrder x) { return x == moekit::MatrixOrder::panels4 ? "panels" : "rows"; };
+  if (!store.empty()) {
+    const char* flag = o.store.empty() ? "-m" : "--store";
+    auto st = open_store(store, cfg.shape(), need, flag);
+    if (o.expert_layout && *o.expert_layout != st->manifest().order)
+      fail(std::string("--expert-layout ") + name_of(*o.expert_layout) + ": expert store '" + store +
+           "' (" + flag + ") holds its quantized experts in " + name_of(st->manifest().order) +
+           " (rebuild it with moe-convert --layout " + name_of(*o.expert_layout) + ")");
+    return {std::move(st), false};
+  }
+  const bool host = o.in_memory || (m.gguf.empty() && fs::weakly_canonical(m.dir) !=
+                                                          fs::weakly_canonical(MOE_RUN_DEFAULT_MODEL));
+  if (host) {
+    if (o.expert_layout == moekit::MatrixOrder::panels4)
+      fail("--expert-layout panels: this run keeps its experts in host memory, in rows (panels come "
+           "from an expert store: pass --store, or build one with moe-convert --layout panels)");
+    return {};
+  }
   if (!m.gguf.empty()) {  // a GGUF's experts: its store, built at first use (moe-convert's path)
-    CachedStore c = cached_gguf_store(m.gguf, need, MOE_RUN_STORE_DIR, o.json);
+    CachedStore c = cached_gguf_store(m.gguf, need, MOE_RUN_STORE_DIR, o.json, order);
     return {std::move(c.store), c.built};
   }
-  if (fs::weakly_canonical(m.dir) != fs::weakly_canonical(MOE_RUN_DEFAULT_MODEL)) return {};
-  return default_store(cfg, m.dir, need, o.json);
+  return default_store(cfg, m.dir, need, o.json, order);
 }
 
 // Router weights, calibration routing and measured latencies, for the presets that need them.
@@ -462,7 +484,15 @@ int run(const Options& o) {
   const auto needed = required_precisions(o.preset, shape, settings);
   const bool int8 =
       resolve_int8_activations(o.activations, needed, std::min(shape.hidden, shape.ffn));
-  const ExpertPlacement where = place_experts(o, cfg, mp, src.store, needed);
+  // Panels pay off where the int8 kernels read them (one stream per thread); the float paths
+  // would gather every row.
+  const bool panels_fit = moekit::panels_supported(moekit::Precision::q4, shape.quant);
+  if (o.expert_layout == moekit::MatrixOrder::panels4 && !panels_fit)
+    fail("--expert-layout panels: the experts' group size " + std::to_string(shape.quant.group_size) +
+         " cannot be in panels (32, 64 or 128)");
+  const moekit::MatrixOrder order = o.expert_layout.value_or(
+      int8 && panels_fit ? moekit::MatrixOrder::panels4 : moekit::MatrixOrder::rows);
+  const ExpertPlacement where = place_experts(o, cfg, mp, src.store, needed, order);
   const std::vector<moekit::Precision> host_precisions =
       where.store ? std::vector<moekit::Precision>{} : needed;
   const ModelWeights w = gguf ? load_gguf_weights(cfg, *gguf, host_precisions)
@@ -480,15 +510,16 @@ int run(const Options& o) {
   nlohmann::json stats = with_preset(
       o.preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
         loader_kind = pipeline.loader().kind();
-        return run_on(o, cfg, w, tok, pipeline, pool, int8);
+        return run_on(o, cfg, w, tok, pipeline, pool, int8, backing.order());
       });
   stats["expert_source"] = where.store ? where.store->path() : std::string("host memory");
   stats["expert_reads"] = loader_kind;
+  stats["expert_layout"] = backing.order() == moekit::MatrixOrder::panels4 ? "panels" : "rows";
   stats["store_built"] = where.built;
   if (!o.json)
-    std::fprintf(stderr, "expert source: %s (%s%s)%s\n", stats["expert_source"].get<std::string>().c_str(),
+    std::fprintf(stderr, "expert source: %s (%s%s, %s)%s\n", stats["expert_source"].get<std::string>().c_str(),
                  loader_kind.c_str(), where.store && o.direct ? ", O_DIRECT" : "",
-                 where.built ? " [built now]" : "");
+                 stats["expert_layout"].get<std::string>().c_str(), where.built ? " [built now]" : "");
   if (o.json) std::cout << stats.dump(1) << "\n";
   else if (!o.perplexity.empty()) print_perplexity(stats);
   else print_stats(stats);

@@ -73,6 +73,9 @@ class Model {
     return moe_.int8_expert_activations();
   }
 
+  /// Where the rows of the quantized expert blobs are (ExpertBacking::order; default rows).
+  void set_expert_order(moekit::MatrixOrder o) noexcept { moe_.set_expert_order(o); }
+
   /// Runs the prompt in forwards of at most ubatch() tokens; returns the logits of every prompt
   /// token (n × vocab) when `all_logits`, else of the last one (vocab).
   std::span<const float> prefill(std::span<const Token> tokens, bool all_logits = false) {

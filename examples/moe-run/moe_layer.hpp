@@ -50,6 +50,10 @@ class MoeLayer {
   void set_int8_expert_activations(bool on) noexcept { int8_experts_ = on; }
   [[nodiscard]] bool int8_expert_activations() const noexcept { return int8_experts_; }
 
+  /// Where the rows of the quantized expert blobs the pipeline resolves are (the expert store's
+  /// matrix_order; host-memory experts are in rows).
+  void set_expert_order(moekit::MatrixOrder o) noexcept { expert_order_ = o; }
+
   /// out = ffn(x) for the n rows of x (already normalised) at decoder layer `layer`.
   void forward(std::uint32_t layer, const LayerWeights& w, std::span<const float> x,
                const ForwardInfo& info, std::span<float> out, const moekit::KernelOptions& opts) {
@@ -136,7 +140,7 @@ class MoeLayer {
       res_.assign(m * H, 0.f);
       for (std::size_t r = 0; r < m; ++r)
         std::copy_n(x.data() + std::size_t{rows_[r] / k} * H, H, in_.data() + r * H);
-      ffn(expert_view(shape, v.bytes, v.precision), in_, m, res_, expert_opts);
+      ffn(expert_view(shape, v.bytes, v.precision, expert_order_), in_, m, res_, expert_opts);
       for (std::size_t r = 0; r < m; ++r) {
         std::copy_n(res_.data() + r * H, H, y_.data() + std::size_t{rows_[r]} * H);
         ran_[rows_[r]] = 1;
@@ -190,6 +194,7 @@ class MoeLayer {
   Pipeline& pipeline_;
   bool batched_ = false;
   bool int8_experts_ = false;
+  moekit::MatrixOrder expert_order_ = moekit::MatrixOrder::rows;
   std::vector<float> logits_, weights_, probs_, y_, in_, res_, gate_;
   std::vector<std::uint32_t> experts_, order_, rank_, rows_;
   std::vector<std::uint8_t> ran_;

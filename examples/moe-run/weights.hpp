@@ -199,16 +199,20 @@ class HostExperts {
   std::vector<std::vector<std::byte>> blobs_;
 };
 
-/// The three matrices of an expert blob laid out as this file's header describes.
+/// The three matrices of an expert blob laid out as this file's header describes; `order`: where
+/// the rows of a quantized blob's matrices are (f32/bf16/f16 blobs are always in rows).
 inline moekit::ExpertWeights expert_view(const moekit::ModelShape& s, std::span<const std::byte> b,
-                                         moekit::Precision p) {
+                                         moekit::Precision p,
+                                         moekit::MatrixOrder order = moekit::MatrixOrder::rows) {
   const std::size_t m13 = moekit::matrix_bytes(s.ffn, s.hidden, p, s.quant);
   const std::size_t m2 = moekit::matrix_bytes(s.hidden, s.ffn, p, s.quant);
   MOEKIT_EXPECTS(b.size() == 2 * m13 + m2, "expert_view: blob size does not match the shape");
-  return {moekit::make_matrix_view(b.subspan(0, m13), s.ffn, s.hidden, p, s.quant, "expert w1"),
-          moekit::make_matrix_view(b.subspan(m13, m13), s.ffn, s.hidden, p, s.quant, "expert w3"),
-          moekit::make_matrix_view(b.subspan(2 * m13, m2), s.hidden, s.ffn, p, s.quant,
-                                   "expert w2")};
+  moekit::ExpertWeights e{
+      moekit::make_matrix_view(b.subspan(0, m13), s.ffn, s.hidden, p, s.quant, "expert w1"),
+      moekit::make_matrix_view(b.subspan(m13, m13), s.ffn, s.hidden, p, s.quant, "expert w3"),
+      moekit::make_matrix_view(b.subspan(2 * m13, m2), s.hidden, s.ffn, p, s.quant, "expert w2")};
+  if (moekit::is_quantized(p)) e.w1.order = e.w3.order = e.w2.order = order;
+  return e;
 }
 
 /// The model's weights: dense part and routed experts.

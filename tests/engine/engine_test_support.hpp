@@ -140,15 +140,18 @@ GreedyRun greedy(const moe_run::ModelConfig& cfg, const moe_run::DenseWeights& d
 
 /// Logits of every position of `seq` (positions × vocab), teacher-forced as the default model's
 /// references were recorded: one prefill of the first `prompt` tokens (all logits), then one
-/// decode step per further token; `int8_activations` as moe-run's --activations int8.
+/// decode step per further token; `int8_activations` as moe-run's --activations int8, `order`
+/// where the rows of the quantized expert blobs are (ExpertBacking::order).
 template <class Pipeline>
 std::vector<float> teacher_forced(const moe_run::ModelConfig& cfg, const moe_run::DenseWeights& dense,
                                   Pipeline& pipeline, std::span<const moe_run::Token> seq,
                                   std::size_t prompt, moekit::ThreadPool* pool,
-                                  bool int8_activations = false) {
+                                  bool int8_activations = false,
+                                  moekit::MatrixOrder order = moekit::MatrixOrder::rows) {
   moe_run::Model<Pipeline> model(cfg, dense, pipeline, static_cast<std::uint32_t>(seq.size() + 1),
                                  pool);
   model.set_int8_expert_activations(int8_activations);
+  model.set_expert_order(order);
   model.begin_sequence();
   const auto pre = model.prefill(seq.first(prompt), /*all_logits=*/true);
   std::vector<float> rows(pre.begin(), pre.end());

@@ -154,7 +154,56 @@ TEST_CASE("the default model's cached store: built once, reused, rebuilt when th
   const auto e = cached_store(cfg, model, {Precision::f32}, cache, true);
   CHECK(e.built);
   CHECK(e.store->manifest().meta.at("checkpoint_fingerprint") == checkpoint_fingerprint(model));
+  // Experts in panels: a cache file of their own beside the one in rows.
+  const auto f = cached_store(cfg, model, {Precision::f32}, cache, true, moekit::MatrixOrder::panels4);
+  CHECK(f.built);
+  CHECK(fs::path(f.store->path()).filename() == "model-f32-f16-q8-q4-q2-panels.moestore");
+  CHECK(f.store->manifest().order == moekit::MatrixOrder::panels4);
+  CHECK_FALSE(cached_store(cfg, model, {Precision::f32}, cache, true, moekit::MatrixOrder::panels4).built);
+  CHECK_FALSE(cached_store(cfg, model, {Precision::f32}, cache, true).built);
   CHECK(fs::exists(engine_test::data_dir() / "mixtral" / "model.safetensors"));
+}
+
+TEST_CASE("a store with its experts in panels runs the default model as the store in rows, bit "
+          "for bit", "[engine][store][panels]") {
+  const fs::path dir = fs::path(MOEKIT_SOURCE_DIR) / "models/moekit-tiny-moe";
+  if (!fs::exists(dir / "model.safetensors")) {
+    WARN(dir.string() << " is missing; skipped");
+    return;
+  }
+  const ModelConfig cfg = load_config(dir);
+  const moekit::ModelShape s = cfg.shape();
+  const std::vector<Precision> ps{Precision::q4, Precision::q8};
+  const fs::path d = scratch("panels");
+  moekit::io::ExpertStoreWriteOptions panels;
+  panels.order = moekit::MatrixOrder::panels4;
+  build_store_from_checkpoint(cfg, dir, ps, d / "rows.moestore", {});
+  build_store_from_checkpoint(cfg, dir, ps, d / "panels.moestore", panels);
+  const ExpertBacking rows{nullptr, std::make_shared<moekit::io::ExpertStore>(
+                                        moekit::io::ExpertStore::open((d / "rows.moestore").string(), s))};
+  const ExpertBacking in_panels{nullptr, std::make_shared<moekit::io::ExpertStore>(moekit::io::ExpertStore::open(
+                                             (d / "panels.moestore").string(), s))};
+  CHECK(rows.order() == moekit::MatrixOrder::rows);
+  CHECK(in_panels.order() == moekit::MatrixOrder::panels4);
+  // w2 (256 x 512) is one 512-column step per row: the panel kernel's step path runs, w1/w3
+  // (512 x 256) its tail path.
+  CHECK(in_panels.read_expert({0, 0}, Precision::q4) != rows.read_expert({0, 0}, Precision::q4));
+  const ModelWeights dense = load_weights(cfg, dir, {});
+  const std::vector<Token> seq{1, 415, 2936, 9060, 285, 1142, 28705, 28770, 28723, 415, 13, 4};
+  moekit::ThreadPool pool(2);
+  for (Precision p : ps)
+    for (bool int8 : {false, true}) {
+      INFO(moekit::name(p) << " int8 " << int8);
+      const OffloadSettings o{all_resident_budget(s, p) / 2, p};
+      auto run = [&](const ExpertBacking& b) {
+        return with_preset("baseline", s, o, b.make_loader(), PresetInputs{}, [&](auto& pipe) {
+          return engine_test::teacher_forced(cfg, dense.dense, pipe, seq, 5, &pool, int8, b.order());
+        });
+      };
+      const std::vector<float> a = run(rows), c = run(in_panels);
+      REQUIRE(a.size() == c.size());
+      CHECK(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)) == 0);
+    }
 }
 
 TEST_CASE("Fiddler's latencies are measured through the run's loader", "[engine][store]") {

@@ -212,3 +212,63 @@ TEST_CASE("expert store: manifest validation catches offsets, overlaps and sizes
                 ErrorKind::unsupported, {"version"});
   require_error([&] { (void)parse_store_manifest("[]", data_end, "m"); }, ErrorKind::invalid_format, {"not a JSON object"});
 }
+
+TEST_CASE("expert store: quantized blobs in panels, packed by the writer", "[io][store][panels]") {
+  TempDir dir;
+  const auto path = dir.file("panels.moestore");
+  // Wide enough for whole 512-column steps (tiny_shape's rows are all tail).
+  constexpr ModelShape shape{.n_layers = 2, .n_experts = 3, .top_k = 1, .hidden = 1024, .ffn = 544};
+  auto fake = [&](ExpertKey k, Precision p) { return fake_expert(shape, k, p); };
+  ExpertStoreWriteOptions opt;
+  opt.order = MatrixOrder::panels4;
+  write_expert_store(path, shape, f16_q4, fake, opt);
+  const auto store = ExpertStore::open(path, shape);
+  CHECK(store.manifest().order == MatrixOrder::panels4);
+  CHECK(store.manifest().order_of(Precision::q4) == MatrixOrder::panels4);
+  CHECK(store.manifest().order_of(Precision::f16) == MatrixOrder::rows);
+  const auto file = moekit::test::read_file(path);
+  const std::size_t m13 = matrix_bytes(shape.ffn, shape.hidden, Precision::q4, shape.quant);
+  for (std::uint32_t l = 0; l < 2; ++l)
+    for (std::uint32_t e = 0; e < 3; ++e) {
+      const auto& f16 = store.blob({l, e}, Precision::f16);
+      const auto want16 = fake({l, e}, Precision::f16);
+      CHECK(std::equal(want16.begin(), want16.end(), file.begin() + static_cast<std::ptrdiff_t>(f16.offset)));
+      // The q4 blob is each matrix of the encoder's bytes in panels: unpacked, the bytes return.
+      const auto& q4 = store.blob({l, e}, Precision::q4);
+      const auto rows = fake({l, e}, Precision::q4);
+      const std::span<const std::byte> got(file.data() + q4.offset, q4.bytes);
+      CHECK_FALSE(std::equal(rows.begin(), rows.end(), got.begin()));
+      std::vector<std::byte> back(q4.bytes);
+      const struct {
+        std::size_t at, r, c;
+      } parts[] = {{0, shape.ffn, shape.hidden}, {m13, shape.ffn, shape.hidden}, {2 * m13, shape.hidden, shape.ffn}};
+      for (const auto& m : parts) {
+        const std::size_t n = matrix_bytes(m.r, m.c, Precision::q4, shape.quant);
+        unpack_panels(MatrixView{got.data() + m.at, m.r, m.c, Precision::q4, shape.quant, MatrixOrder::panels4},
+                      std::span(back).subspan(m.at, n));
+      }
+      CHECK(back == rows);
+      CHECK(q4.checksum == xxh64(got));
+    }
+  REQUIRE_NOTHROW(store.verify());
+  // The manifest names the order; a store without the field (written before it) is in rows.
+  const std::uint64_t data_end = store.header().manifest_offset;
+  auto j = io::detail::manifest_to_json(store.manifest());
+  CHECK(j["matrix_order"] == "panels4");
+  auto k = j;
+  k.erase("matrix_order");
+  CHECK(parse_store_manifest(k.dump(), data_end, "p").order == MatrixOrder::rows);
+  k["matrix_order"] = "columns";
+  require_error([&] { (void)parse_store_manifest(k.dump(), data_end, "p"); }, ErrorKind::invalid_format,
+                {"'matrix_order'", "rows", "panels4"});
+  k = j;
+  k["quant"]["group_size"] = 0;
+  require_error([&] { (void)parse_store_manifest(k.dump(), data_end, "p"); }, ErrorKind::invalid_format,
+                {"'matrix_order'", "group_size 0"});
+  // The writer refuses panels for a scheme they cannot take, before writing anything.
+  ModelShape channel = shape;
+  channel.quant.group_size = 0;
+  require_error([&] { write_expert_store(dir.file("c.moestore"), channel, f16_q4, fake, opt); },
+                ErrorKind::invalid_argument, {"panels", "group_size"});
+  CHECK_FALSE(std::filesystem::exists(dir.file("c.moestore")));
+}

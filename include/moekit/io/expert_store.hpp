@@ -12,7 +12,10 @@
 ///                    and per blob {layer, expert, precision, offset, bytes, xxh64}
 /// A blob is the expert's three matrices back to back, gate (w1, ffn×hidden), up (w3,
 /// ffn×hidden), down (w2, hidden×ffn), each in the precision's format of `precision/`; its size is
-/// `ModelShape::expert_bytes(p)` exactly.
+/// `ModelShape::expert_bytes(p)` exactly. The manifest's optional "matrix_order" says where the
+/// rows of the quantized blobs' matrices are: "rows" (the default, and what a store without the
+/// field holds) or "panels4" (MatrixOrder::panels4, precision/panels.hpp: what the CPU GEMV reads
+/// fastest); f32/bf16/f16 blobs are always in rows.
 ///
 /// The writer takes already-encoded bytes from a callback, writes `<path>.partial` and renames it
 /// at the end; it refuses to replace an existing file unless asked; it resumes an interrupted run
@@ -42,6 +45,7 @@
 #include "moekit/io/checksum.hpp"
 #include "moekit/io/detail/bytes.hpp"
 #include "moekit/io/detail/posix_file.hpp"
+#include "moekit/precision/panels.hpp"
 
 namespace moekit::io {
 
@@ -80,6 +84,12 @@ struct StoreManifest {
   std::vector<Precision> precisions;
   std::vector<StoreBlob> blobs;
   nlohmann::json meta = nlohmann::json::object();  ///< free-form (source checkpoint, tool, ...)
+  MatrixOrder order = MatrixOrder::rows;  ///< of the quantized blobs' matrices
+
+  /// The order of the matrices of the blobs at `p` (f32/bf16/f16: always rows).
+  [[nodiscard]] MatrixOrder order_of(Precision p) const noexcept {
+    return is_quantized(p) ? order : MatrixOrder::rows;
+  }
 
   [[nodiscard]] std::optional<std::size_t> precision_index(Precision p) const noexcept {
     for (std::size_t i = 0; i < precisions.size(); ++i)
@@ -100,6 +110,20 @@ inline nlohmann::json shape_to_json(const ModelShape& s) {
           {"top_k", s.top_k},         {"hidden", s.hidden},
           {"ffn", s.ffn},             {"n_shared_experts", s.n_shared_experts},
           {"shared_ffn", s.shared_ffn}};
+}
+
+/// An expert blob (rows; [w1][w3][w2]) with each of its matrices packed into panels.
+inline std::vector<std::byte> expert_in_panels(const ModelShape& s, Precision p,
+                                               std::span<const std::byte> rows) {
+  std::vector<std::byte> out(rows.size());
+  const std::size_t m13 = matrix_bytes(s.ffn, s.hidden, p, s.quant);
+  const struct {
+    std::size_t at, rows, cols;
+  } parts[] = {{0, s.ffn, s.hidden}, {m13, s.ffn, s.hidden}, {2 * m13, s.hidden, s.ffn}};
+  for (const auto& m : parts)
+    pack_panels(MatrixView{rows.data() + m.at, m.rows, m.cols, p, s.quant},
+                std::span(out).subspan(m.at, matrix_bytes(m.rows, m.cols, p, s.quant)));
+  return out;
 }
 
 /// The blob table a shape and precision list produce (checksums left 0). Deterministic.
@@ -140,6 +164,7 @@ inline nlohmann::json manifest_to_json(const StoreManifest& m) {
   for (Precision p : m.precisions) ps.push_back(std::string(name(p)));
   j["precisions"] = ps;
   j["tensor_order"] = {"gate", "up", "down"};
+  j["matrix_order"] = m.order == MatrixOrder::panels4 ? "panels4" : "rows";
   j["meta"] = m.meta;
   nlohmann::json blobs = nlohmann::json::array();
   for (const auto& b : m.blobs)
@@ -270,6 +295,13 @@ inline StoreManifest parse_store_manifest(std::string_view text, std::uint64_t d
     m.precisions.push_back(*pp);
   }
   if (auto it = j.find("meta"); it != j.end()) m.meta = *it;
+  if (auto it = j.find("matrix_order"); it != j.end()) {  // absent: rows (stores written before it)
+    if (*it == "panels4") m.order = MatrixOrder::panels4;
+    else if (*it != "rows") throw bad("'matrix_order' must be \"rows\" or \"panels4\"");
+    if (m.order == MatrixOrder::panels4 && !panels_supported(Precision::q4, m.shape.quant))
+      throw bad("'matrix_order' is \"panels4\" but quant.group_size " +
+                std::to_string(m.shape.quant.group_size) + " cannot be in panels (32, 64 or 128)");
+  }
   const auto& bl = field(j, "blobs");
   const std::uint64_t total = m.shape.expert_count() * m.precisions.size();
   if (!bl.is_array() || bl.size() != total)
@@ -437,6 +469,9 @@ struct ExpertStoreWriteOptions {
   bool overwrite = false;  ///< replace an existing file at `path`
   bool resume = true;      ///< reuse blobs of an interrupted run of the same layout
   bool verify = true;      ///< re-read and check every blob after the rename
+  /// Where the quantized blobs' rows go: the encoder always returns rows; with panels4 the
+  /// writer packs each of the blob's matrices (precision/panels.hpp) before writing it.
+  MatrixOrder order = MatrixOrder::rows;
   nlohmann::json meta = nlohmann::json::object();  ///< stored as the manifest's "meta"
   std::function<void(std::size_t done, std::size_t total)> progress{};
 };
@@ -465,6 +500,10 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
       MOEKIT_EXPECTS(precisions[k] != precisions[i],
                      "write_expert_store: precision " + std::string(name(precisions[i])) + " requested twice");
   }
+  if (options.order == MatrixOrder::panels4 && !panels_supported(Precision::q4, shape.quant))
+    throw Error(ErrorKind::invalid_argument,
+                "write_expert_store: panels need quant.group_size 32, 64 or 128 (the shape has " +
+                    std::to_string(shape.quant.group_size) + ")");
   if (fs::exists(path) && !options.overwrite)
     throw Error(ErrorKind::invalid_argument,
                 "expert store '" + path + "' already exists; refusing to overwrite it (pass overwrite)");
@@ -474,6 +513,7 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
   m.precisions.assign(precisions.begin(), precisions.end());
   m.blobs = detail::store_layout(shape, precisions);
   m.meta = options.meta;
+  m.order = options.order;
   const std::uint64_t data_end = m.blobs.back().offset + m.blobs.back().padded_bytes();
 
   // The journal's first line names the layout, so a run for another shape never resumes it.
@@ -482,6 +522,7 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
                            {"group_size", shape.quant.group_size},
                            {"zero_point", shape.quant.zero_point},
                            {"precisions", nlohmann::json::array()}};
+  if (m.order != MatrixOrder::rows) layout["matrix_order"] = "panels4";  // rows: as before it
   for (Precision p : precisions) layout["precisions"].push_back(std::string(name(p)));
   const std::string fingerprint = "moekit-store-journal v1 " + layout.dump();
   std::map<std::size_t, std::uint64_t> journaled;
@@ -525,6 +566,7 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
                     "expert encoder returned " + std::to_string(bytes.size()) + " bytes for layer " +
                         std::to_string(b.key.layer) + ", expert " + std::to_string(b.key.expert) + " at " +
                         std::string(name(b.precision)) + "; the model shape gives " + std::to_string(b.bytes));
+      if (m.order_of(b.precision) == MatrixOrder::panels4) bytes = detail::expert_in_panels(shape, b.precision, bytes);
       b.checksum = xxh64(bytes);
       // Zero the padding too, so a rewritten blob never leaves stale bytes behind it.
       bytes.resize(b.padded_bytes(), std::byte{0});
