@@ -10,7 +10,6 @@
 #include <array>
 #include <optional>
 #include <cstddef>
-#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -248,9 +247,7 @@ struct GemvPlan {
 #endif
     std::byte* row = row_buffer(layout.bytes);
     for (std::size_t n = 0; n < PanelLayout::height; ++n) {
-      pl.for_each_piece(n, [&](std::size_t at, std::size_t in_row, std::size_t len) {
-        std::memcpy(row + in_row, panel + at, len);
-      });
+      pl.gather_row(panel, n, row);
       out[n] = dot(row, scratch);
     }
   }

@@ -82,6 +82,18 @@ struct PanelLayout {
     f(t + tail.scales_offset, row.scales_offset + g, tail.zeros_offset - tail.scales_offset);
     if (row.affine) f(t + tail.zeros_offset, row.zeros_offset + g, tail.bytes - tail.zeros_offset);
   }
+  /// Row n (< height) of the panel at `panel` into `out` (row.bytes bytes, RowLayout order).
+  void gather_row(const std::byte* panel, std::size_t n, std::byte* out) const noexcept {
+    for_each_piece(n, [&](std::size_t at, std::size_t in_row, std::size_t len) {
+      std::memcpy(out + in_row, panel + at, len);
+    });
+  }
+  /// The inverse: `in` (one row in RowLayout order) into row n of the panel at `panel`.
+  void scatter_row(const std::byte* in, std::size_t n, std::byte* panel) const noexcept {
+    for_each_piece(n, [&](std::size_t at, std::size_t in_row, std::size_t len) {
+      std::memcpy(panel + at, in + in_row, len);
+    });
+  }
 };
 
 static_assert(PanelLayout::of(14336, Precision::q4, {}).panel_bytes ==
@@ -126,10 +138,8 @@ inline void permute_panels(const MatrixView& src, std::byte* dst, bool to_panels
   for (std::size_t k = 0; k < panels; ++k)
     for (std::size_t n = 0; n < PanelLayout::height; ++n) {
       const std::size_t panel = k * l.panel_bytes, row = (k * PanelLayout::height + n) * stride;
-      l.for_each_piece(n, [&](std::size_t at, std::size_t in_row, std::size_t len) {
-        if (to_panels) std::memcpy(dst + panel + at, src.data + row + in_row, len);
-        else std::memcpy(dst + row + in_row, src.data + panel + at, len);
-      });
+      if (to_panels) l.scatter_row(src.data + row, n, dst + panel);
+      else l.gather_row(src.data + panel, n, dst + row);
     }
   const std::size_t rest = panels * PanelLayout::height * stride;  // the same in both orders
   std::memcpy(dst + rest, src.data + rest, src.bytes() - rest);
@@ -165,10 +175,7 @@ inline const std::byte* stored_row(const MatrixView& w, std::size_t r, std::byte
   const std::size_t h = PanelLayout::height;
   if (w.order == MatrixOrder::rows || r >= w.rows / h * h) return w.row(r);
   const PanelLayout l = PanelLayout::of(w.cols, w.precision, w.scheme);
-  const std::byte* panel = w.data + r / h * l.panel_bytes;
-  l.for_each_piece(r % h, [&](std::size_t at, std::size_t in_row, std::size_t len) {
-    std::memcpy(buf + in_row, panel + at, len);
-  });
+  l.gather_row(w.data + r / h * l.panel_bytes, r % h, buf);
   return buf;
 }
 

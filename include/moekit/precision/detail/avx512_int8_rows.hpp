@@ -412,8 +412,12 @@ MOEKIT_TARGET_AVX512_VNNI inline void panel_dots(const std::byte* panel, const P
   for (std::size_t n = 0; n < H; ++n) acc[n] = zt[n] = _mm512_setzero_ps();
   for (std::size_t s = 0, c = 0; s < l.steps; ++s, c += 16) {
     const std::byte* step = panel + s * l.step_bytes;
+    // The stream goes on into the next panel, so the prefetch runs past this one, and past the
+    // matrix at its end: a prefetch never faults, and the address is formed as an integer (a
+    // pointer past its object would be undefined).
+    const std::uintptr_t ahead = reinterpret_cast<std::uintptr_t>(step) + panel_prefetch_bytes;
     for (std::size_t o = 0; o < l.step_bytes; o += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(step + panel_prefetch_bytes + o), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
     const std::byte* codes[H];
     for (std::size_t n = 0; n < H; ++n) codes[n] = step + n * l.code_bytes;
     __m512i q[H];
