@@ -172,15 +172,10 @@ TEST_CASE("fused expert FFN equals its composition and the reference", "[precisi
           expert_ffn(e, x, n, out, 0.7f, {isa, &pool});
           // Composition: three GEMVs and the elementwise step, done by hand.
           std::vector<float> comp = base;
-          for (std::size_t b = 0; b < n; ++b) {
-            std::vector<float> g(ffn), u(ffn);
-            const std::span<const float> xb(x.data() + b * hidden, hidden);
-            gemv(w1.view, xb, g, {isa, nullptr});
-            gemv(w3.view, xb, u, {isa, nullptr});
-            for (std::size_t i = 0; i < ffn; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-            gemv(w2.view, g, std::span<float>(comp.data() + b * hidden, hidden), {isa, nullptr},
-                 {0.7f, true});
-          }
+          for (std::size_t b = 0; b < n; ++b)
+            test::composed_ffn(w1.view, w3.view, w2.view,
+                               std::span<const float>(x.data() + b * hidden, hidden),
+                               std::span<float>(comp.data() + b * hidden, hidden), 0.7f, {isa, nullptr});
           for (std::size_t i = 0; i < n * hidden; ++i) {
             INFO(name(p) << " g" << s.group_size << " " << name(isa) << " n " << n << " i " << i);
             REQUIRE(out[i] == Approx(comp[i]).epsilon(1e-4).margin(1e-5));
@@ -257,11 +252,8 @@ TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation round
       const auto x = test::random_normal(hidden, 903 + ffn);  // seeds per ffn: no stale h matches
       KernelOptions o{std::nullopt, ffn == 21 ? &pool : nullptr};
       o.int8_activations = true;
-      std::vector<float> comp(hidden, 0.f), g(ffn), u(ffn);
-      gemv(w1.view, x, g, o);
-      gemv(w3.view, x, u, o);
-      for (std::size_t i = 0; i < ffn; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-      gemv(w2.view, g, comp, o, {1.f, true});
+      std::vector<float> comp(hidden, 0.f);
+      test::composed_ffn(w1.view, w3.view, w2.view, x, comp, 1.f, o);
       for (const RowStreaming& rs : all_streamings) {
         std::vector<float> fused(hidden, 0.f);
         KernelOptions os = o;

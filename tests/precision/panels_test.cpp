@@ -115,11 +115,8 @@ TEST_CASE("panels: GEMV, GEMM and the FFN compute what they compute on rows", "[
     const auto x = test::random_normal(hidden, 34);
     KernelOptions o{std::nullopt, &pool};
     o.int8_activations = int8;
-    std::vector<float> comp(hidden, 1.f), g(ffn), u(ffn);
-    gemv(w1.rows, x, g, o);
-    gemv(w3.rows, x, u, o);
-    for (std::size_t i = 0; i < ffn; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-    gemv(w2.rows, g, comp, o, {0.5f, true});
+    std::vector<float> comp(hidden, 1.f);
+    test::composed_ffn(w1.rows, w3.rows, w2.rows, x, comp, 0.5f, o);
     std::vector<float> panels(hidden, 1.f), fused(hidden, 1.f);
     expert_ffn({w1.panels, w3.panels, w2.panels}, x, 1, panels, 0.5f, o);
     expert_ffn({w1.rows, w3.rows, w2.rows}, x, 1, fused, 0.5f, o);

@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include "moekit/precision/format.hpp"
+#include "moekit/precision/gemv.hpp"
 #include "moekit/precision/quantize.hpp"
 
 namespace moekit::test {
@@ -49,6 +50,18 @@ inline double dot_magnitude(const MatrixView& w, std::size_t r, const float* x) 
     m += term;
   }
   return m;
+}
+
+/// The expert FFN composed from GEMVs: out += scale · w2·(silu(w1·x) ⊙ w3·x), what expert_ffn
+/// fuses.
+inline void composed_ffn(const MatrixView& w1, const MatrixView& w3, const MatrixView& w2,
+                         std::span<const float> x, std::span<float> out, float scale,
+                         const KernelOptions& o) {
+  std::vector<float> g(w1.rows), u(w1.rows);
+  gemv(w1, x, g, o);
+  gemv(w3, x, u, o);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+  gemv(w2, g, out, o, {scale, true});
 }
 
 }  // namespace moekit::test

@@ -146,26 +146,30 @@ inline void permute_panels(const MatrixView& src, std::byte* dst, bool to_panels
 }
 }  // namespace detail
 
+namespace detail {
+/// `src` copied into `dst` in the order `to` (from the other one), and the view of `dst`.
+inline MatrixView reorder(const MatrixView& src, std::span<std::byte> dst, MatrixOrder to,
+                          std::string_view what) {
+  const bool to_panels = to == MatrixOrder::panels4;
+  check_pack(src, dst, to_panels ? MatrixOrder::rows : MatrixOrder::panels4, what);
+  permute_panels(src, dst.data(), to_panels);
+  MatrixView v = src;
+  v.data = dst.data();
+  v.order = to;
+  return v;
+}
+}  // namespace detail
+
 /// Copies `src` (MatrixOrder::rows) into `dst` (src.bytes() bytes, not overlapping it) in
 /// panels and returns the view of `dst`. Throws Error(unsupported) for formats panels do not
 /// take and Error(invalid_argument) for a wrong destination size or a source already in panels.
 inline MatrixView pack_panels(const MatrixView& src, std::span<std::byte> dst) {
-  detail::check_pack(src, dst, MatrixOrder::rows, "pack_panels");
-  detail::permute_panels(src, dst.data(), true);
-  MatrixView v = src;
-  v.data = dst.data();
-  v.order = MatrixOrder::panels4;
-  return v;
+  return detail::reorder(src, dst, MatrixOrder::panels4, "pack_panels");
 }
 
 /// The inverse of pack_panels: `src` in panels, `dst` gets the same matrix in rows.
 inline MatrixView unpack_panels(const MatrixView& src, std::span<std::byte> dst) {
-  detail::check_pack(src, dst, MatrixOrder::panels4, "unpack_panels");
-  detail::permute_panels(src, dst.data(), false);
-  MatrixView v = src;
-  v.data = dst.data();
-  v.order = MatrixOrder::rows;
-  return v;
+  return detail::reorder(src, dst, MatrixOrder::rows, "unpack_panels");
 }
 
 /// Row `r`'s bytes laid out as `RowLayout` says, in either order: a pointer into `w` for
