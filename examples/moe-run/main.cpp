@@ -387,20 +387,24 @@ ExpertPlacement default_store(const ModelConfig& cfg, const fs::path& dir,
   return {std::move(c.store), c.built};
 }
 
+// --expert-layout's words for a MatrixOrder.
+const char* layout_name(moekit::MatrixOrder x) {
+  return x == moekit::MatrixOrder::panels4 ? "panels" : "rows";
+}
+
 // `order`: where the quantized experts' rows go in a store built here. A store given with --store
 // or -m keeps its own order; an explicit --expert-layout must match it. Experts in host memory
 // are in rows.
 ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const ModelPath& m,
                               const std::string& store, const std::vector<moekit::Precision>& need,
                               moekit::MatrixOrder order) {
-  auto name_of = [](moekit::MatrixOrder x) { return x == moekit::MatrixOrder::panels4 ? "panels" : "rows"; };
   if (!store.empty()) {
     const char* flag = o.store.empty() ? "-m" : "--store";
     auto st = open_store(store, cfg.shape(), need, flag);
     if (o.expert_layout && *o.expert_layout != st->manifest().order)
-      fail(std::string("--expert-layout ") + name_of(*o.expert_layout) + ": expert store '" + store +
-           "' (" + flag + ") holds its quantized experts in " + name_of(st->manifest().order) +
-           " (rebuild it with moe-convert --layout " + name_of(*o.expert_layout) + ")");
+      fail(std::string("--expert-layout ") + layout_name(*o.expert_layout) + ": expert store '" + store +
+           "' (" + flag + ") holds its quantized experts in " + layout_name(st->manifest().order) +
+           " (rebuild it with moe-convert --layout " + layout_name(*o.expert_layout) + ")");
     return {std::move(st), false};
   }
   const bool host = o.in_memory || (m.gguf.empty() && fs::weakly_canonical(m.dir) !=
@@ -514,7 +518,7 @@ int run(const Options& o) {
       });
   stats["expert_source"] = where.store ? where.store->path() : std::string("host memory");
   stats["expert_reads"] = loader_kind;
-  stats["expert_layout"] = backing.order() == moekit::MatrixOrder::panels4 ? "panels" : "rows";
+  stats["expert_layout"] = layout_name(backing.order());
   stats["store_built"] = where.built;
   if (!o.json)
     std::fprintf(stderr, "expert source: %s (%s%s, %s)%s\n", stats["expert_source"].get<std::string>().c_str(),
