@@ -172,7 +172,7 @@ class Cli {
                     "(four rows interleaved every 512 columns, one stream per thread for the int8 "
                     "kernels; docs/formats.md), auto (panels when the experts run with int8 "
                     "activations); a store given with --store or -m keeps its own, and must match "
-                    "an explicit choice");
+                    "an explicit choice; experts in host memory are packed after loading");
     add_offload_options();
     app_.add_option("-c,--ctx-size,--ctx", o_.context,
                     "context length (0 = prompt + n-predict; with --perplexity: tokens per chunk, "

@@ -187,9 +187,9 @@ struct ExpertBacking {
   [[nodiscard]] std::vector<moekit::Precision> precisions() const {
     return host ? host->precisions() : store->manifest().precisions;
   }
-  /// Where the rows of the quantized blobs are: the store's matrix_order; host memory: rows.
+  /// Where the rows of the quantized blobs are: the store's matrix_order, or the host experts'.
   [[nodiscard]] moekit::MatrixOrder order() const noexcept {
-    return store ? store->manifest().order : moekit::MatrixOrder::rows;
+    return host ? host->order() : store ? store->manifest().order : moekit::MatrixOrder::rows;
   }
   [[nodiscard]] bool holds(moekit::Precision p) const {
     for (moekit::Precision q : precisions())

@@ -394,7 +394,7 @@ const char* layout_name(moekit::MatrixOrder x) {
 
 // `order`: where the quantized experts' rows go in a store built here. A store given with --store
 // or -m keeps its own order; an explicit --expert-layout must match it. Experts in host memory
-// are in rows.
+// (no store) are packed by the caller.
 ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const ModelPath& m,
                               const std::string& store, const std::vector<moekit::Precision>& need,
                               moekit::MatrixOrder order) {
@@ -407,18 +407,12 @@ ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const Mo
            " (rebuild it with moe-convert --layout " + layout_name(*o.expert_layout) + ")");
     return {std::move(st), false};
   }
-  const bool host = o.in_memory || (m.gguf.empty() && fs::weakly_canonical(m.dir) !=
-                                                          fs::weakly_canonical(MOE_RUN_DEFAULT_MODEL));
-  if (host) {
-    if (o.expert_layout == moekit::MatrixOrder::panels4)
-      fail("--expert-layout panels: this run keeps its experts in host memory, in rows (panels come "
-           "from an expert store: pass --store, or build one with moe-convert --layout panels)");
-    return {};
-  }
+  if (o.in_memory) return {};
   if (!m.gguf.empty()) {  // a GGUF's experts: its store, built at first use (moe-convert's path)
     CachedStore c = cached_gguf_store(m.gguf, need, MOE_RUN_STORE_DIR, o.json, order);
     return {std::move(c.store), c.built};
   }
+  if (fs::weakly_canonical(m.dir) != fs::weakly_canonical(MOE_RUN_DEFAULT_MODEL)) return {};
   return default_store(cfg, m.dir, need, o.json, order);
 }
 
@@ -499,8 +493,12 @@ int run(const Options& o) {
   const ExpertPlacement where = place_experts(o, cfg, mp, src.store, needed, order);
   const std::vector<moekit::Precision> host_precisions =
       where.store ? std::vector<moekit::Precision>{} : needed;
-  const ModelWeights w = gguf ? load_gguf_weights(cfg, *gguf, host_precisions)
-                              : load_weights(cfg, mp.dir, host_precisions);
+  const ModelWeights w = [&] {
+    ModelWeights l = gguf ? load_gguf_weights(cfg, *gguf, host_precisions)
+                          : load_weights(cfg, mp.dir, host_precisions);
+    if (!where.store && order == moekit::MatrixOrder::panels4) l.experts.pack_panels();
+    return l;
+  }();
   ExpertBacking backing{where.store ? nullptr : &w.experts, where.store,
                         StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads}};
   moekit::ThreadPool pool(o.threads);

@@ -21,6 +21,7 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/dequantize.hpp"
+#include "moekit/io/expert_store.hpp"
 #include "moekit/io/safetensors.hpp"
 #include "moekit/io/tensor_names.hpp"
 #include "moekit/precision/expert_ffn.hpp"
@@ -181,6 +182,25 @@ class HostExperts {
   [[nodiscard]] const std::vector<moekit::Precision>& precisions() const noexcept {
     return precisions_;
   }
+
+  /// Moves every quantized expert into panels (MatrixOrder::panels4, what the CPU's int8 kernels
+  /// read fastest), as an expert store written with that order holds them; f32/bf16/f16 stay.
+  void pack_panels() {
+    if (order_ == moekit::MatrixOrder::panels4) return;
+    for (std::size_t i = 0; i < precisions_.size(); ++i) {
+      const moekit::Precision p = precisions_[i];
+      if (!moekit::is_quantized(p)) continue;
+      const std::size_t n = shape_.expert_bytes(p);
+      for (std::size_t e = 0; e < shape_.expert_count(); ++e) {
+        const std::span<std::byte> blob(blobs_[i].data() + e * n, n);
+        const std::vector<std::byte> packed = moekit::io::expert_blob_in_panels(shape_, p, blob);
+        std::copy(packed.begin(), packed.end(), blob.begin());
+      }
+    }
+    order_ = moekit::MatrixOrder::panels4;
+  }
+  /// Where the rows of the quantized experts are (rows until pack_panels).
+  [[nodiscard]] moekit::MatrixOrder order() const noexcept { return order_; }
   [[nodiscard]] std::size_t total_bytes() const noexcept {
     std::size_t n = 0;
     for (const auto& b : blobs_) n += b.size();
@@ -197,6 +217,7 @@ class HostExperts {
   moekit::ModelShape shape_{};
   std::vector<moekit::Precision> precisions_;
   std::vector<std::vector<std::byte>> blobs_;
+  moekit::MatrixOrder order_ = moekit::MatrixOrder::rows;
 };
 
 /// The three matrices of an expert blob laid out as this file's header describes; `order`: where

@@ -164,8 +164,8 @@ TEST_CASE("the default model's cached store: built once, reused, rebuilt when th
   CHECK(fs::exists(engine_test::data_dir() / "mixtral" / "model.safetensors"));
 }
 
-TEST_CASE("a store with its experts in panels runs the default model as the store in rows, bit "
-          "for bit", "[engine][store][panels]") {
+TEST_CASE("experts in panels (a store, or host memory packed after loading) run the default "
+          "model as experts in rows, bit for bit", "[engine][store][panels]") {
   const fs::path dir = fs::path(MOEKIT_SOURCE_DIR) / "models/moekit-tiny-moe";
   if (!fs::exists(dir / "model.safetensors")) {
     WARN(dir.string() << " is missing; skipped");
@@ -189,6 +189,15 @@ TEST_CASE("a store with its experts in panels runs the default model as the stor
   // (512 x 256) its tail path.
   CHECK(in_panels.read_expert({0, 0}, Precision::q4) != rows.read_expert({0, 0}, Precision::q4));
   const ModelWeights dense = load_weights(cfg, dir, {});
+  // Host-memory experts packed after loading are the panels store's blobs.
+  ModelWeights host = load_weights(cfg, dir, ps);
+  host.experts.pack_panels();
+  const ExpertBacking host_panels{&host.experts, nullptr, {}};
+  CHECK(host_panels.order() == moekit::MatrixOrder::panels4);
+  for (Precision p : ps) {
+    const auto a = host_panels.read_expert({3, 5}, p), b = in_panels.read_expert({3, 5}, p);
+    CHECK(a == b);
+  }
   const std::vector<Token> seq{1, 415, 2936, 9060, 285, 1142, 28705, 28770, 28723, 415, 13, 4};
   moekit::ThreadPool pool(2);
   for (Precision p : ps)
@@ -200,9 +209,11 @@ TEST_CASE("a store with its experts in panels runs the default model as the stor
           return engine_test::teacher_forced(cfg, dense.dense, pipe, seq, 5, &pool, int8, b.order());
         });
       };
-      const std::vector<float> a = run(rows), c = run(in_panels);
+      const std::vector<float> a = run(rows), c = run(in_panels), h = run(host_panels);
       REQUIRE(a.size() == c.size());
+      REQUIRE(a.size() == h.size());
       CHECK(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(a.data(), h.data(), a.size() * sizeof(float)) == 0);
     }
 }
 

@@ -103,17 +103,9 @@ struct StoreManifest {
   }
 };
 
-namespace detail {
-
-inline nlohmann::json shape_to_json(const ModelShape& s) {
-  return {{"n_layers", s.n_layers},   {"n_experts", s.n_experts},
-          {"top_k", s.top_k},         {"hidden", s.hidden},
-          {"ffn", s.ffn},             {"n_shared_experts", s.n_shared_experts},
-          {"shared_ffn", s.shared_ffn}};
-}
-
-/// An expert blob (rows; [w1][w3][w2]) with each of its matrices packed into panels.
-inline std::vector<std::byte> expert_in_panels(const ModelShape& s, Precision p,
+/// An expert blob as the store lays it out ([w1][w3][w2], in rows) with each of its three matrices
+/// packed into panels (MatrixOrder::panels4). Throws as pack_panels for formats panels do not take.
+inline std::vector<std::byte> expert_blob_in_panels(const ModelShape& s, Precision p,
                                                std::span<const std::byte> rows) {
   std::vector<std::byte> out(rows.size());
   const std::size_t m13 = matrix_bytes(s.ffn, s.hidden, p, s.quant);
@@ -124,6 +116,15 @@ inline std::vector<std::byte> expert_in_panels(const ModelShape& s, Precision p,
     pack_panels(MatrixView{rows.data() + m.at, m.rows, m.cols, p, s.quant},
                 std::span(out).subspan(m.at, matrix_bytes(m.rows, m.cols, p, s.quant)));
   return out;
+}
+
+namespace detail {
+
+inline nlohmann::json shape_to_json(const ModelShape& s) {
+  return {{"n_layers", s.n_layers},   {"n_experts", s.n_experts},
+          {"top_k", s.top_k},         {"hidden", s.hidden},
+          {"ffn", s.ffn},             {"n_shared_experts", s.n_shared_experts},
+          {"shared_ffn", s.shared_ffn}};
 }
 
 /// The blob table a shape and precision list produce (checksums left 0). Deterministic.
@@ -566,7 +567,7 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
                     "expert encoder returned " + std::to_string(bytes.size()) + " bytes for layer " +
                         std::to_string(b.key.layer) + ", expert " + std::to_string(b.key.expert) + " at " +
                         std::string(name(b.precision)) + "; the model shape gives " + std::to_string(b.bytes));
-      if (m.order_of(b.precision) == MatrixOrder::panels4) bytes = detail::expert_in_panels(shape, b.precision, bytes);
+      if (m.order_of(b.precision) == MatrixOrder::panels4) bytes = expert_blob_in_panels(shape, b.precision, bytes);
       b.checksum = xxh64(bytes);
       // Zero the padding too, so a rewritten blob never leaves stale bytes behind it.
       bytes.resize(b.padded_bytes(), std::byte{0});
