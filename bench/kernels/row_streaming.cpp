@@ -2,7 +2,8 @@
 // without the software prefetch), on cold Mixtral expert shapes, as a fraction of the streaming
 // read of the same bytes, all timed round by round in one process. It is how the per-core table
 // in moekit/precision/row_streaming.hpp was filled, and how to check it on another CPU: the
-// column marked * is what this CPU gets by default.
+// column marked * is what this CPU gets by default. The last column is the same matrix in 4-row
+// panels (MatrixOrder::panels4: one stream per thread, whatever the core), same rounds.
 //
 // Usage: moekit_bench_row_streaming [--reps N] [--threads N]
 #include <algorithm>
@@ -42,7 +43,8 @@ int main(int argc, char** argv) {
   constexpr std::size_t n_ways = std::size(ways);
   std::printf("int8-activation GEMV, cold weights (rotation over %zu MiB), CPU core %s; medians of %d "
               "rounds; %% of the streaming read (the faster of one and four prefetched streams per "
-              "thread); S = streams per thread, p = prefetched, * = this core's default\n",
+              "thread); S = streams per thread, p = prefetched, * = this core's default; panels = "
+              "the matrix in 4-row panels\n",
               bench::rotation_bytes >> 20, std::string(name(detect_core())).c_str(), reps);
   // As bench/kernels/ggml_peer.sh: the formats ggml's q8_0, q4_0 and q2_K compare with.
   const std::pair<Precision, QuantScheme> formats[] = {
@@ -53,7 +55,7 @@ int main(int argc, char** argv) {
     ThreadPool pool(static_cast<unsigned>(threads));
     std::printf("\n== %d thread(s)\nformat shape       read GB/s |", threads);
     for (const RowStreaming& w : ways) std::printf("  S%u%s", w.streams, w.prefetch ? "p" : " ");
-    std::printf("\n");
+    std::printf("  panels\n");
     for (const auto& [p, s] : formats)
       for (const auto& shape : shapes) {
         const std::size_t rows = shape[0], cols = shape[1];
@@ -64,15 +66,16 @@ int main(int argc, char** argv) {
         for (auto& v : x) v = d(rng) * 50.f;
         const std::vector<std::byte> enc = encode_matrix<float>(w, rows, cols, p, s);
         const std::size_t bytes = enc.size(), copies = std::max<std::size_t>(2, bench::rotation_bytes / bytes);
-        std::vector<std::vector<std::byte>> mats(copies, enc);
+        std::vector<std::vector<std::byte>> mats(copies, enc), panels(copies, std::vector<std::byte>(bytes));
+        for (auto& m : panels) pack_panels(MatrixView{enc.data(), rows, cols, p, s}, m);
         const RowStreaming chosen = default_row_streaming(detect_core(), cols);
         std::vector<float> y(rows), y0(rows);
         bench::ColdRead read(pool, bytes, copies);
-        std::vector<std::vector<double>> t(n_ways + 2);
+        std::vector<std::vector<double>> t(n_ways + 3);
         std::size_t next = 0;
         for (int r = -1; r < reps; ++r)  // round -1 warms every copy and the pool
           for (std::size_t k = 0; k < (r < 0 ? copies : 1); ++k)
-            for (std::size_t v = 0; v < n_ways + 2; ++v) {
+            for (std::size_t v = 0; v < n_ways + 3; ++v) {
               const std::size_t c = next++ % copies;
               const auto t0 = Clock::now();
               if (v < n_ways) {
@@ -85,6 +88,14 @@ int main(int argc, char** argv) {
                   std::fprintf(stderr, "streaming S%u%s gave a different result\n", ways[v].streams, ways[v].prefetch ? "p" : "");
                   return 1;
                 }
+              } else if (v == n_ways + 2) {
+                KernelOptions o{std::nullopt, &pool};
+                o.int8_activations = true;
+                gemv(MatrixView{panels[c].data(), rows, cols, p, s, MatrixOrder::panels4}, x, y, o);
+                if (y != y0) {  // the panel kernel does the row kernel's operations in its order
+                  std::fprintf(stderr, "panels gave a different result from rows\n");
+                  return 1;
+                }
               } else {
                 read(c, v == n_ways + 1);
               }
@@ -94,7 +105,7 @@ int main(int argc, char** argv) {
         std::printf("%-6s %5zux%-5zu %6.1f    |", std::string(name(p)).c_str(), rows, cols, bytes / bound / 1e9);
         for (std::size_t v = 0; v < n_ways; ++v)
           std::printf(" %4.0f%%%s", 100 * bound / bench::median(t[v]), ways[v] == chosen ? "*" : " ");
-        std::printf("\n");
+        std::printf("   %4.0f%%\n", 100 * bound / bench::median(t[n_ways + 2]));
       }
   }
   return 0;
