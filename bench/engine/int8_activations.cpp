@@ -142,8 +142,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s [model_dir] [decode_tokens >= 2] [rounds >= 1]\n", argv[0]);
     return 2;
   }
-  if (!moekit::has_avx512_vnni()) {
-    std::printf("SKIPPED: this CPU has no AVX-512 VNNI (int8 activations cannot run)\n");
+  if (!moekit::isa_supported(moekit::Isa::avx2)) {
+    std::printf("SKIPPED: this CPU has no AVX2 (int8 activations cannot run)\n");
     return 0;
   }
   const ModelConfig cfg = load_config(dir);

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -62,6 +63,8 @@ struct Format {
   QuantScheme s;
   bool int8 = false;  ///< KernelOptions::int8_activations
   MatrixOrder order = MatrixOrder::rows;
+  std::optional<Isa> isa = std::nullopt;  ///< forced path (default: the best)
+  bool avx_vnni = true;                   ///< KernelOptions::avx_vnni
 };
 
 std::vector<std::byte> random_matrix(std::size_t rows, std::size_t cols, Format f, unsigned seed) {
@@ -92,7 +95,8 @@ int main(int argc, char** argv) {
   }
   std::printf("moekit GEMV benchmark: ISA %s%s, cold weights (rotation over %zu MiB)\n"
               "i8x = int8 activations (KernelOptions::int8_activations, AVX-512 VNNI); p8x = the "
-              "same with the matrices in 4-row panels (MatrixOrder::panels4)\n",
+              "same with the matrices in 4-row panels (MatrixOrder::panels4); avx2 = the AVX2 float "
+              "path, a2i8x = AVX2 with int8 activations (AVX-VNNI), a2i8m = the same with vpmaddubsw\n",
               std::string(name(detect_isa())).c_str(), has_avx512_vnni() ? "+vnni" : "",
               rotation_bytes >> 20);
   const Format formats[] = {{"q8 g32 sym", Precision::q8, {32, false}},
@@ -106,6 +110,13 @@ int main(int argc, char** argv) {
                             {"q2 g64 aff", Precision::q2, {64, true}},
                             {"q2 g64 i8x", Precision::q2, {64, true}, true},
                             {"q2 g64 p8x", Precision::q2, {64, true}, true, MatrixOrder::panels4},
+                            // The AVX2 paths (what CPUs without AVX-512 VNNI run), forced here.
+                            {"q8 g32 avx2", Precision::q8, {32, false}, false, MatrixOrder::rows, Isa::avx2},
+                            {"q8 g32 a2i8x", Precision::q8, {32, false}, true, MatrixOrder::rows, Isa::avx2},
+                            {"q8 g32 a2i8m", Precision::q8, {32, false}, true, MatrixOrder::rows, Isa::avx2, false},
+                            {"q4 g32 avx2", Precision::q4, {32, false}, false, MatrixOrder::rows, Isa::avx2},
+                            {"q4 g32 a2i8x", Precision::q4, {32, false}, true, MatrixOrder::rows, Isa::avx2},
+                            {"q4 g32 a2i8m", Precision::q4, {32, false}, true, MatrixOrder::rows, Isa::avx2, false},
                             {"bf16", Precision::bf16, {}}};
   const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
   for (unsigned threads : {1u, 2u}) {
@@ -125,8 +136,10 @@ int main(int argc, char** argv) {
           else mats.push_back(mats[0]);
         }
         std::vector<float> x(cols, 0.5f), y(rows);
-        KernelOptions o{std::nullopt, &pool};
+        KernelOptions o{f.isa, &pool};
         o.int8_activations = f.int8;
+        o.avx_vnni = f.avx_vnni;
+        if (f.isa && !isa_supported(*f.isa)) continue;
         ColdRead read(pool, bytes, copies);
         const auto [s, r1, r4] = time_rounds(
             copies, reps,

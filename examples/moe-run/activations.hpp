@@ -3,11 +3,14 @@
 ///
 /// `f32`: the float path (activations stay f32; each quantized weight group is dotted in floats).
 /// `int8`: the activation is rounded to int8 per 32 values (ggml's q8_0 activations) and dotted
-/// with the int8 weights by AVX-512 VNNI (`KernelOptions::int8_activations`). It applies to
+/// with the int8 weights (`KernelOptions::int8_activations`: AVX-512 VNNI, else AVX2 with
+/// AVX-VNNI or vpmaddubsw). It applies to
 /// quantized experts (q8/q4/q2) in decode forwards (one token per expert: the fused GEMV path);
 /// f32/bf16/f16 experts, the dense layers and prefill's batched kernel are unaffected.
-/// `auto` (the default): int8 when the CPU has AVX-512 VNNI, some expert runs quantized and the
-/// expert rows are at least `int8_min_row_width` wide; f32 otherwise.
+/// `auto` (the default): int8 when the CPU has the int8 kernels (AVX2 at least), some expert runs
+/// quantized and the expert rows are at least `int8_min_row_width` wide; f32 otherwise. On AVX2
+/// the int8 kernels ran cold Mixtral shapes 1.4-2.2x faster than the float path here
+/// (bench/RESULTS.md); the width threshold was measured with the AVX-512 ones.
 ///
 /// Why the width: the int8 kernel saves work per 64-byte block but pays a fixed cost per row
 /// (activation scales, two horizontal sums). One fused expert FFN call, one thread, weights in
@@ -52,22 +55,22 @@ inline constexpr std::size_t int8_min_row_width = 512;
 
 /// True when experts run with int8 activations: `mode` resolved against the precisions the run's
 /// experts use, their narrowest row (`row_width` = min(hidden, expert ffn); `auto` only) and
-/// whether the CPU has AVX-512 VNNI (`cpu_has_vnni`). An explicit int8 without VNNI throws
-/// `Error(unsupported)` naming the flag; with no quantized expert there is nothing int8 could
-/// apply to, so the run is f32 whatever was asked.
+/// whether the CPU runs the int8 kernels (`cpu_has_int8`: AVX2 at least). An explicit int8
+/// without them throws `Error(unsupported)` naming the flag; with no quantized expert there is
+/// nothing int8 could apply to, so the run is f32 whatever was asked.
 inline bool resolve_int8_activations(ActivationMode mode,
                                      std::span<const moekit::Precision> expert_precisions,
                                      std::size_t row_width,
-                                     bool cpu_has_vnni = moekit::has_avx512_vnni()) {
+                                     bool cpu_has_int8 = moekit::isa_supported(moekit::Isa::avx2)) {
   if (mode == ActivationMode::f32) return false;
-  if (mode == ActivationMode::int8 && !cpu_has_vnni)
+  if (mode == ActivationMode::int8 && !cpu_has_int8)
     moekit::detail::fail(moekit::ErrorKind::unsupported,
-                         "--activations int8: this CPU has no AVX-512 VNNI, which the int8 "
-                         "kernels need (use f32 or auto)");
+                         "--activations int8: this CPU has neither AVX-512 VNNI nor AVX2, which "
+                         "the int8 kernels need (use f32 or auto)");
   const bool quantized = std::any_of(expert_precisions.begin(), expert_precisions.end(),
                                      [](moekit::Precision p) { return moekit::is_quantized(p); });
   if (mode == ActivationMode::automatic && row_width < int8_min_row_width) return false;
-  return quantized && cpu_has_vnni;
+  return quantized && cpu_has_int8;
 }
 
 /// The name of a resolved choice, as the statistics report it.

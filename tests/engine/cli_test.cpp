@@ -149,8 +149,8 @@ TEST_CASE("moe-run --activations resolves against the experts' precisions, width
   const std::vector<Precision> q4{Precision::q4}, f16{Precision::f16},
       mixed{Precision::f16, Precision::q4};
   const std::size_t wide = int8_min_row_width, narrow = int8_min_row_width - 1;
-  // auto: int8 exactly when some expert is quantized, its rows are wide enough and the CPU has
-  // VNNI.
+  // auto: int8 exactly when some expert is quantized, its rows are wide enough and the CPU runs
+  // the int8 kernels (AVX2 at least).
   CHECK(resolve_int8_activations(ActivationMode::automatic, q4, wide, true));
   CHECK(resolve_int8_activations(ActivationMode::automatic, mixed, wide, true));
   CHECK_FALSE(resolve_int8_activations(ActivationMode::automatic, q4, narrow, true));
@@ -163,12 +163,12 @@ TEST_CASE("moe-run --activations resolves against the experts' precisions, width
   CHECK_FALSE(resolve_int8_activations(ActivationMode::int8, f16, wide, true));
   try {
     (void)resolve_int8_activations(ActivationMode::int8, q4, wide, false);
-    FAIL("int8 accepted without VNNI");
+    FAIL("int8 accepted without the int8 kernels");
   } catch (const moekit::Error& e) {
     INFO(e.message());
     CHECK(e.kind() == moekit::ErrorKind::unsupported);
     CHECK(e.message().find("--activations int8") != std::string::npos);
-    CHECK(e.message().find("VNNI") != std::string::npos);
+    CHECK(e.message().find("AVX2") != std::string::npos);
   }
   CHECK(activations_name(true) == "int8");
   CHECK(activations_name(false) == "f32");

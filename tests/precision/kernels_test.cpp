@@ -42,6 +42,19 @@ Case make(std::size_t rows, std::size_t cols, Precision p, QuantScheme s, std::u
   return c;
 }
 
+// Bound of an int8-activation result of row r: each activation moves by at most half its
+// chunk's int8 step (max|x|/254), plus the float accumulation's rel_tol.
+double int8_bound(const MatrixView& w, std::size_t r, const std::vector<float>& x) {
+  const RowLayout l = w.layout();
+  double bound = 0;
+  for (std::size_t col = 0; col < w.cols / 32 * 32; ++col) {
+    float amax = 0;
+    for (std::size_t i = col / 32 * 32; i < col / 32 * 32 + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    bound += std::fabs(weight_at(w.row(r), l, w.precision, col)) * amax / 254.0;
+  }
+  return bound * 1.01 + rel_tol * test::dot_magnitude(w, r, x.data()) + 1e-6;
+}
+
 void check_close(const MatrixView& w, const float* x, const float* got, const double* want,
                  const std::string& what) {
   for (std::size_t r = 0; r < w.rows; ++r) {
@@ -209,17 +222,8 @@ TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation round
           KernelOptions o{std::nullopt, &pool};
           o.int8_activations = true;
           gemv(c.view, x, y, o);
-          const RowLayout l = c.view.layout();
           for (std::size_t r = 0; r < rows; ++r) {
-            // Bound: each activation moves by at most half its block's int8 step (max|x|/254).
-            double bound = 0;
-            for (std::size_t col = 0; col < cols / 32 * 32; ++col) {
-              float amax = 0;
-              for (std::size_t i = col / 32 * 32; i < col / 32 * 32 + 32; ++i)
-                amax = std::max(amax, std::fabs(x[i]));
-              bound += std::fabs(weight_at(c.view.row(r), l, p, col)) * amax / 254.0;
-            }
-            bound = bound * 1.01 + rel_tol * test::dot_magnitude(c.view, r, x.data()) + 1e-6;
+            const double bound = int8_bound(c.view, r, x);
             const double want = reference::dot_row(c.view, r, x.data());
             if (std::fabs(y[r] - want) > bound)
               FAIL(name(p) << " g" << s.group_size << " z" << s.zero_point << " cols " << cols
@@ -264,4 +268,51 @@ TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation round
           REQUIRE(fused[i] == Approx(comp[i]).epsilon(1e-4).margin(1e-6));
       }
     }
+}
+
+TEST_CASE("int8-activation GEMV on AVX2 (vpmaddubsw, and AVX-VNNI where the CPU has it) stays "
+          "within the activation rounding bound", "[precision][kernels]") {
+  if (!isa_supported(Isa::avx2)) {
+    WARN("skipped: this CPU has no AVX2");
+    return;
+  }
+  INFO("seed " << test::test_seed());
+  ThreadPool pool(2);
+  std::vector<bool> vnni{false};
+  if (detail::avx2_int8::has_avx_vnni()) vnni.push_back(true);
+  else WARN("this CPU has no AVX-VNNI: only the vpmaddubsw kernels are checked");
+  // Whole blocks, chunks after the last block, columns after the last chunk; q8 codes reach 255
+  // (the int16 pairs that vpmaddubsw would saturate without the sign trick).
+  for (std::size_t cols : {4096u, 4096u + 32u, 1000u, 256u, 96u, 77u})
+    for (Precision p : {Precision::q8, Precision::q4, Precision::q2})
+      for (QuantScheme s : kernel_schemes) {
+        const std::size_t rows = 13;
+        const Case c = make(rows, cols, p, s, cols * 5 + bits(p));
+        auto x = test::random_normal(cols, cols + 19);
+        x[5] = 9.f;
+        std::vector<float> y512(rows);
+        if (has_avx512_vnni()) {
+          KernelOptions o{Isa::avx512, &pool};
+          o.int8_activations = true;
+          gemv(c.view, x, y512, o);
+        }
+        for (bool v : vnni) {
+          std::vector<float> y(rows), yf(rows);
+          KernelOptions o{Isa::avx2, &pool};
+          o.int8_activations = true;
+          o.avx_vnni = v;
+          gemv(c.view, x, y, o);
+          gemv(c.view, x, yf, {Isa::avx2, &pool});
+          CHECK(yf != y);  // the int8 path really ran
+          for (std::size_t r = 0; r < rows; ++r) {
+            const double want = reference::dot_row(c.view, r, x.data());
+            INFO(name(p) << " g" << s.group_size << " z" << s.zero_point << " cols " << cols << " row " << r
+                         << " vnni " << v << ": " << y[r] << " want " << want);
+            REQUIRE(std::fabs(y[r] - want) <= int8_bound(c.view, r, x));
+            // The same int8 activation as the AVX-512 kernels: equal up to float accumulation.
+            if (has_avx512_vnni())
+              REQUIRE(std::fabs(y[r] - y512[r]) <= rel_tol * test::dot_magnitude(c.view, r, x.data()) + 1e-6);
+          }
+        }
+      }
 }

@@ -16,6 +16,7 @@
 
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
+#include "moekit/precision/detail/avx2_int8_rows.hpp"
 #include "moekit/precision/detail/avx2_rows.hpp"
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
 #include "moekit/precision/detail/avx512_rows.hpp"
@@ -34,9 +35,12 @@ struct KernelOptions {
   std::optional<Isa> isa;      ///< force a path (must be supported); default: the best one
   ThreadPool* pool = nullptr;  ///< threads to split rows over; nullptr: the calling thread only
   /// GEMV of quantized rows with the activation rounded to int8 per 32 values (ggml's q8_0
-  /// activations) on CPUs with AVX-512 VNNI: about 3× fewer instructions, error ≤ max|x|/254 per
-  /// element of each 32-block. Ignored elsewhere (float path) and for f32/bf16/f16 rows.
+  /// activations), error ≤ max|x|/254 per element of each 32-block: the AVX-512 VNNI kernels
+  /// (about 3× fewer instructions than the float path), else the AVX2 ones (AVX-VNNI when the CPU
+  /// has it). Ignored on the generic path (float activations) and for f32/bf16/f16 rows.
   bool int8_activations = false;
+  /// The AVX2 int8 kernels use AVX-VNNI when the CPU has it; false forces vpmaddubsw (tests).
+  bool avx_vnni = true;
   /// How the int8-activation kernels stream rows (streams 1, 2 or 4); default: the table for
   /// this CPU's core (`default_row_streaming`).
   std::optional<RowStreaming> streaming = std::nullopt;
@@ -193,13 +197,21 @@ struct PlanStorage {
   std::vector<std::int8_t> q;
 };
 
+/// Which kernel runs a GEMV with int8 activations (none: float activations).
+enum class Int8Kernel : std::uint8_t {
+  none,
+  avx512_vnni,  ///< avx512_int8_rows.hpp: rows side by side, panels read as they lie
+  avx2,         ///< avx2_int8_rows.hpp, vpmaddubsw
+  avx_vnni,     ///< avx2_int8_rows.hpp, AVX-VNNI's 256-bit vpdpbusd
+};
+
 /// Everything a GEMV over rows of `w` needs for one activation: the row kernel and the prepared
-/// activation (float, or int8 for the VNNI path).
+/// activation (float, or int8 for the int8 kernels).
 struct GemvPlan {
   RowLayout layout{};
   RowKernels kernels{};
   PreparedActivation act{};
-  bool int8 = false;
+  Int8Kernel int8 = Int8Kernel::none;
   RowStreaming streaming{2, false};  ///< how gemv_rows reads rows (int8 path: per KernelOptions)
 #if defined(MOEKIT_HAS_X86_KERNELS)
   avx512_int8::Int8Activation act8{};
@@ -219,12 +231,16 @@ struct GemvPlan {
   void dots(const std::byte* const* rows, float* scratch, float* out,
             const std::byte* const* next = nullptr) const noexcept {
 #if defined(MOEKIT_HAS_X86_KERNELS)
-    if (int8) {
+    if (int8 == Int8Kernel::avx512_vnni) {
       switch (layout.bits) {
         case 8: return avx512_int8::row_dots<8, N>(rows, layout, act8, scratch, out, next);
         case 4: return avx512_int8::row_dots<4, N>(rows, layout, act8, scratch, out, next);
         default: return avx512_int8::row_dots<2, N>(rows, layout, act8, scratch, out, next);
       }
+    }
+    if (int8 != Int8Kernel::none) {
+      for (std::size_t n = 0; n < N; ++n) out[n] = avx2_int8_dot(rows[n], scratch);
+      return;
     }
 #endif
     (void)scratch;
@@ -237,7 +253,7 @@ struct GemvPlan {
   void panel_dots(const std::byte* panel, const PanelLayout& pl, float* scratch,
                   float* out) const noexcept {
 #if defined(MOEKIT_HAS_X86_KERNELS)
-    if (int8) {
+    if (int8 == Int8Kernel::avx512_vnni) {
       switch (layout.bits) {
         case 8: return avx512_int8::panel_dots<8>(panel, pl, act8, scratch, out);
         case 4: return avx512_int8::panel_dots<4>(panel, pl, act8, scratch, out);
@@ -251,6 +267,21 @@ struct GemvPlan {
       out[n] = dot(row, scratch);
     }
   }
+
+ private:
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  float avx2_int8_dot(const std::byte* row, float* scratch) const noexcept {
+    const bool vnni = int8 == Int8Kernel::avx_vnni;
+    switch (layout.bits) {
+      case 8: return vnni ? avx2_int8::row_dot<8, true>(row, layout, act8, scratch)
+                          : avx2_int8::row_dot<8, false>(row, layout, act8, scratch);
+      case 4: return vnni ? avx2_int8::row_dot<4, true>(row, layout, act8, scratch)
+                          : avx2_int8::row_dot<4, false>(row, layout, act8, scratch);
+      default: return vnni ? avx2_int8::row_dot<2, true>(row, layout, act8, scratch)
+                           : avx2_int8::row_dot<2, false>(row, layout, act8, scratch);
+    }
+  }
+#endif
 };
 
 inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptions& o,
@@ -261,9 +292,14 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
   p.kernels = row_kernels(w.precision, isa);
 #if defined(MOEKIT_HAS_X86_KERNELS)
   if (o.int8_activations && isa == Isa::avx512 && has_avx512_vnni() && is_quantized(w.precision)) {
-    p.int8 = true;
+    p.int8 = Int8Kernel::avx512_vnni;
     p.streaming = resolve_streaming(o, w.cols);
     p.act8 = avx512_int8::prepare(x, w.cols, p.layout.bits, st.q, st.f);
+    return p;
+  }
+  if (o.int8_activations && isa != Isa::generic && is_quantized(w.precision)) {
+    p.int8 = o.avx_vnni && avx2_int8::has_avx_vnni() ? Int8Kernel::avx_vnni : Int8Kernel::avx2;
+    p.act8 = avx2_int8::prepare(x, w.cols, p.layout.bits, st.q, st.f);
     return p;
   }
 #endif

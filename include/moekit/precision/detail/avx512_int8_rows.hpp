@@ -65,6 +65,37 @@ struct Int8Activation {
   const float* x = nullptr;  ///< the float activation (columns after the last whole chunk)
 };
 
+/// Stores chunk `c`'s 32 int8 activations (b0: columns 0-15, b1: 16-31) where the kernels for
+/// `bits`-bit rows read them: split by plane within the chunk's block (block_position) or, after
+/// the last whole block (`blocked` chunks), in the chunk's own 32 bytes in chunk_slot order.
+/// Shared by the AVX-512 and the AVX2 prepare, so both give the same layout.
+__attribute__((target("ssse3"))) inline void store_chunk_planes(std::int8_t* xq, std::size_t c,
+                                                                 std::size_t blocked, unsigned bits,
+                                                                 __m128i b0, __m128i b1) noexcept {
+  // Byte shuffles that split 16 activations by plane (q4: evens | odds; q2: i mod 4 = 0..3).
+  const __m128i split4 = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m128i split2 = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const bool in_block = c < blocked;
+  const std::size_t j = c % block_chunks(bits);
+  std::int8_t* base = in_block ? xq + 32 * (c - j) + j * 4 * bits : xq + 32 * c;
+  const std::size_t plane_stride = in_block ? 64 : 32 / (8 / bits);
+  if (bits == 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(base), b0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(base + 16), b1);
+  } else if (bits == 4) {
+    const __m128i s0 = _mm_shuffle_epi8(b0, split4), s1 = _mm_shuffle_epi8(b1, split4);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(base), _mm_unpacklo_epi64(s0, s1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(base + plane_stride), _mm_unpackhi_epi64(s0, s1));
+  } else {
+    const __m128i s0 = _mm_shuffle_epi8(b0, split2), s1 = _mm_shuffle_epi8(b1, split2);
+    const __m128i p01 = _mm_unpacklo_epi32(s0, s1), p23 = _mm_unpackhi_epi32(s0, s1);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(base), p01);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(base + plane_stride), _mm_unpackhi_epi64(p01, p01));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(base + 2 * plane_stride), p23);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(base + 3 * plane_stride), _mm_unpackhi_epi64(p23, p23));
+  }
+}
+
 /// Quantizes x for rows of `bits`-bit codes; storage is grown, never shrunk. Vectorised: it runs
 /// once per GEMV, and for small matrices (the tiny model's 256 × 512 experts) a scalar version
 /// cost as much as the rows (measured: 36 µs of a 76 µs 128 × 4096 q8 GEMV).
@@ -80,9 +111,6 @@ MOEKIT_TARGET_AVX512_VNNI inline Int8Activation prepare(const float* x, std::siz
   std::int8_t* xq = q_storage.data();
   float* dx = f_storage.data();
   float* dxs = dx + chunks;
-  // Byte shuffles that split 16 activations by plane (q4: evens | odds; q2: i mod 4 = 0..3).
-  const __m128i split4 = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-  const __m128i split2 = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   for (std::size_t c = 0; c < chunks; ++c) {
     const __m512 v0 = _mm512_loadu_ps(x + 32 * c), v1 = _mm512_loadu_ps(x + 32 * c + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
@@ -92,28 +120,7 @@ MOEKIT_TARGET_AVX512_VNNI inline Int8Activation prepare(const float* x, std::siz
     const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inv)));
     dx[c] = d;
     dxs[c] = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
-    const __m128i b0 = _mm512_cvtepi32_epi8(q0), b1 = _mm512_cvtepi32_epi8(q1);
-    // Destination of plane p's bytes: within the block (block_position) or, after the last whole
-    // block, the chunk's own 32 bytes in chunk_slot order.
-    const bool in_block = c < blocked;
-    const std::size_t j = c % per_block;
-    std::int8_t* base = in_block ? xq + 32 * (c - j) + j * 4 * bits : xq + 32 * c;
-    const std::size_t plane_stride = in_block ? 64 : 32 / (8 / bits);
-    if (bits == 8) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(base), b0);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(base + 16), b1);
-    } else if (bits == 4) {
-      const __m128i s0 = _mm_shuffle_epi8(b0, split4), s1 = _mm_shuffle_epi8(b1, split4);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(base), _mm_unpacklo_epi64(s0, s1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(base + plane_stride), _mm_unpackhi_epi64(s0, s1));
-    } else {
-      const __m128i s0 = _mm_shuffle_epi8(b0, split2), s1 = _mm_shuffle_epi8(b1, split2);
-      const __m128i p01 = _mm_unpacklo_epi32(s0, s1), p23 = _mm_unpackhi_epi32(s0, s1);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(base), p01);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(base + plane_stride), _mm_unpackhi_epi64(p01, p01));
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(base + 2 * plane_stride), p23);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(base + 3 * plane_stride), _mm_unpackhi_epi64(p23, p23));
-    }
+    store_chunk_planes(xq, c, blocked, bits, _mm512_cvtepi32_epi8(q0), _mm512_cvtepi32_epi8(q1));
   }
   return {xq, dx, dxs, x};
 }

@@ -1,0 +1,243 @@
+#pragma once
+/// \file AVX2 row kernel with int8 activations: `KernelOptions::int8_activations` on x86 CPUs
+/// without AVX-512 VNNI (AVX2 only, or AVX-512 without VNNI), with AVX-VNNI's 256-bit
+/// `vpdpbusd` where the CPU has it (Intel since Alder Lake, AMD since Zen 5).
+///
+/// Same activation as the AVX-512 path (avx512_int8_rows.hpp: int8 per 32-value chunk, dx =
+/// max|x|/127, laid out per 64-byte block by plane), so both round x identically; the row is read
+/// 32 code bytes at a time (half a block: 1, 2 or 4 chunks of q8, q4, q2), each plane one
+/// unsigned × signed byte product into int32 lanes that belong to one chunk each, then one
+/// conversion and one FMA with the chunks' s·dx per half block. Without VNNI the products go
+/// through `vpmaddubsw` (int16 pairs) and `vpmaddwd`: q4/q2 codes (≤ 15) cannot saturate the
+/// int16 pairs, q8 codes (≤ 255) can, so q8 rows are read as signed q − 128 with ggml's
+/// sign trick (|w| · sign(x, w)), and the zero-point term subtracts (z − 128)·Σx instead of z·Σx.
+/// One row at a time: this is the portable path, not the one tuned to the memory bound.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "moekit/precision/detail/avx512_int8_rows.hpp"
+#include "moekit/precision/format.hpp"
+#include "moekit/precision/half.hpp"
+
+#if defined(MOEKIT_HAS_X86_KERNELS)
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace moekit::detail::avx2_int8 {
+
+using avx512_int8::Int8Activation;
+using avx512_int8::block_chunks;
+
+#define MOEKIT_TARGET_AVX2_INT8 __attribute__((target("avx2,fma,f16c")))
+#define MOEKIT_TARGET_AVX2_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+
+/// True when the CPU has AVX-VNNI (256-bit `vpdpbusd` without AVX-512).
+inline bool has_avx_vnni() noexcept {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avxvnni") != 0;
+  }();
+  return yes;
+}
+
+/// As avx512_int8::prepare (the same layout and the same rounding), with 8-lane vectors.
+MOEKIT_TARGET_AVX2_INT8 inline Int8Activation prepare(const float* x, std::size_t cols,
+                                                      unsigned bits,
+                                                      std::vector<std::int8_t>& q_storage,
+                                                      std::vector<float>& f_storage) {
+  const std::size_t chunks = cols / 32;
+  const std::size_t blocked = chunks / block_chunks(bits) * block_chunks(bits);
+  if (q_storage.size() < chunks * 32) q_storage.resize(chunks * 32);
+  if (f_storage.size() < 2 * chunks) f_storage.resize(2 * chunks);
+  std::int8_t* xq = q_storage.data();
+  float* dx = f_storage.data();
+  float* dxs = dx + chunks;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  // packs_epi32 then packs_epi16 leave 4-byte groups in the order 0 2 4 6 1 3 5 7 of the wanted.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (std::size_t c = 0; c < chunks; ++c) {
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 32 * c + 8 * i);
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                                   _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const float d = amax / 127.f, inv = amax > 0 ? 127.f / amax : 0.f;
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+    dx[c] = d;
+    dxs[c] = d * static_cast<float>(_mm_cvtsi128_si32(t));
+    const __m256i b = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), order);
+    avx512_int8::store_chunk_planes(xq, c, blocked, bits, _mm256_castsi256_si128(b),
+                                    _mm256_extracti128_si256(b, 1));
+  }
+  return {xq, dx, dxs, x};
+}
+
+/// Σ over 4 bytes of u·s per int32 lane, added to `acc`: `vpdpbusd` (AVX-VNNI) or, without it,
+/// `vpmaddubsw` + `vpmaddwd` (exact while no int16 pair sum passes 32767).
+template <bool Vnni>
+MOEKIT_TARGET_AVX2_VNNI inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) noexcept {
+  if constexpr (Vnni) return _mm256_dpbusd_avx_epi32(acc, u, s);
+  else return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+/// Σ code·xq per int32 lane of 32 code bytes at `p` (lane L: chunk L / (Bits) of the half block),
+/// the activation of plane k at xq + k·plane_stride. Without VNNI, q8 codes are read as q − 128.
+template <unsigned Bits, bool Vnni>
+MOEKIT_TARGET_AVX2_VNNI inline __m256i half_dot(const std::byte* p, const std::int8_t* xq,
+                                                std::size_t plane_stride) noexcept {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  __m256i act[8 / Bits];  // (a lambda would not carry the target attribute)
+  for (unsigned k = 0; k < 8 / Bits; ++k)
+    act[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k * plane_stride));
+  const __m256i z = _mm256_setzero_si256();
+  if constexpr (Bits == 8) {
+    if constexpr (Vnni) return _mm256_dpbusd_avx_epi32(z, v, act[0]);
+    const __m256i w = _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80)));  // q − 128
+    return dot_u8s8<false>(z, _mm256_abs_epi8(w), _mm256_sign_epi8(act[0], w));
+  } else {
+    constexpr unsigned planes = 8 / Bits;
+    const __m256i m = _mm256_set1_epi8(static_cast<char>((1u << Bits) - 1u));
+    if constexpr (Vnni) {
+      __m256i d = z;
+      for (unsigned k = 0; k < planes; ++k)
+        d = _mm256_dpbusd_avx_epi32(d, _mm256_and_si256(_mm256_srli_epi16(v, static_cast<int>(k * Bits)), m), act[k]);
+      return d;
+    } else {  // the int16 products of all planes first: 4 · 2 · 3 · 127 and 2 · 2 · 15 · 127 fit
+      __m256i s16 = z;
+      for (unsigned k = 0; k < planes; ++k)
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(
+                                        _mm256_and_si256(_mm256_srli_epi16(v, static_cast<int>(k * Bits)), m), act[k]));
+      return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    }
+  }
+}
+
+/// Four bytes at `p` as an unsigned (unaligned).
+inline std::uint32_t load_u32(const std::byte* p) noexcept {
+  std::uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+/// The f16 values (scales or zero points) at `v` of the groups of 8 chunks (groups of 2^shift
+/// chunks), one per chunk lane; exact-size loads never read past the row's values.
+MOEKIT_TARGET_AVX2_INT8 inline __m256 chunk_values(const std::byte* v, int shift, __m256i lane_group) noexcept {
+  const __m128i h = shift == 0 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(v))
+                    : shift == 1 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v))
+                                 : _mm_cvtsi32_si128(static_cast<int>(load_u32(v)));
+  return _mm256_permutevar8x32_ps(_mm256_cvtph_ps(h), lane_group);
+}
+
+/// The chunks' s·dx of half a block, one per int32 lane as half_dot lays them out.
+template <unsigned Bits>
+MOEKIT_TARGET_AVX2_INT8 inline __m256 half_scales(const float* sdx) noexcept {
+  if constexpr (Bits == 8) return _mm256_set1_ps(sdx[0]);
+  else if constexpr (Bits == 4) return _mm256_set_m128(_mm_set1_ps(sdx[1]), _mm_set1_ps(sdx[0]));
+  else return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sdx)),
+                                       _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+}
+
+MOEKIT_TARGET_AVX2_INT8 inline float hsum(__m256 v) noexcept {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+/// One quantized row · x with int8 activations. `sdx`: per-thread scratch of >= cols/32 floats.
+/// The kernels without VNNI contain no VNNI instruction (checked in the disassembly of the tests
+/// when this was written: GCC emits `vpdpbusd` only for the intrinsic).
+template <unsigned Bits, bool Vnni>
+MOEKIT_TARGET_AVX2_VNNI inline float row_dot(const std::byte* row, const RowLayout& l,
+                                             const Int8Activation& a, float* sdx) noexcept {
+  constexpr std::size_t per_block = block_chunks(Bits), chunk_bytes = 4 * Bits;
+  // q8 without VNNI computes Σ(q − 128)·x: the zero point is then z − 128.
+  constexpr float zero_shift = Bits == 8 && !Vnni ? 128.f : 0.f;
+  const std::size_t chunks = l.cols / 32, blocked = chunks / per_block * per_block;
+  const std::size_t per_group = l.group_size / 32;  // 0: one group per row
+  // Per chunk s·dx into sdx, and the zero-point term Σ s·(z − shift)·dx·Σxq: eight chunks a step
+  // for groups of 32/64/128 (a scalar pass cost more than the codes of a 4096-column row).
+  std::size_t k = 0;
+  __m256 zt = _mm256_setzero_ps();
+  if (per_group == 1 || per_group == 2 || per_group == 4) {
+    const int shift = per_group == 1 ? 0 : per_group == 2 ? 1 : 2;
+    const __m256i lane_group = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), shift);
+    const __m256 zs = _mm256_set1_ps(l.symmetric_zero - zero_shift), shift_v = _mm256_set1_ps(zero_shift);
+    for (; k + 8 <= chunks; k += 8) {
+      const std::size_t at = 2 * (k >> shift);
+      const __m256 s = chunk_values(row + l.scales_offset + at, shift, lane_group);
+      const __m256 z = l.affine ? _mm256_sub_ps(chunk_values(row + l.zeros_offset + at, shift, lane_group), shift_v) : zs;
+      _mm256_storeu_ps(sdx + k, _mm256_mul_ps(s, _mm256_loadu_ps(a.dx + k)));
+      zt = _mm256_fmadd_ps(_mm256_mul_ps(s, z), _mm256_loadu_ps(a.dx_sum + k), zt);
+    }
+  }
+  float zero_term = hsum(zt);
+  for (; k < chunks; ++k) {  // the rest, and one group per row
+    const std::size_t g = per_group ? k / per_group : 0;
+    const float s = _cvtsh_ss(*(reinterpret_cast<const std::uint16_t*>(row + l.scales_offset) + g));
+    const float z = (l.affine ? _cvtsh_ss(*(reinterpret_cast<const std::uint16_t*>(row + l.zeros_offset) + g))
+                              : l.symmetric_zero) - zero_shift;
+    sdx[k] = s * a.dx[k];
+    zero_term += s * z * a.dx_sum[k];
+  }
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  std::size_t c = 0;
+  for (; c < blocked; c += per_block) {  // a block: two halves, each its own chain
+    const std::byte* p = row + c * chunk_bytes;
+    const std::int8_t* xb = a.xq + 32 * c;
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(p, xb, 64)), half_scales<Bits>(sdx + c), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(p + 32, xb + 32, 64)),
+                           half_scales<Bits>(sdx + c + per_block / 2), acc1);
+  }
+  float total = hsum(_mm256_add_ps(acc0, acc1));
+  for (; c < chunks; ++c) {  // chunks after the last whole block: codes and activation in chunk order
+    const std::byte* p = row + c * chunk_bytes;
+    __m256i u;
+    if constexpr (Bits == 8) {
+      u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    } else if constexpr (Bits == 4) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x0f);
+      u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+    } else {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x03);
+      u = _mm256_set_m128i(_mm_and_si128(_mm_unpacklo_epi64(_mm_srli_epi16(b, 4), _mm_srli_epi16(b, 6)), m),
+                           _mm_and_si128(_mm_unpacklo_epi64(b, _mm_srli_epi16(b, 2)), m));
+    }
+    const __m256i x8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * c));
+    __m256i d;
+    if constexpr (Bits == 8 && !Vnni) {
+      const __m256i w = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
+      d = dot_u8s8<false>(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x8, w));
+    } else {
+      d = dot_u8s8<Vnni>(_mm256_setzero_si256(), u, x8);
+    }
+    total += sdx[c] * hsum(_mm256_cvtepi32_ps(d));
+  }
+  float tail = 0.f;  // columns after the last whole chunk, in floats
+  for (std::size_t col = chunks * 32; col < l.cols; ++col) {
+    const std::size_t g = col / l.group_size;
+    const float s = _cvtsh_ss(*(reinterpret_cast<const std::uint16_t*>(row + l.scales_offset) + g));
+    const float z = l.affine ? _cvtsh_ss(*(reinterpret_cast<const std::uint16_t*>(row + l.zeros_offset) + g))
+                             : l.symmetric_zero;
+    tail += s * (static_cast<float>(read_code(row, col, Bits)) - z) * a.x[col];
+  }
+  return total - zero_term + tail;
+}
+
+}  // namespace moekit::detail::avx2_int8
+
+#pragma GCC diagnostic pop
+
+#endif
