@@ -125,6 +125,9 @@ MOEKIT_TARGET_AVX2_VNNI inline __m256i half_dot(const std::byte* p, const std::i
   }
 }
 
+/// How far ahead of its loads row_dot prefetches (as the AVX-512 panel kernel: one stream).
+constexpr std::size_t prefetch_bytes = 8 * 1024;
+
 /// Four bytes at `p` as an unsigned (unaligned).
 inline std::uint32_t load_u32(const std::byte* p) noexcept {
   std::uint32_t v;
@@ -193,8 +196,16 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot(const std::byte* row, const RowLayo
     zero_term += s * z * a.dx_sum[k];
   }
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  // The rows are read one after another: the stream is prefetched into L1 prefetch_bytes ahead
+  // of the share of the row consumed so far, codes and scales alike, on into the next rows (the
+  // address is formed as an integer: it may pass the end of the matrix, where a prefetch does
+  // not fault). Without it, rows of 14336 columns ran at half the speed of rows of 4096 here.
+  const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(row) + prefetch_bytes;
+  std::size_t fetched = 0;
   std::size_t c = 0;
   for (; c < blocked; c += per_block) {  // a block: two halves, each its own chain
+    for (const std::size_t to = (c + per_block) * l.bytes / chunks; fetched < to; fetched += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(base + fetched), _MM_HINT_T0);
     const std::byte* p = row + c * chunk_bytes;
     const std::int8_t* xb = a.xq + 32 * c;
     acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(p, xb, 64)), half_scales<Bits>(sdx + c), acc0);
