@@ -4,7 +4,10 @@
 # the same bytes: all timed rep by rep in ONE process (bench/kernels/ggml/gemv_vs_ggml.cpp), so the
 # ratios hold on a loaded machine.
 #
-#   bench/kernels/ggml_peer.sh [--reps N | --quick]
+#   bench/kernels/ggml_peer.sh [--avx2] [--reps N | --quick]
+#
+# --avx2: both sides on their AVX2 paths, as on a CPU without AVX-512: ggml built with AVX-512 off
+# (its own venv, build/ggml-peer-avx2-venv) and moekit's kernels forced to AVX2 (--isa avx2).
 #
 # Installs ggml-python (which builds ggml from source) into a virtual environment
 # ($GGML_PEER_VENV, default build/ggml-peer-venv; reused when present), compiles the harness with
@@ -14,11 +17,17 @@
 # measurement uses.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-venv="${GGML_PEER_VENV:-$here/build/ggml-peer-venv}"
-out="${GGML_PEER_OUT:-$here/build/ggml-peer}"
+variant="" harness_args=() cmake_args=""
+if [[ "${1:-}" == "--avx2" ]]; then
+  shift
+  variant="-avx2" harness_args=(--isa avx2)
+  cmake_args="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX_VNNI=OFF -DGGML_AVX2=ON -DGGML_AVX=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+fi
+venv="${GGML_PEER_VENV:-$here/build/ggml-peer$variant-venv}"
+out="${GGML_PEER_OUT:-$here/build/ggml-peer$variant}"
 if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "import ggml" 2>/dev/null; then
   python3 -m venv "$venv"
-  MAKEFLAGS="${MAKEFLAGS:--j2}" nice -n 10 "$venv/bin/pip" install --quiet "ggml-python==0.0.45" numpy
+  CMAKE_ARGS="$cmake_args" MAKEFLAGS="${MAKEFLAGS:--j2}" nice -n 10 "$venv/bin/pip" install --quiet --no-cache-dir "ggml-python==0.0.45" numpy
 fi
 site="$("$venv/bin/python" -c 'import ggml, os; print(os.path.dirname(os.path.dirname(ggml.__file__)))')"
 inc="$site/include"
@@ -34,4 +43,4 @@ if [[ ! -x "$bin" || "$src" -nt "$bin" || "$here/bench/kernels/cold_read.hpp" -n
 fi
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 echo "ggml: ggml-python $("$venv/bin/pip" show ggml-python 2>/dev/null | awk '/^Version/{print $2}') ($lib), OMP_WAIT_POLICY=$OMP_WAIT_POLICY"
-"$bin" "$@"
+"$bin" "${harness_args[@]}" "$@"

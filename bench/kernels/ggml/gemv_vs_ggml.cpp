@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -127,22 +128,31 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
   int only_threads = 0;
+  std::optional<Isa> isa;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--quick")) quick = true, reps = 7;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc && parse_isa(argv[i + 1]) &&
+             isa_supported(*parse_isa(argv[i + 1])))
+      isa = parse_isa(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--reps N] [--quick] [--only q8_0|q4_0|q2_K] [--threads N]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--reps N] [--quick] [--only q8_0|q4_0|q2_K] [--threads N] "
+                   "[--isa avx2|avx512 (moekit's path; must be supported)]\n",
                    argv[0]);
       return 2;
     }
   }
   ggml_cpu_init();
-  const bool vnni = detect_isa() == Isa::avx512 && has_avx512_vnni();
+  // The int8 kernels: AVX-512 VNNI, else AVX2 (with AVX-VNNI where present).
+  const Isa our = isa.value_or(detect_isa());
+  const bool vnni = our != Isa::generic;
   std::printf("moekit GEMV vs ggml mul_mat, n = 1, cold weights (rotation over %zu MiB each), "
               "ISA %s%s, medians of %d interleaved rounds\n",
-              rotation_bytes >> 20, std::string(name(detect_isa())).c_str(), vnni ? "+vnni" : "", reps);
+              rotation_bytes >> 20, std::string(name(our)).c_str(),
+              our == Isa::avx512 && has_avx512_vnni() ? "+vnni" : "", reps);
   std::printf("f32x: float activations; i8x: int8 activations (KernelOptions::int8_activations); "
               "p8x: int8 activations, the matrix in 4-row panels (MatrixOrder::panels4)\n"
               "vs ggml: ggml time / moekit time (> 1: moekit faster); of read: moekit bytes/s over a "
@@ -188,7 +198,7 @@ int main(int argc, char** argv) {
         }
         w.clear();
         w.shrink_to_fit();
-        KernelOptions of{std::nullopt, &pool}, o8{std::nullopt, &pool};
+        KernelOptions of{isa, &pool}, o8{isa, &pool};
         o8.int8_activations = true;
         bench::ColdRead read(pool, bytes, copies);
         auto ours = [&](std::size_t c, const KernelOptions& o, std::vector<float>& out) {
