@@ -135,6 +135,13 @@ inline std::uint32_t load_u32(const std::byte* p) noexcept {
   return v;
 }
 
+/// The f16 value at `p` as a float (rows may start at any byte: no aligned load).
+MOEKIT_TARGET_AVX2_INT8 inline float half_at(const std::byte* p) noexcept {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
 /// The f16 values (scales or zero points) at `v` of the groups of 8 chunks (groups of 2^shift
 /// chunks), one per chunk lane; exact-size loads never read past the row's values.
 MOEKIT_TARGET_AVX2_INT8 inline __m256 chunk_values(const std::byte* v, int shift, __m256i lane_group) noexcept {
@@ -189,9 +196,8 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot(const std::byte* row, const RowLayo
   float zero_term = hsum(zt);
   for (; k < chunks; ++k) {  // the rest, and one group per row
     const std::size_t g = per_group ? k / per_group : 0;
-    const float s = _cvtsh_ss(*(reinterpret_cast<const std::uint16_t*>(row + l.scales_offset) + g));
-    const float z = (l.affine ? _cvtsh_ss(*(reinterpret_cast<const std::uint16_t*>(row + l.zeros_offset) + g))
-                              : l.symmetric_zero) - zero_shift;
+    const float s = half_at(row + l.scales_offset + 2 * g);
+    const float z = (l.affine ? half_at(row + l.zeros_offset + 2 * g) : l.symmetric_zero) - zero_shift;
     sdx[k] = s * a.dx[k];
     zero_term += s * z * a.dx_sum[k];
   }
@@ -239,9 +245,8 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot(const std::byte* row, const RowLayo
   float tail = 0.f;  // columns after the last whole chunk, in floats
   for (std::size_t col = chunks * 32; col < l.cols; ++col) {
     const std::size_t g = col / l.group_size;
-    const float s = _cvtsh_ss(*(reinterpret_cast<const std::uint16_t*>(row + l.scales_offset) + g));
-    const float z = l.affine ? _cvtsh_ss(*(reinterpret_cast<const std::uint16_t*>(row + l.zeros_offset) + g))
-                             : l.symmetric_zero;
+    const float s = half_at(row + l.scales_offset + 2 * g);
+    const float z = l.affine ? half_at(row + l.zeros_offset + 2 * g) : l.symmetric_zero;
     tail += s * (static_cast<float>(read_code(row, col, Bits)) - z) * a.x[col];
   }
   return total - zero_term + tail;
