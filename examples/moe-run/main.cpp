@@ -484,7 +484,7 @@ int run(const Options& o) {
       resolve_int8_activations(o.activations, needed, std::min(shape.hidden, shape.ffn));
   // Panels pay off where the AVX-512 int8 kernels read them (one stream per thread); the other
   // paths would gather every row.
-  const bool panels_fit = moekit::panels_supported(moekit::Precision::q4, shape.quant);
+  const bool panels_fit = moekit::panels_supported(shape.quant);
   if (o.expert_layout == moekit::MatrixOrder::panels4 && !panels_fit)
     fail("--expert-layout panels: the experts' group size " + std::to_string(shape.quant.group_size) +
          " cannot be in panels (32, 64 or 128)");

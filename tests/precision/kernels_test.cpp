@@ -279,7 +279,7 @@ TEST_CASE("int8-activation GEMV on AVX2 (vpmaddubsw, and AVX-VNNI where the CPU 
   INFO("seed " << test::test_seed());
   ThreadPool pool(2);
   std::vector<bool> vnni{false};
-  if (detail::avx2_int8::has_avx_vnni()) vnni.push_back(true);
+  if (has_avx_vnni()) vnni.push_back(true);
   else WARN("this CPU has no AVX-VNNI: only the vpmaddubsw kernels are checked");
   // Whole blocks, chunks after the last block, columns after the last chunk; q8 codes reach 255
   // (the int16 pairs that vpmaddubsw would saturate without the sign trick).

@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
   ggml_cpu_init();
   // The int8 kernels: AVX-512 VNNI, else AVX2 (with AVX-VNNI where present).
   const Isa our = isa.value_or(detect_isa());
-  const bool vnni = our != Isa::generic;
+  const bool int8 = our != Isa::generic;
   std::printf("moekit GEMV vs ggml mul_mat, n = 1, cold weights (rotation over %zu MiB each), "
               "ISA %s%s, medians of %d interleaved rounds\n",
               rotation_bytes >> 20, std::string(name(our)).c_str(),
@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
         }
         // The bound: the faster of the two reads (one stream, four prefetched streams).
         const double mf = median(tf), m8 = median(t8), mp = median(tp), mg = median(tg), mr = std::min(median(tr), median(tr4));
-        if (vnni && yp != y8) {  // the panel kernel does the row kernel's operations in its order
+        if (int8 && yp != y8) {  // the panel kernel does the row kernel's operations in its order
           std::fprintf(stderr, "%s %zux%zu: panels gave a different result from rows\n", f.gname, rows, cols);
           return 1;
         }
@@ -232,9 +232,9 @@ int main(int argc, char** argv) {
         const double err_8 = rel_diff(y8.data(), exact.data(), rows);
         const double err_g = rel_diff(gg.y(0), exact.data(), rows);
         std::printf("%-4s/%-6s %5zux%-5zu %6.1f %6.1f | %7.3f %7.3f %7.3f %7.3f %7.3f | %6.0f%% %6.0f%% %6.0f%% | %6.2fx %6.2fx %6.2fx | %5.3f %5.3f %5.3f\n",
-                    f.gname, f.label, rows, cols, bytes / 1048576.0, gbytes / 1048576.0, mf * 1e3, vnni ? m8 * 1e3 : NAN,
-                    vnni ? mp * 1e3 : NAN, mg * 1e3, mr * 1e3, 100 * mr / mf, vnni ? 100 * mr / m8 : NAN,
-                    vnni ? 100 * mr / mp : NAN, mg / mf, vnni ? mg / m8 : NAN, vnni ? mg / mp : NAN, err_f, err_8, err_g);
+                    f.gname, f.label, rows, cols, bytes / 1048576.0, gbytes / 1048576.0, mf * 1e3, int8 ? m8 * 1e3 : NAN,
+                    int8 ? mp * 1e3 : NAN, mg * 1e3, mr * 1e3, 100 * mr / mf, int8 ? 100 * mr / m8 : NAN,
+                    int8 ? 100 * mr / mp : NAN, mg / mf, int8 ? mg / m8 : NAN, int8 ? mg / mp : NAN, err_f, err_8, err_g);
       }
     }
   }

@@ -299,7 +299,7 @@ inline StoreManifest parse_store_manifest(std::string_view text, std::uint64_t d
   if (auto it = j.find("matrix_order"); it != j.end()) {  // absent: rows (stores written before it)
     if (*it == "panels4") m.order = MatrixOrder::panels4;
     else if (*it != "rows") throw bad("'matrix_order' must be \"rows\" or \"panels4\"");
-    if (m.order == MatrixOrder::panels4 && !panels_supported(Precision::q4, m.shape.quant))
+    if (m.order == MatrixOrder::panels4 && !panels_supported(m.shape.quant))
       throw bad("'matrix_order' is \"panels4\" but quant.group_size " +
                 std::to_string(m.shape.quant.group_size) + " cannot be in panels (32, 64 or 128)");
   }
@@ -501,7 +501,7 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
       MOEKIT_EXPECTS(precisions[k] != precisions[i],
                      "write_expert_store: precision " + std::string(name(precisions[i])) + " requested twice");
   }
-  if (options.order == MatrixOrder::panels4 && !panels_supported(Precision::q4, shape.quant))
+  if (options.order == MatrixOrder::panels4 && !panels_supported(shape.quant))
     throw Error(ErrorKind::invalid_argument,
                 "write_expert_store: panels need quant.group_size 32, 64 or 128 (the shape has " +
                     std::to_string(shape.quant.group_size) + ")");

@@ -298,7 +298,7 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
     return p;
   }
   if (o.int8_activations && isa != Isa::generic && is_quantized(w.precision)) {
-    p.int8 = o.avx_vnni && avx2_int8::has_avx_vnni() ? Int8Kernel::avx_vnni : Int8Kernel::avx2;
+    p.int8 = o.avx_vnni && has_avx_vnni() ? Int8Kernel::avx_vnni : Int8Kernel::avx2;
     p.act8 = avx2_int8::prepare(x, w.cols, p.layout.bits, st.q, st.f);
     return p;
   }

@@ -59,6 +59,17 @@ inline bool has_avx512_vnni() noexcept {
 #endif
 }
 
+/// True when the CPU has AVX-VNNI (256-bit `vpdpbusd` without AVX-512), used by the AVX2 int8
+/// kernels when present.
+inline bool has_avx_vnni() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool yes = detect_isa() != Isa::generic && __builtin_cpu_supports("avxvnni");
+  return yes;
+#else
+  return false;
+#endif
+}
+
 /// True when this CPU can run `isa`.
 inline bool isa_supported(Isa isa) noexcept {
   return static_cast<std::uint8_t>(isa) <= static_cast<std::uint8_t>(detect_isa());

@@ -104,10 +104,14 @@ static_assert(PanelLayout::of(14336, Precision::q4, {}).panel_bytes ==
 static_assert(PanelLayout::of(1000, Precision::q2, {64, true}).panel_bytes ==
               4 * row_bytes(1000, Precision::q2, {64, true}));
 
+/// True when quantized rows of `scheme` can be stored in panels: groups of 32, 64 or 128.
+constexpr bool panels_supported(QuantScheme scheme) noexcept {
+  const auto g = scheme.group_size;
+  return g == 32 || g == 64 || g == 128;
+}
 /// True when (p, scheme) can be stored in panels: q8/q4/q2 with groups of 32, 64 or 128.
 constexpr bool panels_supported(Precision p, QuantScheme scheme) noexcept {
-  const auto g = scheme.group_size;
-  return is_quantized(p) && (g == 32 || g == 64 || g == 128);
+  return is_quantized(p) && panels_supported(scheme);
 }
 
 namespace detail {

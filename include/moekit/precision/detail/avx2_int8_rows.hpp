@@ -15,12 +15,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
+#include "moekit/precision/detail/avx2_rows.hpp"
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
 #include "moekit/precision/format.hpp"
-#include "moekit/precision/half.hpp"
+#include "moekit/precision/quantize.hpp"
 
 #if defined(MOEKIT_HAS_X86_KERNELS)
 
@@ -30,23 +30,15 @@
 
 namespace moekit::detail::avx2_int8 {
 
-using avx512_int8::Int8Activation;
+using avx2::hsum;
 using avx512_int8::block_chunks;
+using avx512_int8::codes32;
+using avx512_int8::Int8Activation;
 
-#define MOEKIT_TARGET_AVX2_INT8 __attribute__((target("avx2,fma,f16c")))
 #define MOEKIT_TARGET_AVX2_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 
-/// True when the CPU has AVX-VNNI (256-bit `vpdpbusd` without AVX-512).
-inline bool has_avx_vnni() noexcept {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avxvnni") != 0;
-  }();
-  return yes;
-}
-
 /// As avx512_int8::prepare (the same layout and the same rounding), with 8-lane vectors.
-MOEKIT_TARGET_AVX2_INT8 inline Int8Activation prepare(const float* x, std::size_t cols,
+MOEKIT_TARGET_AVX2 inline Int8Activation prepare(const float* x, std::size_t cols,
                                                       unsigned bits,
                                                       std::vector<std::int8_t>& q_storage,
                                                       std::vector<float>& f_storage) {
@@ -93,6 +85,18 @@ MOEKIT_TARGET_AVX2_VNNI inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i 
   else return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 
+/// Σ code·xq per int32 lane of 32 unsigned codes `u` by the int8 activation `s`: q8 codes without
+/// VNNI as q − 128 (|q − 128| · sign(s, q − 128): no int16 pair can saturate).
+template <unsigned Bits, bool Vnni>
+MOEKIT_TARGET_AVX2_VNNI inline __m256i codes_dot(__m256i u, __m256i s) noexcept {
+  if constexpr (Bits == 8 && !Vnni) {
+    const __m256i w = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
+    return dot_u8s8<false>(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(s, w));
+  } else {
+    return dot_u8s8<Vnni>(_mm256_setzero_si256(), u, s);
+  }
+}
+
 /// Σ code·xq per int32 lane of 32 code bytes at `p` (lane L: chunk L / (Bits) of the half block),
 /// the activation of plane k at xq + k·plane_stride. Without VNNI, q8 codes are read as q − 128.
 template <unsigned Bits, bool Vnni>
@@ -104,9 +108,7 @@ MOEKIT_TARGET_AVX2_VNNI inline __m256i half_dot(const std::byte* p, const std::i
     act[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k * plane_stride));
   const __m256i z = _mm256_setzero_si256();
   if constexpr (Bits == 8) {
-    if constexpr (Vnni) return _mm256_dpbusd_avx_epi32(z, v, act[0]);
-    const __m256i w = _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80)));  // q − 128
-    return dot_u8s8<false>(z, _mm256_abs_epi8(w), _mm256_sign_epi8(act[0], w));
+    return codes_dot<8, Vnni>(v, act[0]);
   } else {
     constexpr unsigned planes = 8 / Bits;
     const __m256i m = _mm256_set1_epi8(static_cast<char>((1u << Bits) - 1u));
@@ -128,42 +130,22 @@ MOEKIT_TARGET_AVX2_VNNI inline __m256i half_dot(const std::byte* p, const std::i
 /// How far ahead of its loads row_dot prefetches (as the AVX-512 panel kernel: one stream).
 constexpr std::size_t prefetch_bytes = 8 * 1024;
 
-/// Four bytes at `p` as an unsigned (unaligned).
-inline std::uint32_t load_u32(const std::byte* p) noexcept {
-  std::uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-/// The f16 value at `p` as a float (rows may start at any byte: no aligned load).
-MOEKIT_TARGET_AVX2_INT8 inline float half_at(const std::byte* p) noexcept {
-  std::uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
 /// The f16 values (scales or zero points) at `v` of the groups of 8 chunks (groups of 2^shift
 /// chunks), one per chunk lane; exact-size loads never read past the row's values.
-MOEKIT_TARGET_AVX2_INT8 inline __m256 chunk_values(const std::byte* v, int shift, __m256i lane_group) noexcept {
+MOEKIT_TARGET_AVX2 inline __m256 chunk_values(const std::byte* v, int shift, __m256i lane_group) noexcept {
   const __m128i h = shift == 0 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(v))
                     : shift == 1 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v))
-                                 : _mm_cvtsi32_si128(static_cast<int>(load_u32(v)));
+                                 : _mm_loadu_si32(v);
   return _mm256_permutevar8x32_ps(_mm256_cvtph_ps(h), lane_group);
 }
 
 /// The chunks' s·dx of half a block, one per int32 lane as half_dot lays them out.
 template <unsigned Bits>
-MOEKIT_TARGET_AVX2_INT8 inline __m256 half_scales(const float* sdx) noexcept {
+MOEKIT_TARGET_AVX2 inline __m256 half_scales(const float* sdx) noexcept {
   if constexpr (Bits == 8) return _mm256_set1_ps(sdx[0]);
   else if constexpr (Bits == 4) return _mm256_set_m128(_mm_set1_ps(sdx[1]), _mm_set1_ps(sdx[0]));
   else return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sdx)),
                                        _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-}
-
-MOEKIT_TARGET_AVX2_INT8 inline float hsum(__m256 v) noexcept {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
 /// One quantized row · x with int8 activations. `sdx`: per-thread scratch of >= cols/32 floats.
@@ -196,8 +178,7 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot(const std::byte* row, const RowLayo
   float zero_term = hsum(zt);
   for (; k < chunks; ++k) {  // the rest, and one group per row
     const std::size_t g = per_group ? k / per_group : 0;
-    const float s = half_at(row + l.scales_offset + 2 * g);
-    const float z = (l.affine ? half_at(row + l.zeros_offset + 2 * g) : l.symmetric_zero) - zero_shift;
+    const float s = group_scale(row, l, g), z = group_zero(row, l, g) - zero_shift;
     sdx[k] = s * a.dx[k];
     zero_term += s * z * a.dx_sum[k];
   }
@@ -220,34 +201,14 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot(const std::byte* row, const RowLayo
   }
   float total = hsum(_mm256_add_ps(acc0, acc1));
   for (; c < chunks; ++c) {  // chunks after the last whole block: codes and activation in chunk order
-    const std::byte* p = row + c * chunk_bytes;
-    __m256i u;
-    if constexpr (Bits == 8) {
-      u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    } else if constexpr (Bits == 4) {
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x0f);
-      u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
-    } else {
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(0x03);
-      u = _mm256_set_m128i(_mm_and_si128(_mm_unpacklo_epi64(_mm_srli_epi16(b, 4), _mm_srli_epi16(b, 6)), m),
-                           _mm_and_si128(_mm_unpacklo_epi64(b, _mm_srli_epi16(b, 2)), m));
-    }
-    const __m256i x8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * c));
-    __m256i d;
-    if constexpr (Bits == 8 && !Vnni) {
-      const __m256i w = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
-      d = dot_u8s8<false>(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x8, w));
-    } else {
-      d = dot_u8s8<Vnni>(_mm256_setzero_si256(), u, x8);
-    }
+    const __m256i d = codes_dot<Bits, Vnni>(codes32<Bits>(row + c * chunk_bytes),
+                                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * c)));
     total += sdx[c] * hsum(_mm256_cvtepi32_ps(d));
   }
   float tail = 0.f;  // columns after the last whole chunk, in floats
   for (std::size_t col = chunks * 32; col < l.cols; ++col) {
     const std::size_t g = col / l.group_size;
-    const float s = half_at(row + l.scales_offset + 2 * g);
-    const float z = l.affine ? half_at(row + l.zeros_offset + 2 * g) : l.symmetric_zero;
-    tail += s * (static_cast<float>(read_code(row, col, Bits)) - z) * a.x[col];
+    tail += group_scale(row, l, g) * (static_cast<float>(read_code(row, col, Bits)) - group_zero(row, l, g)) * a.x[col];
   }
   return total - zero_term + tail;
 }
