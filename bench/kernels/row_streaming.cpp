@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
     ThreadPool pool(static_cast<unsigned>(threads));
     std::printf("\n== %d thread(s)\nformat shape       read GB/s |", threads);
     for (const RowStreaming& w : ways) std::printf("  S%u%s", w.streams, w.prefetch ? "p" : " ");
-    std::printf("  panels\n");
+    std::printf("  panels blocked\n");
     for (const auto& [p, s] : formats)
       for (const auto& shape : shapes) {
         const std::size_t rows = shape[0], cols = shape[1];
@@ -66,16 +66,18 @@ int main(int argc, char** argv) {
         for (auto& v : x) v = d(rng) * 50.f;
         const std::vector<std::byte> enc = encode_matrix<float>(w, rows, cols, p, s);
         const std::size_t bytes = enc.size(), copies = std::max<std::size_t>(2, bench::rotation_bytes / bytes);
-        std::vector<std::vector<std::byte>> mats(copies, enc), panels(copies, std::vector<std::byte>(bytes));
+        std::vector<std::vector<std::byte>> mats(copies, enc), panels(copies, std::vector<std::byte>(bytes)),
+            blocked(copies, std::vector<std::byte>(bytes));
         for (auto& m : panels) pack_panels(MatrixView{enc.data(), rows, cols, p, s}, m);
+        for (auto& m : blocked) pack_panels(MatrixView{enc.data(), rows, cols, p, s}, m, MatrixOrder::blocked_panels4);
         const RowStreaming chosen = default_row_streaming(detect_core(), cols);
         std::vector<float> y(rows), y0(rows);
         bench::ColdRead read(pool, bytes, copies);
-        std::vector<std::vector<double>> t(n_ways + 3);
+        std::vector<std::vector<double>> t(n_ways + 4);
         std::size_t next = 0;
         for (int r = -1; r < reps; ++r)  // round -1 warms every copy and the pool
           for (std::size_t k = 0; k < (r < 0 ? copies : 1); ++k)
-            for (std::size_t v = 0; v < n_ways + 3; ++v) {
+            for (std::size_t v = 0; v < n_ways + 4; ++v) {
               const std::size_t c = next++ % copies;
               const auto t0 = Clock::now();
               if (v < n_ways) {
@@ -88,10 +90,13 @@ int main(int argc, char** argv) {
                   std::fprintf(stderr, "streaming S%u%s gave a different result\n", ways[v].streams, ways[v].prefetch ? "p" : "");
                   return 1;
                 }
-              } else if (v == n_ways + 2) {
+              } else if (v >= n_ways + 2) {
                 KernelOptions o{std::nullopt, &pool};
                 o.int8_activations = true;
-                gemv(MatrixView{panels[c].data(), rows, cols, p, s, MatrixOrder::panels4}, x, y, o);
+                const bool b = v == n_ways + 3;
+                gemv(MatrixView{(b ? blocked : panels)[c].data(), rows, cols, p, s,
+                                b ? MatrixOrder::blocked_panels4 : MatrixOrder::panels4},
+                     x, y, o);
                 if (y != y0) {  // the panel kernel does the row kernel's operations in its order
                   std::fprintf(stderr, "panels gave a different result from rows\n");
                   return 1;
@@ -105,7 +110,8 @@ int main(int argc, char** argv) {
         std::printf("%-6s %5zux%-5zu %6.1f    |", std::string(name(p)).c_str(), rows, cols, bytes / bound / 1e9);
         for (std::size_t v = 0; v < n_ways; ++v)
           std::printf(" %4.0f%%%s", 100 * bound / bench::median(t[v]), ways[v] == chosen ? "*" : " ");
-        std::printf("   %4.0f%%\n", 100 * bound / bench::median(t[n_ways + 2]));
+        std::printf("   %4.0f%%   %4.0f%%\n", 100 * bound / bench::median(t[n_ways + 2]),
+                    100 * bound / bench::median(t[n_ways + 3]));
       }
   }
   return 0;

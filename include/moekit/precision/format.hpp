@@ -78,11 +78,15 @@ enum class MatrixOrder : std::uint8_t {
   /// Quantized rows four at a time, interleaved every 512 columns, so that a GEMV reads one
   /// sequential stream per thread however wide the rows are (panels.hpp, docs/formats.md).
   panels4,
+  /// panels4 grouped 16 panels at a time, each group's steps in column blocks of at most 4096
+  /// columns (every panel's first block, then every panel's next one), so that one block of the
+  /// activation stays in L1 while the group streams past (panels.hpp, docs/formats.md).
+  blocked_panels4,
 };
 
 /// A stored `rows × cols` matrix, `cols` = input dimension; in `MatrixOrder::rows` (the default)
 /// each row laid out as `RowLayout` says, rows packed back to back (stride
-/// `row_bytes(cols, precision, scheme)`); `MatrixOrder::panels4` is in panels.hpp.
+/// `row_bytes(cols, precision, scheme)`); the panel orders are in panels.hpp.
 /// Non-owning and trivially copyable: pass by value to kernels and threads.
 struct MatrixView {
   const std::byte* data = nullptr;
@@ -96,7 +100,7 @@ struct MatrixView {
     return row_bytes(cols, precision, scheme);
   }
   MOEKIT_HOST_DEVICE constexpr std::size_t bytes() const noexcept { return rows * row_stride(); }
-  /// Row `r`'s bytes; `MatrixOrder::rows` only (panels4: `stored_row()` in panels.hpp).
+  /// Row `r`'s bytes; `MatrixOrder::rows` only (panels: `stored_row()` in panels.hpp).
   MOEKIT_HOST_DEVICE constexpr const std::byte* row(std::size_t r) const noexcept {
     return data + r * row_stride();
   }

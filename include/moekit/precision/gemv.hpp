@@ -161,17 +161,18 @@ inline RowKernels row_kernels(Precision p, Isa isa) {
 /// (dynamic scheduling balances them). Long chunks keep gemv_rows' streams long: with 16 chunks
 /// per thread the prefetcher restarted every 1/32 of the matrix (14336 × 4096 q4 cold, one
 /// thread: 86% -> 98% of the streaming read with one range).
-inline std::size_t row_grain(std::size_t rows, const ThreadPool* pool) noexcept {
+/// `least`: the fewest units in a chunk (8 rows or panels; groups of 16 panels are big enough).
+inline std::size_t row_grain(std::size_t rows, const ThreadPool* pool, std::size_t least = 8) noexcept {
   const std::size_t threads = pool ? pool->size() : 1;
   if (threads == 1) return rows;
-  return std::max<std::size_t>(8, rows / (threads * 4));
+  return std::max<std::size_t>(least, rows / (threads * 4));
 }
 
 inline void check_view(const MatrixView& w, const char* what) {
   validate_scheme(w.precision, w.scheme, what);
   MOEKIT_EXPECTS(w.data != nullptr && w.rows > 0 && w.cols > 0,
                  std::string(what) + ": empty weight matrix");
-  if (w.order == MatrixOrder::panels4 && !panels_supported(w.precision, w.scheme))
+  if (in_panels(w.order) && !panels_supported(w.precision, w.scheme))
     fail(ErrorKind::invalid_argument,
          std::string(what) + ": a " + std::string(name(w.precision)) + " matrix with group_size " +
              std::to_string(w.scheme.group_size) + " cannot be in panels (q8/q4/q2, groups of 32/64/128)");
@@ -248,24 +249,25 @@ struct GemvPlan {
     for (std::size_t n = 0; n < N; ++n) out[n] = kernels.dot(rows[n], layout, act);
   }
 
-  /// The four rows of the panel at `panel` (MatrixOrder::panels4 of this layout) · x into
-  /// out[0..4): the int8 path reads the panel as it lies, the others gather each row first.
-  void panel_dots(const std::byte* panel, const PanelLayout& pl, float* scratch,
-                  float* out) const noexcept {
+  /// The `count` panels of the group at `group` (laid out as `pl` says) · x into
+  /// out[0..4·count): the int8 path reads them as they lie, the others gather each row first.
+  void panels_dots(const std::byte* group, std::size_t count, const PanelLayout& pl, float* scratch,
+                   float* out) const noexcept {
 #if defined(MOEKIT_HAS_X86_KERNELS)
     if (int8 == Int8Kernel::avx512_vnni) {
       switch (layout.bits) {
-        case 8: return avx512_int8::panel_dots<8>(panel, pl, act8, scratch, out);
-        case 4: return avx512_int8::panel_dots<4>(panel, pl, act8, scratch, out);
-        default: return avx512_int8::panel_dots<2>(panel, pl, act8, scratch, out);
+        case 8: return avx512_int8::panels_dots<8>(group, count, pl, act8, scratch, out);
+        case 4: return avx512_int8::panels_dots<4>(group, count, pl, act8, scratch, out);
+        default: return avx512_int8::panels_dots<2>(group, count, pl, act8, scratch, out);
       }
     }
 #endif
     std::byte* row = row_buffer(layout.bytes);
-    for (std::size_t n = 0; n < PanelLayout::height; ++n) {
-      pl.gather_row(panel, n, row);
-      out[n] = dot(row, scratch);
-    }
+    for (std::size_t k = 0; k < count; ++k)
+      for (std::size_t n = 0; n < PanelLayout::height; ++n) {
+        pl.gather_row(group, k, n, count, row);
+        out[PanelLayout::height * k + n] = dot(row, scratch);
+      }
   }
 
  private:
@@ -361,17 +363,20 @@ inline void gemv_rows(const MatrixView& w, const GemvPlan& plan, float* y, Epilo
   }
 }
 
-/// y = ep(W·x) for the rows of panels [k0, k1) of `w` (MatrixOrder::panels4).
+/// y = ep(W·x) for the rows of the panel groups [g0, g1) of `w` (in panels).
 inline void gemv_panels(const MatrixView& w, const GemvPlan& plan, float* y, Epilogue ep,
-                        std::size_t k0, std::size_t k1) noexcept {
+                        std::size_t g0, std::size_t g1) noexcept {
   float* scratch = plan_scratch(w.cols);
-  const PanelLayout pl = PanelLayout::of(w.cols, w.precision, w.scheme);
-  for (std::size_t k = k0; k < k1; ++k) {
-    float d[PanelLayout::height];
-    plan.panel_dots(w.data + k * pl.panel_bytes, pl, scratch, d);
-    for (std::size_t n = 0; n < PanelLayout::height; ++n) {
-      float& dst = y[k * PanelLayout::height + n];
-      dst = ep.accumulate ? dst + ep.scale * d[n] : ep.scale * d[n];
+  const PanelLayout pl = PanelLayout::of(w.cols, w.precision, w.scheme, w.order);
+  constexpr std::size_t h = PanelLayout::height;
+  const std::size_t panels = w.rows / h;
+  for (std::size_t g = g0; g < g1; ++g) {
+    const std::size_t count = pl.group_count(g, panels), first = g * pl.group;
+    float d[PanelLayout::blocked_group * h];
+    plan.panels_dots(w.data + first * pl.panel_bytes, count, pl, scratch, d);
+    for (std::size_t i = 0; i < count * h; ++i) {
+      float& dst = y[first * h + i];
+      dst = ep.accumulate ? dst + ep.scale * d[i] : ep.scale * d[i];
     }
   }
 }
@@ -389,18 +394,20 @@ inline void gemv(const MatrixView& w, std::span<const float> x, std::span<float>
                      std::to_string(y.size()) + ")");
   thread_local detail::PlanStorage storage;
   const detail::GemvPlan plan = detail::make_plan(w, x.data(), opts, storage);
-  // In panels, whole panels go to the threads (each range one stream) and the rows after the
-  // last panel, stored as rows, to detail::gemv_rows.
-  const bool panels = w.order == MatrixOrder::panels4;
-  const std::size_t units = panels ? w.rows / PanelLayout::height : w.rows;
+  // In panels, whole groups of panels go to the threads (each range one stream) and the rows
+  // after the last panel, stored as rows, to detail::gemv_rows.
+  const bool panels = in_panels(w.order);
+  const std::size_t h = PanelLayout::height, group = panels ? PanelLayout::of(w.cols, w.precision, w.scheme, w.order).group : 1;
+  const std::size_t units = panels ? (w.rows / h + group - 1) / group : w.rows;
   auto body = [&](std::size_t b, std::size_t e) {
     if (panels) detail::gemv_panels(w, plan, y.data(), ep, b, e);
     else detail::gemv_rows(w, plan, y.data(), ep, b, e);
   };
-  if (units > 0 && opts.pool) opts.pool->parallel_for(0, units, detail::row_grain(units, opts.pool), body);
+  if (units > 0 && opts.pool)
+    opts.pool->parallel_for(0, units, detail::row_grain(units, opts.pool, group > 1 ? 1 : 8), body);
   else if (units > 0) body(0, units);
-  if (panels && units * PanelLayout::height < w.rows)
-    detail::gemv_rows(w, plan, y.data(), ep, units * PanelLayout::height, w.rows);
+  if (panels && w.rows % h)
+    detail::gemv_rows(w, plan, y.data(), ep, w.rows / h * h, w.rows);
 }
 
 /// Y = X·Wᵀ (or per `ep`) for a batch: X is n × cols, Y is n × rows, both row-major. Meant for
