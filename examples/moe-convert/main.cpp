@@ -80,9 +80,10 @@ class Progress {
 int run(const std::string& model, const std::string& out, const std::string& precisions_text,
         const std::string& layout, bool force, bool resume) {
   const auto precisions = parse_precisions(precisions_text);
-  if (layout != "rows" && layout != "panels")
+  const auto order = moe_run::parse_layout_word(layout);
+  if (!order)
     throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                        "--layout: '" + layout + "' is not one of rows, panels");
+                        "--layout: '" + layout + "' is not one of " + moe_run::layout_words);
   if (fs::exists(out) && !force)
     throw moekit::Error(moekit::ErrorKind::invalid_argument,
                         "-o: '" + out + "' already exists; refusing to overwrite it (pass --force)");
@@ -92,7 +93,7 @@ int run(const std::string& model, const std::string& out, const std::string& pre
   wo.overwrite = force;
   wo.resume = resume;
   wo.verify = false;  // verified below, with a progress bar
-  wo.order = layout == "panels" ? moekit::MatrixOrder::panels4 : moekit::MatrixOrder::rows;
+  wo.order = *order;
   Progress encode_bar("encoding");
   wo.progress = [&](std::size_t d, std::size_t t) { encode_bar(d, t); };
   moekit::io::ExpertStoreWriteReport r;
@@ -127,9 +128,10 @@ int main(int argc, char** argv) {
                  "comma-separated stored precisions: f32, bf16, f16, q8, q4, q2")
       ->capture_default_str();
   app.add_option("--layout", layout,
-                 "where the rows of the quantized experts go: rows, or panels (four rows "
-                 "interleaved every 512 columns: what the CPU's int8 kernels read fastest; "
-                 "docs/formats.md)")
+                 "where the rows of the quantized experts go: rows, panels (four rows "
+                 "interleaved every 512 columns: what the CPU's int8 kernels read fastest), or "
+                 "blocked-panels (panels in groups of 16, in column blocks of at most 4096 "
+                 "columns: faster again on wider rows; docs/formats.md)")
       ->capture_default_str();
   app.add_flag("--force", force, "overwrite an existing store");
   app.add_flag("--no-resume", no_resume, "ignore the blobs of an interrupted run");

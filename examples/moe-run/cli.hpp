@@ -20,6 +20,7 @@
 #include "moekit/error.hpp"
 
 #include "activations.hpp"
+#include "expert_layout.hpp"
 #include "offload.hpp"
 
 #ifndef MOE_RUN_DEFAULT_MODEL
@@ -106,8 +107,9 @@ struct Options {
   ActivationMode activations = ActivationMode::automatic;  ///< --activations (activations.hpp)
   /// --row-streaming: how the int8 kernels stream rows (nullopt = this CPU core's table)
   std::optional<moekit::RowStreaming> row_streaming;
-  /// --expert-layout: rows or panels for the quantized experts of a store moe-run builds or opens
-  /// (nullopt = auto: panels when the experts run with int8 activations, else rows)
+  /// --expert-layout: rows or (blocked) panels for the quantized experts of a store moe-run builds
+  /// or opens (nullopt = auto: blocked panels when the experts run on the AVX-512 int8 kernels,
+  /// else rows)
   std::optional<moekit::MatrixOrder> expert_layout;
   // Offloading (offload.hpp, expert_source.hpp, calibration.hpp).
   PresetParams preset_params{};    ///< the presets' parameters (--t1, --gamma, ...)
@@ -170,9 +172,11 @@ class Cli {
     app_.add_option("--expert-layout", expert_layout_text_,
                     "where the rows of quantized experts are in the expert store: rows, panels "
                     "(four rows interleaved every 512 columns, one stream per thread for the int8 "
-                    "kernels; docs/formats.md), auto (panels when the experts run with int8 "
-                    "activations); a store given with --store or -m keeps its own, and must match "
-                    "an explicit choice; experts in host memory are packed after loading");
+                    "kernels), blocked-panels (panels in groups of 16 in column blocks of at most "
+                    "4096 columns; docs/formats.md), auto (blocked-panels when the experts run on "
+                    "the AVX-512 int8 kernels, else rows); a store given with --store or -m keeps "
+                    "its own, and must match an explicit choice; experts in host memory are packed "
+                    "after loading");
     add_offload_options();
     app_.add_option("-c,--ctx-size,--ctx", o_.context,
                     "context length (0 = prompt + n-predict; with --perplexity: tokens per chunk, "
@@ -245,11 +249,12 @@ class Cli {
       throw moekit::Error(moekit::ErrorKind::invalid_argument,
                           "--activations: '" + activations_text_ + "' is not one of auto, f32, int8");
     o_.activations = *a;
-    if (expert_layout_text_ == "rows") o_.expert_layout = moekit::MatrixOrder::rows;
-    else if (expert_layout_text_ == "panels") o_.expert_layout = moekit::MatrixOrder::panels4;
-    else if (expert_layout_text_ != "auto")
-      throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                          "--expert-layout: '" + expert_layout_text_ + "' is not one of auto, rows, panels");
+    if (expert_layout_text_ != "auto") {
+      o_.expert_layout = parse_layout_word(expert_layout_text_);
+      if (!o_.expert_layout)
+        throw moekit::Error(moekit::ErrorKind::invalid_argument, "--expert-layout: '" + expert_layout_text_ +
+                                                                     "' is not one of auto, " + layout_words);
+    }
     if (row_streaming_text_ != "auto") {
       o_.row_streaming = moekit::parse_row_streaming(row_streaming_text_);
       if (!o_.row_streaming)

@@ -41,6 +41,7 @@
 #endif
 
 #include "config.hpp"
+#include "expert_layout.hpp"
 #include "gguf_model.hpp"
 #include "weights.hpp"
 
@@ -283,7 +284,8 @@ inline std::vector<moekit::Precision> cached_precisions(std::vector<moekit::Prec
   return need;
 }
 
-/// The cache file `<cache_dir>/<stem>-<precisions>[-panels].moestore` for shape `shape` with its
+/// The cache file `<cache_dir>/<stem>-<precisions>[-<layout word>].moestore` (no word for rows)
+/// for shape `shape` with its
 /// quantized experts in `order`, reused when its meta's checkpoint_fingerprint equals `fp`, else
 /// (re)built by `build(precisions, out, options)`.
 template <class Build>
@@ -300,8 +302,8 @@ CachedStore cached_store_file(const moekit::ModelShape& shape, const std::string
     if (!list.empty()) list += ',';
     list += moekit::name(p);
   }
-  const bool panels = order == moekit::MatrixOrder::panels4;
-  const fs::path out = cache_dir / (stem + tag + (panels ? "-panels" : "") + ".moestore");
+  const std::string suffix = moekit::in_panels(order) ? std::string("-") + layout_word(order) : "";
+  const fs::path out = cache_dir / (stem + tag + suffix + ".moestore");
   bool stale = false;
   if (fs::exists(out)) {
     try {

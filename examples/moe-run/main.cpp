@@ -387,11 +387,6 @@ ExpertPlacement default_store(const ModelConfig& cfg, const fs::path& dir,
   return {std::move(c.store), c.built};
 }
 
-// --expert-layout's words for a MatrixOrder.
-const char* layout_name(moekit::MatrixOrder x) {
-  return x == moekit::MatrixOrder::panels4 ? "panels" : "rows";
-}
-
 // `order`: where the quantized experts' rows go in a store built here. A store given with --store
 // or -m keeps its own order; an explicit --expert-layout must match it. Experts in host memory
 // (no store) are packed by the caller.
@@ -402,9 +397,9 @@ ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const Mo
     const char* flag = o.store.empty() ? "-m" : "--store";
     auto st = open_store(store, cfg.shape(), need, flag);
     if (o.expert_layout && *o.expert_layout != st->manifest().order)
-      fail(std::string("--expert-layout ") + layout_name(*o.expert_layout) + ": expert store '" + store +
-           "' (" + flag + ") holds its quantized experts in " + layout_name(st->manifest().order) +
-           " (rebuild it with moe-convert --layout " + layout_name(*o.expert_layout) + ")");
+      fail(std::string("--expert-layout ") + layout_word(*o.expert_layout) + ": expert store '" + store +
+           "' (" + flag + ") holds its quantized experts in " + layout_word(st->manifest().order) +
+           " (rebuild it with moe-convert --layout " + layout_word(*o.expert_layout) + ")");
     return {std::move(st), false};
   }
   if (o.in_memory) return {};
@@ -485,18 +480,19 @@ int run(const Options& o) {
   // Panels pay off where the AVX-512 int8 kernels read them (one stream per thread); the other
   // paths would gather every row.
   const bool panels_fit = moekit::panels_supported(shape.quant);
-  if (o.expert_layout == moekit::MatrixOrder::panels4 && !panels_fit)
-    fail("--expert-layout panels: the experts' group size " + std::to_string(shape.quant.group_size) +
-         " cannot be in panels (32, 64 or 128)");
-  const moekit::MatrixOrder order = o.expert_layout.value_or(
-      int8 && panels_fit && moekit::has_avx512_vnni() ? moekit::MatrixOrder::panels4 : moekit::MatrixOrder::rows);
+  if (o.expert_layout && moekit::in_panels(*o.expert_layout) && !panels_fit)
+    fail(std::string("--expert-layout ") + layout_word(*o.expert_layout) + ": the experts' group size " +
+         std::to_string(shape.quant.group_size) + " cannot be in panels (32, 64 or 128)");
+  const moekit::MatrixOrder order = o.expert_layout.value_or(int8 && panels_fit && moekit::has_avx512_vnni()
+                                                                 ? moekit::MatrixOrder::blocked_panels4
+                                                                 : moekit::MatrixOrder::rows);
   const ExpertPlacement where = place_experts(o, cfg, mp, src.store, needed, order);
   const std::vector<moekit::Precision> host_precisions =
       where.store ? std::vector<moekit::Precision>{} : needed;
   const ModelWeights w = [&] {
     ModelWeights l = gguf ? load_gguf_weights(cfg, *gguf, host_precisions)
                           : load_weights(cfg, mp.dir, host_precisions);
-    if (!where.store && order == moekit::MatrixOrder::panels4) l.experts.pack_panels();
+    if (!where.store && moekit::in_panels(order)) l.experts.pack_panels(order);
     return l;
   }();
   ExpertBacking backing{where.store ? nullptr : &w.experts, where.store,
@@ -516,7 +512,7 @@ int run(const Options& o) {
       });
   stats["expert_source"] = where.store ? where.store->path() : std::string("host memory");
   stats["expert_reads"] = loader_kind;
-  stats["expert_layout"] = layout_name(backing.order());
+  stats["expert_layout"] = layout_word(backing.order());
   stats["store_built"] = where.built;
   if (!o.json)
     std::fprintf(stderr, "expert source: %s (%s%s, %s)%s\n", stats["expert_source"].get<std::string>().c_str(),

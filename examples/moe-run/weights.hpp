@@ -183,21 +183,24 @@ class HostExperts {
     return precisions_;
   }
 
-  /// Moves every quantized expert into panels (MatrixOrder::panels4, what the CPU's int8 kernels
-  /// read fastest), as an expert store written with that order holds them; f32/bf16/f16 stay.
-  void pack_panels() {
-    if (order_ == moekit::MatrixOrder::panels4) return;
+  /// Moves every quantized expert from rows into panels (`to`: panels4 or blocked_panels4, what
+  /// the CPU's int8 kernels read fastest), as an expert store written with that order holds
+  /// them; f32/bf16/f16 stay.
+  void pack_panels(moekit::MatrixOrder to = moekit::MatrixOrder::blocked_panels4) {
+    if (order_ == to) return;
+    MOEKIT_EXPECTS(order_ == moekit::MatrixOrder::rows && moekit::in_panels(to),
+                   "HostExperts::pack_panels: the experts are in panels already");
     for (std::size_t i = 0; i < precisions_.size(); ++i) {
       const moekit::Precision p = precisions_[i];
       if (!moekit::is_quantized(p)) continue;
       const std::size_t n = shape_.expert_bytes(p);
       for (std::size_t e = 0; e < shape_.expert_count(); ++e) {
         const std::span<std::byte> blob(blobs_[i].data() + e * n, n);
-        const std::vector<std::byte> packed = moekit::io::expert_blob_in_panels(shape_, p, blob);
+        const std::vector<std::byte> packed = moekit::io::expert_blob_in_panels(shape_, p, blob, to);
         std::copy(packed.begin(), packed.end(), blob.begin());
       }
     }
-    order_ = moekit::MatrixOrder::panels4;
+    order_ = to;
   }
   /// Where the rows of the quantized experts are (rows until pack_panels).
   [[nodiscard]] moekit::MatrixOrder order() const noexcept { return order_; }

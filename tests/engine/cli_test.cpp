@@ -129,17 +129,19 @@ TEST_CASE("moe-run --row-streaming parses auto and 1/2/4 with an optional p, ref
   }
 }
 
-TEST_CASE("moe-run --expert-layout parses auto, rows and panels and refuses the rest", "[engine][cli]") {
+TEST_CASE("moe-run --expert-layout parses auto, rows, panels and blocked-panels and refuses the rest",
+          "[engine][cli]") {
   CHECK_FALSE(parse({}).options.expert_layout.has_value());
   CHECK_FALSE(parse({"--expert-layout", "auto"}).options.expert_layout.has_value());
   CHECK(parse({"--expert-layout", "rows"}).options.expert_layout == moekit::MatrixOrder::rows);
   CHECK(parse({"--expert-layout", "panels"}).options.expert_layout == moekit::MatrixOrder::panels4);
-  for (const char* bad : {"panels4", "ROWS", "", "columns"}) {
+  CHECK(parse({"--expert-layout", "blocked-panels"}).options.expert_layout == moekit::MatrixOrder::blocked_panels4);
+  for (const char* bad : {"panels4", "blocked_panels4", "ROWS", "", "columns"}) {
     const auto p = parse({"--expert-layout", bad});
     INFO(bad << ": " << p.err);
     CHECK(p.rc != 0);
     CHECK(p.err.find("--expert-layout") != std::string::npos);
-    CHECK(p.err.find("auto, rows, panels") != std::string::npos);
+    CHECK(p.err.find("auto, rows, panels, blocked-panels") != std::string::npos);
   }
 }
 

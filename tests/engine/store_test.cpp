@@ -160,6 +160,10 @@ TEST_CASE("the default model's cached store: built once, reused, rebuilt when th
   CHECK(fs::path(f.store->path()).filename() == "model-f32-f16-q8-q4-q2-panels.moestore");
   CHECK(f.store->manifest().order == moekit::MatrixOrder::panels4);
   CHECK_FALSE(cached_store(cfg, model, {Precision::f32}, cache, true, moekit::MatrixOrder::panels4).built);
+  const auto g = cached_store(cfg, model, {Precision::f32}, cache, true, moekit::MatrixOrder::blocked_panels4);
+  CHECK(g.built);
+  CHECK(fs::path(g.store->path()).filename() == "model-f32-f16-q8-q4-q2-blocked-panels.moestore");
+  CHECK(g.store->manifest().order == moekit::MatrixOrder::blocked_panels4);
   CHECK_FALSE(cached_store(cfg, model, {Precision::f32}, cache, true).built);
   CHECK(fs::exists(engine_test::data_dir() / "mixtral" / "model.safetensors"));
 }
@@ -191,12 +195,18 @@ TEST_CASE("experts in panels (a store, or host memory packed after loading) run 
   const ModelWeights dense = load_weights(cfg, dir, {});
   // Host-memory experts packed after loading are the panels store's blobs.
   ModelWeights host = load_weights(cfg, dir, ps);
-  host.experts.pack_panels();
+  host.experts.pack_panels(moekit::MatrixOrder::panels4);
   const ExpertBacking host_panels{&host.experts, nullptr, {}};
   CHECK(host_panels.order() == moekit::MatrixOrder::panels4);
+  // The default model's rows are at most 512 wide: in blocked panels they lie as in panels.
+  ModelWeights host_blocked = load_weights(cfg, dir, ps);
+  host_blocked.experts.pack_panels(moekit::MatrixOrder::blocked_panels4);
+  const ExpertBacking blocked{&host_blocked.experts, nullptr, {}};
+  CHECK(blocked.order() == moekit::MatrixOrder::blocked_panels4);
   for (Precision p : ps) {
     const auto a = host_panels.read_expert({3, 5}, p), b = in_panels.read_expert({3, 5}, p);
     CHECK(a == b);
+    CHECK(blocked.read_expert({3, 5}, p) == b);
   }
   const std::vector<Token> seq{1, 415, 2936, 9060, 285, 1142, 28705, 28770, 28723, 415, 13, 4};
   moekit::ThreadPool pool(2);

@@ -8,7 +8,7 @@
 //
 // For each (format, shape, threads): medians over --reps rounds; each round runs moekit's float-
 // activation path, moekit's int8-activation path (VNNI) on the matrix in rows and in 4-row panels
-// (MatrixOrder::panels4; it must give the rows' result bit for bit), ggml, and the streaming read (twice: as
+// (MatrixOrder::panels4) and in blocked panels (blocked_panels4; both must give the rows' result bit for bit), ggml, and the streaming read (twice: as
 // one stream and as four prefetched ones; the faster median is the bound), each on its own next
 // cold copy. The error columns compare both results with the exact product of the
 // unquantized weights (max abs error over max abs value), so both are known to compute the same
@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
               rotation_bytes >> 20, std::string(name(our)).c_str(),
               our == Isa::avx512 && has_avx512_vnni() ? "+vnni" : "", reps);
   std::printf("f32x: float activations; i8x: int8 activations (KernelOptions::int8_activations); "
-              "p8x: int8 activations, the matrix in 4-row panels (MatrixOrder::panels4)\n"
+              "p8x: int8 activations, the matrix in 4-row panels (MatrixOrder::panels4); b8x: the same in "
+              "blocked panels (MatrixOrder::blocked_panels4)\n"
               "vs ggml: ggml time / moekit time (> 1: moekit faster); of read: moekit bytes/s over a "
               "streaming read of the same bytes (the faster of one stream and four prefetched ones)\n");
   const Pair pairs[] = {{"q8 g32 sym", Precision::q8, {32, false}, GGML_TYPE_Q8_0, "q8_0"},
@@ -164,9 +165,9 @@ int main(int argc, char** argv) {
   for (int threads : {1, 2}) {
     if (only_threads && threads != only_threads) continue;
     ThreadPool pool(static_cast<unsigned>(threads));
-    std::printf("\n== %d thread(s)\n%-11s %-11s %6s %6s | %7s %7s %7s %7s %7s | %7s %7s %7s | %7s %7s %7s | %5s %5s %5s\n",
-                threads, "format", "shape", "MiB", "gg MiB", "f32x ms", "i8x ms", "p8x ms", "ggml ms", "read ms",
-                "f32x rd", "i8x rd", "p8x rd", "f32x/gg", "i8x/gg", "p8x/gg", "f err", "i8err", "gg er");
+    std::printf("\n== %d thread(s)\n%-11s %-11s %6s %6s | %7s %7s %7s %7s %7s %7s | %7s %7s %7s %7s | %7s %7s %7s %7s | %5s %5s %5s\n",
+                threads, "format", "shape", "MiB", "gg MiB", "f32x ms", "i8x ms", "p8x ms", "b8x ms", "ggml ms", "read ms",
+                "f32x rd", "i8x rd", "p8x rd", "b8x rd", "f32x/gg", "i8x/gg", "p8x/gg", "b8x/gg", "f err", "i8err", "gg er");
     for (const Pair& f : pairs) {
       if (!only.empty() && only != f.gname) continue;
       for (const auto& shape : shapes) {
@@ -182,13 +183,15 @@ int main(int argc, char** argv) {
         std::vector<std::vector<std::byte>> mats(copies);
         mats[0] = encode_matrix<float>(w, rows, cols, f.p, f.s);
         for (std::size_t c = 1; c < copies; ++c) mats[c] = mats[0];
-        std::vector<std::vector<std::byte>> panels(copies, std::vector<std::byte>(bytes));
-        for (std::size_t c = 0; c < copies; ++c)
+        std::vector<std::vector<std::byte>> panels(copies, std::vector<std::byte>(bytes)), blocked = panels;
+        for (std::size_t c = 0; c < copies; ++c) {
           pack_panels(MatrixView{mats[0].data(), rows, cols, f.p, f.s}, panels[c]);
+          pack_panels(MatrixView{mats[0].data(), rows, cols, f.p, f.s}, blocked[c], MatrixOrder::blocked_panels4);
+        }
         const std::size_t gbytes = ggml_row_size(f.gtype, static_cast<std::int64_t>(cols)) * rows;
         const std::size_t gcopies = std::max<std::size_t>(2, rotation_bytes / gbytes);
         GgmlGemv gg(f.gtype, w, rows, cols, gcopies, threads);
-        std::vector<float> x(cols), y(rows), y8(rows), yp(rows), exact(rows);
+        std::vector<float> x(cols), y(rows), y8(rows), yp(rows), yb(rows), exact(rows);
         for (auto& v : x) v = d(rng) * 50.f;
         gg.set_x(x);
         for (std::size_t r = 0; r < rows; ++r) {
@@ -207,7 +210,10 @@ int main(int argc, char** argv) {
         auto ours_panels = [&](std::size_t c) {
           gemv(MatrixView{panels[c].data(), rows, cols, f.p, f.s, MatrixOrder::panels4}, x, yp, o8);
         };
-        std::vector<double> tf, t8, tp, tg, tr, tr4;
+        auto ours_blocked = [&](std::size_t c) {
+          gemv(MatrixView{blocked[c].data(), rows, cols, f.p, f.s, MatrixOrder::blocked_panels4}, x, yb, o8);
+        };
+        std::vector<double> tf, t8, tp, tb, tg, tr, tr4;
         for (int r = -1; r < reps; ++r) {  // round -1 warms every copy (page faults, threads)
           const std::size_t n_rounds = r < 0 ? std::max(copies, gcopies) : 1;
           for (std::size_t k = 0; k < n_rounds; ++k) {
@@ -215,15 +221,19 @@ int main(int argc, char** argv) {
             const double a = seconds([&] { ours(i % copies, of, y); });
             const double b = seconds([&] { ours((i + 1) % copies, o8, y8); });
             const double pn = seconds([&] { ours_panels((i + 2) % copies); });
+            const double bl = seconds([&] { ours_blocked((i + 3) % copies); });
             const double g = seconds([&] { gg.run(i % gcopies); });
             const double s = seconds([&] { read(i % copies, false); });
             const double s4 = seconds([&] { read((i + 1) % copies, true); });
-            if (r >= 0) tf.push_back(a), t8.push_back(b), tp.push_back(pn), tg.push_back(g), tr.push_back(s), tr4.push_back(s4);
+            if (r >= 0)
+              tf.push_back(a), t8.push_back(b), tp.push_back(pn), tb.push_back(bl), tg.push_back(g), tr.push_back(s),
+                  tr4.push_back(s4);
           }
         }
         // The bound: the faster of the two reads (one stream, four prefetched streams).
-        const double mf = median(tf), m8 = median(t8), mp = median(tp), mg = median(tg), mr = std::min(median(tr), median(tr4));
-        if (int8 && yp != y8) {  // the panel kernel does the row kernel's operations in its order
+        const double mf = median(tf), m8 = median(t8), mp = median(tp), mb = median(tb), mg = median(tg),
+                     mr = std::min(median(tr), median(tr4));
+        if (int8 && (yp != y8 || yb != y8)) {  // the panel kernel does the row kernel's operations in its order
           std::fprintf(stderr, "%s %zux%zu: panels gave a different result from rows\n", f.gname, rows, cols);
           return 1;
         }
@@ -231,10 +241,12 @@ int main(int argc, char** argv) {
         const double err_f = rel_diff(y.data(), exact.data(), rows);
         const double err_8 = rel_diff(y8.data(), exact.data(), rows);
         const double err_g = rel_diff(gg.y(0), exact.data(), rows);
-        std::printf("%-4s/%-6s %5zux%-5zu %6.1f %6.1f | %7.3f %7.3f %7.3f %7.3f %7.3f | %6.0f%% %6.0f%% %6.0f%% | %6.2fx %6.2fx %6.2fx | %5.3f %5.3f %5.3f\n",
-                    f.gname, f.label, rows, cols, bytes / 1048576.0, gbytes / 1048576.0, mf * 1e3, int8 ? m8 * 1e3 : NAN,
-                    int8 ? mp * 1e3 : NAN, mg * 1e3, mr * 1e3, 100 * mr / mf, int8 ? 100 * mr / m8 : NAN,
-                    int8 ? 100 * mr / mp : NAN, mg / mf, int8 ? mg / m8 : NAN, int8 ? mg / mp : NAN, err_f, err_8, err_g);
+        const double nan = NAN;
+        std::printf("%-4s/%-6s %5zux%-5zu %6.1f %6.1f | %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f | %6.0f%% %6.0f%% %6.0f%% %6.0f%% | %6.2fx %6.2fx %6.2fx %6.2fx | %5.3f %5.3f %5.3f\n",
+                    f.gname, f.label, rows, cols, bytes / 1048576.0, gbytes / 1048576.0, mf * 1e3, int8 ? m8 * 1e3 : nan,
+                    int8 ? mp * 1e3 : nan, int8 ? mb * 1e3 : nan, mg * 1e3, mr * 1e3, 100 * mr / mf,
+                    int8 ? 100 * mr / m8 : nan, int8 ? 100 * mr / mp : nan, int8 ? 100 * mr / mb : nan, mg / mf,
+                    int8 ? mg / m8 : nan, int8 ? mg / mp : nan, int8 ? mg / mb : nan, err_f, err_8, err_g);
       }
     }
   }

@@ -14,8 +14,9 @@
 /// ffn×hidden), down (w2, hidden×ffn), each in the precision's format of `precision/`; its size is
 /// `ModelShape::expert_bytes(p)` exactly. The manifest's optional "matrix_order" says where the
 /// rows of the quantized blobs' matrices are: "rows" (the default, and what a store without the
-/// field holds) or "panels4" (MatrixOrder::panels4, precision/panels.hpp: what the CPU GEMV reads
-/// fastest); f32/bf16/f16 blobs are always in rows.
+/// field holds), "panels4" (MatrixOrder::panels4, precision/panels.hpp: what the CPU's int8 GEMV
+/// reads fastest) or "blocked_panels4" (MatrixOrder::blocked_panels4: panels in column blocks for
+/// rows wider than 4096); f32/bf16/f16 blobs are always in rows.
 ///
 /// The writer takes already-encoded bytes from a callback, writes `<path>.partial` and renames it
 /// at the end; it refuses to replace an existing file unless asked; it resumes an interrupted run
@@ -104,9 +105,11 @@ struct StoreManifest {
 };
 
 /// An expert blob as the store lays it out ([w1][w3][w2], in rows) with each of its three matrices
-/// packed into panels (MatrixOrder::panels4). Throws as pack_panels for formats panels do not take.
+/// packed into panels (`order`: panels4 or blocked_panels4). Throws as pack_panels for formats
+/// panels do not take.
 inline std::vector<std::byte> expert_blob_in_panels(const ModelShape& s, Precision p,
-                                               std::span<const std::byte> rows) {
+                                               std::span<const std::byte> rows,
+                                               MatrixOrder order = MatrixOrder::panels4) {
   std::vector<std::byte> out(rows.size());
   const std::size_t m13 = matrix_bytes(s.ffn, s.hidden, p, s.quant);
   const struct {
@@ -114,7 +117,7 @@ inline std::vector<std::byte> expert_blob_in_panels(const ModelShape& s, Precisi
   } parts[] = {{0, s.ffn, s.hidden}, {m13, s.ffn, s.hidden}, {2 * m13, s.hidden, s.ffn}};
   for (const auto& m : parts)
     pack_panels(MatrixView{rows.data() + m.at, m.rows, m.cols, p, s.quant},
-                std::span(out).subspan(m.at, matrix_bytes(m.rows, m.cols, p, s.quant)));
+                std::span(out).subspan(m.at, matrix_bytes(m.rows, m.cols, p, s.quant)), order);
   return out;
 }
 
@@ -165,7 +168,7 @@ inline nlohmann::json manifest_to_json(const StoreManifest& m) {
   for (Precision p : m.precisions) ps.push_back(std::string(name(p)));
   j["precisions"] = ps;
   j["tensor_order"] = {"gate", "up", "down"};
-  j["matrix_order"] = m.order == MatrixOrder::panels4 ? "panels4" : "rows";
+  j["matrix_order"] = std::string(name(m.order));
   j["meta"] = m.meta;
   nlohmann::json blobs = nlohmann::json::array();
   for (const auto& b : m.blobs)
@@ -298,9 +301,10 @@ inline StoreManifest parse_store_manifest(std::string_view text, std::uint64_t d
   if (auto it = j.find("meta"); it != j.end()) m.meta = *it;
   if (auto it = j.find("matrix_order"); it != j.end()) {  // absent: rows (stores written before it)
     if (*it == "panels4") m.order = MatrixOrder::panels4;
-    else if (*it != "rows") throw bad("'matrix_order' must be \"rows\" or \"panels4\"");
-    if (m.order == MatrixOrder::panels4 && !panels_supported(m.shape.quant))
-      throw bad("'matrix_order' is \"panels4\" but quant.group_size " +
+    else if (*it == "blocked_panels4") m.order = MatrixOrder::blocked_panels4;
+    else if (*it != "rows") throw bad("'matrix_order' must be \"rows\", \"panels4\" or \"blocked_panels4\"");
+    if (in_panels(m.order) && !panels_supported(m.shape.quant))
+      throw bad("'matrix_order' is \"" + std::string(name(m.order)) + "\" but quant.group_size " +
                 std::to_string(m.shape.quant.group_size) + " cannot be in panels (32, 64 or 128)");
   }
   const auto& bl = field(j, "blobs");
@@ -470,8 +474,9 @@ struct ExpertStoreWriteOptions {
   bool overwrite = false;  ///< replace an existing file at `path`
   bool resume = true;      ///< reuse blobs of an interrupted run of the same layout
   bool verify = true;      ///< re-read and check every blob after the rename
-  /// Where the quantized blobs' rows go: the encoder always returns rows; with panels4 the
-  /// writer packs each of the blob's matrices (precision/panels.hpp) before writing it.
+  /// Where the quantized blobs' rows go: the encoder always returns rows; in panels (panels4,
+  /// blocked_panels4) the writer packs each of the blob's matrices (precision/panels.hpp) before
+  /// writing it.
   MatrixOrder order = MatrixOrder::rows;
   nlohmann::json meta = nlohmann::json::object();  ///< stored as the manifest's "meta"
   std::function<void(std::size_t done, std::size_t total)> progress{};
@@ -501,7 +506,7 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
       MOEKIT_EXPECTS(precisions[k] != precisions[i],
                      "write_expert_store: precision " + std::string(name(precisions[i])) + " requested twice");
   }
-  if (options.order == MatrixOrder::panels4 && !panels_supported(shape.quant))
+  if (in_panels(options.order) && !panels_supported(shape.quant))
     throw Error(ErrorKind::invalid_argument,
                 "write_expert_store: panels need quant.group_size 32, 64 or 128 (the shape has " +
                     std::to_string(shape.quant.group_size) + ")");
@@ -523,7 +528,7 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
                            {"group_size", shape.quant.group_size},
                            {"zero_point", shape.quant.zero_point},
                            {"precisions", nlohmann::json::array()}};
-  if (m.order != MatrixOrder::rows) layout["matrix_order"] = "panels4";  // rows: as before it
+  if (m.order != MatrixOrder::rows) layout["matrix_order"] = std::string(name(m.order));  // rows: as before it
   for (Precision p : precisions) layout["precisions"].push_back(std::string(name(p)));
   const std::string fingerprint = "moekit-store-journal v1 " + layout.dump();
   std::map<std::size_t, std::uint64_t> journaled;
@@ -567,7 +572,7 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
                     "expert encoder returned " + std::to_string(bytes.size()) + " bytes for layer " +
                         std::to_string(b.key.layer) + ", expert " + std::to_string(b.key.expert) + " at " +
                         std::string(name(b.precision)) + "; the model shape gives " + std::to_string(b.bytes));
-      if (m.order_of(b.precision) == MatrixOrder::panels4) bytes = expert_blob_in_panels(shape, b.precision, bytes);
+      if (in_panels(m.order_of(b.precision))) bytes = expert_blob_in_panels(shape, b.precision, bytes, m.order);
       b.checksum = xxh64(bytes);
       // Zero the padding too, so a rewritten blob never leaves stale bytes behind it.
       bytes.resize(b.padded_bytes(), std::byte{0});

@@ -1,6 +1,7 @@
 #pragma once
 /// \file `MatrixOrder::panels4`: quantized rows stored four at a time, interleaved every 512
-/// columns, and the functions that pack, unpack and read such matrices.
+/// columns; `MatrixOrder::blocked_panels4`: the same panels in groups of 16, in column blocks;
+/// and the functions that pack, unpack and read such matrices.
 ///
 /// Why: a row-major GEMV reads one stream per row it works on, and how well the memory keeps up
 /// with several streams, and with rows much longer than a page, differs between CPU cores
@@ -17,6 +18,12 @@
 ///                 [zeros of the step, rows 0..3: the same, affine schemes only]
 ///     then the tail of rows 4k+0 .. 4k+3, each a row of its own as `tail` says
 ///   then the last rows % 4 rows as in `MatrixOrder::rows`.
+/// blocked_panels4, rows of more than 8 steps (up to 8, it is panels4): the panels in groups of 16
+/// (the last group has the rest), each group's steps in B = ceil(S/8) column blocks of
+/// ceil(S/B) steps: every panel's steps of block 0, then of block 1, ..., then every panel's tails
+/// (PanelLayout::step, tail_row). Why: a 14336-column q4 panel read whole streams 32 KiB past the
+/// 17.5 KiB int8 activation between two uses of the same activation byte and evicts it from L1;
+/// in blocks, the 16 panels of a group reuse one block's activation (<= 4 KiB) back to back.
 /// The codes and f16 values are the row's own (the same bits as format.hpp's row, split at
 /// multiples of 512 columns, which are whole groups and whole bytes), so packing is a permutation
 /// of bytes and `matrix_bytes()` is unchanged. Formats: q8/q4/q2 with groups of 32, 64 or 128.
