@@ -75,7 +75,7 @@ std::vector<std::byte> random_matrix(std::size_t rows, std::size_t cols, Format 
   std::vector<std::byte> m = encode_matrix<float>(w, rows, cols, f.p, f.s);
   if (f.order == MatrixOrder::rows) return m;
   std::vector<std::byte> packed(m.size());
-  pack_panels(MatrixView{m.data(), rows, cols, f.p, f.s}, packed);
+  pack_panels(MatrixView{m.data(), rows, cols, f.p, f.s}, packed, f.order);
   return packed;
 }
 
@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
   }
   std::printf("moekit GEMV benchmark: ISA %s%s, cold weights (rotation over %zu MiB)\n"
               "i8x = int8 activations (KernelOptions::int8_activations, AVX-512 VNNI); p8x = the "
-              "same with the matrices in 4-row panels (MatrixOrder::panels4); avx2 = the AVX2 float "
+              "same with the matrices in 4-row panels (MatrixOrder::panels4); b8x = in blocked panels "
+              "(blocked_panels4); avx2 = the AVX2 float "
               "path, a2i8x = AVX2 with int8 activations (AVX-VNNI), a2i8m = the same with vpmaddubsw\n",
               std::string(name(detect_isa())).c_str(), has_avx512_vnni() ? "+vnni" : "",
               rotation_bytes >> 20);
@@ -105,6 +106,8 @@ int main(int argc, char** argv) {
                             {"q4 g32 i8x", Precision::q4, {32, false}, true},
                             {"q8 g32 p8x", Precision::q8, {32, false}, true, MatrixOrder::panels4},
                             {"q4 g32 p8x", Precision::q4, {32, false}, true, MatrixOrder::panels4},
+                            {"q8 g32 b8x", Precision::q8, {32, false}, true, MatrixOrder::blocked_panels4},
+                            {"q4 g32 b8x", Precision::q4, {32, false}, true, MatrixOrder::blocked_panels4},
                             {"q4 g64 aff", Precision::q4, {64, true}},
                             {"q4 g64 i8x", Precision::q4, {64, true}, true},
                             {"q2 g64 aff", Precision::q2, {64, true}},
@@ -151,7 +154,8 @@ int main(int argc, char** argv) {
       }
     }
     // Fused expert FFN vs three separate GEMVs (+ the elementwise step), one Mixtral expert.
-    for (const Format& f : {formats[1], formats[3], formats[5], formats[0], formats[2], formats[4]}) {
+    for (const Format& f : {formats[1], formats[3], formats[5], formats[7], formats[0], formats[2], formats[4],
+                            formats[6]}) {
       const std::size_t hidden = 4096, ffn = 14336;
       const auto w1 = random_matrix(ffn, hidden, f, 2), w3 = random_matrix(ffn, hidden, f, 3),
                  w2 = random_matrix(hidden, ffn, f, 4);
