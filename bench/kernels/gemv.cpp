@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
               "i8x = int8 activations (KernelOptions::int8_activations, AVX-512 VNNI); p8x = the "
               "same with the matrices in 4-row panels (MatrixOrder::panels4); b8x = in blocked panels "
               "(blocked_panels4); avx2 = the AVX2 float "
-              "path, a2i8x = AVX2 with int8 activations (AVX-VNNI), a2i8m = the same with vpmaddubsw\n",
+              "path, a2i8x = AVX2 with int8 activations (AVX-VNNI), a2i8m = the same with vpmaddubsw, a2b8x / "
+              "a2b8m = the same in blocked panels\n",
               std::string(name(detect_isa())).c_str(), has_avx512_vnni() ? "+vnni" : "",
               rotation_bytes >> 20);
   const Format formats[] = {{"q8 g32 sym", Precision::q8, {32, false}},
@@ -120,6 +121,10 @@ int main(int argc, char** argv) {
                             {"q4 g32 avx2", Precision::q4, {32, false}, false, MatrixOrder::rows, Isa::avx2},
                             {"q4 g32 a2i8x", Precision::q4, {32, false}, true, MatrixOrder::rows, Isa::avx2},
                             {"q4 g32 a2i8m", Precision::q4, {32, false}, true, MatrixOrder::rows, Isa::avx2, false},
+                            {"q8 g32 a2b8x", Precision::q8, {32, false}, true, MatrixOrder::blocked_panels4, Isa::avx2},
+                            {"q8 g32 a2b8m", Precision::q8, {32, false}, true, MatrixOrder::blocked_panels4, Isa::avx2, false},
+                            {"q4 g32 a2b8x", Precision::q4, {32, false}, true, MatrixOrder::blocked_panels4, Isa::avx2},
+                            {"q4 g32 a2b8m", Precision::q4, {32, false}, true, MatrixOrder::blocked_panels4, Isa::avx2, false},
                             {"bf16", Precision::bf16, {}}};
   const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
   for (unsigned threads : {1u, 2u}) {

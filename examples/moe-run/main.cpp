@@ -477,15 +477,14 @@ int run(const Options& o) {
   const auto needed = required_precisions(o.preset, shape, settings);
   const bool int8 =
       resolve_int8_activations(o.activations, needed, std::min(shape.hidden, shape.ffn));
-  // Panels pay off where the AVX-512 int8 kernels read them (one stream per thread); the other
-  // paths would gather every row.
+  // Panels pay off where the int8 kernels (AVX-512 VNNI and AVX2) read them, one stream per
+  // thread; the float paths would gather every row.
   const bool panels_fit = moekit::panels_supported(shape.quant);
   if (o.expert_layout && moekit::in_panels(*o.expert_layout) && !panels_fit)
     fail(std::string("--expert-layout ") + layout_word(*o.expert_layout) + ": the experts' group size " +
          std::to_string(shape.quant.group_size) + " cannot be in panels (32, 64 or 128)");
-  const moekit::MatrixOrder order = o.expert_layout.value_or(int8 && panels_fit && moekit::has_avx512_vnni()
-                                                                 ? moekit::MatrixOrder::blocked_panels4
-                                                                 : moekit::MatrixOrder::rows);
+  const moekit::MatrixOrder order = o.expert_layout.value_or(
+      int8 && panels_fit ? moekit::MatrixOrder::blocked_panels4 : moekit::MatrixOrder::rows);
   const ExpertPlacement where = place_experts(o, cfg, mp, src.store, needed, order);
   const std::vector<moekit::Precision> host_precisions =
       where.store ? std::vector<moekit::Precision>{} : needed;

@@ -95,14 +95,17 @@ TEST_CASE("panels: GEMV, GEMM and the FFN compute what they compute on rows",
             reference::gemv(m.rows, x.data(), ref_rows.data());
             reference::gemv(m.panels, x.data(), ref_panels.data());
             REQUIRE(ref_panels == ref_rows);
-            // Every kernel path (float activations on each ISA, int8 activations where the CPU has
-            // VNNI), one thread and two, y = and y += : bit-identical to the matrix in rows (the
-            // panel kernel does the row kernel's operations in the row kernel's order).
+            // Every kernel path (float activations on each ISA, int8 activations on AVX-512 VNNI
+            // and AVX2), one thread and two, y = and y += : bit-identical to the matrix in rows
+            // (the panel kernels do the row kernels' operations in the row kernels' order).
+            // The AVX2 int8 kernels with AVX-VNNI (where the CPU has it) and with vpmaddubsw.
             for (Isa isa : isas)
-              for (bool int8 : {false, true})
+              for (int int8 : {0, 1, 2})
                 for (ThreadPool* tp : {static_cast<ThreadPool*>(nullptr), &pool}) {
+                  if (int8 == 2 && isa != Isa::avx2) continue;
                   KernelOptions o{isa, tp};
-                  o.int8_activations = int8;
+                  o.int8_activations = int8 > 0;
+                  o.avx_vnni = int8 != 2;
                   std::vector<float> yr(rows, 0.5f), yp(rows, 0.5f);
                   gemv(m.rows, x, yr, o, {0.75f, true});
                   gemv(m.panels, x, yp, o, {0.75f, true});

@@ -250,7 +250,7 @@ struct GemvPlan {
   }
 
   /// The `count` panels of the group at `group` (laid out as `pl` says) · x into
-  /// out[0..4·count): the int8 path reads them as they lie, the others gather each row first.
+  /// out[0..4·count): the int8 paths read them as they lie, the float ones gather each row first.
   void panels_dots(const std::byte* group, std::size_t count, const PanelLayout& pl, float* scratch,
                    float* out) const noexcept {
 #if defined(MOEKIT_HAS_X86_KERNELS)
@@ -259,6 +259,17 @@ struct GemvPlan {
         case 8: return avx512_int8::panels_dots<8>(group, count, pl, act8, scratch, out);
         case 4: return avx512_int8::panels_dots<4>(group, count, pl, act8, scratch, out);
         default: return avx512_int8::panels_dots<2>(group, count, pl, act8, scratch, out);
+      }
+    }
+    if (int8 != Int8Kernel::none) {
+      const bool vnni = int8 == Int8Kernel::avx_vnni;
+      switch (layout.bits) {
+        case 8: return vnni ? avx2_int8::panels_dots<8, true>(group, count, pl, act8, scratch, out)
+                            : avx2_int8::panels_dots<8, false>(group, count, pl, act8, scratch, out);
+        case 4: return vnni ? avx2_int8::panels_dots<4, true>(group, count, pl, act8, scratch, out)
+                            : avx2_int8::panels_dots<4, false>(group, count, pl, act8, scratch, out);
+        default: return vnni ? avx2_int8::panels_dots<2, true>(group, count, pl, act8, scratch, out)
+                             : avx2_int8::panels_dots<2, false>(group, count, pl, act8, scratch, out);
       }
     }
 #endif

@@ -27,9 +27,9 @@
 /// The codes and f16 values are the row's own (the same bits as format.hpp's row, split at
 /// multiples of 512 columns, which are whole groups and whole bytes), so packing is a permutation
 /// of bytes and `matrix_bytes()` is unchanged. Formats: q8/q4/q2 with groups of 32, 64 or 128.
-/// Only the AVX-512 VNNI int8 kernel reads panels as they lie; every other path (float
-/// activations, the AVX2 int8 kernel, GEMM, the reference) gathers each row first, 2-4x slower
-/// than the same matrix in rows on AVX2 here: pack for that kernel only.
+/// The int8 kernels (AVX-512 VNNI and AVX2) read panels as they lie; every other path (float
+/// activations, GEMM, the reference) gathers each row first, 2-4x slower than the same matrix in
+/// rows: pack for the int8 kernels only.
 
 #include <algorithm>
 #include <cstddef>

@@ -11,7 +11,8 @@
 /// through `vpmaddubsw` (int16 pairs) and `vpmaddwd`: q4/q2 codes (≤ 15) cannot saturate the
 /// int16 pairs, q8 codes (≤ 255) can, so q8 rows are read as signed q − 128 with ggml's
 /// sign trick (|w| · sign(x, w)), and the zero-point term subtracts (z − 128)·Σx instead of z·Σx.
-/// One row at a time: this is the portable path, not the one tuned to the memory bound.
+/// One row at a time; a matrix in panels (panels.hpp) is read as it lies, one stream per thread,
+/// each step of the panel's four rows one row after another (panels_dots).
 
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include "moekit/precision/detail/avx2_rows.hpp"
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
 #include "moekit/precision/format.hpp"
+#include "moekit/precision/panels.hpp"
 #include "moekit/precision/quantize.hpp"
 
 #if defined(MOEKIT_HAS_X86_KERNELS)
@@ -148,31 +150,66 @@ MOEKIT_TARGET_AVX2 inline __m256 half_scales(const float* sdx) noexcept {
                                        _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
 }
 
-/// One quantized row · x with int8 activations. `sdx`: per-thread scratch of >= cols/32 floats.
-/// The kernels without VNNI contain no VNNI instruction (checked in the disassembly of the tests
-/// when this was written: GCC emits `vpdpbusd` only for the intrinsic).
+/// q8 without VNNI computes Σ(q − 128)·x: the zero point is then z − 128.
 template <unsigned Bits, bool Vnni>
-MOEKIT_TARGET_AVX2_VNNI inline float row_dot(const std::byte* row, const RowLayout& l,
-                                             const Int8Activation& a, float* sdx) noexcept {
+constexpr float zero_shift = Bits == 8 && !Vnni ? 128.f : 0.f;
+
+/// s·dx of eight chunks from chunk k into sdx[k..k+8), and their zero-point terms
+/// s·(z − shift)·dx·Σxq added to `zt`; the f16 scales (zero points) of chunk k's group at
+/// `scales` (`zeros`, affine only), groups of 2^shift chunks.
+template <unsigned Bits, bool Vnni>
+MOEKIT_TARGET_AVX2 inline void chunk_scales8(const std::byte* scales, const std::byte* zeros,
+                                             const RowLayout& l, const Int8Activation& a,
+                                             std::size_t k, int shift, __m256i lane_group,
+                                             float* sdx, __m256& zt) noexcept {
+  const __m256 s = chunk_values(scales, shift, lane_group);
+  const __m256 z = l.affine ? _mm256_sub_ps(chunk_values(zeros, shift, lane_group),
+                                            _mm256_set1_ps(zero_shift<Bits, Vnni>))
+                            : _mm256_set1_ps(l.symmetric_zero - zero_shift<Bits, Vnni>);
+  _mm256_storeu_ps(sdx + k, _mm256_mul_ps(s, _mm256_loadu_ps(a.dx + k)));
+  zt = _mm256_fmadd_ps(_mm256_mul_ps(s, z), _mm256_loadu_ps(a.dx_sum + k), zt);
+}
+
+/// A row's running sums: the two chains of block products (scaled by s·dx) and the zero-point
+/// terms. A row read in pieces (panels) carries them from piece to piece.
+struct RowSums {
+  __m256 acc0, acc1, zt;
+};
+
+/// Chunks [c, c + per_block) of a row, codes at `p` (chunk c's), into the two chains.
+template <unsigned Bits, bool Vnni>
+MOEKIT_TARGET_AVX2_VNNI inline void block_into(const std::byte* p, const Int8Activation& a,
+                                               const float* sdx, std::size_t c, RowSums& st) noexcept {
+  constexpr std::size_t per_block = block_chunks(Bits);
+  const std::int8_t* xb = a.xq + 32 * c;
+  st.acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(p, xb, 64)), half_scales<Bits>(sdx + c), st.acc0);
+  st.acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(p + 32, xb + 32, 64)),
+                            half_scales<Bits>(sdx + c + per_block / 2), st.acc1);
+}
+
+/// One quantized row · x with int8 activations (row_dot), from the sums `st` of the columns
+/// before it (a panel's tail: the activation `a` from the row's first column on). `sdx`: per-thread scratch of
+/// >= cols/32 floats. The kernels without VNNI contain no VNNI instruction (checked in the
+/// disassembly of the tests when this was written: GCC emits `vpdpbusd` only for the intrinsic).
+template <unsigned Bits, bool Vnni>
+MOEKIT_TARGET_AVX2_VNNI inline float row_dot_from(const std::byte* row, const RowLayout& l,
+                                                  const Int8Activation& a, float* sdx,
+                                                  RowSums st) noexcept {
   constexpr std::size_t per_block = block_chunks(Bits), chunk_bytes = 4 * Bits;
-  // q8 without VNNI computes Σ(q − 128)·x: the zero point is then z − 128.
-  constexpr float zero_shift = Bits == 8 && !Vnni ? 128.f : 0.f;
+  constexpr float zero_shift = avx2_int8::zero_shift<Bits, Vnni>;
   const std::size_t chunks = l.cols / 32, blocked = chunks / per_block * per_block;
   const std::size_t per_group = l.group_size / 32;  // 0: one group per row
   // Per chunk s·dx into sdx, and the zero-point term Σ s·(z − shift)·dx·Σxq: eight chunks a step
   // for groups of 32/64/128 (a scalar pass cost more than the codes of a 4096-column row).
   std::size_t k = 0;
-  __m256 zt = _mm256_setzero_ps();
+  __m256 zt = st.zt;
   if (per_group == 1 || per_group == 2 || per_group == 4) {
     const int shift = per_group == 1 ? 0 : per_group == 2 ? 1 : 2;
     const __m256i lane_group = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), shift);
-    const __m256 zs = _mm256_set1_ps(l.symmetric_zero - zero_shift), shift_v = _mm256_set1_ps(zero_shift);
     for (; k + 8 <= chunks; k += 8) {
       const std::size_t at = 2 * (k >> shift);
-      const __m256 s = chunk_values(row + l.scales_offset + at, shift, lane_group);
-      const __m256 z = l.affine ? _mm256_sub_ps(chunk_values(row + l.zeros_offset + at, shift, lane_group), shift_v) : zs;
-      _mm256_storeu_ps(sdx + k, _mm256_mul_ps(s, _mm256_loadu_ps(a.dx + k)));
-      zt = _mm256_fmadd_ps(_mm256_mul_ps(s, z), _mm256_loadu_ps(a.dx_sum + k), zt);
+      chunk_scales8<Bits, Vnni>(row + l.scales_offset + at, row + l.zeros_offset + at, l, a, k, shift,
+                                lane_group, sdx, zt);
     }
   }
   float zero_term = hsum(zt);
@@ -182,7 +219,6 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot(const std::byte* row, const RowLayo
     sdx[k] = s * a.dx[k];
     zero_term += s * z * a.dx_sum[k];
   }
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   // The rows are read one after another: the stream is prefetched into L1 prefetch_bytes ahead
   // of the share of the row consumed so far, codes and scales alike, on into the next rows (the
   // address is formed as an integer: it may pass the end of the matrix, where a prefetch does
@@ -193,13 +229,9 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot(const std::byte* row, const RowLayo
   for (; c < blocked; c += per_block) {  // a block: two halves, each its own chain
     for (const std::size_t to = (c + per_block) * l.bytes / chunks; fetched < to; fetched += 64)
       _mm_prefetch(reinterpret_cast<const char*>(base + fetched), _MM_HINT_T0);
-    const std::byte* p = row + c * chunk_bytes;
-    const std::int8_t* xb = a.xq + 32 * c;
-    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(p, xb, 64)), half_scales<Bits>(sdx + c), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(p + 32, xb + 32, 64)),
-                           half_scales<Bits>(sdx + c + per_block / 2), acc1);
+    block_into<Bits, Vnni>(row + c * chunk_bytes, a, sdx, c, st);
   }
-  float total = hsum(_mm256_add_ps(acc0, acc1));
+  float total = hsum(_mm256_add_ps(st.acc0, st.acc1));
   for (; c < chunks; ++c) {  // chunks after the last whole block: codes and activation in chunk order
     const __m256i d = codes_dot<Bits, Vnni>(codes32<Bits>(row + c * chunk_bytes),
                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * c)));
@@ -211,6 +243,70 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot(const std::byte* row, const RowLayo
     tail += group_scale(row, l, g) * (static_cast<float>(read_code(row, col, Bits)) - group_zero(row, l, g)) * a.x[col];
   }
   return total - zero_term + tail;
+}
+
+/// One quantized row · x with int8 activations. `sdx`: per-thread scratch of >= cols/32 floats.
+template <unsigned Bits, bool Vnni>
+MOEKIT_TARGET_AVX2_VNNI inline float row_dot(const std::byte* row, const RowLayout& l,
+                                             const Int8Activation& a, float* sdx) noexcept {
+  const __m256 z = _mm256_setzero_ps();
+  return row_dot_from<Bits, Vnni>(row, l, a, sdx, {z, z, z});
+}
+
+/// The four rows of one 512-column step of a panel (at `step`, laid out as `l` says) into their
+/// sums, row after row; `c`: the step's first chunk. Per row the same operations in the same
+/// order as row_dot's on those chunks, so a row read in panels gives row_dot's result bit for bit.
+/// `sdx`: scratch of >= c + 16 floats.
+template <unsigned Bits, bool Vnni>
+MOEKIT_TARGET_AVX2_VNNI inline void panel_step(const std::byte* step, const PanelLayout& l,
+                                               const Int8Activation& a, std::size_t c, float* sdx,
+                                               RowSums* st) noexcept {
+  constexpr std::size_t H = PanelLayout::height, per_block = block_chunks(Bits), chunk_bytes = 4 * Bits;
+  const int shift = l.row.group_size == 32 ? 0 : l.row.group_size == 64 ? 1 : 2;
+  const __m256i lane_group = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), shift);
+  const std::byte* values = step + H * l.code_bytes;
+  const std::size_t half = 2 * (8u >> shift);  // bytes of the f16 values of eight chunks
+  for (std::size_t n = 0; n < H; ++n) {
+    const std::byte* sc = values + n * l.value_bytes;
+    const std::byte* zp = values + (H + n) * l.value_bytes;
+    chunk_scales8<Bits, Vnni>(sc, zp, l.row, a, c, shift, lane_group, sdx, st[n].zt);
+    chunk_scales8<Bits, Vnni>(sc + half, zp + half, l.row, a, c + 8, shift, lane_group, sdx, st[n].zt);
+    const std::byte* codes = step + n * l.code_bytes;
+    for (std::size_t b = 0; b < 16; b += per_block) block_into<Bits, Vnni>(codes + b * chunk_bytes, a, sdx, c + b, st[n]);
+  }
+}
+
+/// The panels of one group (`count` at `group`, laid out as `l` says: panels4 or
+/// blocked_panels4) · x with int8 activations into out[0..4·count), read in the order they are
+/// stored, as avx512_int8::panels_dots, and prefetched into L1 8 KiB ahead like the rows.
+/// Bit-identical to row_dot on the same rows. `sdx`: scratch of >= cols/32 floats.
+template <unsigned Bits, bool Vnni>
+MOEKIT_TARGET_AVX2_VNNI inline void panels_dots(const std::byte* group, std::size_t count,
+                                                const PanelLayout& l, const Int8Activation& a,
+                                                float* sdx, float* out) noexcept {
+  constexpr std::size_t H = PanelLayout::height;
+  RowSums sums[PanelLayout::blocked_group][H];
+  for (std::size_t k = 0; k < count; ++k)
+    for (std::size_t n = 0; n < H; ++n) sums[k][n] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (std::size_t b = 0; b < l.blocks(); ++b) {
+    const std::size_t s0 = b * l.block_steps, s1 = s0 + l.block_len(b);
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::byte* step = group + l.step(k, s0, count);
+      for (std::size_t s = s0; s < s1; ++s, step += l.step_bytes) {
+        // On into the next panel, and past the matrix at its end: formed as an integer.
+        const std::uintptr_t ahead = reinterpret_cast<std::uintptr_t>(step) + prefetch_bytes;
+        for (std::size_t o = 0; o < l.step_bytes; o += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
+        panel_step<Bits, Vnni>(step, l, a, 16 * s, sdx, sums[k]);
+      }
+    }
+  }
+  // The tails, each a row of its own from the sums of its steps.
+  const std::size_t c0 = 16 * l.steps;
+  const Int8Activation rest{a.xq + 32 * c0, a.dx + c0, a.dx_sum + c0, a.x + 32 * c0};
+  for (std::size_t k = 0; k < count; ++k)
+    for (std::size_t n = 0; n < H; ++n)
+      out[H * k + n] = row_dot_from<Bits, Vnni>(group + l.tail_row(k, n, count), l.tail, rest, sdx, sums[k][n]);
 }
 
 }  // namespace moekit::detail::avx2_int8
