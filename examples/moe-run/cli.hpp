@@ -169,14 +169,15 @@ class Cli {
                     "how the int8-activation kernels read rows: auto (the table for this CPU "
                     "core), or 1, 2, 4 streams per thread, with p: each prefetched in software "
                     "(1p, 2p, 4p); moekit_bench_row_streaming measures each on this machine");
-    app_.add_option("--expert-layout", expert_layout_text_,
-                    "where the rows of quantized experts are in the expert store: rows, panels "
-                    "(four rows interleaved every 512 columns, one stream per thread for the int8 "
-                    "kernels), blocked-panels (panels in groups of 16 in column blocks of at most "
-                    "4096 columns; docs/formats.md), auto (blocked-panels when the experts run with "
-                    "int8 activations, else rows); a store given with --store or -m keeps "
-                    "its own, and must match an explicit choice; experts in host memory are packed "
-                    "after loading");
+    app_.add_option(
+        "--expert-layout", expert_layout_text_,
+        "where the rows of quantized experts are in the expert store: rows, panels "
+        "(four rows interleaved every 512 columns, one stream per thread for the int8 "
+        "kernels), blocked-panels (panels in groups of 16 in column blocks of at most "
+        "4096 columns; docs/formats.md), auto (blocked-panels when the experts run with "
+        "int8 activations, else rows); a store given with --store or -m keeps "
+        "its own, and must match an explicit choice; experts in host memory are packed "
+        "after loading");
     add_offload_options();
     app_.add_option("-c,--ctx-size,--ctx", o_.context,
                     "context length (0 = prompt + n-predict; with --perplexity: tokens per chunk, "
@@ -252,8 +253,9 @@ class Cli {
     if (expert_layout_text_ != "auto") {
       o_.expert_layout = parse_layout_word(expert_layout_text_);
       if (!o_.expert_layout)
-        throw moekit::Error(moekit::ErrorKind::invalid_argument, "--expert-layout: '" + expert_layout_text_ +
-                                                                     "' is not one of auto, " + layout_words);
+        throw moekit::Error(
+            moekit::ErrorKind::invalid_argument,
+            "--expert-layout: '" + expert_layout_text_ + "' is not one of auto, " + layout_words);
     }
     if (row_streaming_text_ != "auto") {
       o_.row_streaming = moekit::parse_row_streaming(row_streaming_text_);

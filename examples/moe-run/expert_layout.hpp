@@ -20,7 +20,8 @@ constexpr const char* layout_word(moekit::MatrixOrder o) noexcept {
 
 /// The order a layout word names; nullopt for any other word.
 constexpr std::optional<moekit::MatrixOrder> parse_layout_word(std::string_view w) noexcept {
-  for (auto o : {moekit::MatrixOrder::rows, moekit::MatrixOrder::panels4, moekit::MatrixOrder::blocked_panels4})
+  for (auto o : {moekit::MatrixOrder::rows, moekit::MatrixOrder::panels4,
+                 moekit::MatrixOrder::blocked_panels4})
     if (w == layout_word(o)) return o;
   return std::nullopt;
 }

@@ -397,9 +397,10 @@ ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const Mo
     const char* flag = o.store.empty() ? "-m" : "--store";
     auto st = open_store(store, cfg.shape(), need, flag);
     if (o.expert_layout && *o.expert_layout != st->manifest().order)
-      fail(std::string("--expert-layout ") + layout_word(*o.expert_layout) + ": expert store '" + store +
-           "' (" + flag + ") holds its quantized experts in " + layout_word(st->manifest().order) +
-           " (rebuild it with moe-convert --layout " + layout_word(*o.expert_layout) + ")");
+      fail(std::string("--expert-layout ") + layout_word(*o.expert_layout) + ": expert store '" +
+           store + "' (" + flag + ") holds its quantized experts in " +
+           layout_word(st->manifest().order) + " (rebuild it with moe-convert --layout " +
+           layout_word(*o.expert_layout) + ")");
     return {std::move(st), false};
   }
   if (o.in_memory) return {};
@@ -481,8 +482,9 @@ int run(const Options& o) {
   // thread; the float paths would gather every row.
   const bool panels_fit = moekit::panels_supported(shape.quant);
   if (o.expert_layout && moekit::in_panels(*o.expert_layout) && !panels_fit)
-    fail(std::string("--expert-layout ") + layout_word(*o.expert_layout) + ": the experts' group size " +
-         std::to_string(shape.quant.group_size) + " cannot be in panels (32, 64 or 128)");
+    fail(std::string("--expert-layout ") + layout_word(*o.expert_layout) +
+         ": the experts' group size " + std::to_string(shape.quant.group_size) +
+         " cannot be in panels (32, 64 or 128)");
   const moekit::MatrixOrder order = o.expert_layout.value_or(
       int8 && panels_fit ? moekit::MatrixOrder::blocked_panels4 : moekit::MatrixOrder::rows);
   const ExpertPlacement where = place_experts(o, cfg, mp, src.store, needed, order);

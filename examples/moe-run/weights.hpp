@@ -196,7 +196,8 @@ class HostExperts {
       const std::size_t n = shape_.expert_bytes(p);
       for (std::size_t e = 0; e < shape_.expert_count(); ++e) {
         const std::span<std::byte> blob(blobs_[i].data() + e * n, n);
-        const std::vector<std::byte> packed = moekit::io::expert_blob_in_panels(shape_, p, blob, to);
+        const std::vector<std::byte> packed =
+            moekit::io::expert_blob_in_panels(shape_, p, blob, to);
         std::copy(packed.begin(), packed.end(), blob.begin());
       }
     }

@@ -108,8 +108,8 @@ struct StoreManifest {
 /// packed into panels (`order`: panels4 or blocked_panels4). Throws as pack_panels for formats
 /// panels do not take.
 inline std::vector<std::byte> expert_blob_in_panels(const ModelShape& s, Precision p,
-                                               std::span<const std::byte> rows,
-                                               MatrixOrder order = MatrixOrder::panels4) {
+                                                    std::span<const std::byte> rows,
+                                                    MatrixOrder order = MatrixOrder::panels4) {
   std::vector<std::byte> out(rows.size());
   const std::size_t m13 = matrix_bytes(s.ffn, s.hidden, p, s.quant);
   const struct {
@@ -302,7 +302,8 @@ inline StoreManifest parse_store_manifest(std::string_view text, std::uint64_t d
   if (auto it = j.find("matrix_order"); it != j.end()) {  // absent: rows (stores written before it)
     if (*it == "panels4") m.order = MatrixOrder::panels4;
     else if (*it == "blocked_panels4") m.order = MatrixOrder::blocked_panels4;
-    else if (*it != "rows") throw bad("'matrix_order' must be \"rows\", \"panels4\" or \"blocked_panels4\"");
+    else if (*it != "rows")
+      throw bad("'matrix_order' must be \"rows\", \"panels4\" or \"blocked_panels4\"");
     if (in_panels(m.order) && !panels_supported(m.shape.quant))
       throw bad("'matrix_order' is \"" + std::string(name(m.order)) + "\" but quant.group_size " +
                 std::to_string(m.shape.quant.group_size) + " cannot be in panels (32, 64 or 128)");
@@ -528,7 +529,8 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
                            {"group_size", shape.quant.group_size},
                            {"zero_point", shape.quant.zero_point},
                            {"precisions", nlohmann::json::array()}};
-  if (m.order != MatrixOrder::rows) layout["matrix_order"] = std::string(name(m.order));  // rows: as before it
+  if (m.order != MatrixOrder::rows)
+    layout["matrix_order"] = std::string(name(m.order));  // rows: as before it
   for (Precision p : precisions) layout["precisions"].push_back(std::string(name(p)));
   const std::string fingerprint = "moekit-store-journal v1 " + layout.dump();
   std::map<std::size_t, std::uint64_t> journaled;
@@ -572,7 +574,8 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
                     "expert encoder returned " + std::to_string(bytes.size()) + " bytes for layer " +
                         std::to_string(b.key.layer) + ", expert " + std::to_string(b.key.expert) + " at " +
                         std::string(name(b.precision)) + "; the model shape gives " + std::to_string(b.bytes));
-      if (in_panels(m.order_of(b.precision))) bytes = expert_blob_in_panels(shape, b.precision, bytes, m.order);
+      if (in_panels(m.order_of(b.precision)))
+        bytes = expert_blob_in_panels(shape, b.precision, bytes, m.order);
       b.checksum = xxh64(bytes);
       // Zero the padding too, so a rewritten blob never leaves stale bytes behind it.
       bytes.resize(b.padded_bytes(), std::byte{0});

@@ -162,7 +162,8 @@ inline RowKernels row_kernels(Precision p, Isa isa) {
 /// per thread the prefetcher restarted every 1/32 of the matrix (14336 × 4096 q4 cold, one
 /// thread: 86% -> 98% of the streaming read with one range).
 /// `least`: the fewest units in a chunk (8 rows or panels; groups of 16 panels are big enough).
-inline std::size_t row_grain(std::size_t rows, const ThreadPool* pool, std::size_t least = 8) noexcept {
+inline std::size_t row_grain(std::size_t rows, const ThreadPool* pool,
+                             std::size_t least = 8) noexcept {
   const std::size_t threads = pool ? pool->size() : 1;
   if (threads == 1) return rows;
   return std::max<std::size_t>(least, rows / (threads * 4));
@@ -264,12 +265,15 @@ struct GemvPlan {
     if (int8 != Int8Kernel::none) {
       const bool vnni = int8 == Int8Kernel::avx_vnni;
       switch (layout.bits) {
-        case 8: return vnni ? avx2_int8::panels_dots<8, true>(group, count, pl, act8, scratch, out)
-                            : avx2_int8::panels_dots<8, false>(group, count, pl, act8, scratch, out);
-        case 4: return vnni ? avx2_int8::panels_dots<4, true>(group, count, pl, act8, scratch, out)
-                            : avx2_int8::panels_dots<4, false>(group, count, pl, act8, scratch, out);
-        default: return vnni ? avx2_int8::panels_dots<2, true>(group, count, pl, act8, scratch, out)
-                             : avx2_int8::panels_dots<2, false>(group, count, pl, act8, scratch, out);
+        case 8:
+          return vnni ? avx2_int8::panels_dots<8, true>(group, count, pl, act8, scratch, out)
+                      : avx2_int8::panels_dots<8, false>(group, count, pl, act8, scratch, out);
+        case 4:
+          return vnni ? avx2_int8::panels_dots<4, true>(group, count, pl, act8, scratch, out)
+                      : avx2_int8::panels_dots<4, false>(group, count, pl, act8, scratch, out);
+        default:
+          return vnni ? avx2_int8::panels_dots<2, true>(group, count, pl, act8, scratch, out)
+                      : avx2_int8::panels_dots<2, false>(group, count, pl, act8, scratch, out);
       }
     }
 #endif
@@ -408,7 +412,8 @@ inline void gemv(const MatrixView& w, std::span<const float> x, std::span<float>
   // In panels, whole groups of panels go to the threads (each range one stream) and the rows
   // after the last panel, stored as rows, to detail::gemv_rows.
   const bool panels = in_panels(w.order);
-  const std::size_t h = PanelLayout::height, group = panels ? PanelLayout::of(w.cols, w.precision, w.scheme, w.order).group : 1;
+  const std::size_t h = PanelLayout::height;
+  const std::size_t group = panels ? PanelLayout::of(w.cols, w.precision, w.scheme, w.order).group : 1;
   const std::size_t units = panels ? (w.rows / h + group - 1) / group : w.rows;
   auto body = [&](std::size_t b, std::size_t e) {
     if (panels) detail::gemv_panels(w, plan, y.data(), ep, b, e);
@@ -417,8 +422,7 @@ inline void gemv(const MatrixView& w, std::span<const float> x, std::span<float>
   if (units > 0 && opts.pool)
     opts.pool->parallel_for(0, units, detail::row_grain(units, opts.pool, group > 1 ? 1 : 8), body);
   else if (units > 0) body(0, units);
-  if (panels && w.rows % h)
-    detail::gemv_rows(w, plan, y.data(), ep, w.rows / h * h, w.rows);
+  if (panels && w.rows % h) detail::gemv_rows(w, plan, y.data(), ep, w.rows / h * h, w.rows);
 }
 
 /// Y = X·Wᵀ (or per `ep`) for a batch: X is n × cols, Y is n × rows, both row-major. Meant for

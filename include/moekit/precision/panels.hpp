@@ -49,8 +49,8 @@ namespace moekit {
 struct PanelLayout {
   static constexpr std::size_t height = 4;       ///< rows per panel
   static constexpr std::size_t step_cols = 512;  ///< columns per step (16 chunks of 32)
-  static constexpr std::size_t blocked_group = 16;        ///< panels per group, blocked_panels4
-  static constexpr std::size_t most_block_steps = 8;      ///< blocked_panels4: <= 4096 columns
+  static constexpr std::size_t blocked_group = 16;    ///< panels per group, blocked_panels4
+  static constexpr std::size_t most_block_steps = 8;  ///< blocked_panels4: <= 4096 columns
 
   RowLayout row{};               ///< one whole row, as MatrixOrder::rows stores it
   RowLayout tail{};              ///< the columns after the last whole step, as a row of their own
@@ -94,13 +94,16 @@ struct PanelLayout {
     const std::size_t b = s / block_steps, first = b * block_steps;
     return (count * first + k * block_len(b) + (s - first)) * step_bytes;
   }
-  constexpr std::size_t codes(std::size_t k, std::size_t s, std::size_t n, std::size_t count) const noexcept {
+  constexpr std::size_t codes(std::size_t k, std::size_t s, std::size_t n,
+                              std::size_t count) const noexcept {
     return step(k, s, count) + n * code_bytes;
   }
-  constexpr std::size_t scales(std::size_t k, std::size_t s, std::size_t n, std::size_t count) const noexcept {
+  constexpr std::size_t scales(std::size_t k, std::size_t s, std::size_t n,
+                               std::size_t count) const noexcept {
     return step(k, s, count) + height * code_bytes + n * value_bytes;
   }
-  constexpr std::size_t zeros(std::size_t k, std::size_t s, std::size_t n, std::size_t count) const noexcept {
+  constexpr std::size_t zeros(std::size_t k, std::size_t s, std::size_t n,
+                              std::size_t count) const noexcept {
     return scales(k, s, n, count) + height * value_bytes;
   }
   /// Row n's tail in panel k of a group of `count` panels: after every panel's steps.
@@ -163,9 +166,12 @@ constexpr bool in_panels(MatrixOrder o) noexcept { return o != MatrixOrder::rows
 /// What MatrixOrder `o` is called in errors, manifests and documentation.
 constexpr std::string_view name(MatrixOrder o) noexcept {
   switch (o) {
-    case MatrixOrder::rows: return "rows";
-    case MatrixOrder::panels4: return "panels4";
-    case MatrixOrder::blocked_panels4: return "blocked_panels4";
+    case MatrixOrder::rows:
+      return "rows";
+    case MatrixOrder::panels4:
+      return "panels4";
+    case MatrixOrder::blocked_panels4:
+      return "blocked_panels4";
   }
   return "?";
 }
@@ -204,8 +210,10 @@ inline void permute_panels(const MatrixView& src, std::byte* dst, MatrixOrder or
     for (std::size_t k = 0; k < count; ++k)
       for (std::size_t n = 0; n < PanelLayout::height; ++n) {
         const std::size_t row = ((g * l.group + k) * PanelLayout::height + n) * stride;
-        if (to_panels) l.scatter_row(src.data + row, k, n, count, dst + at);
-        else l.gather_row(src.data + at, k, n, count, dst + row);
+        if (to_panels)
+          l.scatter_row(src.data + row, k, n, count, dst + at);
+        else
+          l.gather_row(src.data + at, k, n, count, dst + row);
       }
   }
   const std::size_t rest = panels * PanelLayout::height * stride;  // the same in both orders

@@ -179,18 +179,21 @@ struct RowSums {
 /// Chunks [c, c + per_block) of a row, codes at `p` (chunk c's), into the two chains.
 template <unsigned Bits, bool Vnni>
 MOEKIT_TARGET_AVX2_VNNI inline void block_into(const std::byte* p, const Int8Activation& a,
-                                               const float* sdx, std::size_t c, RowSums& st) noexcept {
+                                               const float* sdx, std::size_t c,
+                                               RowSums& st) noexcept {
   constexpr std::size_t per_block = block_chunks(Bits);
   const std::int8_t* xb = a.xq + 32 * c;
-  st.acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(p, xb, 64)), half_scales<Bits>(sdx + c), st.acc0);
+  st.acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(p, xb, 64)),
+                            half_scales<Bits>(sdx + c), st.acc0);
   st.acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(p + 32, xb + 32, 64)),
                             half_scales<Bits>(sdx + c + per_block / 2), st.acc1);
 }
 
 /// One quantized row · x with int8 activations (row_dot), from the sums `st` of the columns
-/// before it (a panel's tail: the activation `a` from the row's first column on). `sdx`: per-thread scratch of
-/// >= cols/32 floats. The kernels without VNNI contain no VNNI instruction (checked in the
-/// disassembly of the tests when this was written: GCC emits `vpdpbusd` only for the intrinsic).
+/// before it (a panel's tail: the activation `a` from the row's first column on). `sdx`:
+/// per-thread scratch of >= cols/32 floats. The kernels without VNNI contain no VNNI instruction
+/// (checked in the disassembly of the tests when this was written: GCC emits `vpdpbusd` only for
+/// the intrinsic).
 template <unsigned Bits, bool Vnni>
 MOEKIT_TARGET_AVX2_VNNI inline float row_dot_from(const std::byte* row, const RowLayout& l,
                                                   const Int8Activation& a, float* sdx,
@@ -208,8 +211,8 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot_from(const std::byte* row, const Ro
     const __m256i lane_group = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), shift);
     for (; k + 8 <= chunks; k += 8) {
       const std::size_t at = 2 * (k >> shift);
-      chunk_scales8<Bits, Vnni>(row + l.scales_offset + at, row + l.zeros_offset + at, l, a, k, shift,
-                                lane_group, sdx, zt);
+      chunk_scales8<Bits, Vnni>(row + l.scales_offset + at, row + l.zeros_offset + at, l, a, k,
+                                shift, lane_group, sdx, zt);
     }
   }
   float zero_term = hsum(zt);
@@ -261,7 +264,8 @@ template <unsigned Bits, bool Vnni>
 MOEKIT_TARGET_AVX2_VNNI inline void panel_step(const std::byte* step, const PanelLayout& l,
                                                const Int8Activation& a, std::size_t c, float* sdx,
                                                RowSums* st) noexcept {
-  constexpr std::size_t H = PanelLayout::height, per_block = block_chunks(Bits), chunk_bytes = 4 * Bits;
+  constexpr std::size_t H = PanelLayout::height, per_block = block_chunks(Bits),
+                        chunk_bytes = 4 * Bits;
   const int shift = l.row.group_size == 32 ? 0 : l.row.group_size == 64 ? 1 : 2;
   const __m256i lane_group = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), shift);
   const std::byte* values = step + H * l.code_bytes;
@@ -270,9 +274,11 @@ MOEKIT_TARGET_AVX2_VNNI inline void panel_step(const std::byte* step, const Pane
     const std::byte* sc = values + n * l.value_bytes;
     const std::byte* zp = values + (H + n) * l.value_bytes;
     chunk_scales8<Bits, Vnni>(sc, zp, l.row, a, c, shift, lane_group, sdx, st[n].zt);
-    chunk_scales8<Bits, Vnni>(sc + half, zp + half, l.row, a, c + 8, shift, lane_group, sdx, st[n].zt);
+    chunk_scales8<Bits, Vnni>(sc + half, zp + half, l.row, a, c + 8, shift, lane_group, sdx,
+                              st[n].zt);
     const std::byte* codes = step + n * l.code_bytes;
-    for (std::size_t b = 0; b < 16; b += per_block) block_into<Bits, Vnni>(codes + b * chunk_bytes, a, sdx, c + b, st[n]);
+    for (std::size_t b = 0; b < 16; b += per_block)
+      block_into<Bits, Vnni>(codes + b * chunk_bytes, a, sdx, c + b, st[n]);
   }
 }
 
@@ -287,7 +293,8 @@ MOEKIT_TARGET_AVX2_VNNI inline void panels_dots(const std::byte* group, std::siz
   constexpr std::size_t H = PanelLayout::height;
   RowSums sums[PanelLayout::blocked_group][H];
   for (std::size_t k = 0; k < count; ++k)
-    for (std::size_t n = 0; n < H; ++n) sums[k][n] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (std::size_t n = 0; n < H; ++n)
+      sums[k][n] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   for (std::size_t b = 0; b < l.blocks(); ++b) {
     const std::size_t s0 = b * l.block_steps, s1 = s0 + l.block_len(b);
     for (std::size_t k = 0; k < count; ++k) {
@@ -306,7 +313,8 @@ MOEKIT_TARGET_AVX2_VNNI inline void panels_dots(const std::byte* group, std::siz
   const Int8Activation rest{a.xq + 32 * c0, a.dx + c0, a.dx_sum + c0, a.x + 32 * c0};
   for (std::size_t k = 0; k < count; ++k)
     for (std::size_t n = 0; n < H; ++n)
-      out[H * k + n] = row_dot_from<Bits, Vnni>(group + l.tail_row(k, n, count), l.tail, rest, sdx, sums[k][n]);
+      out[H * k + n] =
+          row_dot_from<Bits, Vnni>(group + l.tail_row(k, n, count), l.tail, rest, sdx, sums[k][n]);
 }
 
 }  // namespace moekit::detail::avx2_int8

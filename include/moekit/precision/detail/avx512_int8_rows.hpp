@@ -479,8 +479,8 @@ MOEKIT_TARGET_AVX512_VNNI inline void panels_dots(const std::byte* group, std::s
   const Int8Activation rest{a.xq + 32 * c0, a.dx + c0, a.dx_sum + c0, a.x + 32 * c0};
   for (std::size_t k = 0; k < count; ++k)
     for (std::size_t n = 0; n < PanelLayout::height; ++n)
-      out[PanelLayout::height * k + n] = finish_row<Bits>(group + l.tail_row(k, n, count), l.tail, rest, sdx, 0,
-                                                          sums[k].acc[n], sums[k].zt[n]);
+      out[PanelLayout::height * k + n] = finish_row<Bits>(
+          group + l.tail_row(k, n, count), l.tail, rest, sdx, 0, sums[k].acc[n], sums[k].zt[n]);
 }
 
 }  // namespace moekit::detail::avx512_int8
