@@ -26,6 +26,7 @@
 #include "moekit/io/tensor_names.hpp"
 #include "moekit/precision/expert_ffn.hpp"
 #include "moekit/precision/format.hpp"
+#include "moekit/precision/panels.hpp"
 #include "moekit/precision/quantize.hpp"
 
 #include "config.hpp"
@@ -189,7 +190,9 @@ class HostExperts {
   void pack_panels(moekit::MatrixOrder to = moekit::MatrixOrder::blocked_panels4) {
     if (order_ == to) return;
     MOEKIT_EXPECTS(order_ == moekit::MatrixOrder::rows && moekit::in_panels(to),
-                   "HostExperts::pack_panels: the experts are in panels already");
+                   "HostExperts::pack_panels: experts in " + std::string(moekit::name(order_)) +
+                       " cannot be packed into " + std::string(moekit::name(to)) +
+                       " (only from rows into panels)");
     for (std::size_t i = 0; i < precisions_.size(); ++i) {
       const moekit::Precision p = precisions_[i];
       if (!moekit::is_quantized(p)) continue;

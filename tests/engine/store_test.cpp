@@ -203,6 +203,8 @@ TEST_CASE("experts in panels (a store, or host memory packed after loading) run 
   host_blocked.experts.pack_panels(moekit::MatrixOrder::blocked_panels4);
   const ExpertBacking blocked{&host_blocked.experts, nullptr, {}};
   CHECK(blocked.order() == moekit::MatrixOrder::blocked_panels4);
+  CHECK_THROWS_WITH(host_blocked.experts.pack_panels(moekit::MatrixOrder::panels4),
+                    Catch::Contains("blocked_panels4") && Catch::Contains("only from rows"));
   for (Precision p : ps) {
     const auto a = host_panels.read_expert({3, 5}, p), b = in_panels.read_expert({3, 5}, p);
     CHECK(a == b);
