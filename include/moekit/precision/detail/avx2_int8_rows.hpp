@@ -99,15 +99,18 @@ MOEKIT_TARGET_AVX2_VNNI inline __m256i codes_dot(__m256i u, __m256i s) noexcept 
   }
 }
 
-/// Σ code·xq per int32 lane of 32 code bytes at `p` (lane L: chunk L / (Bits) of the half block),
-/// the activation of plane k at xq + k·plane_stride. Without VNNI, q8 codes are read as q − 128.
-template <unsigned Bits, bool Vnni>
-MOEKIT_TARGET_AVX2_VNNI inline __m256i half_dot(const std::byte* p, const std::int8_t* xq,
-                                                std::size_t plane_stride) noexcept {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  __m256i act[8 / Bits];  // (a lambda would not carry the target attribute)
+/// The activation of the 8/Bits planes of half a block, plane k at xq + k·plane_stride.
+template <unsigned Bits>
+MOEKIT_TARGET_AVX2 inline void half_activation(const std::int8_t* xq, std::size_t plane_stride,
+                                               __m256i* act) noexcept {
   for (unsigned k = 0; k < 8 / Bits; ++k)
     act[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k * plane_stride));
+}
+
+/// Σ code·xq per int32 lane of the 32 code bytes `v` (lane L: chunk L / (Bits) of the half
+/// block) by the half block's activation planes `act`. Without VNNI, q8 codes are read as q − 128.
+template <unsigned Bits, bool Vnni>
+MOEKIT_TARGET_AVX2_VNNI inline __m256i half_dot(__m256i v, const __m256i* act) noexcept {
   const __m256i z = _mm256_setzero_si256();
   if constexpr (Bits == 8) {
     return codes_dot<8, Vnni>(v, act[0]);
@@ -127,6 +130,15 @@ MOEKIT_TARGET_AVX2_VNNI inline __m256i half_dot(const std::byte* p, const std::i
       return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
     }
   }
+}
+
+/// half_dot of the 32 code bytes at `p`, the activation planes at xq + k·plane_stride.
+template <unsigned Bits, bool Vnni>
+MOEKIT_TARGET_AVX2_VNNI inline __m256i half_dot(const std::byte* p, const std::int8_t* xq,
+                                                std::size_t plane_stride) noexcept {
+  __m256i act[8 / Bits];  // (a lambda would not carry the target attribute)
+  half_activation<Bits>(xq, plane_stride, act);
+  return half_dot<Bits, Vnni>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), act);
 }
 
 /// How far ahead of its loads row_dot prefetches (as the AVX-512 panel kernel: one stream).
@@ -154,19 +166,19 @@ MOEKIT_TARGET_AVX2 inline __m256 half_scales(const float* sdx) noexcept {
 template <unsigned Bits, bool Vnni>
 constexpr float zero_shift = Bits == 8 && !Vnni ? 128.f : 0.f;
 
-/// s·dx of eight chunks from chunk k into sdx[k..k+8), and their zero-point terms
+/// s·dx of eight chunks from chunk k into out[0..8), and their zero-point terms
 /// s·(z − shift)·dx·Σxq added to `zt`; the f16 scales (zero points) of chunk k's group at
 /// `scales` (`zeros`, affine only), groups of 2^shift chunks.
 template <unsigned Bits, bool Vnni>
 MOEKIT_TARGET_AVX2 inline void chunk_scales8(const std::byte* scales, const std::byte* zeros,
                                              const RowLayout& l, const Int8Activation& a,
                                              std::size_t k, int shift, __m256i lane_group,
-                                             float* sdx, __m256& zt) noexcept {
+                                             float* out, __m256& zt) noexcept {
   const __m256 s = chunk_values(scales, shift, lane_group);
   const __m256 z = l.affine ? _mm256_sub_ps(chunk_values(zeros, shift, lane_group),
                                             _mm256_set1_ps(zero_shift<Bits, Vnni>))
                             : _mm256_set1_ps(l.symmetric_zero - zero_shift<Bits, Vnni>);
-  _mm256_storeu_ps(sdx + k, _mm256_mul_ps(s, _mm256_loadu_ps(a.dx + k)));
+  _mm256_storeu_ps(out, _mm256_mul_ps(s, _mm256_loadu_ps(a.dx + k)));
   zt = _mm256_fmadd_ps(_mm256_mul_ps(s, z), _mm256_loadu_ps(a.dx_sum + k), zt);
 }
 
@@ -212,7 +224,7 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot_from(const std::byte* row, const Ro
     for (; k + 8 <= chunks; k += 8) {
       const std::size_t at = 2 * (k >> shift);
       chunk_scales8<Bits, Vnni>(row + l.scales_offset + at, row + l.zeros_offset + at, l, a, k,
-                                shift, lane_group, sdx, zt);
+                                shift, lane_group, sdx + k, zt);
     }
   }
   float zero_term = hsum(zt);
@@ -257,12 +269,13 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot(const std::byte* row, const RowLayo
 }
 
 /// The four rows of one 512-column step of a panel (at `step`, laid out as `l` says) into their
-/// sums, row after row; `c`: the step's first chunk. Per row the same operations in the same
-/// order as row_dot's on those chunks, so a row read in panels gives row_dot's result bit for bit.
-/// `sdx`: scratch of >= c + 16 floats.
+/// sums; `c`: the step's first chunk. The rows share each load of the activation (AVX2 has no
+/// spare load bandwidth: the q4 kernel is compute-bound at one thread). Per row the same
+/// operations in the same order as row_dot's on those chunks, so a row read in panels gives
+/// row_dot's result bit for bit.
 template <unsigned Bits, bool Vnni>
 MOEKIT_TARGET_AVX2_VNNI inline void panel_step(const std::byte* step, const PanelLayout& l,
-                                               const Int8Activation& a, std::size_t c, float* sdx,
+                                               const Int8Activation& a, std::size_t c,
                                                RowSums* st) noexcept {
   constexpr std::size_t H = PanelLayout::height, per_block = block_chunks(Bits),
                         chunk_bytes = 4 * Bits;
@@ -270,15 +283,27 @@ MOEKIT_TARGET_AVX2_VNNI inline void panel_step(const std::byte* step, const Pane
   const __m256i lane_group = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), shift);
   const std::byte* values = step + H * l.code_bytes;
   const std::size_t half = 2 * (8u >> shift);  // bytes of the f16 values of eight chunks
+  alignas(32) float sdx[H][16];                 // per row: s·dx of the step's chunks
   for (std::size_t n = 0; n < H; ++n) {
     const std::byte* sc = values + n * l.value_bytes;
     const std::byte* zp = values + (H + n) * l.value_bytes;
-    chunk_scales8<Bits, Vnni>(sc, zp, l.row, a, c, shift, lane_group, sdx, st[n].zt);
-    chunk_scales8<Bits, Vnni>(sc + half, zp + half, l.row, a, c + 8, shift, lane_group, sdx,
+    chunk_scales8<Bits, Vnni>(sc, zp, l.row, a, c, shift, lane_group, sdx[n], st[n].zt);
+    chunk_scales8<Bits, Vnni>(sc + half, zp + half, l.row, a, c + 8, shift, lane_group, sdx[n] + 8,
                               st[n].zt);
-    const std::byte* codes = step + n * l.code_bytes;
-    for (std::size_t b = 0; b < 16; b += per_block)
-      block_into<Bits, Vnni>(codes + b * chunk_bytes, a, sdx, c + b, st[n]);
+  }
+  for (std::size_t b = 0; b < 16; b += per_block) {  // as block_into, the four rows at once
+    __m256i act0[8 / Bits], act1[8 / Bits];
+    half_activation<Bits>(a.xq + 32 * (c + b), 64, act0);
+    half_activation<Bits>(a.xq + 32 * (c + b) + 32, 64, act1);
+    for (std::size_t n = 0; n < H; ++n) {
+      const std::byte* p = step + n * l.code_bytes + b * chunk_bytes;
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+      st[n].acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(v0, act0)),
+                                   half_scales<Bits>(sdx[n] + b), st[n].acc0);
+      st[n].acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(v1, act1)),
+                                   half_scales<Bits>(sdx[n] + b + per_block / 2), st[n].acc1);
+    }
   }
 }
 
@@ -304,7 +329,7 @@ MOEKIT_TARGET_AVX2_VNNI inline void panels_dots(const std::byte* group, std::siz
         const std::uintptr_t ahead = reinterpret_cast<std::uintptr_t>(step) + prefetch_bytes;
         for (std::size_t o = 0; o < l.step_bytes; o += 64)
           _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
-        panel_step<Bits, Vnni>(step, l, a, 16 * s, sdx, sums[k]);
+        panel_step<Bits, Vnni>(step, l, a, 16 * s, sums[k]);
       }
     }
   }
