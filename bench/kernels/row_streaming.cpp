@@ -2,8 +2,9 @@
 // without the software prefetch), on cold Mixtral expert shapes, as a fraction of the streaming
 // read of the same bytes, all timed round by round in one process. It is how the per-core table
 // in moekit/precision/row_streaming.hpp was filled, and how to check it on another CPU: the
-// column marked * is what this CPU gets by default. The last column is the same matrix in 4-row
-// panels (MatrixOrder::panels4: one stream per thread, whatever the core), same rounds.
+// column marked * is what this CPU gets by default. The last two columns are the same matrix in
+// 4-row panels (MatrixOrder::panels4: one stream per thread, whatever the core) and in blocked
+// panels (MatrixOrder::blocked_panels4), same rounds.
 //
 // Usage: moekit_bench_row_streaming [--reps N] [--threads N]
 #include <algorithm>
@@ -44,7 +45,7 @@ int main(int argc, char** argv) {
   std::printf("int8-activation GEMV, cold weights (rotation over %zu MiB), CPU core %s; medians of %d "
               "rounds; %% of the streaming read (the faster of one and four prefetched streams per "
               "thread); S = streams per thread, p = prefetched, * = this core's default; panels = "
-              "the matrix in 4-row panels\n",
+              "the matrix in 4-row panels, blocked = in blocked panels\n",
               bench::rotation_bytes >> 20, std::string(name(detect_core())).c_str(), reps);
   // As bench/kernels/ggml_peer.sh: the formats ggml's q8_0, q4_0 and q2_K compare with.
   const std::pair<Precision, QuantScheme> formats[] = {
