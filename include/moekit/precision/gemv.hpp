@@ -233,17 +233,13 @@ struct GemvPlan {
   void dots(const std::byte* const* rows, float* scratch, float* out,
             const std::byte* const* next = nullptr) const noexcept {
 #if defined(MOEKIT_HAS_X86_KERNELS)
-    if (int8 == Int8Kernel::avx512_vnni) {
-      switch (layout.bits) {
-        case 8: return avx512_int8::row_dots<8, N>(rows, layout, act8, scratch, out, next);
-        case 4: return avx512_int8::row_dots<4, N>(rows, layout, act8, scratch, out, next);
-        default: return avx512_int8::row_dots<2, N>(rows, layout, act8, scratch, out, next);
-      }
-    }
-    if (int8 != Int8Kernel::none) {
-      for (std::size_t n = 0; n < N; ++n) out[n] = avx2_int8_dot(rows[n], scratch);
-      return;
-    }
+    if (int8 == Int8Kernel::avx512_vnni) return with_int8_kernel([&]<unsigned Bits>() {
+      avx512_int8::row_dots<Bits, N>(rows, layout, act8, scratch, out, next);
+    });
+    if (int8 != Int8Kernel::none) return with_int8_kernel([&]<unsigned Bits, bool Vnni>() {
+      for (std::size_t n = 0; n < N; ++n)
+        out[n] = avx2_int8::row_dot<Bits, Vnni>(rows[n], layout, act8, scratch);
+    });
 #endif
     (void)scratch;
     (void)next;
@@ -255,27 +251,12 @@ struct GemvPlan {
   void panels_dots(const std::byte* group, std::size_t count, const PanelLayout& pl, float* scratch,
                    float* out) const noexcept {
 #if defined(MOEKIT_HAS_X86_KERNELS)
-    if (int8 == Int8Kernel::avx512_vnni) {
-      switch (layout.bits) {
-        case 8: return avx512_int8::panels_dots<8>(group, count, pl, act8, scratch, out);
-        case 4: return avx512_int8::panels_dots<4>(group, count, pl, act8, scratch, out);
-        default: return avx512_int8::panels_dots<2>(group, count, pl, act8, scratch, out);
-      }
-    }
-    if (int8 != Int8Kernel::none) {
-      const bool vnni = int8 == Int8Kernel::avx_vnni;
-      switch (layout.bits) {
-        case 8:
-          return vnni ? avx2_int8::panels_dots<8, true>(group, count, pl, act8, scratch, out)
-                      : avx2_int8::panels_dots<8, false>(group, count, pl, act8, scratch, out);
-        case 4:
-          return vnni ? avx2_int8::panels_dots<4, true>(group, count, pl, act8, scratch, out)
-                      : avx2_int8::panels_dots<4, false>(group, count, pl, act8, scratch, out);
-        default:
-          return vnni ? avx2_int8::panels_dots<2, true>(group, count, pl, act8, scratch, out)
-                      : avx2_int8::panels_dots<2, false>(group, count, pl, act8, scratch, out);
-      }
-    }
+    if (int8 == Int8Kernel::avx512_vnni) return with_int8_kernel([&]<unsigned Bits>() {
+      avx512_int8::panels_dots<Bits>(group, count, pl, act8, scratch, out);
+    });
+    if (int8 != Int8Kernel::none) return with_int8_kernel([&]<unsigned Bits, bool Vnni>() {
+      avx2_int8::panels_dots<Bits, Vnni>(group, count, pl, act8, scratch, out);
+    });
 #endif
     std::byte* row = row_buffer(layout.bytes);
     for (std::size_t k = 0; k < count; ++k)
@@ -286,19 +267,21 @@ struct GemvPlan {
   }
 
  private:
-#if defined(MOEKIT_HAS_X86_KERNELS)
-  float avx2_int8_dot(const std::byte* row, float* scratch) const noexcept {
-    const bool vnni = int8 == Int8Kernel::avx_vnni;
+  /// Calls f.template operator()<Bits>() (the AVX-512 kernel) or, for the AVX2 kernels,
+  /// f.template operator()<Bits, Vnni>(), for this plan's code width and int8 kernel.
+  template <class F>
+  void with_int8_kernel(F&& f) const noexcept {
+    auto with = [&]<unsigned Bits>() {
+      if constexpr (requires { f.template operator()<Bits>(); }) f.template operator()<Bits>();
+      else if (int8 == Int8Kernel::avx_vnni) f.template operator()<Bits, true>();
+      else f.template operator()<Bits, false>();
+    };
     switch (layout.bits) {
-      case 8: return vnni ? avx2_int8::row_dot<8, true>(row, layout, act8, scratch)
-                          : avx2_int8::row_dot<8, false>(row, layout, act8, scratch);
-      case 4: return vnni ? avx2_int8::row_dot<4, true>(row, layout, act8, scratch)
-                          : avx2_int8::row_dot<4, false>(row, layout, act8, scratch);
-      default: return vnni ? avx2_int8::row_dot<2, true>(row, layout, act8, scratch)
-                           : avx2_int8::row_dot<2, false>(row, layout, act8, scratch);
+      case 8: return with.template operator()<8>();
+      case 4: return with.template operator()<4>();
+      default: return with.template operator()<2>();
     }
   }
-#endif
 };
 
 inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptions& o,

@@ -134,13 +134,12 @@ MOEKIT_TARGET_AVX2_VNNI inline __m256i half_dot(__m256i v, const __m256i* act) n
   }
 }
 
-/// half_dot of the 32 code bytes at `p`, the activation planes at xq + k·plane_stride.
-template <unsigned Bits, bool Vnni>
-MOEKIT_TARGET_AVX2_VNNI inline __m256i half_dot(const std::byte* p, const std::int8_t* xq,
-                                                std::size_t plane_stride) noexcept {
-  __m256i act[8 / Bits];  // (a lambda would not carry the target attribute)
-  half_activation<Bits>(xq, plane_stride, act);
-  return half_dot<Bits, Vnni>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), act);
+/// The activation of the two halves of the block from the chunk at `xq`: half 0's planes, then
+/// half 1's (2·8/Bits registers).
+template <unsigned Bits>
+MOEKIT_TARGET_AVX2 inline void block_activation(const std::int8_t* xq, __m256i* act) noexcept {
+  half_activation<Bits>(xq, 64, act);
+  half_activation<Bits>(xq + 32, 64, act + 8 / Bits);
 }
 
 /// How far ahead of its loads row_dot prefetches (as the AVX-512 panel kernel: one stream).
@@ -190,17 +189,18 @@ struct RowSums {
   __m256 acc0, acc1, zt;
 };
 
-/// Chunks [c, c + per_block) of a row, codes at `p` (chunk c's), into the two chains.
+/// One block of a row, codes at `p`, activation from block_activation, its chunks' s·dx at
+/// `sdx`, into the two chains (half 0 into acc0, half 1 into acc1).
 template <unsigned Bits, bool Vnni>
-MOEKIT_TARGET_AVX2_VNNI inline void block_into(const std::byte* p, const Int8Activation& a,
-                                               const float* sdx, std::size_t c,
-                                               RowSums& st) noexcept {
+MOEKIT_TARGET_AVX2_VNNI inline void block_into(const std::byte* p, const __m256i* act,
+                                               const float* sdx, RowSums& st) noexcept {
   constexpr std::size_t per_block = block_chunks(Bits);
-  const std::int8_t* xb = a.xq + 32 * c;
-  st.acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(p, xb, 64)),
-                            half_scales<Bits>(sdx + c), st.acc0);
-  st.acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(p + 32, xb + 32, 64)),
-                            half_scales<Bits>(sdx + c + per_block / 2), st.acc1);
+  const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+  st.acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(v0, act)),
+                            half_scales<Bits>(sdx), st.acc0);
+  st.acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(v1, act + 8 / Bits)),
+                            half_scales<Bits>(sdx + per_block / 2), st.acc1);
 }
 
 /// Whether rows of `Bits`-bit codes go eight chunks at a time (chunk_sums8) or block by block
@@ -223,9 +223,8 @@ MOEKIT_TARGET_AVX2 inline __m256i add_halves(__m256i a, __m256i b) noexcept {
 /// planes, 8 registers whatever the width).
 template <unsigned Bits>
 MOEKIT_TARGET_AVX2 inline void group_activation(const std::int8_t* xq, __m256i* act) noexcept {
-  constexpr std::size_t per_block = block_chunks(Bits);
-  for (unsigned h = 0; h < Bits; ++h)
-    half_activation<Bits>(xq + 32 * per_block * (h / 2) + 32 * (h % 2), 64, act + h * (8 / Bits));
+  for (unsigned b = 0; b < Bits / 2; ++b)
+    block_activation<Bits>(xq + 32 * block_chunks(Bits) * b, act + b * 2 * (8 / Bits));
 }
 
 /// Σ code·xq of each of the eight chunks whose codes start at `p` (activation from
@@ -308,7 +307,9 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot_from(const std::byte* row, const Ro
   for (; c < blocked; c += per_block) {  // a block: two halves, each its own chain
     for (const std::size_t to = (c + per_block) * l.bytes / chunks; fetched < to; fetched += 64)
       _mm_prefetch(reinterpret_cast<const char*>(base + fetched), _MM_HINT_T0);
-    block_into<Bits, Vnni>(row + c * chunk_bytes, a, sdx, c, st);
+    __m256i act[2 * 8 / Bits];
+    block_activation<Bits>(a.xq + 32 * c, act);
+    block_into<Bits, Vnni>(row + c * chunk_bytes, act, sdx + c, st);
   }
   float total = hsum(_mm256_add_ps(st.acc0, st.acc1));
   for (; c < chunks; ++c) {  // chunks after the last whole block: codes and activation in chunk order
@@ -356,19 +357,10 @@ MOEKIT_TARGET_AVX2_VNNI inline void panel_step(const std::byte* step, const Pane
   }
   if constexpr (!grouped<Bits>) {  // as row_dot_from: block by block, the four rows at once
     for (std::size_t b = 0; b < 16; b += block_chunks(Bits)) {
-      __m256i act0[8 / Bits], act1[8 / Bits];
-      half_activation<Bits>(a.xq + 32 * (c + b), 64, act0);
-      half_activation<Bits>(a.xq + 32 * (c + b) + 32, 64, act1);
-      for (std::size_t n = 0; n < H; ++n) {
-        const std::byte* p = step + n * l.code_bytes + b * chunk_bytes;
-        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
-        st[n].acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(v0, act0)),
-                                     half_scales<Bits>(sdx[n] + b), st[n].acc0);
-        st[n].acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot<Bits, Vnni>(v1, act1)),
-                                     half_scales<Bits>(sdx[n] + b + block_chunks(Bits) / 2),
-                                     st[n].acc1);
-      }
+      __m256i act[2 * 8 / Bits];
+      block_activation<Bits>(a.xq + 32 * (c + b), act);
+      for (std::size_t n = 0; n < H; ++n)
+        block_into<Bits, Vnni>(step + n * l.code_bytes + b * chunk_bytes, act, sdx[n] + b, st[n]);
     }
     return;
   }
