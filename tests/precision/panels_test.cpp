@@ -98,7 +98,8 @@ TEST_CASE("panels: GEMV, GEMM and the FFN compute what they compute on rows",
             // Every kernel path (float activations on each ISA, int8 activations on AVX-512 VNNI
             // and AVX2), one thread and two, y = and y += : bit-identical to the matrix in rows
             // (the panel kernels do the row kernels' operations in the row kernels' order).
-            // The AVX2 int8 kernels with AVX-VNNI (where the CPU has it) and with vpmaddubsw.
+            // int8: 0 float activations, 1 int8 (on AVX2 with AVX-VNNI where the CPU has it),
+            // 2 int8 on AVX2 with vpmaddubsw.
             for (Isa isa : isas)
               for (int int8 : {0, 1, 2})
                 for (ThreadPool* tp : {static_cast<ThreadPool*>(nullptr), &pool}) {
