@@ -104,6 +104,9 @@ struct Options {
   BudgetSpec budget{};
   std::string budget_text = "all";
   moekit::Precision precision = moekit::Precision::f16;
+  /// --dense-precision: what the dense matrices are held at (nullopt = auto: each at its
+  /// checkpoint's own float type, bf16/f16 or f32)
+  std::optional<moekit::Precision> dense_precision;
   ActivationMode activations = ActivationMode::automatic;  ///< --activations (activations.hpp)
   /// --row-streaming: how the int8 kernels stream rows (nullopt = this CPU core's table)
   std::optional<moekit::RowStreaming> row_streaming;
@@ -161,6 +164,11 @@ class Cli {
                     "bytes of expert cache: all, 2GiB, 512MiB, 1.5G, 50% (of all experts)");
     app_.add_option("--precision", precision_text_,
                     "precision experts are stored and run at: f32, bf16, f16, q8, q4, q2");
+    app_.add_option("--dense-precision", dense_precision_text_,
+                    "precision the dense matrices (embeddings, attention, LM head, shared "
+                    "experts) are held and run at: auto (the checkpoint's own float type: bf16 "
+                    "or f16 where stored so, else f32; lossless), f32, bf16, f16, q8, q4 "
+                    "(grouped as the experts); routers and norms stay f32");
     app_.add_option("--activations", activations_text_,
                     "activations of quantized experts in decode: f32, int8 (rounded per 32 "
                     "values, AVX-512 VNNI kernels, like ggml's q8_0), auto (int8 on CPUs with "
@@ -245,6 +253,14 @@ class Cli {
                           "--precision: '" + precision_text_ +
                               "' is not one of f32, bf16, f16, q8, q4, q2");
     o_.precision = *p;
+    if (dense_precision_text_ != "auto") {
+      const auto d = moekit::parse_precision(dense_precision_text_);
+      if (!d || *d == moekit::Precision::skip || *d == moekit::Precision::q2)
+        throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                            "--dense-precision: '" + dense_precision_text_ +
+                                "' is not one of auto, f32, bf16, f16, q8, q4");
+      o_.dense_precision = d;
+    }
     const auto a = parse_activation_mode(activations_text_);
     if (!a)
       throw moekit::Error(moekit::ErrorKind::invalid_argument,
@@ -342,6 +358,7 @@ class Cli {
   Options o_;
   std::string precision_text_ = "f16";
   std::string activations_text_ = "auto";
+  std::string dense_precision_text_ = "auto";
   std::string row_streaming_text_ = "auto";
   std::string expert_layout_text_ = "auto";
   bool stop_ = false;

@@ -247,17 +247,23 @@ inline ModelConfig gguf_config(const moekit::io::GgufFile& g) {
   return c;
 }
 
-/// Loads the dense part of GGUF file `g` (config `cfg` from gguf_config) in f32, and the routed
-/// experts into host memory at each of `expert_precisions` (none: the experts come from a store).
+/// Loads the dense part of GGUF file `g` (config `cfg` from gguf_config), held as `dense_storage`
+/// says, and the routed experts into host memory at each of `expert_precisions` (none: the
+/// experts come from a store).
 inline ModelWeights load_gguf_weights(const ModelConfig& cfg, const moekit::io::GgufFile& g,
-                                      std::vector<moekit::Precision> expert_precisions) {
+                                      std::vector<moekit::Precision> expert_precisions,
+                                      const DenseStorage& dense_storage = {}) {
   const detail::CheckedReader r(g);
   const std::size_t H = cfg.hidden, V = cfg.vocab_size;
   ModelWeights w;
   DenseWeights& d = w.dense;
   d.embed = r.linear("token_embd", V, H);
+  dense_storage.narrow(d.embed);
   d.final_norm = r.read("output_norm.weight", {H});
-  if (!cfg.tie_word_embeddings) d.lm_head = r.linear("output", V, H);
+  if (!cfg.tie_word_embeddings) {
+    d.lm_head = r.linear("output", V, H);
+    dense_storage.narrow(d.lm_head);
+  }
   const bool permuted = cfg.arch == Architecture::mixtral;  // llama: GGML adjacent-pair RoPE rows
   const moekit::ModelShape shape = cfg.shape();
   const bool with_experts = !expert_precisions.empty();
@@ -289,6 +295,7 @@ inline ModelWeights load_gguf_weights(const ModelConfig& cfg, const moekit::io::
       L.shared_gate.cols = H;
       L.shared_gate.w = r.read_vector(p + "ffn_gate_inp_shexp.weight", H);
     }
+    dense_storage.narrow(L);
     for (std::uint32_t e = 0; with_experts && e < cfg.n_experts; ++e) {
       const ExpertF32 x = read_expert_f32(g, io_architecture(cfg.arch),
                                           moekit::io::TensorFormat::gguf, l, e, shape);

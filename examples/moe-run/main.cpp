@@ -190,6 +190,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   j["fallbacks"] = s.fallbacks;
   j["evictions"] = s.cache.evictions;
   j["dense_bytes"] = w.dense.bytes();
+  j["dense_precision"] = w.dense.precisions();
   j["kv_cache_bytes"] = model.kv_cache().bytes();
   j["host_expert_bytes"] = w.experts.total_bytes();
   return j;
@@ -336,7 +337,7 @@ void print_stats(const nlohmann::json& j) {
                "\nprefill: %zu tokens, %.2f tokens/s | generated: %zu tokens, decode %.2f tokens/s\n"
                "experts: preset %s at %s, %s activations, budget %zu bytes, hit rate %.1f%% (%llu "
                "hits, %llu misses), %llu bytes loaded, %llu evictions\n"
-               "prediction: %s | fallbacks: %llu\n",
+               "prediction: %s | fallbacks: %llu | dense part: %s, %.1f MiB\n",
                j["prompt_tokens"].get<std::size_t>(), j["prefill_tokens_per_s"].get<double>(),
                j["generated_tokens"].get<std::size_t>(), j["decode_tokens_per_s"].get<double>(),
                j["preset"].get<std::string>().c_str(), j["precision"].get<std::string>().c_str(),
@@ -344,7 +345,8 @@ void print_stats(const nlohmann::json& j) {
                j["hits"].get<unsigned long long>(), j["misses"].get<unsigned long long>(),
                j["bytes_loaded"].get<unsigned long long>(),
                j["evictions"].get<unsigned long long>(), prediction.c_str(),
-               j["fallbacks"].get<unsigned long long>());
+               j["fallbacks"].get<unsigned long long>(), j["dense_precision"].get<std::string>().c_str(),
+               j["dense_bytes"].get<double>() / (1 << 20));
 }
 
 // ---- expert source and preset inputs (offload wiring) -------------------------------------
@@ -491,8 +493,9 @@ int run(const Options& o) {
   const std::vector<moekit::Precision> host_precisions =
       where.store ? std::vector<moekit::Precision>{} : needed;
   const ModelWeights w = [&] {
-    ModelWeights l = gguf ? load_gguf_weights(cfg, *gguf, host_precisions)
-                          : load_weights(cfg, mp.dir, host_precisions);
+    const DenseStorage dense{o.dense_precision, shape.quant};
+    ModelWeights l = gguf ? load_gguf_weights(cfg, *gguf, host_precisions, dense)
+                          : load_weights(cfg, mp.dir, host_precisions, dense);
     if (!where.store && moekit::in_panels(order)) l.experts.pack_panels(order);
     return l;
   }();

@@ -130,7 +130,7 @@ class Model {
         moekit::detail::fail(moekit::ErrorKind::invalid_argument,
                              "token id " + std::to_string(tokens[t]) + " >= vocab_size " +
                                  std::to_string(cfg_.vocab_size));
-      std::copy_n(w_.embed.w.data() + std::size_t{tokens[t]} * H, H, x_.data() + t * H);
+      w_.embed.row(tokens[t], x_.data() + t * H);
     }
     const ForwardInfo info{kv_.size(), n, phase, sequence_id_};
     const bool batched = phase == moekit::Phase::prefill;

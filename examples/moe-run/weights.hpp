@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -33,20 +34,50 @@
 
 namespace moe_run {
 
-/// A dense f32 linear layer y = W·x (+ b); W is rows × cols (cols = input size).
+/// A dense linear layer y = W·x (+ b); W is rows × cols (cols = input size). Read from the
+/// checkpoint in f32 (`w`), then stored at the precision DenseStorage chooses (`narrow`: the
+/// weights move to `packed`); the kernels read either through view().
 struct Linear {
-  std::vector<float> w;
-  std::vector<float> bias;  ///< empty when the layer has no bias
+  std::vector<float> w;            ///< f32 weights (empty once narrowed)
+  std::vector<std::byte> packed;   ///< the weights at `precision` in precision/'s row format
+  moekit::Precision precision = moekit::Precision::f32;
+  moekit::QuantScheme scheme{};    ///< grouping of `packed` when quantized
+  /// The checkpoint's own float type of W (bf16/f16 when stored so, else f32): what
+  /// DenseStorage's automatic choice narrows to, losslessly.
+  moekit::Precision source = moekit::Precision::f32;
+  std::vector<float> bias;  ///< empty when the layer has no bias (always f32)
   std::size_t rows = 0;
   std::size_t cols = 0;
 
   [[nodiscard]] moekit::MatrixView view() const noexcept {
-    return {reinterpret_cast<const std::byte*>(w.data()), rows, cols, moekit::Precision::f32, {}};
+    if (precision == moekit::Precision::f32)
+      return {reinterpret_cast<const std::byte*>(w.data()), rows, cols, moekit::Precision::f32, {}};
+    return {packed.data(), rows, cols, precision, scheme};
   }
-  [[nodiscard]] bool empty() const noexcept { return w.empty(); }
+  [[nodiscard]] bool empty() const noexcept { return w.empty() && packed.empty(); }
+  /// Bytes of the weights and bias as held.
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    return (w.size() + bias.size()) * sizeof(float) + packed.size();
+  }
+  /// Row r of W in f32 into out[0..cols) (the embedding lookup).
+  void row(std::size_t r, float* out) const {
+    if (precision == moekit::Precision::f32) {
+      std::copy_n(w.data() + r * cols, cols, out);
+      return;
+    }
+    moekit::decode_row(view().row(r), cols, precision, scheme, out);
+  }
+  /// Stores W at `p` (quantized ones grouped by `s`), freeing the f32 copy; f32 keeps it.
+  void narrow(moekit::Precision p, moekit::QuantScheme s) {
+    if (p == moekit::Precision::f32 || w.empty()) return;
+    packed = moekit::encode_matrix<float>(w, rows, cols, p, s);
+    precision = p;
+    scheme = s;
+    std::vector<float>().swap(w);
+  }
 };
 
-/// A SwiGLU MLP kept in f32 (Qwen2-MoE's shared expert and dense layers).
+/// A SwiGLU MLP (Qwen2-MoE's shared expert and dense layers).
 struct DenseMlp {
   Linear gate, up, down;
   [[nodiscard]] moekit::ExpertWeights view() const noexcept {
@@ -66,6 +97,36 @@ struct LayerWeights {
   DenseMlp mlp;                       ///< dense MLP (non-MoE layers)
 };
 
+/// The precision the dense part's matrices are held at: embeddings, attention, the LM head,
+/// shared experts and dense MLPs. Routers, norms and biases stay f32 (small, and routing
+/// decisions are sensitive to them). `precision` nullopt: every matrix at its checkpoint's own
+/// float type (bf16 or f16 where stored so, else f32), which loses nothing.
+struct DenseStorage {
+  std::optional<moekit::Precision> precision = moekit::Precision::f32;
+  moekit::QuantScheme scheme{};  ///< grouping when quantized (q8/q4)
+
+  void narrow(Linear& l) const { l.narrow(precision.value_or(l.source), scheme); }
+  void narrow(DenseMlp& m) const {
+    narrow(m.gate);
+    narrow(m.up);
+    narrow(m.down);
+  }
+  /// A decoder layer's matrices once read whole (GGUF's q/k are un-permuted first).
+  void narrow(LayerWeights& l) const {
+    for (Linear* x : {&l.q, &l.k, &l.v, &l.o}) narrow(*x);
+    narrow(l.shared);
+    narrow(l.mlp);
+  }
+};
+
+/// The checkpoint's float type of a tensor of `t` as a Precision (quantized GGUF types: f32,
+/// their dequantized values having no exact narrower float).
+inline moekit::Precision source_precision(moekit::io::DType t) noexcept {
+  return t == moekit::io::DType::bf16  ? moekit::Precision::bf16
+         : t == moekit::io::DType::f16 ? moekit::Precision::f16
+                                       : moekit::Precision::f32;
+}
+
 /// The dense part of the model.
 struct DenseWeights {
   Linear embed;    ///< vocab × hidden
@@ -75,7 +136,7 @@ struct DenseWeights {
 
   [[nodiscard]] const Linear& output() const noexcept { return lm_head.empty() ? embed : lm_head; }
   [[nodiscard]] std::size_t bytes() const noexcept {
-    auto lin = [](const Linear& l) { return (l.w.size() + l.bias.size()) * sizeof(float); };
+    auto lin = [](const Linear& l) { return l.bytes(); };
     auto mlp = [&](const DenseMlp& m) { return lin(m.gate) + lin(m.up) + lin(m.down); };
     std::size_t n = lin(embed) + lin(lm_head) + final_norm.size() * sizeof(float);
     for (const auto& l : layers)
@@ -84,6 +145,23 @@ struct DenseWeights {
            lin(l.q) + lin(l.k) + lin(l.v) + lin(l.o) + lin(l.router) + mlp(l.shared) +
            lin(l.shared_gate) + mlp(l.mlp);
     return n;
+  }
+  /// The precisions of the matrices DenseStorage narrows, "+"-joined in first-seen order: "bf16",
+  /// or "bf16+f32" for a checkpoint of mixed float types.
+  [[nodiscard]] std::string precisions() const {
+    std::string out;
+    auto add = [&](const Linear& l) {
+      const std::string n(moekit::name(l.precision));
+      if (!l.empty() && ("+" + out + "+").find("+" + n + "+") == std::string::npos)
+        out += (out.empty() ? "" : "+") + n;
+    };
+    add(embed);
+    add(lm_head);
+    for (const auto& l : layers)
+      for (const Linear* x : {&l.q, &l.k, &l.v, &l.o, &l.shared.gate, &l.shared.up, &l.shared.down,
+                              &l.mlp.gate, &l.mlp.up, &l.mlp.down})
+        add(*x);
+    return out;
   }
 };
 
@@ -281,6 +359,7 @@ class CheckedReader {
     l.rows = rows;
     l.cols = cols;
     l.w = read(name + ".weight", {rows, cols});
+    l.source = source_precision(m_.tensor(name + ".weight").dtype);
     if (bias) l.bias = read(name + ".bias", {rows});
     return l;
   }
@@ -302,17 +381,24 @@ class CheckedReader {
 
 /// Loads a Hugging Face safetensors checkpoint (directory, index or single file) for `cfg`,
 /// encoding the routed experts at each of `expert_precisions`. With no precision the routed
-/// experts are not read at all (they come from an expert store): only the dense part is loaded.
+/// experts are not read at all (they come from an expert store): only the dense part is loaded,
+/// held as `dense_storage` says (each layer narrowed once read, so the f32 copy of at most one
+/// layer exists at a time).
 inline ModelWeights load_weights(const ModelConfig& cfg, const std::filesystem::path& path,
-                                 std::vector<moekit::Precision> expert_precisions) {
+                                 std::vector<moekit::Precision> expert_precisions,
+                                 const DenseStorage& dense_storage = {}) {
   const auto model = moekit::io::SafetensorsModel::open(path);
   const detail::CheckedReader r(model);
   const std::size_t H = cfg.hidden, V = cfg.vocab_size;
   ModelWeights w;
   DenseWeights& d = w.dense;
   d.embed = r.linear("model.embed_tokens", V, H);
+  dense_storage.narrow(d.embed);
   d.final_norm = r.read("model.norm.weight", {H});
-  if (!cfg.tie_word_embeddings) d.lm_head = r.linear("lm_head", V, H);
+  if (!cfg.tie_word_embeddings) {
+    d.lm_head = r.linear("lm_head", V, H);
+    dense_storage.narrow(d.lm_head);
+  }
 
   const moekit::ModelShape shape = cfg.shape();
   const bool with_experts = !expert_precisions.empty();
@@ -335,6 +421,7 @@ inline ModelWeights load_weights(const ModelConfig& cfg, const std::filesystem::
     const std::int32_t m = cfg.moe_index[l];
     if (m < 0) {
       L.mlp = r.mlp(p + ".mlp", H, cfg.dense_ffn);
+      dense_storage.narrow(L);
       continue;
     }
     const std::string moe = p + (mixtral ? ".block_sparse_moe" : ".mlp");
@@ -343,6 +430,7 @@ inline ModelWeights load_weights(const ModelConfig& cfg, const std::filesystem::
       L.shared = r.mlp(moe + ".shared_expert", H, cfg.shared_ffn);
       L.shared_gate = r.linear(moe + ".shared_expert_gate", 1, H);
     }
+    dense_storage.narrow(L);
     const std::size_t F = cfg.expert_ffn;
     for (std::uint32_t e = 0; with_experts && e < cfg.n_experts; ++e) {
       const std::string x = moe + ".experts." + std::to_string(e);

@@ -113,6 +113,21 @@ TEST_CASE("moe-run --activations parses auto, f32 and int8 and refuses the rest"
   }
 }
 
+TEST_CASE("moe-run --dense-precision parses auto and the float and 8/4-bit formats, refuses the rest",
+          "[engine][cli]") {
+  CHECK_FALSE(parse({}).options.dense_precision.has_value());
+  CHECK_FALSE(parse({"--dense-precision", "auto"}).options.dense_precision.has_value());
+  CHECK(parse({"--dense-precision", "bf16"}).options.dense_precision == moekit::Precision::bf16);
+  CHECK(parse({"--dense-precision", "q8"}).options.dense_precision == moekit::Precision::q8);
+  for (const char* bad : {"q2", "skip", "", "fp16", "BF16"}) {
+    const auto p = parse({"--dense-precision", bad});
+    INFO(bad << ": " << p.err);
+    CHECK(p.rc != 0);
+    CHECK(p.err.find("--dense-precision") != std::string::npos);
+    CHECK(p.err.find("auto, f32, bf16, f16, q8, q4") != std::string::npos);
+  }
+}
+
 TEST_CASE("moe-run --row-streaming parses auto and 1/2/4 with an optional p, refuses the rest",
           "[engine][cli]") {
   CHECK_FALSE(parse({}).options.row_streaming.has_value());
