@@ -106,10 +106,11 @@ def llama_decode(llm: llama_cpp.Llama, prompt: list[int], n: int) -> tuple[float
     return perf.n_eval / (perf.t_eval_ms / 1e3), out
 
 
-def moe_run_decode(moe_run: Path, model_dir: Path, precision: str, prompt: str, n: int,
+def moe_run_decode(moe_run: Path, model_dir: Path, precision: str, dense: str, prompt: str, n: int,
                    threads: int) -> tuple[float, str]:
     cmd = [str(moe_run), "-m", str(model_dir), "-p", prompt, "-n", str(n), "-t", str(threads),
-           "--temp", "0", "--precision", precision, "--expert-budget", "all", "--in-memory", "--json"]
+           "--temp", "0", "--precision", precision, "--dense-precision", dense, "--expert-budget",
+           "all", "--in-memory", "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr}")
@@ -131,18 +132,18 @@ def bench(a) -> None:
     print("llama.cpp: eval time of the one-token llama_decode calls (llama_perf_context); "
           "moe-run: its decode_tokens_per_s (--json), experts in memory (--in-memory --expert-budget all)")
     print(f"start: {load_average()}")
-    print(f"{'llama.cpp GGUF':32s} {'moe-run experts':15s} {'-t':>3s} {'llama tok/s':>11s} "
+    print(f"{'llama.cpp GGUF':32s} {'moe-run experts/dense':21s} {'-t':>3s} {'llama tok/s':>11s} "
           f"{'moe tok/s':>10s} {'moe/llama':>9s}  same text  llama range / moe range")
     for t in threads:
         for pair in a.pair:
-            gguf, precision = pair.rsplit(":", 1)
+            gguf, precision, dense = pair.rsplit(":", 2)
             gguf = Path(gguf)
             llm = load(gguf, 512, t, logits_all=False)
             prompt = llm.tokenize(a.prompt.encode("utf-8"), add_bos=True, special=False)
             lt, mt, same = [], [], True
             for r in range(a.rounds + 1):
                 tps, toks = llama_decode(llm, prompt, a.n)
-                mps, text = moe_run_decode(a.moe_run, a.model_dir, precision, a.prompt, a.n, t)
+                mps, text = moe_run_decode(a.moe_run, a.model_dir, precision, dense, a.prompt, a.n, t)
                 ltext = llm.detokenize(toks).decode("utf-8", errors="replace")
                 same = same and ltext.strip() == text.strip()
                 if r > 0:  # round 0 warms caches, page tables and llama.cpp's graph allocator
@@ -150,7 +151,7 @@ def bench(a) -> None:
                     mt.append(mps)
             del llm
             l, m = statistics.median(lt), statistics.median(mt)
-            print(f"{gguf.name:32s} {precision:15s} {t:3d} {l:11.1f} {m:10.1f} {m / l:8.2f}x  "
+            print(f"{gguf.name:32s} {precision + '/' + dense:21s} {t:3d} {l:11.1f} {m:10.1f} {m / l:8.2f}x  "
                   f"{'yes' if same else 'no':9s}  {min(lt):.0f}-{max(lt):.0f} / {min(mt):.0f}-{max(mt):.0f}",
                   flush=True)
     print(f"end: {load_average()}")
@@ -168,7 +169,7 @@ def main() -> None:
     b = sub.add_parser("bench")
     b.add_argument("moe_run", type=Path)
     b.add_argument("model_dir", type=Path)
-    b.add_argument("--pair", action="append", required=True, help="GGUF:moe-run precision")
+    b.add_argument("--pair", action="append", required=True, help="GGUF:moe-run expert precision:moe-run dense precision")
     b.add_argument("-p", "--prompt", default="The history of the")
     b.add_argument("-n", type=int, default=128)
     b.add_argument("-t", "--threads", default="2", help="thread counts, comma-separated (1,2)")

@@ -66,9 +66,10 @@ fi
 moe_run="${1:-$here/build/release/examples/moe-run/moe-run}"
 shift || true
 [[ -x "$moe_run" ]] || { echo "moe-run not found at $moe_run (pass its path)" >&2; exit 1; }
-# Same bytes on both sides: f16 experts + f32 rest (moe-run's dense part is always f32) and all
-# f32. The all-f16 GGUF (llama.cpp's usual f16 file: attention and the tied 32000-row head in f16
-# too, half of moe-run's dense bytes) is the third pair.
+# Same bytes on both sides: f16 experts + f32 rest, all f32, and llama.cpp's usual all-f16 file
+# (attention and the tied 32000-row head in f16 too) against moe-run's dense part in f16. The
+# fourth pair is moe-run's default (--dense-precision auto: the checkpoint's bf16) against that
+# all-f16 file: the same bytes, bf16 instead of f16.
 "$py" "$here/bench/engine/llama_cpp_peer.py" bench "$moe_run" "$model" \
-  --pair "$out/moekit-tiny-moe-f16_experts.gguf:f16" --pair "$out/moekit-tiny-moe-f32.gguf:f32" \
-  --pair "$out/moekit-tiny-moe-f16.gguf:f16" "$@"
+  --pair "$out/moekit-tiny-moe-f16_experts.gguf:f16:f32" --pair "$out/moekit-tiny-moe-f32.gguf:f32:f32" \
+  --pair "$out/moekit-tiny-moe-f16.gguf:f16:f16" --pair "$out/moekit-tiny-moe-f16.gguf:f16:auto" "$@"
