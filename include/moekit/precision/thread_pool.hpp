@@ -8,10 +8,9 @@
 /// step runs hundreds of small jobs back to back, and waking a sleeping thread (a futex round
 /// trip, 10-30 µs on this VM) cost more than a small job (moe-run on the default model ran no
 /// faster on two threads than on one). A job is only announced with a system call when a worker
-/// sleeps. Chunks of `grain` indices are claimed
-/// from a shared atomic counter, so a worker slowed by a busy core takes fewer chunks. One job
-/// runs at a time; concurrent callers are serialised. Exceptions thrown by the body are rethrown in
-/// the caller (the first one wins).
+/// sleeps. Chunks of `grain` indices are claimed from a shared atomic counter, so a worker slowed
+/// by a busy core takes fewer chunks. One job runs at a time; concurrent callers are serialised.
+/// Exceptions thrown by the body are rethrown in the caller (the first one wins).
 
 #include <algorithm>
 #include <atomic>
