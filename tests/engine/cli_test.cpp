@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,6 +27,17 @@ Parsed parse(std::vector<const char*> args) {
   p.err = err.str();
   p.options = cli.options();
   return p;
+}
+
+// Each of `bad` given to `flag` is refused with an error naming the flag and the words it takes.
+void check_refused(const char* flag, std::initializer_list<const char*> bad, const std::string& words) {
+  for (const char* value : bad) {
+    const auto p = parse({flag, value});
+    INFO(flag << " " << value << ": " << p.err);
+    CHECK(p.rc != 0);
+    CHECK(p.err.find(flag) != std::string::npos);
+    CHECK(p.err.find(words) != std::string::npos);
+  }
 }
 }  // namespace
 
@@ -104,13 +116,7 @@ TEST_CASE("moe-run --activations parses auto, f32 and int8 and refuses the rest"
   CHECK(parse({"--activations", "f32"}).options.activations == ActivationMode::f32);
   CHECK(parse({"--activations", "int8"}).options.activations == ActivationMode::int8);
   CHECK(parse({"--activations", "auto"}).options.activations == ActivationMode::automatic);
-  for (const char* bad : {"q8", "INT8", "", "fp32"}) {
-    const auto p = parse({"--activations", bad});
-    INFO(bad << ": " << p.err);
-    CHECK(p.rc != 0);
-    CHECK(p.err.find("--activations") != std::string::npos);
-    CHECK(p.err.find("auto, f32, int8") != std::string::npos);
-  }
+  check_refused("--activations", {"q8", "INT8", "", "fp32"}, "auto, f32, int8");
 }
 
 TEST_CASE("moe-run --dense-precision parses auto and the float and 8/4-bit formats, refuses the rest",
@@ -119,13 +125,7 @@ TEST_CASE("moe-run --dense-precision parses auto and the float and 8/4-bit forma
   CHECK_FALSE(parse({"--dense-precision", "auto"}).options.dense_precision.has_value());
   CHECK(parse({"--dense-precision", "bf16"}).options.dense_precision == moekit::Precision::bf16);
   CHECK(parse({"--dense-precision", "q8"}).options.dense_precision == moekit::Precision::q8);
-  for (const char* bad : {"q2", "skip", "", "fp16", "BF16"}) {
-    const auto p = parse({"--dense-precision", bad});
-    INFO(bad << ": " << p.err);
-    CHECK(p.rc != 0);
-    CHECK(p.err.find("--dense-precision") != std::string::npos);
-    CHECK(p.err.find("auto, f32, bf16, f16, q8, q4") != std::string::npos);
-  }
+  check_refused("--dense-precision", {"q2", "skip", "", "fp16", "BF16"}, "auto, f32, bf16, f16, q8, q4");
 }
 
 TEST_CASE("moe-run --row-streaming parses auto and 1/2/4 with an optional p, refuses the rest",
@@ -135,13 +135,7 @@ TEST_CASE("moe-run --row-streaming parses auto and 1/2/4 with an optional p, ref
   CHECK(parse({"--row-streaming", "2"}).options.row_streaming == moekit::RowStreaming{2, false});
   CHECK(parse({"--row-streaming", "4p"}).options.row_streaming == moekit::RowStreaming{4, true});
   CHECK(parse({"--row-streaming", "1p"}).options.row_streaming == moekit::RowStreaming{1, true});
-  for (const char* bad : {"3", "p", "2pp", "", "8p", "two"}) {
-    const auto p = parse({"--row-streaming", bad});
-    INFO(bad << ": " << p.err);
-    CHECK(p.rc != 0);
-    CHECK(p.err.find("--row-streaming") != std::string::npos);
-    CHECK(p.err.find("auto, 1, 1p, 2, 2p, 4, 4p") != std::string::npos);
-  }
+  check_refused("--row-streaming", {"3", "p", "2pp", "", "8p", "two"}, "auto, 1, 1p, 2, 2p, 4, 4p");
 }
 
 TEST_CASE("moe-run --expert-layout parses auto, rows, panels and blocked-panels and refuses the rest",
@@ -151,13 +145,7 @@ TEST_CASE("moe-run --expert-layout parses auto, rows, panels and blocked-panels 
   CHECK(parse({"--expert-layout", "rows"}).options.expert_layout == moekit::MatrixOrder::rows);
   CHECK(parse({"--expert-layout", "panels"}).options.expert_layout == moekit::MatrixOrder::panels4);
   CHECK(parse({"--expert-layout", "blocked-panels"}).options.expert_layout == moekit::MatrixOrder::blocked_panels4);
-  for (const char* bad : {"panels4", "blocked_panels4", "ROWS", "", "columns"}) {
-    const auto p = parse({"--expert-layout", bad});
-    INFO(bad << ": " << p.err);
-    CHECK(p.rc != 0);
-    CHECK(p.err.find("--expert-layout") != std::string::npos);
-    CHECK(p.err.find("auto, rows, panels, blocked-panels") != std::string::npos);
-  }
+  check_refused("--expert-layout", {"panels4", "blocked_panels4", "ROWS", "", "columns"}, "auto, rows, panels, blocked-panels");
 }
 
 TEST_CASE("moe-run --activations resolves against the experts' precisions, width and the CPU",
