@@ -8,6 +8,7 @@
 /// [w2 (down) hidden×ffn], each matrix in precision/'s row format.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -95,6 +96,14 @@ struct LayerWeights {
   DenseMlp shared;                    ///< Qwen2-MoE shared expert (may be empty)
   Linear shared_gate;                 ///< 1 × hidden (Qwen2-MoE)
   DenseMlp mlp;                       ///< dense MLP (non-MoE layers)
+
+  /// The matrices DenseStorage narrows (all but the router and the shared-expert gate), of `l`
+  /// const or not.
+  template <class Layer>
+  static auto narrowable(Layer& l) noexcept {
+    return std::array{&l.q, &l.k, &l.v, &l.o, &l.shared.gate, &l.shared.up, &l.shared.down,
+                      &l.mlp.gate, &l.mlp.up, &l.mlp.down};
+  }
 };
 
 /// The precision the dense part's matrices are held at: embeddings, attention, the LM head,
@@ -106,16 +115,9 @@ struct DenseStorage {
   moekit::QuantScheme scheme{};  ///< grouping when quantized (q8/q4)
 
   void narrow(Linear& l) const { l.narrow(precision.value_or(l.source), scheme); }
-  void narrow(DenseMlp& m) const {
-    narrow(m.gate);
-    narrow(m.up);
-    narrow(m.down);
-  }
   /// A decoder layer's matrices once read whole (GGUF's q/k are un-permuted first).
   void narrow(LayerWeights& l) const {
-    for (Linear* x : {&l.q, &l.k, &l.v, &l.o}) narrow(*x);
-    narrow(l.shared);
-    narrow(l.mlp);
+    for (Linear* x : LayerWeights::narrowable(l)) narrow(*x);
   }
 };
 
@@ -158,9 +160,7 @@ struct DenseWeights {
     add(embed);
     add(lm_head);
     for (const auto& l : layers)
-      for (const Linear* x : {&l.q, &l.k, &l.v, &l.o, &l.shared.gate, &l.shared.up, &l.shared.down,
-                              &l.mlp.gate, &l.mlp.up, &l.mlp.down})
-        add(*x);
+      for (const Linear* x : LayerWeights::narrowable(l)) add(*x);
     return out;
   }
 };
@@ -340,13 +340,7 @@ class CheckedReader {
 
   /// Tensor `name` (any dtype io/dequantize reads), checked to have exactly `shape`.
   std::vector<float> read(const std::string& name, std::vector<std::uint64_t> shape) const {
-    const moekit::io::TensorView t = m_.tensor(name);
-    const auto got = t.shape();
-    if (!std::equal(got.begin(), got.end(), shape.begin(), shape.end()))
-      throw moekit::Error(moekit::ErrorKind::invalid_format,
-                          t.where() + " has shape " + dims(got) + ", expected " + dims(shape) +
-                              " from the config");
-    return moekit::io::dequantize(t);
+    return moekit::io::dequantize(checked(name, shape));
   }
   /// A vector stored as [n] or [1, n] (GGUF keeps some gate vectors 1-D).
   std::vector<float> read_vector(const std::string& name, std::uint64_t n) const {
@@ -358,8 +352,9 @@ class CheckedReader {
     Linear l;
     l.rows = rows;
     l.cols = cols;
-    l.w = read(name + ".weight", {rows, cols});
-    l.source = source_precision(m_.tensor(name + ".weight").dtype);
+    const moekit::io::TensorView t = checked(name + ".weight", {rows, cols});
+    l.w = moekit::io::dequantize(t);
+    l.source = source_precision(t.dtype);
     if (bias) l.bias = read(name + ".bias", {rows});
     return l;
   }
@@ -369,6 +364,16 @@ class CheckedReader {
   }
 
  private:
+  /// Tensor `name`, checked to have exactly `shape` (the error names the tensor and both shapes).
+  moekit::io::TensorView checked(const std::string& name, const std::vector<std::uint64_t>& shape) const {
+    const moekit::io::TensorView t = m_.tensor(name);
+    const auto got = t.shape();
+    if (!std::equal(got.begin(), got.end(), shape.begin(), shape.end()))
+      throw moekit::Error(moekit::ErrorKind::invalid_format,
+                          t.where() + " has shape " + dims(got) + ", expected " + dims(shape) +
+                              " from the config");
+    return t;
+  }
   static std::string dims(std::span<const std::uint64_t> d) {
     std::string s = "[";
     for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
