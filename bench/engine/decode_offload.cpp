@@ -25,14 +25,14 @@
 #include "moekit/precision/thread_pool.hpp"
 
 // moe-run's components (quoted includes resolve inside examples/moe-run).
-#include "../../examples/moe-run/calibration.hpp"
-#include "../../examples/moe-run/config.hpp"
-#include "../../examples/moe-run/expert_source.hpp"
-#include "../../examples/moe-run/model.hpp"
-#include "../../examples/moe-run/offload.hpp"
-#include "../../examples/moe-run/weights.hpp"
+#include "moekit/engine/calibration.hpp"
+#include "moekit/engine/config.hpp"
+#include "moekit/engine/expert_source.hpp"
+#include "moekit/engine/model.hpp"
+#include "moekit/engine/offload.hpp"
+#include "moekit/engine/weights.hpp"
 
-using namespace moe_run;
+using namespace moekit::engine;
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 

@@ -32,12 +32,12 @@
 #include "moekit/presets.hpp"
 
 // moe-run's components (quoted includes resolve inside examples/moe-run).
-#include "../../examples/moe-run/config.hpp"
-#include "../../examples/moe-run/model.hpp"
-#include "../../examples/moe-run/offload.hpp"
-#include "../../examples/moe-run/weights.hpp"
+#include "moekit/engine/config.hpp"
+#include "moekit/engine/model.hpp"
+#include "moekit/engine/offload.hpp"
+#include "moekit/engine/weights.hpp"
 
-using namespace moe_run;
+using namespace moekit::engine;
 namespace fs = std::filesystem;
 using moekit::Precision;
 using Baseline = moekit::presets::Baseline<moekit::MemoryLoader>;
@@ -96,7 +96,7 @@ Timing experts_only(const ModelConfig& cfg, const ModelWeights& w, Precision p, 
   auto pass = [&] {
     for (std::uint32_t l = 0; l < shape.n_layers; ++l)
       for (std::uint32_t e = 0; e < shape.n_experts; ++e)
-        moekit::expert_ffn(expert_view(shape, w.experts.bytes({l, e}, p), p), x, 1, y, 1.f, opts);
+        moekit::expert_ffn(moekit::io::expert_view(shape, w.experts.bytes({l, e}, p), p), x, 1, y, 1.f, opts);
   };
   pass();  // warm
   return timed([&] {

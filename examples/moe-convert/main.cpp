@@ -23,8 +23,8 @@
 #include "moekit/error.hpp"
 #include "moekit/io/expert_store.hpp"
 
-#include "config.hpp"
-#include "expert_source.hpp"
+#include "moekit/engine/config.hpp"
+#include "moekit/engine/expert_source.hpp"
 
 namespace fs = std::filesystem;
 
@@ -80,10 +80,10 @@ class Progress {
 int run(const std::string& model, const std::string& out, const std::string& precisions_text,
         const std::string& layout, bool force, bool resume) {
   const auto precisions = parse_precisions(precisions_text);
-  const auto order = moe_run::parse_layout_word(layout);
+  const auto order = moekit::engine::parse_layout_word(layout);
   if (!order)
     throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                        "--layout: '" + layout + "' is not one of " + moe_run::layout_words);
+                        "--layout: '" + layout + "' is not one of " + moekit::engine::layout_words);
   if (fs::exists(out) && !force)
     throw moekit::Error(moekit::ErrorKind::invalid_argument,
                         "-o: '" + out + "' already exists; refusing to overwrite it (pass --force)");
@@ -98,10 +98,10 @@ int run(const std::string& model, const std::string& out, const std::string& pre
   wo.progress = [&](std::size_t d, std::size_t t) { encode_bar(d, t); };
   moekit::io::ExpertStoreWriteReport r;
   if (fs::is_regular_file(model) && fs::path(model).extension() == ".gguf") {
-    r = moe_run::build_store_from_gguf(model, precisions, out, wo);
+    r = moekit::engine::build_store_from_gguf(model, precisions, out, wo);
   } else if (fs::is_directory(model) && fs::exists(fs::path(model) / "config.json")) {
-    const moe_run::ModelConfig cfg = moe_run::load_config(model);
-    r = moe_run::build_store_from_checkpoint(cfg, model, precisions, out, wo);
+    const moekit::engine::ModelConfig cfg = moekit::engine::load_config(model);
+    r = moekit::engine::build_store_from_checkpoint(cfg, model, precisions, out, wo);
   } else {
     throw moekit::Error(moekit::ErrorKind::invalid_argument,
                         "-m: '" + model + "' is neither a Hugging Face model directory (config.json "

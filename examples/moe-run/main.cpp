@@ -18,26 +18,26 @@
 #include "moekit/error.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
-#include "activations.hpp"
-#include "calibration.hpp"
-#include "cli.hpp"
-#include "config.hpp"
-#include "expert_source.hpp"
-#include "gguf_model.hpp"
-#include "model.hpp"
-#include "offload.hpp"
-#include "perplexity.hpp"
-#include "sampler.hpp"
-#include "tokenizer.hpp"
-#include "trace_recorder.hpp"
-#include "weights.hpp"
+#include "moekit/engine/activations.hpp"
+#include "moekit/engine/calibration.hpp"
+#include "moekit/engine/cli.hpp"
+#include "moekit/engine/config.hpp"
+#include "moekit/engine/expert_source.hpp"
+#include "moekit/engine/gguf_model.hpp"
+#include "moekit/engine/model.hpp"
+#include "moekit/engine/offload.hpp"
+#include "moekit/engine/perplexity.hpp"
+#include "moekit/engine/sampler.hpp"
+#include "moekit/engine/tokenizer.hpp"
+#include "moekit/engine/trace_recorder.hpp"
+#include "moekit/engine/weights.hpp"
 
 #ifndef MOE_RUN_STORE_DIR
 #define MOE_RUN_STORE_DIR "build/moe-run-stores"
 #endif
 
 namespace fs = std::filesystem;
-using namespace moe_run;
+using namespace moekit::engine;
 
 namespace {
 

@@ -20,15 +20,15 @@
 #include "moekit/error.hpp"
 #include "moekit/io/gguf.hpp"
 
-#include "bpe_vocab.hpp"
+#include "moekit/engine/bpe_vocab.hpp"
 #include "engine_test_support.hpp"
-#include "tokenizer.hpp"
+#include "moekit/engine/tokenizer.hpp"
 
 namespace bpe_vocab_test {
 
 namespace fs = std::filesystem;
-using moe_run::BpeVocab;
-using moe_run::Tokenizer;
+using moekit::engine::BpeVocab;
+using moekit::engine::Tokenizer;
 
 const fs::path bpe_data = fs::path(MOEKIT_SOURCE_DIR) / "tests/engine/data/bpe";
 
@@ -169,7 +169,7 @@ TEST_CASE("bpe: streaming detokenisation of multi-byte characters split over tok
     REQUIRE(ids.size() > 4);
     // The first character's bytes are split over tokens: a context token before it ("x").
     const auto context = tok.encode("x", false);
-    moe_run::StreamDecoder stream(tok, context);
+    moekit::engine::StreamDecoder stream(tok, context);
     std::string out;
     for (const std::uint32_t id : ids) {
       const std::string piece = stream.push(id);

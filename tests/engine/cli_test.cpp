@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
+#include "moekit/engine/cli.hpp"
 
-using namespace moe_run;
+using namespace moekit::engine;
 
 namespace {
 struct Parsed {

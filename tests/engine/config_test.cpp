@@ -6,10 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config.hpp"
+#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
 
-using namespace moe_run;
+using namespace moekit::engine;
 using nlohmann::json;
 
 namespace {

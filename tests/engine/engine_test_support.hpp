@@ -17,9 +17,9 @@
 #include "moekit/error.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
-#include "config.hpp"
-#include "model.hpp"
-#include "weights.hpp"
+#include "moekit/engine/config.hpp"
+#include "moekit/engine/model.hpp"
+#include "moekit/engine/weights.hpp"
 
 namespace engine_test {
 
@@ -32,8 +32,8 @@ inline std::vector<std::filesystem::path> architecture_fixtures() {
 
 /// A checkpoint's config and weights, on the heap (the weights are large).
 struct LoadedModel {
-  moe_run::ModelConfig cfg;
-  moe_run::ModelWeights weights;
+  moekit::engine::ModelConfig cfg;
+  moekit::engine::ModelWeights weights;
 };
 
 /// The checkpoint in `dir` with its experts at `p`; null when the fixture has no reference.json.
@@ -41,8 +41,8 @@ inline std::unique_ptr<LoadedModel> load_model(const std::filesystem::path& dir,
                                                moekit::Precision p = moekit::Precision::f32) {
   if (!std::filesystem::exists(dir / "reference.json")) return nullptr;
   auto l = std::make_unique<LoadedModel>();
-  l->cfg = moe_run::load_config(dir);
-  l->weights = moe_run::load_weights(l->cfg, dir, {p});
+  l->cfg = moekit::engine::load_config(dir);
+  l->weights = moekit::engine::load_weights(l->cfg, dir, {p});
   return l;
 }
 
@@ -112,22 +112,22 @@ inline std::filesystem::path scratch(const std::string& area, const std::string&
 /// row-major, and the generated tokens (the prefill's argmax, then each step's).
 struct GreedyRun {
   std::vector<float> logits;
-  std::vector<moe_run::Token> tokens;
+  std::vector<moekit::engine::Token> tokens;
 };
 
 /// Prefills `prompt` (all logits) then decodes `steps` greedy tokens, feeding back each argmax.
 template <class Pipeline>
-GreedyRun greedy(const moe_run::ModelConfig& cfg, const moe_run::DenseWeights& dense,
-                 Pipeline& pipeline, std::span<const moe_run::Token> prompt, int steps,
+GreedyRun greedy(const moekit::engine::ModelConfig& cfg, const moekit::engine::DenseWeights& dense,
+                 Pipeline& pipeline, std::span<const moekit::engine::Token> prompt, int steps,
                  moekit::ThreadPool* pool) {
-  moe_run::Model<Pipeline> model(cfg, dense, pipeline,
+  moekit::engine::Model<Pipeline> model(cfg, dense, pipeline,
                                  static_cast<std::uint32_t>(prompt.size() + steps + 1), pool);
   model.begin_sequence();
   const auto pre = model.prefill(prompt, /*all_logits=*/true);
   GreedyRun r;
   r.logits.assign(pre.begin(), pre.end());
   const std::size_t V = cfg.vocab_size;
-  moe_run::Token next = argmax(pre.data() + pre.size() - V, V);
+  moekit::engine::Token next = argmax(pre.data() + pre.size() - V, V);
   r.tokens.push_back(next);
   for (int i = 0; i < steps; ++i) {
     const auto lg = model.decode(next);
@@ -143,12 +143,12 @@ GreedyRun greedy(const moe_run::ModelConfig& cfg, const moe_run::DenseWeights& d
 /// decode step per further token; `int8_activations` as moe-run's --activations int8, `order`
 /// where the rows of the quantized expert blobs are (ExpertBacking::order).
 template <class Pipeline>
-std::vector<float> teacher_forced(const moe_run::ModelConfig& cfg, const moe_run::DenseWeights& dense,
-                                  Pipeline& pipeline, std::span<const moe_run::Token> seq,
+std::vector<float> teacher_forced(const moekit::engine::ModelConfig& cfg, const moekit::engine::DenseWeights& dense,
+                                  Pipeline& pipeline, std::span<const moekit::engine::Token> seq,
                                   std::size_t prompt, moekit::ThreadPool* pool,
                                   bool int8_activations = false,
                                   moekit::MatrixOrder order = moekit::MatrixOrder::rows) {
-  moe_run::Model<Pipeline> model(cfg, dense, pipeline, static_cast<std::uint32_t>(seq.size() + 1),
+  moekit::engine::Model<Pipeline> model(cfg, dense, pipeline, static_cast<std::uint32_t>(seq.size() + 1),
                                  pool);
   model.set_int8_expert_activations(int8_activations);
   model.set_expert_order(order);

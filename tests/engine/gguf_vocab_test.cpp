@@ -17,10 +17,10 @@
 #include "moekit/io/gguf.hpp"
 
 #include "engine_test_support.hpp"
-#include "gguf_vocab.hpp"
-#include "tokenizer.hpp"
+#include "moekit/engine/gguf_vocab.hpp"
+#include "moekit/engine/tokenizer.hpp"
 
-using namespace moe_run;
+using namespace moekit::engine;
 namespace fs = std::filesystem;
 
 namespace {

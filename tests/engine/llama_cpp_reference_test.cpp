@@ -23,14 +23,14 @@
 #include "moekit/precision/thread_pool.hpp"
 #include "moekit/presets.hpp"
 
-#include "config.hpp"
+#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
-#include "model.hpp"
-#include "offload.hpp"
-#include "tokenizer.hpp"
-#include "weights.hpp"
+#include "moekit/engine/model.hpp"
+#include "moekit/engine/offload.hpp"
+#include "moekit/engine/tokenizer.hpp"
+#include "moekit/engine/weights.hpp"
 
-using namespace moe_run;
+using namespace moekit::engine;
 using moekit::Precision;
 using Baseline = moekit::presets::Baseline<moekit::MemoryLoader>;
 

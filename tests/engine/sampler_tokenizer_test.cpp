@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_test_support.hpp"
-#include "sampler.hpp"
-#include "tokenizer.hpp"
+#include "moekit/engine/sampler.hpp"
+#include "moekit/engine/tokenizer.hpp"
 
-using namespace moe_run;
+using namespace moekit::engine;
 
 TEST_CASE("greedy sampling is argmax, first index on ties", "[engine][sampler]") {
   Sampler s({.temperature = 0, .top_p = 1, .seed = 1});

@@ -12,14 +12,14 @@
 
 #include "moekit/precision/thread_pool.hpp"
 
-#include "config.hpp"
+#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
-#include "kv_cache.hpp"
-#include "model.hpp"
-#include "offload.hpp"
-#include "weights.hpp"
+#include "moekit/engine/kv_cache.hpp"
+#include "moekit/engine/model.hpp"
+#include "moekit/engine/offload.hpp"
+#include "moekit/engine/weights.hpp"
 
-using namespace moe_run;
+using namespace moekit::engine;
 using moekit::Precision;
 
 TEST_CASE("KvCache: a windowed layer is a ring of W slots", "[engine][swa]") {

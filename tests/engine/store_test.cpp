@@ -16,15 +16,15 @@
 #include "moekit/io/expert_store.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
-#include "calibration.hpp"
-#include "config.hpp"
+#include "moekit/engine/calibration.hpp"
+#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
-#include "expert_source.hpp"
-#include "model.hpp"
-#include "offload.hpp"
-#include "weights.hpp"
+#include "moekit/engine/expert_source.hpp"
+#include "moekit/engine/model.hpp"
+#include "moekit/engine/offload.hpp"
+#include "moekit/engine/weights.hpp"
 
-using namespace moe_run;
+using namespace moekit::engine;
 using moekit::Precision;
 namespace fs = std::filesystem;
 

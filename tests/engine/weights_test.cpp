@@ -9,11 +9,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config.hpp"
+#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
-#include "weights.hpp"
+#include "moekit/engine/weights.hpp"
 
-using namespace moe_run;
+using namespace moekit::engine;
 using moekit::Precision;
 
 namespace {
@@ -67,7 +67,7 @@ TEST_CASE("host experts hold each precision in the expert blob layout", "[engine
   CHECK(ex.total_bytes() == 2 * (s.expert_bytes(Precision::f32) + s.expert_bytes(Precision::q8)));
   const auto f32 = ex.bytes({0, 1}, Precision::f32);
   REQUIRE(f32.size() == s.expert_bytes(Precision::f32));
-  const moekit::ExpertWeights v = expert_view(s, f32, Precision::f32);
+  const moekit::ExpertWeights v = moekit::io::expert_view(s, f32, Precision::f32);
   CHECK(reinterpret_cast<const float*>(v.w1.data)[5] == w1[5]);
   CHECK(reinterpret_cast<const float*>(v.w3.data)[7] == w3[7]);
   CHECK(reinterpret_cast<const float*>(v.w2.data)[9] == w2[9]);

@@ -12,7 +12,7 @@
 
 #include "moekit/error.hpp"
 
-#include "bpe_vocab.hpp"
+#include "moekit/engine/bpe_vocab.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   // The loader reads a file (and a tokenizer_config.json beside it, absent here).
@@ -28,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
   }
   try {
-    const auto vocab = moe_run::BpeVocab::from_tokenizer_json(file);
+    const auto vocab = moekit::engine::BpeVocab::from_tokenizer_json(file);
     for (std::string_view s : {std::string_view("Hello world's 12 tokens\n\n  ok"), text.substr(0, 512)}) {
       const auto ids = vocab.encode(s);
       (void)vocab.decode(ids);

@@ -10,9 +10,9 @@
 ///                    precision-major, then layer, then expert
 ///   [M, end)         manifest (UTF-8 JSON): model shape, quant scheme, precisions, tensor order,
 ///                    and per blob {layer, expert, precision, offset, bytes, xxh64}
-/// A blob is the expert's three matrices back to back, gate (w1, ffn×hidden), up (w3,
-/// ffn×hidden), down (w2, hidden×ffn), each in the precision's format of `precision/`; its size is
-/// `ModelShape::expert_bytes(p)` exactly. The manifest's optional "matrix_order" says where the
+/// A blob is an expert blob (io/expert_blob.hpp): the expert's three matrices back to back, gate
+/// (w1, ffn×hidden), up (w3, ffn×hidden), down (w2, hidden×ffn), each in the precision's format of
+/// `precision/`; its size is `ModelShape::expert_bytes(p)` exactly. The manifest's optional "matrix_order" says where the
 /// rows of the quantized blobs' matrices are: "rows" (the default, and what a store without the
 /// field holds), "panels4" (MatrixOrder::panels4, precision/panels.hpp: what the CPU's int8 GEMV
 /// reads fastest) or "blocked_panels4" (MatrixOrder::blocked_panels4: panels in column blocks for
@@ -46,6 +46,7 @@
 #include "moekit/io/checksum.hpp"
 #include "moekit/io/detail/bytes.hpp"
 #include "moekit/io/detail/posix_file.hpp"
+#include "moekit/io/expert_blob.hpp"
 #include "moekit/precision/panels.hpp"
 
 namespace moekit::io {
@@ -103,23 +104,6 @@ struct StoreManifest {
     return &blobs[*pi * shape.expert_count() + shape.index(k)];
   }
 };
-
-/// An expert blob as the store lays it out ([w1][w3][w2], in rows) with each of its three matrices
-/// packed into panels (`order`: panels4 or blocked_panels4). Throws as pack_panels for formats
-/// panels do not take.
-inline std::vector<std::byte> expert_blob_in_panels(const ModelShape& s, Precision p,
-                                                    std::span<const std::byte> rows,
-                                                    MatrixOrder order = MatrixOrder::panels4) {
-  std::vector<std::byte> out(rows.size());
-  const std::size_t m13 = matrix_bytes(s.ffn, s.hidden, p, s.quant);
-  const struct {
-    std::size_t at, rows, cols;
-  } parts[] = {{0, s.ffn, s.hidden}, {m13, s.ffn, s.hidden}, {2 * m13, s.hidden, s.ffn}};
-  for (const auto& m : parts)
-    pack_panels(MatrixView{rows.data() + m.at, m.rows, m.cols, p, s.quant},
-                std::span(out).subspan(m.at, matrix_bytes(m.rows, m.cols, p, s.quant)), order);
-  return out;
-}
 
 namespace detail {
 

@@ -29,7 +29,7 @@
 #include "moekit/error.hpp"
 #include "moekit/precision/isa.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// What --activations asked for.
 enum class ActivationMode { automatic, f32, int8 };
@@ -76,4 +76,4 @@ inline bool resolve_int8_activations(ActivationMode mode,
 /// The name of a resolved choice, as the statistics report it.
 constexpr std::string_view activations_name(bool int8) noexcept { return int8 ? "int8" : "f32"; }
 
-}  // namespace moe_run
+}  // namespace moekit::engine

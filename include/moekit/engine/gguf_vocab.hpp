@@ -34,9 +34,9 @@
 #include "moekit/error.hpp"
 #include "moekit/io/gguf.hpp"
 
-#include "gguf_tokenizer_metadata.hpp"
+#include "moekit/engine/gguf_tokenizer_metadata.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// A SentencePiece vocabulary (pieces, scores, types) and its BPE-by-score encoder.
 class GgufVocab {
@@ -325,4 +325,4 @@ class GgufVocab {
   std::vector<std::uint8_t> byte_value_;
 };
 
-}  // namespace moe_run
+}  // namespace moekit::engine

@@ -26,10 +26,10 @@
 
 #include "moekit/error.hpp"
 
-#include "bpe_vocab.hpp"
-#include "gguf_vocab.hpp"
+#include "moekit/engine/bpe_vocab.hpp"
+#include "moekit/engine/gguf_vocab.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// A SentencePiece model file (tokenizer.model) behind the interface GgufVocab and BpeVocab share.
 class SentencePieceVocab {
@@ -178,4 +178,4 @@ class StreamDecoder {
   std::size_t prefix_ = 0, read_ = 0;
 };
 
-}  // namespace moe_run
+}  // namespace moekit::engine

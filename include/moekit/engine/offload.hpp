@@ -22,9 +22,9 @@
 #include "moekit/presets.hpp"
 #include "moekit/score/uniform.hpp"
 
-#include "weights.hpp"
+#include "moekit/engine/weights.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// Smallest expert budget a pipeline accepts: one token's top-k experts at `p`.
 inline std::size_t minimum_expert_budget(const moekit::ModelShape& s, moekit::Precision p) {
@@ -370,4 +370,4 @@ decltype(auto) with_preset(const moekit::ModelShape& s, const OffloadSettings& o
   return with_preset<Id>(s, o, host_loader(experts), PresetInputs{}, std::forward<F>(f));
 }
 
-}  // namespace moe_run
+}  // namespace moekit::engine

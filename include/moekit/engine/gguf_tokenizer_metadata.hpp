@@ -12,7 +12,7 @@
 #include "moekit/error.hpp"
 #include "moekit/io/gguf.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 class GgufTokenizerMetadata {
  public:
@@ -55,4 +55,4 @@ class GgufTokenizerMetadata {
   std::string source_;
 };
 
-}  // namespace moe_run
+}  // namespace moekit::engine

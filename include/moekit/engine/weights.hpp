@@ -2,10 +2,7 @@
 /// \file The model's weights in host memory: the dense part in f32 (embeddings, norms, attention,
 /// routers, shared experts, dense MLPs, LM head) and the routed experts encoded at one or more
 /// stored precisions, handed to the offload pipeline's loader as byte spans.
-///
-/// Expert byte layout (one contiguous blob per expert and precision, the size
-/// `ModelShape::expert_bytes(p)` gives): [w1 (gate) ffn×hidden][w3 (up) ffn×hidden]
-/// [w2 (down) hidden×ffn], each matrix in precision/'s row format.
+/// Experts are expert blobs (io/expert_blob.hpp), one per expert and precision.
 
 #include <algorithm>
 #include <array>
@@ -23,6 +20,7 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/dequantize.hpp"
+#include "moekit/io/expert_blob.hpp"
 #include "moekit/io/expert_store.hpp"
 #include "moekit/io/safetensors.hpp"
 #include "moekit/io/tensor_names.hpp"
@@ -31,9 +29,9 @@
 #include "moekit/precision/panels.hpp"
 #include "moekit/precision/quantize.hpp"
 
-#include "config.hpp"
+#include "moekit/engine/config.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// A dense linear layer y = W·x (+ b); W is rows × cols (cols = input size). Read from the
 /// checkpoint in f32 (`w`), then stored at the precision DenseStorage chooses (`narrow`: the
@@ -165,35 +163,6 @@ struct DenseWeights {
   }
 };
 
-/// The one definition of moe-run's expert blob (shared by the engine, `moe-convert` and the expert
-/// store): encodes w1, w3 (ffn × hidden) and w2 (hidden × ffn), f32 row-major, at `p` into `dst`,
-/// which must be exactly `s.expert_bytes(p)` long, laid out [w1][w3][w2] in precision/'s format.
-inline void encode_expert_blob(const moekit::ModelShape& s, std::span<const float> w1,
-                               std::span<const float> w3, std::span<const float> w2,
-                               moekit::Precision p, std::span<std::byte> dst) {
-  MOEKIT_EXPECTS(dst.size() == s.expert_bytes(p),
-                 "encode_expert_blob: destination size differs from expert_bytes");
-  const std::size_t f = s.ffn, h = s.hidden;
-  MOEKIT_EXPECTS(w1.size() == f * h && w3.size() == f * h && w2.size() == h * f,
-                 "encode_expert_blob: matrix sizes differ from the shape");
-  std::byte* out = dst.data();
-  for (auto [m, rows, cols] : {std::tuple{w1, f, h}, std::tuple{w3, f, h}, std::tuple{w2, h, f}}) {
-    const auto enc = moekit::encode_matrix<float>(m, rows, cols, p, s.quant);
-    std::copy(enc.begin(), enc.end(), out);
-    out += enc.size();
-  }
-}
-
-/// The same, returning a new blob.
-inline std::vector<std::byte> encode_expert_blob(const moekit::ModelShape& s,
-                                                 std::span<const float> w1,
-                                                 std::span<const float> w3,
-                                                 std::span<const float> w2, moekit::Precision p) {
-  std::vector<std::byte> b(s.expert_bytes(p));
-  encode_expert_blob(s, w1, w3, w2, p, b);
-  return b;
-}
-
 /// Architecture of moe-run's config in io/'s naming.
 inline moekit::io::Architecture io_architecture(Architecture a) {
   switch (a) {
@@ -240,7 +209,7 @@ class HostExperts {
     for (std::size_t i = 0; i < precisions_.size(); ++i) {
       const moekit::Precision p = precisions_[i];
       const std::size_t n = shape_.expert_bytes(p);
-      encode_expert_blob(shape_, w1, w3, w2, p,
+      moekit::io::encode_expert_blob(shape_, w1, w3, w2, p,
                          std::span<std::byte>(blobs_[i].data() + shape_.index(key) * n, n));
     }
   }
@@ -304,22 +273,6 @@ class HostExperts {
   std::vector<std::vector<std::byte>> blobs_;
   moekit::MatrixOrder order_ = moekit::MatrixOrder::rows;
 };
-
-/// The three matrices of an expert blob laid out as this file's header describes; `order`: where
-/// the rows of a quantized blob's matrices are (f32/bf16/f16 blobs are always in rows).
-inline moekit::ExpertWeights expert_view(const moekit::ModelShape& s, std::span<const std::byte> b,
-                                         moekit::Precision p,
-                                         moekit::MatrixOrder order = moekit::MatrixOrder::rows) {
-  const std::size_t m13 = moekit::matrix_bytes(s.ffn, s.hidden, p, s.quant);
-  const std::size_t m2 = moekit::matrix_bytes(s.hidden, s.ffn, p, s.quant);
-  MOEKIT_EXPECTS(b.size() == 2 * m13 + m2, "expert_view: blob size does not match the shape");
-  moekit::ExpertWeights e{
-      moekit::make_matrix_view(b.subspan(0, m13), s.ffn, s.hidden, p, s.quant, "expert w1"),
-      moekit::make_matrix_view(b.subspan(m13, m13), s.ffn, s.hidden, p, s.quant, "expert w3"),
-      moekit::make_matrix_view(b.subspan(2 * m13, m2), s.hidden, s.ffn, p, s.quant, "expert w2")};
-  if (moekit::is_quantized(p)) e.w1.order = e.w3.order = e.w2.order = order;
-  return e;
-}
 
 /// The model's weights: dense part and routed experts.
 struct ModelWeights {
@@ -468,4 +421,4 @@ inline std::vector<std::uint32_t> moe_decoder_layers(const ModelConfig& cfg) {
   return out;
 }
 
-}  // namespace moe_run
+}  // namespace moekit::engine

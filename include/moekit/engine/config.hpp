@@ -26,7 +26,7 @@
 #include "moekit/core/model_shape.hpp"
 #include "moekit/error.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// The decoder families moe-run implements.
 enum class Architecture { mixtral, qwen2_moe, olmoe };
@@ -347,4 +347,4 @@ inline ModelConfig load_config(const std::filesystem::path& path) {
   return parse_config(j, file.string());
 }
 
-}  // namespace moe_run
+}  // namespace moekit::engine

@@ -22,14 +22,14 @@
 #include "moekit/precision/gemv.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
-#include "attention.hpp"
-#include "config.hpp"
-#include "kv_cache.hpp"
-#include "moe_layer.hpp"
-#include "ops.hpp"
-#include "weights.hpp"
+#include "moekit/engine/attention.hpp"
+#include "moekit/engine/config.hpp"
+#include "moekit/engine/kv_cache.hpp"
+#include "moekit/engine/moe_layer.hpp"
+#include "moekit/engine/ops.hpp"
+#include "moekit/engine/weights.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// Token id type of the vocabulary.
 using Token = std::uint32_t;
@@ -166,4 +166,4 @@ class Model {
   std::vector<float> x_, h_, t_, logits_, all_;
 };
 
-}  // namespace moe_run
+}  // namespace moekit::engine

@@ -50,9 +50,9 @@
 #include "moekit/error.hpp"
 #include "moekit/pipeline.hpp"  // WeightView, used by moe_layer.hpp
 
-#include "model.hpp"
+#include "moekit/engine/model.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// The text of `path` with every '\r' removed; throws `Error(io)` naming `flag` and the path.
 inline std::string read_text_stripped(const std::filesystem::path& path,
@@ -375,4 +375,4 @@ PerplexityResult score_text(Model<Pipeline>& model, std::span<const Token> token
   return meter.result();
 }
 
-}  // namespace moe_run
+}  // namespace moekit::engine

@@ -68,9 +68,9 @@
 #include "moekit/error.hpp"
 #include "moekit/io/gguf.hpp"
 
-#include "gguf_tokenizer_metadata.hpp"
+#include "moekit/engine/gguf_tokenizer_metadata.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// A byte-level BPE vocabulary (tokens, merges, added tokens, pre-tokenizer regex).
 class BpeVocab {
@@ -729,4 +729,4 @@ class BpeVocab {
   std::string regex_text_;
 };
 
-}  // namespace moe_run
+}  // namespace moekit::engine

@@ -29,6 +29,7 @@
 #include "moekit/core/plan.hpp"
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
+#include "moekit/io/expert_blob.hpp"
 #include "moekit/io/async_loader.hpp"
 #include "moekit/io/byte_source.hpp"
 #include "moekit/io/expert_store.hpp"
@@ -40,12 +41,12 @@
 #include "moekit/io/uring_source.hpp"
 #endif
 
-#include "config.hpp"
-#include "expert_layout.hpp"
-#include "gguf_model.hpp"
-#include "weights.hpp"
+#include "moekit/engine/config.hpp"
+#include "moekit/engine/expert_layout.hpp"
+#include "moekit/engine/gguf_model.hpp"
+#include "moekit/engine/weights.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// How the store is read.
 struct StoreIo {
@@ -256,7 +257,7 @@ inline moekit::io::ExpertStoreWriteReport build_store_from_checkpoint(
   auto encode = [&](moekit::ExpertKey k, moekit::Precision p) {
     const ExpertF32 e = read_expert_f32(model, arch, moekit::io::TensorFormat::hugging_face,
                                         layers.at(k.layer), k.expert, shape);
-    return encode_expert_blob(shape, e.w1, e.w3, e.w2, p);
+    return moekit::io::encode_expert_blob(shape, e.w1, e.w3, e.w2, p);
   };
   options.meta["checkpoint_dir"] = std::filesystem::absolute(dir).lexically_normal().string();
   options.meta["checkpoint_fingerprint"] = checkpoint_fingerprint(dir);
@@ -377,7 +378,7 @@ inline moekit::io::ExpertStoreWriteReport build_store_from_gguf(
   auto encode = [&](moekit::ExpertKey k, moekit::Precision p) {
     const ExpertF32 e = read_expert_f32(g, *arch, moekit::io::TensorFormat::gguf, k.layer,
                                         k.expert, shape);
-    return encode_expert_blob(shape, e.w1, e.w3, e.w2, p);
+    return moekit::io::encode_expert_blob(shape, e.w1, e.w3, e.w2, p);
   };
   options.meta["gguf"] = std::filesystem::absolute(path).lexically_normal().string();
   options.meta["checkpoint_fingerprint"] = file_fingerprint(path);
@@ -404,4 +405,4 @@ inline CachedStore cached_gguf_store(const std::filesystem::path& path,
       });
 }
 
-}  // namespace moe_run
+}  // namespace moekit::engine

@@ -19,7 +19,7 @@
 
 #include "moekit/error.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// Keys and values, per layer [slot × kv_dim] (RoPE already applied to the keys).
 class KvCache {
@@ -100,4 +100,4 @@ class KvCache {
   std::vector<std::vector<float>> k_, v_;
 };
 
-}  // namespace moe_run
+}  // namespace moekit::engine

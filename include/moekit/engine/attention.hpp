@@ -17,12 +17,12 @@
 #include "moekit/precision/gemv.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
-#include "config.hpp"
-#include "kv_cache.hpp"
-#include "ops.hpp"
-#include "weights.hpp"
+#include "moekit/engine/config.hpp"
+#include "moekit/engine/kv_cache.hpp"
+#include "moekit/engine/ops.hpp"
+#include "moekit/engine/weights.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// Runs attention for one layer; owns its scratch buffers (reused across calls).
 class Attention {
@@ -109,4 +109,4 @@ class Attention {
   std::vector<float> q_, k_, v_, ctx_;
 };
 
-}  // namespace moe_run
+}  // namespace moekit::engine

@@ -19,15 +19,15 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 
-#include "activations.hpp"
-#include "expert_layout.hpp"
-#include "offload.hpp"
+#include "moekit/engine/activations.hpp"
+#include "moekit/engine/expert_layout.hpp"
+#include "moekit/engine/offload.hpp"
 
 #ifndef MOE_RUN_DEFAULT_MODEL
 #define MOE_RUN_DEFAULT_MODEL "models/moekit-tiny-moe"
 #endif
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// An expert budget as written on the command line.
 struct BudgetSpec {
@@ -365,4 +365,4 @@ class Cli {
   std::string low_text_ = "q4";
 };
 
-}  // namespace moe_run
+}  // namespace moekit::engine

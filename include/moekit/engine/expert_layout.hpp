@@ -6,7 +6,7 @@
 
 #include "moekit/precision/format.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// "rows", "panels" (MatrixOrder::panels4) or "blocked-panels" (MatrixOrder::blocked_panels4).
 constexpr const char* layout_word(moekit::MatrixOrder o) noexcept {
@@ -29,4 +29,4 @@ constexpr std::optional<moekit::MatrixOrder> parse_layout_word(std::string_view 
 /// The words, for error messages and help texts.
 inline constexpr const char* layout_words = "rows, panels, blocked-panels";
 
-}  // namespace moe_run
+}  // namespace moekit::engine

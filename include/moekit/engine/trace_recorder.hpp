@@ -27,10 +27,10 @@
 #include "moekit/sim/trace.hpp"
 #include "moekit/sim/trace_binary.hpp"
 
-#include "config.hpp"
-#include "ops.hpp"
+#include "moekit/engine/config.hpp"
+#include "moekit/engine/ops.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// Collects the routing of every forward into a RoutingTrace.
 class TraceRecorder {
@@ -173,4 +173,4 @@ P& base_pipeline(TracingPipeline<P>& p) noexcept {
   return p.inner();
 }
 
-}  // namespace moe_run
+}  // namespace moekit::engine

@@ -13,9 +13,9 @@
 
 #include "moekit/precision/gemv.hpp"
 
-#include "weights.hpp"
+#include "moekit/engine/weights.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// y[t] = rmsnorm(x[t]) ⊙ weight for the n rows of x (width = weight.size()); y may alias x.
 inline void rms_norm(std::span<const float> x, std::span<const float> weight, float eps,
@@ -120,4 +120,4 @@ class RopeTable {
   std::vector<float> inv_freq_;
 };
 
-}  // namespace moe_run
+}  // namespace moekit::engine

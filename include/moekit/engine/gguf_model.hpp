@@ -32,10 +32,10 @@
 #include "moekit/io/gguf.hpp"
 #include "moekit/io/tensor_names.hpp"
 
-#include "config.hpp"
-#include "weights.hpp"
+#include "moekit/engine/config.hpp"
+#include "moekit/engine/weights.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 namespace detail {
 
@@ -305,4 +305,4 @@ inline ModelWeights load_gguf_weights(const ModelConfig& cfg, const moekit::io::
   return w;
 }
 
-}  // namespace moe_run
+}  // namespace moekit::engine

@@ -13,7 +13,7 @@
 
 #include "moekit/error.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// Sampling settings.
 struct SamplerConfig {
@@ -71,4 +71,4 @@ class Sampler {
   std::vector<double> probs_;
 };
 
-}  // namespace moe_run
+}  // namespace moekit::engine

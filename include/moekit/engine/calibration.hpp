@@ -20,17 +20,18 @@
 #include "moekit/core/gate_view.hpp"
 #include "moekit/core/layer_context.hpp"
 #include "moekit/detail/expert_arena.hpp"
+#include "moekit/io/expert_blob.hpp"
 #include "moekit/pipeline.hpp"  // WeightView (moe_layer.hpp uses it without including it)
 #include "moekit/precision/expert_ffn.hpp"
 #include "moekit/precision/thread_pool.hpp"
 #include "moekit/predict/activation_path.hpp"
 
-#include "config.hpp"
-#include "expert_source.hpp"
-#include "model.hpp"
-#include "offload.hpp"
+#include "moekit/engine/config.hpp"
+#include "moekit/engine/expert_source.hpp"
+#include "moekit/engine/model.hpp"
+#include "moekit/engine/offload.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// Forwards a pipeline's per-layer calls and records the routing it sees.
 template <class Pipeline>
@@ -185,7 +186,7 @@ inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s,
   const auto host = loader.host_bytes({0, 0}, p);
   auto run = [&](std::span<const std::byte> b) {
     std::fill(y.begin(), y.end(), 0.f);
-    moekit::expert_ffn(expert_view(s, b, p, experts.order()), x, 1, y, 1.f, opts);
+    moekit::expert_ffn(moekit::io::expert_view(s, b, p, experts.order()), x, 1, y, 1.f, opts);
   };
   run(host);  // warm the mapping / caches once
   auto median = [](std::vector<double> v) {
@@ -214,4 +215,4 @@ inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s,
   return {std::max(median(cpu), 1e-9), std::max(median(copy), 1e-9)};
 }
 
-}  // namespace moe_run
+}  // namespace moekit::engine

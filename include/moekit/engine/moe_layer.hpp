@@ -22,15 +22,16 @@
 #include "moekit/core/gate_view.hpp"
 #include "moekit/core/layer_context.hpp"
 #include "moekit/error.hpp"
+#include "moekit/io/expert_blob.hpp"
 #include "moekit/pipeline.hpp"  // WeightView
 #include "moekit/precision/expert_ffn.hpp"
 #include "moekit/precision/gemv.hpp"
 
-#include "config.hpp"
-#include "ops.hpp"
-#include "weights.hpp"
+#include "moekit/engine/config.hpp"
+#include "moekit/engine/ops.hpp"
+#include "moekit/engine/weights.hpp"
 
-namespace moe_run {
+namespace moekit::engine {
 
 /// Where the current forward sits in the sequence, for the pipeline's LayerContext.
 struct ForwardInfo {
@@ -140,7 +141,7 @@ class MoeLayer {
       res_.assign(m * H, 0.f);
       for (std::size_t r = 0; r < m; ++r)
         std::copy_n(x.data() + std::size_t{rows_[r] / k} * H, H, in_.data() + r * H);
-      ffn(expert_view(shape, v.bytes, v.precision, expert_order_), in_, m, res_, expert_opts);
+      ffn(moekit::io::expert_view(shape, v.bytes, v.precision, expert_order_), in_, m, res_, expert_opts);
       for (std::size_t r = 0; r < m; ++r) {
         std::copy_n(res_.data() + r * H, H, y_.data() + std::size_t{rows_[r]} * H);
         ran_[rows_[r]] = 1;
@@ -200,4 +201,4 @@ class MoeLayer {
   std::vector<std::uint8_t> ran_;
 };
 
-}  // namespace moe_run
+}  // namespace moekit::engine
