@@ -1,7 +1,8 @@
 // GGUF Q4_0 / Q8_0 -> moekit q4 / q8 (io/gguf_transcode.hpp): the rows equal a weight-by-weight
-// encoding of GGUF's codes and decode to io/dequantize.hpp's values bit for bit; panels equal
-// pack_panels of the rows; in place equals out of place; GEMV on the result matches float64 on
-// GGUF's values; sizes, types and overlaps are refused by name.
+// encoding of GGUF's codes and decode to io/dequantize.hpp's values bit for bit (and to gguf-py's:
+// committed fixture from scripts/make_gguf_transcode_fixture.py); panels equal pack_panels of the
+// rows; in place equals out of place; GEMV on the result matches float64 on GGUF's values; sizes,
+// types and overlaps are refused by name.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -293,6 +294,25 @@ TEST_CASE("gguf_transcode: GEMV on transcoded matrices matches float64 on GGUF's
           FAIL("row " << r << ": " << y8[r] << " want " << want << " bound " << bound);
       }
     }
+}
+
+TEST_CASE("gguf_transcode: values equal gguf-py's dequantization bit for bit (committed fixture)",
+          "[io][gguf_transcode]") {
+  GgufFile f(MOEKIT_SOURCE_DIR "/tests/io/data/gguf_transcode.gguf");
+  for (const char* tensor : {"q4_0", "q8_0"}) {
+    const TensorView q = f.tensor(tensor);
+    const auto want = dequantize(f.tensor(std::string(tensor) + ".expected"));
+    REQUIRE(exact_moekit_precision(f.info(tensor)->ggml_type) == exact_moekit_precision(q.dtype));
+    REQUIRE_SAME_BITS(dequantize(q), want);  // io/dequantize.hpp agrees with gguf-py exactly
+    for (MatrixOrder o : all_orders) {
+      INFO(tensor << " " << name(o));
+      Bytes dst(q.bytes.size());
+      const MatrixView v = transcode(q, dst, o);
+      CHECK(v.rows == q.rows());
+      CHECK(v.cols == q.cols());
+      REQUIRE_SAME_BITS(decode_matrix(v), want);
+    }
+  }
 }
 
 TEST_CASE("gguf_transcode: stacked expert tensors convert whole in rows, one expert in panels",
