@@ -6,7 +6,14 @@
 /// loaded, with how much memory is missing.
 ///
 /// The usable memory comes from `io::read_memory_limits()` (moekit/io/memory_limit.hpp), read
-/// before the model is loaded.
+/// before the model is loaded:
+///
+///     const moekit::io::MemoryLimits limits = moekit::io::read_memory_limits();
+///     const moekit::engine::AutoBudget b = moekit::engine::auto_expert_budget(
+///         {.usable_bytes = limits.usable_bytes(), .usable_source = limits.source(),
+///          .dense_bytes = dense, .kv_cache_bytes = kv, .io_buffer_bytes = loader_slots,
+///          .minimum_expert_bytes = min_budget, .all_resident_expert_bytes = all_experts});
+///     std::fprintf(stderr, "%s\n", b.explanation.c_str());  // then run with b.expert_bytes
 
 #include <algorithm>
 #include <cmath>
@@ -54,7 +61,9 @@ struct BudgetMargin {
 
   [[nodiscard]] std::uint64_t bytes(std::uint64_t usable) const noexcept {
     const double share = std::floor(fraction * static_cast<double>(usable));
-    return std::max(floor_bytes, static_cast<std::uint64_t>(share));
+    // 2^64 and above do not convert (a usable size near 2^64 can round up to it).
+    const std::uint64_t bytes = share < 0x1p64 ? static_cast<std::uint64_t>(share) : UINT64_MAX;
+    return std::max(floor_bytes, bytes);
   }
 };
 
