@@ -1,0 +1,248 @@
+#pragma once
+/// \file Routed experts read in place from the checkpoint that holds them (GGUF or safetensors),
+/// with no converted copy: `CheckpointExperts` records where each expert's three matrices lie in
+/// the files, and `CheckpointExpertSource` is a ByteSource that reads a whole expert blob
+/// (io/expert_blob.hpp) from them. Each blob has a virtual offset (its index × its size), which
+/// is what `blob()` hands an AsyncLoader, so the loader's queues, priorities and cancellation
+/// serve checkpoints as they serve expert stores.
+///
+/// A file's bytes become blob bytes in one of two ways, both without rounding anything again:
+/// - as they are: F32, F16 and BF16 matrices are moekit's f32/f16/bf16 rows byte for byte;
+/// - transcoded: GGUF Q8_0 and Q4_0 blocks are moekit's q8/q4 group-32 symmetric rows with the
+///   bytes moved (io/gguf_transcode.hpp), the same values bit for bit.
+/// Other types (K-quants) have no exact path: `in_place_precision` says so, and the caller
+/// converts them once into a store instead.
+///
+/// O_DIRECT needs 4096-aligned offsets; tensors start at 32 (GGUF) or 8 (safetensors) byte
+/// boundaries, so each matrix is read as the aligned range covering it, in chunks of whole rows
+/// through a per-thread staging buffer, and the slice is copied or transcoded into the blob.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "moekit/core/expert_key.hpp"
+#include "moekit/core/model_shape.hpp"
+#include "moekit/core/precision.hpp"
+#include "moekit/error.hpp"
+#include "moekit/io/aligned_buffer.hpp"
+#include "moekit/io/byte_source.hpp"
+#include "moekit/io/expert_store.hpp"
+#include "moekit/io/gguf_transcode.hpp"
+#include "moekit/io/tensor.hpp"
+#include "moekit/io/tensor_names.hpp"
+#include "moekit/precision/format.hpp"
+#include "moekit/precision/panels.hpp"
+
+namespace moekit::io {
+
+/// The precision an expert matrix stored as `t` is read at in place, or nullopt when no exact
+/// path exists. Q8_0/Q4_0 map onto q8/q4 only with the group-32 symmetric scheme.
+inline std::optional<Precision> in_place_precision(DType t, QuantScheme scheme) noexcept {
+  switch (t) {
+    case DType::f32: return Precision::f32;
+    case DType::f16: return Precision::f16;
+    case DType::bf16: return Precision::bf16;
+    default:
+      const bool exact_scheme = scheme.group_size == gguf_exact_scheme.group_size &&
+                                scheme.zero_point == gguf_exact_scheme.zero_point;
+      return exact_scheme ? exact_moekit_precision(t) : std::nullopt;
+  }
+}
+
+/// Where one expert matrix lies: which file, at which absolute offset, in which type.
+struct TensorLocation {
+  std::uint32_t file = 0;    ///< index into CheckpointExperts::files()
+  std::uint64_t offset = 0;  ///< absolute offset in that file
+  std::uint64_t bytes = 0;
+  DType dtype = DType::f32;
+  std::uint64_t rows = 0, cols = 0;
+};
+
+/// Where every routed expert of a checkpoint lies, and the one precision they are read at.
+class CheckpointExperts {
+ public:
+  using Matrices = std::array<TensorLocation, 3>;  ///< w1 (gate), w3 (up), w2 (down)
+
+  /// Locates every expert of `shape` in `reader`; `layers[l]` is the checkpoint's decoder layer
+  /// holding MoE layer l. Throws `Error(unsupported)` naming a tensor whose type has no exact
+  /// in-place path, or whose type differs from the first expert's (one precision per run).
+  template <TensorReader R>
+  static CheckpointExperts locate(const R& reader, Architecture arch, TensorFormat format,
+                                  const ModelShape& shape, std::span<const std::uint32_t> layers) {
+    MOEKIT_EXPECTS(layers.size() == shape.n_layers, "CheckpointExperts: one layer per MoE layer");
+    CheckpointExperts c;
+    c.shape_ = shape;
+    c.matrices_.resize(shape.expert_count());
+    std::map<std::string, std::uint32_t, std::less<>> file_index;
+    for (std::uint32_t l = 0; l < shape.n_layers; ++l)
+      for (std::uint32_t e = 0; e < shape.n_experts; ++e) {
+        const ExpertMatrices m = find_expert_matrices(reader, arch, format, {layers[l], e}, shape);
+        Matrices& out = c.matrices_[shape.index({l, e})];
+        for (std::size_t i = 0; i < 3; ++i) {
+          const TensorView& t = m[all_expert_matrices[i]];
+          c.check_type(t);
+          auto [it, added] = file_index.try_emplace(std::string(t.file),
+                                                    static_cast<std::uint32_t>(c.files_.size()));
+          if (added) c.files_.emplace_back(t.file);
+          out[i] = {it->second, t.file_offset, t.bytes.size(), t.dtype, t.rows(), t.cols()};
+        }
+      }
+    return c;
+  }
+
+  [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
+  /// The precision every expert is read at (the checkpoint's own, mapped exactly).
+  [[nodiscard]] Precision precision() const noexcept { return precision_; }
+  /// The checkpoint's type of the expert matrices.
+  [[nodiscard]] DType dtype() const noexcept { return dtype_; }
+  [[nodiscard]] const std::vector<std::string>& files() const noexcept { return files_; }
+  [[nodiscard]] const Matrices& matrices(ExpertKey k) const { return matrices_.at(shape_.index(k)); }
+
+ private:
+  void check_type(const TensorView& t) {
+    const std::optional<Precision> p = in_place_precision(t.dtype, shape_.quant);
+    if (!p)
+      throw Error(ErrorKind::unsupported,
+                  t.where() + ": type " + std::string(name(t.dtype)) +
+                      " has no exact in-place path (F32, F16, BF16, and Q8_0/Q4_0 with group-32 "
+                      "symmetric experts)");
+    if (!typed_) {
+      typed_ = true;
+      dtype_ = t.dtype;
+      precision_ = *p;
+    } else if (t.dtype != dtype_) {
+      throw Error(ErrorKind::unsupported,
+                  t.where() + ": type " + std::string(name(t.dtype)) + " differs from the " +
+                      std::string(name(dtype_)) + " of the first expert matrix; experts of mixed "
+                      "types are read through an expert store");
+    }
+  }
+
+  ModelShape shape_{};
+  std::vector<std::string> files_;
+  std::vector<Matrices> matrices_;
+  bool typed_ = false;
+  DType dtype_ = DType::f32;
+  Precision precision_ = Precision::f32;
+};
+
+/// A ByteSource over a checkpoint's experts: blob i (`shape.index(key)`) at virtual offset
+/// i × expert_bytes. `FileSource` reads one file (e.g. PreadSource with O_DIRECT). Reads whole
+/// blobs only. Thread-safe when `FileSource::read` is (the staging buffers are per thread).
+template <ByteSource FileSource>
+class CheckpointExpertSource {
+ public:
+  struct Config {
+    MatrixOrder order = MatrixOrder::rows;  ///< where the rows of a quantized blob go
+    /// Bytes read at once per loader thread: whole rows of the largest expert matrices fit many
+    /// times over, and the buffer stays small next to one expert.
+    std::uint64_t staging_bytes = 8u << 20;
+  };
+
+  /// `files[i]` reads `experts->files()[i]`.
+  CheckpointExpertSource(std::shared_ptr<const CheckpointExperts> experts,
+                         std::vector<FileSource> files, Config config = {})
+      : experts_(std::move(experts)),
+        files_(std::move(files)),
+        order_(config.order),
+        staging_bytes_(config.staging_bytes) {
+    MOEKIT_EXPECTS(files_.size() == experts_->files().size(),
+                   "CheckpointExpertSource: one source per checkpoint file");
+    if (!is_quantized(experts_->precision())) order_ = MatrixOrder::rows;
+  }
+
+  /// Blob of `k` at `p` as an AsyncLoader locates it; `p` must be the checkpoint's precision.
+  [[nodiscard]] StoreBlob blob(ExpertKey k, Precision p) const {
+    const ModelShape& s = experts_->shape();
+    if (p != experts_->precision())
+      throw Error(ErrorKind::unsupported,
+                  "checkpoint experts are read in place at " +
+                      std::string(moekit::name(experts_->precision())) + ", not at " +
+                      std::string(moekit::name(p)));
+    MOEKIT_EXPECTS(s.contains(k), "CheckpointExpertSource: expert key outside the model");
+    return StoreBlob{k, p, s.index(k) * s.expert_bytes(p), s.expert_bytes(p), 0};
+  }
+
+  void read(BlobRange r, std::span<std::byte> dest) const {
+    const ModelShape& s = experts_->shape();
+    const std::uint64_t n = s.expert_bytes(experts_->precision());
+    if (r.offset % n != 0 || r.bytes != n || r.offset / n >= s.expert_count() ||
+        dest.size() < n)
+      throw Error(ErrorKind::invalid_argument,
+                  "checkpoint expert source: reads whole expert blobs only (offset " +
+                      std::to_string(r.offset) + ", " + std::to_string(r.bytes) + " bytes)");
+    const std::uint64_t index = r.offset / n;
+    const ExpertKey k{static_cast<std::uint32_t>(index / s.n_experts),
+                      static_cast<std::uint32_t>(index % s.n_experts)};
+    std::uint64_t at = 0;
+    for (const TensorLocation& m : experts_->matrices(k)) {
+      const std::uint64_t out = matrix_bytes(m.rows, m.cols, experts_->precision(), s.quant);
+      read_matrix(m, dest.subspan(at, out));
+      at += out;
+    }
+  }
+
+  [[nodiscard]] std::string name() const {
+    return experts_->files().empty() ? std::string("(no files)") : experts_->files().front();
+  }
+  [[nodiscard]] const CheckpointExperts& experts() const noexcept { return *experts_; }
+  [[nodiscard]] MatrixOrder order() const noexcept { return order_; }
+
+ private:
+  static constexpr std::uint64_t page = 4096;
+  /// Rows of one blocked_panels4 group, a whole number of panels4 panels.
+  static constexpr std::uint64_t rows_per_group =
+      PanelLayout::height * PanelLayout::blocked_group;
+
+  // One matrix into `dest` in the blob's format and order, in chunks of whole rows through
+  // staging. A chunk is a whole number of panel groups, whose bytes are the same contiguous
+  // range whether the chunk is packed alone or as part of the matrix.
+  void read_matrix(const TensorLocation& m, std::span<std::byte> dest) const {
+    const Precision p = experts_->precision();
+    const std::uint64_t src_row = m.bytes / m.rows;
+    const std::uint64_t dst_row = row_bytes(m.cols, p, experts_->shape().quant);
+    const std::uint64_t rows_per_chunk = std::max<std::uint64_t>(
+        rows_per_group, (staging_bytes_ - std::min(staging_bytes_, 2 * page)) / src_row / rows_per_group * rows_per_group);
+    for (std::uint64_t r0 = 0; r0 < m.rows; r0 += rows_per_chunk) {
+      const std::uint64_t rows = std::min(rows_per_chunk, m.rows - r0);
+      const std::span<const std::byte> src =
+          read_range(m.file, m.offset + r0 * src_row, rows * src_row);
+      const std::span<std::byte> out = dest.subspan(r0 * dst_row, rows * dst_row);
+      if (m.dtype == DType::q8_0 || m.dtype == DType::q4_0)
+        transcode_matrix(m.dtype, src, rows, m.cols, out, order_, "checkpoint expert");
+      else
+        std::memcpy(out.data(), src.data(), out.size());
+    }
+  }
+
+  // `bytes` at `offset` of file `f`, read as the 4096-aligned range covering them.
+  std::span<const std::byte> read_range(std::uint32_t f, std::uint64_t offset,
+                                        std::uint64_t bytes) const {
+    const std::uint64_t start = offset / page * page;
+    const std::uint64_t end = (offset + bytes + page - 1) / page * page;
+    AlignedBuffer& staging = thread_staging(end - start);
+    files_[f].read({start, offset + bytes - start}, staging.span().first(end - start));
+    return staging.span().subspan(offset - start, bytes);
+  }
+
+  AlignedBuffer& thread_staging(std::uint64_t bytes) const {
+    thread_local AlignedBuffer buffer;
+    if (buffer.size() < bytes) buffer = AlignedBuffer(std::max(bytes, staging_bytes_));
+    return buffer;
+  }
+  std::shared_ptr<const CheckpointExperts> experts_;
+  std::vector<FileSource> files_;
+  MatrixOrder order_;
+  std::uint64_t staging_bytes_;
+};
+
+}  // namespace moekit::io
