@@ -60,8 +60,9 @@ RMS norm weights (and OLMoE's q/k norms) are 1, biases 0, the router and the sha
 N(0, 0.02) in f32 (bf16 in safetensors).
 
 Writing is streamed: one chunk (<= 64 MB) of one tensor at a time, generated on the main thread
-and written by a second thread (fdatasync + POSIX_FADV_DONTNEED every 1 GB, so the page cache
-does not fill with the file), progress on stderr. The header goes through gguf-py's GGUFWriter
+and written by a second thread (POSIX_FADV_DONTNEED every 256 MB starts the writeback and drops
+the pages already written, so the page cache does not fill with the file; one fsync at the end),
+progress on stderr. The header goes through gguf-py's GGUFWriter
 (add_tensor_info for every tensor, then write_header/kv/ti_data_to_file) and the data section is
 written here with the writer's alignment and offsets (checked at the end). The output is written
 to OUT.partial and renamed at the end; an existing OUT is refused without --force; the free
@@ -703,10 +704,12 @@ def main() -> None:
             dt = write_gguf(partial, args.arch, a, layers, args.format, plan, gen)
         else:
             dt = write_safetensors(partial, a, layers, shards, gen)
-    except BaseException:
+    except BaseException as e:
         if partial.exists():
             shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
-            print(f"removed {partial}", file=sys.stderr)
+            print(f"\nremoved {partial}", file=sys.stderr)
+        if isinstance(e, KeyboardInterrupt):
+            raise SystemExit(130)
         raise
     if out.exists():  # --force
         shutil.rmtree(out) if out.is_dir() and not out.is_symlink() else out.unlink()
