@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "moekit/error.hpp"
+#include "moekit/io/checkpoint_experts.hpp"
+#include "moekit/io/memory_limit.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
 #include "moekit/engine/activations.hpp"
@@ -24,6 +26,7 @@
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/expert_source.hpp"
 #include "moekit/engine/gguf_model.hpp"
+#include "moekit/engine/memory_budget.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/perplexity.hpp"
@@ -352,7 +355,8 @@ void print_stats(const nlohmann::json& j) {
 // ---- expert source and preset inputs (offload wiring) -------------------------------------
 
 struct ExpertPlacement {
-  std::shared_ptr<const moekit::io::ExpertStore> store;  // null: host memory
+  std::shared_ptr<const moekit::io::ExpertStore> store;  // null: host memory or in place only
+  std::shared_ptr<const moekit::io::CheckpointExperts> checkpoint;  // read in place, or null
   bool built = false;
 };
 
@@ -380,21 +384,37 @@ std::shared_ptr<const moekit::io::ExpertStore> open_store(const std::string& pat
   return st;
 }
 
-// The default model's store: built at first use into the build tree (never next to the model),
-// rebuilt when the checkpoint changed (expert_source.hpp: cached_store).
-ExpertPlacement default_store(const ModelConfig& cfg, const fs::path& dir,
-                              std::vector<moekit::Precision> need, bool quiet,
-                              moekit::MatrixOrder order) {
-  CachedStore c = cached_store(cfg, dir, std::move(need), MOE_RUN_STORE_DIR, quiet, order);
-  return {std::move(c.store), c.built};
+// The checkpoint's routed experts where they lie, or null when their type has no exact in-place
+// path (K-quants: they are converted once into a store instead).
+std::shared_ptr<const moekit::io::CheckpointExperts> locate_in_place(
+    const ModelConfig& cfg, const ModelPath& m, const moekit::io::GgufFile* gguf) {
+  namespace io = moekit::io;
+  const moekit::ModelShape shape = cfg.shape();
+  try {
+    if (gguf) {
+      std::vector<std::uint32_t> layers(shape.n_layers);
+      for (std::uint32_t l = 0; l < shape.n_layers; ++l) layers[l] = l;
+      return std::make_shared<const io::CheckpointExperts>(io::CheckpointExperts::locate(
+          *gguf, io_architecture(cfg.arch), io::TensorFormat::gguf, shape, layers));
+    }
+    const auto layers = moe_decoder_layers(cfg);
+    return std::make_shared<const io::CheckpointExperts>(
+        io::CheckpointExperts::locate(io::SafetensorsModel::open(m.dir), io_architecture(cfg.arch),
+                                      io::TensorFormat::hugging_face, shape, layers));
+  } catch (const moekit::Error& e) {
+    if (e.kind() != moekit::ErrorKind::unsupported) throw;
+    return nullptr;
+  }
 }
 
 // `order`: where the quantized experts' rows go in a store built here. A store given with --store
 // or -m keeps its own order; an explicit --expert-layout must match it. Experts in host memory
-// (no store) are packed by the caller.
+// (no store) are packed by the caller. Otherwise the experts are read in place from the
+// checkpoint at its own precision, and a store is built only for the precisions it lacks.
 ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const ModelPath& m,
                               const std::string& store, const std::vector<moekit::Precision>& need,
-                              moekit::MatrixOrder order) {
+                              moekit::MatrixOrder order,
+                              std::shared_ptr<const moekit::io::CheckpointExperts> in_place) {
   if (!store.empty()) {
     const char* flag = o.store.empty() ? "-m" : "--store";
     auto st = open_store(store, cfg.shape(), need, flag);
@@ -403,15 +423,17 @@ ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const Mo
            store + "' (" + flag + ") holds its quantized experts in " +
            layout_word(st->manifest().order) + " (rebuild it with moe-convert --layout " +
            layout_word(*o.expert_layout) + ")");
-    return {std::move(st), false};
+    return {std::move(st), nullptr, false};
   }
   if (o.in_memory) return {};
-  if (!m.gguf.empty()) {  // a GGUF's experts: its store, built at first use (moe-convert's path)
-    CachedStore c = cached_gguf_store(m.gguf, need, MOE_RUN_STORE_DIR, o.json, order);
-    return {std::move(c.store), c.built};
-  }
-  if (fs::weakly_canonical(m.dir) != fs::weakly_canonical(MOE_RUN_DEFAULT_MODEL)) return {};
-  return default_store(cfg, m.dir, need, o.json, order);
+  std::vector<moekit::Precision> extras = need;
+  if (in_place) std::erase(extras, in_place->precision());
+  if (in_place && extras.size() == need.size()) in_place = nullptr;  // not read at its own type
+  if (in_place && extras.empty()) return {nullptr, std::move(in_place), false};
+  CachedStore c = !m.gguf.empty()
+                      ? cached_gguf_store(m.gguf, extras, MOE_RUN_STORE_DIR, o.json, order)
+                      : cached_store(cfg, m.dir, extras, MOE_RUN_STORE_DIR, o.json, order);
+  return {std::move(c.store), std::move(in_place), c.built};
 }
 
 // Router weights, calibration routing and measured latencies, for the presets that need them.
@@ -457,26 +479,134 @@ Tokenizer load_tokenizer(const ModelPath& m, const moekit::io::GgufFile* gguf) {
   return Tokenizer::from_hf_dir(m.dir);
 }
 
-int run(const Options& o) {
-  const ModelSource src = resolve_model(o);
-  const ModelPath& mp = src.model;
+// --precision auto: the experts' own type in the checkpoint when read in place; otherwise (types
+// without an exact path, e.g. K-quants) the nearest moekit format, into which they are converted
+// once, said on stderr.
+moekit::Precision auto_precision(const moekit::io::CheckpointExperts* in_place,
+                                 const moekit::io::GgufFile* gguf, const ModelConfig& cfg,
+                                 bool quiet) {
+  if (in_place) return in_place->precision();
+  moekit::Precision p = moekit::Precision::q4;
+  std::string from = "?";
+  if (gguf) {
+    const auto m = moekit::io::find_expert_matrices(*gguf, io_architecture(cfg.arch),
+                                                    moekit::io::TensorFormat::gguf, {0, 0});
+    from = std::string(moekit::io::name(m.gate.dtype));
+    if (m.gate.dtype == moekit::io::DType::q2_k) p = moekit::Precision::q2;
+  }
+  if (!quiet)
+    std::fprintf(stderr, "--precision auto: the experts' type %s has no exact in-place path; "
+                 "they are converted once into a store at %s (dequantized, then quantized again)\n",
+                 from.c_str(), std::string(moekit::name(p)).c_str());
+  return p;
+}
+
+// Bytes of KV cache at context `ctx` (an upper bound: sliding-window layers keep less).
+std::size_t kv_cache_bytes(const ModelConfig& cfg, std::size_t ctx) {
+  return std::size_t{cfg.n_layers} * 2 * ctx * cfg.kv_dim() * sizeof(float);
+}
+
+// --expert-budget auto: what the memory this process may use leaves for the expert cache after
+// the dense part, the KV cache and the loader's buffers (memory_budget.hpp); refused, naming the
+// flag and the missing bytes, when not even one token's experts fit.
+moekit::engine::AutoBudget auto_budget(const Options& o, const ModelConfig& cfg,
+                                       std::size_t dense_bytes, std::size_t prompt_tokens) {
+  const moekit::ModelShape shape = cfg.shape();
+  const moekit::io::MemoryLimits limits = moekit::io::read_memory_limits();
+  moekit::engine::AutoBudgetInputs in;
+  in.usable_bytes = limits.usable_bytes();
+  in.usable_source = limits.source();
+  in.dense_bytes = dense_bytes;
+  const std::size_t ctx = o.context ? o.context : prompt_tokens + o.n_predict + 1;
+  in.kv_cache_bytes = kv_cache_bytes(cfg, std::max<std::size_t>(ctx, o.perplexity.empty() ? 0 : 512));
+  // Per loader thread: the checkpoint source's staging and O_DIRECT's bounce buffer.
+  in.io_buffer_bytes = std::size_t{o.io_threads} * (12u << 20);
+  in.minimum_expert_bytes = minimum_expert_budget(shape, o.precision);
+  in.all_resident_expert_bytes = all_resident_budget(shape, o.precision);
+  return moekit::engine::auto_expert_budget(in);
+}
+
+// The dense part's bytes in the file, as a lower bound of what it takes in memory: checked
+// against the usable memory before anything is loaded.
+std::size_t dense_file_bytes(const ModelPath& m, const moekit::io::CheckpointExperts& e) {
+  std::size_t total = 0;
+  for (const std::string& f : e.files()) total += fs::file_size(f);
+  if (m.gguf.empty())
+    for (const auto& entry : fs::directory_iterator(m.dir))
+      if (entry.path().extension() == ".safetensors" &&
+          std::find(e.files().begin(), e.files().end(), entry.path().string()) == e.files().end())
+        total += entry.file_size();
+  const moekit::ModelShape& s = e.shape();
+  for (std::uint32_t l = 0; l < s.n_layers; ++l)
+    for (std::uint32_t x = 0; x < s.n_experts; ++x)
+      for (const auto& t : e.matrices({l, x})) total -= std::min<std::size_t>(total, t.bytes);
+  return total;
+}
+
+struct OpenModel {
+  ModelSource src;
   std::optional<moekit::io::GgufFile> gguf;
-  if (!mp.gguf.empty()) gguf.emplace(mp.gguf.string());
-  const ModelConfig cfg = gguf ? gguf_config(*gguf) : load_config(mp.dir);
-  const Tokenizer tok = load_tokenizer(mp, gguf ? &*gguf : nullptr);
+  ModelConfig cfg;
+};
+
+// Resolves auto precision and the budget's kind before any weight is read.
+OffloadSettings offload_settings(Options& o, const OpenModel& m,
+                                 const moekit::io::CheckpointExperts* in_place,
+                                 std::size_t prompt_tokens) {
+  const moekit::ModelShape shape = m.cfg.shape();
+  if (o.precision_auto)
+    o.precision = auto_precision(in_place, m.gguf ? &*m.gguf : nullptr, m.cfg, o.json);
+  OffloadSettings settings{o.budget.resolve(all_resident_budget(shape, o.precision)), o.precision,
+                           o.preset_params};
+  if (o.budget.kind == BudgetSpec::Kind::automatic && in_place)
+    (void)auto_budget(o, m.cfg, dense_file_bytes(m.src.model, *in_place), prompt_tokens);
+  check_budget(shape, settings);
+  check_preset_params(o.preset, settings);
+  return settings;
+}
+
+// Where the experts came from and the budget chosen, then the statistics (JSON or stderr).
+void report_source(nlohmann::json& stats, const Options& o, const ExpertPlacement& where,
+                   const std::string& loader_kind, moekit::MatrixOrder order,
+                   const std::string& budget_note) {
+  std::string source = where.checkpoint ? "in place: " + where.checkpoint->files().front() : "";
+  if (where.store) source += (source.empty() ? "" : " + ") + where.store->path();
+  stats["expert_source"] = source.empty() ? std::string("host memory") : source;
+  stats["expert_reads"] = loader_kind;
+  stats["expert_layout"] = layout_word(order);
+  stats["store_built"] = where.built;
+  if (!budget_note.empty()) stats["expert_budget_auto"] = budget_note;
+  if (!o.json)
+    std::fprintf(stderr, "expert source: %s (%s%s, %s)%s\n",
+                 stats["expert_source"].get<std::string>().c_str(), loader_kind.c_str(),
+                 (where.store || where.checkpoint) && o.direct ? ", O_DIRECT" : "",
+                 stats["expert_layout"].get<std::string>().c_str(),
+                 where.built ? " [built now]" : "");
+  if (o.json) std::cout << stats.dump(1) << "\n";
+  else if (!o.perplexity.empty()) print_perplexity(stats);
+  else print_stats(stats);
+}
+
+int run(Options o) {
+  OpenModel m{resolve_model(o), std::nullopt, {}};
+  const ModelPath& mp = m.src.model;
+  if (!mp.gguf.empty()) m.gguf.emplace(mp.gguf.string());
+  const ModelConfig& cfg = m.cfg = m.gguf ? gguf_config(*m.gguf) : load_config(mp.dir);
+  const Tokenizer tok = load_tokenizer(mp, m.gguf ? &*m.gguf : nullptr);
   if (tok.vocab_size() > cfg.vocab_size)
     fail("-m: the tokenizer has " + std::to_string(tok.vocab_size()) +
          " pieces, more than the model's vocab_size " + std::to_string(cfg.vocab_size));
 
   // Refuse an impossible budget before loading any weight.
   const moekit::ModelShape shape = cfg.shape();
-  const OffloadSettings settings{o.budget.resolve(all_resident_budget(shape, o.precision)),
-                                 o.precision, o.preset_params};
-  check_budget(shape, settings);
-  check_preset_params(o.preset, settings);
+  const auto in_place = o.in_memory || !m.src.store.empty()
+                            ? nullptr
+                            : locate_in_place(cfg, mp, m.gguf ? &*m.gguf : nullptr);
+  const std::size_t prompt_tokens = tok.encode(o.prompt, false).size() + 1;
+  OffloadSettings settings = offload_settings(o, m, in_place.get(), prompt_tokens);
 
-  // Experts: a store read with O_DIRECT (--store, -m STORE, or the default model's store built
-  // at first use) or host memory (--in-memory, other checkpoints).
+  // Experts: in place from the checkpoint (plus a store of the precisions it lacks), a store read
+  // with O_DIRECT (--store, -m STORE) or host memory (--in-memory).
   const auto needed = required_precisions(o.preset, shape, settings);
   const bool int8 =
       resolve_int8_activations(o.activations, needed, std::min(shape.hidden, shape.ffn));
@@ -489,18 +619,30 @@ int run(const Options& o) {
          " cannot be in panels (32, 64 or 128)");
   const moekit::MatrixOrder order = o.expert_layout.value_or(
       int8 && panels_fit ? moekit::MatrixOrder::blocked_panels4 : moekit::MatrixOrder::rows);
-  const ExpertPlacement where = place_experts(o, cfg, mp, src.store, needed, order);
+  // Fiddler runs experts on the CPU from host bytes, which in-place reads do not keep.
+  const bool host_bytes = preset_needs(o.preset, settings).latencies;
+  const ExpertPlacement where =
+      place_experts(o, cfg, mp, m.src.store, needed, order, host_bytes ? nullptr : in_place);
+  const bool experts_outside = where.store || where.checkpoint;
   const std::vector<moekit::Precision> host_precisions =
-      where.store ? std::vector<moekit::Precision>{} : needed;
+      experts_outside ? std::vector<moekit::Precision>{} : needed;
   const ModelWeights w = [&] {
     const DenseStorage dense{o.dense_precision, shape.quant};
-    ModelWeights l = gguf ? load_gguf_weights(cfg, *gguf, host_precisions, dense)
-                          : load_weights(cfg, mp.dir, host_precisions, dense);
-    if (!where.store && moekit::in_panels(order)) l.experts.pack_panels(order);
+    ModelWeights l = m.gguf ? load_gguf_weights(cfg, *m.gguf, host_precisions, dense)
+                            : load_weights(cfg, mp.dir, host_precisions, dense);
+    if (!experts_outside && moekit::in_panels(order)) l.experts.pack_panels(order);
     return l;
   }();
-  ExpertBacking backing{where.store ? nullptr : &w.experts, where.store,
-                        StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads}};
+  std::string budget_note;
+  if (o.budget.kind == BudgetSpec::Kind::automatic) {
+    const moekit::engine::AutoBudget b = auto_budget(o, cfg, w.dense.bytes(), prompt_tokens);
+    settings.expert_budget = b.all_resident ? 0 : b.expert_bytes;
+    budget_note = b.explanation;
+    if (!o.json) std::fprintf(stderr, "%s\n", budget_note.c_str());
+  }
+  ExpertBacking backing{experts_outside ? nullptr : &w.experts, where.store,
+                        StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads},
+                        where.checkpoint, order};
   moekit::ThreadPool pool(o.threads);
   PresetInputs in = preset_inputs(o, cfg, w, tok, settings, backing, pool, int8);
   std::vector<float> routers;
@@ -514,17 +656,7 @@ int run(const Options& o) {
         loader_kind = pipeline.loader().kind();
         return run_on(o, cfg, w, tok, pipeline, pool, int8, backing.order());
       });
-  stats["expert_source"] = where.store ? where.store->path() : std::string("host memory");
-  stats["expert_reads"] = loader_kind;
-  stats["expert_layout"] = layout_word(backing.order());
-  stats["store_built"] = where.built;
-  if (!o.json)
-    std::fprintf(stderr, "expert source: %s (%s%s, %s)%s\n", stats["expert_source"].get<std::string>().c_str(),
-                 loader_kind.c_str(), where.store && o.direct ? ", O_DIRECT" : "",
-                 stats["expert_layout"].get<std::string>().c_str(), where.built ? " [built now]" : "");
-  if (o.json) std::cout << stats.dump(1) << "\n";
-  else if (!o.perplexity.empty()) print_perplexity(stats);
-  else print_stats(stats);
+  report_source(stats, o, where, loader_kind, backing.order(), budget_note);
   return 0;
 }
 

@@ -31,13 +31,15 @@ namespace moekit::engine {
 
 /// An expert budget as written on the command line.
 struct BudgetSpec {
-  enum class Kind { all, bytes, percent } kind = Kind::all;
+  /// automatic: sized from the memory this process may use (memory_budget.hpp), by the caller.
+  enum class Kind { all, bytes, percent, automatic } kind = Kind::all;
   double value = 0;  ///< bytes, or percent of the all-resident size
 
   /// Bytes for a model whose experts take `all_bytes` when all resident (0 = all resident).
   [[nodiscard]] std::size_t resolve(std::size_t all_bytes) const noexcept {
     switch (kind) {
-      case Kind::all: return 0;
+      case Kind::all:
+      case Kind::automatic: return 0;
       case Kind::bytes: return static_cast<std::size_t>(value);
       case Kind::percent: return static_cast<std::size_t>(std::ceil(all_bytes * value / 100.0));
     }
@@ -45,16 +47,17 @@ struct BudgetSpec {
   }
 };
 
-/// Parses "all", "50%", "2GiB", "1.5G", "512MiB", "300MB", "123456" (bytes). Binary units
+/// Parses "auto", "all", "50%", "2GiB", "1.5G", "512MiB", "300MB", "123456" (bytes). Binary units
 /// (KiB/MiB/GiB/TiB and the bare K/M/G/T) are powers of 1024, KB/MB/GB/TB powers of 1000.
 /// Throws `Error(invalid_argument)` naming `flag` otherwise.
 inline BudgetSpec parse_budget(std::string_view s, std::string_view flag = "--expert-budget") {
   auto bad = [&](const std::string& why) {
     moekit::detail::fail(moekit::ErrorKind::invalid_argument,
                          std::string(flag) + ": '" + std::string(s) + "' " + why +
-                             " (examples: 2GiB, 512MiB, 1.5G, 50%, all)");
+                             " (examples: auto, 2GiB, 512MiB, 1.5G, 50%, all)");
   };
   if (s == "all") return {};
+  if (s == "auto") return {BudgetSpec::Kind::automatic, 0};
   std::size_t i = 0;
   while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
   if (i == 0) bad("is not a size");
@@ -102,8 +105,11 @@ struct Options {
   std::uint64_t seed = 42;
   std::string preset = "baseline";
   BudgetSpec budget{};
-  std::string budget_text = "all";
+  std::string budget_text = "auto";
+  /// --precision: what the experts run at; `precision_auto` (the default): the checkpoint's own
+  /// type, resolved once the model is open (then `precision` holds it).
   moekit::Precision precision = moekit::Precision::f16;
+  bool precision_auto = true;
   /// --dense-precision: what the dense matrices are held at (nullopt = auto: each at its
   /// checkpoint's own float type, bf16/f16 or f32)
   std::optional<moekit::Precision> dense_precision;
@@ -161,9 +167,12 @@ class Cli {
       presets += "\n  " + std::string(p.name) + ": " + std::string(p.summary);
     app_.add_option("--preset", o_.preset, "offloading preset:" + presets);
     app_.add_option("--expert-budget", o_.budget_text,
-                    "bytes of expert cache: all, 2GiB, 512MiB, 1.5G, 50% (of all experts)");
+                    "bytes of expert cache: auto (default: what the memory this process may use "
+                    "leaves after the dense part, KV cache and buffers), all, 2GiB, 512MiB, 1.5G, "
+                    "50% (of all experts)");
     app_.add_option("--precision", precision_text_,
-                    "precision experts are stored and run at: f32, bf16, f16, q8, q4, q2");
+                    "precision experts are stored and run at: auto (default: the checkpoint's "
+                    "own type, read in place), f32, bf16, f16, q8, q4, q2");
     app_.add_option("--dense-precision", dense_precision_text_,
                     "precision the dense matrices (embeddings, attention, LM head, shared "
                     "experts) are held and run at: auto (the checkpoint's own float type: bf16 "
@@ -247,12 +256,15 @@ class Cli {
     if (!(o_.top_p > 0))
       throw moekit::Error(moekit::ErrorKind::invalid_argument, "--top-p: must be in (0, 1]");
     o_.budget = parse_budget(o_.budget_text);
-    const auto p = moekit::parse_precision(precision_text_);
-    if (!p || *p == moekit::Precision::skip)
-      throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                          "--precision: '" + precision_text_ +
-                              "' is not one of f32, bf16, f16, q8, q4, q2");
-    o_.precision = *p;
+    o_.precision_auto = precision_text_ == "auto";
+    if (!o_.precision_auto) {
+      const auto p = moekit::parse_precision(precision_text_);
+      if (!p || *p == moekit::Precision::skip)
+        throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                            "--precision: '" + precision_text_ +
+                                "' is not one of auto, f32, bf16, f16, q8, q4, q2");
+      o_.precision = *p;
+    }
     if (dense_precision_text_ != "auto") {
       const auto d = moekit::parse_precision(dense_precision_text_);
       if (!d || *d == moekit::Precision::skip || *d == moekit::Precision::q2)
@@ -356,7 +368,7 @@ class Cli {
 
   CLI::App app_;
   Options o_;
-  std::string precision_text_ = "f16";
+  std::string precision_text_ = "auto";
   std::string activations_text_ = "auto";
   std::string dense_precision_text_ = "auto";
   std::string row_streaming_text_ = "auto";

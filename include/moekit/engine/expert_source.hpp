@@ -30,8 +30,10 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/expert_blob.hpp"
+#include "moekit/io/aligned_buffer.hpp"
 #include "moekit/io/async_loader.hpp"
 #include "moekit/io/byte_source.hpp"
+#include "moekit/io/checkpoint_experts.hpp"
 #include "moekit/io/expert_store.hpp"
 #include "moekit/io/gguf.hpp"
 #include "moekit/io/memory_loader.hpp"
@@ -106,12 +108,15 @@ class DirectSource {
 static_assert(moekit::io::ByteSource<DirectSource>);
 
 /// The Loader every moe-run pipeline uses: a synchronous copy from host memory, or asynchronous
-/// reads from an expert store. `host_bytes` (Fiddler's CPU execution) points into host memory:
-/// the HostExperts blobs, or a read-only mapping of the store (pages fault in on first use and
-/// are never copied into the cache).
+/// reads from the checkpoint itself (in place, io/checkpoint_experts.hpp) and/or from an expert
+/// store holding the precisions the checkpoint lacks. `host_bytes` (Fiddler's CPU execution)
+/// points into host memory: the HostExperts blobs, or a read-only mapping of the store (pages
+/// fault in on first use and are never copied into the cache).
 class ExpertLoader {
  public:
   using StoreReader = moekit::io::AsyncLoader<DirectSource>;
+  using CheckpointSource = moekit::io::CheckpointExpertSource<DirectSource>;
+  using CheckpointReader = moekit::io::AsyncLoader<CheckpointSource>;
 
   static ExpertLoader host(const HostExperts& experts) {
     ExpertLoader l;
@@ -123,40 +128,63 @@ class ExpertLoader {
   static ExpertLoader store(std::shared_ptr<const moekit::io::ExpertStore> store,
                             const StoreIo& io) {
     ExpertLoader l;
-    DirectSource src = [&] {
-      try {
-        return DirectSource(store->path(), io);
-      } catch (const moekit::Error& e) {
-        if (!io.direct) throw;
-        throw moekit::Error(e.kind(), e.message() + " (opened with O_DIRECT; a filesystem without "
-                                                    "it, such as tmpfs, needs --no-direct)");
-      }
-    }();
-    l.kind_ = src.kind();
-    l.store_ = store;
-    typename StoreReader::Config c{};
+    l.attach_store(std::move(store), io);
+    return l;
+  }
+  /// Experts at the checkpoint's precision read in place; other precisions from `extras` (may be
+  /// null when the run needs none).
+  static ExpertLoader checkpoint(std::shared_ptr<const moekit::io::CheckpointExperts> experts,
+                                 moekit::MatrixOrder order, const StoreIo& io,
+                                 std::shared_ptr<const moekit::io::ExpertStore> extras) {
+    ExpertLoader l;
+    std::vector<DirectSource> files;
+    for (const std::string& f : experts->files()) files.push_back(open_direct(f, io));
+    l.kind_ = files.front().kind();
+    l.file_precision_ = experts->precision();
+    auto src = std::make_shared<CheckpointSource>(experts, std::move(files),
+                                                  typename CheckpointSource::Config{order});
+    typename CheckpointReader::Config c{};
     c.io_threads = io.io_threads;
-    c.verify_checksums = io.verify_checksums;
-    l.reader_ = std::make_unique<StoreReader>(
-        std::move(src),
-        [store](moekit::ExpertKey k, moekit::Precision p) { return store->blob(k, p); }, c);
+    c.verify_checksums = false;  // a checkpoint records no checksums of its tensors
+    l.file_reader_ = std::make_unique<CheckpointReader>(
+        *src, [src](moekit::ExpertKey k, moekit::Precision p) { return src->blob(k, p); }, c);
+    if (extras) l.attach_store(std::move(extras), io);
     return l;
   }
 
   moekit::LoadTicket submit(const moekit::LoadRequest& r) {
-    return memory_ ? memory_->submit(r) : reader_->submit(r);
+    if (memory_) return memory_->submit(r);
+    if (file_reader_ && r.precision == file_precision_) return file_reader_->submit(r);
+    if (!reader_)
+      throw moekit::Error(moekit::ErrorKind::unsupported,
+                          "experts are read in place at " +
+                              std::string(moekit::name(file_precision_)) + " and no store holds " +
+                              std::string(moekit::name(r.precision)));
+    const moekit::LoadTicket t = reader_->submit(r);
+    return file_reader_ ? moekit::LoadTicket{t.id | store_tag} : t;
   }
-  bool poll(moekit::LoadTicket t) { return memory_ ? memory_->poll(t) : reader_->poll(t); }
+  bool poll(moekit::LoadTicket t) {
+    if (memory_) return memory_->poll(t);
+    return is_file(t) ? file_reader_->poll(t) : reader_->poll(untag(t));
+  }
   void wait(moekit::LoadTicket t) {
     if (memory_) memory_->wait(t);
-    else reader_->wait(t);
+    else if (is_file(t)) file_reader_->wait(t);
+    else reader_->wait(untag(t));
   }
-  bool cancel(moekit::LoadTicket t) { return memory_ ? memory_->cancel(t) : reader_->cancel(t); }
+  bool cancel(moekit::LoadTicket t) {
+    if (memory_) return memory_->cancel(t);
+    return is_file(t) ? file_reader_->cancel(t) : reader_->cancel(untag(t));
+  }
 
   /// The expert's bytes in host memory, for experts run on the CPU without entering the cache.
   [[nodiscard]] std::span<const std::byte> host_bytes(moekit::ExpertKey k,
                                                       moekit::Precision p) const {
     if (host_) return host_->bytes(k, p);
+    if (!store_ || (file_reader_ && p == file_precision_))
+      throw moekit::Error(moekit::ErrorKind::unsupported,
+                          "experts read in place from the checkpoint have no host copy to run "
+                          "on the CPU (use --in-memory or --store)");
     if (!map_) map_ = std::make_shared<moekit::io::MmapSource>(store_->path());
     const moekit::io::StoreBlob& b = store_->blob(k, p);
     return map_->bytes().subspan(b.offset, b.bytes);
@@ -166,11 +194,45 @@ class ExpertLoader {
   [[nodiscard]] const char* kind() const noexcept { return kind_; }
 
  private:
+  /// Set on tickets of the store reader when a checkpoint reader is present too (AsyncLoader
+  /// tickets keep bit 31 clear: slot indices stay below 2^31).
+  static constexpr std::uint64_t store_tag = std::uint64_t{1} << 31;
+
   ExpertLoader() = default;
+  [[nodiscard]] bool is_file(moekit::LoadTicket t) const noexcept {
+    return file_reader_ && (!reader_ || (t.id & store_tag) == 0);
+  }
+  [[nodiscard]] moekit::LoadTicket untag(moekit::LoadTicket t) const noexcept {
+    return {t.id & ~store_tag};
+  }
+
+  static DirectSource open_direct(const std::string& path, const StoreIo& io) {
+    try {
+      return DirectSource(path, io);
+    } catch (const moekit::Error& e) {
+      if (!io.direct) throw;
+      throw moekit::Error(e.kind(), e.message() + " (opened with O_DIRECT; a filesystem without "
+                                                  "it, such as tmpfs, needs --no-direct)");
+    }
+  }
+  void attach_store(std::shared_ptr<const moekit::io::ExpertStore> store, const StoreIo& io) {
+    DirectSource src = open_direct(store->path(), io);
+    if (!file_reader_) kind_ = src.kind();
+    store_ = store;
+    typename StoreReader::Config c{};
+    c.io_threads = io.io_threads;
+    c.verify_checksums = io.verify_checksums;
+    reader_ = std::make_unique<StoreReader>(
+        std::move(src),
+        [store](moekit::ExpertKey k, moekit::Precision p) { return store->blob(k, p); }, c);
+  }
+
   const HostExperts* host_ = nullptr;
   std::unique_ptr<moekit::MemoryLoader> memory_;
   std::shared_ptr<const moekit::io::ExpertStore> store_;
   std::unique_ptr<StoreReader> reader_;
+  std::unique_ptr<CheckpointReader> file_reader_;
+  moekit::Precision file_precision_ = moekit::Precision::f32;
   mutable std::shared_ptr<moekit::io::MmapSource> map_;
   const char* kind_ = "memory";
 };
@@ -180,28 +242,48 @@ static_assert(moekit::Loader<ExpertLoader>);
 /// calibration pass and the pipeline each get their own).
 struct ExpertBacking {
   const HostExperts* host = nullptr;                     ///< in-memory path
-  std::shared_ptr<const moekit::io::ExpertStore> store;  ///< store path
+  std::shared_ptr<const moekit::io::ExpertStore> store;  ///< store path, or the extra precisions
   StoreIo io{};
+  /// In place: the checkpoint's experts at their own precision, `checkpoint_order` their rows.
+  std::shared_ptr<const moekit::io::CheckpointExperts> checkpoint = nullptr;
+  moekit::MatrixOrder checkpoint_order = moekit::MatrixOrder::rows;
 
   [[nodiscard]] ExpertLoader make_loader() const {
-    return host ? ExpertLoader::host(*host) : ExpertLoader::store(store, io);
+    if (host) return ExpertLoader::host(*host);
+    if (checkpoint) return ExpertLoader::checkpoint(checkpoint, checkpoint_order, io, store);
+    return ExpertLoader::store(store, io);
   }
   [[nodiscard]] std::vector<moekit::Precision> precisions() const {
-    return host ? host->precisions() : store->manifest().precisions;
+    if (host) return host->precisions();
+    std::vector<moekit::Precision> out;
+    if (checkpoint) out.push_back(checkpoint->precision());
+    if (store)
+      for (moekit::Precision p : store->manifest().precisions) out.push_back(p);
+    return out;
   }
-  /// Where the rows of the quantized blobs are: the store's matrix_order, or the host experts'.
+  /// Where the rows of the quantized blobs are: the host experts', the checkpoint reader's, or
+  /// the store's matrix_order (a store of extra precisions is built in the checkpoint's order).
   [[nodiscard]] moekit::MatrixOrder order() const noexcept {
-    return host ? host->order() : store ? store->manifest().order : moekit::MatrixOrder::rows;
+    if (host) return host->order();
+    if (checkpoint) return checkpoint_order;
+    return store ? store->manifest().order : moekit::MatrixOrder::rows;
   }
   [[nodiscard]] bool holds(moekit::Precision p) const {
     for (moekit::Precision q : precisions())
       if (q == p) return true;
     return false;
   }
-  /// One expert's bytes in host memory (copied out of the store when needed; for measurements).
+  /// One expert's bytes in host memory (read from the store or the checkpoint; measurements).
   [[nodiscard]] std::vector<std::byte> read_expert(moekit::ExpertKey k, moekit::Precision p) const {
     if (host) {
       const auto b = host->bytes(k, p);
+      return {b.begin(), b.end()};
+    }
+    if (checkpoint && p == checkpoint->precision()) {
+      moekit::io::AlignedBuffer out(checkpoint->shape().expert_bytes(p));
+      ExpertLoader l = make_loader();
+      l.wait(l.submit({k, p, moekit::LoadPriority::on_demand, out.span()}));
+      const auto b = out.span().first(checkpoint->shape().expert_bytes(p));
       return {b.begin(), b.end()};
     }
     const moekit::io::StoreBlob& b = store->blob(k, p);
@@ -274,14 +356,13 @@ struct CachedStore {
 
 namespace detail {
 
-/// `need` plus f16, q8, q4 and q2, most precise first (the precision set of a cached store).
+/// The precision set of a cached store: `need` without repeats, most precise first. Only what
+/// the run reads: a store of every precision "just in case" would be several times the model.
 inline std::vector<moekit::Precision> cached_precisions(std::vector<moekit::Precision> need) {
-  for (moekit::Precision p : {moekit::Precision::f16, moekit::Precision::q8,
-                              moekit::Precision::q4, moekit::Precision::q2})
-    if (std::find(need.begin(), need.end(), p) == need.end()) need.push_back(p);
   std::sort(need.begin(), need.end(), [](moekit::Precision a, moekit::Precision b) {
     return moekit::bits(a) != moekit::bits(b) ? moekit::bits(a) > moekit::bits(b) : a < b;
   });
+  need.erase(std::unique(need.begin(), need.end()), need.end());
   return need;
 }
 
@@ -333,8 +414,7 @@ CachedStore cached_store_file(const moekit::ModelShape& shape, const std::string
 
 }  // namespace detail
 
-/// The store of checkpoint `dir` in `cache_dir` holding `need` plus f16, q8, q4 and q2 (one file
-/// per precision set, named `<model>-<precisions>.moestore`, precisions most precise first). Used
+/// The store of checkpoint `dir` in `cache_dir` holding `need` (one file per precision set, named `<model>-<precisions>.moestore`, precisions most precise first). Used
 /// as is when its recorded checkpoint fingerprint matches `dir`'s; built when missing; rebuilt
 /// (only this cache file is replaced) when the checkpoint changed or the file is unreadable.
 inline CachedStore cached_store(const ModelConfig& cfg, const std::filesystem::path& dir,
