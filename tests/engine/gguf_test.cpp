@@ -158,10 +158,32 @@ TEST_CASE("unpermute_qk inverts llama.cpp's Q/K row permutation", "[engine][gguf
         std::copy_n(hf.data() + (h * hd + half * hd / 2 + i) * cols, cols,
                     gguf.data() + (h * hd + 2 * i + half) * cols);
   REQUIRE(gguf != hf);
-  unpermute_qk(gguf, heads, hd, cols);
-  CHECK(gguf == hf);
-  std::vector<float> wrong(7);
-  CHECK_THROWS_AS(unpermute_qk(wrong, heads, hd, cols), moekit::Error);
+  Linear l;
+  l.rows = heads * hd;
+  l.cols = cols;
+  l.w = gguf;
+  unpermute_qk(l, heads, hd);
+  CHECK(l.w == hf);
+  // Held packed (a quantized GGUF tensor kept as stored): the same rows move.
+  Linear packed;
+  packed.rows = heads * hd;
+  packed.cols = cols;
+  packed.w = gguf;
+  packed.narrow(moekit::Precision::q8, {0, false});
+  unpermute_qk(packed, heads, hd);
+  packed.widen();
+  Linear hf_packed;
+  hf_packed.rows = heads * hd;
+  hf_packed.cols = cols;
+  hf_packed.w = hf;
+  hf_packed.narrow(moekit::Precision::q8, {0, false});
+  hf_packed.widen();
+  CHECK(packed.w == hf_packed.w);
+  Linear wrong;
+  wrong.rows = 7;
+  wrong.cols = 1;
+  wrong.w.resize(7);
+  CHECK_THROWS_AS(unpermute_qk(wrong, heads, hd), moekit::Error);
 }
 
 TEST_CASE("GGUF f32 dense weights equal the safetensors checkpoint's", "[engine][gguf]") {

@@ -110,20 +110,16 @@ class GgufMeta {
 /// Undoes llama.cpp's Q/K row permutation of the llama architecture in place: `w` holds
 /// `n_heads` heads of `head_dim` rows of `cols` values; GGUF row (h, i, half) — i < head_dim/2,
 /// half ∈ {0, 1}, row h·head_dim + 2i + half — becomes HF row h·head_dim + half·head_dim/2 + i.
-inline void unpermute_qk(std::vector<float>& w, std::uint32_t n_heads, std::uint32_t head_dim,
-                         std::size_t cols) {
-  MOEKIT_EXPECTS(head_dim % 2 == 0 && w.size() == std::size_t{n_heads} * head_dim * cols,
-                 "unpermute_qk: matrix size differs from heads x head_dim x cols");
-  std::vector<float> out(w.size());
+inline void unpermute_qk(Linear& w, std::uint32_t n_heads, std::uint32_t head_dim) {
+  MOEKIT_EXPECTS(head_dim % 2 == 0 && w.rows == std::size_t{n_heads} * head_dim,
+                 "unpermute_qk: rows differ from heads x head_dim");
+  std::vector<std::size_t> from(w.rows);
   const std::uint32_t half = head_dim / 2;
   for (std::uint32_t h = 0; h < n_heads; ++h)
     for (std::uint32_t i = 0; i < half; ++i)
-      for (std::uint32_t s = 0; s < 2; ++s) {
-        const std::size_t from = std::size_t{h} * head_dim + 2 * i + s;
-        const std::size_t to = std::size_t{h} * head_dim + s * half + i;
-        std::copy_n(w.data() + from * cols, cols, out.data() + to * cols);
-      }
-  w.swap(out);
+      for (std::uint32_t s = 0; s < 2; ++s)
+        from[std::size_t{h} * head_dim + s * half + i] = std::size_t{h} * head_dim + 2 * i + s;
+  w.permute_rows(from);
 }
 
 /// True when `p` starts with GGUF's magic.
@@ -279,14 +275,15 @@ inline ModelWeights load_gguf_weights(const ModelConfig& cfg, const moekit::io::
     L.v = r.linear(p + "attn_v", cfg.kv_dim(), H, cfg.qkv_bias);
     L.o = r.linear(p + "attn_output", H, cfg.q_dim(), cfg.o_bias);
     if (permuted) {
-      unpermute_qk(L.q.w, cfg.n_heads, cfg.head_dim, H);
-      unpermute_qk(L.k.w, cfg.n_kv_heads, cfg.head_dim, H);
+      unpermute_qk(L.q, cfg.n_heads, cfg.head_dim);
+      unpermute_qk(L.k, cfg.n_kv_heads, cfg.head_dim);
     }
     if (cfg.qk_norm) {
       L.q_norm = r.read(p + "attn_q_norm.weight", {cfg.q_dim()});
       L.k_norm = r.read(p + "attn_k_norm.weight", {cfg.kv_dim()});
     }
     L.router = r.linear(p + "ffn_gate_inp", cfg.n_experts, H);
+    L.router.widen();  // routers stay f32 (DenseStorage)
     if (cfg.shared_ffn) {
       L.shared = {r.linear(p + "ffn_gate_shexp", cfg.shared_ffn, H),
                   r.linear(p + "ffn_up_shexp", cfg.shared_ffn, H),

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <span>
@@ -21,6 +22,7 @@
 #include "moekit/error.hpp"
 #include "moekit/io/dequantize.hpp"
 #include "moekit/io/expert_blob.hpp"
+#include "moekit/io/gguf_transcode.hpp"
 #include "moekit/io/expert_store.hpp"
 #include "moekit/io/safetensors.hpp"
 #include "moekit/io/tensor_names.hpp"
@@ -41,8 +43,9 @@ struct Linear {
   std::vector<std::byte> packed;   ///< the weights at `precision` in precision/'s row format
   moekit::Precision precision = moekit::Precision::f32;
   moekit::QuantScheme scheme{};    ///< grouping of `packed` when quantized
-  /// The checkpoint's own float type of W (bf16/f16 when stored so, else f32): what
-  /// DenseStorage's automatic choice narrows to, losslessly.
+  /// The checkpoint's own type of W (bf16/f16 when stored so; q8/q4 for GGUF Q8_0/Q4_0, read
+  /// packed as stored with `scheme`; else f32): what DenseStorage's automatic choice keeps,
+  /// losslessly.
   moekit::Precision source = moekit::Precision::f32;
   std::vector<float> bias;  ///< empty when the layer has no bias (always f32)
   std::size_t rows = 0;
@@ -66,13 +69,36 @@ struct Linear {
     }
     moekit::decode_row(view().row(r), cols, precision, scheme, out);
   }
-  /// Stores W at `p` (quantized ones grouped by `s`), freeing the f32 copy; f32 keeps it.
+  /// Stores W at `p` (quantized ones grouped by `s`), freeing the f32 copy; f32 keeps it. W read
+  /// already packed (a quantized GGUF tensor held as stored) is widened first when `p`/`s` differ.
   void narrow(moekit::Precision p, moekit::QuantScheme s) {
-    if (p == moekit::Precision::f32 || w.empty()) return;
+    if (empty() || (w.empty() && p == precision && s.group_size == scheme.group_size &&
+                    s.zero_point == scheme.zero_point))
+      return;
+    widen();
+    if (p == moekit::Precision::f32) return;
     packed = moekit::encode_matrix<float>(w, rows, cols, p, s);
     precision = p;
     scheme = s;
     std::vector<float>().swap(w);
+  }
+  /// Back to f32 (routers and anything the kernels need in f32).
+  void widen() {
+    if (!w.empty() || packed.empty()) return;
+    w.resize(rows * cols);
+    for (std::size_t r = 0; r < rows; ++r) row(r, w.data() + r * cols);
+    std::vector<std::byte>().swap(packed);
+    precision = moekit::Precision::f32;
+  }
+  /// Moves row `from[i]` to row i, whether held in f32 or packed (rows are self-contained).
+  void permute_rows(std::span<const std::size_t> from) {
+    MOEKIT_EXPECTS(from.size() == rows, "Linear::permute_rows: one source row per row");
+    const std::size_t stride = w.empty() ? view().row_stride() : cols * sizeof(float);
+    std::byte* data = w.empty() ? packed.data() : reinterpret_cast<std::byte*>(w.data());
+    std::vector<std::byte> out(rows * stride);
+    for (std::size_t r = 0; r < rows; ++r)
+      std::memcpy(out.data() + r * stride, data + from[r] * stride, stride);
+    std::memcpy(data, out.data(), out.size());
   }
 };
 
@@ -112,7 +138,10 @@ struct DenseStorage {
   std::optional<moekit::Precision> precision = moekit::Precision::f32;
   moekit::QuantScheme scheme{};  ///< grouping when quantized (q8/q4)
 
-  void narrow(Linear& l) const { l.narrow(precision.value_or(l.source), scheme); }
+  void narrow(Linear& l) const {
+    if (!precision && moekit::is_quantized(l.source)) return;  // held as stored
+    l.narrow(precision.value_or(l.source), scheme);
+  }
   /// A decoder layer's matrices once read whole (GGUF's q/k are un-permuted first).
   void narrow(LayerWeights& l) const {
     for (Linear* x : LayerWeights::narrowable(l)) narrow(*x);
@@ -120,7 +149,7 @@ struct DenseStorage {
 };
 
 /// The checkpoint's float type of a tensor of `t` as a Precision (quantized GGUF types: f32,
-/// their dequantized values having no exact narrower float).
+/// their dequantized values having no exact narrower float; Q8_0/Q4_0 are read packed instead).
 inline moekit::Precision source_precision(moekit::io::DType t) noexcept {
   return t == moekit::io::DType::bf16  ? moekit::Precision::bf16
          : t == moekit::io::DType::f16 ? moekit::Precision::f16
@@ -306,8 +335,16 @@ class CheckedReader {
     l.rows = rows;
     l.cols = cols;
     const moekit::io::TensorView t = checked(name + ".weight", {rows, cols});
-    l.w = moekit::io::dequantize(t);
     l.source = source_precision(t.dtype);
+    if (const auto p = moekit::io::exact_moekit_precision(t.dtype)) {
+      // Held as stored: the same values as dequantizing, in moekit's own rows.
+      l.packed.resize(t.bytes.size());
+      moekit::io::transcode(t, l.packed);
+      l.precision = l.source = *p;
+      l.scheme = moekit::io::gguf_exact_scheme;
+    } else {
+      l.w = moekit::io::dequantize(t);
+    }
     if (bias) l.bias = read(name + ".bias", {rows});
     return l;
   }
