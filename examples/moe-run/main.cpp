@@ -556,6 +556,8 @@ OffloadSettings offload_settings(Options& o, const OpenModel& m,
   const moekit::ModelShape shape = m.cfg.shape();
   if (o.precision_auto)
     o.precision = auto_precision(in_place, m.gguf ? &*m.gguf : nullptr, m.cfg, o.json);
+  if (o.low_precision_auto && moekit::bits(o.precision) <= moekit::bits(moekit::Precision::q4))
+    o.preset_params.low = moekit::Precision::q2;
   OffloadSettings settings{o.budget.resolve(all_resident_budget(shape, o.precision)), o.precision,
                            o.preset_params};
   if (o.budget.kind == BudgetSpec::Kind::automatic && in_place)

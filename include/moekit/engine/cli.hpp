@@ -110,6 +110,9 @@ struct Options {
   /// type, resolved once the model is open (then `precision` holds it).
   moekit::Precision precision = moekit::Precision::f16;
   bool precision_auto = true;
+  /// --low-precision auto (the default): q4, or q2 when the experts themselves run at q4 or
+  /// narrower (a checkpoint read in place at q4), resolved with the precision.
+  bool low_precision_auto = true;
   /// --dense-precision: what the dense matrices are held at (nullopt = auto: each at its
   /// checkpoint's own float type, bf16/f16 or f32)
   std::optional<moekit::Precision> dense_precision;
@@ -313,7 +316,9 @@ class Cli {
     app_.add_option("--t2", q.t2, "hobbit/nextuse: cumulative gate weight run at --low-precision "
                                   "(the rest is skipped)")
         ->check(CLI::Range(0.0f, 1.0f));
-    app_.add_option("--low-precision", low_text_, "hobbit/nextuse/fate: the low precision");
+    app_.add_option("--low-precision", low_text_,
+                    "hobbit/nextuse/fate: the low precision (auto, the default: q4, or q2 when the "
+                    "experts run at q4 or narrower)");
     app_.add_option("--lookahead", q.lookahead, "hobbit: stacked-gate layers predicted ahead")
         ->check(CLI::Range(1u, 64u));
     app_.add_option("--shallow-layers", q.shallow_layers, "fate: shallow layers cached in full")
@@ -356,7 +361,8 @@ class Cli {
   }
 
   void finish_offload() {
-    const auto low = moekit::parse_precision(low_text_);
+    o_.low_precision_auto = low_text_ == "auto";
+    const auto low = moekit::parse_precision(o_.low_precision_auto ? "q4" : low_text_);
     if (!low || *low == moekit::Precision::skip)
       throw moekit::Error(moekit::ErrorKind::invalid_argument,
                           "--low-precision: '" + low_text_ + "' is not one of f32, bf16, f16, q8, q4, q2");
@@ -374,7 +380,7 @@ class Cli {
   std::string row_streaming_text_ = "auto";
   std::string expert_layout_text_ = "auto";
   bool stop_ = false;
-  std::string low_text_ = "q4";
+  std::string low_text_ = "auto";
 };
 
 }  // namespace moekit::engine

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/model_shape.hpp"
@@ -44,6 +45,7 @@
 #endif
 
 #include "moekit/engine/config.hpp"
+#include "moekit/engine/memory_budget.hpp"
 #include "moekit/engine/expert_layout.hpp"
 #include "moekit/engine/gguf_model.hpp"
 #include "moekit/engine/weights.hpp"
@@ -354,6 +356,44 @@ struct CachedStore {
   bool built = false;  ///< built (or rebuilt) by this call
 };
 
+/// Bytes of a store of `shape` at `precisions` (header page and 4 KiB-padded blobs; the
+/// manifest, a few bytes per blob, is left out).
+inline std::uint64_t store_file_bytes(const moekit::ModelShape& shape,
+                                      std::span<const moekit::Precision> precisions) {
+  constexpr std::uint64_t a = moekit::io::store_alignment;
+  std::uint64_t n = a;
+  for (moekit::Precision p : precisions)
+    n += shape.expert_count() * ((shape.expert_bytes(p) + a - 1) / a * a);
+  return n;
+}
+
+/// Refuses, before writing, a store the disk holding `out` has no room for, naming the flags
+/// that avoid it.
+inline void check_disk_space(const std::filesystem::path& out, std::uint64_t bytes) {
+  std::error_code ec;
+  const auto space = std::filesystem::space(out.parent_path(), ec);
+  if (ec || space.available >= bytes) return;
+  throw moekit::Error(moekit::ErrorKind::io,
+                      "the expert store " + out.string() + " needs " + format_bytes(bytes) +
+                          ", and the disk holding " + out.parent_path().string() + " has " +
+                          format_bytes(space.available) + " free (run at the checkpoint's own "
+                          "type, --precision auto, with a preset that needs no other precision, or "
+                          "give --store FILE on a disk with room)");
+}
+
+/// On a terminal: blobs and bytes written so far, and the time left, on one line.
+inline std::function<void(std::size_t, std::size_t)> store_progress(std::uint64_t bytes) {
+  const auto t0 = std::chrono::steady_clock::now();
+  return [t0, bytes](std::size_t done, std::size_t total) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double share = total ? double(done) / double(total) : 1.0;
+    std::fprintf(stderr, "\r  %zu/%zu experts, %s of %s, %.0f s left   %s", done, total,
+                 format_bytes(static_cast<std::uint64_t>(share * double(bytes))).c_str(),
+                 format_bytes(bytes).c_str(), share > 0 ? s / share - s : 0.0,
+                 done == total ? "\n" : "");
+  };
+}
+
 namespace detail {
 
 /// The precision set of a cached store: `need` without repeats, most precise first. Only what
@@ -400,12 +440,16 @@ CachedStore cached_store_file(const moekit::ModelShape& shape, const std::string
     }
   }
   fs::create_directories(out.parent_path());
+  const std::uint64_t bytes = store_file_bytes(shape, need);
+  check_disk_space(out, bytes);
   if (!quiet)
-    std::fprintf(stderr, "building the expert store %s (%s) from %s%s...\n", out.c_str(),
-                 list.c_str(), from.c_str(), stale ? " (checkpoint changed)" : "");
+    std::fprintf(stderr, "building the expert store %s (%s, %s) from %s%s...\n", out.c_str(),
+                 list.c_str(), format_bytes(bytes).c_str(), from.c_str(),
+                 stale ? " (checkpoint changed)" : "");
   moekit::io::ExpertStoreWriteOptions wo;
   wo.overwrite = stale;
   wo.order = order;
+  if (!quiet && ::isatty(::fileno(stderr))) wo.progress = store_progress(bytes);
   build(std::span<const moekit::Precision>(need), out, wo);
   return {std::make_shared<moekit::io::ExpertStore>(
               moekit::io::ExpertStore::open(out.string(), shape)),
