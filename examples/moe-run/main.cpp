@@ -415,10 +415,11 @@ ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const Mo
 }
 
 // Router weights, calibration routing and measured latencies, for the presets that need them.
-PresetInputs preset_inputs(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
-                           const Tokenizer& tok, const OffloadSettings& settings,
-                           const ExpertBacking& backing, moekit::ThreadPool& pool, bool int8) {
-  const PresetNeeds needs = preset_needs(o.preset, settings);
+PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const ModelConfig& cfg,
+                           const ModelWeights& w, const Tokenizer& tok,
+                           const OffloadSettings& settings, const ExpertBacking& backing,
+                           moekit::ThreadPool& pool, bool int8) {
+  const StartupNeeds needs = startup_needs(preset, settings);
   const moekit::ModelShape shape = cfg.shape();
   PresetInputs in;
   if (!o.preset_params.popularity_file.empty())
@@ -434,7 +435,7 @@ PresetInputs preset_inputs(const Options& o, const ModelConfig& cfg, const Model
       std::fprintf(stderr, "calibration: routing of %zu tokens (prompt + %d greedy) counted\n",
                    c.tokens, o.calib_tokens);
   }
-  if (o.preset == "edgemoe" && in.popularity.empty()) in.popularity.assign(shape.expert_count(), 0.0);
+  if (needs.bitwidths) in.bitwidths = bitwidth_table(shape, settings);
   in.cpu_seconds_per_token = o.preset_params.cpu_seconds_per_token;
   in.copy_seconds = o.preset_params.copy_seconds;
   if (needs.latencies) {
@@ -473,11 +474,12 @@ int run(const Options& o) {
   const OffloadSettings settings{o.budget.resolve(all_resident_budget(shape, o.precision)),
                                  o.precision, o.preset_params};
   check_budget(shape, settings);
-  check_preset_params(o.preset, settings);
+  const PresetEntry& preset = find_preset(o.preset);
+  check_preset_params(preset, settings);
 
   // Experts: a store read with O_DIRECT (--store, -m STORE, or the default model's store built
   // at first use) or host memory (--in-memory, other checkpoints).
-  const auto needed = required_precisions(o.preset, shape, settings);
+  const auto needed = required_precisions(preset, shape, settings);
   const bool int8 =
       resolve_int8_activations(o.activations, needed, std::min(shape.hidden, shape.ffn));
   // Panels pay off where the int8 kernels (AVX-512 VNNI and AVX2) read them, one stream per
@@ -502,15 +504,15 @@ int run(const Options& o) {
   ExpertBacking backing{where.store ? nullptr : &w.experts, where.store,
                         StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads}};
   moekit::ThreadPool pool(o.threads);
-  PresetInputs in = preset_inputs(o, cfg, w, tok, settings, backing, pool, int8);
+  PresetInputs in = preset_inputs(o, preset, cfg, w, tok, settings, backing, pool, int8);
   std::vector<float> routers;
-  if (preset_needs(o.preset, settings).routers) {
+  if (preset.needs.routers) {
     routers = router_stack(cfg, w.dense);
     in.routers = routers;
   }
   std::string loader_kind;
-  nlohmann::json stats = with_preset(
-      o.preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
+  nlohmann::json stats = with_pipeline(
+      preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
         loader_kind = pipeline.loader().kind();
         return run_on(o, cfg, w, tok, pipeline, pool, int8, backing.order());
       });
