@@ -97,8 +97,9 @@ int main(int argc, char** argv) try {
   std::printf("disk bandwidth (every f16 expert through the loader, best of 3): %.1f MB/s\n",
               bw / 1e6);
 
-  auto decode_run = [&](const std::string& name, const OffloadSettings& o, const PresetInputs& in) {
-    return with_preset(name, s, o, disk.make_loader(), in, [&](auto& pipeline) {
+  auto decode_run = [&](const PresetEntry& preset, const OffloadSettings& o,
+                        const PresetInputs& in) {
+    return with_pipeline(preset, s, o, disk.make_loader(), in, [&](auto& pipeline) {
       Model<std::remove_reference_t<decltype(pipeline)>> model(
           cfg, w.dense, pipeline, static_cast<std::uint32_t>(prompt.size() + steps + 1), &pool);
       model.begin_sequence();
@@ -113,7 +114,7 @@ int main(int argc, char** argv) try {
       const double t = seconds(t0);
       const auto after = pipeline.stats();
       Row r;
-      r.preset = name;
+      r.preset = preset.name;
       r.tok_s = steps / t;
       r.bytes_per_token = double(after.bytes_loaded() - before.bytes_loaded()) / steps;
       const auto h = after.hits - before.hits, m = after.misses - before.misses;
@@ -124,17 +125,18 @@ int main(int argc, char** argv) try {
     });
   };
 
-  const Row compute = decode_run("baseline", OffloadSettings{0, p}, PresetInputs{});
+  const Row compute = decode_run(moekit::presets::entry_of<moekit::presets::BaselineSpec>,
+                                 OffloadSettings{0, p}, PresetInputs{});
   std::printf("compute bound (every expert resident, no reads): %.1f tokens/s\n\n", compute.tok_s);
   std::printf("| preset | decode tok/s | bytes read / token | I/O bound tok/s | fraction of I/O bound | "
               "fraction of serial bound | hit rate | notes |\n|---|---|---|---|---|---|---|---|\n");
   const OffloadSettings half{all_resident_budget(s, p) / 2, p};
-  for (const auto& info : preset_table) {
-    const std::string name(info.name);
+  for (const PresetEntry& preset : moekit::presets::entries) {
+    const std::string name(preset.name);
     PresetInputs in;
     in.routers = routers;
-    const PresetNeeds needs = preset_needs(name, half);
-    if (needs.calibration || name == "edgemoe") {
+    const StartupNeeds needs = startup_needs(preset, half);
+    if (needs.calibration) {
       const Calibration c = calibrate(cfg, w.dense, half, disk, prompt, 16, &pool);
       in.popularity = c.counts;
       in.paths = c.paths;
@@ -144,7 +146,7 @@ int main(int argc, char** argv) try {
       in.cpu_seconds_per_token = l.cpu_seconds_per_token;
       in.copy_seconds = l.copy_seconds;
     }
-    const Row r = decode_run(name, half, in);
+    const Row r = decode_run(preset, half, in);
     const double io_bound = r.bytes_per_token > 0 ? bw / r.bytes_per_token : 0;
     char note[128] = "";
     if (r.host_cpu_runs)

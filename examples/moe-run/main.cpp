@@ -437,10 +437,11 @@ ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const Mo
 }
 
 // Router weights, calibration routing and measured latencies, for the presets that need them.
-PresetInputs preset_inputs(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
-                           const Tokenizer& tok, const OffloadSettings& settings,
-                           const ExpertBacking& backing, moekit::ThreadPool& pool, bool int8) {
-  const PresetNeeds needs = preset_needs(o.preset, settings);
+PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const ModelConfig& cfg,
+                           const ModelWeights& w, const Tokenizer& tok,
+                           const OffloadSettings& settings, const ExpertBacking& backing,
+                           moekit::ThreadPool& pool, bool int8) {
+  const StartupNeeds needs = startup_needs(preset, settings);
   const moekit::ModelShape shape = cfg.shape();
   PresetInputs in;
   if (!o.preset_params.popularity_file.empty())
@@ -456,7 +457,7 @@ PresetInputs preset_inputs(const Options& o, const ModelConfig& cfg, const Model
       std::fprintf(stderr, "calibration: routing of %zu tokens (prompt + %d greedy) counted\n",
                    c.tokens, o.calib_tokens);
   }
-  if (o.preset == "edgemoe" && in.popularity.empty()) in.popularity.assign(shape.expert_count(), 0.0);
+  if (needs.bitwidths) in.bitwidths = bitwidth_table(shape, settings);
   in.cpu_seconds_per_token = o.preset_params.cpu_seconds_per_token;
   in.copy_seconds = o.preset_params.copy_seconds;
   if (needs.latencies) {
@@ -550,7 +551,7 @@ struct OpenModel {
 };
 
 // Resolves auto precision and the budget's kind before any weight is read.
-OffloadSettings offload_settings(Options& o, const OpenModel& m,
+OffloadSettings offload_settings(Options& o, const OpenModel& m, const PresetEntry& preset,
                                  const moekit::io::CheckpointExperts* in_place,
                                  std::size_t prompt_tokens) {
   const moekit::ModelShape shape = m.cfg.shape();
@@ -563,7 +564,7 @@ OffloadSettings offload_settings(Options& o, const OpenModel& m,
   if (o.budget.kind == BudgetSpec::Kind::automatic && in_place)
     (void)auto_budget(o, m.cfg, dense_file_bytes(m.src.model, *in_place), prompt_tokens);
   check_budget(shape, settings);
-  check_preset_params(o.preset, settings);
+  check_preset_params(preset, settings);
   return settings;
 }
 
@@ -605,11 +606,12 @@ int run(Options o) {
                             ? nullptr
                             : locate_in_place(cfg, mp, m.gguf ? &*m.gguf : nullptr);
   const std::size_t prompt_tokens = tok.encode(o.prompt, false).size() + 1;
-  OffloadSettings settings = offload_settings(o, m, in_place.get(), prompt_tokens);
+  const PresetEntry& preset = find_preset(o.preset);
+  OffloadSettings settings = offload_settings(o, m, preset, in_place.get(), prompt_tokens);
 
   // Experts: in place from the checkpoint (plus a store of the precisions it lacks), a store read
   // with O_DIRECT (--store, -m STORE) or host memory (--in-memory).
-  const auto needed = required_precisions(o.preset, shape, settings);
+  const auto needed = required_precisions(preset, shape, settings);
   const bool int8 =
       resolve_int8_activations(o.activations, needed, std::min(shape.hidden, shape.ffn));
   // Panels pay off where the int8 kernels (AVX-512 VNNI and AVX2) read them, one stream per
@@ -622,7 +624,7 @@ int run(Options o) {
   const moekit::MatrixOrder order = o.expert_layout.value_or(
       int8 && panels_fit ? moekit::MatrixOrder::blocked_panels4 : moekit::MatrixOrder::rows);
   // Fiddler runs experts on the CPU from host bytes, which in-place reads do not keep.
-  const bool host_bytes = preset_needs(o.preset, settings).latencies;
+  const bool host_bytes = preset.needs.host_bytes;
   const ExpertPlacement where =
       place_experts(o, cfg, mp, m.src.store, needed, order, host_bytes ? nullptr : in_place);
   const bool experts_outside = where.store || where.checkpoint;
@@ -646,15 +648,15 @@ int run(Options o) {
                         StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads},
                         where.checkpoint, order};
   moekit::ThreadPool pool(o.threads);
-  PresetInputs in = preset_inputs(o, cfg, w, tok, settings, backing, pool, int8);
+  PresetInputs in = preset_inputs(o, preset, cfg, w, tok, settings, backing, pool, int8);
   std::vector<float> routers;
-  if (preset_needs(o.preset, settings).routers) {
+  if (preset.needs.routers) {
     routers = router_stack(cfg, w.dense);
     in.routers = routers;
   }
   std::string loader_kind;
-  nlohmann::json stats = with_preset(
-      o.preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
+  nlohmann::json stats = with_pipeline(
+      preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
         loader_kind = pipeline.loader().kind();
         return run_on(o, cfg, w, tok, pipeline, pool, int8, backing.order());
       });

@@ -34,7 +34,7 @@
 #include "moekit/sim/trace_binary.hpp"
 #include "moekit/sim/trace_jsonl.hpp"
 
-#include "preset_table.hpp"
+#include "sim_presets.hpp"
 
 #ifndef MOEKIT_SOURCE_DIR
 #define MOEKIT_SOURCE_DIR "."
@@ -183,7 +183,7 @@ RoutingTrace load_mixtral(const std::string& path) {
 
 struct Options {
   std::vector<std::string> traces, mixtral;
-  std::string preset = "baseline";
+  std::string preset = std::string(moekit::presets::BaselineSpec::name);
   std::string budget = "50%";
   std::string hardware = "rtx4090-pcie4";
   std::string hardware_file;
@@ -194,7 +194,7 @@ struct Options {
   std::string out = "moe-sim-sweep";
   std::string routers, bitwidths;
   bool json = false, compare = false, no_belady = false, list = false, synthetic = false;
-  double t1 = 0.6, t2 = 0.9, gamma = 0.7;
+  double t1 = RunParams{}.t1, t2 = RunParams{}.t2, gamma = RunParams{}.gamma;
   double hobbit_recall = hobbit_paper_recall, fate_recall = fate_paper_recall;
   double fallback_ratio = mobile_paper_fallback_ratio;
   std::uint64_t seed = 1;
@@ -483,6 +483,33 @@ void write_text(const std::string& path, const std::string& text) {
   if (!f) moekit::detail::fail(ErrorKind::io, "write error on '" + path + "'");
 }
 
+/// The names of the presets moe-sim replays, separated by `sep`.
+std::string preset_names(std::string_view sep) {
+  std::string out;
+  for (const SimEntry& p : sim_presets())
+    out += (out.empty() ? "" : std::string(sep)) + std::string(p.name);
+  return out;
+}
+
+/// The presets `--preset` names: one of the registry's (looked up once), or "all" of those moe-sim
+/// replays.
+std::vector<const SimEntry*> chosen_presets(const std::string& name) {
+  std::vector<const SimEntry*> out;
+  if (name == "all") {
+    for (const SimEntry& p : sim_presets()) out.push_back(&p);
+    return out;
+  }
+  const presets::PresetEntry* preset = presets::find(name);
+  if (!preset)
+    bad_flag("--preset", "unknown preset '" + name + "' (" + preset_names(", ") + ", all)");
+  const SimEntry* sim = sim_preset(*preset);
+  if (!sim)
+    bad_flag("--preset", "moe-sim does not replay preset '" + name + "' (" + preset_names(", ") +
+                             ", all)");
+  out.push_back(sim);
+  return out;
+}
+
 int run(int argc, char** argv) {
   Options o;
   CLI::App app{"moe-sim: replay routing traces through moekit's offloading presets on a "
@@ -490,8 +517,7 @@ int run(int argc, char** argv) {
   app.add_option("--trace", o.traces, "trace file: moekit binary (.mktrace) or JSONL");
   app.add_option("--import-mixtral", o.mixtral,
                  "shared Mixtral JSONL trace (*.decode.jsonl or *.prefill-decode.raw.jsonl)");
-  app.add_option("--preset", o.preset,
-                 "baseline|hobbit|fate|edgemoe|mobile|fiddler|all (default baseline)");
+  app.add_option("--preset", o.preset, preset_names("|") + "|all (default " + o.preset + ")");
   app.add_option("--budget", o.budget,
                  "expert cache: slots (128), bytes (24GiB, 1.5e9B) or share of experts (50%)");
   app.add_option("--hardware", o.hardware,
@@ -538,10 +564,8 @@ int run(int argc, char** argv) {
 
   if (o.list) {
     std::printf("presets:\n");
-    for (const auto& p : preset_table)
-      std::printf("  %-14s %s%s%s\n", std::string(p.name).c_str(), std::string(p.what).c_str(),
-                  p.run ? "" : "  [not available: ",
-                  p.run ? "" : (std::string(p.unavailable) + "]").c_str());
+    for (const SimEntry& p : sim_presets())
+      std::printf("  %-14s %s\n", std::string(p.name).c_str(), std::string(p.what).c_str());
     std::printf("references:\n  %-14s %s\n", "belady", std::string(belady_entry.what).c_str());
     for (const auto& p : cost_aware_table)
       std::printf("  %-14s %s\n", std::string(p.name).c_str(), std::string(p.what).c_str());
@@ -589,26 +613,21 @@ int run(int argc, char** argv) {
                                                                       "--import-mixtral or --compare");
 
   // ---- presets --------------------------------------------------------------------------------
-  std::vector<const PresetEntry*> chosen;
+  std::vector<const SimEntry*> chosen = chosen_presets(o.preset);
   std::vector<std::string> unavailable;
-  bool known = o.preset == "all";
-  for (const auto& p : preset_table) {
-    if (o.preset != "all" && p.name != o.preset) continue;
-    known = true;
-    if (p.run) chosen.push_back(&p);
-    else unavailable.push_back(std::string(p.name) + ": not available (" +
-                               std::string(p.unavailable) + ")");
-  }
-  if (!known) bad_flag("--preset", "unknown preset '" + o.preset + "' (baseline, hobbit, fate, "
-                                   "edgemoe, mobile, fiddler, all)");
   if (sweep && (sweep->param == "t1" || sweep->param == "t2" || sweep->param == "fallback")) {
     const bool t = sweep->param != "fallback";
-    std::vector<const PresetEntry*> keep;
+    std::vector<const SimEntry*> keep;
     for (const auto* p : chosen)
       if (t ? p->uses_t1_t2 : p->uses_fallback) keep.push_back(p);
-    if (keep.empty())
-      bad_flag("--sweep", sweep->param + " applies to " + (t ? "hobbit" : "mobile") +
-                              ", which is not among the chosen presets");
+    if (keep.empty()) {
+      std::string to;
+      for (const SimEntry& p : sim_presets())
+        if (t ? p.uses_t1_t2 : p.uses_fallback)
+          to += (to.empty() ? "" : ", ") + std::string(p.name);
+      bad_flag("--sweep",
+               sweep->param + " applies to " + to + ", which is not among the chosen presets");
+    }
     chosen = keep;
   }
   const bool with_belady = !o.no_belady && (!sweep || sweep->param == "budget" ||
@@ -617,11 +636,11 @@ int run(int argc, char** argv) {
   if (with_belady) {
     // Belady, and the cost-aware reference of each mixed-precision preset (T1/T2 sweeps: only
     // the latter, whose precisions follow T1/T2).
-    std::vector<const PresetEntry*> refs;
+    std::vector<const SimEntry*> refs;
     if (!sweep || (sweep->param != "t1" && sweep->param != "t2")) refs.push_back(&belady_entry);
     for (const auto* p : chosen)
       if (p->reference != "belady")
-        if (const PresetEntry* r = find_entry(p->reference)) refs.push_back(r);
+        if (const SimEntry* r = find_reference(p->reference)) refs.push_back(r);
     chosen.insert(chosen.end(), refs.begin(), refs.end());
   }
   if (chosen.empty()) bad_flag("--preset", "no available preset to run");
@@ -675,7 +694,7 @@ int run(int argc, char** argv) {
       const double percent = 100.0 * double(rp.config.expert_budget_bytes / one) /
                              double(shape.expert_count());
       if (sweep && sweep->param == "budget") x = percent;
-      for (const PresetEntry* p : chosen) {
+      for (const SimEntry* p : chosen) {
         bar.update(done, tr.name().substr(tr.name().find_last_of('/') + 1) + " " +
                              std::string(p->name) + " " + v);
         Row r;
@@ -719,7 +738,7 @@ int run(int argc, char** argv) {
     written.push_back(csv_path);
     for (std::size_t ti = 0; ti < traces.size(); ++ti) {
       std::vector<PlotSeries> series;
-      for (const PresetEntry* p : chosen) {
+      for (const SimEntry* p : chosen) {
         PlotSeries s{std::string(p->name), {}, {}, p == &belady_entry};
         for (const Row& r : rows)
           if (r.trace == traces[ti].name() && r.preset == p->name) {

@@ -60,17 +60,19 @@ TEST_CASE("chunked prefill equals one-forward prefill bit for bit", "[engine][ub
     for (std::size_t budget : {std::size_t{0}, minimum_expert_budget(s, Precision::f32)}) {
       const OffloadSettings o{budget, Precision::f32};
       for (bool all : {true, false}) {
-        const auto whole = with_preset<PresetId::baseline>(s, o, w.experts, [&](auto& p) {
-          return run(cfg, w.dense, p, ref.prompt_ids, 0, all, 6, &pool);
-        });
+        const auto whole =
+            with_pipeline<moekit::presets::BaselineSpec>(s, o, w.experts, [&](auto& p) {
+              return run(cfg, w.dense, p, ref.prompt_ids, 0, all, 6, &pool);
+            });
         const std::size_t row = all ? 0 : ref.prompt_ids.size() - 1;  // first row returned
         CHECK(engine_test::relative_error(whole.data(), ref.logits.data() + row * cfg.vocab_size,
                                           cfg.vocab_size) <= 1e-4);
         for (std::uint32_t ub : {1u, 2u, 3u, 7u, 8u, 19u, 20u, 512u}) {
           INFO("budget " << budget << ", ubatch " << ub << ", all logits " << all);
-          const auto chunked = with_preset<PresetId::baseline>(s, o, w.experts, [&](auto& p) {
-            return run(cfg, w.dense, p, ref.prompt_ids, ub, all, 6, &pool);
-          });
+          const auto chunked =
+              with_pipeline<moekit::presets::BaselineSpec>(s, o, w.experts, [&](auto& p) {
+                return run(cfg, w.dense, p, ref.prompt_ids, ub, all, 6, &pool);
+              });
           REQUIRE(chunked.size() == whole.size());
           CHECK(std::memcmp(chunked.data(), whole.data(), whole.size() * sizeof(float)) == 0);
         }

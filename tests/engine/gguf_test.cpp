@@ -56,7 +56,8 @@ engine_test::GreedyRun run_reference(const ModelConfig& cfg, const DenseWeights&
                                      const engine_test::Reference& ref, moekit::ThreadPool* pool) {
   const moekit::ModelShape s = cfg.shape();
   const OffloadSettings o{all_resident_budget(s, Precision::f32) / 2, Precision::f32};
-  return with_preset<PresetId::baseline>(s, o, backing.make_loader(), PresetInputs{}, [&](auto& p) {
+  return with_pipeline<moekit::presets::BaselineSpec>(s, o, backing.make_loader(), PresetInputs{},
+                                                      [&](auto& p) {
     return engine_test::greedy(cfg, dense, p, ref.prompt_ids,
                                static_cast<int>(ref.generated_ids.size()) - 1, pool);
   });

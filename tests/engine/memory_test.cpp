@@ -98,7 +98,8 @@ TEST_CASE("store path: resident set stays under dense + KV + expert budget + ove
   const std::uint32_t ctx = static_cast<std::uint32_t>(prompt.size() + steps + 1);
   std::size_t peak = 0, kv_bytes = 0, arena_limit = 0;
   moekit::PipelineStats stats{};
-  with_preset<PresetId::baseline>(s, o, disk.make_loader(), PresetInputs{}, [&](auto& pipeline) {
+  with_pipeline<moekit::presets::BaselineSpec>(s, o, disk.make_loader(), PresetInputs{},
+                                               [&](auto& pipeline) {
     Model<std::remove_reference_t<decltype(pipeline)>> model(cfg, w.dense, pipeline, ctx, &pool);
     model.begin_sequence();
     auto logits = model.prefill(prompt);
@@ -156,10 +157,10 @@ TEST_CASE("an impossible budget is refused with the minimum, and the minimum run
   in.cpu_seconds_per_token = 1e-3;
   in.copy_seconds = 1e-4;
   const ExpertBacking disk{nullptr, store, StoreIo{}};
-  for (const auto& info : preset_table) {
-    INFO(info.name);
+  for (const moekit::presets::PresetEntry& preset : moekit::presets::entries) {
+    INFO(preset.name);
     const OffloadSettings at_min{min, p};
-    const std::uint64_t misses = with_preset(info.name, s, at_min, disk.make_loader(), in,
+    const std::uint64_t misses = with_pipeline(preset, s, at_min, disk.make_loader(), in,
                                              [&](auto& pipeline) {
       Model<std::remove_reference_t<decltype(pipeline)>> model(cfg, w.dense, pipeline, 64, &pool);
       model.begin_sequence();

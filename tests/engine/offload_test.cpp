@@ -26,6 +26,7 @@
 
 using namespace moekit::engine;
 using moekit::Precision;
+namespace presets = moekit::presets;
 
 namespace {
 
@@ -73,21 +74,20 @@ TEST_CASE("every preset at full precision and exact routing equals baseline bit 
     for (double c : cal.counts) routed += c;
     CHECK(routed == double(cal.tokens) * s.n_layers * s.top_k);
 
-    const std::vector<float> base = with_preset(
-        "baseline", s, o, backing.make_loader(), in, [&](auto& p) {
+    const std::vector<float> base = with_pipeline<presets::BaselineSpec>(
+        s, o, backing.make_loader(), in, [&](auto& p) {
           return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, steps, &pool).logits;
         });
-    for (const auto& info : preset_table) {
-      const std::string name(info.name);
-      if (name == "baseline") continue;
+    for (const presets::PresetEntry& preset : presets::entries) {
+      if (presets::is<presets::BaselineSpec>(preset)) continue;
       {
-        INFO(fixture << " / " << name);
+        INFO(fixture << " / " << preset.name);
         // Fiddler: CPU cheaper than a load, so every miss in decode runs from host memory.
         in.cpu_seconds_per_token = 1e-6;
         in.copy_seconds = 1e-3;
         moekit::PipelineStats stats{};
         const std::vector<float> got =
-            with_preset(name, s, o, backing.make_loader(), in, [&](auto& p) {
+            with_pipeline(preset, s, o, backing.make_loader(), in, [&](auto& p) {
               auto r = engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, steps, &pool).logits;
               stats = p.stats();
               return r;
@@ -96,15 +96,15 @@ TEST_CASE("every preset at full precision and exact routing equals baseline bit 
         CHECK(std::memcmp(got.data(), base.data(), got.size() * sizeof(float)) == 0);
         CHECK(stats.skipped == 0);
         CHECK(stats.cache.evictions + stats.staged + stats.host_cpu_runs > 0);  // offloading ran
-        if (name == "fiddler") CHECK(stats.host_cpu_runs > 0);
-        if (name == "mobile") CHECK(stats.fallbacks == 0);
+        if (presets::is<presets::FiddlerSpec>(preset)) CHECK(stats.host_cpu_runs > 0);
+        if (presets::is<presets::MobileSpec>(preset)) CHECK(stats.fallbacks == 0);
       }
     }
     // The comparison has teeth: HOBBIT's default thresholds run some experts at q4 or skip them.
     OffloadSettings lossy = o;
     lossy.preset = PresetParams{};
-    const std::vector<float> hobbit = with_preset(
-        "hobbit", s, lossy, backing.make_loader(), in, [&](auto& p) {
+    const std::vector<float> hobbit = with_pipeline<presets::HobbitSpec>(
+        s, lossy, backing.make_loader(), in, [&](auto& p) {
           return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, steps, &pool).logits;
         });
     CHECK(std::memcmp(hobbit.data(), base.data(), std::min(hobbit.size(), base.size()) *
@@ -117,22 +117,25 @@ TEST_CASE("preset flags are checked against each other", "[engine][offload]") {
   const moekit::ModelShape s{.n_layers = 2, .n_experts = 4, .top_k = 2, .hidden = 32, .ffn = 32};
   OffloadSettings o{0, Precision::q4};
   o.preset.low = Precision::q8;
-  CHECK_THROWS_WITH(check_preset_params("hobbit", o), Catch::Contains("--low-precision"));
+  const PresetEntry& hobbit = presets::entry_of<presets::HobbitSpec>;
+  const PresetEntry& fiddler = presets::entry_of<presets::FiddlerSpec>;
+  CHECK_THROWS_WITH(check_preset_params(hobbit, o), Catch::Contains("--low-precision"));
   o.preset.low = Precision::q2;
   o.preset.t1 = 0.95f;
-  CHECK_THROWS_WITH(check_preset_params("hobbit", o), Catch::Contains("--t1/--t2"));
+  CHECK_THROWS_WITH(check_preset_params(hobbit, o), Catch::Contains("--t1/--t2"));
   o.preset.t1 = 0.5f;
-  CHECK_NOTHROW(check_preset_params("hobbit", o));
-  CHECK_THROWS_WITH(check_preset_name("hobbbit"), Catch::Contains("--preset"));
-  const auto need = required_precisions("hobbit", s, o);
+  CHECK_NOTHROW(check_preset_params(hobbit, o));
+  CHECK_THROWS_WITH(find_preset("hobbbit"), Catch::Contains("--preset"));
+  const auto need = required_precisions(hobbit, s, o);
   CHECK(need == std::vector<Precision>{Precision::q4, Precision::q2});
-  CHECK(required_precisions("baseline", s, o) == std::vector<Precision>{Precision::q4});
-  CHECK(preset_needs("hobbit", o).routers);
-  CHECK(preset_needs("fiddler", o).calibration);
-  CHECK(preset_needs("fiddler", o).latencies);
+  CHECK(required_precisions(presets::entry_of<presets::BaselineSpec>, s, o) ==
+        std::vector<Precision>{Precision::q4});
+  CHECK(startup_needs(hobbit, o).routers);
+  CHECK(startup_needs(fiddler, o).calibration);
+  CHECK(startup_needs(fiddler, o).latencies);
   o.preset.cpu_seconds_per_token = 1;
   o.preset.copy_seconds = 2;
-  CHECK_FALSE(preset_needs("fiddler", o).latencies);
+  CHECK_FALSE(startup_needs(fiddler, o).latencies);
 }
 
 TEST_CASE("preset and store flags parse, and bad values name their flag", "[engine][offload][cli]") {
@@ -149,7 +152,7 @@ TEST_CASE("preset and store flags parse, and bad values name their flag", "[engi
                               "--shallow-layers", "2", "--store", "x.moestore", "--pread",
                               "--no-direct", "--io-threads", "3", "--cpu-latency", "0.001"});
   REQUIRE(rc == 0);
-  CHECK(o.preset == "hobbit");
+  CHECK(&find_preset(o.preset) == &presets::entry_of<presets::HobbitSpec>);
   CHECK(o.preset_params.t1 == 0.5f);
   CHECK(o.preset_params.t2 == 0.8f);
   CHECK(o.preset_params.low == Precision::q2);
@@ -166,7 +169,7 @@ TEST_CASE("preset and store flags parse, and bad values name their flag", "[engi
   CHECK(d.second.uring);
   CHECK(d.second.direct);
   CHECK_FALSE(d.second.in_memory);
-  for (const auto& p : preset_table) CHECK(parse({"--preset", p.name.data()}).first == 0);
+  for (const auto& p : presets::entries) CHECK(parse({"--preset", p.name.data()}).first == 0);
   std::string err;
   CHECK(parse({"--low-precision", "q9"}, &err).first != 0);
   CHECK_THAT(err, Catch::Contains("--low-precision"));

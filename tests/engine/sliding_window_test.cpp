@@ -69,7 +69,7 @@ TEST_CASE("sliding window: a ring of W positions gives transformers' logits", "[
   const std::size_t V = cfg.vocab_size;
 
   SECTION("prefill of 20 tokens (more than the window) then decode") {
-    with_preset<PresetId::baseline>(shape, all, w.experts, [&](auto& p) {
+    with_pipeline<moekit::presets::BaselineSpec>(shape, all, w.experts, [&](auto& p) {
       const auto run = engine_test::greedy(cfg, w.dense, p, ref.prompt_ids,
                                            static_cast<int>(ref.generated_ids.size()) - 1, &pool);
       CHECK(run.tokens == std::vector<Token>(ref.generated_ids.begin(), ref.generated_ids.end()));
@@ -78,7 +78,7 @@ TEST_CASE("sliding window: a ring of W positions gives transformers' logits", "[
     });
   }
   SECTION("token by token: every position read from the ring") {
-    with_preset<PresetId::baseline>(shape, all, w.experts, [&](auto& p) {
+    with_pipeline<moekit::presets::BaselineSpec>(shape, all, w.experts, [&](auto& p) {
       using P = std::decay_t<decltype(p)>;
       Model<P> model(cfg, w.dense, p, static_cast<std::uint32_t>(ref.sequence_ids.size()), &pool);
       model.begin_sequence();
@@ -96,18 +96,20 @@ TEST_CASE("sliding window: a ring of W positions gives transformers' logits", "[
     });
   }
   SECTION("MoBiLE's fallback rolls the ring back one position: baseline's logits bit for bit") {
-    const auto base = with_preset<PresetId::baseline>(shape, all, w.experts, [&](auto& p) {
-      return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, 24, &pool);
-    });
+    const auto base =
+        with_pipeline<moekit::presets::BaselineSpec>(shape, all, w.experts, [&](auto& p) {
+          return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, 24, &pool);
+        });
     OffloadSettings o = all;
     o.preset.gamma = 1.0f;  // never confident: every token is recomputed with the full top-k
     o.preset.k_little = 1;
     std::uint64_t fallbacks = 0;
-    const auto mobile = with_preset<PresetId::mobile>(shape, o, w.experts, [&](auto& p) {
-      auto r = engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, 24, &pool);
-      fallbacks = p.stats().fallbacks;
-      return r;
-    });
+    const auto mobile =
+        with_pipeline<moekit::presets::MobileSpec>(shape, o, w.experts, [&](auto& p) {
+          auto r = engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, 24, &pool);
+          fallbacks = p.stats().fallbacks;
+          return r;
+        });
     CHECK(fallbacks == 24);
     CHECK(mobile.tokens == base.tokens);
     REQUIRE(mobile.logits.size() == base.logits.size());

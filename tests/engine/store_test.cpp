@@ -85,16 +85,20 @@ TEST_CASE("store from a checkpoint holds the engine's expert blobs; store path e
     in.cpu_seconds_per_token = 1e-6;
     in.copy_seconds = 1e-3;
     const ExpertBacking host{&w.experts, nullptr, {}};
-    for (const char* preset : {"baseline", "hobbit", "fiddler", "nextuse"}) {
-      INFO(preset);
+    for (const moekit::presets::PresetEntry* preset :
+         {&moekit::presets::entry_of<moekit::presets::BaselineSpec>,
+          &moekit::presets::entry_of<moekit::presets::HobbitSpec>,
+          &moekit::presets::entry_of<moekit::presets::FiddlerSpec>,
+          &moekit::presets::entry_of<moekit::presets::NextUseSpec>}) {
+      INFO(preset->name);
       std::string kind;
-      const auto mem = with_preset(preset, s, o, host.make_loader(), in, [&](auto& p) {
+      const auto mem = with_pipeline(*preset, s, o, host.make_loader(), in, [&](auto& p) {
         return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, 8, &pool).logits;
       });
       for (bool uring : {true, false}) {
         const ExpertBacking disk{nullptr, store, StoreIo{.direct = true, .uring = uring,
                                                          .io_threads = 2, .verify_checksums = true}};
-        const auto got = with_preset(preset, s, o, disk.make_loader(), in, [&](auto& p) {
+        const auto got = with_pipeline(*preset, s, o, disk.make_loader(), in, [&](auto& p) {
           kind = p.loader().kind();
           return engine_test::greedy(cfg, dense_only.dense, p, ref.prompt_ids, 8, &pool).logits;
         });
@@ -218,7 +222,8 @@ TEST_CASE("experts in panels (a store, or host memory packed after loading) run 
       INFO(moekit::name(p) << " int8 " << int8);
       const OffloadSettings o{all_resident_budget(s, p) / 2, p};
       auto run = [&](const ExpertBacking& b) {
-        return with_preset("baseline", s, o, b.make_loader(), PresetInputs{}, [&](auto& pipe) {
+        return with_pipeline<moekit::presets::BaselineSpec>(
+            s, o, b.make_loader(), PresetInputs{}, [&](auto& pipe) {
           return engine_test::teacher_forced(cfg, dense.dense, pipe, seq, 5, &pool, int8, b.order());
         });
       };

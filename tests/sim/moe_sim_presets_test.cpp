@@ -1,7 +1,8 @@
-// moe-sim's preset table (examples/moe-sim/preset_table.hpp), through the same functions moe-sim
-// calls: every preset and reference replays a small synthetic Mixtral trace to finite, sane
-// numbers; the substitutes say what they are; the real gate predictors run when the trace has
-// hidden states and router weights are given; the noisy oracle's recall and seed behave.
+// moe-sim's presets (examples/moe-sim/sim_presets.hpp, the registry's presets it replays),
+// through the same functions moe-sim calls: every preset and reference replays a small synthetic
+// Mixtral trace to finite, sane numbers; the substitutes say what they are; the real gate
+// predictors run when the trace has hidden states and router weights are given; the noisy
+// oracle's recall and seed behave.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -10,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "../../examples/moe-sim/preset_table.hpp"
+#include "../../examples/moe-sim/sim_presets.hpp"
 #include "moekit/sim/hardware.hpp"
 #include "moekit/sim/synthetic_trace.hpp"
 
@@ -77,14 +78,22 @@ TEST_CASE("moe-sim presets: every preset and reference replays a synthetic trace
           "[sim][moe-sim]") {
   const auto& tr = mixtral_trace();
   const RunParams rp = mixtral_params();
-  std::vector<const PresetEntry*> all;
-  for (const auto& p : preset_table) all.push_back(&p);
+  std::vector<const SimEntry*> all;
+  for (const SimEntry& p : sim_presets()) all.push_back(&p);
   for (const auto& p : cost_aware_table) all.push_back(&p);
   all.push_back(&belady_entry);
-  for (const PresetEntry* p : all) {
+  for (const SimEntry* p : all) {
     REQUIRE(p->run != nullptr);
     check_sane(p->run(rp, tr), tr, std::string(p->name));
-    if (p->reference != "belady") CHECK(find_entry(p->reference) != nullptr);
+    if (p->reference != "belady") CHECK(find_reference(p->reference) != nullptr);
+  }
+  // Every registered preset but NextUse, in registry order, each found from its registry entry.
+  CHECK(sim_presets().size() + 1 == presets::entries.size());
+  CHECK(sim_preset(presets::entry_of<presets::NextUseSpec>) == nullptr);
+  for (const SimEntry& p : sim_presets()) {
+    REQUIRE(p.preset != nullptr);
+    CHECK(p.preset->name == p.name);
+    CHECK(sim_preset(*p.preset) == &p);
   }
   const auto base = run_baseline(rp, tr), bel = run_belady(rp, tr);
   CHECK(bel.report.misses() <= base.report.misses());  // same components, optimal eviction

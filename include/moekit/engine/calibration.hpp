@@ -113,7 +113,8 @@ inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
   const moekit::ModelShape s = cfg.shape();
   OffloadSettings base = o;
   base.preset = {};
-  return with_preset("baseline", s, base, experts.make_loader(), PresetInputs{}, [&](auto& p) {
+  return with_pipeline<moekit::presets::BaselineSpec>(
+      s, base, experts.make_loader(), PresetInputs{}, [&](auto& p) {
     RouteRecorder rec(p, s.n_layers, s.n_experts);
     const auto ctx = static_cast<std::uint32_t>(prompt.size() + std::max(extra, 0) + 1);
     Model<decltype(rec)> model(cfg, dense, rec, ctx, pool);

@@ -166,7 +166,7 @@ class Cli {
         ->check(CLI::Range(0.0f, 1.0f));
     app_.add_option("--seed", o_.seed, "sampling seed");
     std::string presets;
-    for (const auto& p : preset_table)
+    for (const auto& p : moekit::presets::entries)
       presets += "\n  " + std::string(p.name) + ": " + std::string(p.summary);
     app_.add_option("--preset", o_.preset, "offloading preset:" + presets);
     app_.add_option("--expert-budget", o_.budget_text,
@@ -248,14 +248,7 @@ class Cli {
  private:
   void finish() {
     if (o_.preset.empty()) throw moekit::Error(moekit::ErrorKind::invalid_argument, "--preset: empty");
-    bool known = false;
-    for (const auto& p : preset_table) known = known || p.name == o_.preset;
-    if (!known) {
-      std::string names;
-      for (const auto& p : preset_table) names += (names.empty() ? "" : ", ") + std::string(p.name);
-      throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                          "--preset: unknown preset '" + o_.preset + "' (known: " + names + ")");
-    }
+    find_preset(o_.preset);  // throws naming --preset and the known presets
     if (!(o_.top_p > 0))
       throw moekit::Error(moekit::ErrorKind::invalid_argument, "--top-p: must be in (0, 1]");
     o_.budget = parse_budget(o_.budget_text);

@@ -1,16 +1,17 @@
 #pragma once
 /// \file How moe-run wires its experts to moekit: the host-memory loader, the pipeline settings,
-/// the minimum expert budget, and the table of presets (the one place a preset name maps to an
-/// OffloadPipeline type).
+/// the minimum expert budget, and its presets, taken from the registry
+/// (moekit/presets/registry.hpp): the flags they read, what moe-run does at start-up for each,
+/// and `with_pipeline`, which builds one over the engine's loader.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <numeric>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -19,8 +20,8 @@
 #include "moekit/error.hpp"
 #include "moekit/io/memory_loader.hpp"
 #include "moekit/pipeline.hpp"
-#include "moekit/presets.hpp"
-#include "moekit/score/uniform.hpp"
+#include "moekit/presets/registry.hpp"
+#include "moekit/score/static_bitwidth.hpp"
 
 #include "moekit/engine/weights.hpp"
 
@@ -42,28 +43,20 @@ inline moekit::MemoryLoader host_loader(const HostExperts& experts) {
       [&experts](moekit::ExpertKey k, moekit::Precision p) { return experts.bytes(k, p); });
 }
 
-/// Parameters of the presets (each flag of moe-run that configures one; defaults are the
-/// papers' settings as the library's Config defaults).
-struct PresetParams {
-  // HOBBIT (and NextUse, which uses HOBBIT's scorer)
-  float t1 = 0.6f;                                 ///< --t1: cumulative weight run at --precision
-  float t2 = 0.9f;                                 ///< --t2: cumulative weight run at low precision
-  moekit::Precision low = moekit::Precision::q4;   ///< --low-precision (HOBBIT low, Fate's int2 share)
-  std::uint32_t lookahead = 2;                     ///< --lookahead: HOBBIT's stacked-gate layers ahead
-  // Fate
-  std::uint32_t shallow_layers = 3;                ///< --shallow-layers: layers cached in full
-  double fate_low_fraction = 0.25;                 ///< --fate-low-fraction: prefill share at low
-  double fate_percentile = 0.75;                   ///< --fate-percentile: decode prefetch cut
-  // MoBiLE
-  float gamma = 0.7f;                              ///< --gamma: accept iff max prob > gamma
-  std::uint32_t k_little = 0;                      ///< --k-little: little pass's k (0 = K/2)
+/// Parameters of the presets (each flag of moe-run that configures one): the presets' knobs
+/// (defaults: the components' own) and what moe-run turns into their inputs.
+struct PresetParams : moekit::presets::PresetParams {
   // EdgeMoE
-  std::string bitwidth_table;                      ///< --bitwidth-table (empty: uniform --precision)
+  std::string bitwidth_table;  ///< --bitwidth-table (empty: uniform --precision)
   // Fiddler (0 = measured at start-up)
-  std::string popularity_file;                     ///< --popularity (empty: calibration run)
-  double cpu_seconds_per_token = 0;                ///< --cpu-latency
-  double copy_seconds = 0;                         ///< --copy-latency
+  std::string popularity_file;       ///< --popularity (empty: calibration run)
+  double cpu_seconds_per_token = 0;  ///< --cpu-latency
+  double copy_seconds = 0;           ///< --copy-latency
 };
+
+/// What presets take from the model and the machine (`moekit::presets::PresetNeeds`).
+using PresetInputs = moekit::presets::PresetInputs;
+using moekit::presets::PresetEntry;
 
 /// Run-time settings common to every preset.
 struct OffloadSettings {
@@ -94,280 +87,89 @@ inline moekit::PipelineConfig pipeline_config(const moekit::ModelShape& s,
       .base_precision = o.precision};
 }
 
-// ---- the preset table ------------------------------------------------------------------------
-
-/// The presets moe-run knows. A pipeline type is fixed at compile time, so a run-time name
-/// compiles every preset; a caller that needs one calls `with_preset<PresetId::...>` and
-/// compiles only that one.
-enum class PresetId { baseline, hobbit, fate, edgemoe, mobile, fiddler, nextuse };
-
-/// A named preset and what it combines.
-struct PresetInfo {
-  PresetId id;
-  std::string_view name;
-  std::string_view summary;
-};
-
-/// Every preset moe-run knows, in `--help` order.
-inline constexpr PresetInfo preset_table[] = {
-    {PresetId::baseline, "baseline", "LRU cache, on-demand loads at --precision, no prediction"},
-    {PresetId::hobbit, "hobbit",
-     "HOBBIT: misses at --precision / --low-precision / skipped by --t1/--t2, stacked-gate "
-     "prefetch (--lookahead), multidimensional cache"},
-    {PresetId::fate, "fate",
-     "Fate: cross-layer gate prefetch (--fate-percentile), shallow-favoring ARC "
-     "(--shallow-layers), prefill's least popular --fate-low-fraction at --low-precision"},
-    {PresetId::edgemoe, "edgemoe",
-     "EdgeMoE: per-expert bit widths (--bitwidth-table, default uniform --precision), "
-     "activation-path preloading (profile from a calibration run), EdgeMoE eviction"},
-    {PresetId::mobile, "mobile",
-     "MoBiLE: little pass with --k-little experts, fallback to full top-k when the max "
-     "probability <= --gamma (KV rolled back), router-replay prefetch"},
-    {PresetId::fiddler, "fiddler",
-     "Fiddler: most popular experts placed at start (--popularity or a calibration run "
-     "of the prompt), misses run on the CPU from host memory when cheaper than a load "
-     "(latencies measured at start-up)"},
-    {PresetId::nextuse, "nextuse",
-     "moekit's ExpectedNextUse cache with HOBBIT's --t1/--t2 precisions, no predictor"},
-};
-
-/// The name of preset `id` (as --preset spells it).
-constexpr std::string_view preset_name(PresetId id) {
-  for (const auto& p : preset_table)
-    if (p.id == id) return p.name;
-  return {};
-}
+// ---- presets from the registry (moekit/presets/registry.hpp) ---------------------------------
 
 /// The preset called `name`; throws `Error(invalid_argument)` naming --preset for an unknown name.
-inline PresetId check_preset_name(std::string_view name) {
-  for (const auto& p : preset_table)
-    if (p.name == name) return p.id;
-  std::string known;
-  for (const auto& p : preset_table) known += (known.empty() ? "" : ", ") + std::string(p.name);
+inline const PresetEntry& find_preset(std::string_view name) {
+  if (const PresetEntry* e = moekit::presets::find(name)) return *e;
   moekit::detail::fail(moekit::ErrorKind::invalid_argument,
-                       "--preset: unknown preset '" + std::string(name) + "' (known: " + known +
-                           ")");
+                       "--preset: unknown preset '" + std::string(name) +
+                           "' (known: " + moekit::presets::names() + ")");
 }
 
-/// What a preset needs from the model and the machine beyond the settings.
-struct PresetNeeds {
-  bool routers = false;      ///< the router weights (HOBBIT, Fate gate predictors)
-  bool calibration = false;  ///< routing counts / activation paths of a calibration run
-  bool latencies = false;    ///< CPU vs load latencies (Fiddler)
-};
-
-inline PresetNeeds preset_needs(std::string_view name, const OffloadSettings& o) {
-  PresetNeeds n;
-  n.routers = name == "hobbit" || name == "fate";
-  n.calibration = name == "edgemoe" || (name == "fiddler" && o.preset.popularity_file.empty());
-  n.latencies =
-      name == "fiddler" && (o.preset.cpu_seconds_per_token <= 0 || o.preset.copy_seconds <= 0);
-  return n;
+/// Checks the preset flags against each other; names the flag.
+inline void check_preset_params(const PresetEntry& p, const OffloadSettings& o) {
+  moekit::presets::check(p, o.precision, o.preset);
 }
 
-/// The per-expert precision table of EdgeMoE: --bitwidth-table or every expert at --precision.
-inline moekit::PrecisionTable edgemoe_table(const moekit::ModelShape& s, const OffloadSettings& o) {
-  if (o.preset.bitwidth_table.empty())
-    return moekit::PrecisionTable(s.n_layers, s.n_experts, o.precision);
-  moekit::PrecisionTable t = moekit::PrecisionTable::load(o.preset.bitwidth_table);
-  if (t.n_layers() != s.n_layers || t.n_experts() != s.n_experts)
+/// The per-expert precision table --bitwidth-table names (null without one: the preset's default,
+/// every expert at --precision).
+inline std::shared_ptr<const moekit::PrecisionTable> bitwidth_table(const moekit::ModelShape& s,
+                                                                    const OffloadSettings& o) {
+  if (o.preset.bitwidth_table.empty()) return nullptr;
+  auto t = std::make_shared<const moekit::PrecisionTable>(
+      moekit::PrecisionTable::load(o.preset.bitwidth_table));
+  if (t->n_layers() != s.n_layers || t->n_experts() != s.n_experts)
     moekit::detail::fail(moekit::ErrorKind::invalid_argument,
                          "--bitwidth-table: '" + o.preset.bitwidth_table + "' is for " +
-                             std::to_string(t.n_layers()) + " layers × " +
-                             std::to_string(t.n_experts()) + " experts; the model has " +
+                             std::to_string(t->n_layers()) + " layers × " +
+                             std::to_string(t->n_experts()) + " experts; the model has " +
                              std::to_string(s.n_layers) + " × " + std::to_string(s.n_experts));
   return t;
 }
 
-/// Stored precisions preset `name` reads (the expert source must hold every one).
-inline std::vector<moekit::Precision> required_precisions(std::string_view name,
-                                                          const moekit::ModelShape& s,
-                                                          const OffloadSettings& o) {
-  std::vector<moekit::Precision> out{o.precision};
-  auto add = [&](moekit::Precision p) {
-    if (p != moekit::Precision::skip && std::find(out.begin(), out.end(), p) == out.end())
-      out.push_back(p);
-  };
-  if (name == "hobbit" || name == "nextuse" || (name == "fate" && o.preset.fate_low_fraction > 0))
-    add(o.preset.low);
-  if (name == "edgemoe") {
-    const moekit::PrecisionTable table = edgemoe_table(s, o);
-    for (moekit::Precision p : table.all()) add(p);
-  }
-  return out;
-}
-
-/// Checks the preset flags against each other; names the flag.
-inline void check_preset_params(std::string_view name, const OffloadSettings& o) {
-  auto bad = [](const std::string& m) {
-    moekit::detail::fail(moekit::ErrorKind::invalid_argument, m);
-  };
-  const PresetParams& q = o.preset;
-  if (!(q.t1 >= 0 && q.t1 <= q.t2 && q.t2 <= 1))
-    bad("--t1/--t2: need 0 <= t1 <= t2 <= 1 (t1 = " + std::to_string(q.t1) +
-        ", t2 = " + std::to_string(q.t2) + ")");
-  if ((name == "hobbit" || name == "nextuse" || name == "fate") &&
-      moekit::bits(q.low) > moekit::bits(o.precision))
-    bad("--low-precision: " + std::string(moekit::name(q.low)) + " is more precise than --precision " +
-        std::string(moekit::name(o.precision)));
-  if (!(q.fate_low_fraction >= 0 && q.fate_low_fraction <= 1))
-    bad("--fate-low-fraction: must be in [0, 1]");
-  if (!(q.fate_percentile >= 0 && q.fate_percentile < 1))
-    bad("--fate-percentile: must be in [0, 1)");
-  if (!(q.gamma >= 0 && q.gamma <= 1)) bad("--gamma: must be in [0, 1]");
-}
-
-/// EdgeMoE's scorer over `table`. Out of line: inlined into `with_preset`, g++ 12 -O3 reports a
-/// false -Wfree-nonheap-object on the table's vector.
-[[gnu::noinline]] inline moekit::StaticBitwidthScorer edgemoe_scorer(const moekit::PrecisionTable& table) {
-  return moekit::StaticBitwidthScorer({.table = table});
-}
-
-/// What presets need from the model beyond the settings (filled per `preset_needs`).
-struct PresetInputs {
-  /// Routers of every MoE layer, [L·E·hidden] f32 (`router_stack`); must outlive the pipeline.
-  std::span<const float> routers{};
-  /// Tokens routed to each (layer, expert), [L × E] (Fiddler's placement, EdgeMoE's prior).
-  std::vector<double> popularity{};
-  /// Activation paths (EdgeMoE's preloading).
-  std::shared_ptr<const moekit::ActivationPathProfile> paths{};
-  double cpu_seconds_per_token = 0;  ///< Fiddler: one token through one expert on the CPU
-  double copy_seconds = 0;           ///< Fiddler: load one expert into the cache and run it
+/// What moe-run does at start-up for preset `p` beyond loading the model.
+struct StartupNeeds {
+  bool routers = false;      ///< stack the router weights (`router_stack`)
+  bool calibration = false;  ///< a calibration run (routing counts, activation paths)
+  bool latencies = false;    ///< measure CPU vs load latencies (no --cpu-latency/--copy-latency)
+  bool bitwidths = false;    ///< load --bitwidth-table
 };
 
-/// Builds the pipeline of preset `Id` with its experts served by `loader` and calls
-/// `f(pipeline)`; throws `Error(invalid_argument)` naming the flag for a missing input.
-template <PresetId Id, class Loader, class F>
-decltype(auto) with_preset(const moekit::ModelShape& s, const OffloadSettings& o, Loader loader,
-                           const PresetInputs& in, F&& f) {
-  namespace mk = moekit;
-  namespace pr = moekit::presets;
-  constexpr std::string_view name = preset_name(Id);
-  check_preset_params(name, o);
-  mk::PipelineConfig pc = pipeline_config(s, o);
-  const PresetParams& q = o.preset;
-  const mk::HobbitRule rule{.t1 = q.t1, .t2 = q.t2, .high = o.precision, .low = q.low};
-  auto need_routers = [&] {
-    if (in.routers.size() != std::size_t{s.n_layers} * s.n_experts * s.hidden)
-      mk::detail::fail(mk::ErrorKind::internal,
-                       "--preset " + std::string(name) + ": the router weights were not provided");
-  };
-  if constexpr (Id == PresetId::hobbit) {
-    need_routers();
-    using P = pr::Hobbit<Loader>;
-    auto p = std::make_unique<P>(
-        s, pc, std::move(loader), mk::HobbitThresholdScorer({.rule = rule}),
-        mk::StackedGatePredictor({.router_weights = in.routers, .n_layers = s.n_layers,
-                                  .n_experts = s.n_experts, .hidden = s.hidden,
-                                  .top_k = s.top_k, .lookahead = q.lookahead, .rule = rule}),
-        mk::MultiDimPolicy({.high = o.precision, .low = q.low}));
-    return f(*p);
-  } else if constexpr (Id == PresetId::fate) {
-    need_routers();
-    using P = pr::Fate<Loader>;
-    const mk::Precision low = q.fate_low_fraction > 0 ? q.low : o.precision;
-    auto p = std::make_unique<P>(
-        s, pc, std::move(loader),
-        mk::PopularityScorer({.int2_fraction = q.fate_low_fraction, .high = o.precision,
-                              .low = low, .decode_precision = o.precision}),
-        mk::CrossLayerGatePredictor({.router_weights = in.routers, .n_layers = s.n_layers,
-                                     .n_experts = s.n_experts, .hidden = s.hidden,
-                                     .top_k = s.top_k, .percentile = q.fate_percentile,
-                                     .decode_precision = o.precision,
-                                     .int2_fraction = q.fate_low_fraction,
-                                     .prefill_high = o.precision, .prefill_low = low}),
-        mk::ShallowFavoring<mk::ArcPolicy>({.shallow_layers = std::min(q.shallow_layers, s.n_layers)}));
-    return f(*p);
-  } else if constexpr (Id == PresetId::edgemoe) {
-    if (!in.paths)
-      mk::detail::fail(mk::ErrorKind::internal,
-                       "--preset edgemoe: no activation-path profile (calibration run missing)");
-    const mk::PrecisionTable table = edgemoe_table(s, o);
-    for (mk::Precision p : table.all())
-      if (mk::bits(p) > mk::bits(pc.base_precision)) pc.base_precision = p;  // slots fit the widest
-    pc.sizing_precision = o.precision;
-    using P = pr::EdgeMoe<Loader>;
-    auto p = std::make_unique<P>(
-        s, pc, std::move(loader), edgemoe_scorer(table),
-        mk::ActivationPathPredictor(
-            {.profile = in.paths,
-             .precisions = std::vector<mk::Precision>(table.all().begin(), table.all().end())}),
-        mk::EdgeMoePolicy({.prior_counts = in.popularity}));
-    return f(*p);
-  } else if constexpr (Id == PresetId::mobile) {
-    using P = pr::Mobile<Loader>;
-    auto p = std::make_unique<P>(
-        s, pc, std::move(loader), mk::UniformScorer({.precision = o.precision}),
-        mk::RouterReplayPredictor({.top_k = s.top_k, .precision = o.precision}),
-        mk::LruPolicy{}, mk::OnDemandScheduler{},
-        mk::BigLittlePolicy({.gamma = q.gamma, .k_little = std::min(q.k_little, s.top_k)}));
-    return f(*p);
-  } else if constexpr (Id == PresetId::fiddler) {
-    if (in.popularity.size() != s.expert_count())
-      mk::detail::fail(mk::ErrorKind::internal, "--preset fiddler: no popularity profile");
-    if (!(in.cpu_seconds_per_token > 0 && in.copy_seconds > 0))
-      mk::detail::fail(mk::ErrorKind::internal, "--preset fiddler: CPU/load latencies not measured");
-    using P = pr::Fiddler<Loader>;
-    auto p = std::make_unique<P>(
-        s, pc, std::move(loader), mk::UniformScorer({.precision = o.precision}), mk::NoPredictor{},
-        mk::StaticPopularityPolicy({.counts = in.popularity}),
-        mk::FiddlerScheduler({.cpu_seconds_per_token = in.cpu_seconds_per_token,
-                              .copy_seconds = in.copy_seconds}));
-    // Placement: the most popular experts (ties to the lower index) until the budget is full.
-    std::vector<std::uint32_t> order(s.expert_count());
-    std::iota(order.begin(), order.end(), 0u);
-    std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
-      return in.popularity[a] > in.popularity[b];
-    });
-    for (std::uint32_t i : order) {
-      const mk::ExpertKey k{i / s.n_experts, i % s.n_experts};
-      if (!p->preload(k, o.precision)) break;
-    }
-    return f(*p);
-  } else if constexpr (Id == PresetId::nextuse) {
-    using P = pr::NextUse<Loader>;
-    auto p = std::make_unique<P>(s, pc, std::move(loader), mk::HobbitThresholdScorer({.rule = rule}));
-    return f(*p);
-  } else {
-    static_assert(Id == PresetId::baseline);
-    using P = pr::Baseline<Loader>;
-    auto p = std::make_unique<P>(s, pc, std::move(loader), mk::UniformScorer({.precision = o.precision}));
-    return f(*p);
-  }
+inline StartupNeeds startup_needs(const PresetEntry& p, const OffloadSettings& o) {
+  const moekit::presets::PresetNeeds& n = p.needs;
+  return {.routers = n.routers,
+          .calibration = n.paths || (n.popularity && o.preset.popularity_file.empty()),
+          .latencies =
+              n.latencies && (o.preset.cpu_seconds_per_token <= 0 || o.preset.copy_seconds <= 0),
+          .bitwidths = n.bitwidths && !o.preset.bitwidth_table.empty()};
 }
 
-/// Builds the pipeline of preset `name` (checked against the preset table) and calls
-/// `f(pipeline)`. Every preset's pipeline type, and `f` for each, is compiled.
+/// Stored precisions preset `p` reads (the expert source must hold every one).
+inline std::vector<moekit::Precision> required_precisions(const PresetEntry& p,
+                                                          const moekit::ModelShape& s,
+                                                          const OffloadSettings& o) {
+  PresetInputs in;
+  if (startup_needs(p, o).bitwidths) in.bitwidths = bitwidth_table(s, o);
+  return p.precisions(s, o.precision, o.preset, in);
+}
+
+/// Builds the pipeline of preset `Spec` with its experts served by `loader` and calls
+/// `f(pipeline)`; throws `Error(invalid_argument)` naming the flag for a bad setting.
+template <moekit::presets::PresetSpec Spec, class Loader, class F>
+decltype(auto) with_pipeline(const moekit::ModelShape& s, const OffloadSettings& o, Loader loader,
+                             const PresetInputs& in, F&& f) {
+  auto p = moekit::presets::make_pipeline<Spec>(s, pipeline_config(s, o), o.preset,
+                                                std::move(loader), in);
+  return f(*p);
+}
+
+/// Builds the pipeline of preset `p` (looked up once, `find_preset`) and calls `f(pipeline)`.
+/// Every preset's pipeline type, and `f` for each, is compiled.
 template <class Loader, class F>
-decltype(auto) with_preset(std::string_view name, const moekit::ModelShape& s,
-                           const OffloadSettings& o, Loader loader, const PresetInputs& in, F&& f) {
-  auto run = [&]<PresetId Id>() -> decltype(auto) {
-    return with_preset<Id>(s, o, std::move(loader), in, std::forward<F>(f));
-  };
-  switch (check_preset_name(name)) {
-    case PresetId::hobbit: return run.template operator()<PresetId::hobbit>();
-    case PresetId::fate: return run.template operator()<PresetId::fate>();
-    case PresetId::edgemoe: return run.template operator()<PresetId::edgemoe>();
-    case PresetId::mobile: return run.template operator()<PresetId::mobile>();
-    case PresetId::fiddler: return run.template operator()<PresetId::fiddler>();
-    case PresetId::nextuse: return run.template operator()<PresetId::nextuse>();
-    case PresetId::baseline: break;
-  }
-  return run.template operator()<PresetId::baseline>();
+decltype(auto) with_pipeline(const PresetEntry& p, const moekit::ModelShape& s,
+                             const OffloadSettings& o, Loader loader, const PresetInputs& in,
+                             F&& f) {
+  return moekit::presets::visit(p, [&]<class Spec>(std::type_identity<Spec>) -> decltype(auto) {
+    return with_pipeline<Spec>(s, o, std::move(loader), in, f);
+  });
 }
 
-/// The in-memory form used before presets took inputs: any preset that needs no model inputs.
-template <class F>
-decltype(auto) with_preset(std::string_view name, const moekit::ModelShape& s,
-                           const OffloadSettings& o, const HostExperts& experts, F&& f) {
-  return with_preset(name, s, o, host_loader(experts), PresetInputs{}, std::forward<F>(f));
-}
-
-/// The same for one preset known at compile time.
-template <PresetId Id, class F>
-decltype(auto) with_preset(const moekit::ModelShape& s, const OffloadSettings& o,
-                           const HostExperts& experts, F&& f) {
-  return with_preset<Id>(s, o, host_loader(experts), PresetInputs{}, std::forward<F>(f));
+/// The same for one preset known at compile time over experts in host memory, without inputs.
+template <moekit::presets::PresetSpec Spec, class F>
+decltype(auto) with_pipeline(const moekit::ModelShape& s, const OffloadSettings& o,
+                             const HostExperts& experts, F&& f) {
+  return with_pipeline<Spec>(s, o, host_loader(experts), PresetInputs{}, std::forward<F>(f));
 }
 
 }  // namespace moekit::engine

@@ -1,8 +1,10 @@
 #pragma once
-/// \file The presets moe-sim can replay — the ONE place to add one. Each entry builds the paper's
-/// whole mechanism from `presets.hpp` components where the trace allows it, and says what it
-/// substituted where it does not (the run's `label` and `note`). Tests call the same functions
-/// (tests/sim/moe_sim_presets_test.cpp), so what they check is what moe-sim runs.
+/// \file How moe-sim replays the presets of the registry (moekit/presets/registry.hpp): one
+/// adapter per preset, `SimPreset<Spec>`, builds the preset through its spec where the trace
+/// allows it, and says what it substituted where it does not (the run's `label` and `note`); the
+/// references (Belady, cost-aware Belady) run beside them. A registered preset without an adapter
+/// is not replayed (NextUse). Tests call the same functions (tests/sim/moe_sim_presets_test.cpp),
+/// so what they check is what moe-sim runs.
 ///
 /// Substitutions (each visible in the output):
 ///  * hobbit / fate: their gate predictors need the gate-input hidden states (traces may lack
@@ -18,8 +20,12 @@
 ///    fallback's experts load on demand (LRU, no replay). The little pass uses the first K/2 of
 ///    each record's experts (what the router picks from the same logits).
 ///  * fiddler: popularity profiled on the replayed trace itself (optimistic).
+///
+/// Fate runs at its paper's precisions (the spec's Config defaults: q4, prefill tail q2) whatever
+/// the base precision.
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +35,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -36,7 +43,7 @@
 #include "moekit/pipeline.hpp"
 #include "moekit/predict/noisy_oracle.hpp"
 #include "moekit/predict/none.hpp"
-#include "moekit/presets.hpp"
+#include "moekit/presets/registry.hpp"
 #include "moekit/sched/on_demand.hpp"
 #include "moekit/score/uniform.hpp"
 #include "moekit/sim/replay.hpp"
@@ -53,15 +60,26 @@ inline constexpr double fate_paper_recall = 0.9715;   ///< Fate §4.2, 75th-perc
 /// MoBiLE Table II at γ = 0.7: mean of the four fallback ratios 0.11, 0.11, 0.21, 0.12.
 inline constexpr double mobile_paper_fallback_ratio = 0.1375;
 
+/// `f` as the shortest decimal that reads back as it (0.6f → 0.6): a component's float default
+/// seeds a double knob that prints as written.
+inline double decimal(float f) {
+  char b[32];
+  const auto end = std::to_chars(b, b + sizeof b, f).ptr;
+  double d = 0;
+  std::from_chars(b, end, d);
+  return d;
+}
+
 /// Everything one replay needs besides the trace.
 struct RunParams {
   moekit::ModelShape shape{};
   moekit::PipelineConfig config{};
   moekit::sim::LinkModel link{};
   moekit::sim::ComputeModel compute{};
-  double t1 = 0.6;     ///< HOBBIT's high-precision threshold (paper default)
-  double t2 = 0.9;     ///< HOBBIT's low-precision threshold (paper default)
-  double gamma = 0.7;  ///< MoBiLE's fallback threshold (used only with output logits)
+  double t1 = decimal(moekit::HobbitRule{}.t1);  ///< HOBBIT's high-precision threshold
+  double t2 = decimal(moekit::HobbitRule{}.t2);  ///< HOBBIT's low-precision threshold
+  /// MoBiLE's fallback threshold (used only with output logits)
+  double gamma = decimal(moekit::BigLittlePolicy::Config{}.gamma);
   double hobbit_recall = hobbit_paper_recall;  ///< noisy-oracle recall standing in for HOBBIT's
   double fate_recall = fate_paper_recall;      ///< ... and for Fate's cross-layer gate
   double fallback_ratio = mobile_paper_fallback_ratio;  ///< MoBiLE without output logits
@@ -186,11 +204,12 @@ class CostAwareByKey {
 
 // ---- presets ------------------------------------------------------------------------------------
 
-/// The baseline: LRU, on demand, model precision.
+/// The baseline: LRU, on demand, at the scorer's default precision.
 inline PresetResult run_baseline(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
-  moekit::presets::Baseline<moekit::sim::SimLoader> p(rp.shape, rp.config,
-                                                      moekit::sim::SimLoader(rp.shape, rp.link));
-  return {moekit::sim::replay(p, tr, rp.compute), "baseline", ""};
+  using moekit::presets::BaselineSpec;
+  auto p = BaselineSpec::build(rp.shape, rp.config, moekit::sim::SimLoader(rp.shape, rp.link),
+                               BaselineSpec::Config{}, {});
+  return {moekit::sim::replay(*p, tr, rp.compute), std::string(BaselineSpec::name), ""};
 }
 
 /// The Belady reference: the baseline's components with Belady's offline eviction, fed the
@@ -245,85 +264,80 @@ inline std::string gate_predictor_gap(const RunParams& rp, const moekit::sim::Ro
   return why;
 }
 
+/// What a gate predictor reads: the routers, whose rows are as wide as the trace's hidden states.
+inline moekit::presets::PresetInputs gate_inputs(const RunParams& rp,
+                                                 const moekit::sim::RoutingTrace& tr) {
+  return {.routers = *rp.routers, .router_hidden = tr.dims().hidden};
+}
+
 /// HOBBIT: T1/T2 mixed precision, stacked-gate prefetch (or the noisy oracle), multidimensional
 /// cache with high/low pools.
 inline PresetResult run_hobbit(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
-  const HobbitRule rule = hobbit_rule(rp);
-  const HobbitThresholdScorer scorer({.rule = rule});
-  const MultiDimPolicy policy({.high = rule.high, .low = rule.low});
+  using presets::HobbitSpec;
+  const HobbitSpec::Config cfg{.rule = hobbit_rule(rp)};
   const std::string gap = gate_predictor_gap(rp, tr);
   if (gap.empty()) {
-    presets::Hobbit<sim::SimLoader> p(
-        rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), scorer,
-        StackedGatePredictor({.router_weights = *rp.routers, .n_layers = rp.shape.n_layers,
-                              .n_experts = rp.shape.n_experts, .hidden = tr.dims().hidden,
-                              .top_k = rp.shape.top_k, .lookahead = 2, .rule = rule}),
-        policy);
-    return {sim::replay(p, tr, rp.compute), "hobbit (stacked-gate predictor, p = 2)", ""};
+    auto p = HobbitSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), cfg,
+                               gate_inputs(rp, tr));
+    return {sim::replay(*p, tr, rp.compute),
+            "hobbit (stacked-gate predictor, p = " + std::to_string(cfg.lookahead) + ")", ""};
   }
-  ScoredScript s = scored_script(tr, scorer);
+  ScoredScript s = scored_script(tr, HobbitSpec::scorer(cfg));
   OffloadPipeline<HobbitThresholdScorer, NoisyOraclePredictor, MultiDimPolicy, sim::SimLoader,
                   OnDemandScheduler>
-      p(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), scorer,
+      p(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), HobbitSpec::scorer(cfg),
         NoisyOraclePredictor({.calls = std::move(s.calls), .precisions = std::move(s.precisions),
                               .recall = rp.hobbit_recall, .seed = rp.seed, .distance = 1,
                               .n_experts = rp.shape.n_experts}),
-        policy);
+        HobbitSpec::cache(cfg));
   return {sim::replay(p, tr, rp.compute),
           "hobbit (noisy-oracle predictor, recall " + fmt_num(rp.hobbit_recall) + ")",
           "stacked-gate predictor not run: " + gap};
 }
 
-/// Fate's decode prefetch cap n = floor(T / t_expert): T = dense layer + top-k experts at q4 on
-/// the device (one decode token), t_expert = one q4 transfer.
+/// Fate's decode prefetch cap n = floor(T / t_expert): T = dense layer + top-k experts at the
+/// decode precision on the device (one decode token), t_expert = one transfer at it.
 inline std::uint32_t fate_decode_cap(const RunParams& rp, double* budget_s = nullptr,
                                      double* expert_s = nullptr) {
-  using moekit::Precision;
-  const double T = rp.compute.layer(1) + rp.shape.top_k * rp.compute.device(Precision::q4, 1);
-  const double t = rp.link.transfer_s(rp.shape.expert_bytes(Precision::q4));
+  const moekit::Precision p = moekit::presets::FateSpec::Config{}.scorer.decode_precision;
+  const double T = rp.compute.layer(1) + rp.shape.top_k * rp.compute.device(p, 1);
+  const double t = rp.link.transfer_s(rp.shape.expert_bytes(p));
   if (budget_s) *budget_s = T;
   if (expert_s) *expert_s = t;
   return static_cast<std::uint32_t>(std::floor(T / t));
-}
-
-inline moekit::PipelineConfig fate_config(const RunParams& rp) {
-  moekit::PipelineConfig c = rp.config;
-  c.sizing_precision = moekit::Precision::q4;  // Fate caches int4 copies
-  return c;
 }
 
 /// Fate: popularity precisions (q4, prefill tail q2), cross-layer gate prefetch (or the noisy
 /// oracle), shallow-favoring per-layer ARC sized at q4, ready-first scheduling.
 inline PresetResult run_fate(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
-  using Cache = ShallowFavoring<ArcPolicy>;
-  const PipelineConfig cfg = fate_config(rp);
-  double T = 0, t = 0;
-  const std::uint32_t cap = fate_decode_cap(rp, &T, &t);
-  const std::string cap_text = "decode cap n = floor(" + fmt_num(T * 1e3, 3) + " ms / " +
-                               fmt_num(t * 1e3, 3) + " ms) = " + std::to_string(cap);
+  using presets::FateSpec;
+  FateSpec::Config cfg;  // the paper's precisions and shallow layers
+  const std::uint32_t cap = fate_decode_cap(rp, &cfg.budget_time, &cfg.expert_time);
+  const std::string cap_text = "decode cap n = floor(" + fmt_num(cfg.budget_time * 1e3, 3) +
+                               " ms / " + fmt_num(cfg.expert_time * 1e3, 3) +
+                               " ms) = " + std::to_string(cap);
   const std::string gap = gate_predictor_gap(rp, tr);
   if (gap.empty()) {
-    presets::Fate<sim::SimLoader> p(
-        rp.shape, cfg, sim::SimLoader(rp.shape, rp.link), PopularityScorer{},
-        CrossLayerGatePredictor({.router_weights = *rp.routers, .n_layers = rp.shape.n_layers,
-                                 .n_experts = rp.shape.n_experts, .hidden = tr.dims().hidden,
-                                 .top_k = rp.shape.top_k, .budget_time = T, .expert_time = t}),
-        Cache({.shallow_layers = 3}), ReadyFirstScheduler{});
-    return {sim::replay(p, tr, rp.compute), "fate (cross-layer gate, " + cap_text + ")", ""};
+    auto p = FateSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), cfg,
+                             gate_inputs(rp, tr));
+    return {sim::replay(*p, tr, rp.compute), "fate (cross-layer gate, " + cap_text + ")", ""};
   }
-  ScoredScript s = scored_script(tr, PopularityScorer{});
-  // The 75th-percentile rule predicts ceil(0.25·E) experts per layer: pad to that many.
-  const auto set = static_cast<std::uint32_t>(std::ceil(0.25 * rp.shape.n_experts));
-  OffloadPipeline<PopularityScorer, NoisyOraclePredictor, Cache, sim::SimLoader,
+  ScoredScript s = scored_script(tr, FateSpec::scorer(cfg));
+  // The percentile rule predicts ceil((1 - percentile)·E) experts per layer: pad to that many.
+  const auto set =
+      static_cast<std::uint32_t>(std::ceil((1.0 - cfg.percentile) * rp.shape.n_experts));
+  OffloadPipeline<PopularityScorer, NoisyOraclePredictor, FateSpec::Cache, sim::SimLoader,
                   ReadyFirstScheduler>
-      p(rp.shape, cfg, sim::SimLoader(rp.shape, rp.link), PopularityScorer{},
+      p(rp.shape, FateSpec::pipeline_config(rp.config, cfg), sim::SimLoader(rp.shape, rp.link),
+        FateSpec::scorer(cfg),
         NoisyOraclePredictor({.calls = std::move(s.calls), .precisions = std::move(s.precisions),
                               .recall = rp.fate_recall, .seed = rp.seed, .distance = 1,
                               .set_size = set, .n_experts = rp.shape.n_experts,
-                              .max_nonresident = cap, .precision = Precision::q4}),
-        Cache({.shallow_layers = 3}), ReadyFirstScheduler{});
+                              .max_nonresident = cap,
+                              .precision = cfg.scorer.decode_precision}),
+        FateSpec::cache(cfg), ReadyFirstScheduler{});
   return {sim::replay(p, tr, rp.compute),
           "fate (noisy-oracle predictor, recall " + fmt_num(rp.fate_recall, 4) + ", " +
               std::to_string(set) + " predicted per layer, " + cap_text + ")",
@@ -347,12 +361,6 @@ inline moekit::PrecisionTable edgemoe_table(const RunParams& rp, moekit::Precisi
   return t;
 }
 
-inline moekit::PipelineConfig edgemoe_config(const RunParams& rp, moekit::Precision common) {
-  moekit::PipelineConfig c = rp.config;
-  c.sizing_precision = common;
-  return c;
-}
-
 /// The profile's share of the trace: the first half of its sequences, or of its decode tokens
 /// when it has a single sequence (decode tokens only: EdgeMoE profiles decoding).
 inline moekit::tools::TraceSelection edgemoe_profile_selection(const moekit::sim::RoutingTrace& tr) {
@@ -368,9 +376,10 @@ inline moekit::tools::TraceSelection edgemoe_profile_selection(const moekit::sim
 }
 
 /// EdgeMoE: static bit widths, activation-path preloading (profile from the first half of the
-/// trace), EdgeMoE eviction score.
+/// trace), EdgeMoE eviction score; the cache sized at the table's most common precision.
 inline PresetResult run_edgemoe(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
+  using presets::EdgeMoeSpec;
   Precision common = Precision::q4;
   PrecisionTable table = edgemoe_table(rp, &common);
   const tools::TraceSelection sel = edgemoe_profile_selection(tr);
@@ -383,13 +392,11 @@ inline PresetResult run_edgemoe(const RunParams& rp, const moekit::sim::RoutingT
   const std::string what = table.count(Precision::q4) == table.size() && !rp.bitwidths
                                ? "uniform q4 bit widths"
                                : "bit widths from --bitwidths";
-  const std::vector<Precision> prec(table.all().begin(), table.all().end());
-  presets::EdgeMoe<sim::SimLoader> p(
-      rp.shape, edgemoe_config(rp, common), sim::SimLoader(rp.shape, rp.link),
-      StaticBitwidthScorer({.table = std::move(table)}),
-      ActivationPathPredictor({.profile = profile, .max_preload = 3, .precisions = prec}),
-      EdgeMoePolicy{});
-  return {sim::replay(p, tr, rp.compute),
+  const presets::PresetInputs in{
+      .paths = profile, .bitwidths = std::make_shared<const PrecisionTable>(std::move(table))};
+  auto p = EdgeMoeSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
+                              {.sizing = common}, in);
+  return {sim::replay(*p, tr, rp.compute),
           "edgemoe (" + what + ", activation-path profile from the first half: " +
               std::to_string(profiled) + " decode tokens)",
           "the profile comes from the first half of the trace and the whole trace is replayed"};
@@ -399,26 +406,23 @@ inline PresetResult run_edgemoe(const RunParams& rp, const moekit::sim::RoutingT
 /// when the trace has router logits.
 inline PresetResult run_mobile(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
-  const BigLittlePolicy tokens({.gamma = static_cast<float>(rp.gamma),
-                                .fallback_ratio_without_logits = rp.fallback_ratio});
+  using presets::MobileSpec;
+  const MobileSpec::Config cfg{.precision = rp.config.base_precision,
+                               .tokens = {.gamma = static_cast<float>(rp.gamma),
+                                          .fallback_ratio_without_logits = rp.fallback_ratio}};
   const std::uint32_t little = std::max<std::uint32_t>(1, rp.shape.top_k / 2);
   const std::string base = "fallback ratio " + fmt_num(rp.fallback_ratio, 4) +
                            " (no output logits), little pass = first " + std::to_string(little) +
                            " of " + std::to_string(rp.shape.top_k) + " recorded experts";
   if (tr.has_logits()) {
-    presets::Mobile<sim::SimLoader> p(
-        rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
-        UniformScorer({.precision = rp.config.base_precision}),
-        RouterReplayPredictor({.top_k = rp.shape.top_k, .precision = rp.config.base_precision}),
-        LruPolicy{}, OnDemandScheduler{}, tokens);
-    return {sim::replay(p, tr, rp.compute), "mobile (router replay, " + base + ")",
+    auto p = MobileSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), cfg, {});
+    return {sim::replay(*p, tr, rp.compute), "mobile (router replay, " + base + ")",
             "traces store no output logits: fallback on a fixed share of tokens"};
   }
   OffloadPipeline<UniformScorer, NoPredictor, LruPolicy, sim::SimLoader, OnDemandScheduler,
                   BigLittlePolicy>
-      p(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
-        UniformScorer({.precision = rp.config.base_precision}), NoPredictor{}, LruPolicy{},
-        OnDemandScheduler{}, tokens);
+      p(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), MobileSpec::scorer(cfg),
+        NoPredictor{}, LruPolicy{}, OnDemandScheduler{}, MobileSpec::token_policy(cfg));
   return {sim::replay(p, tr, rp.compute), "mobile (LRU without router replay, " + base + ")",
           "the trace has no router logits: no router replay; traces store no output logits: "
           "fallback on a fixed share of tokens"};
@@ -429,31 +433,22 @@ inline PresetResult run_mobile(const RunParams& rp, const moekit::sim::RoutingTr
 /// from the hardware model (CPU: one token through one expert; copy: transfer + device run).
 inline PresetResult run_fiddler(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
+  using presets::FiddlerSpec;
   const Precision base = rp.config.base_precision;
-  FiddlerScheduler sched({.cpu_seconds_per_token = rp.compute.cpu(base, 1),
-                          .copy_seconds = rp.link.transfer_s(rp.shape.expert_bytes(base)) +
-                                          rp.compute.device(base, 1)});
-  const std::vector<double> shares = sim::expert_shares(tr);
-  presets::Fiddler<sim::SimLoader> p(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
-                                     UniformScorer({.precision = base}), NoPredictor{},
-                                     StaticPopularityPolicy({.counts = shares}), sched);
-  // Fiddler places the popular experts at load time: preload every expert, most popular first;
-  // the policy admits those that fit its placement. The placement's transfers finish before the
-  // replay's clock starts (start-up, not decode time); its bytes are in the loader's count.
-  std::vector<std::size_t> order(shares.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return shares[a] > shares[b]; });
-  std::size_t placed = 0;
-  for (std::size_t i : order)
-    placed += p.preload({static_cast<std::uint32_t>(i / rp.shape.n_experts),
-                         static_cast<std::uint32_t>(i % rp.shape.n_experts)},
-                        base);
-  sim::SimLoader& loader = p.loader();
+  const presets::PresetInputs in{
+      .popularity = sim::expert_shares(tr),
+      .cpu_seconds_per_token = rp.compute.cpu(base, 1),
+      .copy_seconds = rp.link.transfer_s(rp.shape.expert_bytes(base)) + rp.compute.device(base, 1)};
+  auto p = FiddlerSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
+                              {.scorer = {.precision = base}}, in);
+  // The placement's transfers finish before the replay's clock starts (start-up, not decode
+  // time); its bytes are in the loader's count.
+  const std::size_t placed = FiddlerSpec::place(*p, in);
+  sim::SimLoader& loader = p->loader();
   while (loader.queued() > 0) loader.clock().stall_until(loader.link_free_at());
   loader.clock().stall_until(loader.link_free_at());
-  const std::uint64_t bytes = p.stats().bytes_preloaded;
-  return {sim::replay(p, tr, rp.compute), "fiddler",
+  const std::uint64_t bytes = p->stats().bytes_preloaded;
+  return {sim::replay(*p, tr, rp.compute), std::string(FiddlerSpec::name),
           "popularity profiled on the replayed trace itself; start-up placement of " +
               std::to_string(placed) + " experts (" + fmt_num(double(bytes) / 1e9) +
               " GB, counted in bytes moved) completes before the clock starts"};
@@ -461,68 +456,132 @@ inline PresetResult run_fiddler(const RunParams& rp, const moekit::sim::RoutingT
 
 inline PresetResult run_belady_cost_hobbit(const RunParams& rp,
                                            const moekit::sim::RoutingTrace& tr) {
-  return run_cost_aware(rp, tr, moekit::HobbitThresholdScorer({.rule = hobbit_rule(rp)}),
+  return run_cost_aware(rp, tr, moekit::presets::HobbitSpec::scorer({.rule = hobbit_rule(rp)}),
                         rp.config, "cost-aware belady with HOBBIT's T1/T2 precisions");
 }
 inline PresetResult run_belady_cost_fate(const RunParams& rp,
                                          const moekit::sim::RoutingTrace& tr) {
-  return run_cost_aware(rp, tr, moekit::PopularityScorer{}, fate_config(rp),
+  using moekit::presets::FateSpec;
+  const FateSpec::Config cfg;
+  return run_cost_aware(rp, tr, FateSpec::scorer(cfg), FateSpec::pipeline_config(rp.config, cfg),
                         "cost-aware belady with Fate's precisions (q4, prefill tail q2)");
 }
 inline PresetResult run_belady_cost_edgemoe(const RunParams& rp,
                                             const moekit::sim::RoutingTrace& tr) {
+  using moekit::presets::EdgeMoeSpec;
   moekit::Precision common = moekit::Precision::q4;
-  moekit::PrecisionTable t = edgemoe_table(rp, &common);
-  return run_cost_aware(rp, tr, moekit::StaticBitwidthScorer({.table = std::move(t)}),
-                        edgemoe_config(rp, common),
+  const moekit::PrecisionTable t = edgemoe_table(rp, &common);
+  return run_cost_aware(rp, tr, EdgeMoeSpec::scorer(t),
+                        EdgeMoeSpec::pipeline_config(rp.config, {.sizing = common}, t),
                         "cost-aware belady with EdgeMoE's bit widths");
 }
 
-/// One row of the table.
-struct PresetEntry {
+// ---- the presets moe-sim replays ----------------------------------------------------------------
+
+/// One row of moe-sim's list: a preset (or a reference) and how to replay it.
+struct SimEntry {
   std::string_view name;
   std::string_view what;
-  RunFn run;                     ///< nullptr: not available
-  std::string_view unavailable;  ///< why, when `run` is nullptr
-  bool uses_t1_t2 = false;       ///< sweeps of t1/t2 apply
-  bool uses_fallback = false;    ///< sweeps of the fallback ratio apply
+  RunFn run;
+  bool uses_t1_t2 = false;                ///< sweeps of t1/t2 apply
+  bool uses_fallback = false;             ///< sweeps of the fallback ratio apply
   std::string_view reference = "belady";  ///< the reference its penalty is compared with
+  const moekit::presets::PresetEntry* preset = nullptr;  ///< null for a reference
 };
 
-inline constexpr PresetEntry preset_table[] = {
-    {"baseline", "LRU cache, on-demand loads at full precision, no prediction", &run_baseline, "",
-     false, false},
-    {"hobbit", "HOBBIT: T1/T2 mixed precision, stacked-gate prefetch (or noisy oracle), "
-     "multidimensional cache", &run_hobbit, "", true, false, "belady-hobbit"},
-    {"fate", "Fate: cross-layer gate prefetch (or noisy oracle), q4 cache, shallow-favoring ARC, "
-     "ready-first", &run_fate, "", false, false, "belady-fate"},
-    {"edgemoe", "EdgeMoE: static bit widths, activation-path preload (profile: first half of the "
-     "trace), distance-aware eviction", &run_edgemoe, "", false, false, "belady-edgemoe"},
-    {"mobile", "MoBiLE: big-little experts, fixed fallback share without output logits, router "
-     "replay when the trace has router logits", &run_mobile, "", false, true},
-    {"fiddler", "Fiddler: popular experts placed up front (profiled on the trace), misses on "
-     "the CPU when cheaper", &run_fiddler, "", false, false},
+/// How moe-sim replays the registry's preset `Spec`: `replayed` is false for one it does not.
+template <class Spec>
+struct SimPreset {
+  static constexpr bool replayed = false;
 };
+template <>
+struct SimPreset<moekit::presets::BaselineSpec> {
+  static constexpr bool replayed = true;
+  static constexpr SimEntry entry{
+      "", "LRU cache, on-demand loads at full precision, no prediction", &run_baseline};
+};
+template <>
+struct SimPreset<moekit::presets::HobbitSpec> {
+  static constexpr bool replayed = true;
+  static constexpr SimEntry entry{"",
+                                  "HOBBIT: T1/T2 mixed precision, stacked-gate prefetch (or "
+                                  "noisy oracle), multidimensional cache",
+                                  &run_hobbit, true, false, "belady-hobbit"};
+};
+template <>
+struct SimPreset<moekit::presets::FateSpec> {
+  static constexpr bool replayed = true;
+  static constexpr SimEntry entry{"",
+                                  "Fate: cross-layer gate prefetch (or noisy oracle), q4 cache, "
+                                  "shallow-favoring ARC, ready-first",
+                                  &run_fate, false, false, "belady-fate"};
+};
+template <>
+struct SimPreset<moekit::presets::EdgeMoeSpec> {
+  static constexpr bool replayed = true;
+  static constexpr SimEntry entry{"",
+                                  "EdgeMoE: static bit widths, activation-path preload (profile: "
+                                  "first half of the trace), distance-aware eviction",
+                                  &run_edgemoe, false, false, "belady-edgemoe"};
+};
+template <>
+struct SimPreset<moekit::presets::MobileSpec> {
+  static constexpr bool replayed = true;
+  static constexpr SimEntry entry{"",
+                                  "MoBiLE: big-little experts, fixed fallback share without "
+                                  "output logits, router replay when the trace has router logits",
+                                  &run_mobile, false, true};
+};
+template <>
+struct SimPreset<moekit::presets::FiddlerSpec> {
+  static constexpr bool replayed = true;
+  static constexpr SimEntry entry{"",
+                                  "Fiddler: popular experts placed up front (profiled on the "
+                                  "trace), misses on the CPU when cheaper",
+                                  &run_fiddler};
+};
+
+/// The registry's presets moe-sim replays, in registry order.
+inline const std::vector<SimEntry>& sim_presets() {
+  static const std::vector<SimEntry> all = [] {
+    std::vector<SimEntry> v;
+    moekit::presets::for_each([&]<class S>(std::type_identity<S>) {
+      if constexpr (SimPreset<S>::replayed) {
+        SimEntry e = SimPreset<S>::entry;
+        e.name = S::name;
+        e.preset = &moekit::presets::entry_of<S>;
+        v.push_back(e);
+      }
+    });
+    return v;
+  }();
+  return all;
+}
+
+/// moe-sim's row of registry preset `p`, or nullptr when moe-sim does not replay it.
+inline const SimEntry* sim_preset(const moekit::presets::PresetEntry& p) {
+  for (const SimEntry& e : sim_presets())
+    if (e.preset == &p) return &e;
+  return nullptr;
+}
 
 /// The reference line every comparison adds.
-inline constexpr PresetEntry belady_entry{
+inline constexpr SimEntry belady_entry{
     "belady", "Belady's offline optimum (baseline components, future-aware eviction)",
-    &run_belady, "", false, false, "belady"};
+    &run_belady, false, false, "belady"};
 
 /// Cost-aware Belady references, one per mixed-precision preset (added next to it).
-inline constexpr PresetEntry cost_aware_table[] = {
+inline constexpr SimEntry cost_aware_table[] = {
     {"belady-hobbit", "cost-aware Belady with HOBBIT's precisions (greedy reference)",
-     &run_belady_cost_hobbit, "", true, false, "belady-hobbit"},
+     &run_belady_cost_hobbit, true, false, "belady-hobbit"},
     {"belady-fate", "cost-aware Belady with Fate's precisions and q4 sizing",
-     &run_belady_cost_fate, "", false, false, "belady-fate"},
+     &run_belady_cost_fate, false, false, "belady-fate"},
     {"belady-edgemoe", "cost-aware Belady with EdgeMoE's bit widths",
-     &run_belady_cost_edgemoe, "", false, false, "belady-edgemoe"},
+     &run_belady_cost_edgemoe, false, false, "belady-edgemoe"},
 };
 
-/// The entry named `name` in either table (nullptr if none).
-inline const PresetEntry* find_entry(std::string_view name) {
-  for (const auto& p : preset_table)
-    if (p.name == name) return &p;
+/// The reference named `name` (nullptr if none).
+inline const SimEntry* find_reference(std::string_view name) {
   for (const auto& p : cost_aware_table)
     if (p.name == name) return &p;
   if (name == belady_entry.name) return &belady_entry;

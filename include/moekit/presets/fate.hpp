@@ -1,0 +1,97 @@
+#pragma once
+/// \file Fate (Fang et al., 2025): cross-layer gate prefetch, a shallow-favoring ARC cache per
+/// layer, popularity precisions (the least popular share of a prefill layer at low precision),
+/// ready-first scheduling.
+
+#include <algorithm>
+#include <memory>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "moekit/cache/arc.hpp"
+#include "moekit/cache/shallow_favoring.hpp"
+#include "moekit/pipeline.hpp"
+#include "moekit/predict/cross_layer_gate.hpp"
+#include "moekit/presets/preset_spec.hpp"
+#include "moekit/sched/ready_first.hpp"
+#include "moekit/score/popularity.hpp"
+
+namespace moekit::presets {
+
+struct FateSpec : PresetDefaults {
+  static constexpr std::string_view name = "fate";
+  static constexpr std::string_view summary =
+      "Fate: cross-layer gate prefetch (--fate-percentile), shallow-favoring ARC "
+      "(--shallow-layers), prefill's least popular --fate-low-fraction at --low-precision";
+  static constexpr PresetNeeds needs{.routers = true};
+
+  using Cache = ShallowFavoring<ArcPolicy>;
+  template <class Loader>
+  using Pipeline = OffloadPipeline<PopularityScorer, CrossLayerGatePredictor, Cache, Loader,
+                                   ReadyFirstScheduler>;
+
+  /// The predictor moves what the scorer asks for: its decode and prefill precisions and its
+  /// low-precision share are the scorer's. The cache is sized at the decode precision.
+  struct Config {
+    PopularityScorer::Config scorer{};
+    double percentile = CrossLayerGatePredictor::Config{}.percentile;
+    double budget_time = 0;  ///< decode prefetch cap n = floor(budget_time / expert_time)
+    double expert_time = 0;  ///< (<= 0: no cap)
+    Cache::Config cache{};
+  };
+
+  static Config configure(const ModelShape& s, Precision base, const PresetParams& q) {
+    const Precision low = q.fate_low_fraction > 0 ? q.low : base;
+    return {.scorer = {.int2_fraction = q.fate_low_fraction,
+                       .high = base,
+                       .low = low,
+                       .decode_precision = base},
+            .percentile = q.fate_percentile,
+            .cache = {.shallow_layers = std::min(q.shallow_layers, s.n_layers)}};
+  }
+  static void check(Precision base, const PresetParams& q) { check_low_precision(base, q); }
+  static std::vector<Precision> precisions(const ModelShape&, Precision base, const PresetParams& q,
+                                           const PresetInputs&) {
+    std::vector<Precision> out{base};
+    if (q.fate_low_fraction > 0) add_precision(out, q.low);
+    return out;
+  }
+
+  /// `pc` with the cache sized at the decode precision (Fate caches what it moves).
+  static PipelineConfig pipeline_config(PipelineConfig pc, const Config& c) {
+    pc.sizing_precision = c.scorer.decode_precision;
+    return pc;
+  }
+  static PopularityScorer scorer(const Config& c) { return PopularityScorer(c.scorer); }
+  static Cache cache(const Config& c) { return Cache(c.cache); }
+  static CrossLayerGatePredictor predictor(const ModelShape& s, const Config& c,
+                                           const PresetInputs& in) {
+    return CrossLayerGatePredictor({.router_weights = in.routers,
+                                    .n_layers = s.n_layers,
+                                    .n_experts = s.n_experts,
+                                    .hidden = router_width(name, s, in),
+                                    .top_k = s.top_k,
+                                    .percentile = c.percentile,
+                                    .budget_time = c.budget_time,
+                                    .expert_time = c.expert_time,
+                                    .decode_precision = c.scorer.decode_precision,
+                                    .int2_fraction = c.scorer.int2_fraction,
+                                    .prefill_high = c.scorer.high,
+                                    .prefill_low = c.scorer.low});
+  }
+
+  template <class Loader>
+  static std::unique_ptr<Pipeline<Loader>> build(const ModelShape& s, const PipelineConfig& pc,
+                                                 Loader loader, const Config& c,
+                                                 const PresetInputs& in) {
+    return std::make_unique<Pipeline<Loader>>(s, pipeline_config(pc, c), std::move(loader),
+                                              scorer(c), predictor(s, c, in), cache(c));
+  }
+};
+
+/// Fate (Fang et al., 2025): cross-layer gate prefetch, shallow-favoring per-layer ARC, q4/q2 I/O.
+template <class Loader>
+using Fate = FateSpec::Pipeline<Loader>;
+
+}  // namespace moekit::presets

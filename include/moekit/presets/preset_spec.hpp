@@ -1,0 +1,210 @@
+#pragma once
+/// \file What a preset is. Each header of this folder defines one `PresetSpec`: a struct that holds
+///
+///  * `name` (as `--preset` spells it) and a one-line `summary`;
+///  * `Pipeline<Loader>`, the `OffloadPipeline` it combines;
+///  * `Config`, its components' Configs, defaulted to theirs (the papers' values are written once,
+///    in each component), and `configure(shape, base, params)`, which fills them from the shared
+///    knobs (`PresetParams`);
+///  * `needs`, what it takes from the model and the machine beyond the knobs (`PresetInputs`);
+///  * `precisions(...)`, the stored precisions it reads;
+///  * `check(base, params)`, its own checks of the knobs;
+///  * `build(shape, pipeline_config, loader, config, inputs)`, its pipeline;
+///  * `place(pipeline, inputs)`, its start-up placement.
+///
+/// A spec derives from `PresetDefaults` for the members it does not need (no inputs, reads only
+/// the base precision, no own checks, no placement). `registry.hpp` lists the specs.
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "moekit/cache/arc.hpp"
+#include "moekit/cache/shallow_favoring.hpp"
+#include "moekit/core/model_shape.hpp"
+#include "moekit/core/precision.hpp"
+#include "moekit/error.hpp"
+#include "moekit/io/memory_loader.hpp"
+#include "moekit/pipeline.hpp"
+#include "moekit/predict/activation_path.hpp"
+#include "moekit/predict/cross_layer_gate.hpp"
+#include "moekit/predict/stacked_gate.hpp"
+#include "moekit/score/big_little.hpp"
+#include "moekit/score/hobbit_threshold.hpp"
+#include "moekit/score/popularity.hpp"
+#include "moekit/score/static_bitwidth.hpp"
+
+namespace moekit::presets {
+
+/// The presets' knobs a caller sets (moe-run has one flag per field, named beside it; messages
+/// name the flag). Every default is the owning component's own Config default.
+struct PresetParams {
+  // HOBBIT's T1/T2 rule (NextUse uses it too)
+  float t1 = HobbitRule{}.t1;        ///< --t1: cumulative weight run at the base precision
+  float t2 = HobbitRule{}.t2;        ///< --t2: cumulative weight run at `low`
+  Precision low = HobbitRule{}.low;  ///< --low-precision (HOBBIT low, Fate's int2 share)
+  std::uint32_t lookahead = StackedGatePredictor::Config{}.lookahead;  ///< --lookahead
+  // Fate
+  std::uint32_t shallow_layers =
+      ShallowFavoring<ArcPolicy>::Config{}.shallow_layers;                ///< --shallow-layers
+  double fate_low_fraction = PopularityScorer::Config{}.int2_fraction;    ///< --fate-low-fraction
+  double fate_percentile = CrossLayerGatePredictor::Config{}.percentile;  ///< --fate-percentile
+  // MoBiLE
+  float gamma = BigLittlePolicy::Config{}.gamma;                ///< --gamma
+  std::uint32_t k_little = BigLittlePolicy::Config{}.k_little;  ///< --k-little (0 = K/2)
+};
+
+/// What a preset takes from the model and the machine beyond its knobs (the `PresetInputs` field
+/// each flag names must be filled).
+struct PresetNeeds {
+  bool routers = false;     ///< `routers`: every MoE layer's router (gate predictors)
+  bool popularity = false;  ///< `popularity`: tokens routed per expert (a profile or calibration)
+  bool paths = false;       ///< `paths`: activation paths of a calibration run
+  bool latencies = false;   ///< `cpu_seconds_per_token`, `copy_seconds`: CPU vs load latencies
+  bool bitwidths = false;   ///< `bitwidths`: a per-expert bit-width table (null: uniform)
+  /// Runs experts on the CPU from the loader's `host_bytes`, so the experts must be in host
+  /// memory or a mapped store (not read in place from a checkpoint).
+  bool host_bytes = false;
+};
+
+/// The inputs of `PresetNeeds`, as plain data (filled by the engine, the simulator or a test).
+struct PresetInputs {
+  /// Routers of every MoE layer, [n_layers · n_experts · router_hidden] f32; outlives `build`.
+  std::span<const float> routers{};
+  std::uint32_t router_hidden = 0;  ///< width of a router row (0: the shape's `hidden`)
+  /// Tokens routed to each (layer, expert), [n_layers × n_experts].
+  std::vector<double> popularity{};
+  std::shared_ptr<const ActivationPathProfile> paths{};  ///< activation paths
+  std::shared_ptr<const PrecisionTable> bitwidths{};     ///< per-expert precisions (null: uniform)
+  double cpu_seconds_per_token = 0;  ///< one token through one expert on the CPU
+  double copy_seconds = 0;           ///< load one expert into the cache and run it
+};
+
+/// What a spec that does not define a member gets.
+struct PresetDefaults {
+  static constexpr PresetNeeds needs{};
+  static void check(Precision, const PresetParams&) {}
+  static std::vector<Precision> precisions(const ModelShape&, Precision base, const PresetParams&,
+                                           const PresetInputs&) {
+    return {base};
+  }
+  template <class Pipeline>
+  static std::size_t place(Pipeline&, const PresetInputs&) {
+    return 0;
+  }
+};
+
+// ---- helpers the specs share -----------------------------------------------------------------
+
+/// Checks the knobs against each other, whichever preset reads them; names the flag.
+inline void check_params(const PresetParams& q) {
+  auto bad = [](const std::string& m) { moekit::detail::fail(ErrorKind::invalid_argument, m); };
+  if (!(q.t1 >= 0 && q.t1 <= q.t2 && q.t2 <= 1))
+    bad("--t1/--t2: need 0 <= t1 <= t2 <= 1 (t1 = " + std::to_string(q.t1) +
+        ", t2 = " + std::to_string(q.t2) + ")");
+  if (!(q.fate_low_fraction >= 0 && q.fate_low_fraction <= 1))
+    bad("--fate-low-fraction: must be in [0, 1]");
+  if (!(q.fate_percentile >= 0 && q.fate_percentile < 1))
+    bad("--fate-percentile: must be in [0, 1)");
+  if (!(q.gamma >= 0 && q.gamma <= 1)) bad("--gamma: must be in [0, 1]");
+}
+
+/// For presets that read `low`: it must not be more precise than the base precision.
+inline void check_low_precision(Precision base, const PresetParams& q) {
+  if (bits(q.low) > bits(base))
+    moekit::detail::fail(ErrorKind::invalid_argument,
+                         "--low-precision: " + std::string(name(q.low)) +
+                             " is more precise than --precision " + std::string(name(base)));
+}
+
+/// Appends `p` to `out` unless it is `skip` or already there (keeps the first-seen order).
+inline void add_precision(std::vector<Precision>& out, Precision p) {
+  if (p != Precision::skip && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+}
+
+/// The router rows' width, after checking that `in.routers` holds every MoE layer's router.
+inline std::uint32_t router_width(std::string_view preset, const ModelShape& s,
+                                  const PresetInputs& in) {
+  const std::uint32_t h = in.router_hidden ? in.router_hidden : s.hidden;
+  if (in.routers.size() != std::size_t{s.n_layers} * s.n_experts * h)
+    moekit::detail::fail(ErrorKind::internal, "--preset " + std::string(preset) +
+                                                  ": the router weights were not provided");
+  return h;
+}
+
+// ---- the concept -----------------------------------------------------------------------------
+
+namespace requirements {
+template <class S>
+concept has_identity = requires {
+  { S::name } -> std::convertible_to<std::string_view>;
+  { S::summary } -> std::convertible_to<std::string_view>;
+  { S::needs } -> std::convertible_to<PresetNeeds>;
+};
+template <class S>
+concept has_pipeline = requires {
+  typename S::template Pipeline<MemoryLoader>;
+};
+template <class S>
+concept has_configure = requires(const ModelShape& s, Precision p, const PresetParams& q) {
+  typename S::Config;
+  { S::configure(s, p, q) } -> std::same_as<typename S::Config>;
+};
+template <class S>
+concept has_checks = requires(const ModelShape& s, Precision p, const PresetParams& q,
+                              const PresetInputs& in) {
+  S::check(p, q);
+  { S::precisions(s, p, q, in) } -> std::same_as<std::vector<Precision>>;
+};
+template <class S>
+concept has_build = requires(const ModelShape& s, const PipelineConfig& pc,
+                             const typename S::Config& c, const PresetInputs& in) {
+  {
+    S::template build<MemoryLoader>(s, pc, std::declval<MemoryLoader>(), c, in)
+    } -> std::same_as<std::unique_ptr<typename S::template Pipeline<MemoryLoader>>>;
+};
+template <class S>
+concept has_place = requires(typename S::template Pipeline<MemoryLoader>& p,
+                             const PresetInputs& in) {
+  { S::place(p, in) } -> std::convertible_to<std::size_t>;
+};
+}  // namespace requirements
+
+/// **PresetSpec** — one preset, as described in the file comment.
+template <class S>
+concept PresetSpec = requirements::has_identity<S> && requirements::has_pipeline<S> &&
+    requirements::has_configure<S> && requirements::has_checks<S> && requirements::has_build<S> &&
+    requirements::has_place<S>;
+
+/// One static_assert per requirement, so a spec missing a member says which.
+template <class S>
+consteval bool assert_preset_spec() {
+  static_assert(requirements::has_identity<S>,
+                "moekit::presets::PresetSpec: missing `name`, `summary` or `needs` (static "
+                "constexpr members; derive from PresetDefaults for `needs`)");
+  static_assert(requirements::has_pipeline<S>,
+                "moekit::presets::PresetSpec: missing `template <class Loader> using Pipeline`");
+  static_assert(requirements::has_configure<S>,
+                "moekit::presets::PresetSpec: missing `struct Config` or `static Config "
+                "configure(const ModelShape&, Precision, const PresetParams&)`");
+  static_assert(requirements::has_checks<S>,
+                "moekit::presets::PresetSpec: missing `check` or `precisions` (derive from "
+                "PresetDefaults)");
+  static_assert(requirements::has_build<S>,
+                "moekit::presets::PresetSpec: missing `template <class Loader> static "
+                "std::unique_ptr<Pipeline<Loader>> build(const ModelShape&, const PipelineConfig&, "
+                "Loader, const Config&, const PresetInputs&)`");
+  static_assert(requirements::has_place<S>,
+                "moekit::presets::PresetSpec: missing `place(pipeline, inputs)` (derive from "
+                "PresetDefaults)");
+  return true;
+}
+
+}  // namespace moekit::presets
