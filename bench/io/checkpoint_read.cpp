@@ -1,5 +1,5 @@
 // Experts read in place from a GGUF checkpoint (io/checkpoint_experts.hpp) through the loader
-// moe-run uses (AsyncLoader, 2 I/O threads, O_DIRECT), as a fraction of the raw sequential
+// moe-run uses (AsyncLoader, 2 I/O threads by default, O_DIRECT), as a fraction of the raw sequential
 // O_DIRECT read of the same file measured in the same run; and the transcoding alone (Q4_0/Q8_0
 // into moekit rows or blocked panels, one thread, from memory), as a fraction of memcpy of the
 // same bytes. Separates what the disk costs from what the conversion costs.
@@ -34,13 +34,14 @@ namespace {
 // 4 outstanding; file bytes per second.
 template <class File>
 double in_place_rate(const std::shared_ptr<const CheckpointExperts>& experts, File file,
-                     MatrixOrder order, std::uint32_t n, std::vector<AlignedBuffer>& bufs) {
+                     MatrixOrder order, std::uint32_t n, std::vector<AlignedBuffer>& bufs,
+                     unsigned io_threads) {
   using Source = CheckpointExpertSource<File>;
   std::vector<File> files;
   files.push_back(std::move(file));
   auto src = std::make_shared<Source>(experts, std::move(files), typename Source::Config{order});
   AsyncLoader<Source> loader(*src, [src](ExpertKey k, Precision p) { return src->blob(k, p); },
-                             {.io_threads = 2, .max_outstanding = 16, .verify_checksums = false});
+                             {.io_threads = io_threads, .max_outstanding = 16, .verify_checksums = false});
   const ModelShape& s = experts->shape();
   const Precision p = experts->precision();
   std::vector<LoadTicket> tickets;
@@ -84,8 +85,10 @@ std::pair<double, double> transcode_rate(const GgufFile& g, const CheckpointExpe
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const Flags flags{argc, argv, "[--gguf FILE] [--reps 3] [--experts N]"};
-  flags.check({"--gguf", "--reps", "--experts"});
+  const Flags flags{argc, argv, "[--gguf FILE] [--reps 3] [--experts N] [--io-threads 2]"};
+  flags.check({"--gguf", "--reps", "--experts", "--io-threads"});
+  const auto io_threads =
+      static_cast<unsigned>(std::max(1, std::atoi(flags.get("--io-threads", "2").c_str())));
   const std::string path = flags.get(
       "--gguf", std::string(MOEKIT_SOURCE_DIR) + "/build/real-shape-models/mixtral-4L-q4_0.gguf");
   if (!std::filesystem::exists(path)) {
@@ -119,12 +122,12 @@ int main(int argc, char** argv) {
     std::printf("%-44s %8.2f %8.2f\n", "raw O_DIRECT 8 MiB sequential (best of QD1/4)", raw / 1e9, 1.0);
     for (MatrixOrder order : {MatrixOrder::rows, MatrixOrder::blocked_panels4}) {
       const std::string o = order == MatrixOrder::rows ? "rows" : "blocked panels";
-      const double pr = in_place_rate(experts, PreadSource(path, {.direct = true}), order, n, bufs);
-      std::printf("%-44s %8.2f %8.2f\n", ("in place, pread x2, " + o).c_str(), pr / 1e9, pr / raw);
+      const double pr = in_place_rate(experts, PreadSource(path, {.direct = true}), order, n, bufs, io_threads);
+      std::printf("%-44s %8.2f %8.2f\n", ("in place, pread x" + std::to_string(io_threads) + ", " + o).c_str(), pr / 1e9, pr / raw);
 #if defined(MOEKIT_HAS_URING)
       const double ur = in_place_rate(experts, UringSource(path, {.direct = true, .rings = 2}),
-                                      order, n, bufs);
-      std::printf("%-44s %8.2f %8.2f\n", ("in place, io_uring x2, " + o).c_str(), ur / 1e9, ur / raw);
+                                      order, n, bufs, io_threads);
+      std::printf("%-44s %8.2f %8.2f\n", ("in place, io_uring x" + std::to_string(io_threads) + ", " + o).c_str(), ur / 1e9, ur / raw);
 #endif
     }
   }
