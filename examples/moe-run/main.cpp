@@ -138,6 +138,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
 
   Timings t;
   t.prompt_tokens = prompt.size();
+  std::vector<Token> ids;  // generated, for comparing engines token by token
   model.begin_sequence();
   auto t0 = std::chrono::steady_clock::now();
   std::span<const float> logits = model.prefill(prompt);
@@ -145,6 +146,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < o.n_predict; ++i) {
     const Token next = sampler.sample(logits);
+    ids.push_back(next);
     ++t.generated_tokens;
     const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) !=
                      cfg.eos_token_ids.end();
@@ -169,6 +171,8 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   }
   nlohmann::json j;
   j["text"] = text;
+  j["prompt_ids"] = prompt;
+  j["token_ids"] = ids;
   j["model"] = o.model;
   j["architecture"] = name(cfg.arch);
   j["preset"] = o.preset;
