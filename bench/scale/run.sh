@@ -40,6 +40,22 @@ out="$here/build/scale"
 mkdir -p "$out"
 prompt="$(head -c "$prompt_chars" "$here/bench/quality/heldout.txt" | tr '\n' ' ')"
 
+# raw_read FILE -> bytes/s of a cold O_DIRECT read of up to 4 GiB of the file in 8 MiB blocks by
+# four readers at once (four requests in flight, as the loaders keep), each its own quarter.
+raw_read() {
+  local size blocks t0 t1 q
+  size=$(stat -c %s "$1")
+  blocks=$(( size / 8388608 < 512 ? size / 8388608 : 512 ))
+  q=$(( blocks / 4 ))
+  t0=$(date +%s.%N)
+  for i in 0 1 2 3; do
+    dd if="$1" of=/dev/null bs=8M skip=$((i * q)) count="$q" iflag=direct status=none &
+  done
+  wait
+  t1=$(date +%s.%N)
+  awk -v b=$((4 * q * 8388608)) -v a="$t0" -v z="$t1" 'BEGIN { printf "%.0f", b / (z - a) }'
+}
+
 model_file() {  # mixtral-4L -> the GGUF path, written when missing
   local arch="${1%-*}" layers="${1##*-}"
   layers="${layers%L}"
@@ -77,30 +93,45 @@ run_one() {
      '{model: $m, limit_pct: $pct, engine: $e, rc: $rc, cgroup: $r,
        prefill_tps: .prefill_tokens_per_s, decode_tps: .decode_tokens_per_s,
        prompt_tokens: .prompt_tokens, tokens: (.token_ids // .tokens),
-       budget: .expert_budget_auto}' <<< "$json"
+       budget: .expert_budget_auto, hit_rate: .hit_rate,
+       decode_bytes_per_token: (if .decode_bytes_loaded then .decode_bytes_loaded /
+                                ((.generated_tokens // 2) - 1) else null end)}' <<< "$json"
 }
 
 cpu=$(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
 echo "# $(date -u +%F) | CPU: $cpu (family $(lscpu | awk -F: '/CPU family/ {gsub(/ /, "", $2); print $2}')) | $threads threads | -n $n | prompt ${prompt_chars} chars"
-printf "| model | limit | engine | rc | peak GiB | OOM | read GiB | prompt | prefill tok/s | decode tok/s | same tokens |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+printf "| model | limit | engine | rc | peak GiB | OOM | read GiB | prompt | prefill tok/s | decode tok/s | same tokens | MB read per decode token | I/O bound tok/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 IFS=, read -ra model_list <<< "$models"
 IFS=, read -ra limit_list <<< "$limits"
 IFS=, read -ra engine_list <<< "$engines"
 for m in "${model_list[@]}"; do
   file=$(model_file "$m")
+  raw=$(raw_read "$file")
+  rows=()
   for pct in "${limit_list[@]}"; do
     ref_tokens=""
     for e in "${engine_list[@]}"; do
       echo "run.sh: $m at ${pct}% with $e ..." >&2
-      row=$(run_one "$file" "$pct" "$e")
+      row=$(run_one "$file" "$pct" "$e" | jq -c --argjson raw "$raw" '. + {raw_read_bps: $raw}')
       echo "$row" >> "$out/results.jsonl"
+      rows+=("$row")
       toks=$(jq -c .tokens <<< "$row")
       [[ "$e" == moe-run ]] && ref_tokens="$toks"
       same="-"
       [[ "$e" != moe-run && -n "$ref_tokens" && "$toks" != null ]] &&
         same=$([[ "$toks" == "$ref_tokens" ]] && echo yes || echo "no")
-      jq -r --arg same "$same" '"| \(.model) | \(if .limit_pct >= 100 then "none" else "\(.limit_pct)%" end) | \(.engine) | \(.rc) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(.cgroup.oom_kills // 0) | \((.cgroup.read_bytes // 0) / 1073741824 * 10 | round / 10) | \(.prompt_tokens // "-") | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.decode_tps // 0 | . * 100 | round / 100) | \($same) |"' <<< "$row"
+      jq -r --arg same "$same" '"| \(.model) | \(if .limit_pct >= 100 then "none" else "\(.limit_pct)%" end) | \(.engine) | \(.rc) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(.cgroup.oom_kills // 0) | \((.cgroup.read_bytes // 0) / 1073741824 * 10 | round / 10) | \(.prompt_tokens // "-") | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.decode_tps // 0 | . * 100 | round / 100) | \($same) | \(if .decode_bytes_per_token then (.decode_bytes_per_token / 1e6 | round) else "-" end) | \(if (.decode_bytes_per_token // 0) > 0 then (.raw_read_bps / .decode_bytes_per_token * 100 | round / 100) else "-" end) |"' <<< "$row"
     done
   done
+  # The serial bound 1/(1/compute + 1/I-O) of each limited moe-run row, with compute = the
+  # unlimited run's decode when it read nothing while decoding (every expert resident).
+  printf '%s\n' "${rows[@]}" | jq -rs --argjson raw "$raw" '
+    (map(select(.engine == "moe-run" and .limit_pct >= 100 and (.decode_bytes_per_token // 1) == 0))
+     | first | .decode_tps) as $compute
+    | "raw O_DIRECT read of \(.[0].model): \($raw / 1e9 * 100 | round / 100) GB/s; compute bound (every expert resident): \(if $compute then ($compute * 100 | round / 100) else null end // "not measured (the unlimited run read experts while decoding)")",
+      (.[] | select(.engine == "moe-run" and .limit_pct < 100 and $compute != null and (.decode_bytes_per_token // 0) > 0)
+       | (1 / (1 / $compute + .decode_bytes_per_token / $raw)) as $bound
+       | "  \(.limit_pct)%: serial bound \($bound * 100 | round / 100) tok/s, moe-run at \(.decode_tps / $bound * 100 | round)% of it")'
+
   [[ $delete -eq 1 ]] && rm -f "$file"
 done

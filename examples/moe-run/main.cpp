@@ -143,6 +143,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   auto t0 = std::chrono::steady_clock::now();
   std::span<const float> logits = model.prefill(prompt);
   t.prefill_s = seconds_since(t0);
+  const std::uint64_t prefill_bytes = pipeline.stats().bytes_loaded();
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < o.n_predict; ++i) {
     const Token next = sampler.sample(logits);
@@ -191,6 +192,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   j["hits"] = s.hits;
   j["misses"] = s.misses;
   j["bytes_loaded"] = s.bytes_loaded();
+  j["decode_bytes_loaded"] = s.bytes_loaded() - prefill_bytes;
   j["prediction_precision"] = pred.precision();
   j["prediction_recall"] = pred.recall();
   j["predictions_made"] = pred.true_positive + pred.false_positive > 0;
