@@ -146,7 +146,9 @@ class ExpertLoader {
     auto src = std::make_shared<CheckpointSource>(experts, std::move(files),
                                                   typename CheckpointSource::Config{order});
     typename CheckpointReader::Config c{};
-    c.io_threads = io.io_threads;
+    // Each thread reads a chunk, then transcodes it: twice the threads keep as many reads in
+    // flight as the store's loader does (bench/RESULTS.md, "Models larger than memory").
+    c.io_threads = 2 * io.io_threads;
     c.verify_checksums = false;  // a checkpoint records no checksums of its tensors
     l.file_reader_ = std::make_unique<CheckpointReader>(
         *src, [src](moekit::ExpertKey k, moekit::Precision p) { return src->blob(k, p); }, c);
