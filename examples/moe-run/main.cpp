@@ -93,6 +93,21 @@ ModelSource resolve_model(const Options& o) {
   return {check_model_path(o.model), o.store};
 }
 
+// How the kernels run: int8 activations for the quantized experts and dense matrices in decode
+// (activations.hpp), and where the experts' rows are.
+struct KernelChoice {
+  bool int8_experts = false;
+  bool int8_dense = false;
+  moekit::MatrixOrder order = moekit::MatrixOrder::rows;
+
+  template <class M>
+  void apply(M& model) const {
+    model.set_int8_expert_activations(int8_experts);
+    model.set_int8_dense_activations(int8_dense);
+    model.set_expert_order(order);
+  }
+};
+
 struct Timings {
   double prefill_s = 0, decode_s = 0;
   std::size_t prompt_tokens = 0, decoded_tokens = 0, generated_tokens = 0;
@@ -105,7 +120,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 template <class Pipeline>
 nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                         const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
-                        bool int8, moekit::MatrixOrder order) {
+                        const KernelChoice& k) {
   const bool bos = !o.no_bos && cfg.bos_token_id.has_value();
   std::vector<Token> prompt = tok.encode(o.prompt, false);
   if (bos) prompt.insert(prompt.begin(), *cfg.bos_token_id);
@@ -118,8 +133,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
 
   Model<Pipeline> model(cfg, w.dense, pipeline, ctx, &pool);
   model.set_ubatch(o.ubatch);
-  model.set_int8_expert_activations(int8);
-  model.set_expert_order(order);
+  k.apply(model);
   model.set_row_streaming(o.row_streaming);
   Sampler sampler({o.temperature, o.top_p, o.seed});
   StreamDecoder stream(tok, prompt);
@@ -178,7 +192,8 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   j["architecture"] = name(cfg.arch);
   j["preset"] = o.preset;
   j["precision"] = std::string(moekit::name(o.precision));
-  j["activations"] = std::string(activations_name(int8));
+  j["activations"] = std::string(activations_name(k.int8_experts));
+  j["dense_activations"] = std::string(activations_name(k.int8_dense));
   j["threads"] = o.threads;
   j["expert_budget_bytes"] = pipeline.config().expert_budget_bytes;
   j["prompt_tokens"] = t.prompt_tokens;
@@ -231,7 +246,7 @@ void add_pipeline_stats(nlohmann::json& j, const Pipeline& pipeline) {
 template <class Pipeline>
 nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                           const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
-                          bool int8, moekit::MatrixOrder order, TraceRecorder* recorder) {
+                          const KernelChoice& k, TraceRecorder* recorder) {
   if (!cfg.bos_token_id)
     fail("--perplexity: the model's config has no bos_token_id; chunks are scored after a BOS");
   const std::vector<Token> tokens = tok.encode(read_text_stripped(o.perplexity), false);
@@ -249,8 +264,7 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
   PerplexityMeter meter(cfg.vocab_size, save ? &*save : nullptr, reference ? &*reference : nullptr);
   Model<Pipeline> model(cfg, w.dense, pipeline, s.ctx, &pool);
   model.set_ubatch(o.ubatch);
-  model.set_int8_expert_activations(int8);
-  model.set_expert_order(order);
+  k.apply(model);
   model.set_row_streaming(o.row_streaming);
   const auto t0 = std::chrono::steady_clock::now();
   const PerplexityResult r =
@@ -272,7 +286,8 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
   j["file"] = o.perplexity;
   j["preset"] = o.preset;
   j["precision"] = std::string(moekit::name(o.precision));
-  j["activations"] = std::string(activations_name(int8));
+  j["activations"] = std::string(activations_name(k.int8_experts));
+  j["dense_activations"] = std::string(activations_name(k.int8_dense));
   j["mode"] = s.decode ? "decode" : "prefill";
   j["ctx"] = s.ctx;
   j["chunks"] = r.chunks;
@@ -316,10 +331,10 @@ void print_perplexity(const nlohmann::json& j) {
 template <class Pipeline>
 nlohmann::json run_on(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                       const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
-                      bool int8, moekit::MatrixOrder order) {
+                      const KernelChoice& k) {
   auto go = [&](auto& p, TraceRecorder* recorder) {
-    return o.perplexity.empty() ? generate(o, cfg, w, tok, p, pool, int8, order)
-                                : perplexity(o, cfg, w, tok, p, pool, int8, order, recorder);
+    return o.perplexity.empty() ? generate(o, cfg, w, tok, p, pool, k)
+                                : perplexity(o, cfg, w, tok, p, pool, k, recorder);
   };
   if (o.trace_out.empty()) return go(pipeline, nullptr);
   if (!o.force && fs::exists(o.trace_out))
@@ -346,7 +361,7 @@ void print_stats(const nlohmann::json& j) {
                "\nprefill: %zu tokens, %.2f tokens/s | generated: %zu tokens, decode %.2f tokens/s\n"
                "experts: preset %s at %s, %s activations, budget %zu bytes, hit rate %.1f%% (%llu "
                "hits, %llu misses), %llu bytes loaded, %llu evictions\n"
-               "prediction: %s | fallbacks: %llu | dense part: %s, %.1f MiB\n",
+               "prediction: %s | fallbacks: %llu | dense part: %s, %.1f MiB, %s activations\n",
                j["prompt_tokens"].get<std::size_t>(), j["prefill_tokens_per_s"].get<double>(),
                j["generated_tokens"].get<std::size_t>(), j["decode_tokens_per_s"].get<double>(),
                j["preset"].get<std::string>().c_str(), j["precision"].get<std::string>().c_str(),
@@ -355,7 +370,8 @@ void print_stats(const nlohmann::json& j) {
                j["bytes_loaded"].get<unsigned long long>(),
                j["evictions"].get<unsigned long long>(), prediction.c_str(),
                j["fallbacks"].get<unsigned long long>(), j["dense_precision"].get<std::string>().c_str(),
-               j["dense_bytes"].get<double>() / (1 << 20));
+               j["dense_bytes"].get<double>() / (1 << 20),
+               j["dense_activations"].get<std::string>().c_str());
 }
 
 // ---- expert source and preset inputs (offload wiring) -------------------------------------
@@ -653,6 +669,10 @@ int run(Options o) {
   ExpertBacking backing{experts_outside ? nullptr : &w.experts, where.store,
                         StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads},
                         where.checkpoint, order};
+  // The dense matrices follow --activations as the experts do, judged on their own precisions.
+  const KernelChoice kernels{
+      int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
+      backing.order()};
   moekit::ThreadPool pool(o.threads);
   PresetInputs in = preset_inputs(o, preset, cfg, w, tok, settings, backing, pool, int8);
   std::vector<float> routers;
@@ -664,7 +684,7 @@ int run(Options o) {
   nlohmann::json stats = with_pipeline(
       preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
         loader_kind = pipeline.loader().kind();
-        return run_on(o, cfg, w, tok, pipeline, pool, int8, backing.order());
+        return run_on(o, cfg, w, tok, pipeline, pool, kernels);
       });
   report_source(stats, o, where, loader_kind, backing.order(), budget_note);
   return 0;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moekit/io/gguf.hpp"
+#include "moekit/precision/isa.hpp"
 #include "moekit/precision/thread_pool.hpp"
 #include "moekit/presets.hpp"
 
@@ -84,6 +85,31 @@ TEST_CASE("auto dense storage keeps a bf16 checkpoint in bf16 with the f32 logit
   CHECK(err <= 4e-2);  // 1.0e-2 when this test was written
   CHECK(agree >= n - 1);  // 36/36 then
 
+  // The same q8 dense part with int8 activations in decode (moe-run's default on int8 CPUs):
+  // prefill is untouched, decode rounds the activations once more and stays close.
+  if (!moekit::isa_supported(moekit::Isa::avx2)) return;  // no int8 kernels on this CPU
+  const auto shape = cfg.shape();
+  Baseline pipeline(shape, pipeline_config(shape, {0, Precision::f32}), host_loader(q8.experts),
+                    moekit::UniformScorer({Precision::f32}));
+  Model<Baseline> model(cfg, q8.dense, pipeline, static_cast<std::uint32_t>(seq.size() + 1), &pool);
+  model.set_int8_dense_activations(true);
+  model.begin_sequence();
+  const auto pre = model.prefill(std::span(seq).first(prompt), /*all_logits=*/true);
+  std::vector<float> int8(pre.begin(), pre.end());
+  CHECK(std::equal(int8.begin(), int8.end(), got.begin()));
+  for (std::size_t t = prompt; t < seq.size(); ++t) {
+    const auto lg = model.decode(seq[t]);
+    int8.insert(int8.end(), lg.begin(), lg.end());
+  }
+  std::size_t agree8 = 0;
+  for (std::size_t t = 0; t < n; ++t)
+    agree8 += engine_test::argmax(int8.data() + t * V, V) == engine_test::argmax(got.data() + t * V, V);
+  const double err8 = engine_test::worst_relative_error(int8, got, V);
+  INFO("q8 dense, int8 activations: worst relative error " << err8 << ", same argmax at " << agree8
+                                                           << "/" << n);
+  CHECK(err8 > 0);  // the decode steps really ran the int8 kernels
+  CHECK(err8 <= 4e-2);
+  CHECK(agree8 >= n - 1);
 }
 
 TEST_CASE("narrower dense precisions stay close to f32 on every architecture", "[engine][dense]") {

@@ -72,6 +72,10 @@ class Model {
   [[nodiscard]] bool int8_expert_activations() const noexcept {
     return moe_.int8_expert_activations();
   }
+  /// Quantized dense matrices (attention, LM head, shared experts, dense MLPs) with int8
+  /// activations in decode forwards; float matrices and prefill are unaffected (default off).
+  void set_int8_dense_activations(bool on) noexcept { opts_.int8_activations = on; }
+  [[nodiscard]] bool int8_dense_activations() const noexcept { return opts_.int8_activations; }
 
   /// Where the rows of the quantized expert blobs are (ExpertBacking::order; default rows).
   void set_expert_order(moekit::MatrixOrder o) noexcept { moe_.set_expert_order(o); }

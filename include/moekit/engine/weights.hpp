@@ -179,10 +179,18 @@ struct DenseWeights {
   /// or "bf16+f32" for a checkpoint of mixed float types.
   [[nodiscard]] std::string precisions() const {
     std::string out;
+    for (moekit::Precision p : held_precisions()) {
+      if (!out.empty()) out += '+';
+      out += moekit::name(p);
+    }
+    return out;
+  }
+  /// Each precision the matrices are held at, once, in the order first met.
+  [[nodiscard]] std::vector<moekit::Precision> held_precisions() const {
+    std::vector<moekit::Precision> out;
     auto add = [&](const Linear& l) {
-      const std::string n(moekit::name(l.precision));
-      if (!l.empty() && ("+" + out + "+").find("+" + n + "+") == std::string::npos)
-        out += (out.empty() ? "" : "+") + n;
+      if (!l.empty() && std::find(out.begin(), out.end(), l.precision) == out.end())
+        out.push_back(l.precision);
     };
     add(embed);
     add(lm_head);
