@@ -18,14 +18,21 @@ import numpy as np
 import llama_cpp
 
 
-def model_params(repack: bool, mmap: bool) -> dict:
-    kw = {"use_mmap": mmap}
-    fields = {f[0] for f in llama_cpp.llama_model_params._fields_}
-    if "use_extra_bufts" in fields:
-        kw["use_extra_bufts"] = repack
-    elif not repack:
-        raise SystemExit("this llama-cpp-python has no use_extra_bufts: --repack off unavailable")
-    return kw
+def set_repack(repack: bool) -> None:
+    """llama-cpp-python's Llama() has no argument for llama_model_params.use_extra_bufts (the CPU
+    repack of Q4_0 into anonymous memory), but fills its params from llama_model_default_params:
+    wrap that so the field is set before the model loads."""
+    if "use_extra_bufts" not in {f[0] for f in llama_cpp.llama_model_params._fields_}:
+        if not repack:
+            raise SystemExit("this llama-cpp-python has no use_extra_bufts: --repack off unavailable")
+        return
+    default = llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = repack
+        return p
+    llama_cpp.llama_model_default_params = params
 
 
 def main() -> None:
@@ -38,11 +45,11 @@ def main() -> None:
     ap.add_argument("--mmap", choices=["on", "off"], default="on")
     a = ap.parse_args()
     prompt = json.loads(a.prompt_ids)
+    set_repack(a.repack == "on")
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(model_path=a.gguf, n_ctx=len(prompt) + a.n + 8, n_batch=512,
                           n_ubatch=512, n_threads=a.threads, n_threads_batch=a.threads,
-                          flash_attn=False, seed=0, verbose=False,
-                          **model_params(a.repack == "on", a.mmap == "on"))
+                          flash_attn=False, seed=0, verbose=False, use_mmap=a.mmap == "on")
     load_s = time.perf_counter() - t0
     last = lambda: int(np.argmax(np.ctypeslib.as_array(
         llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))))
