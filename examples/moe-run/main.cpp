@@ -118,7 +118,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   model.set_int8_expert_activations(int8);
   model.set_expert_order(order);
   model.set_row_streaming(o.row_streaming);
-  Sampler sampler({o.temperature, o.top_p, o.seed});
+  Sampler sampler({o.temperature, o.top_p, o.seed, o.top_k});
   StreamDecoder stream(tok, prompt);
   std::string text;
   auto emit = [&](const std::string& piece) {
