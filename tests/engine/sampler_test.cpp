@@ -74,6 +74,37 @@ class OldSampler {
   std::vector<double> probs_;
 };
 
+/// Top-k as specified: the old sampler's arithmetic on the k highest logits, in a stable sort's
+/// order (ties: lower token id first).
+class TopKReference {
+ public:
+  explicit TopKReference(SamplerConfig c) : cfg_(c), rng_(c.seed) {}
+
+  std::uint32_t sample(std::span<const float> logits) {
+    std::vector<std::uint32_t> order(logits.size());
+    std::iota(order.begin(), order.end(), 0u);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::uint32_t a, std::uint32_t b) { return logits[a] > logits[b]; });
+    order.resize(std::min<std::size_t>(cfg_.top_k, order.size()));
+    std::vector<double> probs(order.size());
+    double sum = 0, mass = 0;
+    for (std::size_t i = 0; i < order.size(); ++i)
+      sum += probs[i] = std::exp((logits[order[i]] - logits[order[0]]) / cfg_.temperature);
+    std::size_t keep = order.size();
+    for (std::size_t i = 0; i < order.size(); ++i)
+      if ((mass += probs[i] / sum) >= cfg_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    std::discrete_distribution<std::size_t> pick(probs.begin(), probs.begin() + keep);
+    return order[pick(rng_)];
+  }
+
+ private:
+  SamplerConfig cfg_;
+  std::mt19937_64 rng_;
+};
+
 std::vector<moekit::Isa> runnable_isas() {
   std::vector<moekit::Isa> v;
   for (auto i : {moekit::Isa::generic, moekit::Isa::avx2, moekit::Isa::avx512})
@@ -277,7 +308,7 @@ TEST_CASE("sampled frequencies match the exact distribution, and a wrong one is 
   SECTION("the whole vocabulary, on the fast path") {
     const auto l = lm_logits(32000, 5, 2.0f, 12, 9);
     Sampler s({0.8f, 0.95f, 5});
-    const std::uint64_t n = 20000;
+    const std::uint64_t n = 8000;
     const auto counts = counts_of(s, l, n);
     CHECK(s.paths().approximate > n * 9 / 10);
     const auto right = chi_square(counts, exact_probs(l, 0.8f, 0.95f), n);
@@ -298,6 +329,24 @@ TEST_CASE("sampled frequencies match the exact distribution, and a wrong one is 
       if (p == 1.0f) CHECK_FALSE(chi_square(counts, exact_probs(l, 1.0f, p, 25), n).plausible());
     }
   }
+}
+
+TEST_CASE("top-k draws what the old arithmetic on the k highest logits draws",
+          "[engine][sampler]") {
+  Rows rows{lm_logits(32000, 1), lm_logits(32000, 2, 1.0f, 0), lm_logits(5000, 3)};
+  for (float& x : rows[2]) x = std::round(x * 2) / 2;  // ties across the k-th place
+  for (const auto isa : runnable_isas())
+    for (const std::uint32_t k : {1u, 2u, 5u, 40u, 100u, 126u, 1000u, 2100u, 4999u})
+      for (const float p : {0.9f, 1.0f}) {
+        const SamplerConfig c{0.8f, p, k, k};
+        Sampler s(c, isa);
+        TopKReference want(c);
+        for (std::size_t i = 0; i < 9; ++i) {
+          const auto& row = rows[i % rows.size()];
+          INFO(moekit::name(isa) << ", k " << k << ", top-p " << p << ", draw " << i);
+          REQUIRE(s.sample(row) == want.sample(row));
+        }
+      }
 }
 
 TEST_CASE("top-k: 1 is greedy, ties go to the lower id, the vocabulary or more is no top-k",

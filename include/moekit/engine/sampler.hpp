@@ -4,7 +4,7 @@
 /// tokens whose probability reaches top_p (nucleus sampling), drawn with a seeded std::mt19937_64
 /// so runs are reproducible.
 ///
-/// Without top-k, every seed draws the token that the original implementation draws (`reference`:
+/// Without top-k, every seed draws the token that the original implementation draws (`original`:
 /// sort the whole vocabulary, weights expf((l - max) / T) summed in that order, cut where the
 /// running probability reaches top_p, std::discrete_distribution over the kept weights), but
 /// without sorting the vocabulary:
@@ -12,14 +12,16 @@
 ///  2. the logits above a floor that holds the nucleus are collected and bucketed by value, so a
 ///     running sum in descending order is found by adding whole buckets and sorting only the
 ///     bucket where it crosses the cut (then the draw);
-///  3. the reference's sums differ from these by order and by expf's rounding, within `margin`: a
+///  3. the original's sums differ from these by order and by expf's rounding, within `margin`: a
 ///     decision (where the cut is, which kept token the uniform number falls on) is taken only
-///     when it holds by more than that. Otherwise the sample is redone with expf weights, then,
-///     if still undecided, or when the drawn logit is tied with another (their order is
-///     std::sort's), by the reference itself. The draws are recorded: every attempt sees the same
-///     numbers, and the generator moves on exactly as the reference moves it.
-/// With top-k, the k highest logits (ties: lower token id first) are found by a threshold on
-/// per-lane maxima, sorted, and the reference's arithmetic runs on them.
+///     when it holds by more than that. Otherwise the sample is redone with expf weights for the
+///     candidates, then for all, then by the original's arithmetic in a radix sort's order
+///     (`reference`; top-p 1 goes there at once), and by the original itself when the drawn
+///     logit is tied with another (only std::sort defines their order). The draws are recorded:
+///     every attempt sees the same numbers, and the generator moves on as the original moves it.
+/// With top-k, the k highest logits (ties: lower token id first) are found by a threshold on the
+/// maxima of disjoint sets of logits that the first pass reports, sorted, and the original's
+/// arithmetic runs on them.
 
 #include <algorithm>
 #include <array>
@@ -49,8 +51,8 @@ struct SamplerConfig {
 
 namespace detail {
 
-/// Candidate tokens in descending order of logit, bucketed by distance to the largest logit: a
-/// running sum in that order is found by adding whole buckets, and only the bucket where it
+/// Candidate tokens, bucketed by distance to the largest logit: a running sum of their weights in
+/// descending order of logit is found by adding whole buckets, and only the bucket where it
 /// reaches its target is sorted.
 class RankedCandidates {
  public:
@@ -68,64 +70,63 @@ class RankedCandidates {
     bool tied;            ///< another candidate has the same logit: the rank names no one token
   };
 
-  /// Takes the c candidates token[0..c) of logits l and weights w; logits at `span` or more below
-  /// `top` share the last bucket.
+  /// Takes the c candidates token[0..c) of logits l (kept by pointer: they must outlive the
+  /// calls) with weights w[token]; logits at `span` or more below `top` share the last bucket.
   void assign(const float* l, const float* w, const std::uint32_t* token, std::size_t c, float top,
               float span) {
     const float scale = span > 0 && std::isfinite(kBuckets / span) ? kBuckets / span : 0.0f;
+    l_ = l;
+    token_ = token;
     bucket_.resize(c);
-    start_.assign(kBuckets + 1, 0);
-    mass_.assign(kBuckets, 0.0);
+    weight_.resize(c);
+    std::fill(&count_[0][0], &count_[0][0] + kWays * kBuckets, 0u);
+    std::fill(&mass_[0][0], &mass_[0][0] + kWays * kBuckets, 0.0);
     for (std::size_t i = 0; i < c; ++i) {
       const float d = top - l[token[i]];  // falls as the logit rises: buckets keep the order
       const auto b =
           d < span ? std::min<std::uint32_t>(kBuckets - 1, std::uint32_t(d * scale)) : kBuckets - 1;
-      bucket_[i] = static_cast<std::uint16_t>(b);
-      ++start_[b + 1];
-      mass_[b] += w[token[i]];
+      bucket_[i] = static_cast<std::uint8_t>(b);
+      weight_[i] = w[token[i]];
+      // kWays interleaved tallies: a run of one bucket does not wait on its own stores.
+      ++count_[i % kWays][b];
+      mass_[i % kWays][b] += weight_[i];
     }
-    std::partial_sum(start_.begin(), start_.end(), start_.begin());
-    entries_.resize(c);
-    cursor_.assign(start_.begin(), start_.end() - 1);
-    for (std::size_t i = 0; i < c; ++i)
-      entries_[cursor_[bucket_[i]]++] = {l[token[i]], token[i], w[token[i]]};
-    sorted_.assign(kBuckets, 0);
   }
 
   /// Replaces each weight by weight_of(logit).
   template <class WeightOf>
   void reweigh(WeightOf weight_of) {
-    for (std::size_t b = 0; b < kBuckets; ++b) {
-      double m = 0;
-      for (std::size_t i = start_[b]; i < start_[b + 1]; ++i)
-        m += entries_[i].weight = weight_of(entries_[i].logit);
-      mass_[b] = m;
-    }
+    std::fill(&mass_[0][0], &mass_[0][0] + kWays * kBuckets, 0.0);
+    for (std::size_t i = 0; i < bucket_.size(); ++i)
+      mass_[i % kWays][bucket_[i]] += weight_[i] = weight_of(l_[token_[i]]);
   }
 
   /// The sum of all the weights.
   [[nodiscard]] double held() const noexcept {
-    return std::accumulate(mass_.begin(), mass_.end(), 0.0);
+    double m = 0;
+    for (std::size_t b = 0; b < kBuckets; ++b) m += bucket_mass(b);
+    return m;
   }
-  [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+  [[nodiscard]] std::size_t size() const noexcept { return bucket_.size(); }
 
   /// The first rank below `limit` (<= the candidates) whose running sum reaches `target`, or
   /// limit - 1 when none does.
   Crossing locate(double target, std::size_t limit) {
     double acc = 0;
-    for (std::size_t b = 0; b < kBuckets; ++b) {
-      const std::size_t lo = start_[b], hi = start_[b + 1];
-      if (lo == hi) continue;
-      if (hi < limit && acc + mass_[b] < target) {
-        acc += mass_[b];
+    std::size_t rank = 0;
+    for (std::uint32_t b = 0; b < kBuckets; ++b) {
+      const std::size_t n = bucket_count(b);
+      if (n == 0) continue;
+      if (rank + n < limit && acc + bucket_mass(b) < target) {
+        acc += bucket_mass(b);
+        rank += n;
         continue;
       }
-      sort_bucket(b);
-      for (std::size_t i = lo; i < hi && i < limit; ++i) {
+      const std::span<const Entry> e = members(b);
+      for (std::size_t i = 0; i < e.size() && rank < limit; ++i, ++rank) {
         const double before = acc;
-        acc += entries_[i].weight;
-        if (acc >= target || i + 1 == limit)
-          return {i, before, acc, entries_[i].token, tied(i, lo, hi)};
+        acc += e[i].weight;
+        if (acc >= target || rank + 1 == limit) return {rank, before, acc, e[i].token, tied(e, i)};
       }
     }
     MOEKIT_EXPECTS(false, "RankedCandidates::locate: limit beyond the candidates");
@@ -134,26 +135,53 @@ class RankedCandidates {
 
  private:
   static constexpr std::uint32_t kBuckets = 256;
+  static constexpr std::size_t kWays = 4;
 
-  void sort_bucket(std::size_t b) {
-    if (sorted_[b]) return;
-    std::sort(entries_.begin() + start_[b], entries_.begin() + start_[b + 1],
-              [](const Entry& x, const Entry& y) {
-                return x.logit > y.logit || (x.logit == y.logit && x.token < y.token);
-              });
-    sorted_[b] = 1;
+  [[nodiscard]] double bucket_mass(std::uint32_t b) const noexcept {
+    return (mass_[0][b] + mass_[1][b]) + (mass_[2][b] + mass_[3][b]);
   }
-  [[nodiscard]] bool tied(std::size_t i, std::size_t lo, std::size_t hi) const noexcept {
-    return (i > lo && entries_[i - 1].logit == entries_[i].logit) ||
-           (i + 1 < hi && entries_[i + 1].logit == entries_[i].logit);
+  [[nodiscard]] std::size_t bucket_count(std::uint32_t b) const noexcept {
+    return std::size_t{count_[0][b]} + count_[1][b] + count_[2][b] + count_[3][b];
+  }
+  /// Bucket b's candidates in descending order of logit (ties: ascending token).
+  std::span<const Entry> members(std::uint32_t b) {
+    members_.clear();
+    for (std::size_t i = 0; i < bucket_.size(); ++i)
+      if (bucket_[i] == b) members_.push_back({l_[token_[i]], token_[i], weight_[i]});
+    std::sort(members_.begin(), members_.end(), [](const Entry& x, const Entry& y) {
+      return x.logit > y.logit || (x.logit == y.logit && x.token < y.token);
+    });
+    return members_;
+  }
+  [[nodiscard]] static bool tied(std::span<const Entry> e, std::size_t i) noexcept {
+    return (i > 0 && e[i - 1].logit == e[i].logit) ||
+           (i + 1 < e.size() && e[i + 1].logit == e[i].logit);
   }
 
-  std::vector<Entry> entries_;
-  std::vector<std::uint16_t> bucket_;
-  std::vector<std::uint32_t> start_, cursor_;
-  std::vector<double> mass_;
-  std::vector<std::uint8_t> sorted_;
+  const float* l_ = nullptr;
+  const std::uint32_t* token_ = nullptr;
+  std::vector<std::uint8_t> bucket_;
+  std::vector<float> weight_;
+  std::uint32_t count_[kWays][kBuckets] = {};
+  double mass_[kWays][kBuckets] = {};
+  std::vector<Entry> members_;
 };
+
+/// Sorts `v` by the high 32 bits of each value, ascending and stable (LSD radix sort, three
+/// 11-bit digits); `tmp` is scratch.
+inline void radix_sort_high(std::vector<std::uint64_t>& v, std::vector<std::uint64_t>& tmp) {
+  constexpr std::size_t kDigit = 2048;
+  std::vector<std::uint32_t> count(3 * kDigit, 0);
+  for (const std::uint64_t x : v)
+    for (std::size_t d = 0; d < 3; ++d) ++count[d * kDigit + ((x >> (32 + 11 * d)) & (kDigit - 1))];
+  tmp.resize(v.size());
+  for (std::size_t d = 0; d < 3; ++d) {
+    std::uint32_t* c = count.data() + d * kDigit;
+    std::exclusive_scan(c, c + kDigit, c, 0u);
+    for (const std::uint64_t x : v) tmp[c[(x >> (32 + 11 * d)) & (kDigit - 1)]++] = x;
+    v.swap(tmp);
+  }
+}
 
 }  // namespace detail
 
@@ -166,8 +194,8 @@ class Sampler {
     std::uint64_t approximate = 0;       ///< fast exp weights
     std::uint64_t exact_candidates = 0;  ///< then expf weights for the candidates
     std::uint64_t exact_all = 0;         ///< then expf weights for the whole vocabulary
-    std::uint64_t reference = 0;         ///< then the reference itself
-    std::uint64_t candidates = 0;        ///< logits collected around nuclei, over all samples
+    std::uint64_t reference = 0;         ///< then the original arithmetic (`reference`)
+    std::uint64_t candidates = 0;        ///< logits collected (nuclei, top-k), over all samples
   };
 
   /// `isa` picks the version of the vector passes (tests compare them); the CPU must support it.
@@ -281,6 +309,10 @@ class Sampler {
   /// prove the reference decides.
   std::uint32_t nucleus(std::span<const float> l, float top) {
     Draws draws(rng_);
+    if (cfg_.top_p >= 1) {  // the cut is where rounding puts it: only the reference's sums say
+      ++paths_.reference;
+      return reference(l, draws);
+    }
     Pick p = approximate(l, top, draws);
     std::uint64_t* path = &paths_.approximate;
     if (p.verdict == Verdict::unsure) {
@@ -413,21 +445,37 @@ class Sampler {
   /// The k highest logits (ties: lower token first), then the reference's arithmetic on them.
   std::uint32_t sample_top_k(std::span<const float> l) {
     const std::size_t n = l.size(), k = cfg_.top_k;
-    // Lanes are disjoint, so at least k logits reach the k-th highest lane maximum.
-    float floor = -std::numeric_limits<float>::infinity();
-    if (k <= lane_max_.size()) {
+    // The sets whose maxima the scan gave are disjoint, so at least k logits reach the k-th
+    // highest maximum: of whole groups (few, coarse) when there are k, else of lanes.
+    const std::size_t groups = n / detail::kGroup,
+                      tail = lane_max_.size() - groups * detail::kLanes;
+    keys_.clear();
+    if (k <= groups + tail) {
+      for (std::size_t g = 0; g < groups; ++g) {
+        const auto* m = lane_max_.data() + g * detail::kLanes;
+        keys_.push_back(*std::max_element(m, m + detail::kLanes));
+      }
+      keys_.insert(keys_.end(), lane_max_.end() - static_cast<std::ptrdiff_t>(tail),
+                   lane_max_.end());
+    } else if (k <= lane_max_.size()) {
       keys_.assign(lane_max_.begin(), lane_max_.end());
+    }
+    float floor = -std::numeric_limits<float>::infinity();
+    if (!keys_.empty()) {
       std::nth_element(keys_.begin(), keys_.begin() + (k - 1), keys_.end(), std::greater<>());
       floor = detail::from_key(keys_[k - 1]);
     }
     cand_idx_.resize(n + 16);
     const std::size_t c = passes_.collect(l.data(), n, floor, cand_idx_.data());
+    paths_.candidates += c;
     packed_.resize(c);  // key in the high half, ~token in the low: descending = our order
     for (std::size_t i = 0; i < c; ++i)
       packed_[i] = std::uint64_t(std::uint32_t(detail::order_key(l[cand_idx_[i]])) ^ 0x80000000u)
                        << 32 |
                    (0xffffffffu - cand_idx_[i]);
-    std::partial_sort(packed_.begin(), packed_.begin() + k, packed_.end(), std::greater<>());
+    const auto kth = packed_.begin() + static_cast<std::ptrdiff_t>(k);
+    std::nth_element(packed_.begin(), kth - 1, packed_.end(), std::greater<>());
+    std::sort(packed_.begin(), kth, std::greater<>());
     const auto token = [&](std::size_t i) { return 0xffffffffu - std::uint32_t(packed_[i]); };
     probs_.resize(k);
     const float top = l[token(0)];
@@ -449,8 +497,30 @@ class Sampler {
     return n;
   }
 
-  /// The original sampler: a full sort (std::sort's order on ties), weights summed in that order.
-  std::uint32_t reference(std::span<const float> logits, Draws& draws) {
+  /// The original sampler's draw, by its arithmetic in a radix sort's order: tied logits have
+  /// equal weights, so their order matters only when the drawn logit is tied, and then the
+  /// original itself decides.
+  std::uint32_t reference(std::span<const float> l, Draws& draws) {
+    const std::size_t n = l.size();
+    packed_.resize(n);  // ascending = descending logit, then ascending token
+    for (std::size_t i = 0; i < n; ++i)
+      packed_[i] = std::uint64_t(~(std::uint32_t(detail::order_key(l[i])) ^ 0x80000000u)) << 32 | i;
+    detail::radix_sort_high(packed_, scratch_);
+    const auto token = [&](std::size_t i) { return std::uint32_t(packed_[i]); };
+    probs_.resize(n);
+    const float top = l[token(0)];
+    double sum = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      sum += probs_[i] = std::exp((l[token(i)] - top) / cfg_.temperature);
+    std::discrete_distribution<std::size_t> pick(probs_.begin(), probs_.begin() + kept(sum, n));
+    const std::size_t r = pick(draws);
+    const auto key = [&](std::size_t i) { return packed_[i] >> 32; };
+    if ((r == 0 || key(r - 1) != key(r)) && (r + 1 == n || key(r + 1) != key(r))) return token(r);
+    return original(l, draws.rewind());
+  }
+
+  /// The original sampler, verbatim: a full sort (std::sort's order on ties).
+  std::uint32_t original(std::span<const float> logits, Draws& draws) {
     const std::size_t n = logits.size();
     order_.resize(n);
     std::iota(order_.begin(), order_.end(), 0u);
@@ -472,7 +542,7 @@ class Sampler {
   std::vector<std::int32_t> lane_max_, keys_;
   std::vector<float> weights_;
   std::vector<std::uint32_t> cand_idx_, order_;
-  std::vector<std::uint64_t> packed_;
+  std::vector<std::uint64_t> packed_, scratch_;
   std::vector<double> probs_;
   detail::RankedCandidates ranked_;
   double approx_total_ = 0;  ///< the fast exp's total, for the second attempt

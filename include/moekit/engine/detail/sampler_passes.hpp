@@ -40,7 +40,10 @@ inline float from_key(std::int32_t k) noexcept {
 
 /// e^x for x <= 0 (x >= -87; smaller x give e^-87): Cephes' expf polynomial, no table.
 inline float exp_approx(float x) noexcept {
-  x = x > -87.0f ? x : -87.0f;
+  // Clamped in integers (for x <= 0 a larger pattern is a larger magnitude): a float compare
+  // here keeps GCC from vectorizing the loops that call this.
+  x = std::bit_cast<float>(
+      std::min(std::bit_cast<std::uint32_t>(x), std::bit_cast<std::uint32_t>(-87.0f)));
   const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round(x log2 e)
   const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -73,16 +76,20 @@ inline ScanResult scan(const float* l, std::size_t n, std::int32_t* lane_max) no
   std::int32_t mx = std::numeric_limits<std::int32_t>::min();
   std::int32_t mn = std::numeric_limits<std::int32_t>::max();
   const std::size_t whole = n / kGroup * kGroup;
+  std::int32_t low[kLanes];  // lane by lane, in locals, so that the compiler vectorizes
+  std::fill(low, low + kLanes, mn);
   for (std::size_t g = 0; g < whole; g += kGroup) {
-    std::int32_t* m = lane_max + g / kGroup * kLanes;
-    std::fill(m, m + kLanes, std::numeric_limits<std::int32_t>::min());
-    for (std::size_t v = 0; v < kGroup; v += kLanes)  // lane by lane, so that it vectorizes
+    std::int32_t high[kLanes];
+    std::fill(high, high + kLanes, mx);
+    for (std::size_t v = 0; v < kGroup; v += kLanes)
       for (std::size_t j = 0; j < kLanes; ++j) {
         const std::int32_t k = order_key(l[g + v + j]);
-        m[j] = std::max(m[j], k);
-        mn = std::min(mn, k);
+        high[j] = std::max(high[j], k);
+        low[j] = std::min(low[j], k);
       }
+    std::copy(high, high + kLanes, lane_max + g / kGroup * kLanes);
   }
+  mn = *std::min_element(low, low + kLanes);
   std::int32_t* tail = lane_max + whole / kGroup * kLanes;
   for (std::size_t j = 0; j < n - whole; ++j) mn = std::min(mn, tail[j] = order_key(l[whole + j]));
   for (std::size_t j = 0; j < lane_count(n); ++j) mx = std::max(mx, lane_max[j]);
