@@ -9,11 +9,12 @@
 //
 // Logits: by default synthetic rows shaped like a language model's (a normal bulk plus a few
 // tokens above it) in two profiles, "flat" (the default model's spread: nuclei of hundreds to
-// thousands of tokens at top-p 0.95) and "peaked" (nuclei of a few tokens); with --model DIR, the
-// decode logits of that checkpoint, recorded while it samples --tokens tokens after its reference
-// prompt (f32 experts in memory, --threads threads), whose greedy-equivalent decode time per
-// token is then measured too. With --decode-us D (or --model), each row also gives the share of a
-// token the sampler takes: sample / (D + sample).
+// thousands of tokens at top-p 0.95) and "peaked" (a narrower bulk, a few tokens up to 12 above
+// it); with --model DIR, the decode logits of that checkpoint, recorded while it samples --tokens
+// tokens after its reference prompt (f32 experts in memory, --threads threads), timing each
+// decode step. With --decode-us D (or --model: its fastest decode step, the least disturbed by
+// other load, which makes the share an upper bound), each row also gives the share of a token
+// the sampler takes: sample / (D + sample).
 //
 // Usage: moekit_bench_sampler [--model DIR] [--tokens N] [--threads N] [--decode-us D]
 //                             [--rounds N]
@@ -108,11 +109,12 @@ Rows synthetic(std::size_t count, float sd, float height, std::uint64_t seed) {
 
 struct Recorded {
   Rows rows;
-  double decode_us = 0;  ///< per decode step, wall time
+  double decode_us = 0;         ///< the fastest decode step, wall time (the least loaded)
+  double median_decode_us = 0;  ///< the median one
 };
 
 /// The decode logits of the checkpoint in `dir` while it samples (moe-run's defaults, seed 42)
-/// `tokens` tokens after its reference prompt, with the time per decode step.
+/// `tokens` tokens after its reference prompt, with the times of its decode steps.
 Recorded record(const fs::path& dir, int tokens, unsigned threads) {
   std::ifstream in(dir / "reference.json");
   const auto prompt = nlohmann::json::parse(in).at("prompt_ids").get<std::vector<Token>>();
@@ -129,15 +131,18 @@ Recorded record(const fs::path& dir, int tokens, unsigned threads) {
   std::span<const float> logits = model.prefill(prompt);
   Sampler sampler({0.8f, 0.95f, 42});
   Recorded r;
-  double decode_s = 0;
+  std::vector<double> steps;
   for (int i = 0; i < tokens; ++i) {
     r.rows.emplace_back(logits.begin(), logits.end());
     const Token next = sampler.sample(logits);
     const auto t0 = std::chrono::steady_clock::now();
     logits = model.decode(next);
-    decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    steps.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
-  r.decode_us = decode_s / tokens * 1e6;
+  std::sort(steps.begin(), steps.end());
+  r.decode_us = steps.front();
+  r.median_decode_us = steps[steps.size() / 2];
   return r;
 }
 
@@ -237,9 +242,9 @@ int main(int argc, char** argv) try {
   if (!model.empty()) {
     Recorded r = record(model, tokens, threads);
     std::printf(
-        "%s: %zu decode steps sampled at T 0.8, top-p 0.95; %.1f us per decode step "
-        "(%u threads)\n",
-        model.filename().c_str(), r.rows.size(), r.decode_us, threads);
+        "%s: %zu decode steps sampled at T 0.8, top-p 0.95, %u threads: fastest step "
+        "%.1f us, median %.1f us\n",
+        model.filename().c_str(), r.rows.size(), threads, r.decode_us, r.median_decode_us);
     if (decode_us == 0) decode_us = r.decode_us;
     profiles.emplace_back(model.filename().string(), std::move(r.rows));
   } else {
@@ -264,7 +269,7 @@ int main(int argc, char** argv) try {
       const bool greedy = s.config.temperature == 0;
       print_row(name.c_str(), s, measure(rows, s.config, rounds, greedy ? 200 : 5, 200), decode_us);
     }
-  if (decode_us > 0) std::printf("\ndecode step: %.1f us\n", decode_us);
+  if (decode_us > 0) std::printf("\nshares against a decode step of %.1f us\n", decode_us);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "moekit_bench_sampler: %s\n", e.what());

@@ -141,7 +141,9 @@ inline std::size_t collect(const float* l, std::size_t n, float floor, std::uint
 // intrinsics (_mm512_undefined_*) once they are inlined here; the warning is a false positive.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 namespace avx512 {
 
 MOEKIT_SAMPLER_AVX512 inline __m512i keys(__m512 v) noexcept {
