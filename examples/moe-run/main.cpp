@@ -135,7 +135,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   model.set_ubatch(o.ubatch);
   k.apply(model);
   model.set_row_streaming(o.row_streaming);
-  Sampler sampler({o.temperature, o.top_p, o.seed});
+  Sampler sampler({o.temperature, o.top_p, o.seed, o.top_k});
   StreamDecoder stream(tok, prompt);
   std::string text;
   auto emit = [&](const std::string& piece) {

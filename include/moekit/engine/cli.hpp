@@ -102,6 +102,7 @@ struct Options {
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   float temperature = 0.8f;
   float top_p = 0.95f;
+  std::uint32_t top_k = 0;  ///< --top-k: 0 = the whole vocabulary (llama.cpp's default is 40)
   std::uint64_t seed = 42;
   std::string preset = "baseline";
   BudgetSpec budget{};
@@ -164,6 +165,8 @@ class Cli {
         ->check(CLI::Range(0.0f, 100.0f));
     app_.add_option("--top-p", o_.top_p, "nucleus sampling mass, in (0, 1]")
         ->check(CLI::Range(0.0f, 1.0f));
+    app_.add_option("--top-k", o_.top_k,
+                    "sample among the k highest logits only, before --top-p (0 = all)");
     app_.add_option("--seed", o_.seed, "sampling seed");
     std::string presets;
     for (const auto& p : moekit::presets::entries)

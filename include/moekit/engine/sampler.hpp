@@ -1,17 +1,43 @@
 #pragma once
 /// \file Sampler: picks the next token from logits — greedy (temperature 0), or softmax at a
-/// temperature restricted to the smallest set of top tokens whose probability reaches top_p
-/// (nucleus sampling), drawn with a seeded std::mt19937_64 so runs are reproducible.
+/// temperature over the top_k highest logits (0 = all), restricted to the smallest set of top
+/// tokens whose probability reaches top_p (nucleus sampling), drawn with a seeded std::mt19937_64
+/// so runs are reproducible.
+///
+/// Without top-k, every seed draws the token that the original implementation draws (`original`:
+/// sort the whole vocabulary, weights expf((l - max) / T) summed in that order, cut where the
+/// running probability reaches top_p, std::discrete_distribution over the kept weights), but
+/// without sorting the vocabulary:
+///  1. vector passes find the largest logit, then every weight with a fast exp and their sum;
+///  2. the logits above a floor that holds the nucleus are collected and bucketed by value, so a
+///     running sum in descending order is found by adding whole buckets and sorting only the
+///     bucket where it crosses the cut (then the draw);
+///  3. the original's sums differ from these by order and by expf's rounding, within `margin`: a
+///     decision (where the cut is, which kept token the uniform number falls on) is taken only
+///     when it holds by more than that. Otherwise the sample is redone with expf weights for the
+///     candidates, then for all, then by the original's arithmetic in a radix sort's order
+///     (`reference`; top-p 1 goes there at once), and by the original itself when the drawn
+///     logit is tied with another (only std::sort defines their order). The draws are recorded:
+///     every attempt sees the same numbers, and the generator moves on as the original moves it.
+/// With top-k, the k highest logits (ties: lower token id first) are found by a threshold on the
+/// maxima of disjoint sets of logits that the first pass reports, sorted, and the original's
+/// arithmetic runs on them.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "moekit/error.hpp"
+#include "moekit/precision/isa.hpp"
+
+#include "moekit/engine/detail/sampler_passes.hpp"
 
 namespace moekit::engine {
 
@@ -20,14 +46,165 @@ struct SamplerConfig {
   float temperature = 0.8f;  ///< 0 = greedy (argmax)
   float top_p = 0.95f;       ///< nucleus mass in (0, 1]; 1 = no truncation
   std::uint64_t seed = 0;
+  std::uint32_t top_k = 0;  ///< keep the k highest logits first; 0 (or >= the vocabulary) = all
 };
+
+namespace detail {
+
+/// Candidate tokens, bucketed by distance to the largest logit: a running sum of their weights in
+/// descending order of logit is found by adding whole buckets, and only the bucket where it
+/// reaches its target is sorted.
+class RankedCandidates {
+ public:
+  struct Entry {
+    float logit;
+    std::uint32_t token;
+    float weight;
+  };
+  /// Where a running sum of weights in descending order of logit reaches a target.
+  struct Crossing {
+    std::size_t rank;     ///< first rank whose running sum reaches the target (or limit - 1)
+    double before = 0;    ///< sum over the ranks before it
+    double through = 0;   ///< ... and it
+    std::uint32_t token;  ///< the token at that rank
+    bool tied;            ///< another candidate has the same logit: the rank names no one token
+  };
+
+  /// Takes the c candidates token[0..c) of logits l (kept by pointer: they must outlive the
+  /// calls) with weights w[token]; logits at `span` or more below `top` share the last bucket.
+  void assign(const float* l, const float* w, const std::uint32_t* token, std::size_t c, float top,
+              float span) {
+    const float scale = span > 0 && std::isfinite(kBuckets / span) ? kBuckets / span : 0.0f;
+    l_ = l;
+    token_ = token;
+    bucket_.resize(c);
+    weight_.resize(c);
+    std::fill(&count_[0][0], &count_[0][0] + kWays * kBuckets, 0u);
+    std::fill(&mass_[0][0], &mass_[0][0] + kWays * kBuckets, 0.0);
+    for (std::size_t i = 0; i < c; ++i) {
+      const float d = top - l[token[i]];  // falls as the logit rises: buckets keep the order
+      const auto b =
+          d < span ? std::min<std::uint32_t>(kBuckets - 1, std::uint32_t(d * scale)) : kBuckets - 1;
+      bucket_[i] = static_cast<std::uint8_t>(b);
+      weight_[i] = w[token[i]];
+      // kWays interleaved tallies: a run of one bucket does not wait on its own stores.
+      ++count_[i % kWays][b];
+      mass_[i % kWays][b] += weight_[i];
+    }
+  }
+
+  /// Replaces each weight by weight_of(logit).
+  template <class WeightOf>
+  void reweigh(WeightOf weight_of) {
+    std::fill(&mass_[0][0], &mass_[0][0] + kWays * kBuckets, 0.0);
+    for (std::size_t i = 0; i < bucket_.size(); ++i)
+      mass_[i % kWays][bucket_[i]] += weight_[i] = weight_of(l_[token_[i]]);
+  }
+
+  /// The sum of all the weights.
+  [[nodiscard]] double held() const noexcept {
+    double m = 0;
+    for (std::size_t b = 0; b < kBuckets; ++b) m += bucket_mass(b);
+    return m;
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return bucket_.size(); }
+
+  /// The first rank below `limit` (<= the candidates) whose running sum reaches `target`, or
+  /// limit - 1 when none does.
+  Crossing locate(double target, std::size_t limit) {
+    double acc = 0;
+    std::size_t rank = 0;
+    for (std::uint32_t b = 0; b < kBuckets; ++b) {
+      const std::size_t n = bucket_count(b);
+      if (n == 0) continue;
+      if (rank + n < limit && acc + bucket_mass(b) < target) {
+        acc += bucket_mass(b);
+        rank += n;
+        continue;
+      }
+      const std::span<const Entry> e = members(b);
+      for (std::size_t i = 0; i < e.size() && rank < limit; ++i, ++rank) {
+        const double before = acc;
+        acc += e[i].weight;
+        if (acc >= target || rank + 1 == limit) return {rank, before, acc, e[i].token, tied(e, i)};
+      }
+    }
+    MOEKIT_EXPECTS(false, "RankedCandidates::locate: limit beyond the candidates");
+    return {};
+  }
+
+ private:
+  static constexpr std::uint32_t kBuckets = 256;
+  static constexpr std::size_t kWays = 4;
+
+  [[nodiscard]] double bucket_mass(std::uint32_t b) const noexcept {
+    return (mass_[0][b] + mass_[1][b]) + (mass_[2][b] + mass_[3][b]);
+  }
+  [[nodiscard]] std::size_t bucket_count(std::uint32_t b) const noexcept {
+    return std::size_t{count_[0][b]} + count_[1][b] + count_[2][b] + count_[3][b];
+  }
+  /// Bucket b's candidates in descending order of logit (ties: ascending token).
+  std::span<const Entry> members(std::uint32_t b) {
+    members_.clear();
+    for (std::size_t i = 0; i < bucket_.size(); ++i)
+      if (bucket_[i] == b) members_.push_back({l_[token_[i]], token_[i], weight_[i]});
+    std::sort(members_.begin(), members_.end(), [](const Entry& x, const Entry& y) {
+      return x.logit > y.logit || (x.logit == y.logit && x.token < y.token);
+    });
+    return members_;
+  }
+  [[nodiscard]] static bool tied(std::span<const Entry> e, std::size_t i) noexcept {
+    return (i > 0 && e[i - 1].logit == e[i].logit) ||
+           (i + 1 < e.size() && e[i + 1].logit == e[i].logit);
+  }
+
+  const float* l_ = nullptr;
+  const std::uint32_t* token_ = nullptr;
+  std::vector<std::uint8_t> bucket_;
+  std::vector<float> weight_;
+  std::uint32_t count_[kWays][kBuckets] = {};
+  double mass_[kWays][kBuckets] = {};
+  std::vector<Entry> members_;
+};
+
+/// Sorts `v` by the high 32 bits of each value, ascending and stable (LSD radix sort, three
+/// 11-bit digits); `tmp` is scratch.
+inline void radix_sort_high(std::vector<std::uint64_t>& v, std::vector<std::uint64_t>& tmp) {
+  constexpr std::size_t kDigit = 2048;
+  std::vector<std::uint32_t> count(3 * kDigit, 0);
+  for (const std::uint64_t x : v)
+    for (std::size_t d = 0; d < 3; ++d) ++count[d * kDigit + ((x >> (32 + 11 * d)) & (kDigit - 1))];
+  tmp.resize(v.size());
+  for (std::size_t d = 0; d < 3; ++d) {
+    std::uint32_t* c = count.data() + d * kDigit;
+    std::exclusive_scan(c, c + kDigit, c, 0u);
+    for (const std::uint64_t x : v) tmp[c[(x >> (32 + 11 * d)) & (kDigit - 1)]++] = x;
+    v.swap(tmp);
+  }
+}
+
+}  // namespace detail
 
 class Sampler {
  public:
-  explicit Sampler(SamplerConfig c) : cfg_(c), rng_(c.seed) {
+  /// How many samples each path decided (the exact ones should be rare; tests and the benchmark
+  /// check).
+  struct PathCounts {
+    std::uint64_t greedy = 0, top_k = 0;
+    std::uint64_t approximate = 0;       ///< fast exp weights
+    std::uint64_t exact_candidates = 0;  ///< then expf weights for the candidates
+    std::uint64_t exact_all = 0;         ///< then expf weights for the whole vocabulary
+    std::uint64_t reference = 0;         ///< then the original arithmetic (`reference`)
+    std::uint64_t candidates = 0;        ///< logits collected (nuclei, top-k), over all samples
+  };
+
+  /// `isa` picks the version of the vector passes (tests compare them); the CPU must support it.
+  explicit Sampler(SamplerConfig c, moekit::Isa isa = moekit::detect_isa())
+      : cfg_(c), rng_(c.seed), passes_{isa} {
     MOEKIT_EXPECTS(c.temperature >= 0 && std::isfinite(c.temperature),
                    "--temp must be a finite number >= 0");
     MOEKIT_EXPECTS(c.top_p > 0 && c.top_p <= 1, "--top-p must be in (0, 1]");
+    MOEKIT_EXPECTS(moekit::isa_supported(isa), "Sampler: this CPU cannot run the requested ISA");
   }
 
   /// Index of the largest logit (the first one on ties, as torch.argmax).
@@ -36,9 +213,314 @@ class Sampler {
                                       logits.begin());
   }
 
+  /// The next token. Throws on empty logits, NaN, +inf, or when every logit is -inf.
   std::uint32_t sample(std::span<const float> logits) {
     MOEKIT_EXPECTS(!logits.empty(), "Sampler: empty logits");
-    if (cfg_.temperature == 0) return argmax(logits);
+    const std::int32_t top_key = check(logits);
+    if (cfg_.temperature == 0) {
+      ++paths_.greedy;
+      return first_with_key(logits, top_key);
+    }
+    if (cfg_.top_k != 0 && cfg_.top_k < logits.size()) {
+      ++paths_.top_k;
+      return sample_top_k(logits);
+    }
+    return nucleus(logits, detail::from_key(top_key));
+  }
+
+  [[nodiscard]] const SamplerConfig& config() const noexcept { return cfg_; }
+  [[nodiscard]] const PathCounts& paths() const noexcept { return paths_; }
+
+ private:
+  /// Distances below the largest logit, in units of the temperature, of the floors whose masses
+  /// the weight pass sums: the highest floor holding the nucleus bounds the candidates.
+  static constexpr std::array<float, detail::kRungs> kRungNats = {1, 2, 3, 4, 6, 8, 10, 13};
+
+  /// The generator as one sample sees it: draws are recorded, and each attempt, after `rewind`,
+  /// gets the same numbers, so the generator ends where the deciding attempt leaves it.
+  class Draws {
+   public:
+    using result_type = std::mt19937_64::result_type;
+    explicit Draws(std::mt19937_64& g) noexcept : g_(g) {}
+    static constexpr result_type min() { return std::mt19937_64::min(); }
+    static constexpr result_type max() { return std::mt19937_64::max(); }
+    result_type operator()() {
+      if (next_ == taken_) {
+        MOEKIT_EXPECTS(taken_ < seen_.size(), "Sampler: more draws than one sample takes");
+        seen_[taken_++] = g_();
+      }
+      return seen_[next_++];
+    }
+    Draws& rewind() noexcept {
+      next_ = 0;
+      return *this;
+    }
+
+   private:
+    std::mt19937_64& g_;
+    std::array<result_type, 4> seen_{};
+    std::size_t taken_ = 0, next_ = 0;
+  };
+
+  enum class Verdict { token, unsure, reference };
+  struct Pick {
+    Verdict verdict;
+    std::uint32_t token = 0;
+  };
+
+  /// The largest logit's key, after refusing logits no distribution comes from.
+  std::int32_t check(std::span<const float> l) {
+    const std::size_t n = l.size();
+    lane_max_.resize(detail::lane_count(n));
+    const auto s = passes_.scan(l.data(), n, lane_max_.data());
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    if (s.min_key < detail::order_key(-inf) || s.max_key > detail::order_key(inf)) {
+      const auto bad = std::find_if(l.begin(), l.end(), [](float v) { return std::isnan(v); });
+      moekit::detail::fail(moekit::ErrorKind::invalid_argument,
+                           "Sampler: logit " + std::to_string(bad - l.begin()) + " of " +
+                               std::to_string(n) + " is NaN (the model's output is broken)");
+    }
+    if (s.max_key == detail::order_key(inf)) {
+      const auto bad = std::find(l.begin(), l.end(), inf);
+      moekit::detail::fail(moekit::ErrorKind::invalid_argument,
+                           "Sampler: logit " + std::to_string(bad - l.begin()) + " of " +
+                               std::to_string(n) + " is +inf");
+    }
+    MOEKIT_EXPECTS(s.max_key != detail::order_key(-inf), "Sampler: every logit is -inf");
+    return s.max_key;
+  }
+
+  /// The first index whose logit has `key` (the lane maxima say which group holds it).
+  std::uint32_t first_with_key(std::span<const float> l, std::int32_t key) const noexcept {
+    const std::size_t groups = l.size() / detail::kGroup;
+    std::size_t from = groups * detail::kGroup;
+    for (std::size_t g = 0; g < groups; ++g) {
+      const auto* m = lane_max_.data() + g * detail::kLanes;
+      if (std::find(m, m + detail::kLanes, key) != m + detail::kLanes) {
+        from = g * detail::kGroup;
+        break;
+      }
+    }
+    while (detail::order_key(l[from]) != key) ++from;
+    return static_cast<std::uint32_t>(from);
+  }
+
+  /// Nucleus sampling without top-k: attempts in order of cost, each deciding only what it can
+  /// prove the reference decides.
+  std::uint32_t nucleus(std::span<const float> l, float top) {
+    Draws draws(rng_);
+    if (cfg_.top_p >= 1) {  // the cut is where rounding puts it: only the reference's sums say
+      ++paths_.reference;
+      return reference(l, draws);
+    }
+    Pick p = approximate(l, top, draws);
+    std::uint64_t* path = &paths_.approximate;
+    if (p.verdict == Verdict::unsure) {
+      p = exact_candidates(l, top, draws.rewind());
+      path = &paths_.exact_candidates;
+    }
+    if (p.verdict == Verdict::unsure) {
+      p = exact_all(l, top, draws.rewind());
+      path = &paths_.exact_all;
+    }
+    if (p.verdict != Verdict::token) {
+      p = {Verdict::token, reference(l, draws.rewind())};
+      path = &paths_.reference;
+    }
+    ++*path;
+    return p.token;
+  }
+
+  /// Bound on the difference between the reference's running probabilities (and its draw's
+  /// cumulative ones) and ours, relative to them, when a share of our total comes from weights
+  /// within `approx` (relative) of e^x: expf is within one ulp (2^-23) of e^x; sums of up to n + 2
+  /// double terms in other orders on each side (gamma); the weights below e^-87 (ours: e^-87) as
+  /// an absolute n 2^-125 beside a total >= 1. Doubled, for safety.
+  static double margin(double approx_share, std::size_t n) noexcept {
+    const double k = approx_share * (detail::kExpApproxError + 0x1p-23 + 0x1p-45);
+    const double u = static_cast<double>(n + 2) * 0x1p-53, gamma = u / (1 - u);
+    return 2 * (2 * k / (1 - k) + 9 * gamma + static_cast<double>(n) * 0x1p-125);
+  }
+
+  /// First attempt: the fast exp's weights for the whole vocabulary.
+  Pick approximate(std::span<const float> l, float top, Draws& draws) {
+    const std::size_t n = l.size();
+    weights_.resize(n);
+    const auto floors = rung_floors(top);
+    const auto sums =
+        passes_.exp_weights(l.data(), n, top, cfg_.temperature, floors.data(), weights_.data());
+    approx_total_ = sums.total;
+    const double eps = margin(1, n);
+    if (gather(l, top, floors, sums, eps) == 0) return {Verdict::unsure};
+    return decide(n, sums.total, eps, eps, draws);
+  }
+
+  /// Second: expf's weights for the candidates of the first; the total is off by at most the
+  /// rest's share of the fast exp's error.
+  Pick exact_candidates(std::span<const float> l, float top, Draws& draws) {
+    const std::size_t n = l.size();
+    if (ranked_.size() == 0) return {Verdict::unsure};
+    const double approx_held = ranked_.held();
+    ranked_.reweigh([&](float logit) { return std::exp((logit - top) / cfg_.temperature); });
+    const double held = ranked_.held(), rest = std::max(0.0, approx_total_ - approx_held);
+    const double total = held + rest, eps = margin(rest / approx_total_, n);
+    if (!(held / total * (1 - eps) >= cfg_.top_p) && ranked_.size() < n) return {Verdict::unsure};
+    return decide(n, total, eps, margin(0, n), draws);
+  }
+
+  /// Third: expf's weights for the whole vocabulary.
+  Pick exact_all(std::span<const float> l, float top, Draws& draws) {
+    const std::size_t n = l.size();
+    const auto floors = rung_floors(top);
+    detail::ExpSums sums;
+    weights_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      sums.total += weights_[i] = std::exp((l[i] - top) / cfg_.temperature);
+      for (std::size_t r = 0; r < detail::kRungs; ++r)
+        sums.rung[r] += l[i] >= floors[r] ? weights_[i] : 0.0f;
+    }
+    const double eps = margin(0, n);
+    if (gather(l, top, floors, sums, eps) == 0) return {Verdict::unsure};
+    return decide(n, sums.total, eps, eps, draws);
+  }
+
+  std::array<float, detail::kRungs> rung_floors(float top) const noexcept {
+    std::array<float, detail::kRungs> f;
+    for (std::size_t r = 0; r < detail::kRungs; ++r) f[r] = top - kRungNats[r] * cfg_.temperature;
+    return f;
+  }
+
+  /// Collects the candidates (the logits above the highest floor that holds the nucleus with
+  /// room to spare) into `ranked_`; returns how many, 0 when none proves to hold it.
+  std::size_t gather(std::span<const float> l, float top,
+                     const std::array<float, detail::kRungs>& floors, const detail::ExpSums& sums,
+                     double eps) {
+    const std::size_t n = l.size();
+    const double p = cfg_.top_p;
+    std::size_t r = 0;
+    while (r < detail::kRungs && !(sums.rung[r] >= (p * (1 + 1e-5) + 2 * eps) * sums.total)) ++r;
+    cand_idx_.resize(n + 16);
+    for (;; ++r) {
+      const bool all = r >= detail::kRungs;
+      const float floor = all ? -std::numeric_limits<float>::infinity() : floors[r];
+      const std::size_t c = passes_.collect(l.data(), n, floor, cand_idx_.data());
+      paths_.candidates += c;
+      ranked_.assign(l.data(), weights_.data(), cand_idx_.data(), c, top,
+                     all ? 2 * kRungNats.back() * cfg_.temperature : top - floor);
+      if (c == n || ranked_.held() / sums.total * (1 - eps) >= p) return c;
+      if (all) return 0;
+    }
+  }
+
+  /// Where the reference cuts and which kept token it draws, from the candidates in `ranked_`,
+  /// whose running sums over `total` are within `cut_eps` of the reference's probabilities (and
+  /// whose kept weights, over their sum, within `draw_eps` of its cumulative ones).
+  Pick decide(std::size_t n, double total, double cut_eps, double draw_eps, Draws& draws) {
+    const double p = cfg_.top_p;
+    const auto cut = ranked_.locate(p * total, ranked_.size());
+    if (!(cut.before / total * (1 + cut_eps) < p)) return {Verdict::unsure};
+    if (!(cut.rank + 1 == n || cut.through / total * (1 - cut_eps) >= p)) return {Verdict::unsure};
+    const std::size_t keep = cut.rank + 1;
+    if (keep == 1) return cut.tied ? Pick{Verdict::reference} : Pick{Verdict::token, cut.token};
+    return draw(keep, cut.through, draw_eps, draws);
+  }
+
+  /// The kept token std::discrete_distribution picks: libstdc++'s takes one generate_canonical
+  /// number u and returns the first index whose cumulative probability (a running sum of the
+  /// weights divided by their sum) reaches it. Elsewhere the reference decides.
+  Pick draw(std::size_t keep, double kept_mass, double eps, Draws& draws) {
+#if defined(__GLIBCXX__)
+    const double u = std::generate_canonical<double, std::numeric_limits<double>::digits>(draws);
+    const auto at = ranked_.locate(u * kept_mass, keep);
+    if (at.tied) return {Verdict::reference};
+    if (at.rank > 0 && !(at.before / kept_mass * (1 + eps) < u)) return {Verdict::unsure};
+    if (at.rank + 1 < keep && !(u <= at.through / kept_mass * (1 - eps))) return {Verdict::unsure};
+    return {Verdict::token, at.token};
+#else
+    (void)keep, (void)kept_mass, (void)eps, (void)draws;
+    return {Verdict::reference};
+#endif
+  }
+
+  /// The k highest logits (ties: lower token first), then the reference's arithmetic on them.
+  std::uint32_t sample_top_k(std::span<const float> l) {
+    const std::size_t n = l.size(), k = cfg_.top_k;
+    // The sets whose maxima the scan gave are disjoint, so at least k logits reach the k-th
+    // highest maximum: of whole groups (few, coarse) when there are k, else of lanes.
+    const std::size_t groups = n / detail::kGroup,
+                      tail = lane_max_.size() - groups * detail::kLanes;
+    keys_.clear();
+    if (k <= groups + tail) {
+      for (std::size_t g = 0; g < groups; ++g) {
+        const auto* m = lane_max_.data() + g * detail::kLanes;
+        keys_.push_back(*std::max_element(m, m + detail::kLanes));
+      }
+      keys_.insert(keys_.end(), lane_max_.end() - static_cast<std::ptrdiff_t>(tail),
+                   lane_max_.end());
+    } else if (k <= lane_max_.size()) {
+      keys_.assign(lane_max_.begin(), lane_max_.end());
+    }
+    float floor = -std::numeric_limits<float>::infinity();
+    if (!keys_.empty()) {
+      std::nth_element(keys_.begin(), keys_.begin() + (k - 1), keys_.end(), std::greater<>());
+      floor = detail::from_key(keys_[k - 1]);
+    }
+    cand_idx_.resize(n + 16);
+    const std::size_t c = passes_.collect(l.data(), n, floor, cand_idx_.data());
+    paths_.candidates += c;
+    packed_.resize(c);  // key in the high half, ~token in the low: descending = our order
+    for (std::size_t i = 0; i < c; ++i)
+      packed_[i] = std::uint64_t(std::uint32_t(detail::order_key(l[cand_idx_[i]])) ^ 0x80000000u)
+                       << 32 |
+                   (0xffffffffu - cand_idx_[i]);
+    const auto kth = packed_.begin() + static_cast<std::ptrdiff_t>(k);
+    std::nth_element(packed_.begin(), kth - 1, packed_.end(), std::greater<>());
+    std::sort(packed_.begin(), kth, std::greater<>());
+    const auto token = [&](std::size_t i) { return 0xffffffffu - std::uint32_t(packed_[i]); };
+    probs_.resize(k);
+    const float top = l[token(0)];
+    double sum = 0;
+    for (std::size_t i = 0; i < k; ++i)
+      sum += probs_[i] = std::exp((l[token(i)] - top) / cfg_.temperature);
+    std::discrete_distribution<std::size_t> pick(probs_.begin(), probs_.begin() + kept(sum, k));
+    return token(pick(rng_));
+  }
+
+  /// How many of the sorted weights in probs_ the reference keeps: its running probability
+  /// reaches top_p there.
+  std::size_t kept(double sum, std::size_t n) const noexcept {
+    double mass = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      mass += probs_[i] / sum;
+      if (mass >= cfg_.top_p) return i + 1;
+    }
+    return n;
+  }
+
+  /// The original sampler's draw, by its arithmetic in a radix sort's order: tied logits have
+  /// equal weights, so their order matters only when the drawn logit is tied, and then the
+  /// original itself decides.
+  std::uint32_t reference(std::span<const float> l, Draws& draws) {
+    const std::size_t n = l.size();
+    packed_.resize(n);  // ascending = descending logit, then ascending token
+    for (std::size_t i = 0; i < n; ++i)
+      packed_[i] = std::uint64_t(~(std::uint32_t(detail::order_key(l[i])) ^ 0x80000000u)) << 32 | i;
+    detail::radix_sort_high(packed_, scratch_);
+    const auto token = [&](std::size_t i) { return std::uint32_t(packed_[i]); };
+    probs_.resize(n);
+    const float top = l[token(0)];
+    double sum = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      sum += probs_[i] = std::exp((l[token(i)] - top) / cfg_.temperature);
+    std::discrete_distribution<std::size_t> pick(probs_.begin(), probs_.begin() + kept(sum, n));
+    const std::size_t r = pick(draws);
+    const auto key = [&](std::size_t i) { return packed_[i] >> 32; };
+    if ((r == 0 || key(r - 1) != key(r)) && (r + 1 == n || key(r + 1) != key(r))) return token(r);
+    return original(l, draws.rewind());
+  }
+
+  /// The original sampler, verbatim: a full sort (std::sort's order on ties).
+  std::uint32_t original(std::span<const float> logits, Draws& draws) {
     const std::size_t n = logits.size();
     order_.resize(n);
     std::iota(order_.begin(), order_.end(), 0u);
@@ -49,26 +531,21 @@ class Sampler {
     double sum = 0;
     for (std::size_t i = 0; i < n; ++i)
       sum += probs_[i] = std::exp((logits[order_[i]] - top) / cfg_.temperature);
-    std::size_t keep = n;
-    double mass = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      mass += probs_[i] / sum;
-      if (mass >= cfg_.top_p) {
-        keep = i + 1;
-        break;
-      }
-    }
-    std::discrete_distribution<std::size_t> pick(probs_.begin(), probs_.begin() + keep);
-    return order_[pick(rng_)];
+    std::discrete_distribution<std::size_t> pick(probs_.begin(), probs_.begin() + kept(sum, n));
+    return order_[pick(draws)];
   }
 
-  [[nodiscard]] const SamplerConfig& config() const noexcept { return cfg_; }
-
- private:
   SamplerConfig cfg_;
   std::mt19937_64 rng_;
-  std::vector<std::uint32_t> order_;
+  detail::SamplerPasses passes_;
+  PathCounts paths_;
+  std::vector<std::int32_t> lane_max_, keys_;
+  std::vector<float> weights_;
+  std::vector<std::uint32_t> cand_idx_, order_;
+  std::vector<std::uint64_t> packed_, scratch_;
   std::vector<double> probs_;
+  detail::RankedCandidates ranked_;
+  double approx_total_ = 0;  ///< the fast exp's total, for the second attempt
 };
 
 }  // namespace moekit::engine

@@ -1,0 +1,376 @@
+#pragma once
+/// \file The sampler's passes over the whole vocabulary (sampler.hpp): checking the logits and
+/// finding the largest, softmax weights with a fast exp and their sums, and collecting the logits
+/// above a floor. Each pass has an AVX-512, an AVX2 and a portable version, chosen at run time
+/// (isa.hpp); the SIMD ones are compiled with function target attributes, so the header needs no
+/// global -m flags. The versions agree exactly except for the fast exp, which each computes to
+/// within `kExpApproxError` (the sampler's margins allow for any of them).
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "moekit/precision/isa.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define MOEKIT_SAMPLER_X86 1
+#define MOEKIT_SAMPLER_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#define MOEKIT_SAMPLER_AVX2 __attribute__((target("avx2,fma")))
+#endif
+
+namespace moekit::engine::detail {
+
+inline constexpr std::size_t kGroup = 256;  ///< logits per group of `scan`
+inline constexpr std::size_t kLanes = 16;   ///< lanes per group (each lane a disjoint set)
+inline constexpr std::size_t kRungs = 8;    ///< floors whose masses `exp_weights` also sums
+/// Bound on |exp_approx(x) - e^x| / e^x for x in [-87, 0], every version (the tests measure it).
+inline constexpr double kExpApproxError = 0x1p-22;
+
+/// An integer that orders as the logit does, -0 with +0; NaN lands above +inf or below -inf.
+inline std::int32_t order_key(float v) noexcept {
+  const auto b = std::bit_cast<std::int32_t>(v + 0.0f);  // + 0.0f turns -0 into +0
+  return b ^ ((b >> 31) & 0x7fffffff);
+}
+inline float from_key(std::int32_t k) noexcept {
+  return std::bit_cast<float>(k ^ ((k >> 31) & 0x7fffffff));
+}
+
+/// e^x for x <= 0 (x >= -87; smaller x give e^-87): Cephes' expf polynomial, no table.
+inline float exp_approx(float x) noexcept {
+  // Clamped in integers (for x <= 0 a larger pattern is a larger magnitude): a float compare
+  // here keeps GCC from vectorizing the loops that call this.
+  x = std::bit_cast<float>(
+      std::min(std::bit_cast<std::uint32_t>(x), std::bit_cast<std::uint32_t>(-87.0f)));
+  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round(x log2 e)
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  return p * std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
+}
+
+/// Sets of logits whose maxima `scan` reports: lane j of each whole group, then each tail logit.
+inline std::size_t lane_count(std::size_t n) noexcept { return n / kGroup * kLanes + n % kGroup; }
+
+struct ScanResult {
+  std::int32_t max_key;
+  std::int32_t min_key;
+};
+
+/// Sums of `exp_weights`: all weights, and the weights of the logits >= each floor.
+struct ExpSums {
+  double total = 0;
+  float rung[kRungs] = {};
+};
+
+namespace generic {
+
+inline ScanResult scan(const float* l, std::size_t n, std::int32_t* lane_max) noexcept {
+  std::int32_t mx = std::numeric_limits<std::int32_t>::min();
+  std::int32_t mn = std::numeric_limits<std::int32_t>::max();
+  const std::size_t whole = n / kGroup * kGroup;
+  std::int32_t low[kLanes];  // lane by lane, in locals, so that the compiler vectorizes
+  std::fill(low, low + kLanes, mn);
+  for (std::size_t g = 0; g < whole; g += kGroup) {
+    std::int32_t high[kLanes];
+    std::fill(high, high + kLanes, mx);
+    for (std::size_t v = 0; v < kGroup; v += kLanes)
+      for (std::size_t j = 0; j < kLanes; ++j) {
+        const std::int32_t k = order_key(l[g + v + j]);
+        high[j] = std::max(high[j], k);
+        low[j] = std::min(low[j], k);
+      }
+    std::copy(high, high + kLanes, lane_max + g / kGroup * kLanes);
+  }
+  mn = *std::min_element(low, low + kLanes);
+  std::int32_t* tail = lane_max + whole / kGroup * kLanes;
+  for (std::size_t j = 0; j < n - whole; ++j) mn = std::min(mn, tail[j] = order_key(l[whole + j]));
+  for (std::size_t j = 0; j < lane_count(n); ++j) mx = std::max(mx, lane_max[j]);
+  return {mx, mn};
+}
+
+inline ExpSums exp_weights(const float* l, std::size_t n, float top, float temp,
+                           const float* floors, float* w) noexcept {
+  // Sums by lane, in blocks the compiler can vectorize.
+  double total[kLanes] = {};
+  float rung[kRungs][kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (std::size_t j = 0; j < kLanes; ++j) w[i + j] = exp_approx((l[i + j] - top) / temp);
+    for (std::size_t j = 0; j < kLanes; ++j) total[j] += w[i + j];
+    for (std::size_t r = 0; r < kRungs; ++r)
+      for (std::size_t j = 0; j < kLanes; ++j)
+        rung[r][j] += l[i + j] >= floors[r] ? w[i + j] : 0.0f;
+  }
+  ExpSums s;
+  const float* lt = l + i;  // the tail, counted from 0 (GCC then sees no wrap-around)
+  float* wt = w + i;
+  for (std::size_t j = 0; j < n - i; ++j) {
+    wt[j] = exp_approx((lt[j] - top) / temp);
+    s.total += wt[j];
+    for (std::size_t r = 0; r < kRungs; ++r) s.rung[r] += lt[j] >= floors[r] ? wt[j] : 0.0f;
+  }
+  for (std::size_t j = 0; j < kLanes; ++j) {
+    s.total += total[j];
+    for (std::size_t r = 0; r < kRungs; ++r) s.rung[r] += rung[r][j];
+  }
+  return s;
+}
+
+inline std::size_t collect(const float* l, std::size_t n, float floor, std::uint32_t* idx,
+                           std::uint32_t first = 0) noexcept {
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    idx[c] = first + static_cast<std::uint32_t>(i);
+    c += l[i] >= floor;
+  }
+  return c;
+}
+
+}  // namespace generic
+
+#if defined(MOEKIT_SAMPLER_X86)
+// GCC 12 warns about the deliberately undefined pass-through operand inside its own AVX-512
+// intrinsics (_mm512_undefined_*) once they are inlined here; the warning is a false positive.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+namespace avx512 {
+
+MOEKIT_SAMPLER_AVX512 inline __m512i keys(__m512 v) noexcept {
+  const __m512i b = _mm512_castps_si512(_mm512_add_ps(v, _mm512_setzero_ps()));
+  return _mm512_xor_si512(
+      b, _mm512_and_si512(_mm512_srai_epi32(b, 31), _mm512_set1_epi32(0x7fffffff)));
+}
+
+MOEKIT_SAMPLER_AVX512 inline ScanResult scan(const float* l, std::size_t n,
+                                             std::int32_t* lane_max) noexcept {
+  __m512i mn = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::max());
+  __m512i all = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
+  std::size_t i = 0, out = 0;
+  for (; i + kGroup <= n; i += kGroup, out += kLanes) {
+    __m512i mx = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
+    for (std::size_t j = 0; j < kGroup; j += 16) {
+      const __m512i k = keys(_mm512_loadu_ps(l + i + j));
+      mx = _mm512_max_epi32(mx, k);
+      mn = _mm512_min_epi32(mn, k);
+    }
+    _mm512_storeu_si512(lane_max + out, mx);
+    all = _mm512_max_epi32(all, mx);
+  }
+  std::int32_t mxs = _mm512_reduce_max_epi32(all), mns = _mm512_reduce_min_epi32(mn);
+  for (std::size_t j = 0; j < n - i; ++j) {
+    const std::int32_t k = lane_max[out + j] = order_key(l[i + j]);
+    mxs = std::max(mxs, k);
+    mns = std::min(mns, k);
+  }
+  return {mxs, mns};
+}
+
+/// exp_approx on 16 lanes (with FMA, and scalef for the power of two).
+MOEKIT_SAMPLER_AVX512 inline __m512 exp16(__m512 x) noexcept {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+MOEKIT_SAMPLER_AVX512 inline ExpSums exp_weights(const float* l, std::size_t n, float top,
+                                                 float temp, const float* floors,
+                                                 float* w) noexcept {
+  const __m512 t = _mm512_set1_ps(top), d = _mm512_set1_ps(temp);
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  __m512 rung[kRungs];
+  for (auto& r : rung) r = _mm512_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(l + i);
+    const __m512 a = exp16(_mm512_div_ps(_mm512_sub_ps(v, t), d));
+    _mm512_storeu_ps(w + i, a);
+    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(a)));
+    hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1)));
+    for (std::size_t r = 0; r < kRungs; ++r)
+      rung[r] = _mm512_mask_add_ps(
+          rung[r], _mm512_cmp_ps_mask(v, _mm512_set1_ps(floors[r]), _CMP_GE_OQ), rung[r], a);
+  }
+  ExpSums s = generic::exp_weights(l + i, n - i, top, temp, floors, w + i);
+  s.total += _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+  for (std::size_t r = 0; r < kRungs; ++r) s.rung[r] += _mm512_reduce_add_ps(rung[r]);
+  return s;
+}
+
+MOEKIT_SAMPLER_AVX512 inline std::size_t collect(const float* l, std::size_t n, float floor,
+                                                 std::uint32_t* idx) noexcept {
+  const __m512 f = _mm512_set1_ps(floor);
+  __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  std::size_t c = 0, i = 0;
+  // Compressed in registers and stored whole: the compressing store is slow on AMD cores.
+  for (; i + 16 <= n; i += 16, at = _mm512_add_epi32(at, _mm512_set1_epi32(16))) {
+    const __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(l + i), f, _CMP_GE_OQ);
+    _mm512_storeu_si512(idx + c, _mm512_maskz_compress_epi32(m, at));
+    c += static_cast<std::size_t>(__builtin_popcount(m));
+  }
+  return c + generic::collect(l + i, n - i, floor, idx + c, static_cast<std::uint32_t>(i));
+}
+
+}  // namespace avx512
+
+namespace avx2 {
+
+MOEKIT_SAMPLER_AVX2 inline __m256i keys(__m256 v) noexcept {
+  const __m256i b = _mm256_castps_si256(_mm256_add_ps(v, _mm256_setzero_ps()));
+  return _mm256_xor_si256(
+      b, _mm256_and_si256(_mm256_srai_epi32(b, 31), _mm256_set1_epi32(0x7fffffff)));
+}
+
+MOEKIT_SAMPLER_AVX2 inline ScanResult scan(const float* l, std::size_t n,
+                                           std::int32_t* lane_max) noexcept {
+  const __m256i lowest = _mm256_set1_epi32(std::numeric_limits<std::int32_t>::min());
+  __m256i mn = _mm256_set1_epi32(std::numeric_limits<std::int32_t>::max()), all = lowest;
+  std::size_t i = 0, out = 0;
+  for (; i + kGroup <= n; i += kGroup, out += kLanes) {
+    __m256i m0 = lowest, m1 = lowest;  // lanes 0-7 and 8-15
+    for (std::size_t j = 0; j < kGroup; j += 16) {
+      const __m256i k0 = keys(_mm256_loadu_ps(l + i + j));
+      const __m256i k1 = keys(_mm256_loadu_ps(l + i + j + 8));
+      m0 = _mm256_max_epi32(m0, k0);
+      m1 = _mm256_max_epi32(m1, k1);
+      mn = _mm256_min_epi32(mn, _mm256_min_epi32(k0, k1));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lane_max + out), m0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lane_max + out + 8), m1);
+    all = _mm256_max_epi32(all, _mm256_max_epi32(m0, m1));
+  }
+  alignas(32) std::int32_t a[8], b[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(a), all);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(b), mn);
+  std::int32_t mxs = *std::max_element(a, a + 8), mns = *std::min_element(b, b + 8);
+  for (std::size_t j = 0; j < n - i; ++j) {
+    const std::int32_t k = lane_max[out + j] = order_key(l[i + j]);
+    mxs = std::max(mxs, k);
+    mns = std::min(mns, k);
+  }
+  return {mxs, mns};
+}
+
+/// exp_approx on 8 lanes (with FMA; the power of two built in the exponent bits).
+MOEKIT_SAMPLER_AVX2 inline __m256 exp8(__m256 x) noexcept {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+MOEKIT_SAMPLER_AVX2 inline double sum_pd(__m256d v) noexcept {
+  alignas(32) double a[4];
+  _mm256_store_pd(a, v);
+  return (a[0] + a[1]) + (a[2] + a[3]);
+}
+MOEKIT_SAMPLER_AVX2 inline float sum_ps(__m256 v) noexcept {
+  alignas(32) float a[8];
+  _mm256_store_ps(a, v);
+  float s = 0;
+  for (float x : a) s += x;
+  return s;
+}
+
+MOEKIT_SAMPLER_AVX2 inline ExpSums exp_weights(const float* l, std::size_t n, float top, float temp,
+                                               const float* floors, float* w) noexcept {
+  const __m256 t = _mm256_set1_ps(top), d = _mm256_set1_ps(temp);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  __m256 rung[kRungs];
+  for (auto& r : rung) r = _mm256_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(l + i);
+    const __m256 a = exp8(_mm256_div_ps(_mm256_sub_ps(v, t), d));
+    _mm256_storeu_ps(w + i, a);
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(a)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)));
+    for (std::size_t r = 0; r < kRungs; ++r)
+      rung[r] = _mm256_add_ps(
+          rung[r], _mm256_and_ps(_mm256_cmp_ps(v, _mm256_set1_ps(floors[r]), _CMP_GE_OQ), a));
+  }
+  ExpSums s = generic::exp_weights(l + i, n - i, top, temp, floors, w + i);
+  s.total += sum_pd(_mm256_add_pd(lo, hi));
+  for (std::size_t r = 0; r < kRungs; ++r) s.rung[r] += sum_ps(rung[r]);
+  return s;
+}
+
+MOEKIT_SAMPLER_AVX2 inline std::size_t collect(const float* l, std::size_t n, float floor,
+                                               std::uint32_t* idx) noexcept {
+  const __m256 f = _mm256_set1_ps(floor);
+  std::size_t c = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    auto m = static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(l + i), f, _CMP_GE_OQ)));
+    for (; m; m &= m - 1) idx[c++] = static_cast<std::uint32_t>(i + std::size_t(__builtin_ctz(m)));
+  }
+  return c + generic::collect(l + i, n - i, floor, idx + c, static_cast<std::uint32_t>(i));
+}
+
+}  // namespace avx2
+#pragma GCC diagnostic pop
+#endif  // MOEKIT_SAMPLER_X86
+
+/// The version of each pass this CPU runs (or `isa`, for tests that compare them).
+struct SamplerPasses {
+  moekit::Isa isa = moekit::detect_isa();
+
+  ScanResult scan(const float* l, std::size_t n, std::int32_t* lane_max) const noexcept {
+#if defined(MOEKIT_SAMPLER_X86)
+    if (isa == moekit::Isa::avx512) return avx512::scan(l, n, lane_max);
+    if (isa == moekit::Isa::avx2) return avx2::scan(l, n, lane_max);
+#endif
+    return generic::scan(l, n, lane_max);
+  }
+  /// w[i] = exp_approx((l[i] - top) / temp) (n entries), with their sums.
+  ExpSums exp_weights(const float* l, std::size_t n, float top, float temp, const float* floors,
+                      float* w) const noexcept {
+#if defined(MOEKIT_SAMPLER_X86)
+    if (isa == moekit::Isa::avx512) return avx512::exp_weights(l, n, top, temp, floors, w);
+    if (isa == moekit::Isa::avx2) return avx2::exp_weights(l, n, top, temp, floors, w);
+#endif
+    return generic::exp_weights(l, n, top, temp, floors, w);
+  }
+  /// The indices i with l[i] >= floor, ascending; `idx` needs room for n + 16. Returns how many.
+  std::size_t collect(const float* l, std::size_t n, float floor,
+                      std::uint32_t* idx) const noexcept {
+#if defined(MOEKIT_SAMPLER_X86)
+    if (isa == moekit::Isa::avx512) return avx512::collect(l, n, floor, idx);
+    if (isa == moekit::Isa::avx2) return avx2::collect(l, n, floor, idx);
+#endif
+    return generic::collect(l, n, floor, idx);
+  }
+};
+
+}  // namespace moekit::engine::detail
