@@ -572,13 +572,15 @@ struct OpenModel {
   ModelConfig cfg;
 };
 
-// Resolves auto precision and the budget's kind before any weight is read.
+// Resolves auto precision and the budget's kind before any weight is read. `located`: the
+// checkpoint's experts, read in place or not (--in-memory), whose type --precision auto takes.
 OffloadSettings offload_settings(Options& o, const OpenModel& m, const PresetEntry& preset,
                                  const moekit::io::CheckpointExperts* in_place,
+                                 const moekit::io::CheckpointExperts* located,
                                  std::size_t prompt_tokens) {
   const moekit::ModelShape shape = m.cfg.shape();
   if (o.precision_auto)
-    o.precision = auto_precision(in_place, m.gguf ? &*m.gguf : nullptr, m.cfg, o.json);
+    o.precision = auto_precision(located, m.gguf ? &*m.gguf : nullptr, m.cfg, o.json);
   if (o.low_precision_auto && moekit::bits(o.precision) <= moekit::bits(moekit::Precision::q4))
     o.preset_params.low = moekit::Precision::q2;
   OffloadSettings settings{o.budget.resolve(all_resident_budget(shape, o.precision)), o.precision,
@@ -624,12 +626,14 @@ int run(Options o) {
 
   // Refuse an impossible budget before loading any weight.
   const moekit::ModelShape shape = cfg.shape();
-  const auto in_place = o.in_memory || !m.src.store.empty()
-                            ? nullptr
-                            : locate_in_place(cfg, mp, m.gguf ? &*m.gguf : nullptr);
+  // Located with --in-memory too: --precision auto is the checkpoint's own type either way.
+  const auto located =
+      m.src.store.empty() ? locate_in_place(cfg, mp, m.gguf ? &*m.gguf : nullptr) : nullptr;
+  const auto in_place = o.in_memory ? nullptr : located;
   const std::size_t prompt_tokens = tok.encode(o.prompt, false).size() + 1;
   const PresetEntry& preset = find_preset(o.preset);
-  OffloadSettings settings = offload_settings(o, m, preset, in_place.get(), prompt_tokens);
+  OffloadSettings settings =
+      offload_settings(o, m, preset, in_place.get(), located.get(), prompt_tokens);
 
   // Experts: in place from the checkpoint (plus a store of the precisions it lacks), a store read
   // with O_DIRECT (--store, -m STORE) or host memory (--in-memory).
