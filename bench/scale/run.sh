@@ -6,7 +6,7 @@
 #
 #   bench/scale/run.sh [--models mixtral-4L,mixtral-32L] [--limits 25,50,75,100] [-n 16]
 #                      [--prompt-chars 600] [--engines moe-run,llama-repack,llama-norepack]
-#                      [--threads 2] [--delete-models]
+#                      [--threads 2] [--timeout 300] [--delete-models]
 #
 # Models are written by scripts/make_real_shape_model.sh into build/real-shape-models/ when
 # missing (mixtral-32L: 26.3 GB; the disk is checked first); --delete-models removes them at the
@@ -14,10 +14,11 @@
 # llama-cpp-python sdist: about 24 min the first time). The page cache is dropped before every
 # run (root), so every run starts cold; the limit is scripts/run-in-memory-limit.sh's cgroup, in
 # which page cache is charged. Both engines get the same prompt ids (moe-run's tokenisation) and
-# generate -n tokens greedily; "same tokens" compares them.
+# generate -n tokens greedily; "same tokens" compares them. A run still going after --timeout
+# seconds is stopped and reported with rc 124 (llama.cpp repacking under a limit thrashes).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-models=mixtral-4L limits=25,50,75,100 n=16 prompt_chars=600 threads=2 delete=0
+models=mixtral-4L limits=25,50,75,100 n=16 prompt_chars=600 threads=2 delete=0 timeout=300
 engines=moe-run,llama-repack,llama-norepack
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -27,6 +28,7 @@ while [[ $# -gt 0 ]]; do
     --prompt-chars) prompt_chars="$2"; shift 2 ;;
     --engines) engines="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
+    --timeout) timeout="$2"; shift 2 ;;
     --delete-models) delete=1; shift ;;
     *) echo "run.sh: unknown flag $1 (see the header)" >&2; exit 2 ;;
   esac
@@ -40,20 +42,15 @@ out="$here/build/scale"
 mkdir -p "$out"
 prompt="$(head -c "$prompt_chars" "$here/bench/quality/heldout.txt" | tr '\n' ' ')"
 
-# raw_read FILE -> bytes/s of a cold O_DIRECT read of up to 4 GiB of the file in 8 MiB blocks by
-# four readers at once (four requests in flight, as the loaders keep), each its own quarter.
+# raw_read FILE -> bytes/s at which moe-run's own loader reads the file's experts in place
+# (bench/io/checkpoint_read.cpp: 16 experts, O_DIRECT, cold), the best of its readers: the disk
+# as the engine sees it, which is what bounds an offloaded decode.
 raw_read() {
-  local size blocks t0 t1 q
-  size=$(stat -c %s "$1")
-  blocks=$(( size / 8388608 < 512 ? size / 8388608 : 512 ))
-  q=$(( blocks / 4 ))
-  t0=$(date +%s.%N)
-  for i in 0 1 2 3; do
-    dd if="$1" of=/dev/null bs=8M skip=$((i * q)) count="$q" iflag=direct status=none &
-  done
-  wait
-  t1=$(date +%s.%N)
-  awk -v b=$((4 * q * 8388608)) -v a="$t0" -v z="$t1" 'BEGIN { printf "%.0f", b / (z - a) }'
+  local bench="$here/build/release/bench/moekit_bench_checkpoint_read"
+  [[ -x "$bench" ]] || cmake --build --preset release --target moekit_bench_checkpoint_read >&2
+  sync && echo 3 > /proc/sys/vm/drop_caches
+  "$bench" --gguf "$1" --reps 1 --experts 16 --io-threads 4 |
+    awk '/^in place/ { if ($(NF-1) > best) best = $(NF-1) } END { printf "%.0f", best * 1e9 }'
 }
 
 model_file() {  # mixtral-4L -> the GGUF path, written when missing
@@ -84,7 +81,7 @@ run_one() {
            -n "$n" --threads "$threads" --repack "$repack") ;;
   esac
   local json rc=0
-  json=$("$here/scripts/run-in-memory-limit.sh" --limit "$limit" --report "$report" -- "${cmd[@]}" \
+  json=$("$here/scripts/run-in-memory-limit.sh" --limit "$limit" --report "$report" -- timeout "$timeout" "${cmd[@]}" \
          2> "$out/last-$engine.err") || rc=$?
   [[ "$engine" == moe-run && $rc -eq 0 ]] && echo "$json" > "$out/last-moe-run.json"
   [[ $rc -eq 0 ]] || json='{}'
@@ -123,12 +120,13 @@ for m in "${model_list[@]}"; do
       jq -r --arg same "$same" '"| \(.model) | \(if .limit_pct >= 100 then "none" else "\(.limit_pct)%" end) | \(.engine) | \(.rc) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(.cgroup.oom_kills // 0) | \((.cgroup.read_bytes // 0) / 1073741824 * 10 | round / 10) | \(.prompt_tokens // "-") | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.decode_tps // 0 | . * 100 | round / 100) | \($same) | \(if .decode_bytes_per_token then (.decode_bytes_per_token / 1e6 | round) else "-" end) | \(if (.decode_bytes_per_token // 0) > 0 then (.raw_read_bps / .decode_bytes_per_token * 100 | round / 100) else "-" end) |"' <<< "$row"
     done
   done
-  # The serial bound 1/(1/compute + 1/I-O) of each limited moe-run row, with compute = the
+  # The serial bound 1/(1/compute + 1/I-O) of each limited moe-run row (I/O = the loader's read
+  # rate ÷ bytes read per decode token), with compute = the
   # unlimited run's decode when it read nothing while decoding (every expert resident).
   printf '%s\n' "${rows[@]}" | jq -rs --argjson raw "$raw" '
     (map(select(.engine == "moe-run" and .limit_pct >= 100 and (.decode_bytes_per_token // 1) == 0))
      | first | .decode_tps) as $compute
-    | "raw O_DIRECT read of \(.[0].model): \($raw / 1e9 * 100 | round / 100) GB/s; compute bound (every expert resident): \(if $compute then ($compute * 100 | round / 100) else null end // "not measured (the unlimited run read experts while decoding)")",
+    | "expert read rate of the moe-run loader on \(.[0].model): \($raw / 1e9 * 100 | round / 100) GB/s; compute bound (every expert resident): \(if $compute then ($compute * 100 | round / 100) else null end // "not measured (the unlimited run read experts while decoding)")",
       (.[] | select(.engine == "moe-run" and .limit_pct < 100 and $compute != null and (.decode_bytes_per_token // 0) > 0)
        | (1 / (1 / $compute + .decode_bytes_per_token / $raw)) as $bound
        | "  \(.limit_pct)%: serial bound \($bound * 100 | round / 100) tok/s, moe-run at \(.decode_tps / $bound * 100 | round)% of it")'

@@ -524,6 +524,13 @@ moekit::Precision auto_precision(const moekit::io::CheckpointExperts* in_place,
   return p;
 }
 
+// --precision auto with an expert store (--store, -m STORE): the most precise precision it holds.
+moekit::Precision most_precise(std::span<const moekit::Precision> held) {
+  return *std::max_element(held.begin(), held.end(), [](moekit::Precision a, moekit::Precision b) {
+    return moekit::bits(a) < moekit::bits(b);
+  });
+}
+
 // Bytes of KV cache at context `ctx` (an upper bound: sliding-window layers keep less).
 std::size_t kv_cache_bytes(const ModelConfig& cfg, std::size_t ctx) {
   return std::size_t{cfg.n_layers} * 2 * ctx * cfg.kv_dim() * sizeof(float);
@@ -532,8 +539,10 @@ std::size_t kv_cache_bytes(const ModelConfig& cfg, std::size_t ctx) {
 // --expert-budget auto: what the memory this process may use leaves for the expert cache after
 // the dense part, the KV cache and the loader's buffers (memory_budget.hpp); refused, naming the
 // flag and the missing bytes, when not even one token's experts fit.
+// `host_expert_bytes`: experts held in host memory besides the cache (--in-memory).
 moekit::engine::AutoBudget auto_budget(const Options& o, const ModelConfig& cfg,
-                                       std::size_t dense_bytes, std::size_t prompt_tokens) {
+                                       std::size_t dense_bytes, std::size_t prompt_tokens,
+                                       std::size_t host_expert_bytes) {
   const moekit::ModelShape shape = cfg.shape();
   const moekit::io::MemoryLimits limits = moekit::io::read_memory_limits();
   moekit::engine::AutoBudgetInputs in;
@@ -542,8 +551,10 @@ moekit::engine::AutoBudget auto_budget(const Options& o, const ModelConfig& cfg,
   in.dense_bytes = dense_bytes;
   const std::size_t ctx = o.context ? o.context : prompt_tokens + o.n_predict + 1;
   in.kv_cache_bytes = kv_cache_bytes(cfg, std::max<std::size_t>(ctx, o.perplexity.empty() ? 0 : 512));
-  // Per loader thread: the checkpoint source's staging and O_DIRECT's bounce buffer.
-  in.io_buffer_bytes = std::size_t{o.io_threads} * (12u << 20);
+  // Per loader thread (the checkpoint reader runs two per --io-threads): the checkpoint source's
+  // staging and O_DIRECT's bounce buffer.
+  in.io_buffer_bytes = 2 * std::size_t{o.io_threads} * (12u << 20);
+  in.other_bytes = host_expert_bytes;
   in.minimum_expert_bytes = minimum_expert_budget(shape, o.precision);
   in.all_resident_expert_bytes = all_resident_budget(shape, o.precision);
   return moekit::engine::auto_expert_budget(in);
@@ -579,14 +590,16 @@ OffloadSettings offload_settings(Options& o, const OpenModel& m, const PresetEnt
                                  const moekit::io::CheckpointExperts* located,
                                  std::size_t prompt_tokens) {
   const moekit::ModelShape shape = m.cfg.shape();
-  if (o.precision_auto)
+  if (o.precision_auto && !located && !m.src.store.empty())
+    o.precision = most_precise(moekit::io::ExpertStore::open(m.src.store).manifest().precisions);
+  else if (o.precision_auto)
     o.precision = auto_precision(located, m.gguf ? &*m.gguf : nullptr, m.cfg, o.json);
   if (o.low_precision_auto && moekit::bits(o.precision) <= moekit::bits(moekit::Precision::q4))
     o.preset_params.low = moekit::Precision::q2;
   OffloadSettings settings{o.budget.resolve(all_resident_budget(shape, o.precision)), o.precision,
                            o.preset_params};
   if (o.budget.kind == BudgetSpec::Kind::automatic && in_place)
-    (void)auto_budget(o, m.cfg, dense_file_bytes(m.src.model, *in_place), prompt_tokens);
+    (void)auto_budget(o, m.cfg, dense_file_bytes(m.src.model, *in_place), prompt_tokens, 0);
   check_budget(shape, settings);
   check_preset_params(preset, settings);
   return settings;
@@ -665,7 +678,7 @@ int run(Options o) {
   }();
   std::string budget_note;
   if (o.budget.kind == BudgetSpec::Kind::automatic) {
-    const moekit::engine::AutoBudget b = auto_budget(o, cfg, w.dense.bytes(), prompt_tokens);
+    const moekit::engine::AutoBudget b = auto_budget(o, cfg, w.dense.bytes(), prompt_tokens, w.experts.total_bytes());
     settings.expert_budget = b.all_resident ? 0 : b.expert_bytes;
     budget_note = b.explanation;
     if (!o.json) std::fprintf(stderr, "%s\n", budget_note.c_str());
