@@ -15,7 +15,7 @@
 #include "moekit/core/model_shape.hpp"
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
-#include "moekit/precision/expert_ffn.hpp"
+#include "moekit/precision/expert_weights.hpp"
 #include "moekit/precision/format.hpp"
 #include "moekit/precision/panels.hpp"
 #include "moekit/precision/quantize.hpp"

@@ -17,22 +17,12 @@
 #include <vector>
 
 #include "moekit/error.hpp"
+#include "moekit/precision/expert_weights.hpp"
 #include "moekit/precision/format.hpp"
 #include "moekit/precision/gemv.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
 namespace moekit {
-
-/// The three matrices of one expert: w1 (gate_proj) and w3 (up_proj) are ffn × hidden, w2
-/// (down_proj) is hidden × ffn. Each may have its own precision and scheme.
-struct ExpertWeights {
-  MatrixView w1;
-  MatrixView w3;
-  MatrixView w2;
-
-  [[nodiscard]] std::size_t hidden() const noexcept { return w1.cols; }
-  [[nodiscard]] std::size_t ffn() const noexcept { return w1.rows; }
-};
 
 namespace detail {
 inline float silu(float a) noexcept { return a / (1.f + std::exp(-a)); }
