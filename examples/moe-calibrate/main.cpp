@@ -49,7 +49,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 [[noreturn]] void bad_flag(const std::string& flag, const std::string& why) {
-  moekit::detail::fail(ErrorKind::invalid_argument, flag + ": " + why);
+  throw moekit::Error(ErrorKind::invalid_argument, flag + ": " + why);
 }
 
 double seconds_since(Clock::time_point t0) {
@@ -129,10 +129,10 @@ class TempFile {
                      ".tmp");
       fd_ = ::open(path_.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);  // never an existing file
       if (fd_ < 0 && errno != EEXIST)
-        moekit::detail::fail(ErrorKind::io, "--disk-dir: cannot create '" + path_.string() +
-                                                "': " + std::strerror(errno));
+        throw moekit::Error(ErrorKind::io, "--disk-dir: cannot create '" + path_.string() +
+                                               "': " + std::strerror(errno));
     }
-    if (fd_ < 0) moekit::detail::fail(ErrorKind::io, "--disk-dir: no free temporary file name");
+    if (fd_ < 0) throw moekit::Error(ErrorKind::io, "--disk-dir: no free temporary file name");
   }
   ~TempFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -151,12 +151,13 @@ class TempFile {
       const std::size_t n = std::min(size - done, chunk.size() * 8);
       const ssize_t w = ::write(fd_, chunk.data(), n);
       if (w <= 0)
-        moekit::detail::fail(ErrorKind::io, "writing '" + path_.string() + "': " +
-                                                std::strerror(errno) + " (disk full? lower --disk-size)");
+        throw moekit::Error(ErrorKind::io, "writing '" + path_.string() +
+                                               "': " + std::strerror(errno) +
+                                               " (disk full? lower --disk-size)");
       done += static_cast<std::size_t>(w);
     }
     if (::fsync(fd_) != 0)
-      moekit::detail::fail(ErrorKind::io, "fsync '" + path_.string() + "': " + std::strerror(errno));
+      throw moekit::Error(ErrorKind::io, "fsync '" + path_.string() + "': " + std::strerror(errno));
     ::close(fd_);
     fd_ = -1;
   }
@@ -180,11 +181,11 @@ DiskResult disk_read(const fs::path& dir, std::size_t size) {
   f.fill(size);
   const int fd = ::open(f.path().c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0)
-    moekit::detail::fail(ErrorKind::unsupported,
-                         "--disk-dir: O_DIRECT open of '" + f.path().string() + "' failed (" +
-                             std::strerror(errno) +
-                             "); tmpfs and some file systems refuse it: use a directory on the "
-                             "disk the expert store lives on");
+    throw moekit::Error(ErrorKind::unsupported,
+                        "--disk-dir: O_DIRECT open of '" + f.path().string() + "' failed (" +
+                            std::strerror(errno) +
+                            "); tmpfs and some file systems refuse it: use a directory on the "
+                            "disk the expert store lives on");
   io::AlignedBuffer buf(chunk, align);
   DiskResult r;
   const auto t0 = Clock::now();
@@ -192,8 +193,8 @@ DiskResult disk_read(const fs::path& dir, std::size_t size) {
     const ssize_t n = ::pread(fd, buf.data(), chunk, static_cast<off_t>(off));
     if (n != static_cast<ssize_t>(chunk)) {
       ::close(fd);
-      moekit::detail::fail(ErrorKind::io, "O_DIRECT read of '" + f.path().string() + "' failed: " +
-                                              std::strerror(errno));
+      throw moekit::Error(ErrorKind::io, "O_DIRECT read of '" + f.path().string() +
+                                             "' failed: " + std::strerror(errno));
     }
   }
   r.bandwidth = double(size) / seconds_since(t0);
@@ -316,9 +317,9 @@ int run(int argc, char** argv) {
     const double t16 = time_expert(e, 16, pool, rotation, reps);
     const double per_token = (t16 - t1) / 15.0;
     if (!(per_token > 0))
-      moekit::detail::fail(ErrorKind::internal,
-                           "the 16-token expert call was not slower than the 1-token call; rerun "
-                           "with more --reps on a quieter machine");
+      throw moekit::Error(ErrorKind::internal,
+                          "the 16-token expert call was not slower than the 1-token call; rerun "
+                          "with more --reps on a quieter machine");
     cpu.flops_per_s = 6.0 * double(hidden) * double(ffn) / per_token;
     std::printf("  batch slope: %.3f ms per extra token → %.1f GFLOP/s\n", per_token * 1e3,
                 cpu.flops_per_s / 1e9);

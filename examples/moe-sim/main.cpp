@@ -48,7 +48,7 @@ using namespace moe_sim;
 namespace {
 
 [[noreturn]] void bad_flag(const std::string& flag, const std::string& why) {
-  moekit::detail::fail(ErrorKind::invalid_argument, flag + ": " + why);
+  throw moekit::Error(ErrorKind::invalid_argument, flag + ": " + why);
 }
 
 /// Parses "12", "1.5e9", with an optional unit suffix from `units` (case-insensitive).
@@ -162,7 +162,7 @@ Sweep parse_sweep(const std::string& s) {
 /// Reads a trace in moekit's binary or JSONL format (told apart by the magic bytes).
 RoutingTrace load_trace(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) moekit::detail::fail(ErrorKind::io, "--trace: cannot open '" + path + "'");
+  if (!f) throw moekit::Error(ErrorKind::io, "--trace: cannot open '" + path + "'");
   char magic[8] = {};
   f.read(magic, 8);
   if (f.gcount() == 8 && std::memcmp(magic, trace_magic, 8) == 0) return read_trace_binary(path);
@@ -173,7 +173,7 @@ RoutingTrace load_trace(const std::string& path) {
 /// decode order ("token_idx").
 RoutingTrace load_mixtral(const std::string& path) {
   std::ifstream f(path);
-  if (!f) moekit::detail::fail(ErrorKind::io, "--import-mixtral: cannot open '" + path + "'");
+  if (!f) throw moekit::Error(ErrorKind::io, "--import-mixtral: cannot open '" + path + "'");
   std::string first;
   std::getline(f, first);
   RoutingTrace t = first.find("\"token_pos\"") != std::string::npos ? read_mixtral_raw_jsonl(path)
@@ -478,9 +478,9 @@ std::string csv_of(const std::vector<Row>& rows) {
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) moekit::detail::fail(ErrorKind::io, "cannot open '" + path + "' for writing");
+  if (!f) throw moekit::Error(ErrorKind::io, "cannot open '" + path + "' for writing");
   f << text;
-  if (!f) moekit::detail::fail(ErrorKind::io, "write error on '" + path + "'");
+  if (!f) throw moekit::Error(ErrorKind::io, "write error on '" + path + "'");
 }
 
 /// The names of the presets moe-sim replays, separated by `sep`.

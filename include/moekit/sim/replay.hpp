@@ -42,6 +42,7 @@
 #include "moekit/pipeline.hpp"
 #include "moekit/sim/sim_loader.hpp"
 #include "moekit/sim/trace.hpp"
+#include "moekit/sim/trace_walk.hpp"
 
 namespace moekit::sim {
 
@@ -142,91 +143,6 @@ struct DemandSequence {
 
 namespace detail {
 
-/// Walks a trace's forwards and layer calls the way `replay` does.
-class ForwardWalker {
- public:
-  explicit ForwardWalker(const RoutingTrace& trace) : trace_(trace) {}
-
-  /// Calls `forward(seq, first_token, n_tokens, phase)` for each forward, in replay order.
-  template <class F>
-  void for_each_forward(F&& forward) const {
-    for (std::size_t s = 0; s < trace_.sequence_count(); ++s) {
-      const std::size_t len = trace_.sequence_length(s);
-      if (len == 0) continue;
-      const std::size_t first = trace_.global_token(s, 0);
-      const std::size_t pre = trace_.prefill_length(s);
-      if (pre > 0) forward(s, first, pre, Phase::prefill);
-      for (std::size_t t = pre; t < len; ++t) forward(s, first + t, std::size_t{1}, Phase::decode);
-    }
-  }
-
- private:
-  const RoutingTrace& trace_;
-};
-
-/// Buffers of one layer call's GateView (reused; no allocation once sized).
-struct GateBuffers {
-  std::vector<std::uint32_t> ids;
-  std::vector<float> weights, logits, hidden;
-
-  /// Gathers the present records of tokens [first, first+n) at `layer`, keeping the first `k`
-  /// experts of each (weights renormalised over them). Returns the view (n_tokens = 0 when no
-  /// record is present) and adds the missing records to `missing`.
-  GateView gather(const RoutingTrace& tr, std::size_t first, std::size_t n, std::uint32_t layer,
-                  std::uint32_t k, std::uint64_t& missing) {
-    const TraceDims& d = tr.dims();
-    if (n == 1 && k == d.top_k) {  // a decode record as stored: view it, copy nothing
-      GateView g;
-      g.k = k;
-      g.n_experts = d.n_experts;
-      if (!tr.valid(first, layer)) {
-        ++missing;
-        g.n_tokens = 0;
-        return g;
-      }
-      g.experts = tr.experts(first, layer);
-      g.weights = tr.weights(first, layer);
-      g.logits = tr.logits(first, layer);
-      g.hidden = tr.hidden(first, layer);
-      return g;
-    }
-    ids.clear(), weights.clear(), logits.clear(), hidden.clear();
-    std::uint32_t rows = 0;
-    for (std::size_t t = first; t < first + n; ++t) {
-      if (!tr.valid(t, layer)) {
-        ++missing;
-        continue;
-      }
-      const auto e = tr.experts(t, layer);
-      const auto w = tr.weights(t, layer);
-      float sum = 0.0f;
-      for (std::uint32_t j = 0; j < k; ++j) sum += w[j];
-      for (std::uint32_t j = 0; j < k; ++j) {
-        ids.push_back(e[j]);
-        weights.push_back(k == d.top_k || !(sum > 0) ? w[j] : w[j] / sum);
-      }
-      if (d.has_logits) {
-        const auto l = tr.logits(t, layer);
-        logits.insert(logits.end(), l.begin(), l.end());
-      }
-      if (d.hidden) {
-        const auto h = tr.hidden(t, layer);
-        hidden.insert(hidden.end(), h.begin(), h.end());
-      }
-      ++rows;
-    }
-    GateView g;
-    g.n_tokens = rows;
-    g.k = k;
-    g.n_experts = d.n_experts;
-    g.experts = ids;
-    g.weights = weights;
-    g.logits = logits;
-    g.hidden = hidden;
-    return g;
-  }
-};
-
 template <class T>
 concept ends_layer_calls = requires(T& t) { t.end_layer_call(); };
 
@@ -238,19 +154,18 @@ concept ends_layer_calls = requires(T& t) { t.end_layer_call(); };
   const TraceDims& d = trace.dims();
   std::vector<std::uint8_t> seen(d.n_experts, 0);
   std::uint64_t missing = 0;
-  detail::GateBuffers buf;
-  detail::ForwardWalker(trace).for_each_forward(
-      [&](std::size_t, std::size_t first, std::size_t n, Phase) {
-        for (std::uint32_t l = 0; l < d.n_layers; ++l) {
-          const GateView g = buf.gather(trace, first, n, l, d.top_k, missing);
-          if (g.n_tokens == 0) continue;
-          const std::size_t begin = out.keys.size();
-          for (std::uint32_t e : g.experts)
-            if (!seen[e]) seen[e] = 1, out.keys.push_back(ExpertKey{l, e});
-          for (std::size_t i = begin; i < out.keys.size(); ++i) seen[out.keys[i].expert] = 0;
-          out.call_end.push_back(out.keys.size());
-        }
-      });
+  GateGatherer buf;
+  ForwardWalker(trace).for_each_forward([&](std::size_t, std::size_t first, std::size_t n, Phase) {
+    for (std::uint32_t l = 0; l < d.n_layers; ++l) {
+      const GateView g = buf.gather(trace, first, n, l, d.top_k, missing);
+      if (g.n_tokens == 0) continue;
+      const std::size_t begin = out.keys.size();
+      for (std::uint32_t e : g.experts)
+        if (!seen[e]) seen[e] = 1, out.keys.push_back(ExpertKey{l, e});
+      for (std::size_t i = begin; i < out.keys.size(); ++i) seen[out.keys[i].expert] = 0;
+      out.call_end.push_back(out.keys.size());
+    }
+  });
   return out;
 }
 
@@ -364,7 +279,7 @@ ReplayReport replay(Pipeline& pipeline, const RoutingTrace& trace, const Compute
   rep.sequences = trace.sequence_count();
   const double t_start = clock.now(), stall_start = clock.stall();
   double compute_s = 0.0;
-  detail::GateBuffers buf;
+  GateGatherer buf;
   std::size_t last_seq = static_cast<std::size_t>(-1);
 
   auto run = [&](double dt) {
@@ -372,8 +287,8 @@ ReplayReport replay(Pipeline& pipeline, const RoutingTrace& trace, const Compute
     compute_s += dt;
   };
 
-  detail::ForwardWalker(trace).for_each_forward([&](std::size_t seq, std::size_t first,
-                                                    std::size_t n, Phase phase) {
+  ForwardWalker(trace).for_each_forward([&](std::size_t seq, std::size_t first, std::size_t n,
+                                            Phase phase) {
     if (seq != last_seq) {
       if (options.progress && last_seq != static_cast<std::size_t>(-1))
         options.progress(options.progress_ctx, last_seq + 1, trace.sequence_count());
