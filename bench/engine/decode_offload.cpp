@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "moekit/cache/expert_arena.hpp"
 #include "moekit/pipeline.hpp"  // WeightView, used by moe_layer.hpp
 #include "moekit/precision/thread_pool.hpp"
 
@@ -45,7 +46,7 @@ double seconds(clock_type::time_point t0) {
 // Bytes/s of reading every expert at `p` through a fresh store loader (O_DIRECT), best of 3.
 double measure_bandwidth(const ExpertBacking& b, const moekit::ModelShape& s, moekit::Precision p) {
   const std::size_t n = s.expert_count(), bytes = s.expert_bytes(p);
-  moekit::detail::ExpertArena arena(n, n * bytes + bytes);
+  moekit::ExpertArena arena(n, n * bytes + bytes);
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     ExpertLoader loader = b.make_loader();

@@ -40,6 +40,11 @@ constexpr std::uint32_t L = 32, E = 8, d = 4096;
 
 bool always_missing(const void*, ExpertKey, Precision) noexcept { return false; }
 
+/// One 64-byte line of floats, aligned like the lines of RouterStack's packed panels.
+struct alignas(64) Line {
+  float v[16];
+};
+
 double thread_cpu_s() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -73,7 +78,7 @@ std::vector<double> time_interleaved(int reps, int batches,
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 /// Read-only pass (sum) over `lines` 64-byte lines: no kernel can read them faster.
-MOEKIT_TARGET_AVX512 float read_pass_avx512(const detail::RouterChunk* p, std::size_t lines) {
+MOEKIT_TARGET_AVX512 float read_pass_avx512(const Line* p, std::size_t lines) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   std::size_t i = 0;
   for (; i + 4 <= lines; i += 4) {
@@ -98,7 +103,7 @@ MOEKIT_TARGET_AVX512 float fma_peak_avx512(std::size_t n, float s) {
 }
 #pragma GCC diagnostic pop
 #endif
-float read_pass(const detail::RouterChunk* p, std::size_t lines) {
+float read_pass(const Line* p, std::size_t lines) {
 #if defined(MOEKIT_HAS_X86_KERNELS)
   if (detect_isa() == Isa::avx512) return read_pass_avx512(p, lines);
 #endif
@@ -147,7 +152,7 @@ int main(int argc, char** argv) {
   const RouterStack rs(w, L, E, d, "bench");
   // The same bytes as the packed routers, aligned the same way, for the read-only floor.
   const std::size_t lines_per_gate = std::size_t{E} * d / 16;
-  std::vector<detail::RouterChunk> raw(std::size_t{L} * lines_per_gate);
+  std::vector<Line> raw(std::size_t{L} * lines_per_gate);
   std::memcpy(static_cast<void*>(raw.data()), w.data(), w.size() * sizeof(float));
   std::vector<float> y(3 * E), out;
   out.reserve(3 * E);

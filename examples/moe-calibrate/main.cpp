@@ -49,7 +49,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 [[noreturn]] void bad_flag(const std::string& flag, const std::string& why) {
-  moekit::detail::fail(ErrorKind::invalid_argument, flag + ": " + why);
+  throw moekit::Error(ErrorKind::invalid_argument, flag + ": " + why);
 }
 
 double seconds_since(Clock::time_point t0) {
@@ -129,10 +129,10 @@ class TempFile {
                      ".tmp");
       fd_ = ::open(path_.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);  // never an existing file
       if (fd_ < 0 && errno != EEXIST)
-        moekit::detail::fail(ErrorKind::io, "--disk-dir: cannot create '" + path_.string() +
-                                                "': " + std::strerror(errno));
+        throw moekit::Error(ErrorKind::io, "--disk-dir: cannot create '" + path_.string() +
+                                               "': " + std::strerror(errno));
     }
-    if (fd_ < 0) moekit::detail::fail(ErrorKind::io, "--disk-dir: no free temporary file name");
+    if (fd_ < 0) throw moekit::Error(ErrorKind::io, "--disk-dir: no free temporary file name");
   }
   ~TempFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -151,12 +151,13 @@ class TempFile {
       const std::size_t n = std::min(size - done, chunk.size() * 8);
       const ssize_t w = ::write(fd_, chunk.data(), n);
       if (w <= 0)
-        moekit::detail::fail(ErrorKind::io, "writing '" + path_.string() + "': " +
-                                                std::strerror(errno) + " (disk full? lower --disk-size)");
+        throw moekit::Error(ErrorKind::io, "writing '" + path_.string() +
+                                               "': " + std::strerror(errno) +
+                                               " (disk full? lower --disk-size)");
       done += static_cast<std::size_t>(w);
     }
     if (::fsync(fd_) != 0)
-      moekit::detail::fail(ErrorKind::io, "fsync '" + path_.string() + "': " + std::strerror(errno));
+      throw moekit::Error(ErrorKind::io, "fsync '" + path_.string() + "': " + std::strerror(errno));
     ::close(fd_);
     fd_ = -1;
   }
@@ -180,11 +181,11 @@ DiskResult disk_read(const fs::path& dir, std::size_t size) {
   f.fill(size);
   const int fd = ::open(f.path().c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0)
-    moekit::detail::fail(ErrorKind::unsupported,
-                         "--disk-dir: O_DIRECT open of '" + f.path().string() + "' failed (" +
-                             std::strerror(errno) +
-                             "); tmpfs and some file systems refuse it: use a directory on the "
-                             "disk the expert store lives on");
+    throw moekit::Error(ErrorKind::unsupported,
+                        "--disk-dir: O_DIRECT open of '" + f.path().string() + "' failed (" +
+                            std::strerror(errno) +
+                            "); tmpfs and some file systems refuse it: use a directory on the "
+                            "disk the expert store lives on");
   io::AlignedBuffer buf(chunk, align);
   DiskResult r;
   const auto t0 = Clock::now();
@@ -192,8 +193,8 @@ DiskResult disk_read(const fs::path& dir, std::size_t size) {
     const ssize_t n = ::pread(fd, buf.data(), chunk, static_cast<off_t>(off));
     if (n != static_cast<ssize_t>(chunk)) {
       ::close(fd);
-      moekit::detail::fail(ErrorKind::io, "O_DIRECT read of '" + f.path().string() + "' failed: " +
-                                              std::strerror(errno));
+      throw moekit::Error(ErrorKind::io, "O_DIRECT read of '" + f.path().string() +
+                                             "' failed: " + std::strerror(errno));
     }
   }
   r.bandwidth = double(size) / seconds_since(t0);
@@ -253,76 +254,90 @@ double time_expert(const Expert& e, std::size_t n, ThreadPool& pool, std::size_t
   return median(t);
 }
 
-int run(int argc, char** argv) {
+struct Options {
   std::string out = "this_machine.json", disk_dir = ".", disk_size = "1GiB";
   std::size_t hidden = 4096, ffn = 14336;
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   int reps = 9;
   bool force = false;
-  CLI::App app{"moe-calibrate: measure this machine and write the `this_machine` hardware JSON "
-               "for moe-sim --hardware this_machine --hardware-file FILE"};
-  app.add_option("--out", out, "hardware JSON to write (default this_machine.json)");
-  app.add_flag("--force", force, "overwrite --out if it exists");
-  app.add_option("--disk-dir", disk_dir,
+};
+
+void add_flags(CLI::App& app, Options& o) {
+  app.add_option("--out", o.out, "hardware JSON to write (default this_machine.json)");
+  app.add_flag("--force", o.force, "overwrite --out if it exists");
+  app.add_option("--disk-dir", o.disk_dir,
                  "directory for the temporary O_DIRECT test file (default .; put it on the "
                  "expert store's disk)");
-  app.add_option("--disk-size", disk_size, "size of the temporary file (default 1GiB)");
-  app.add_option("--hidden", hidden, "expert hidden size (default 4096, Mixtral-8x7B)");
-  app.add_option("--ffn", ffn, "expert ffn size (default 14336, Mixtral-8x7B)");
-  app.add_option("--threads", threads, "kernel threads (default: all cores)");
-  app.add_option("--reps", reps, "timed repetitions per measurement (median; default 9)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  if (hidden == 0 || ffn == 0) bad_flag("--hidden/--ffn", "must be > 0");
-  if (hidden % 32 || ffn % 32) bad_flag("--hidden/--ffn", "must be multiples of 32 (q4/q2 groups)");
-  if (threads == 0 || threads > 1024) bad_flag("--threads", "must be in [1, 1024]");
-  if (reps < 1) bad_flag("--reps", "must be >= 1");
-  const std::size_t dsize = parse_size("--disk-size", disk_size);
-  if (fs::exists(out) && !force)
-    bad_flag("--out", "'" + out + "' exists; refusing to overwrite it (pass --force)");
+  app.add_option("--disk-size", o.disk_size, "size of the temporary file (default 1GiB)");
+  app.add_option("--hidden", o.hidden, "expert hidden size (default 4096, Mixtral-8x7B)");
+  app.add_option("--ffn", o.ffn, "expert ffn size (default 14336, Mixtral-8x7B)");
+  app.add_option("--threads", o.threads, "kernel threads (default: all cores)");
+  app.add_option("--reps", o.reps, "timed repetitions per measurement (median; default 9)");
+}
 
-  ThreadPool pool(threads);
+/// The CPU's expert kernels: the weight rate per stored precision (one token, less the call
+/// overhead) and the flop rate from the slope between 1 and 16 tokens at f16.
+sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double overhead) {
   constexpr std::size_t rotation = 256u << 20;  // > 4x the LLC of large server CPUs
-
-  const double mem = memory_bandwidth(pool, 64u << 20, 4, reps);
-  std::printf("memory: streaming read %.2f GB/s (%u threads)\n", mem / 1e9, threads);
-
-  const DiskResult disk = disk_read(disk_dir, dsize);
-  std::printf("disk: O_DIRECT sequential read %.2f GB/s, 4 KiB read latency %.1f us\n",
-              disk.bandwidth / 1e9, disk.latency * 1e6);
-
-  const double overhead =
-      time_expert(make_expert(64, 64, Precision::f32, 1), 1, pool, 0, std::max(reps, 31));
-  std::printf("kernels (ISA %s): call overhead %.1f us; expert %zux%zu:\n",
-              std::string(name(detect_isa())).c_str(), overhead * 1e6, hidden, ffn);
   sim::ProcessorModel cpu;
   cpu.call_overhead_s = overhead;
   for (Precision p : all_precisions) {
     if (p == Precision::skip) continue;
-    const Expert e = make_expert(hidden, ffn, p, 2);
-    const double t = time_expert(e, 1, pool, rotation, reps);
+    const Expert e = make_expert(o.hidden, o.ffn, p, 2);
+    const double t = time_expert(e, 1, pool, rotation, o.reps);
     const double rate = double(e.bytes()) / std::max(t - overhead, t * 1e-3);
     cpu.weight_bytes_per_s[static_cast<std::size_t>(p)] = rate;
     std::printf("  %-5s %8.1f MiB  %9.3f ms  %7.2f GB/s\n", std::string(name(p)).c_str(),
                 double(e.bytes()) / 1048576.0, t * 1e3, rate / 1e9);
     std::fflush(stdout);
   }
-  {
-    const Expert e = make_expert(hidden, ffn, Precision::f16, 3);
-    const double t1 = time_expert(e, 1, pool, rotation, reps);
-    const double t16 = time_expert(e, 16, pool, rotation, reps);
-    const double per_token = (t16 - t1) / 15.0;
-    if (!(per_token > 0))
-      moekit::detail::fail(ErrorKind::internal,
-                           "the 16-token expert call was not slower than the 1-token call; rerun "
-                           "with more --reps on a quieter machine");
-    cpu.flops_per_s = 6.0 * double(hidden) * double(ffn) / per_token;
-    std::printf("  batch slope: %.3f ms per extra token → %.1f GFLOP/s\n", per_token * 1e3,
-                cpu.flops_per_s / 1e9);
+  const Expert e = make_expert(o.hidden, o.ffn, Precision::f16, 3);
+  const double t1 = time_expert(e, 1, pool, rotation, o.reps);
+  const double t16 = time_expert(e, 16, pool, rotation, o.reps);
+  const double per_token = (t16 - t1) / 15.0;
+  if (!(per_token > 0))
+    throw moekit::Error(ErrorKind::internal,
+                        "the 16-token expert call was not slower than the 1-token call; rerun "
+                        "with more --reps on a quieter machine");
+  cpu.flops_per_s = 6.0 * double(o.hidden) * double(o.ffn) / per_token;
+  std::printf("  batch slope: %.3f ms per extra token → %.1f GFLOP/s\n", per_token * 1e3,
+              cpu.flops_per_s / 1e9);
+  return cpu;
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  CLI::App app{
+      "moe-calibrate: measure this machine and write the `this_machine` hardware JSON "
+      "for moe-sim --hardware this_machine --hardware-file FILE"};
+  add_flags(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   }
+  if (o.hidden == 0 || o.ffn == 0) bad_flag("--hidden/--ffn", "must be > 0");
+  if (o.hidden % 32 || o.ffn % 32)
+    bad_flag("--hidden/--ffn", "must be multiples of 32 (q4/q2 groups)");
+  if (o.threads == 0 || o.threads > 1024) bad_flag("--threads", "must be in [1, 1024]");
+  if (o.reps < 1) bad_flag("--reps", "must be >= 1");
+  const std::size_t dsize = parse_size("--disk-size", o.disk_size);
+  if (fs::exists(o.out) && !o.force)
+    bad_flag("--out", "'" + o.out + "' exists; refusing to overwrite it (pass --force)");
+
+  ThreadPool pool(o.threads);
+  const double mem = memory_bandwidth(pool, 64u << 20, 4, o.reps);
+  std::printf("memory: streaming read %.2f GB/s (%u threads)\n", mem / 1e9, o.threads);
+
+  const DiskResult disk = disk_read(o.disk_dir, dsize);
+  std::printf("disk: O_DIRECT sequential read %.2f GB/s, 4 KiB read latency %.1f us\n",
+              disk.bandwidth / 1e9, disk.latency * 1e6);
+
+  const double overhead =
+      time_expert(make_expert(64, 64, Precision::f32, 1), 1, pool, 0, std::max(o.reps, 31));
+  std::printf("kernels (ISA %s): call overhead %.1f us; expert %zux%zu:\n",
+              std::string(name(detect_isa())).c_str(), overhead * 1e6, o.hidden, o.ffn);
+  const sim::ProcessorModel cpu = measure_kernels(o, pool, overhead);
 
   sim::HardwareModel h;
   h.name = "this_machine";
@@ -332,16 +347,16 @@ int run(int argc, char** argv) {
                 "device = cpu = moekit's CPU expert_ffn, %u threads, ISA %s, expert %zux%zu "
                 "[measured]; memory streaming read %.2f GB/s [measured, reference]; "
                 "layer_overhead_s = call overhead [choice]",
-                double(dsize) / 1073741824.0, disk_dir.c_str(), threads,
-                std::string(name(detect_isa())).c_str(), hidden, ffn, mem / 1e9);
+                double(dsize) / 1073741824.0, o.disk_dir.c_str(), o.threads,
+                std::string(name(detect_isa())).c_str(), o.hidden, o.ffn, mem / 1e9);
   h.source = src;
   h.link = {.bandwidth_bytes_per_s = disk.bandwidth, .latency_s = disk.latency};
   h.device = cpu;
   h.cpu = cpu;
   h.layer_overhead_s = overhead;
-  sim::write_hardware_json(h, out, force);
-  std::printf("wrote %s (use: moe-sim --hardware this_machine --hardware-file %s)\n", out.c_str(),
-              out.c_str());
+  sim::write_hardware_json(h, o.out, o.force);
+  std::printf("wrote %s (use: moe-sim --hardware this_machine --hardware-file %s)\n", o.out.c_str(),
+              o.out.c_str());
   return 0;
 }
 

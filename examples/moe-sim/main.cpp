@@ -48,7 +48,7 @@ using namespace moe_sim;
 namespace {
 
 [[noreturn]] void bad_flag(const std::string& flag, const std::string& why) {
-  moekit::detail::fail(ErrorKind::invalid_argument, flag + ": " + why);
+  throw moekit::Error(ErrorKind::invalid_argument, flag + ": " + why);
 }
 
 /// Parses "12", "1.5e9", with an optional unit suffix from `units` (case-insensitive).
@@ -162,7 +162,7 @@ Sweep parse_sweep(const std::string& s) {
 /// Reads a trace in moekit's binary or JSONL format (told apart by the magic bytes).
 RoutingTrace load_trace(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) moekit::detail::fail(ErrorKind::io, "--trace: cannot open '" + path + "'");
+  if (!f) throw moekit::Error(ErrorKind::io, "--trace: cannot open '" + path + "'");
   char magic[8] = {};
   f.read(magic, 8);
   if (f.gcount() == 8 && std::memcmp(magic, trace_magic, 8) == 0) return read_trace_binary(path);
@@ -173,7 +173,7 @@ RoutingTrace load_trace(const std::string& path) {
 /// decode order ("token_idx").
 RoutingTrace load_mixtral(const std::string& path) {
   std::ifstream f(path);
-  if (!f) moekit::detail::fail(ErrorKind::io, "--import-mixtral: cannot open '" + path + "'");
+  if (!f) throw moekit::Error(ErrorKind::io, "--import-mixtral: cannot open '" + path + "'");
   std::string first;
   std::getline(f, first);
   RoutingTrace t = first.find("\"token_pos\"") != std::string::npos ? read_mixtral_raw_jsonl(path)
@@ -478,9 +478,9 @@ std::string csv_of(const std::vector<Row>& rows) {
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) moekit::detail::fail(ErrorKind::io, "cannot open '" + path + "' for writing");
+  if (!f) throw moekit::Error(ErrorKind::io, "cannot open '" + path + "' for writing");
   f << text;
-  if (!f) moekit::detail::fail(ErrorKind::io, "write error on '" + path + "'");
+  if (!f) throw moekit::Error(ErrorKind::io, "write error on '" + path + "'");
 }
 
 /// The names of the presets moe-sim replays, separated by `sep`.
@@ -510,10 +510,7 @@ std::vector<const SimEntry*> chosen_presets(const std::string& name) {
   return out;
 }
 
-int run(int argc, char** argv) {
-  Options o;
-  CLI::App app{"moe-sim: replay routing traces through moekit's offloading presets on a "
-               "simulated machine, scored against Belady's optimum"};
+void add_flags(CLI::App& app, Options& o) {
   app.add_option("--trace", o.traces, "trace file: moekit binary (.mktrace) or JSONL");
   app.add_option("--import-mixtral", o.mixtral,
                  "shared Mixtral JSONL trace (*.decode.jsonl or *.prefill-decode.raw.jsonl)");
@@ -556,65 +553,84 @@ int run(int argc, char** argv) {
                "every available preset + Belady on the repository's and the shared traces");
   app.add_flag("--no-belady", o.no_belady, "leave out the Belady reference");
   app.add_flag("--list", o.list, "list presets and hardware models, then exit");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+}
 
-  if (o.list) {
-    std::printf("presets:\n");
-    for (const SimEntry& p : sim_presets())
-      std::printf("  %-14s %s\n", std::string(p.name).c_str(), std::string(p.what).c_str());
-    std::printf("references:\n  %-14s %s\n", "belady", std::string(belady_entry.what).c_str());
-    for (const auto& p : cost_aware_table)
-      std::printf("  %-14s %s\n", std::string(p.name).c_str(), std::string(p.what).c_str());
-    std::printf("hardware:\n");
-    for (const auto& n : hardware_preset_names())
-      std::printf("  %-21s %s\n", n.c_str(), hardware_preset(n).source.c_str());
-    std::printf("  %-21s measured by moe-calibrate; needs --hardware-file\n", "this_machine");
-    return 0;
-  }
+void print_list() {
+  std::printf("presets:\n");
+  for (const SimEntry& p : sim_presets())
+    std::printf("  %-14s %s\n", std::string(p.name).c_str(), std::string(p.what).c_str());
+  std::printf("references:\n  %-14s %s\n", "belady", std::string(belady_entry.what).c_str());
+  for (const auto& p : cost_aware_table)
+    std::printf("  %-14s %s\n", std::string(p.name).c_str(), std::string(p.what).c_str());
+  std::printf("hardware:\n");
+  for (const auto& n : hardware_preset_names())
+    std::printf("  %-21s %s\n", n.c_str(), hardware_preset(n).source.c_str());
+  std::printf("  %-21s measured by moe-calibrate; needs --hardware-file\n", "this_machine");
+}
+
+/// The flags that hold for every run, checked and read.
+struct Setup {
+  Options o;
+  Precision base = Precision::f16;
+  std::optional<Sweep> sweep;
+  BudgetSpec budget;
+  HardwareModel hw;
+  std::shared_ptr<const PrecisionTable> bitwidths;
+};
+
+Setup setup_of(const Options& o) {
   for (auto [flag, v] : {std::pair{"--hobbit-recall", o.hobbit_recall},
                          std::pair{"--fate-recall", o.fate_recall},
                          std::pair{"--fallback-ratio", o.fallback_ratio}})
     if (!(v >= 0 && v <= 1)) bad_flag(flag, "must be in [0, 1]");
-  std::shared_ptr<const PrecisionTable> bitwidths;
+  Setup s;
+  s.o = o;
   if (!o.bitwidths.empty())
-    bitwidths = std::make_shared<const PrecisionTable>(PrecisionTable::load(o.bitwidths));
-
+    s.bitwidths = std::make_shared<const PrecisionTable>(PrecisionTable::load(o.bitwidths));
   const auto base = parse_precision(o.precision);
-  if (!base || *base == Precision::skip) bad_flag("--precision", "unknown precision '" + o.precision + "'");
+  if (!base || *base == Precision::skip)
+    bad_flag("--precision", "unknown precision '" + o.precision + "'");
+  s.base = *base;
   if (o.sweeps.size() > 1) bad_flag("--sweep", "give one sweep per run");
-  std::optional<Sweep> sweep;
-  if (!o.sweeps.empty()) sweep = parse_sweep(o.sweeps[0]);
-  const BudgetSpec budget = BudgetSpec::parse("--budget", o.budget);
-  const HardwareModel hw = hardware_for(o);
+  if (!o.sweeps.empty()) s.sweep = parse_sweep(o.sweeps[0]);
+  s.budget = BudgetSpec::parse("--budget", o.budget);
+  s.hw = hardware_for(o);
+  return s;
+}
 
-  // ---- traces ---------------------------------------------------------------------------------
+/// The traces to replay, with the notes --compare makes and the expert sizes of their sidecars.
+struct Traces {
+  std::vector<RoutingTrace> list;
   std::vector<std::string> notes;
-  std::vector<RoutingTrace> traces;
-  ExpertDims trace_dims;
+  ExpertDims dims;
+};
+
+Traces load_traces(const Options& o) {
+  Traces t;
   if (o.compare) {
     if (!o.traces.empty() || !o.mixtral.empty())
       bad_flag("--compare", "runs on the repository's traces; do not combine with --trace");
-    traces = compare_traces(notes, o.synthetic, trace_dims);
-    o.preset = "all";
+    t.list = compare_traces(t.notes, o.synthetic, t.dims);
   } else if (o.synthetic) {
-    traces.push_back(bundled_synthetic_trace());
+    t.list.push_back(bundled_synthetic_trace());
   }
-  for (const auto& t : o.traces) {
-    traces.push_back(load_trace(t));
-    read_sidecar_dims(t, traces.back().name(), trace_dims);
+  for (const auto& path : o.traces) {
+    t.list.push_back(load_trace(path));
+    read_sidecar_dims(path, t.list.back().name(), t.dims);
   }
-  for (const auto& t : o.mixtral) traces.push_back(load_mixtral(t));
-  if (traces.empty())
-    bad_flag("--trace", o.compare ? "no traces found for --compare" : "give --trace, "
-                                                                      "--import-mixtral or --compare");
+  for (const auto& path : o.mixtral) t.list.push_back(load_mixtral(path));
+  if (t.list.empty())
+    bad_flag("--trace", o.compare ? "no traces found for --compare"
+                                  : "give --trace, --import-mixtral or --compare");
+  return t;
+}
 
-  // ---- presets --------------------------------------------------------------------------------
-  std::vector<const SimEntry*> chosen = chosen_presets(o.preset);
-  std::vector<std::string> unavailable;
+/// The presets `preset` names that the sweep applies to, then the references to score them
+/// against (`with_belady` says whether they run).
+std::vector<const SimEntry*> chosen_runs(const std::string& preset,
+                                         const std::optional<Sweep>& sweep, bool no_belady,
+                                         bool& with_belady) {
+  std::vector<const SimEntry*> chosen = chosen_presets(preset);
   if (sweep && (sweep->param == "t1" || sweep->param == "t2" || sweep->param == "fallback")) {
     const bool t = sweep->param != "fallback";
     std::vector<const SimEntry*> keep;
@@ -630,9 +646,8 @@ int run(int argc, char** argv) {
     }
     chosen = keep;
   }
-  const bool with_belady = !o.no_belady && (!sweep || sweep->param == "budget" ||
-                                            sweep->param == "bandwidth" || sweep->param == "t1" ||
-                                            sweep->param == "t2");
+  with_belady = !no_belady && (!sweep || sweep->param == "budget" || sweep->param == "bandwidth" ||
+                               sweep->param == "t1" || sweep->param == "t2");
   if (with_belady) {
     // Belady, and the cost-aware reference of each mixed-precision preset (T1/T2 sweeps: only
     // the latter, whose precisions follow T1/T2).
@@ -644,75 +659,104 @@ int run(int argc, char** argv) {
     chosen.insert(chosen.end(), refs.begin(), refs.end());
   }
   if (chosen.empty()) bad_flag("--preset", "no available preset to run");
+  return chosen;
+}
 
-  // ---- runs -----------------------------------------------------------------------------------
-  const std::vector<std::string> values = sweep ? sweep->values : std::vector<std::string>{""};
-  const std::size_t total = traces.size() * values.size() * chosen.size();
-  ProgressBar bar(stderr, total, isatty(2) != 0 && !o.json);
+/// One trace at one sweep value: the presets' parameters, and what the rows say about them.
+struct Point {
+  RunParams rp;
+  double x = 0;         ///< plot abscissa
+  double percent = 0;   ///< the budget as a share of all experts
+  std::size_t one = 0;  ///< bytes of one expert at the base precision
+};
+
+Point point_of(const Setup& s, const RoutingTrace& tr, const ModelShape& shape,
+               const ComputeModel& compute, const ExpertDims& dims, const std::string& v) {
+  const Options& o = s.o;
+  const std::optional<Sweep>& sweep = s.sweep;
+  Point pt;
+  RunParams& rp = pt.rp;
+  rp.shape = shape;
+  rp.link = s.hw.link;
+  rp.compute = compute;
+  rp.t1 = o.t1, rp.t2 = o.t2, rp.gamma = o.gamma;
+  rp.hobbit_recall = o.hobbit_recall, rp.fate_recall = o.fate_recall;
+  rp.fallback_ratio = o.fallback_ratio, rp.seed = o.seed;
+  rp.bitwidths = s.bitwidths;
+  std::string routers = o.routers;  // else the recorded model's own, from the sidecar
+  if (const auto it = dims.find(tr.name()); routers.empty() && it != dims.end())
+    routers = it->second.routers;
+  if (!routers.empty() && tr.has_hidden())  // read once per trace shape
+    rp.routers = std::make_shared<const std::vector<float>>(
+        load_routers(routers, shape.n_layers, shape.n_experts));
+  BudgetSpec b = s.budget;
+  double& x = pt.x;
+  if (sweep && sweep->param == "budget") b = BudgetSpec::parse("--sweep budget", v);
+  if (sweep && sweep->param == "bandwidth")
+    rp.link.bandwidth_bytes_per_s = x = parse_bandwidth("--sweep bandwidth", v);
+  if (sweep && sweep->param == "t1") rp.t1 = x = parse_quantity("--sweep t1", v, {});
+  if (sweep && sweep->param == "t2") rp.t2 = x = parse_quantity("--sweep t2", v, {});
+  if (sweep && sweep->param == "fallback") {
+    rp.fallback_ratio = x = parse_quantity("--sweep fallback", v, {});
+    if (x > 1) bad_flag("--sweep fallback", "a ratio must be in [0, 1]");
+  }
+  rp.config.base_precision = s.base;
+  rp.config.expert_budget_bytes = b.bytes(shape, s.base);
+  pt.one = shape.expert_bytes(s.base);
+  const std::size_t one = pt.one;
+  if (rp.config.expert_budget_bytes < std::size_t{shape.top_k} * one)
+    bad_flag(sweep && sweep->param == "budget" ? "--sweep budget" : "--budget",
+             "'" + b.text + "' gives " + std::to_string(rp.config.expert_budget_bytes) +
+                 " bytes; a token needs top_k = " + std::to_string(shape.top_k) + " experts of " +
+                 std::to_string(one) + " bytes at " + std::string(name(s.base)) + " (" +
+                 std::to_string(shape.top_k * one) + " bytes = " + std::to_string(shape.top_k) +
+                 " slots)");
+  pt.percent = 100.0 * double(rp.config.expert_budget_bytes / one) / double(shape.expert_count());
+  if (sweep && sweep->param == "budget") x = pt.percent;
+  return pt;
+}
+
+/// The row of preset `p` at point `pt` of trace `tr`, before it runs.
+Row row_of(const Setup& s, const RoutingTrace& tr, const std::string& v, const Point& pt,
+           const SimEntry& p) {
+  Row r;
+  r.trace = tr.name();
+  r.preset = std::string(p.name);
+  r.sweep_param = s.sweep ? s.sweep->param : "";
+  r.sweep_value = v;
+  r.x = pt.x;
+  r.budget_bytes = pt.rp.config.expert_budget_bytes;
+  r.budget_slots = pt.rp.config.expert_budget_bytes / pt.one;
+  r.budget_percent = pt.percent;
+  r.hardware = s.hw.name;
+  r.bandwidth = pt.rp.link.bandwidth_bytes_per_s;
+  r.t1 = pt.rp.t1, r.t2 = pt.rp.t2, r.gamma = pt.rp.gamma;
+  r.reference = std::string(p.reference);
+  return r;
+}
+
+/// Every chosen preset on every trace at every sweep value; a preset that cannot run on a trace
+/// is listed in `unavailable` instead.
+std::vector<Row> run_all(const Setup& s, const Traces& t,
+                         const std::vector<const SimEntry*>& chosen,
+                         std::vector<std::string>& unavailable) {
+  const std::vector<std::string> values = s.sweep ? s.sweep->values : std::vector<std::string>{""};
+  const std::size_t total = t.list.size() * values.size() * chosen.size();
+  ProgressBar bar(stderr, total, isatty(2) != 0 && !s.o.json);
   std::vector<Row> rows;
   std::size_t done = 0;
-  const auto t_wall = std::chrono::steady_clock::now();
-  for (const RoutingTrace& tr : traces) {
-    const ModelShape shape = shape_for(tr, o, trace_dims);
-    const ComputeModel compute = hw.compute_model(shape, dense_for(shape));
+  for (const RoutingTrace& tr : t.list) {
+    const ModelShape shape = shape_for(tr, s.o, t.dims);
+    const ComputeModel compute = s.hw.compute_model(shape, dense_for(shape));
     for (const std::string& v : values) {
-      RunParams rp;
-      rp.shape = shape;
-      rp.link = hw.link;
-      rp.compute = compute;
-      rp.t1 = o.t1, rp.t2 = o.t2, rp.gamma = o.gamma;
-      rp.hobbit_recall = o.hobbit_recall, rp.fate_recall = o.fate_recall;
-      rp.fallback_ratio = o.fallback_ratio, rp.seed = o.seed;
-      rp.bitwidths = bitwidths;
-      std::string routers = o.routers;  // else the recorded model's own, from the sidecar
-      if (const auto it = trace_dims.find(tr.name()); routers.empty() && it != trace_dims.end())
-        routers = it->second.routers;
-      if (!routers.empty() && tr.has_hidden())  // read once per trace shape
-        rp.routers = std::make_shared<const std::vector<float>>(
-            load_routers(routers, shape.n_layers, shape.n_experts));
-      BudgetSpec b = budget;
-      double x = 0;
-      if (sweep && sweep->param == "budget") b = BudgetSpec::parse("--sweep budget", v);
-      if (sweep && sweep->param == "bandwidth")
-        rp.link.bandwidth_bytes_per_s = x = parse_bandwidth("--sweep bandwidth", v);
-      if (sweep && sweep->param == "t1") rp.t1 = x = parse_quantity("--sweep t1", v, {});
-      if (sweep && sweep->param == "t2") rp.t2 = x = parse_quantity("--sweep t2", v, {});
-      if (sweep && sweep->param == "fallback") {
-        rp.fallback_ratio = x = parse_quantity("--sweep fallback", v, {});
-        if (x > 1) bad_flag("--sweep fallback", "a ratio must be in [0, 1]");
-      }
-      rp.config.base_precision = *base;
-      rp.config.expert_budget_bytes = b.bytes(shape, *base);
-      const std::size_t one = shape.expert_bytes(*base);
-      if (rp.config.expert_budget_bytes < std::size_t{shape.top_k} * one)
-        bad_flag(sweep && sweep->param == "budget" ? "--sweep budget" : "--budget",
-                 "'" + b.text + "' gives " + std::to_string(rp.config.expert_budget_bytes) +
-                     " bytes; a token needs top_k = " + std::to_string(shape.top_k) +
-                     " experts of " + std::to_string(one) + " bytes at " +
-                     std::string(name(*base)) + " (" + std::to_string(shape.top_k * one) +
-                     " bytes = " + std::to_string(shape.top_k) + " slots)");
-      const double percent = 100.0 * double(rp.config.expert_budget_bytes / one) /
-                             double(shape.expert_count());
-      if (sweep && sweep->param == "budget") x = percent;
+      const Point pt = point_of(s, tr, shape, compute, t.dims, v);
       for (const SimEntry* p : chosen) {
         bar.update(done, tr.name().substr(tr.name().find_last_of('/') + 1) + " " +
                              std::string(p->name) + " " + v);
-        Row r;
-        r.trace = tr.name();
-        r.preset = std::string(p->name);
-        r.sweep_param = sweep ? sweep->param : "";
-        r.sweep_value = v;
-        r.x = x;
-        r.budget_bytes = rp.config.expert_budget_bytes;
-        r.budget_slots = rp.config.expert_budget_bytes / one;
-        r.budget_percent = percent;
-        r.hardware = hw.name;
-        r.bandwidth = rp.link.bandwidth_bytes_per_s;
-        r.t1 = rp.t1, r.t2 = rp.t2, r.gamma = rp.gamma;
-        r.reference = std::string(p->reference);
+        Row r = row_of(s, tr, v, pt, *p);
         ++done;
         try {
-          PresetResult res = p->run(rp, tr);
+          PresetResult res = p->run(pt.rp, tr);
           r.rep = std::move(res.report);
           r.label = std::move(res.label);
           r.note = std::move(res.note);
@@ -727,96 +771,138 @@ int run(int argc, char** argv) {
   }
   bar.update(done, "done");
   bar.finish();
-  const double wall =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wall).count();
+  return rows;
+}
 
-  // ---- output ---------------------------------------------------------------------------------
+/// The sweep's CSV and one SVG per trace; returns the files written.
+std::vector<std::string> write_sweep(const Setup& s, const std::vector<RoutingTrace>& traces,
+                                     const std::vector<const SimEntry*>& chosen,
+                                     const std::vector<Row>& rows) {
+  const Sweep& sweep = *s.sweep;
   std::vector<std::string> written;
-  if (sweep) {
-    const std::string csv_path = o.out + ".csv";
-    write_text(csv_path, csv_of(rows));
-    written.push_back(csv_path);
-    for (std::size_t ti = 0; ti < traces.size(); ++ti) {
-      std::vector<PlotSeries> series;
-      for (const SimEntry* p : chosen) {
-        PlotSeries s{std::string(p->name), {}, {}, p == &belady_entry};
-        for (const Row& r : rows)
-          if (r.trace == traces[ti].name() && r.preset == p->name) {
-            s.x.push_back(r.x);
-            s.y.push_back(sweep->param == "budget" ? r.rep.miss_penalty()
-                                                   : r.rep.decode_tokens_per_s());
-          }
-        series.push_back(std::move(s));
-      }
-      const bool by_budget = sweep->param == "budget";
-      const std::string title =
-          (by_budget ? "miss penalty vs cache size — " : "decode tokens/s vs " + sweep->param +
-                                                             " — ") +
-          traces[ti].name() + (traces[ti].synthetic() ? " (SYNTHETIC)" : "");
-      const std::string x_label =
-          by_budget ? "expert cache (% of all experts)"
-                    : (sweep->param == "bandwidth" ? "link bandwidth (bytes/s)" : sweep->param);
-      const std::string y_label = by_budget ? "miss penalty (full-precision-equivalent misses)"
-                                            : "simulated decode tokens/s";
-      const std::string svg_path =
-          traces.size() == 1 ? o.out + ".svg" : o.out + "-" + std::to_string(ti) + ".svg";
-      write_text(svg_path, svg_line_plot(title, x_label, y_label, series));
-      written.push_back(svg_path);
+  const std::string csv_path = s.o.out + ".csv";
+  write_text(csv_path, csv_of(rows));
+  written.push_back(csv_path);
+  for (std::size_t ti = 0; ti < traces.size(); ++ti) {
+    std::vector<PlotSeries> series;
+    for (const SimEntry* p : chosen) {
+      PlotSeries ps{std::string(p->name), {}, {}, p == &belady_entry};
+      for (const Row& r : rows)
+        if (r.trace == traces[ti].name() && r.preset == p->name) {
+          ps.x.push_back(r.x);
+          ps.y.push_back(sweep.param == "budget" ? r.rep.miss_penalty()
+                                                 : r.rep.decode_tokens_per_s());
+        }
+      series.push_back(std::move(ps));
     }
+    const bool by_budget = sweep.param == "budget";
+    const std::string title = (by_budget ? "miss penalty vs cache size — "
+                                         : "decode tokens/s vs " + sweep.param + " — ") +
+                              traces[ti].name() + (traces[ti].synthetic() ? " (SYNTHETIC)" : "");
+    const std::string x_label =
+        by_budget ? "expert cache (% of all experts)"
+                  : (sweep.param == "bandwidth" ? "link bandwidth (bytes/s)" : sweep.param);
+    const std::string y_label =
+        by_budget ? "miss penalty (full-precision-equivalent misses)" : "simulated decode tokens/s";
+    const std::string svg_path =
+        traces.size() == 1 ? s.o.out + ".svg" : s.o.out + "-" + std::to_string(ti) + ".svg";
+    write_text(svg_path, svg_line_plot(title, x_label, y_label, series));
+    written.push_back(svg_path);
   }
+  return written;
+}
 
-  if (o.json) {
-    nlohmann::json j;
-    j["hardware"] = {{"name", hw.name}, {"source", hw.source}};
-    j["runs"] = nlohmann::json::array();
-    for (const Row& r : rows) {
-      nlohmann::json x = report_json(r.rep);
-      x["preset"] = r.preset;
-      x["label"] = r.label;
-      x["substitution"] = r.note;
-      x["reference"] = r.reference;
-      x["budget_bytes"] = r.budget_bytes;
-      x["budget_slots"] = r.budget_slots;
-      x["budget_percent"] = r.budget_percent;
-      x["bandwidth_bytes_per_s"] = r.bandwidth;
-      if (sweep) x["sweep"] = {{"param", r.sweep_param}, {"value", r.sweep_value}};
-      j["runs"].push_back(std::move(x));
-    }
-    j["unavailable"] = unavailable;
-    if (!with_belady) j["unavailable"].push_back("belady: left out");
-    j["notes"] = notes;
-    j["files"] = written;
-    std::cout << j.dump(2) << "\n";
-    return 0;
+/// What the runs produced: their rows, the presets that could not run, the files written.
+struct Outcome {
+  std::vector<Row> rows;
+  std::vector<std::string> unavailable, written;
+  bool with_belady = false;
+};
+
+void print_json(const Setup& s, const Traces& t, const Outcome& out) {
+  nlohmann::json j;
+  j["hardware"] = {{"name", s.hw.name}, {"source", s.hw.source}};
+  j["runs"] = nlohmann::json::array();
+  for (const Row& r : out.rows) {
+    nlohmann::json x = report_json(r.rep);
+    x["preset"] = r.preset;
+    x["label"] = r.label;
+    x["substitution"] = r.note;
+    x["reference"] = r.reference;
+    x["budget_bytes"] = r.budget_bytes;
+    x["budget_slots"] = r.budget_slots;
+    x["budget_percent"] = r.budget_percent;
+    x["bandwidth_bytes_per_s"] = r.bandwidth;
+    if (s.sweep) x["sweep"] = {{"param", r.sweep_param}, {"value", r.sweep_value}};
+    j["runs"].push_back(std::move(x));
   }
-  std::printf("hardware: %s (link %.1f GB/s)   wall time %.2f s\n", hw.name.c_str(),
-              hw.link.bandwidth_bytes_per_s / 1e9, wall);
-  if (o.compare && !sweep) {
-    std::printf("budget %s of the experts; penalty = HOBBIT miss penalty (a miss at the base "
-                "precision counts 1, lower precisions bits/base bits); /belady = penalty / "
-                "Belady's; /ref = penalty / the preset's reference (cost-aware Belady with the "
-                "same precisions for mixed-precision presets); pf prec/rec = prefetch "
-                "precision/recall at distance 1\n",
-                budget.text.c_str());
-    print_compare(rows);
+  j["unavailable"] = out.unavailable;
+  if (!out.with_belady) j["unavailable"].push_back("belady: left out");
+  j["notes"] = t.notes;
+  j["files"] = out.written;
+  std::cout << j.dump(2) << "\n";
+}
+
+void print_text(const Setup& s, const Traces& t, const Outcome& out, double wall) {
+  std::printf("hardware: %s (link %.1f GB/s)   wall time %.2f s\n", s.hw.name.c_str(),
+              s.hw.link.bandwidth_bytes_per_s / 1e9, wall);
+  if (s.o.compare && !s.sweep) {
+    std::printf(
+        "budget %s of the experts; penalty = HOBBIT miss penalty (a miss at the base "
+        "precision counts 1, lower precisions bits/base bits); /belady = penalty / "
+        "Belady's; /ref = penalty / the preset's reference (cost-aware Belady with the "
+        "same precisions for mixed-precision presets); pf prec/rec = prefetch "
+        "precision/recall at distance 1\n",
+        s.budget.text.c_str());
+    print_compare(out.rows);
   } else {
-    print_table(rows, sweep.has_value());
+    print_table(out.rows, s.sweep.has_value());
   }
   // What ran, per preset: the label (and any substitution) of its first run on each trace.
   std::vector<std::string> said;
-  for (const Row& r : rows) {
-    const std::string t = r.trace.substr(r.trace.find_last_of('/') + 1);
+  for (const Row& r : out.rows) {
     const std::string line = r.preset + " = " + r.label + (r.note.empty() ? "" : " — " + r.note);
     if (r.label == r.preset && r.note.empty()) continue;
     if (std::find(said.begin(), said.end(), line) != said.end()) continue;
     said.push_back(line);
   }
   for (const auto& l : said) std::printf("%s\n", l.c_str());
-  for (const RoutingTrace& tr : traces)
+  for (const RoutingTrace& tr : t.list)
     if (tr.synthetic()) std::printf("note: %s is SYNTHETIC routing\n", tr.name().c_str());
-  for (const auto& u : unavailable) std::printf("%s\n", u.c_str());
-  for (const auto& n : notes) std::printf("note: %s\n", n.c_str());
-  for (const auto& w : written) std::printf("wrote %s\n", w.c_str());
+  for (const auto& u : out.unavailable) std::printf("%s\n", u.c_str());
+  for (const auto& n : t.notes) std::printf("note: %s\n", n.c_str());
+  for (const auto& w : out.written) std::printf("wrote %s\n", w.c_str());
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  CLI::App app{
+      "moe-sim: replay routing traces through moekit's offloading presets on a "
+      "simulated machine, scored against Belady's optimum"};
+  add_flags(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (o.list) {
+    print_list();
+    return 0;
+  }
+  const Setup s = setup_of(o);
+  const Traces t = load_traces(o);
+  Outcome out;
+  const std::vector<const SimEntry*> chosen =
+      chosen_runs(o.compare ? "all" : o.preset, s.sweep, o.no_belady, out.with_belady);
+  const auto t_wall = std::chrono::steady_clock::now();
+  out.rows = run_all(s, t, chosen, out.unavailable);
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wall).count();
+  if (s.sweep) out.written = write_sweep(s, t.list, chosen, out.rows);
+  if (o.json)
+    print_json(s, t, out);
+  else
+    print_text(s, t, out, wall);
   return 0;
 }
 

@@ -50,6 +50,7 @@
 #include "moekit/sim/sim_loader.hpp"
 #include "moekit/sim/trace.hpp"
 #include "moekit/sim/trace_stats.hpp"
+#include "moekit/sim/trace_walk.hpp"
 #include "moekit/tools/activation_profile.hpp"
 
 namespace moe_sim {
@@ -126,11 +127,11 @@ ScoredScript scored_script(const moekit::sim::RoutingTrace& tr, Scorer scorer) {
   std::vector<int> slot(d.n_experts, -1);
   std::vector<ExpertDemand> demands;
   std::vector<Precision> prec;
-  sim::detail::GateBuffers buf;
+  sim::GateGatherer buf;
   std::uint64_t missing = 0;
   std::size_t last_seq = static_cast<std::size_t>(-1);
-  sim::detail::ForwardWalker(tr).for_each_forward([&](std::size_t seq, std::size_t first,
-                                                      std::size_t n, Phase phase) {
+  sim::ForwardWalker(tr).for_each_forward([&](std::size_t seq, std::size_t first, std::size_t n,
+                                              Phase phase) {
     if (seq != last_seq) {
       if constexpr (requires { scorer.begin_sequence(); }) scorer.begin_sequence();
       last_seq = seq;

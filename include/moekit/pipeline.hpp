@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "moekit/cache/expert_arena.hpp"
 #include "moekit/cache/expert_cache.hpp"
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/gate_view.hpp"
@@ -29,7 +30,6 @@
 #include "moekit/core/model_shape.hpp"
 #include "moekit/core/plan.hpp"
 #include "moekit/core/prefetch_list.hpp"
-#include "moekit/detail/expert_arena.hpp"
 #include "moekit/error.hpp"
 #include "moekit/score/full_top_k.hpp"
 
@@ -165,9 +165,8 @@ class OffloadPipeline {
     for (auto& v : soft_by_layer_) v.reserve(E);
     if constexpr (keeps_bytes) {
       const std::size_t max_bytes = shape_.expert_bytes(cfg_.base_precision);
-      arena_ = detail::ExpertArena(N + cfg_.staging_slots,
-                                   cfg_.expert_budget_bytes + cfg_.staging_slots * max_bytes +
-                                       max_bytes);
+      arena_ = ExpertArena(N + cfg_.staging_slots,
+                           cfg_.expert_budget_bytes + cfg_.staging_slots * max_bytes + max_bytes);
     }
     for (std::size_t i = 0; i < bytes_.size(); ++i)  // every Precision, `skip` included
       bytes_[i] = shape_.expert_bytes(static_cast<Precision>(i));
@@ -610,7 +609,7 @@ class OffloadPipeline {
   [[no_unique_address]] SchedulerT scheduler_;
   [[no_unique_address]] TokenPolicyT token_policy_;
   Cache cache_;
-  detail::ExpertArena arena_;
+  ExpertArena arena_;
 
   PipelineStats stats_{};
   LayerPlan plan_;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "io/io_test_util.hpp"
-#include "moekit/detail/expert_arena.hpp"
+#include "moekit/cache/expert_arena.hpp"
 #include "moekit/io/aligned_buffer.hpp"
 #include "moekit/io/byte_source.hpp"
 #include "moekit/io/detail/io_memory.hpp"
@@ -108,7 +108,7 @@ TEST_CASE("io memory: O_DIRECT reads into huge-page buffers are exact (pread and
 }
 
 TEST_CASE("io memory: the expert arena puts large slot buffers on huge pages", "[io][memory]") {
-  moekit::detail::ExpertArena arena(3, 64 * mib);
+  moekit::ExpertArena arena(3, 64 * mib);
   const auto big = arena.acquire(0, 3 * mib + 100);
   CHECK(big.size() == 3 * mib + 100);
   CHECK(is_aligned(big.data(), io::detail::huge_page_bytes));

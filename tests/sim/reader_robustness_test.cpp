@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,6 +60,11 @@ std::vector<std::byte> bytes_of(const std::string& s) {
 std::string text_of(const std::vector<std::byte>& b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
+std::vector<std::byte> file_bytes(const char* path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE(f);
+  return bytes_of(std::string(std::istreambuf_iterator<char>(f), {}));
+}
 
 RoutingTrace small_trace() {
   RoutingTrace t = generate_synthetic_trace(
@@ -97,7 +104,7 @@ TEST_CASE("JSONL trace readers survive mutated input", "[sim][robustness]") {
 }
 
 TEST_CASE("npy and hardware JSON readers survive mutated input", "[sim][robustness]") {
-  const auto npy = sim::detail::read_file_bytes(MOEKIT_SOURCE_DIR "/data/stats/mixtral-top1-transition.npy");
+  const auto npy = file_bytes(MOEKIT_SOURCE_DIR "/data/stats/mixtral-top1-transition.npy");
   mutate_and_parse(npy, [](const auto& b) { (void)parse_npy(b, "fuzz"); }, 5, 2000);
   mutate_and_parse(bytes_of(serialize_hardware_json(rtx4090_pcie4())),
                    [](const auto& b) { (void)parse_hardware_json(text_of(b), "fuzz"); }, 6, 2000);

@@ -198,23 +198,13 @@ class BpeVocab {
     };
     const nlohmann::json j = read_json(path, src);
     if (!j.is_object()) bad("(top level)", "is not a JSON object");
-    auto need = [&](const nlohmann::json& obj, const char* key, const std::string& field) -> const nlohmann::json& {
+    auto need = [&](const nlohmann::json& obj, const char* key,
+                    const std::string& field) -> const nlohmann::json& {
       if (!obj.is_object() || !obj.contains(key)) bad(field, "is missing");
       return obj.at(key);
     };
     const nlohmann::json& model = need(j, "model", "model");
-    const nlohmann::json& type = need(model, "type", "model.type");
-    if (!type.is_string() || type.get<std::string>() != "BPE")
-      bad("model.type", "is " + type.dump() + "; only byte-level \"BPE\" is supported", moekit::ErrorKind::unsupported);
-    auto null_or = [&](const char* key, auto ok) {
-      if (model.contains(key) && !model[key].is_null() && !ok(model[key]))
-        bad(std::string("model.") + key, "is " + model[key].dump() + ", which moe-run does not support",
-            moekit::ErrorKind::unsupported);
-    };
-    null_or("dropout", [](const nlohmann::json& v) { return v.is_number() && v.get<double>() == 0.0; });
-    null_or("continuing_subword_prefix", [](const nlohmann::json& v) { return v == ""; });
-    null_or("end_of_word_suffix", [](const nlohmann::json& v) { return v == ""; });
-    null_or("byte_fallback", [](const nlohmann::json& v) { return v == false; });
+    check_bpe_model(model, need(model, "type", "model.type"), bad);
     Spec s;
     s.source = src;
     s.tokens_field = "model.vocab";
@@ -224,45 +214,96 @@ class BpeVocab {
       if (!model["ignore_merges"].is_boolean()) bad("model.ignore_merges", "is not a boolean");
       s.ignore_merges = model["ignore_merges"].get<bool>();
     }
-    // Tokens: model.vocab, then added_tokens.
-    const nlohmann::json& vocab = need(model, "vocab", "model.vocab");
-    if (!vocab.is_object()) bad("model.vocab", "is not an object of token -> id");
-    auto place = [&](std::uint64_t id, const std::string& text, const std::string& field) {
-      if (id >= (1u << 24)) bad(field, "gives '" + text + "' id " + std::to_string(id) + " (ids must be < 2^24)");
-      if (text.empty()) bad(field, "has an empty token (id " + std::to_string(id) + ")");
-      if (s.tokens.size() <= id) s.tokens.resize(id + 1);
-      if (!s.tokens[id].empty() && s.tokens[id] != text)
-        bad(field, "gives id " + std::to_string(id) + " to both '" + s.tokens[id] + "' and '" + text + "'");
-      s.tokens[id] = text;
+    read_tokens(j, need(model, "vocab", "model.vocab"), s, bad);
+    read_merges(need(model, "merges", "model.merges"), s, bad);
+    s.nfc = reads_nfc(j, bad);
+    if (j.contains("decoder") && !j["decoder"].is_null() &&
+        (!j["decoder"].is_object() || j["decoder"].value("type", std::string()) != "ByteLevel"))
+      bad("decoder", "is " + j["decoder"].dump() + "; moe-run supports the ByteLevel decoder only",
+          moekit::ErrorKind::unsupported);
+    s.regex = pre_tokenizer_regex(need(j, "pre_tokenizer", "pre_tokenizer"), bad);
+    s.special = special_tokens_beside(path, s.tokens, src);
+    return BpeVocab(std::move(s));
+  }
+
+  // A byte-level "BPE" model, with the options moe-run does not implement absent or off.
+  template <class Bad>
+  static void check_bpe_model(const nlohmann::json& model, const nlohmann::json& type, Bad& bad) {
+    if (!type.is_string() || type.get<std::string>() != "BPE")
+      bad("model.type", "is " + type.dump() + "; only byte-level \"BPE\" is supported",
+          moekit::ErrorKind::unsupported);
+    auto null_or = [&](const char* key, auto ok) {
+      if (model.contains(key) && !model[key].is_null() && !ok(model[key]))
+        bad(std::string("model.") + key,
+            "is " + model[key].dump() + ", which moe-run does not support",
+            moekit::ErrorKind::unsupported);
     };
-    for (const auto& [text, id] : vocab.items()) {
-      if (!id.is_number_unsigned()) bad("model.vocab", "gives '" + text + "' an id that is not a non-negative integer");
-      place(id.get<std::uint64_t>(), text, "model.vocab");
+    null_or("dropout",
+            [](const nlohmann::json& v) { return v.is_number() && v.get<double>() == 0.0; });
+    null_or("continuing_subword_prefix", [](const nlohmann::json& v) { return v == ""; });
+    null_or("end_of_word_suffix", [](const nlohmann::json& v) { return v == ""; });
+    null_or("byte_fallback", [](const nlohmann::json& v) { return v == false; });
+  }
+
+  // Gives token `id` the text `text` (an id given two different texts is an error).
+  template <class Bad>
+  static void place_token(Spec& s, std::uint64_t id, const std::string& text,
+                          const std::string& field, Bad& bad) {
+    if (id >= (1u << 24))
+      bad(field, "gives '" + text + "' id " + std::to_string(id) + " (ids must be < 2^24)");
+    if (text.empty()) bad(field, "has an empty token (id " + std::to_string(id) + ")");
+    if (s.tokens.size() <= id) s.tokens.resize(id + 1);
+    if (!s.tokens[id].empty() && s.tokens[id] != text)
+      bad(field,
+          "gives id " + std::to_string(id) + " to both '" + s.tokens[id] + "' and '" + text + "'");
+    s.tokens[id] = text;
+  }
+
+  // Tokens: model.vocab, then added_tokens.
+  template <class Bad>
+  static void read_tokens(const nlohmann::json& j, const nlohmann::json& vocab, Spec& s, Bad& bad) {
+    if (!vocab.is_object()) bad("model.vocab", "is not an object of token -> id");
+    for (const auto& item : vocab.items()) {
+      const std::string& text = item.key();
+      const nlohmann::json& id = item.value();
+      if (!id.is_number_unsigned())
+        bad("model.vocab", "gives '" + text + "' an id that is not a non-negative integer");
+      place_token(s, id.get<std::uint64_t>(), text, "model.vocab", bad);
     }
     if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
       if (!j["added_tokens"].is_array()) bad("added_tokens", "is not an array");
       std::size_t k = 0;
-      for (const auto& a : j["added_tokens"]) {
-        const std::string f = "added_tokens[" + std::to_string(k++) + "]";
-        if (!a.is_object() || !a.contains("id") || !a["id"].is_number_unsigned() || !a.contains("content") ||
-            !a["content"].is_string())
-          bad(f, "needs a non-negative integer 'id' and a string 'content'");
-        for (const char* flag : {"lstrip", "rstrip", "single_word"})
-          if (a.contains(flag) && a[flag] == true)
-            bad(f + "." + flag, "is true, which moe-run does not support", moekit::ErrorKind::unsupported);
-        AddedToken t;
-        t.id = static_cast<std::uint32_t>(std::min<std::uint64_t>(a["id"].get<std::uint64_t>(), 0xffffffffu));
-        t.content = a["content"].get<std::string>();
-        t.special = a.contains("special") && a["special"] == true;
-        // HF requires the field; when it is absent, HF's AddedToken::from default (!special).
-        t.normalized = a.contains("normalized") && a["normalized"].is_boolean() ? a["normalized"].get<bool>()
-                                                                                 : !t.special;
-        place(a["id"].get<std::uint64_t>(), t.content, f);
-        s.added.push_back(std::move(t));
-      }
+      for (const auto& a : j["added_tokens"])
+        read_added_token(a, "added_tokens[" + std::to_string(k++) + "]", s, bad);
     }
     if (s.tokens.empty()) bad("model.vocab", "is empty");
-    const nlohmann::json& merges = need(model, "merges", "model.merges");
+  }
+
+  template <class Bad>
+  static void read_added_token(const nlohmann::json& a, const std::string& f, Spec& s, Bad& bad) {
+    if (!a.is_object() || !a.contains("id") || !a["id"].is_number_unsigned() ||
+        !a.contains("content") || !a["content"].is_string())
+      bad(f, "needs a non-negative integer 'id' and a string 'content'");
+    for (const char* flag : {"lstrip", "rstrip", "single_word"})
+      if (a.contains(flag) && a[flag] == true)
+        bad(f + "." + flag, "is true, which moe-run does not support",
+            moekit::ErrorKind::unsupported);
+    AddedToken t;
+    t.id = static_cast<std::uint32_t>(
+        std::min<std::uint64_t>(a["id"].get<std::uint64_t>(), 0xffffffffu));
+    t.content = a["content"].get<std::string>();
+    t.special = a.contains("special") && a["special"] == true;
+    // HF requires the field; when it is absent, HF's AddedToken::from default (!special).
+    t.normalized = a.contains("normalized") && a["normalized"].is_boolean()
+                       ? a["normalized"].get<bool>()
+                       : !t.special;
+    place_token(s, a["id"].get<std::uint64_t>(), t.content, f, bad);
+    s.added.push_back(std::move(t));
+  }
+
+  // model.merges: "a b" strings or ["a", "b"] pairs, rank = position.
+  template <class Bad>
+  static void read_merges(const nlohmann::json& merges, Spec& s, Bad& bad) {
     if (!merges.is_array()) bad("model.merges", "is not an array");
     std::size_t r = 0;
     for (const auto& m : merges) {
@@ -271,54 +312,66 @@ class BpeVocab {
         s.merges.push_back(m.get<std::string>());
       } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
         const auto a = m[0].get<std::string>(), b = m[1].get<std::string>();
-        if (a.find(' ') != std::string::npos || b.find(' ') != std::string::npos || a.empty() || b.empty())
-          bad(f, "entry " + std::to_string(r) + " " + m.dump() + " has an empty token or one with a space");
+        if (a.find(' ') != std::string::npos || b.find(' ') != std::string::npos || a.empty() ||
+            b.empty())
+          bad(f, "entry " + std::to_string(r) + " " + m.dump() +
+                     " has an empty token or one with a space");
         s.merges.push_back(a + " " + b);
       } else {
-        bad(f, "entry " + std::to_string(r) + " " + m.dump() + " is neither \"a b\" nor [\"a\", \"b\"]");
+        bad(f, "entry " + std::to_string(r) + " " + m.dump() +
+                   " is neither \"a b\" nor [\"a\", \"b\"]");
       }
       ++r;
     }
-    // Normalizer: none, NFC, or a Sequence of NFC only (NFC is idempotent; [] is none).
-    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-      const auto& n = j["normalizer"];
-      auto type = [](const nlohmann::json& x) { return x.is_object() ? x.value("type", std::string()) : std::string(); };
-      if (type(n) == "NFC") {
-        s.nfc = true;
-      } else if (type(n) == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array() &&
-                 std::all_of(n["normalizers"].begin(), n["normalizers"].end(),
-                             [&](const nlohmann::json& e) { return type(e) == "NFC"; })) {
-        s.nfc = !n["normalizers"].empty();
-      } else {
-        bad("normalizer", "is " + n.dump() + "; moe-run supports none or NFC", moekit::ErrorKind::unsupported);
-      }
-    }
-    if (j.contains("decoder") && !j["decoder"].is_null() &&
-        (!j["decoder"].is_object() || j["decoder"].value("type", std::string()) != "ByteLevel"))
-      bad("decoder", "is " + j["decoder"].dump() + "; moe-run supports the ByteLevel decoder only",
-          moekit::ErrorKind::unsupported);
-    s.regex = pre_tokenizer_regex(need(j, "pre_tokenizer", "pre_tokenizer"), bad);
-    // bos/eos from tokenizer_config.json, when present.
+  }
+
+  // The normalizer: none, NFC, or a Sequence of NFC only (NFC is idempotent; [] is none).
+  template <class Bad>
+  static bool reads_nfc(const nlohmann::json& j, Bad& bad) {
+    if (!j.contains("normalizer") || j["normalizer"].is_null()) return false;
+    const auto& n = j["normalizer"];
+    auto type = [](const nlohmann::json& x) {
+      return x.is_object() ? x.value("type", std::string()) : std::string();
+    };
+    if (type(n) == "NFC") return true;
+    if (type(n) == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array() &&
+        std::all_of(n["normalizers"].begin(), n["normalizers"].end(),
+                    [&](const nlohmann::json& e) { return type(e) == "NFC"; }))
+      return !n["normalizers"].empty();
+    bad("normalizer", "is " + n.dump() + "; moe-run supports none or NFC",
+        moekit::ErrorKind::unsupported);
+    return false;
+  }
+
+  // bos/eos from the tokenizer_config.json beside `path`, when there is one.
+  static Special special_tokens_beside(const std::filesystem::path& path,
+                                       const std::vector<std::string>& tokens,
+                                       const std::string& src) {
+    Special out;
     const auto config = path.parent_path() / "tokenizer_config.json";
-    if (std::filesystem::exists(config)) {
-      const std::string csrc = "tokenizer_config.json '" + config.string() + "'";
-      const nlohmann::json c = read_json(config, csrc);
-      auto id_of = [&](const char* key) -> std::optional<std::uint32_t> {
-        if (!c.is_object() || !c.contains(key) || c[key].is_null()) return std::nullopt;
-        const auto& v = c[key];
-        std::string text;
-        if (v.is_string()) text = v.get<std::string>();
-        else if (v.is_object() && v.contains("content") && v["content"].is_string()) text = v["content"].get<std::string>();
-        else throw moekit::Error(moekit::ErrorKind::invalid_format, csrc + ": '" + key + "' is neither a string nor {content}");
-        for (std::size_t i = 0; i < s.tokens.size(); ++i)
-          if (s.tokens[i] == text) return static_cast<std::uint32_t>(i);
+    if (!std::filesystem::exists(config)) return out;
+    const std::string csrc = "tokenizer_config.json '" + config.string() + "'";
+    const nlohmann::json c = read_json(config, csrc);
+    auto id_of = [&](const char* key) -> std::optional<std::uint32_t> {
+      if (!c.is_object() || !c.contains(key) || c[key].is_null()) return std::nullopt;
+      const auto& v = c[key];
+      std::string text;
+      if (v.is_string())
+        text = v.get<std::string>();
+      else if (v.is_object() && v.contains("content") && v["content"].is_string())
+        text = v["content"].get<std::string>();
+      else
         throw moekit::Error(moekit::ErrorKind::invalid_format,
-                            csrc + ": '" + key + "' is '" + text + "', which is not a token of " + src);
-      };
-      s.special.bos = id_of("bos_token");
-      s.special.eos = id_of("eos_token");
-    }
-    return BpeVocab(std::move(s));
+                            csrc + ": '" + key + "' is neither a string nor {content}");
+      for (std::size_t i = 0; i < tokens.size(); ++i)
+        if (tokens[i] == text) return static_cast<std::uint32_t>(i);
+      throw moekit::Error(
+          moekit::ErrorKind::invalid_format,
+          csrc + ": '" + key + "' is '" + text + "', which is not a token of " + src);
+    };
+    out.bos = id_of("bos_token");
+    out.eos = id_of("eos_token");
+    return out;
   }
 
  public:

@@ -17,9 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "moekit/cache/expert_arena.hpp"
 #include "moekit/core/gate_view.hpp"
 #include "moekit/core/layer_context.hpp"
-#include "moekit/detail/expert_arena.hpp"
 #include "moekit/io/expert_blob.hpp"
 #include "moekit/pipeline.hpp"  // WeightView (moe_layer.hpp uses it without including it)
 #include "moekit/precision/expert_ffn.hpp"
@@ -200,7 +200,7 @@ inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s,
     run(host);
     cpu.push_back(std::chrono::duration<double>(clock::now() - t0).count());
   }
-  moekit::detail::ExpertArena arena(1, s.expert_bytes(p));
+  moekit::ExpertArena arena(1, s.expert_bytes(p));
   const std::uint32_t n = static_cast<std::uint32_t>(s.expert_count());
   for (int i = 0; i < reps; ++i) {
     const std::uint32_t idx = static_cast<std::uint32_t>(1 + i) % n;  // not the warmed expert

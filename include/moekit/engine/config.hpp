@@ -185,28 +185,20 @@ inline double read_rope_theta(const JsonFields& f, double default_theta) {
   return f.number_or("rope_theta", default_theta);
 }
 
-}  // namespace detail
-
-/// Builds a ModelConfig from a parsed config.json. `source` names the file in errors.
-inline ModelConfig parse_config(const nlohmann::json& j, const std::string& source) {
-  using moekit::ErrorKind;
-  if (!j.is_object())
-    throw moekit::Error(ErrorKind::invalid_format, "config '" + source + "' is not a JSON object");
-  const detail::JsonFields f(j, source);
-  ModelConfig c;
-  c.source = source;
-
+inline Architecture read_architecture(const JsonFields& f) {
   const std::string type = f.string("model_type");
-  if (type == "mixtral") c.arch = Architecture::mixtral;
-  else if (type == "qwen2_moe") c.arch = Architecture::qwen2_moe;
-  else if (type == "olmoe") c.arch = Architecture::olmoe;
-  else
-    f.fail("model_type", "is '" + type + "'; supported: mixtral, qwen2_moe, olmoe",
-           ErrorKind::unsupported);
+  if (type == "mixtral") return Architecture::mixtral;
+  if (type == "qwen2_moe") return Architecture::qwen2_moe;
+  if (type == "olmoe") return Architecture::olmoe;
+  f.fail("model_type", "is '" + type + "'; supported: mixtral, qwen2_moe, olmoe",
+         moekit::ErrorKind::unsupported);
+}
 
+// The fields every architecture reads the same way: sizes, heads, norms, RoPE, special tokens.
+inline void read_decoder(const JsonFields& f, ModelConfig& c) {
   if (f.has("hidden_act") && f.string("hidden_act") != "silu")
     f.fail("hidden_act", "is '" + f.string("hidden_act") + "'; only silu is supported",
-           ErrorKind::unsupported);
+           moekit::ErrorKind::unsupported);
 
   c.vocab_size = f.positive("vocab_size");
   c.hidden = f.positive("hidden_size");
@@ -228,98 +220,131 @@ inline ModelConfig parse_config(const nlohmann::json& j, const std::string& sour
   c.rms_norm_eps = static_cast<float>(
       f.number_or("rms_norm_eps", c.arch == Architecture::qwen2_moe ? 1e-6 : 1e-5));
   if (!(c.rms_norm_eps > 0)) f.fail("rms_norm_eps", "must be > 0");
-  c.rope_theta = detail::read_rope_theta(f, c.arch == Architecture::mixtral ? 1e6 : 1e4);
+  c.rope_theta = read_rope_theta(f, c.arch == Architecture::mixtral ? 1e6 : 1e4);
   if (!(c.rope_theta > 0)) f.fail("rope_theta", "must be > 0");
   c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
   if (f.has("bos_token_id")) c.bos_token_id = f.uint("bos_token_id");
   c.eos_token_ids = f.uint_list_or_one("eos_token_id");
+}
+
+inline void read_mixtral(const JsonFields& f, ModelConfig& c) {
+  c.n_experts = f.positive("num_local_experts");
+  c.expert_ffn = f.positive("intermediate_size");
+  c.norm_topk_prob = true;  // MixtralTopKRouter always renormalises
+  if (f.has("sliding_window")) {
+    const std::uint32_t w = f.uint("sliding_window");
+    if (w == 0) f.fail("sliding_window", "must be null or > 0");
+    c.window.assign(c.n_layers, w);
+  }
+  for (std::uint32_t l = 0; l < c.n_layers; ++l) c.moe_index[l] = static_cast<std::int32_t>(l);
+}
+
+// Qwen2-MoE's MoE layers: those not in mlp_only_layers and on a decoder_sparse_step boundary.
+inline void read_qwen2_moe_layers(const JsonFields& f, ModelConfig& c) {
+  const std::uint32_t step = f.uint_or("decoder_sparse_step", 1);
+  if (step == 0) f.fail("decoder_sparse_step", "must be >= 1");
+  std::vector<bool> mlp_only(c.n_layers, false);
+  if (f.has("mlp_only_layers")) {
+    if (!f.at("mlp_only_layers").is_array()) f.fail("mlp_only_layers", "must be a list");
+    for (std::uint32_t l : f.uint_list_or_one("mlp_only_layers")) {
+      if (l >= c.n_layers)
+        f.fail("mlp_only_layers", "names layer " + std::to_string(l) + " >= num_hidden_layers");
+      mlp_only[l] = true;
+    }
+  }
+  std::uint32_t m = 0;
+  for (std::uint32_t l = 0; l < c.n_layers; ++l)
+    if (!mlp_only[l] && (l + 1) % step == 0) c.moe_index[l] = static_cast<std::int32_t>(m++);
+  if (m < c.n_layers && c.dense_ffn == 0)
+    f.fail("intermediate_size", "is needed (> 0) for the dense MLP layers");
+}
+
+// Qwen2-MoE's sliding-window layers: layer_types when given, else transformers' default rule.
+inline void read_qwen2_moe_windows(const JsonFields& f, ModelConfig& c) {
+  const bool use_sw = f.boolean_or("use_sliding_window", false);
+  const std::uint32_t w = use_sw ? f.uint_or("sliding_window", 0) : 0;
+  if (f.has("layer_types")) {
+    const auto& lt = f.at("layer_types");
+    if (!lt.is_array() || lt.size() != c.n_layers)
+      f.fail("layer_types", "must list one type per layer (" + std::to_string(c.n_layers) + ")");
+    for (std::uint32_t l = 0; l < c.n_layers; ++l) {
+      const std::string t = lt[l].is_string() ? lt[l].get<std::string>() : "";
+      if (t == "sliding_attention") {
+        if (w == 0)
+          f.fail("sliding_window",
+                 "must be > 0 (with use_sliding_window) when layer_types has "
+                 "sliding_attention layers");
+        c.window[l] = w;
+      } else if (t != "full_attention") {
+        f.fail("layer_types",
+               "has '" + lt[l].dump() + "' at layer " + std::to_string(l) +
+                   "; expected full_attention or sliding_attention",
+               moekit::ErrorKind::unsupported);
+      }
+    }
+  } else if (use_sw) {
+    if (w == 0) f.fail("sliding_window", "must be > 0 when use_sliding_window is true");
+    const std::uint32_t max_window_layers = f.uint_or("max_window_layers", 28);
+    for (std::uint32_t l = 0; l < c.n_layers; ++l)
+      if ((l + 1) % 2 != 0 && l < max_window_layers) c.window[l] = w;
+  }
+}
+
+inline void read_qwen2_moe(const JsonFields& f, ModelConfig& c) {
+  c.n_experts = f.positive("num_experts");
+  c.expert_ffn = f.positive("moe_intermediate_size");
+  c.shared_ffn = f.uint_or("shared_expert_intermediate_size", 0);
+  c.dense_ffn = f.uint_or("intermediate_size", 0);
+  c.norm_topk_prob = f.boolean_or("norm_topk_prob", false);
+  c.qkv_bias = f.boolean_or("qkv_bias", true);
+  read_qwen2_moe_layers(f, c);
+  read_qwen2_moe_windows(f, c);
+}
+
+inline void read_olmoe(const JsonFields& f, ModelConfig& c) {
+  c.n_experts = f.uint_or("num_experts", 0);
+  if (c.n_experts == 0) c.n_experts = f.positive("num_local_experts");
+  c.expert_ffn = f.positive("intermediate_size");
+  c.norm_topk_prob = f.boolean_or("norm_topk_prob", false);
+  c.qkv_bias = c.o_bias = f.boolean_or("attention_bias", false);
+  c.qk_norm = true;
+  if (c.head_dim * c.n_heads != c.hidden)
+    f.fail("head_dim", "must equal hidden_size / num_attention_heads for OLMoE's q_norm",
+           moekit::ErrorKind::unsupported);
+  if (f.has("clip_qkv")) {
+    const double clip = f.number_or("clip_qkv", 0);
+    if (!(clip > 0)) f.fail("clip_qkv", "must be null or > 0");
+    c.clip_qkv = static_cast<float>(clip);
+  }
+  for (std::uint32_t l = 0; l < c.n_layers; ++l) c.moe_index[l] = static_cast<std::int32_t>(l);
+}
+
+}  // namespace detail
+
+/// Builds a ModelConfig from a parsed config.json. `source` names the file in errors.
+inline ModelConfig parse_config(const nlohmann::json& j, const std::string& source) {
+  using moekit::ErrorKind;
+  if (!j.is_object())
+    throw moekit::Error(ErrorKind::invalid_format, "config '" + source + "' is not a JSON object");
+  const detail::JsonFields f(j, source);
+  ModelConfig c;
+  c.source = source;
+  c.arch = detail::read_architecture(f);
+  detail::read_decoder(f, c);
 
   c.top_k = f.positive("num_experts_per_tok");
   c.window.assign(c.n_layers, 0);
   c.moe_index.assign(c.n_layers, -1);
-
   switch (c.arch) {
-    case Architecture::mixtral: {
-      c.n_experts = f.positive("num_local_experts");
-      c.expert_ffn = f.positive("intermediate_size");
-      c.norm_topk_prob = true;  // MixtralTopKRouter always renormalises
-      if (f.has("sliding_window")) {
-        const std::uint32_t w = f.uint("sliding_window");
-        if (w == 0) f.fail("sliding_window", "must be null or > 0");
-        c.window.assign(c.n_layers, w);
-      }
-      for (std::uint32_t l = 0; l < c.n_layers; ++l) c.moe_index[l] = static_cast<std::int32_t>(l);
+    case Architecture::mixtral:
+      detail::read_mixtral(f, c);
       break;
-    }
-    case Architecture::qwen2_moe: {
-      c.n_experts = f.positive("num_experts");
-      c.expert_ffn = f.positive("moe_intermediate_size");
-      c.shared_ffn = f.uint_or("shared_expert_intermediate_size", 0);
-      c.dense_ffn = f.uint_or("intermediate_size", 0);
-      c.norm_topk_prob = f.boolean_or("norm_topk_prob", false);
-      c.qkv_bias = f.boolean_or("qkv_bias", true);
-      const std::uint32_t step = f.uint_or("decoder_sparse_step", 1);
-      if (step == 0) f.fail("decoder_sparse_step", "must be >= 1");
-      std::vector<bool> mlp_only(c.n_layers, false);
-      if (f.has("mlp_only_layers")) {
-        if (!f.at("mlp_only_layers").is_array()) f.fail("mlp_only_layers", "must be a list");
-        for (std::uint32_t l : f.uint_list_or_one("mlp_only_layers")) {
-          if (l >= c.n_layers)
-            f.fail("mlp_only_layers", "names layer " + std::to_string(l) + " >= num_hidden_layers");
-          mlp_only[l] = true;
-        }
-      }
-      std::uint32_t m = 0;
-      for (std::uint32_t l = 0; l < c.n_layers; ++l)
-        if (!mlp_only[l] && (l + 1) % step == 0) c.moe_index[l] = static_cast<std::int32_t>(m++);
-      if (m < c.n_layers && c.dense_ffn == 0)
-        f.fail("intermediate_size", "is needed (> 0) for the dense MLP layers");
-      // Sliding window layers: layer_types when given, else transformers' default rule.
-      const bool use_sw = f.boolean_or("use_sliding_window", false);
-      const std::uint32_t w = use_sw ? f.uint_or("sliding_window", 0) : 0;
-      if (f.has("layer_types")) {
-        const auto& lt = f.at("layer_types");
-        if (!lt.is_array() || lt.size() != c.n_layers)
-          f.fail("layer_types", "must list one type per layer (" + std::to_string(c.n_layers) + ")");
-        for (std::uint32_t l = 0; l < c.n_layers; ++l) {
-          const std::string t = lt[l].is_string() ? lt[l].get<std::string>() : "";
-          if (t == "sliding_attention") {
-            if (w == 0)
-              f.fail("sliding_window", "must be > 0 (with use_sliding_window) when layer_types "
-                                       "has sliding_attention layers");
-            c.window[l] = w;
-          } else if (t != "full_attention") {
-            f.fail("layer_types", "has '" + lt[l].dump() + "' at layer " + std::to_string(l) +
-                                      "; expected full_attention or sliding_attention",
-                   ErrorKind::unsupported);
-          }
-        }
-      } else if (use_sw) {
-        if (w == 0) f.fail("sliding_window", "must be > 0 when use_sliding_window is true");
-        const std::uint32_t max_window_layers = f.uint_or("max_window_layers", 28);
-        for (std::uint32_t l = 0; l < c.n_layers; ++l)
-          if ((l + 1) % 2 != 0 && l < max_window_layers) c.window[l] = w;
-      }
+    case Architecture::qwen2_moe:
+      detail::read_qwen2_moe(f, c);
       break;
-    }
-    case Architecture::olmoe: {
-      c.n_experts = f.uint_or("num_experts", 0);
-      if (c.n_experts == 0) c.n_experts = f.positive("num_local_experts");
-      c.expert_ffn = f.positive("intermediate_size");
-      c.norm_topk_prob = f.boolean_or("norm_topk_prob", false);
-      c.qkv_bias = c.o_bias = f.boolean_or("attention_bias", false);
-      c.qk_norm = true;
-      if (c.head_dim * c.n_heads != c.hidden)
-        f.fail("head_dim", "must equal hidden_size / num_attention_heads for OLMoE's q_norm",
-               ErrorKind::unsupported);
-      if (f.has("clip_qkv")) {
-        const double clip = f.number_or("clip_qkv", 0);
-        if (!(clip > 0)) f.fail("clip_qkv", "must be null or > 0");
-        c.clip_qkv = static_cast<float>(clip);
-      }
-      for (std::uint32_t l = 0; l < c.n_layers; ++l) c.moe_index[l] = static_cast<std::int32_t>(l);
+    case Architecture::olmoe:
+      detail::read_olmoe(f, c);
       break;
-    }
   }
   if (c.top_k > c.n_experts)
     f.fail("num_experts_per_tok", "(" + std::to_string(c.top_k) +

@@ -143,96 +143,119 @@ inline Architecture gguf_architecture(const moekit::io::GgufFile& g) {
                           "olmoe)");
 }
 
-/// The ModelConfig of a GGUF file, from its metadata (and tensor shapes where llama.cpp infers
-/// them: tied output, biases, the shared expert's size).
-inline ModelConfig gguf_config(const moekit::io::GgufFile& g) {
-  using moekit::ErrorKind;
-  ModelConfig c;
-  c.arch = gguf_architecture(g);
-  c.source = g.path();
-  const std::string arch = g.architecture();
-  const detail::GgufMeta m(g, arch);
-  auto k = [&](const char* s) { return m.key(s); };
+namespace detail {
 
-  if (!m.find(k("expert_count")))
-    m.fail(k("expert_count"), "is missing: not a Mixture-of-Experts model", ErrorKind::unsupported);
-  c.hidden = m.positive(k("embedding_length"));
-  c.n_layers = m.positive(k("block_count"));
-  c.n_heads = m.positive(k("attention.head_count"));
-  c.n_kv_heads = m.uint_or(k("attention.head_count_kv"), c.n_heads);
+// Sizes, heads, RoPE and norms.
+inline void read_gguf_attention(const GgufMeta& m, ModelConfig& c) {
+  using moekit::ErrorKind;
+  c.hidden = m.positive(m.key("embedding_length"));
+  c.n_layers = m.positive(m.key("block_count"));
+  c.n_heads = m.positive(m.key("attention.head_count"));
+  c.n_kv_heads = m.uint_or(m.key("attention.head_count_kv"), c.n_heads);
   if (c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0)
-    m.fail(k("attention.head_count_kv"), "(" + std::to_string(c.n_kv_heads) +
-                                             ") must be > 0 and divide attention.head_count (" +
-                                             std::to_string(c.n_heads) + ")");
-  c.head_dim = m.uint_or(k("attention.key_length"), 0);
+    m.fail(m.key("attention.head_count_kv"), "(" + std::to_string(c.n_kv_heads) +
+                                                 ") must be > 0 and divide attention.head_count (" +
+                                                 std::to_string(c.n_heads) + ")");
+  c.head_dim = m.uint_or(m.key("attention.key_length"), 0);
   if (c.head_dim == 0) {
     if (c.hidden % c.n_heads != 0)
-      m.fail(k("attention.head_count"), "must divide embedding_length when key_length is absent");
+      m.fail(m.key("attention.head_count"),
+             "must divide embedding_length when key_length is absent");
     c.head_dim = c.hidden / c.n_heads;
   }
-  if (c.head_dim % 2 != 0) m.fail(k("attention.key_length"), "must be even for RoPE");
-  if (m.uint_or(k("attention.value_length"), c.head_dim) != c.head_dim)
-    m.fail(k("attention.value_length"), "differs from key_length", ErrorKind::unsupported);
-  if (m.uint_or(k("rope.dimension_count"), c.head_dim) != c.head_dim)
-    m.fail(k("rope.dimension_count"), "differs from the head dimension (partial RoPE is not "
-                                      "supported)", ErrorKind::unsupported);
-  if (const auto t = m.string(k("rope.scaling.type")); t && *t != "none")
-    m.fail(k("rope.scaling.type"), "is '" + *t + "'; only unscaled RoPE is supported",
+  if (c.head_dim % 2 != 0) m.fail(m.key("attention.key_length"), "must be even for RoPE");
+  if (m.uint_or(m.key("attention.value_length"), c.head_dim) != c.head_dim)
+    m.fail(m.key("attention.value_length"), "differs from key_length", ErrorKind::unsupported);
+  if (m.uint_or(m.key("rope.dimension_count"), c.head_dim) != c.head_dim)
+    m.fail(m.key("rope.dimension_count"),
+           "differs from the head dimension (partial RoPE is not supported)",
            ErrorKind::unsupported);
-  c.max_positions = m.uint_or(k("context_length"), 4096);
-  c.rope_theta = m.number_or(k("rope.freq_base"), 10000.0);
-  if (!(c.rope_theta > 0)) m.fail(k("rope.freq_base"), "must be > 0");
-  c.rms_norm_eps = static_cast<float>(m.number_or(k("attention.layer_norm_rms_epsilon"), 1e-5));
-  if (!(c.rms_norm_eps > 0)) m.fail(k("attention.layer_norm_rms_epsilon"), "must be > 0");
+  if (const auto t = m.string(m.key("rope.scaling.type")); t && *t != "none")
+    m.fail(m.key("rope.scaling.type"), "is '" + *t + "'; only unscaled RoPE is supported",
+           ErrorKind::unsupported);
+  c.max_positions = m.uint_or(m.key("context_length"), 4096);
+  c.rope_theta = m.number_or(m.key("rope.freq_base"), 10000.0);
+  if (!(c.rope_theta > 0)) m.fail(m.key("rope.freq_base"), "must be > 0");
+  c.rms_norm_eps = static_cast<float>(m.number_or(m.key("attention.layer_norm_rms_epsilon"), 1e-5));
+  if (!(c.rms_norm_eps > 0)) m.fail(m.key("attention.layer_norm_rms_epsilon"), "must be > 0");
+}
 
+// The vocabulary size (from the embedding's rows) and whether the output is tied to it.
+inline void read_gguf_vocab(const moekit::io::GgufFile& g, const GgufMeta& m, ModelConfig& c) {
   const moekit::io::TensorView embd = g.tensor("token_embd.weight");
   if (embd.rank != 2 || embd.cols() != c.hidden)
-    throw moekit::Error(ErrorKind::invalid_format,
+    throw moekit::Error(moekit::ErrorKind::invalid_format,
                         embd.where() + " is not a [vocab, embedding_length] matrix");
-  c.vocab_size = m.uint_or(k("vocab_size"), static_cast<std::uint32_t>(embd.rows()));
+  c.vocab_size = m.uint_or(m.key("vocab_size"), static_cast<std::uint32_t>(embd.rows()));
   if (c.vocab_size != embd.rows())
-    m.fail(k("vocab_size"), "(" + std::to_string(c.vocab_size) + ") differs from the rows of "
-                            "token_embd.weight (" + std::to_string(embd.rows()) + ")");
+    m.fail(m.key("vocab_size"), "(" + std::to_string(c.vocab_size) +
+                                    ") differs from the rows of token_embd.weight (" +
+                                    std::to_string(embd.rows()) + ")");
   c.tie_word_embeddings = g.info("output.weight") == nullptr;
+}
 
-  c.n_experts = m.positive(k("expert_count"));
-  c.top_k = m.positive(k("expert_used_count"));
+// The routed experts; every layer is a MoE layer.
+inline void read_gguf_experts(const GgufMeta& m, ModelConfig& c) {
+  c.n_experts = m.positive(m.key("expert_count"));
+  c.top_k = m.positive(m.key("expert_used_count"));
   if (c.top_k > c.n_experts)
-    m.fail(k("expert_used_count"), "(" + std::to_string(c.top_k) + ") exceeds expert_count (" +
-                                       std::to_string(c.n_experts) + ")");
+    m.fail(m.key("expert_used_count"), "(" + std::to_string(c.top_k) + ") exceeds expert_count (" +
+                                           std::to_string(c.n_experts) + ")");
   // Without expert_feed_forward_length, llama.cpp sizes a qwen2moe expert as
   // feed_forward_length / expert_used_count, the others' as feed_forward_length.
-  c.expert_ffn = m.find(k("expert_feed_forward_length"))
-                     ? m.positive(k("expert_feed_forward_length"))
-                     : m.positive(k("feed_forward_length")) / (c.arch == Architecture::qwen2_moe ? c.top_k : 1u);
-  if (c.expert_ffn == 0) m.fail(k("feed_forward_length"), "is smaller than expert_used_count");
+  c.expert_ffn = m.find(m.key("expert_feed_forward_length"))
+                     ? m.positive(m.key("expert_feed_forward_length"))
+                     : m.positive(m.key("feed_forward_length")) /
+                           (c.arch == Architecture::qwen2_moe ? c.top_k : 1u);
+  if (c.expert_ffn == 0) m.fail(m.key("feed_forward_length"), "is smaller than expert_used_count");
   c.norm_topk_prob =
-      m.boolean(k("expert_weights_norm")).value_or(c.arch == Architecture::mixtral);
-  const std::uint32_t window = m.uint_or(k("attention.sliding_window"), 0);
+      m.boolean(m.key("expert_weights_norm")).value_or(c.arch == Architecture::mixtral);
+  const std::uint32_t window = m.uint_or(m.key("attention.sliding_window"), 0);
   c.window.assign(c.n_layers, window);
   c.moe_index.resize(c.n_layers);
   for (std::uint32_t l = 0; l < c.n_layers; ++l) c.moe_index[l] = static_cast<std::int32_t>(l);
   c.n_moe_layers = c.n_layers;
+}
 
+// What llama.cpp infers from tensors present: biases, OLMoE's q/k norms, the shared expert.
+inline void read_gguf_extras(const moekit::io::GgufFile& g, const GgufMeta& m, ModelConfig& c) {
   c.qkv_bias = g.info("blk.0.attn_q.bias") != nullptr;
   c.o_bias = g.info("blk.0.attn_output.bias") != nullptr;
   c.qk_norm = c.arch == Architecture::olmoe;
-  if (const auto* clamp = m.find(k("attention.clamp_kqv")); clamp) {
-    const double v = m.number_or(k("attention.clamp_kqv"), 0);
-    if (!(v > 0)) m.fail(k("attention.clamp_kqv"), "must be > 0");
+  if (const auto* clamp = m.find(m.key("attention.clamp_kqv")); clamp) {
+    const double v = m.number_or(m.key("attention.clamp_kqv"), 0);
+    if (!(v > 0)) m.fail(m.key("attention.clamp_kqv"), "must be > 0");
     c.clip_qkv = static_cast<float>(v);
   }
   if (c.arch == Architecture::qwen2_moe) {
-    c.shared_ffn = m.uint_or(k("expert_shared_feed_forward_length"), 0);
+    c.shared_ffn = m.uint_or(m.key("expert_shared_feed_forward_length"), 0);
     if (c.shared_ffn == 0) {
       if (const auto* t = g.info("blk.0.ffn_gate_shexp.weight"))
         c.shared_ffn = static_cast<std::uint32_t>(t->dims[0]);
     }
   }
   if (c.qk_norm && c.q_dim() != c.hidden)
-    m.fail(k("attention.key_length"), "times head_count must equal embedding_length for OLMoE's "
-                                      "q_norm", ErrorKind::unsupported);
+    m.fail(m.key("attention.key_length"),
+           "times head_count must equal embedding_length for OLMoE's q_norm",
+           moekit::ErrorKind::unsupported);
+}
 
+}  // namespace detail
+
+/// The ModelConfig of a GGUF file, from its metadata (and tensor shapes where llama.cpp infers
+/// them: tied output, biases, the shared expert's size).
+inline ModelConfig gguf_config(const moekit::io::GgufFile& g) {
+  ModelConfig c;
+  c.arch = gguf_architecture(g);
+  c.source = g.path();
+  const detail::GgufMeta m(g, g.architecture());
+  if (!m.find(m.key("expert_count")))
+    m.fail(m.key("expert_count"), "is missing: not a Mixture-of-Experts model",
+           moekit::ErrorKind::unsupported);
+  detail::read_gguf_attention(m, c);
+  detail::read_gguf_vocab(g, m, c);
+  detail::read_gguf_experts(m, c);
+  detail::read_gguf_extras(g, m, c);
   // llama.cpp prepends BOS unless add_bos_token says otherwise; moe-run prepends it when the
   // config has one.
   if (m.find("tokenizer.ggml.bos_token_id") &&

@@ -218,6 +218,180 @@ inline StoreHeader parse_store_header(std::span<const std::byte> page, std::uint
   return h;
 }
 
+namespace detail {
+
+/// Typed access to the manifest's fields; errors name the store.
+class ManifestFields {
+ public:
+  explicit ManifestFields(const std::string& file) : file_(file) {}
+
+  [[nodiscard]] Error bad(const std::string& what) const {
+    return Error(ErrorKind::invalid_format, "expert store '" + file_ + "' manifest: " + what);
+  }
+  [[nodiscard]] const nlohmann::json& field(const nlohmann::json& o, const char* k) const {
+    auto it = o.find(k);
+    if (it == o.end()) throw bad(std::string("missing field '") + k + "'");
+    return *it;
+  }
+  [[nodiscard]] std::uint64_t uint_field(const nlohmann::json& o, const char* k,
+                                         std::uint64_t max) const {
+    const auto& v = field(o, k);
+    if (!v.is_number_unsigned() || v.get<std::uint64_t>() > max)
+      throw bad(std::string("field '") + k + "' must be an integer in [0, " + std::to_string(max) +
+                "]");
+    return v.get<std::uint64_t>();
+  }
+  [[nodiscard]] const std::string& file() const noexcept { return file_; }
+
+ private:
+  const std::string& file_;
+};
+
+inline void check_manifest_format(const ManifestFields& f, const nlohmann::json& j) {
+  if (f.field(j, "format") != "moekit-expert-store")
+    throw f.bad("'format' is not \"moekit-expert-store\"");
+  if (f.uint_field(j, "version", ~0u) != store_version)
+    throw Error(ErrorKind::unsupported,
+                "expert store '" + f.file() + "' manifest: unsupported version");
+  if (f.uint_field(j, "alignment", ~0u) != store_alignment) throw f.bad("'alignment' must be 4096");
+  if (f.field(j, "checksum") != "xxh64") throw f.bad("'checksum' must be \"xxh64\"");
+}
+
+inline ModelShape read_manifest_shape(const ManifestFields& f, const nlohmann::json& j) {
+  ModelShape shape{};
+  const auto& sh = f.field(j, "shape");
+  if (!sh.is_object()) throw f.bad("'shape' is not an object");
+  constexpr std::uint64_t u32max = 0xFFFFFFFFu;
+  auto u32 = [&](const nlohmann::json& o, const char* k) {
+    return static_cast<std::uint32_t>(f.uint_field(o, k, u32max));
+  };
+  shape.n_layers = u32(sh, "n_layers");
+  shape.n_experts = u32(sh, "n_experts");
+  shape.top_k = u32(sh, "top_k");
+  shape.hidden = u32(sh, "hidden");
+  shape.ffn = u32(sh, "ffn");
+  shape.n_shared_experts = u32(sh, "n_shared_experts");
+  shape.shared_ffn = u32(sh, "shared_ffn");
+  const auto& q = f.field(j, "quant");
+  if (!q.is_object()) throw f.bad("'quant' is not an object");
+  shape.quant.group_size = u32(q, "group_size");
+  if (!f.field(q, "zero_point").is_boolean()) throw f.bad("'quant.zero_point' is not a boolean");
+  shape.quant.zero_point = q["zero_point"].get<bool>();
+  try {
+    shape.validate();
+  } catch (const Error& e) {
+    throw f.bad("shape: " + e.message());
+  }
+  return shape;
+}
+
+inline void read_manifest_precisions(const ManifestFields& f, const nlohmann::json& j,
+                                     StoreManifest& m) {
+  const auto& ps = f.field(j, "precisions");
+  if (!ps.is_array() || ps.empty() || ps.size() > precision_count)
+    throw f.bad("'precisions' must be a non-empty array");
+  for (const auto& p : ps) {
+    auto pp = p.is_string() ? parse_precision(p.get<std::string>()) : std::nullopt;
+    if (!pp || *pp == Precision::skip)
+      throw f.bad("'precisions' has an entry that is not a stored precision");
+    if (m.precision_index(*pp))
+      throw f.bad("'precisions' lists " + std::string(name(*pp)) + " twice");
+    m.precisions.push_back(*pp);
+  }
+}
+
+inline void read_matrix_order(const ManifestFields& f, const nlohmann::json& j, StoreManifest& m) {
+  auto it = j.find("matrix_order");
+  if (it == j.end()) return;  // absent: rows (stores written before it)
+  if (*it == "panels4")
+    m.order = MatrixOrder::panels4;
+  else if (*it == "blocked_panels4")
+    m.order = MatrixOrder::blocked_panels4;
+  else if (*it != "rows")
+    throw f.bad("'matrix_order' must be \"rows\", \"panels4\" or \"blocked_panels4\"");
+  if (in_panels(m.order) && !panels_supported(m.shape.quant))
+    throw f.bad("'matrix_order' is \"" + std::string(name(m.order)) + "\" but quant.group_size " +
+                std::to_string(m.shape.quant.group_size) + " cannot be in panels (32, 64 or 128)");
+}
+
+/// "blob #i (layer l, expert e, precision)", for messages.
+inline std::string blob_label(std::size_t i, const StoreBlob& s) {
+  return "blob #" + std::to_string(i) + " (layer " + std::to_string(s.key.layer) + ", expert " +
+         std::to_string(s.key.expert) + ", " + std::string(name(s.precision)) + ")";
+}
+
+/// Blob `i`, checked against the shape, the precisions and the blob region ending at `data_end`.
+inline StoreBlob read_manifest_blob(const ManifestFields& f, const nlohmann::json& b, std::size_t i,
+                                    const StoreManifest& m, std::uint64_t data_end) {
+  constexpr std::uint64_t u32max = 0xFFFFFFFFu;
+  const std::string at = "blob #" + std::to_string(i);
+  if (!b.is_object()) throw f.bad(at + " is not an object");
+  StoreBlob s;
+  s.key.layer = static_cast<std::uint32_t>(f.uint_field(b, "layer", u32max));
+  s.key.expert = static_cast<std::uint32_t>(f.uint_field(b, "expert", u32max));
+  const auto& pn = f.field(b, "precision");
+  auto p = pn.is_string() ? parse_precision(pn.get<std::string>()) : std::nullopt;
+  if (!p || !m.precision_index(*p)) throw f.bad(at + " has a precision not listed in 'precisions'");
+  s.precision = *p;
+  if (!m.shape.contains(s.key))
+    throw f.bad(at + " (layer " + std::to_string(s.key.layer) + ", expert " +
+                std::to_string(s.key.expert) + ") is outside the model shape");
+  s.offset = f.uint_field(b, "offset", ~std::uint64_t{0});
+  s.bytes = f.uint_field(b, "bytes", ~std::uint64_t{0});
+  const auto& cs = f.field(b, "xxh64");
+  bool ok = cs.is_string();
+  if (ok) s.checksum = parse_hex64(cs.get<std::string>(), ok);
+  if (!ok) throw f.bad(at + " 'xxh64' must be 16 lowercase hex digits");
+  const std::string who = blob_label(i, s);
+  if (s.bytes != m.shape.expert_bytes(s.precision))
+    throw f.bad(who + " has " + std::to_string(s.bytes) + " bytes; the shape gives " +
+                std::to_string(m.shape.expert_bytes(s.precision)));
+  if (s.offset % store_alignment != 0 || s.offset < store_alignment)
+    throw f.bad(who + " offset " + std::to_string(s.offset) +
+                " is not a multiple of 4096 after the header");
+  auto end = checked_add(s.offset, s.bytes);
+  if (!end || *end > data_end)
+    throw f.bad(who + " [" + std::to_string(s.offset) + ", +" + std::to_string(s.bytes) +
+                ") runs past the blob region ending at " + std::to_string(data_end));
+  return s;
+}
+
+/// Every blob, one per (precision, layer, expert), into its slot of `m.blobs`.
+inline void read_manifest_blobs(const ManifestFields& f, const nlohmann::json& j,
+                                std::uint64_t data_end, StoreManifest& m) {
+  const auto& bl = f.field(j, "blobs");
+  const std::uint64_t total = m.shape.expert_count() * m.precisions.size();
+  if (!bl.is_array() || bl.size() != total)
+    throw f.bad("'blobs' must list " + std::to_string(total) +
+                " blobs (one per precision, layer and expert)");
+  m.blobs.assign(total, StoreBlob{});
+  std::vector<bool> seen(total, false);
+  for (std::size_t i = 0; i < bl.size(); ++i) {
+    const StoreBlob s = read_manifest_blob(f, bl[i], i, m, data_end);
+    const std::size_t slot =
+        *m.precision_index(s.precision) * m.shape.expert_count() + m.shape.index(s.key);
+    if (seen[slot]) throw f.bad(blob_label(i, s) + " is listed twice");
+    seen[slot] = true;
+    m.blobs[slot] = s;
+  }
+}
+
+inline void check_blobs_disjoint(const ManifestFields& f, const StoreManifest& m) {
+  std::vector<const StoreBlob*> order;
+  for (const auto& b : m.blobs) order.push_back(&b);
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+  auto label = [](const StoreBlob& b) {
+    return "(layer " + std::to_string(b.key.layer) + ", expert " + std::to_string(b.key.expert) +
+           ", " + std::string(name(b.precision)) + ")";
+  };
+  for (std::size_t i = 1; i < order.size(); ++i)
+    if (order[i]->offset < order[i - 1]->offset + order[i - 1]->bytes)
+      throw f.bad("blobs " + label(*order[i - 1]) + " and " + label(*order[i]) +
+                  " overlap at offset " + std::to_string(order[i]->offset));
+}
+
+}  // namespace detail
+
 /// Parses and validates manifest JSON for a store whose blob region ends at `data_end` (the
 /// manifest offset). Checks: format and version, shape (ModelShape::validate), precisions,
 /// one blob per (precision, layer, expert), each inside [4096, data_end), aligned, sized
@@ -226,124 +400,24 @@ inline StoreHeader parse_store_header(std::span<const std::byte> page, std::uint
 inline StoreManifest parse_store_manifest(std::string_view text, std::uint64_t data_end,
                                           const std::string& file,
                                           const std::optional<ModelShape>& expect = std::nullopt) {
-  auto bad = [&](const std::string& what) {
-    return Error(ErrorKind::invalid_format, "expert store '" + file + "' manifest: " + what);
-  };
+  const detail::ManifestFields f(file);
   nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
-  auto field = [&](const nlohmann::json& o, const char* k) -> const nlohmann::json& {
-    auto it = o.find(k);
-    if (it == o.end()) throw bad(std::string("missing field '") + k + "'");
-    return *it;
-  };
-  auto uint_field = [&](const nlohmann::json& o, const char* k, std::uint64_t max) {
-    const auto& v = field(o, k);
-    if (!v.is_number_unsigned() || v.get<std::uint64_t>() > max)
-      throw bad(std::string("field '") + k + "' must be an integer in [0, " + std::to_string(max) + "]");
-    return v.get<std::uint64_t>();
-  };
-  if (field(j, "format") != "moekit-expert-store") throw bad("'format' is not \"moekit-expert-store\"");
-  if (uint_field(j, "version", ~0u) != store_version)
-    throw Error(ErrorKind::unsupported, "expert store '" + file + "' manifest: unsupported version");
-  if (uint_field(j, "alignment", ~0u) != store_alignment) throw bad("'alignment' must be 4096");
-  if (field(j, "checksum") != "xxh64") throw bad("'checksum' must be \"xxh64\"");
+  if (j.is_discarded() || !j.is_object()) throw f.bad("not a JSON object");
+  detail::check_manifest_format(f, j);
   StoreManifest m;
-  const auto& sh = field(j, "shape");
-  if (!sh.is_object()) throw bad("'shape' is not an object");
-  constexpr std::uint64_t u32max = 0xFFFFFFFFu;
-  m.shape.n_layers = static_cast<std::uint32_t>(uint_field(sh, "n_layers", u32max));
-  m.shape.n_experts = static_cast<std::uint32_t>(uint_field(sh, "n_experts", u32max));
-  m.shape.top_k = static_cast<std::uint32_t>(uint_field(sh, "top_k", u32max));
-  m.shape.hidden = static_cast<std::uint32_t>(uint_field(sh, "hidden", u32max));
-  m.shape.ffn = static_cast<std::uint32_t>(uint_field(sh, "ffn", u32max));
-  m.shape.n_shared_experts = static_cast<std::uint32_t>(uint_field(sh, "n_shared_experts", u32max));
-  m.shape.shared_ffn = static_cast<std::uint32_t>(uint_field(sh, "shared_ffn", u32max));
-  const auto& q = field(j, "quant");
-  if (!q.is_object()) throw bad("'quant' is not an object");
-  m.shape.quant.group_size = static_cast<std::uint32_t>(uint_field(q, "group_size", u32max));
-  if (!field(q, "zero_point").is_boolean()) throw bad("'quant.zero_point' is not a boolean");
-  m.shape.quant.zero_point = q["zero_point"].get<bool>();
-  try {
-    m.shape.validate();
-  } catch (const Error& e) {
-    throw bad("shape: " + e.message());
-  }
+  m.shape = detail::read_manifest_shape(f, j);
   if (expect && !(*expect == m.shape))
     throw Error(ErrorKind::invalid_argument,
-                "expert store '" + file + "' holds a model of shape " + detail::shape_to_json(m.shape).dump() +
-                    " (group_size " + std::to_string(m.shape.quant.group_size) + "), expected " +
+                "expert store '" + file + "' holds a model of shape " +
+                    detail::shape_to_json(m.shape).dump() + " (group_size " +
+                    std::to_string(m.shape.quant.group_size) + "), expected " +
                     detail::shape_to_json(*expect).dump() + " (group_size " +
                     std::to_string(expect->quant.group_size) + ")");
-  const auto& ps = field(j, "precisions");
-  if (!ps.is_array() || ps.empty() || ps.size() > precision_count) throw bad("'precisions' must be a non-empty array");
-  for (const auto& p : ps) {
-    auto pp = p.is_string() ? parse_precision(p.get<std::string>()) : std::nullopt;
-    if (!pp || *pp == Precision::skip) throw bad("'precisions' has an entry that is not a stored precision");
-    if (m.precision_index(*pp)) throw bad("'precisions' lists " + std::string(name(*pp)) + " twice");
-    m.precisions.push_back(*pp);
-  }
+  detail::read_manifest_precisions(f, j, m);
   if (auto it = j.find("meta"); it != j.end()) m.meta = *it;
-  if (auto it = j.find("matrix_order"); it != j.end()) {  // absent: rows (stores written before it)
-    if (*it == "panels4") m.order = MatrixOrder::panels4;
-    else if (*it == "blocked_panels4") m.order = MatrixOrder::blocked_panels4;
-    else if (*it != "rows")
-      throw bad("'matrix_order' must be \"rows\", \"panels4\" or \"blocked_panels4\"");
-    if (in_panels(m.order) && !panels_supported(m.shape.quant))
-      throw bad("'matrix_order' is \"" + std::string(name(m.order)) + "\" but quant.group_size " +
-                std::to_string(m.shape.quant.group_size) + " cannot be in panels (32, 64 or 128)");
-  }
-  const auto& bl = field(j, "blobs");
-  const std::uint64_t total = m.shape.expert_count() * m.precisions.size();
-  if (!bl.is_array() || bl.size() != total)
-    throw bad("'blobs' must list " + std::to_string(total) + " blobs (one per precision, layer and expert)");
-  m.blobs.assign(total, StoreBlob{});
-  std::vector<bool> seen(total, false);
-  for (std::size_t i = 0; i < bl.size(); ++i) {
-    const auto& b = bl[i];
-    const std::string at = "blob #" + std::to_string(i);
-    if (!b.is_object()) throw bad(at + " is not an object");
-    StoreBlob s;
-    s.key.layer = static_cast<std::uint32_t>(uint_field(b, "layer", u32max));
-    s.key.expert = static_cast<std::uint32_t>(uint_field(b, "expert", u32max));
-    const auto& pn = field(b, "precision");
-    auto p = pn.is_string() ? parse_precision(pn.get<std::string>()) : std::nullopt;
-    if (!p || !m.precision_index(*p)) throw bad(at + " has a precision not listed in 'precisions'");
-    s.precision = *p;
-    if (!m.shape.contains(s.key))
-      throw bad(at + " (layer " + std::to_string(s.key.layer) + ", expert " + std::to_string(s.key.expert) +
-                ") is outside the model shape");
-    s.offset = uint_field(b, "offset", ~std::uint64_t{0});
-    s.bytes = uint_field(b, "bytes", ~std::uint64_t{0});
-    const auto& cs = field(b, "xxh64");
-    bool ok = cs.is_string();
-    if (ok) s.checksum = detail::parse_hex64(cs.get<std::string>(), ok);
-    if (!ok) throw bad(at + " 'xxh64' must be 16 lowercase hex digits");
-    const std::string who = at + " (layer " + std::to_string(s.key.layer) + ", expert " +
-                            std::to_string(s.key.expert) + ", " + std::string(name(s.precision)) + ")";
-    if (s.bytes != m.shape.expert_bytes(s.precision))
-      throw bad(who + " has " + std::to_string(s.bytes) + " bytes; the shape gives " +
-                std::to_string(m.shape.expert_bytes(s.precision)));
-    if (s.offset % store_alignment != 0 || s.offset < store_alignment)
-      throw bad(who + " offset " + std::to_string(s.offset) + " is not a multiple of 4096 after the header");
-    auto end = detail::checked_add(s.offset, s.bytes);
-    if (!end || *end > data_end)
-      throw bad(who + " [" + std::to_string(s.offset) + ", +" + std::to_string(s.bytes) +
-                ") runs past the blob region ending at " + std::to_string(data_end));
-    const std::size_t slot = *m.precision_index(s.precision) * m.shape.expert_count() + m.shape.index(s.key);
-    if (seen[slot]) throw bad(who + " is listed twice");
-    seen[slot] = true;
-    m.blobs[slot] = s;
-  }
-  std::vector<const StoreBlob*> order;
-  for (const auto& b : m.blobs) order.push_back(&b);
-  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
-  for (std::size_t i = 1; i < order.size(); ++i)
-    if (order[i]->offset < order[i - 1]->offset + order[i - 1]->bytes)
-      throw bad("blobs (layer " + std::to_string(order[i - 1]->key.layer) + ", expert " +
-                std::to_string(order[i - 1]->key.expert) + ", " + std::string(name(order[i - 1]->precision)) +
-                ") and (layer " + std::to_string(order[i]->key.layer) + ", expert " +
-                std::to_string(order[i]->key.expert) + ", " + std::string(name(order[i]->precision)) +
-                ") overlap at offset " + std::to_string(order[i]->offset));
+  detail::read_matrix_order(f, j, m);
+  detail::read_manifest_blobs(f, j, data_end, m);
+  detail::check_blobs_disjoint(f, m);
   return m;
 }
 
@@ -474,52 +548,53 @@ struct ExpertStoreWriteReport {
   std::uint64_t file_bytes = 0;
 };
 
-/// Writes the store for `shape` × `precisions` to `path` with bytes from `encode`.
-/// Throws `Error(invalid_argument)` when `path` exists and `options.overwrite` is false, or when
-/// the encoder returns the wrong number of bytes (naming the expert and precision);
-/// `Error(io)` on write failures; `Error(checksum)` when the final verification fails.
-inline ExpertStoreWriteReport write_expert_store(const std::string& path, const ModelShape& shape,
-                                                 std::span<const Precision> precisions,
-                                                 const ExpertEncoder& encode,
-                                                 const ExpertStoreWriteOptions& options = {}) {
-  namespace fs = std::filesystem;
+namespace detail {
+
+inline void check_store_request(const std::string& path, const ModelShape& shape,
+                                std::span<const Precision> precisions,
+                                const ExpertStoreWriteOptions& options) {
   shape.validate();
   MOEKIT_EXPECTS(!precisions.empty(), "write_expert_store: no precisions requested");
   for (std::size_t i = 0; i < precisions.size(); ++i) {
-    MOEKIT_EXPECTS(precisions[i] != Precision::skip, "write_expert_store: 'skip' is not a stored precision");
+    MOEKIT_EXPECTS(precisions[i] != Precision::skip,
+                   "write_expert_store: 'skip' is not a stored precision");
     for (std::size_t k = 0; k < i; ++k)
-      MOEKIT_EXPECTS(precisions[k] != precisions[i],
-                     "write_expert_store: precision " + std::string(name(precisions[i])) + " requested twice");
+      MOEKIT_EXPECTS(
+          precisions[k] != precisions[i],
+          "write_expert_store: precision " + std::string(name(precisions[i])) + " requested twice");
   }
   if (in_panels(options.order) && !panels_supported(shape.quant))
     throw Error(ErrorKind::invalid_argument,
                 "write_expert_store: panels need quant.group_size 32, 64 or 128 (the shape has " +
                     std::to_string(shape.quant.group_size) + ")");
-  if (fs::exists(path) && !options.overwrite)
-    throw Error(ErrorKind::invalid_argument,
-                "expert store '" + path + "' already exists; refusing to overwrite it (pass overwrite)");
+  if (std::filesystem::exists(path) && !options.overwrite)
+    throw Error(
+        ErrorKind::invalid_argument,
+        "expert store '" + path + "' already exists; refusing to overwrite it (pass overwrite)");
+}
 
-  StoreManifest m;
-  m.shape = shape;
-  m.precisions.assign(precisions.begin(), precisions.end());
-  m.blobs = detail::store_layout(shape, precisions);
-  m.meta = options.meta;
-  m.order = options.order;
-  const std::uint64_t data_end = m.blobs.back().offset + m.blobs.back().padded_bytes();
-
-  // The journal's first line names the layout, so a run for another shape never resumes it.
-  const std::string tmp = path + ".partial", journal = path + ".partial.journal";
-  nlohmann::json layout = {{"shape", detail::shape_to_json(shape)},
-                           {"group_size", shape.quant.group_size},
-                           {"zero_point", shape.quant.zero_point},
+/// The journal's first line: it names the layout, so a run for another shape never resumes it.
+inline std::string journal_fingerprint(const StoreManifest& m) {
+  nlohmann::json layout = {{"shape", shape_to_json(m.shape)},
+                           {"group_size", m.shape.quant.group_size},
+                           {"zero_point", m.shape.quant.zero_point},
                            {"precisions", nlohmann::json::array()}};
   if (m.order != MatrixOrder::rows)
     layout["matrix_order"] = std::string(name(m.order));  // rows: as before it
-  for (Precision p : precisions) layout["precisions"].push_back(std::string(name(p)));
-  const std::string fingerprint = "moekit-store-journal v1 " + layout.dump();
+  for (Precision p : m.precisions) layout["precisions"].push_back(std::string(name(p)));
+  return "moekit-store-journal v1 " + layout.dump();
+}
+
+/// The blobs (index -> checksum) an interrupted run of the same layout journaled; when there is
+/// nothing to resume, removes any partial file and starts a fresh journal.
+inline std::map<std::size_t, std::uint64_t> resume_journal(const std::string& tmp,
+                                                           const std::string& journal,
+                                                           const std::string& fingerprint,
+                                                           bool resume, std::size_t n_blobs) {
+  namespace fs = std::filesystem;
   std::map<std::size_t, std::uint64_t> journaled;
   bool fresh = true;
-  if (options.resume && fs::exists(tmp) && fs::exists(journal)) {
+  if (resume && fs::exists(tmp) && fs::exists(journal)) {
     std::ifstream in(journal);
     std::string first;
     if (std::getline(in, first) && first == fingerprint) {
@@ -528,8 +603,8 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
       std::string hex;
       while (in >> idx >> hex) {
         bool ok;
-        const std::uint64_t c = detail::parse_hex64(hex, ok);
-        if (ok && idx < m.blobs.size()) journaled[idx] = c;
+        const std::uint64_t c = parse_hex64(hex, ok);
+        if (ok && idx < n_blobs) journaled[idx] = c;
       }
     }
   }
@@ -538,53 +613,97 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
     fs::remove(journal);
     std::ofstream out(journal, std::ios::trunc);
     out << fingerprint << '\n';
-    if (!out) detail::fail_errno("cannot write journal", journal, errno);
+    if (!out) fail_errno("cannot write journal", journal, errno);
   }
-  auto fd = detail::FileDescriptor::open(tmp, O_RDWR | O_CREAT);
-  if (::ftruncate(fd.get(), static_cast<off_t>(data_end)) != 0) detail::fail_errno("cannot size", tmp, errno);
-  std::ofstream jout(journal, std::ios::app);
+  return journaled;
+}
 
+/// Writes every blob of `m` to `fd` (the file `tmp`), or keeps it when its journaled checksum
+/// still matches, and journals each one written.
+inline ExpertStoreWriteReport write_store_blobs(
+    int fd, const std::string& tmp, const std::string& journal, StoreManifest& m,
+    const ExpertEncoder& encode, const std::map<std::size_t, std::uint64_t>& journaled,
+    const ExpertStoreWriteOptions& options) {
+  std::ofstream jout(journal, std::ios::app);
   ExpertStoreWriteReport report;
   for (std::size_t i = 0; i < m.blobs.size(); ++i) {
     StoreBlob& b = m.blobs[i];
-    if (auto it = journaled.find(i); it != journaled.end() &&
-                                     detail::checksum_range(fd.get(), b.offset, b.bytes, tmp) == it->second) {
+    if (auto it = journaled.find(i);
+        it != journaled.end() && checksum_range(fd, b.offset, b.bytes, tmp) == it->second) {
       b.checksum = it->second;
       ++report.blobs_resumed;
     } else {
       std::vector<std::byte> bytes = encode(b.key, b.precision);
       if (bytes.size() != b.bytes)
         throw Error(ErrorKind::invalid_argument,
-                    "expert encoder returned " + std::to_string(bytes.size()) + " bytes for layer " +
-                        std::to_string(b.key.layer) + ", expert " + std::to_string(b.key.expert) + " at " +
-                        std::string(name(b.precision)) + "; the model shape gives " + std::to_string(b.bytes));
+                    "expert encoder returned " + std::to_string(bytes.size()) +
+                        " bytes for layer " + std::to_string(b.key.layer) + ", expert " +
+                        std::to_string(b.key.expert) + " at " + std::string(name(b.precision)) +
+                        "; the model shape gives " + std::to_string(b.bytes));
       if (in_panels(m.order_of(b.precision)))
-        bytes = expert_blob_in_panels(shape, b.precision, bytes, m.order);
+        bytes = expert_blob_in_panels(m.shape, b.precision, bytes, m.order);
       b.checksum = xxh64(bytes);
       // Zero the padding too, so a rewritten blob never leaves stale bytes behind it.
       bytes.resize(b.padded_bytes(), std::byte{0});
-      detail::pwrite_all(fd.get(), bytes, b.offset, tmp);
-      jout << i << ' ' << detail::hex64(b.checksum) << '\n' << std::flush;
+      pwrite_all(fd, bytes, b.offset, tmp);
+      jout << i << ' ' << hex64(b.checksum) << '\n' << std::flush;
       ++report.blobs_encoded;
     }
     if (options.progress) options.progress(i + 1, m.blobs.size());
   }
-  const std::string text = detail::manifest_to_json(m).dump(1);
+  return report;
+}
+
+/// Writes the manifest at `data_end` and the header page, syncs and closes `fd`, renames `tmp`
+/// to `path` and drops the journal. Returns the file's size.
+inline std::uint64_t finish_store(FileDescriptor& fd, const std::string& tmp,
+                                  const std::string& path, const std::string& journal,
+                                  const StoreManifest& m, std::uint64_t data_end) {
+  const std::string text = manifest_to_json(m).dump(1);
   StoreHeader h;
   h.manifest_offset = data_end;
   h.manifest_bytes = text.size();
   h.manifest_checksum = xxh64(std::as_bytes(std::span(text)));
   h.file_bytes = data_end + text.size();
-  detail::pwrite_all(fd.get(), std::as_bytes(std::span(text)), data_end, tmp);
-  detail::pwrite_all(fd.get(), detail::header_page(h), 0, tmp);
-  if (::fsync(fd.get()) != 0) detail::fail_errno("cannot fsync", tmp, errno);
+  pwrite_all(fd.get(), std::as_bytes(std::span(text)), data_end, tmp);
+  pwrite_all(fd.get(), header_page(h), 0, tmp);
+  if (::fsync(fd.get()) != 0) fail_errno("cannot fsync", tmp, errno);
   fd.reset();
-  jout.close();
   std::error_code ec;
-  fs::rename(tmp, path, ec);
+  std::filesystem::rename(tmp, path, ec);
   if (ec) throw Error(ErrorKind::io, "cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
-  fs::remove(journal, ec);
-  report.file_bytes = h.file_bytes;
+  std::filesystem::remove(journal, ec);
+  return h.file_bytes;
+}
+
+}  // namespace detail
+
+/// Writes the store for `shape` × `precisions` to `path` with bytes from `encode`.
+/// Throws `Error(invalid_argument)` when `path` exists and `options.overwrite` is false, or when
+/// the encoder returns the wrong number of bytes (naming the expert and precision);
+/// `Error(io)` on write failures; `Error(checksum)` when the final verification fails.
+inline ExpertStoreWriteReport write_expert_store(const std::string& path, const ModelShape& shape,
+                                                 std::span<const Precision> precisions,
+                                                 const ExpertEncoder& encode,
+                                                 const ExpertStoreWriteOptions& options = {}) {
+  detail::check_store_request(path, shape, precisions, options);
+  StoreManifest m;
+  m.shape = shape;
+  m.precisions.assign(precisions.begin(), precisions.end());
+  m.blobs = detail::store_layout(shape, precisions);
+  m.meta = options.meta;
+  m.order = options.order;
+  const std::uint64_t data_end = m.blobs.back().offset + m.blobs.back().padded_bytes();
+
+  const std::string tmp = path + ".partial", journal = path + ".partial.journal";
+  const auto journaled = detail::resume_journal(tmp, journal, detail::journal_fingerprint(m),
+                                                options.resume, m.blobs.size());
+  auto fd = detail::FileDescriptor::open(tmp, O_RDWR | O_CREAT);
+  if (::ftruncate(fd.get(), static_cast<off_t>(data_end)) != 0)
+    detail::fail_errno("cannot size", tmp, errno);
+  ExpertStoreWriteReport report =
+      detail::write_store_blobs(fd.get(), tmp, journal, m, encode, journaled, options);
+  report.file_bytes = detail::finish_store(fd, tmp, path, journal, m, data_end);
   if (options.verify) ExpertStore::open(path, shape).verify();
   return report;
 }

@@ -258,6 +258,89 @@ inline GgufValue read_gguf_value(GgufCursor& c, std::uint32_t raw_type, const st
   return v;
 }
 
+/// `n_kv` metadata entries into `h.metadata`, and the alignment they may set.
+inline void read_gguf_metadata(GgufCursor& c, std::uint64_t n_kv, GgufHeader& h) {
+  if (n_kv > c.remaining() / 12)
+    c.fail_at("metadata count " + std::to_string(n_kv) + " exceeds the file", 16);
+  for (std::uint64_t i = 0; i < n_kv; ++i) {
+    const std::uint64_t at = c.pos();
+    std::string key = c.string("metadata key");
+    const auto type = c.get<std::uint32_t>("metadata value type");
+    GgufValue v = read_gguf_value(c, type, key, 0);
+    if (!h.metadata.emplace(key, std::move(v)).second)
+      c.fail_at("duplicate metadata key '" + key + "'", at);
+  }
+  if (auto it = h.metadata.find("general.alignment"); it != h.metadata.end()) {
+    if (!it->second.is_integer()) c.fail("general.alignment is not an integer");
+    h.alignment = it->second.as_uint("general.alignment");
+    if (h.alignment == 0 || (h.alignment & (h.alignment - 1)) != 0 || h.alignment > (1u << 20))
+      c.fail("general.alignment " + std::to_string(h.alignment) +
+             " is not a power of two <= 1 MiB");
+  }
+}
+
+/// One tensor info, checked against its type's block size and the file's alignment.
+inline GgufTensorInfo read_gguf_tensor_info(GgufCursor& c, std::uint64_t alignment,
+                                            const std::string& file_name) {
+  const std::uint64_t at = c.pos();
+  GgufTensorInfo t;
+  t.name = c.string("tensor name");
+  const auto n_dims = c.get<std::uint32_t>("tensor rank");
+  if (n_dims == 0 || n_dims > max_tensor_rank)
+    c.fail_at("tensor '" + t.name + "' has rank " + std::to_string(n_dims) + " (1..4 allowed)", at);
+  t.rank = n_dims;
+  std::uint64_t elements = 1;
+  for (std::uint32_t d = 0; d < n_dims; ++d) {
+    const auto ne = c.get<std::uint64_t>("tensor dimension");
+    t.dims[n_dims - 1 - d] = ne;
+    auto p = checked_mul(elements, ne);
+    if (!p || *p > (std::uint64_t{1} << 60))
+      c.fail_at("tensor '" + t.name + "' has too many elements", at);
+    elements = *p;
+  }
+  t.ggml_type = c.get<std::uint32_t>("tensor type");
+  const auto info = ggml_type_info(t.ggml_type);
+  if (!info)
+    throw Error(ErrorKind::unsupported, "GGUF '" + file_name + "': tensor '" + t.name +
+                                            "' has ggml type " + std::to_string(t.ggml_type) +
+                                            " of unknown size (offset " + std::to_string(at) + ")");
+  t.dtype = gguf_dtype(t.ggml_type);
+  t.offset = c.get<std::uint64_t>("tensor offset");
+  const std::uint64_t inner = t.dims[n_dims - 1];
+  if (inner % info->block_elements != 0)
+    c.fail_at("tensor '" + t.name + "' of type " + std::string(info->name) + " has a row of " +
+                  std::to_string(inner) + " elements, not a multiple of its block size " +
+                  std::to_string(info->block_elements),
+              at);
+  t.bytes = elements / info->block_elements * info->block_bytes;
+  if (t.offset % alignment != 0)
+    c.fail_at("tensor '" + t.name + "' offset " + std::to_string(t.offset) +
+                  " is not a multiple of the alignment " + std::to_string(alignment),
+              at);
+  return t;
+}
+
+/// Every tensor's bytes lie inside the file's data section, and no two overlap.
+inline void check_gguf_tensor_data(const GgufCursor& c, const GgufHeader& h,
+                                   std::uint64_t file_size) {
+  const std::uint64_t data_size = file_size > h.data_offset ? file_size - h.data_offset : 0;
+  std::vector<const GgufTensorInfo*> order;
+  for (const auto& t : h.tensors) {
+    auto end = checked_add(t.offset, t.bytes);
+    if (!end || *end > data_size)
+      c.fail_at("tensor '" + t.name + "' (" + std::to_string(t.bytes) + " bytes at data offset " +
+                    std::to_string(t.offset) + ") runs past the end of the " +
+                    std::to_string(file_size) + "-byte file (truncated?)",
+                h.data_offset + t.offset);
+    if (t.bytes > 0) order.push_back(&t);
+  }
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+  for (std::size_t i = 1; i < order.size(); ++i)
+    if (order[i]->offset < order[i - 1]->offset + order[i - 1]->bytes)
+      c.fail_at("tensors '" + order[i - 1]->name + "' and '" + order[i]->name + "' overlap",
+                h.data_offset + order[i]->offset);
+}
+
 }  // namespace detail
 
 /// Parses and validates a GGUF file whose complete bytes are `file`; `file_name` is used in error
@@ -279,81 +362,21 @@ inline GgufHeader parse_gguf(std::span<const std::byte> file, const std::string&
     c.fail_at("unknown version " + std::to_string(h.version), 4);
   const auto n_tensors = c.get<std::uint64_t>("tensor count");
   const auto n_kv = c.get<std::uint64_t>("metadata count");
-  if (n_kv > c.remaining() / 12) c.fail_at("metadata count " + std::to_string(n_kv) + " exceeds the file", 16);
-  for (std::uint64_t i = 0; i < n_kv; ++i) {
-    const std::uint64_t at = c.pos();
-    std::string key = c.string("metadata key");
-    const auto type = c.get<std::uint32_t>("metadata value type");
-    GgufValue v = detail::read_gguf_value(c, type, key, 0);
-    if (!h.metadata.emplace(key, std::move(v)).second) c.fail_at("duplicate metadata key '" + key + "'", at);
-  }
-  if (auto it = h.metadata.find("general.alignment"); it != h.metadata.end()) {
-    if (!it->second.is_integer()) c.fail("general.alignment is not an integer");
-    h.alignment = it->second.as_uint("general.alignment");
-    if (h.alignment == 0 || (h.alignment & (h.alignment - 1)) != 0 || h.alignment > (1u << 20))
-      c.fail("general.alignment " + std::to_string(h.alignment) + " is not a power of two <= 1 MiB");
-  }
+  detail::read_gguf_metadata(c, n_kv, h);
   if (n_tensors > c.remaining() / 24)
     c.fail_at("tensor count " + std::to_string(n_tensors) + " exceeds the file", 8);
   std::set<std::string, std::less<>> seen;
   h.tensors.reserve(n_tensors);
   for (std::uint64_t i = 0; i < n_tensors; ++i) {
     const std::uint64_t at = c.pos();
-    GgufTensorInfo t;
-    t.name = c.string("tensor name");
-    const auto n_dims = c.get<std::uint32_t>("tensor rank");
-    if (n_dims == 0 || n_dims > max_tensor_rank)
-      c.fail_at("tensor '" + t.name + "' has rank " + std::to_string(n_dims) + " (1..4 allowed)", at);
-    t.rank = n_dims;
-    std::uint64_t elements = 1;
-    for (std::uint32_t d = 0; d < n_dims; ++d) {
-      const auto ne = c.get<std::uint64_t>("tensor dimension");
-      t.dims[n_dims - 1 - d] = ne;
-      auto p = detail::checked_mul(elements, ne);
-      if (!p || *p > (std::uint64_t{1} << 60)) c.fail_at("tensor '" + t.name + "' has too many elements", at);
-      elements = *p;
-    }
-    t.ggml_type = c.get<std::uint32_t>("tensor type");
-    const auto info = detail::ggml_type_info(t.ggml_type);
-    if (!info)
-      throw Error(ErrorKind::unsupported, "GGUF '" + file_name + "': tensor '" + t.name +
-                                              "' has ggml type " + std::to_string(t.ggml_type) +
-                                              " of unknown size (offset " + std::to_string(at) + ")");
-    t.dtype = detail::gguf_dtype(t.ggml_type);
-    t.offset = c.get<std::uint64_t>("tensor offset");
-    const std::uint64_t inner = t.dims[n_dims - 1];
-    if (inner % info->block_elements != 0)
-      c.fail_at("tensor '" + t.name + "' of type " + std::string(info->name) + " has a row of " +
-                    std::to_string(inner) + " elements, not a multiple of its block size " +
-                    std::to_string(info->block_elements),
-                at);
-    t.bytes = elements / info->block_elements * info->block_bytes;
-    if (t.offset % h.alignment != 0)
-      c.fail_at("tensor '" + t.name + "' offset " + std::to_string(t.offset) +
-                    " is not a multiple of the alignment " + std::to_string(h.alignment),
-                at);
+    GgufTensorInfo t = detail::read_gguf_tensor_info(c, h.alignment, file_name);
     if (!seen.insert(t.name).second) c.fail_at("duplicate tensor name '" + t.name + "'", at);
     h.tensors.push_back(std::move(t));
   }
   h.data_offset = detail::align_up(c.pos(), h.alignment);
   if (h.data_offset > file.size() && !h.tensors.empty())
     c.fail("file truncated: data section would start past the end of the file,");
-  const std::uint64_t data_size = file.size() > h.data_offset ? file.size() - h.data_offset : 0;
-  std::vector<const GgufTensorInfo*> order;
-  for (const auto& t : h.tensors) {
-    auto end = detail::checked_add(t.offset, t.bytes);
-    if (!end || *end > data_size)
-      c.fail_at("tensor '" + t.name + "' (" + std::to_string(t.bytes) + " bytes at data offset " +
-                    std::to_string(t.offset) + ") runs past the end of the " +
-                    std::to_string(file.size()) + "-byte file (truncated?)",
-                h.data_offset + t.offset);
-    if (t.bytes > 0) order.push_back(&t);
-  }
-  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
-  for (std::size_t i = 1; i < order.size(); ++i)
-    if (order[i]->offset < order[i - 1]->offset + order[i - 1]->bytes)
-      c.fail_at("tensors '" + order[i - 1]->name + "' and '" + order[i]->name + "' overlap",
-                h.data_offset + order[i]->offset);
+  detail::check_gguf_tensor_data(c, h, file.size());
   return h;
 }
 

@@ -86,6 +86,87 @@ inline std::string_view safetensors_dtype_name(DType t) {
 /// Largest header the reader accepts (the reference implementation's limit is 100 MB).
 inline constexpr std::uint64_t safetensors_max_header = 100'000'000;
 
+namespace detail {
+
+template <class Bad>
+void read_safetensors_metadata(const nlohmann::json& v, SafetensorsHeader& h, const Bad& bad) {
+  if (!v.is_object()) throw bad("__metadata__ is not an object");
+  for (auto m = v.begin(); m != v.end(); ++m) {
+    if (!m.value().is_string()) throw bad("__metadata__['" + m.key() + "'] is not a string");
+    h.metadata.emplace(m.key(), m.value().get<std::string>());
+  }
+}
+
+/// The header's entry for tensor `key`, checked against its dtype, its shape and the data
+/// section of `data_size` bytes at `data_offset`.
+template <class Bad>
+SafetensorsEntry read_safetensors_entry(const std::string& key, const nlohmann::json& v,
+                                        const std::string& file_name, std::uint64_t data_offset,
+                                        std::uint64_t data_size, const Bad& bad) {
+  auto tbad = [&](const std::string& what) { return bad("tensor '" + key + "': " + what); };
+  if (!v.is_object()) throw tbad("entry is not an object");
+  SafetensorsEntry e;
+  e.name = key;
+  auto dt = v.find("dtype");
+  if (dt == v.end() || !dt->is_string()) throw tbad("missing string field 'dtype'");
+  e.dtype_name = dt->get<std::string>();
+  const std::uint64_t esize = safetensors_element_bytes(e.dtype_name);
+  if (esize == 0)
+    throw Error(ErrorKind::unsupported, "safetensors '" + file_name + "': tensor '" + key +
+                                            "' has unknown dtype '" + e.dtype_name + "'");
+  e.dtype = safetensors_dtype(e.dtype_name);
+  auto sh = v.find("shape");
+  if (sh == v.end() || !sh->is_array()) throw tbad("missing array field 'shape'");
+  std::uint64_t elements = 1;
+  for (const auto& d : *sh) {
+    if (!d.is_number_unsigned())
+      throw tbad("shape has an entry that is not a non-negative integer");
+    const auto dim = d.get<std::uint64_t>();
+    auto prod = checked_mul(elements, dim);
+    if (!prod) throw tbad("shape's element count overflows");
+    elements = *prod;
+    e.shape.push_back(dim);
+  }
+  if (e.shape.size() > 8) throw tbad("rank " + std::to_string(e.shape.size()) + " is too large");
+  auto off = v.find("data_offsets");
+  if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+      !(*off)[1].is_number_unsigned())
+    throw tbad("'data_offsets' must be an array of two non-negative integers");
+  e.begin = (*off)[0].get<std::uint64_t>();
+  e.end = (*off)[1].get<std::uint64_t>();
+  if (e.begin > e.end)
+    throw tbad("data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+               ") are reversed");
+  if (e.end > data_size)
+    throw tbad("data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+               ") (absolute offset " + std::to_string(data_offset + e.begin) + ") run past the " +
+               std::to_string(data_size) + "-byte data section (truncated file?)");
+  auto bytes = checked_mul(elements, esize);
+  if (!bytes || *bytes != e.end - e.begin)
+    throw tbad("shape × " + e.dtype_name + " size is " +
+               (bytes ? std::to_string(*bytes) : std::string("too large")) +
+               " bytes but data_offsets span " + std::to_string(e.end - e.begin) +
+               " bytes at absolute offset " + std::to_string(data_offset + e.begin));
+  return e;
+}
+
+/// Sorted by start, each non-empty tensor must end before the next one starts.
+template <class Bad>
+void check_safetensors_disjoint(const SafetensorsHeader& h, const Bad& bad) {
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& e : h.tensors)
+    if (e.end > e.begin) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](auto* a, auto* b) { return a->begin < b->begin; });
+  for (std::size_t i = 1; i < by_offset.size(); ++i)
+    if (by_offset[i]->begin < by_offset[i - 1]->end)
+      throw bad("tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name +
+                "' overlap at absolute offset " +
+                std::to_string(h.data_offset + by_offset[i]->begin));
+}
+
+}  // namespace detail
+
 /// Parses and validates the header of a safetensors file whose complete bytes are `file`.
 /// `file_name` is used in error messages. Throws `Error(invalid_format)` naming the file, the
 /// tensor and the offset on any inconsistency, `Error(unsupported)` for a dtype safetensors does
@@ -96,7 +177,8 @@ inline SafetensorsHeader parse_safetensors(std::span<const std::byte> file,
     return Error(ErrorKind::invalid_format, "safetensors '" + file_name + "': " + what);
   };
   if (file.size() < 8)
-    throw bad("file is " + std::to_string(file.size()) + " bytes, too short for the 8-byte header length");
+    throw bad("file is " + std::to_string(file.size()) +
+              " bytes, too short for the 8-byte header length");
   const std::uint64_t n = detail::load_le<std::uint64_t>(file.data());
   if (n > safetensors_max_header)
     throw bad("header length " + std::to_string(n) + " at offset 0 exceeds the limit of " +
@@ -109,75 +191,17 @@ inline SafetensorsHeader parse_safetensors(std::span<const std::byte> file,
   const std::uint64_t data_size = file.size() - h.data_offset;
   const auto* text = reinterpret_cast<const char*>(file.data() + 8);
   nlohmann::json j = nlohmann::json::parse(text, text + n, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw bad("header (offset 8, " + std::to_string(n) + " bytes) is not valid JSON");
+  if (j.is_discarded())
+    throw bad("header (offset 8, " + std::to_string(n) + " bytes) is not valid JSON");
   if (!j.is_object()) throw bad("header JSON is not an object");
   for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& key = it.key();
-    const nlohmann::json& v = it.value();
-    if (key == "__metadata__") {
-      if (!v.is_object()) throw bad("__metadata__ is not an object");
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) throw bad("__metadata__['" + m.key() + "'] is not a string");
-        h.metadata.emplace(m.key(), m.value().get<std::string>());
-      }
-      continue;
-    }
-    auto tbad = [&](const std::string& what) { return bad("tensor '" + key + "': " + what); };
-    if (!v.is_object()) throw tbad("entry is not an object");
-    SafetensorsEntry e;
-    e.name = key;
-    auto dt = v.find("dtype");
-    if (dt == v.end() || !dt->is_string()) throw tbad("missing string field 'dtype'");
-    e.dtype_name = dt->get<std::string>();
-    const std::uint64_t esize = detail::safetensors_element_bytes(e.dtype_name);
-    if (esize == 0)
-      throw Error(ErrorKind::unsupported, "safetensors '" + file_name + "': tensor '" + key +
-                                              "' has unknown dtype '" + e.dtype_name + "'");
-    e.dtype = detail::safetensors_dtype(e.dtype_name);
-    auto sh = v.find("shape");
-    if (sh == v.end() || !sh->is_array()) throw tbad("missing array field 'shape'");
-    std::uint64_t elements = 1;
-    for (const auto& d : *sh) {
-      if (!d.is_number_unsigned()) throw tbad("shape has an entry that is not a non-negative integer");
-      const auto dim = d.get<std::uint64_t>();
-      auto prod = detail::checked_mul(elements, dim);
-      if (!prod) throw tbad("shape's element count overflows");
-      elements = *prod;
-      e.shape.push_back(dim);
-    }
-    if (e.shape.size() > 8) throw tbad("rank " + std::to_string(e.shape.size()) + " is too large");
-    auto off = v.find("data_offsets");
-    if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
-        !(*off)[1].is_number_unsigned())
-      throw tbad("'data_offsets' must be an array of two non-negative integers");
-    e.begin = (*off)[0].get<std::uint64_t>();
-    e.end = (*off)[1].get<std::uint64_t>();
-    if (e.begin > e.end)
-      throw tbad("data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                 ") are reversed");
-    if (e.end > data_size)
-      throw tbad("data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                 ") (absolute offset " + std::to_string(h.data_offset + e.begin) +
-                 ") run past the " + std::to_string(data_size) +
-                 "-byte data section (truncated file?)");
-    auto bytes = detail::checked_mul(elements, esize);
-    if (!bytes || *bytes != e.end - e.begin)
-      throw tbad("shape × " + e.dtype_name + " size is " +
-                 (bytes ? std::to_string(*bytes) : std::string("too large")) +
-                 " bytes but data_offsets span " + std::to_string(e.end - e.begin) +
-                 " bytes at absolute offset " + std::to_string(h.data_offset + e.begin));
-    h.tensors.push_back(std::move(e));
+    if (it.key() == "__metadata__")
+      detail::read_safetensors_metadata(it.value(), h, bad);
+    else
+      h.tensors.push_back(detail::read_safetensors_entry(it.key(), it.value(), file_name,
+                                                         h.data_offset, data_size, bad));
   }
-  // Overlap check: sort by start; each tensor must end before the next non-empty one starts.
-  std::vector<const SafetensorsEntry*> by_offset;
-  for (const auto& e : h.tensors)
-    if (e.end > e.begin) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](auto* a, auto* b) { return a->begin < b->begin; });
-  for (std::size_t i = 1; i < by_offset.size(); ++i)
-    if (by_offset[i]->begin < by_offset[i - 1]->end)
-      throw bad("tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name +
-                "' overlap at absolute offset " + std::to_string(h.data_offset + by_offset[i]->begin));
+  detail::check_safetensors_disjoint(h, bad);
   std::sort(h.tensors.begin(), h.tensors.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
   return h;

@@ -224,72 +224,17 @@ class ActivationPathProfile {
     bool header = false;
     while (std::getline(in, line)) {
       ++line_no;
-      if (auto h = line.find('#'); h != std::string::npos) line.resize(h);
-      std::istringstream ls(line);
-      std::vector<std::string> w;
-      for (std::string s; ls >> s;) w.push_back(s);
+      const std::vector<std::string> w = words_of(std::move(line));
       if (w.empty()) continue;
       if (!header) {
         if (w.size() != 2 || w[0] != "moekit-activation-path")
           bad("expected header 'moekit-activation-path 1'");
         if (w[1] != "1") bad("unsupported version '" + w[1] + "' (this build reads version 1)");
         header = true;
-        continue;
-      }
-      if (p.empty()) {
-        std::uint64_t l = 0, e = 0, k = 0;
-        if (w.size() != 6 || w[0] != "layers" || w[2] != "experts" || w[4] != "top_k" ||
-            !to_u64(w[1], l) || !to_u64(w[3], e) || !to_u64(w[5], k) || l == 0 || e == 0 ||
-            k == 0 || k > e || l > 100000 || e > 100000)
-          bad("expected 'layers <L> experts <E> top_k <k>' with 0 < k <= E");
-        p = ActivationPathProfile(std::uint32_t(l), std::uint32_t(e), std::uint32_t(k));
-        continue;
-      }
-      std::uint64_t n = 0;
-      if (w.size() < 2 || !to_u64(w[1], n) || n >= p.n_layers_)
-        bad("field 'layer': expected a layer index below " + std::to_string(p.n_layers_));
-      const auto L = std::uint32_t(n);
-      if (w[0] == "marginal") {
-        if (w.size() != 3 + std::size_t{p.n_experts_})
-          bad("field 'marginal': expected <layer> <total> and " + std::to_string(p.n_experts_) +
-              " counts");
-        Counts c{0, std::vector<std::uint64_t>(p.n_experts_, 0)};
-        if (!to_u64(w[2], c.total)) bad("field 'total': not a count");
-        for (std::uint32_t e = 0; e < p.n_experts_; ++e)
-          if (!to_u64(w[3 + e], c.hits[e])) bad("field 'count_" + std::to_string(e) + "': not a count");
-        check_counts(c, bad);
-        p.marginal_[L] = std::move(c);
-      } else if (w[0] == "path1" || w[0] == "path2") {
-        const bool two = w[0] == "path2";
-        if (w.size() < 4) bad("field '" + w[0] + "': expected <layer> <key> <total> pairs");
-        if (L < (two ? 2u : 1u)) bad("field '" + w[0] + "': layer " + std::to_string(L) + " has no such history");
-        Key key;
-        if (two) {
-          const auto slash = w[2].find('/');
-          if (slash == std::string::npos) bad("field 'key': expected <set>/<set>");
-          key = parse_set(w[2].substr(0, slash), p.n_experts_, bad);
-          key.push_back(separator);
-          const Key k1 = parse_set(w[2].substr(slash + 1), p.n_experts_, bad);
-          key.insert(key.end(), k1.begin(), k1.end());
-        } else {
-          key = parse_set(w[2], p.n_experts_, bad);
-        }
-        Counts c{0, std::vector<std::uint64_t>(p.n_experts_, 0)};
-        if (!to_u64(w[3], c.total)) bad("field 'total': not a count");
-        for (std::size_t i = 4; i < w.size(); ++i) {
-          const auto colon = w[i].find(':');
-          std::uint64_t e = 0, cnt = 0;
-          if (colon == std::string::npos || !to_u64(w[i].substr(0, colon), e) ||
-              !to_u64(w[i].substr(colon + 1), cnt) || e >= p.n_experts_)
-            bad("field 'count': expected <expert>:<count> with expert < " +
-                std::to_string(p.n_experts_) + ", got '" + w[i] + "'");
-          c.hits[e] += cnt;
-        }
-        check_counts(c, bad);
-        auto& table = two ? p.path2_[L] : p.path1_[L];
-        if (!table.emplace(std::move(key), std::move(c)).second) bad("field 'key': duplicate key");
+      } else if (p.empty()) {
+        p = parse_dims(w, bad);
       } else {
-        bad("unknown record '" + w[0] + "' (expected marginal, path1 or path2)");
+        p.parse_record(w, bad);
       }
     }
     if (!header) {
@@ -347,6 +292,84 @@ class ActivationPathProfile {
   static void check_counts(const Counts& c, Bad& bad) {
     for (auto h : c.hits)
       if (h > c.total) bad("field 'count': a count exceeds the key's total");
+  }
+  /// The words of a line of the text format, without its comment.
+  static std::vector<std::string> words_of(std::string line) {
+    if (auto h = line.find('#'); h != std::string::npos) line.resize(h);
+    std::istringstream ls(line);
+    std::vector<std::string> w;
+    for (std::string s; ls >> s;) w.push_back(s);
+    return w;
+  }
+  /// "layers <L> experts <E> top_k <k>": an empty profile of that shape.
+  template <class Bad>
+  static ActivationPathProfile parse_dims(const std::vector<std::string>& w, Bad& bad) {
+    std::uint64_t l = 0, e = 0, k = 0;
+    if (w.size() != 6 || w[0] != "layers" || w[2] != "experts" || w[4] != "top_k" ||
+        !to_u64(w[1], l) || !to_u64(w[3], e) || !to_u64(w[5], k) || l == 0 || e == 0 || k == 0 ||
+        k > e || l > 100000 || e > 100000)
+      bad("expected 'layers <L> experts <E> top_k <k>' with 0 < k <= E");
+    return ActivationPathProfile(std::uint32_t(l), std::uint32_t(e), std::uint32_t(k));
+  }
+  /// A "marginal", "path1" or "path2" record.
+  template <class Bad>
+  void parse_record(const std::vector<std::string>& w, Bad& bad) {
+    std::uint64_t n = 0;
+    if (w.size() < 2 || !to_u64(w[1], n) || n >= n_layers_)
+      bad("field 'layer': expected a layer index below " + std::to_string(n_layers_));
+    const auto L = std::uint32_t(n);
+    if (w[0] == "marginal")
+      parse_marginal(L, w, bad);
+    else if (w[0] == "path1" || w[0] == "path2")
+      parse_path(L, w, bad);
+    else
+      bad("unknown record '" + w[0] + "' (expected marginal, path1 or path2)");
+  }
+  /// "marginal <layer> <total> <count>...": one count per expert.
+  template <class Bad>
+  void parse_marginal(std::uint32_t L, const std::vector<std::string>& w, Bad& bad) {
+    if (w.size() != 3 + std::size_t{n_experts_})
+      bad("field 'marginal': expected <layer> <total> and " + std::to_string(n_experts_) +
+          " counts");
+    Counts c{0, std::vector<std::uint64_t>(n_experts_, 0)};
+    if (!to_u64(w[2], c.total)) bad("field 'total': not a count");
+    for (std::uint32_t e = 0; e < n_experts_; ++e)
+      if (!to_u64(w[3 + e], c.hits[e])) bad("field 'count_" + std::to_string(e) + "': not a count");
+    check_counts(c, bad);
+    marginal_[L] = std::move(c);
+  }
+  /// "path1 <layer> <set> <total> <expert>:<count>..." or "path2 <layer> <set>/<set> ...".
+  template <class Bad>
+  void parse_path(std::uint32_t L, const std::vector<std::string>& w, Bad& bad) {
+    const bool two = w[0] == "path2";
+    if (w.size() < 4) bad("field '" + w[0] + "': expected <layer> <key> <total> pairs");
+    if (L < (two ? 2u : 1u))
+      bad("field '" + w[0] + "': layer " + std::to_string(L) + " has no such history");
+    Key key;
+    if (two) {
+      const auto slash = w[2].find('/');
+      if (slash == std::string::npos) bad("field 'key': expected <set>/<set>");
+      key = parse_set(w[2].substr(0, slash), n_experts_, bad);
+      key.push_back(separator);
+      const Key k1 = parse_set(w[2].substr(slash + 1), n_experts_, bad);
+      key.insert(key.end(), k1.begin(), k1.end());
+    } else {
+      key = parse_set(w[2], n_experts_, bad);
+    }
+    Counts c{0, std::vector<std::uint64_t>(n_experts_, 0)};
+    if (!to_u64(w[3], c.total)) bad("field 'total': not a count");
+    for (std::size_t i = 4; i < w.size(); ++i) {
+      const auto colon = w[i].find(':');
+      std::uint64_t e = 0, cnt = 0;
+      if (colon == std::string::npos || !to_u64(w[i].substr(0, colon), e) ||
+          !to_u64(w[i].substr(colon + 1), cnt) || e >= n_experts_)
+        bad("field 'count': expected <expert>:<count> with expert < " + std::to_string(n_experts_) +
+            ", got '" + w[i] + "'");
+      c.hits[e] += cnt;
+    }
+    check_counts(c, bad);
+    auto& table = two ? path2_[L] : path1_[L];
+    if (!table.emplace(std::move(key), std::move(c)).second) bad("field 'key': duplicate key");
   }
   template <class Bad>
   static Key parse_set(const std::string& s, std::uint32_t n_experts, Bad& bad) {

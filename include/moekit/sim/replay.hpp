@@ -42,6 +42,7 @@
 #include "moekit/pipeline.hpp"
 #include "moekit/sim/sim_loader.hpp"
 #include "moekit/sim/trace.hpp"
+#include "moekit/sim/trace_walk.hpp"
 
 namespace moekit::sim {
 
@@ -142,91 +143,6 @@ struct DemandSequence {
 
 namespace detail {
 
-/// Walks a trace's forwards and layer calls the way `replay` does.
-class ForwardWalker {
- public:
-  explicit ForwardWalker(const RoutingTrace& trace) : trace_(trace) {}
-
-  /// Calls `forward(seq, first_token, n_tokens, phase)` for each forward, in replay order.
-  template <class F>
-  void for_each_forward(F&& forward) const {
-    for (std::size_t s = 0; s < trace_.sequence_count(); ++s) {
-      const std::size_t len = trace_.sequence_length(s);
-      if (len == 0) continue;
-      const std::size_t first = trace_.global_token(s, 0);
-      const std::size_t pre = trace_.prefill_length(s);
-      if (pre > 0) forward(s, first, pre, Phase::prefill);
-      for (std::size_t t = pre; t < len; ++t) forward(s, first + t, std::size_t{1}, Phase::decode);
-    }
-  }
-
- private:
-  const RoutingTrace& trace_;
-};
-
-/// Buffers of one layer call's GateView (reused; no allocation once sized).
-struct GateBuffers {
-  std::vector<std::uint32_t> ids;
-  std::vector<float> weights, logits, hidden;
-
-  /// Gathers the present records of tokens [first, first+n) at `layer`, keeping the first `k`
-  /// experts of each (weights renormalised over them). Returns the view (n_tokens = 0 when no
-  /// record is present) and adds the missing records to `missing`.
-  GateView gather(const RoutingTrace& tr, std::size_t first, std::size_t n, std::uint32_t layer,
-                  std::uint32_t k, std::uint64_t& missing) {
-    const TraceDims& d = tr.dims();
-    if (n == 1 && k == d.top_k) {  // a decode record as stored: view it, copy nothing
-      GateView g;
-      g.k = k;
-      g.n_experts = d.n_experts;
-      if (!tr.valid(first, layer)) {
-        ++missing;
-        g.n_tokens = 0;
-        return g;
-      }
-      g.experts = tr.experts(first, layer);
-      g.weights = tr.weights(first, layer);
-      g.logits = tr.logits(first, layer);
-      g.hidden = tr.hidden(first, layer);
-      return g;
-    }
-    ids.clear(), weights.clear(), logits.clear(), hidden.clear();
-    std::uint32_t rows = 0;
-    for (std::size_t t = first; t < first + n; ++t) {
-      if (!tr.valid(t, layer)) {
-        ++missing;
-        continue;
-      }
-      const auto e = tr.experts(t, layer);
-      const auto w = tr.weights(t, layer);
-      float sum = 0.0f;
-      for (std::uint32_t j = 0; j < k; ++j) sum += w[j];
-      for (std::uint32_t j = 0; j < k; ++j) {
-        ids.push_back(e[j]);
-        weights.push_back(k == d.top_k || !(sum > 0) ? w[j] : w[j] / sum);
-      }
-      if (d.has_logits) {
-        const auto l = tr.logits(t, layer);
-        logits.insert(logits.end(), l.begin(), l.end());
-      }
-      if (d.hidden) {
-        const auto h = tr.hidden(t, layer);
-        hidden.insert(hidden.end(), h.begin(), h.end());
-      }
-      ++rows;
-    }
-    GateView g;
-    g.n_tokens = rows;
-    g.k = k;
-    g.n_experts = d.n_experts;
-    g.experts = ids;
-    g.weights = weights;
-    g.logits = logits;
-    g.hidden = hidden;
-    return g;
-  }
-};
-
 template <class T>
 concept ends_layer_calls = requires(T& t) { t.end_layer_call(); };
 
@@ -238,19 +154,18 @@ concept ends_layer_calls = requires(T& t) { t.end_layer_call(); };
   const TraceDims& d = trace.dims();
   std::vector<std::uint8_t> seen(d.n_experts, 0);
   std::uint64_t missing = 0;
-  detail::GateBuffers buf;
-  detail::ForwardWalker(trace).for_each_forward(
-      [&](std::size_t, std::size_t first, std::size_t n, Phase) {
-        for (std::uint32_t l = 0; l < d.n_layers; ++l) {
-          const GateView g = buf.gather(trace, first, n, l, d.top_k, missing);
-          if (g.n_tokens == 0) continue;
-          const std::size_t begin = out.keys.size();
-          for (std::uint32_t e : g.experts)
-            if (!seen[e]) seen[e] = 1, out.keys.push_back(ExpertKey{l, e});
-          for (std::size_t i = begin; i < out.keys.size(); ++i) seen[out.keys[i].expert] = 0;
-          out.call_end.push_back(out.keys.size());
-        }
-      });
+  GateGatherer buf;
+  ForwardWalker(trace).for_each_forward([&](std::size_t, std::size_t first, std::size_t n, Phase) {
+    for (std::uint32_t l = 0; l < d.n_layers; ++l) {
+      const GateView g = buf.gather(trace, first, n, l, d.top_k, missing);
+      if (g.n_tokens == 0) continue;
+      const std::size_t begin = out.keys.size();
+      for (std::uint32_t e : g.experts)
+        if (!seen[e]) seen[e] = 1, out.keys.push_back(ExpertKey{l, e});
+      for (std::size_t i = begin; i < out.keys.size(); ++i) seen[out.keys[i].expert] = 0;
+      out.call_end.push_back(out.keys.size());
+    }
+  });
   return out;
 }
 
@@ -338,6 +253,101 @@ class CallOrderedPolicy {
   std::size_t call_ = 0;
 };
 
+namespace detail {
+
+/// One replay in progress: what `replay` does per forward and per layer call.
+template <class Pipeline>
+class Replayer {
+ public:
+  Replayer(Pipeline& pipeline, const RoutingTrace& trace, const ComputeModel& compute,
+           const ReplayOptions& options, ReplayReport& rep)
+      : pipeline_(pipeline),
+        loader_(pipeline.loader()),
+        clock_(loader_.clock()),
+        trace_(trace),
+        compute_(compute),
+        options_(options),
+        rep_(rep) {}
+
+  /// The forward of tokens [first, first + n) of sequence `seq`; replayed once more when the
+  /// token policy rejects it (MoBiLE's fallback).
+  void forward(std::size_t seq, std::size_t first, std::size_t n, Phase phase) {
+    if (seq != last_seq_) {
+      if (options_.progress && last_seq_ != static_cast<std::size_t>(-1))
+        options_.progress(options_.progress_ctx, last_seq_ + 1, trace_.sequence_count());
+      pipeline_.begin_sequence();
+      last_seq_ = seq;
+      if (phase == Phase::prefill) ++rep_.prefill_sequences;
+    }
+    (phase == Phase::prefill ? rep_.prefill_tokens : rep_.decode_tokens) += n;
+    const double f_start = clock_.now();
+    const std::uint64_t token_index = first - trace_.global_token(seq, 0);
+    const std::uint32_t n_layers = trace_.dims().n_layers;
+    for (int attempt = 0;; ++attempt) {
+      ++rep_.forwards;
+      for (std::uint32_t l = 0; l < n_layers; ++l)
+        layer(LayerContext{l, n_layers, token_index, phase, seq, static_cast<std::uint32_t>(n)},
+              first, n, attempt);
+      if (pipeline_.end_token(std::span<const float>{}) == TokenVerdict::accept) break;
+      if (attempt >= 1)
+        ::moekit::detail::fail(ErrorKind::internal,
+                               "replay: the token policy rejected a recomputed forward");
+    }
+    (phase == Phase::prefill ? rep_.prefill_s : rep_.decode_s) += clock_.now() - f_start;
+  }
+
+  /// Simulated seconds of compute so far.
+  [[nodiscard]] double compute_s() const noexcept { return compute_s_; }
+
+ private:
+  // One layer call: the dense part, then the plan's experts in the scheduler's order, each
+  // device expert after its load.
+  void layer(LayerContext ctx, std::size_t first, std::size_t n, int attempt) {
+    run(compute_.layer(static_cast<std::uint32_t>(n)));
+    const std::uint32_t k =
+        std::clamp<std::uint32_t>(pipeline_.active_top_k(ctx), 1, trace_.dims().top_k);
+    std::uint64_t missing = 0;
+    const GateView gate = buf_.gather(trace_, first, n, ctx.layer, k, missing);
+    if (attempt == 0) rep_.records_missing += missing;
+    if (gate.n_tokens == 0) {
+      ++rep_.layer_calls_unrouted;
+      return;
+    }
+    ctx.n_tokens = gate.n_tokens;
+    const LayerPlan& plan = pipeline_.route(ctx, gate);
+    for (const ExpertPlan& p : plan.experts) {
+      if (p.placement == Placement::device) {
+        if (p.ticket.valid()) loader_.wait(p.ticket);
+        run(compute_.device(p.precision, p.n_tokens));
+      } else if (p.placement == Placement::host_cpu) {
+        run(compute_.cpu(p.precision, p.n_tokens));
+      }
+    }
+    (void)pipeline_.resolve(plan);
+    pipeline_.end_layer(ctx);
+    if constexpr (ends_layer_calls<typename Pipeline::CachePolicy>)
+      pipeline_.cache().policy().end_layer_call();
+  }
+
+  void run(double dt) {
+    clock_.advance(dt);
+    compute_s_ += dt;
+  }
+
+  Pipeline& pipeline_;
+  SimLoader& loader_;
+  VirtualClock& clock_;
+  const RoutingTrace& trace_;
+  const ComputeModel& compute_;
+  const ReplayOptions& options_;
+  ReplayReport& rep_;
+  GateGatherer buf_;
+  std::size_t last_seq_ = static_cast<std::size_t>(-1);
+  double compute_s_ = 0.0;
+};
+
+}  // namespace detail
+
 /// Replays `trace` through `pipeline` (whose loader must be a SimLoader) and reports the cost;
 /// see the file comment for the model. The trace's dims must match the pipeline's shape.
 template <class Pipeline>
@@ -363,63 +373,11 @@ ReplayReport replay(Pipeline& pipeline, const RoutingTrace& trace, const Compute
   rep.synthetic = trace.synthetic();
   rep.sequences = trace.sequence_count();
   const double t_start = clock.now(), stall_start = clock.stall();
-  double compute_s = 0.0;
-  detail::GateBuffers buf;
-  std::size_t last_seq = static_cast<std::size_t>(-1);
-
-  auto run = [&](double dt) {
-    clock.advance(dt);
-    compute_s += dt;
-  };
-
-  detail::ForwardWalker(trace).for_each_forward([&](std::size_t seq, std::size_t first,
-                                                    std::size_t n, Phase phase) {
-    if (seq != last_seq) {
-      if (options.progress && last_seq != static_cast<std::size_t>(-1))
-        options.progress(options.progress_ctx, last_seq + 1, trace.sequence_count());
-      pipeline.begin_sequence();
-      last_seq = seq;
-      if (phase == Phase::prefill) ++rep.prefill_sequences;
-    }
-    (phase == Phase::prefill ? rep.prefill_tokens : rep.decode_tokens) += n;
-    const double f_start = clock.now();
-    const std::uint64_t token_index = first - trace.global_token(seq, 0);
-    for (int attempt = 0;; ++attempt) {
-      ++rep.forwards;
-      for (std::uint32_t l = 0; l < d.n_layers; ++l) {
-        LayerContext ctx{l, d.n_layers, token_index, phase, seq,
-                         static_cast<std::uint32_t>(n)};
-        run(compute.layer(static_cast<std::uint32_t>(n)));
-        const std::uint32_t k = std::clamp<std::uint32_t>(pipeline.active_top_k(ctx), 1, d.top_k);
-        std::uint64_t missing = 0;
-        const GateView gate = buf.gather(trace, first, n, l, k, missing);
-        if (attempt == 0) rep.records_missing += missing;
-        if (gate.n_tokens == 0) {
-          ++rep.layer_calls_unrouted;
-          continue;
-        }
-        ctx.n_tokens = gate.n_tokens;
-        const LayerPlan& plan = pipeline.route(ctx, gate);
-        for (const ExpertPlan& p : plan.experts) {
-          if (p.placement == Placement::device) {
-            if (p.ticket.valid()) loader.wait(p.ticket);
-            run(compute.device(p.precision, p.n_tokens));
-          } else if (p.placement == Placement::host_cpu) {
-            run(compute.cpu(p.precision, p.n_tokens));
-          }
-        }
-        (void)pipeline.resolve(plan);
-        pipeline.end_layer(ctx);
-        if constexpr (detail::ends_layer_calls<typename Pipeline::CachePolicy>)
-          pipeline.cache().policy().end_layer_call();
-      }
-      if (pipeline.end_token(std::span<const float>{}) == TokenVerdict::accept) break;
-      if (attempt >= 1)
-        moekit::detail::fail(ErrorKind::internal,
-                             "replay: the token policy rejected a recomputed forward");
-    }
-    (phase == Phase::prefill ? rep.prefill_s : rep.decode_s) += clock.now() - f_start;
-  });
+  detail::Replayer<Pipeline> replayer(pipeline, trace, compute, options, rep);
+  ForwardWalker(trace).for_each_forward(
+      [&](std::size_t seq, std::size_t first, std::size_t n, Phase phase) {
+        replayer.forward(seq, first, n, phase);
+      });
   if (options.progress)
     options.progress(options.progress_ctx, trace.sequence_count(), trace.sequence_count());
 
@@ -427,7 +385,7 @@ ReplayReport replay(Pipeline& pipeline, const RoutingTrace& trace, const Compute
   rep.loader = loader.stats();
   rep.total_s = clock.now() - t_start;
   rep.stall_s = clock.stall() - stall_start;
-  rep.compute_s = compute_s;
+  rep.compute_s = replayer.compute_s();
   return rep;
 }
 

@@ -160,12 +160,17 @@ class ByteReader {
   return w.take();
 }
 
-/// Parses a binary trace from memory; `source` names it in error messages (a path, or
-/// "<memory>"). Throws `moekit::Error(invalid_format)` on any inconsistency.
-[[nodiscard]] inline RoutingTrace parse_trace_binary(std::span<const std::byte> bytes,
-                                                     std::string_view source = "<memory>") {
-  detail::require_little_endian("parse_trace_binary");
-  detail::ByteReader r(bytes, source);
+namespace detail {
+
+/// The fixed-size header and the name of a binary trace.
+struct BinaryTraceHeader {
+  std::uint32_t flags = 0;
+  TraceDims dims;
+  std::uint64_t n_sequences = 0, n_tokens = 0;
+  std::string name;
+};
+
+inline BinaryTraceHeader read_trace_header(ByteReader& r) {
   char magic[8];
   r.get_bytes(magic, 8, "magic");
   if (std::memcmp(magic, trace_magic, 8) != 0) r.bad("magic", "not a moekit trace (bad magic)");
@@ -173,107 +178,162 @@ class ByteReader {
   if (version != trace_format_version)
     r.bad("version", "unsupported version " + std::to_string(version) + " (this reader: " +
                          std::to_string(trace_format_version) + ")");
-  const auto flags = r.get<std::uint32_t>("flags");
-  if (flags & ~(trace_flag_logits | trace_flag_hidden | trace_flag_synthetic))
+  BinaryTraceHeader h;
+  h.flags = r.get<std::uint32_t>("flags");
+  if (h.flags & ~(trace_flag_logits | trace_flag_hidden | trace_flag_synthetic))
     r.bad("flags", "unknown flag bits set");
-  TraceDims d;
+  TraceDims& d = h.dims;
   d.n_layers = r.get<std::uint32_t>("n_layers");
   d.n_experts = r.get<std::uint32_t>("n_experts");
   d.top_k = r.get<std::uint32_t>("top_k");
   d.hidden = r.get<std::uint32_t>("hidden");
-  d.has_logits = (flags & trace_flag_logits) != 0;
+  d.has_logits = (h.flags & trace_flag_logits) != 0;
   if (d.n_layers == 0) r.bad("n_layers", "must be > 0");
   if (d.n_experts == 0 || d.n_experts == missing_expert) r.bad("n_experts", "out of range");
   if (d.top_k == 0 || d.top_k > d.n_experts) r.bad("top_k", "must be in [1, n_experts]");
-  if (((flags & trace_flag_hidden) != 0) != (d.hidden != 0))
+  if (((h.flags & trace_flag_hidden) != 0) != (d.hidden != 0))
     r.bad("hidden", "must be > 0 exactly when the hidden flag is set");
-  const auto n_seq = r.get<std::uint64_t>("n_sequences");
-  const auto n_tok = r.get<std::uint64_t>("n_tokens");
+  h.n_sequences = r.get<std::uint64_t>("n_sequences");
+  h.n_tokens = r.get<std::uint64_t>("n_tokens");
   const auto name_len = r.get<std::uint32_t>("name_length");
   if (r.get<std::uint32_t>("reserved") != 0) r.bad("reserved", "must be 0");
 
   // Every sequence needs at least 12 header bytes, every token at least one phase byte: reject
   // absurd counts before allocating anything.
-  if (n_seq > r.remaining() / 12) r.bad("n_sequences", "inconsistent with the file size");
-  if (n_tok > r.remaining()) r.bad("n_tokens", "inconsistent with the file size");
-  std::string name = r.get_string(name_len, "name");
+  if (h.n_sequences > r.remaining() / 12) r.bad("n_sequences", "inconsistent with the file size");
+  if (h.n_tokens > r.remaining()) r.bad("n_tokens", "inconsistent with the file size");
+  h.name = r.get_string(name_len, "name");
+  return h;
+}
 
-  RoutingTrace trace(d, std::move(name), (flags & trace_flag_synthetic) != 0);
-  std::vector<std::uint64_t> lengths(n_seq);
-  std::vector<std::string> names(n_seq);
+/// Each sequence's token count and name (`lengths` and `names` are sized to the sequences); the
+/// counts must add up to `n_tokens`.
+inline void read_sequence_table(ByteReader& r, std::uint64_t n_tok,
+                                std::vector<std::uint64_t>& lengths,
+                                std::vector<std::string>& names) {
   std::uint64_t total = 0;
-  for (std::uint64_t s = 0; s < n_seq; ++s) {
+  for (std::uint64_t s = 0; s < lengths.size(); ++s) {
     lengths[s] = r.get<std::uint64_t>("sequence.n_tokens");
     const auto len = r.get<std::uint32_t>("sequence.name_length");
     names[s] = r.get_string(len, "sequence.name");
-    if (lengths[s] > n_tok - total)
-      r.bad("sequence.n_tokens", "sequence lengths exceed n_tokens");
+    if (lengths[s] > n_tok - total) r.bad("sequence.n_tokens", "sequence lengths exceed n_tokens");
     total += lengths[s];
   }
   if (total != n_tok) r.bad("sequence.n_tokens", "sequence lengths do not add up to n_tokens");
+}
 
-  // Exact size of the arrays that must follow.
-  std::uint64_t recs = 0, slots = 0, nlog = 0, nhid = 0, need = 0;
-  bool overflow = detail::mul_overflows(n_tok, d.n_layers, recs) ||
-                  detail::mul_overflows(recs, d.top_k, slots) ||
-                  detail::mul_overflows(recs, d.has_logits ? d.n_experts : 0, nlog) ||
-                  detail::mul_overflows(recs, d.hidden, nhid);
+/// Element counts of the arrays after the sequence table.
+struct TraceArrayCounts {
+  std::uint64_t slots = 0, logits = 0, hidden = 0;
+};
+
+/// The counts `d` and `n_tok` imply; they must fill exactly the bytes that follow.
+inline TraceArrayCounts trace_array_counts(const ByteReader& r, const TraceDims& d,
+                                           std::uint64_t n_tok) {
+  TraceArrayCounts c;
+  std::uint64_t recs = 0, need = 0;
+  bool overflow = mul_overflows(n_tok, d.n_layers, recs) || mul_overflows(recs, d.top_k, c.slots) ||
+                  mul_overflows(recs, d.has_logits ? d.n_experts : 0, c.logits) ||
+                  mul_overflows(recs, d.hidden, c.hidden);
   if (!overflow) {
-    const std::uint64_t parts[] = {n_tok, slots * 4, slots * 4, nlog * 4, nhid * 4};
+    const std::uint64_t parts[] = {n_tok, c.slots * 4, c.slots * 4, c.logits * 4, c.hidden * 4};
     for (std::uint64_t p : parts) overflow |= __builtin_add_overflow(need, p, &need);
-    overflow |= slots > UINT64_MAX / 4 || nlog > UINT64_MAX / 4 || nhid > UINT64_MAX / 4;
+    overflow |= c.slots > UINT64_MAX / 4 || c.logits > UINT64_MAX / 4 || c.hidden > UINT64_MAX / 4;
   }
   if (overflow || need != r.remaining())
     r.bad("n_tokens", "counts imply " + (overflow ? std::string("an overflowing size")
                                                   : std::to_string(need) + " bytes of arrays") +
                           " but " + std::to_string(r.remaining()) + " bytes follow");
+  return c;
+}
 
-  trace.reserve_tokens(n_tok);
-  std::vector<std::uint8_t> phases(n_tok);
-  r.get_bytes(phases.data(), n_tok, "phases");
-  std::vector<std::uint32_t> ids(slots);
-  std::vector<float> w(slots), logits(nlog), hidden(nhid);
-  r.get_bytes(ids.data(), slots * 4, "experts");
-  r.get_bytes(w.data(), slots * 4, "weights");
-  r.get_bytes(logits.data(), nlog * 4, "logits");
-  r.get_bytes(hidden.data(), nhid * 4, "hidden");
+/// The arrays after the sequence table, as stored.
+struct TraceArrays {
+  std::vector<std::uint8_t> phases;
+  std::vector<std::uint32_t> ids;
+  std::vector<float> weights, logits, hidden;
+};
 
+inline TraceArrays read_trace_arrays(ByteReader& r, std::uint64_t n_tok,
+                                     const TraceArrayCounts& c) {
+  TraceArrays a;
+  a.phases.resize(n_tok);
+  r.get_bytes(a.phases.data(), n_tok, "phases");
+  a.ids.resize(c.slots);
+  a.weights.resize(c.slots);
+  a.logits.resize(c.logits);
+  a.hidden.resize(c.hidden);
+  r.get_bytes(a.ids.data(), c.slots * 4, "experts");
+  r.get_bytes(a.weights.data(), c.slots * 4, "weights");
+  r.get_bytes(a.logits.data(), c.logits * 4, "logits");
+  r.get_bytes(a.hidden.data(), c.hidden * 4, "hidden");
+  return a;
+}
+
+/// Checks the record of token `tok` at layer `l` and stores it in `trace` (a missing record stays
+/// missing).
+inline void add_trace_record(const ByteReader& r, const TraceDims& d, const TraceArrays& a,
+                             std::uint64_t tok, std::uint32_t l, RoutingTrace& trace) {
+  const std::uint64_t rec = tok * d.n_layers + l;
+  std::span<const std::uint32_t> rid(a.ids.data() + rec * d.top_k, d.top_k);
+  std::span<const float> rw(a.weights.data() + rec * d.top_k, d.top_k);
+  const std::string where = "token " + std::to_string(tok) + " layer " + std::to_string(l);
+  if (rid[0] == missing_expert) {
+    for (std::uint32_t i = 0; i < d.top_k; ++i)
+      if (rid[i] != missing_expert || rw[i] != 0.0f)
+        r.bad("experts", where + ": partially missing record");
+    return;
+  }
+  const std::string why = check_route(d, rid, rw);
+  if (!why.empty())
+    r.bad(why.find("weight") != std::string::npos ? "weights" : "experts", where + ": " + why);
+  std::span<const float> rl, rh;
+  if (d.has_logits) rl = {a.logits.data() + rec * d.n_experts, d.n_experts};
+  if (d.hidden) rh = {a.hidden.data() + rec * d.hidden, d.hidden};
+  for (float v : rl)
+    if (!std::isfinite(v)) r.bad("logits", where + ": not finite");
+  for (float v : rh)
+    if (!std::isfinite(v)) r.bad("hidden", where + ": not finite");
+  trace.set_route(tok, l, rid, rw, rl, rh);
+}
+
+/// Appends every sequence's tokens (prefill before decode in each) with their records.
+inline void add_trace_tokens(const ByteReader& r, const TraceDims& d, const TraceArrays& a,
+                             const std::vector<std::uint64_t>& lengths,
+                             std::vector<std::string>& names, RoutingTrace& trace) {
   std::uint64_t tok = 0;
-  for (std::uint64_t s = 0; s < n_seq; ++s) {
+  for (std::uint64_t s = 0; s < lengths.size(); ++s) {
     trace.begin_sequence(std::move(names[s]));
     bool seen_decode = false;
     for (std::uint64_t t = 0; t < lengths[s]; ++t, ++tok) {
-      if (phases[tok] > 1) r.bad("phases", "token " + std::to_string(tok) + ": phase not 0 or 1");
-      const Phase p = phases[tok] ? Phase::decode : Phase::prefill;
+      if (a.phases[tok] > 1) r.bad("phases", "token " + std::to_string(tok) + ": phase not 0 or 1");
+      const Phase p = a.phases[tok] ? Phase::decode : Phase::prefill;
       if (p == Phase::prefill && seen_decode)
         r.bad("phases", "sequence " + std::to_string(s) + ": prefill token after decode");
       seen_decode |= p == Phase::decode;
       trace.append_token(p);
-      for (std::uint32_t l = 0; l < d.n_layers; ++l) {
-        const std::uint64_t rec = tok * d.n_layers + l;
-        std::span<const std::uint32_t> rid(ids.data() + rec * d.top_k, d.top_k);
-        std::span<const float> rw(w.data() + rec * d.top_k, d.top_k);
-        const std::string where = "token " + std::to_string(tok) + " layer " + std::to_string(l);
-        if (rid[0] == missing_expert) {
-          for (std::uint32_t i = 0; i < d.top_k; ++i)
-            if (rid[i] != missing_expert || rw[i] != 0.0f)
-              r.bad("experts", where + ": partially missing record");
-          continue;  // stays missing
-        }
-        const std::string why = detail::check_route(d, rid, rw);
-        if (!why.empty()) r.bad(why.find("weight") != std::string::npos ? "weights" : "experts",
-                                where + ": " + why);
-        std::span<const float> rl, rh;
-        if (d.has_logits) rl = {logits.data() + rec * d.n_experts, d.n_experts};
-        if (d.hidden) rh = {hidden.data() + rec * d.hidden, d.hidden};
-        for (float v : rl)
-          if (!std::isfinite(v)) r.bad("logits", where + ": not finite");
-        for (float v : rh)
-          if (!std::isfinite(v)) r.bad("hidden", where + ": not finite");
-        trace.set_route(tok, l, rid, rw, rl, rh);
-      }
+      for (std::uint32_t l = 0; l < d.n_layers; ++l) add_trace_record(r, d, a, tok, l, trace);
     }
   }
+}
+
+}  // namespace detail
+
+/// Parses a binary trace from memory; `source` names it in error messages (a path, or
+/// "<memory>"). Throws `moekit::Error(invalid_format)` on any inconsistency.
+[[nodiscard]] inline RoutingTrace parse_trace_binary(std::span<const std::byte> bytes,
+                                                     std::string_view source = "<memory>") {
+  detail::require_little_endian("parse_trace_binary");
+  detail::ByteReader r(bytes, source);
+  detail::BinaryTraceHeader h = detail::read_trace_header(r);
+  RoutingTrace trace(h.dims, std::move(h.name), (h.flags & trace_flag_synthetic) != 0);
+  std::vector<std::uint64_t> lengths(h.n_sequences);
+  std::vector<std::string> names(h.n_sequences);
+  detail::read_sequence_table(r, h.n_tokens, lengths, names);
+  const detail::TraceArrayCounts counts = detail::trace_array_counts(r, h.dims, h.n_tokens);
+  trace.reserve_tokens(h.n_tokens);
+  const detail::TraceArrays arrays = detail::read_trace_arrays(r, h.n_tokens, counts);
+  detail::add_trace_tokens(r, h.dims, arrays, lengths, names, trace);
   return trace;
 }
 

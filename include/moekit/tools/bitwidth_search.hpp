@@ -57,11 +57,11 @@ struct BitwidthSearchResult {
   std::size_t search_evaluations = 0;    ///< of which in the K search
 };
 
-/// Runs the search for a model of `n_layers` × `n_experts` routed experts.
-[[nodiscard]] inline BitwidthSearchResult bitwidth_search(std::uint32_t n_layers,
-                                                          std::uint32_t n_experts,
-                                                          const PrecisionEvaluator& evaluate,
-                                                          const BitwidthSearchConfig& cfg = {}) {
+namespace detail {
+
+inline void check_bitwidth_search(std::uint32_t n_layers, std::uint32_t n_experts,
+                                  const PrecisionEvaluator& evaluate,
+                                  const BitwidthSearchConfig& cfg) {
   MOEKIT_EXPECTS(n_layers > 0 && n_experts > 0, "bitwidth_search: empty model shape");
   MOEKIT_EXPECTS(static_cast<bool>(evaluate), "bitwidth_search: no evaluator given");
   MOEKIT_EXPECTS(!cfg.candidates.empty(), "bitwidth_search: Config.candidates is empty");
@@ -77,44 +77,29 @@ struct BitwidthSearchResult {
   MOEKIT_EXPECTS(cfg.importance.empty() || cfg.importance.size() == N,
                  "bitwidth_search: Config.importance must be empty or hold n_layers x n_experts "
                  "values");
+}
 
-  BitwidthSearchResult r;
-  auto eval = [&](const PrecisionTable& t) {
-    ++r.evaluations;
-    const double loss = evaluate(t);
-    MOEKIT_EXPECTS(!std::isnan(loss), "bitwidth_search: the evaluator returned NaN");
-    return loss;
-  };
-
-  // 1. bounds
-  std::size_t hi = cfg.candidates.size();
+/// Step 1: the loss with every expert at each candidate, ascending, up to the first that meets
+/// the budget. Returns that candidate's index (`candidates.size()` when none does).
+template <class Eval>
+std::size_t uniform_bound(std::uint32_t n_layers, std::uint32_t n_experts,
+                          const BitwidthSearchConfig& cfg, Eval& eval, BitwidthSearchResult& r) {
   for (std::size_t i = 0; i < cfg.candidates.size(); ++i) {
     r.uniform_loss.push_back(eval(PrecisionTable(n_layers, n_experts, cfg.candidates[i])));
-    if (hi == cfg.candidates.size() && r.uniform_loss.back() <= cfg.loss_budget) {
-      hi = i;
-      break;  // higher precisions lose no more than this one: no need to evaluate them
-    }
+    // Higher precisions lose no more than this one: no need to evaluate them.
+    if (r.uniform_loss.back() <= cfg.loss_budget) return i;
   }
-  if (hi == cfg.candidates.size())
-    detail::fail(ErrorKind::invalid_argument,
-                 "bitwidth_search: no candidate precision meets the loss budget " +
-                     std::to_string(cfg.loss_budget) + " even with every expert at " +
-                     std::string(name(cfg.candidates.back())) + " (loss " +
-                     std::to_string(r.uniform_loss.back()) + ")");
-  r.high = cfg.candidates[hi];
-  if (hi == 0) {  // even the lowest precision meets the budget
-    r.low = r.high;
-    r.table = PrecisionTable(n_layers, n_experts, r.high);
-    r.k = N;
-    r.loss = r.uniform_loss[0];
-    return r;
-  }
-  r.low = cfg.candidates[hi - 1];
+  return cfg.candidates.size();
+}
 
-  // 2. importance, least important first
+/// Step 2: each expert's importance (given, or the loss with it alone at `r.low` and the others
+/// at `r.high`), and the experts least important first.
+template <class Eval>
+void order_by_importance(std::uint32_t n_layers, std::uint32_t n_experts,
+                         const BitwidthSearchConfig& cfg, Eval& eval, BitwidthSearchResult& r) {
   r.importance = cfg.importance;
   if (r.importance.empty()) {
-    r.importance.resize(N);
+    r.importance.resize(std::size_t{n_layers} * n_experts);
     PrecisionTable t(n_layers, n_experts, r.high);
     for (std::uint32_t l = 0; l < n_layers; ++l)
       for (std::uint32_t e = 0; e < n_experts; ++e) {
@@ -129,8 +114,15 @@ struct BitwidthSearchResult {
     return r.importance[std::size_t{a.layer} * n_experts + a.expert] <
            r.importance[std::size_t{b.layer} * n_experts + b.expert];
   });
+}
 
-  // 3. K search: galloping, then bisection between a verified-feasible and an infeasible K
+/// Step 3: the largest K whose table (the first K of `r.order` at `r.low`, the rest at
+/// `r.high`) meets the budget, by galloping and then bisection between a verified-feasible and an
+/// infeasible K. `k0_loss` is the loss of K = 0 (every expert at `r.high`).
+template <class Eval>
+void search_k(std::uint32_t n_layers, std::uint32_t n_experts, double loss_budget, double k0_loss,
+              Eval& eval, BitwidthSearchResult& r) {
+  const std::size_t N = std::size_t{n_layers} * n_experts;
   auto table_for = [&](std::size_t k) {
     PrecisionTable t(n_layers, n_experts, r.high);
     for (std::size_t i = 0; i < k; ++i) t.set(r.order[i], r.low);
@@ -138,11 +130,11 @@ struct BitwidthSearchResult {
   };
   const std::size_t before = r.evaluations;
   std::size_t good = 0, bad = N + 1;
-  double good_loss = r.uniform_loss[hi];
+  double good_loss = k0_loss;
   for (std::size_t k = 1;; k *= 2) {
     const std::size_t kc = std::min(k, N);
     const double loss = eval(table_for(kc));
-    if (loss <= cfg.loss_budget) {
+    if (loss <= loss_budget) {
       good = kc, good_loss = loss;
       if (kc == N) break;
     } else {
@@ -153,13 +145,49 @@ struct BitwidthSearchResult {
   while (bad <= N && bad - good > 1) {
     const std::size_t mid = good + (bad - good) / 2;
     const double loss = eval(table_for(mid));
-    if (loss <= cfg.loss_budget) good = mid, good_loss = loss;
+    if (loss <= loss_budget)
+      good = mid, good_loss = loss;
     else bad = mid;
   }
   r.search_evaluations = r.evaluations - before;
   r.k = good;
   r.loss = good_loss;
   r.table = table_for(good);
+}
+
+}  // namespace detail
+
+/// Runs the search for a model of `n_layers` × `n_experts` routed experts.
+[[nodiscard]] inline BitwidthSearchResult bitwidth_search(std::uint32_t n_layers,
+                                                          std::uint32_t n_experts,
+                                                          const PrecisionEvaluator& evaluate,
+                                                          const BitwidthSearchConfig& cfg = {}) {
+  detail::check_bitwidth_search(n_layers, n_experts, evaluate, cfg);
+  BitwidthSearchResult r;
+  auto eval = [&](const PrecisionTable& t) {
+    ++r.evaluations;
+    const double loss = evaluate(t);
+    MOEKIT_EXPECTS(!std::isnan(loss), "bitwidth_search: the evaluator returned NaN");
+    return loss;
+  };
+  const std::size_t hi = detail::uniform_bound(n_layers, n_experts, cfg, eval, r);
+  if (hi == cfg.candidates.size())
+    throw Error(ErrorKind::invalid_argument,
+                "bitwidth_search: no candidate precision meets the loss budget " +
+                    std::to_string(cfg.loss_budget) + " even with every expert at " +
+                    std::string(name(cfg.candidates.back())) + " (loss " +
+                    std::to_string(r.uniform_loss.back()) + ")");
+  r.high = cfg.candidates[hi];
+  if (hi == 0) {  // even the lowest precision meets the budget
+    r.low = r.high;
+    r.table = PrecisionTable(n_layers, n_experts, r.high);
+    r.k = std::size_t{n_layers} * n_experts;
+    r.loss = r.uniform_loss[0];
+    return r;
+  }
+  r.low = cfg.candidates[hi - 1];
+  detail::order_by_importance(n_layers, n_experts, cfg, eval, r);
+  detail::search_k(n_layers, n_experts, cfg.loss_budget, r.uniform_loss[hi], eval, r);
   return r;
 }
 

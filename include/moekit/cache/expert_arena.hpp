@@ -1,5 +1,6 @@
 #pragma once
-/// \file ExpertArena: the memory behind cache slots (and the transient staging slots).
+/// \file ExpertArena: the memory behind cache slots (and the transient staging slots), and a
+/// source of load destinations for anything that submits reads to a Loader itself.
 ///
 /// One 4 KiB-aligned buffer per slot id (aligned so O_DIRECT reads land in place; buffers of
 /// 2 MiB or more are huge-page aligned and marked for transparent huge pages, so a load's block
@@ -18,8 +19,9 @@
 
 #include "moekit/io/detail/io_memory.hpp"
 
-namespace moekit::detail {
+namespace moekit {
 
+/// Reusable, 4 KiB-aligned buffers, one per slot id, held within a byte limit (plus one expert).
 class ExpertArena {
  public:
   static constexpr std::size_t alignment = 4096;
@@ -34,7 +36,8 @@ class ExpertArena {
       if (!b.live) trim(b.capacity < bytes ? bytes : 0);
       reset(b);
       const std::size_t cap = round_up(bytes);
-      b.data = std::unique_ptr<std::byte, IoDelete>(io::detail::allocate_io_memory(cap, alignment), IoDelete{cap});
+      b.data = std::unique_ptr<std::byte, IoDelete>(io::detail::allocate_io_memory(cap, alignment),
+                                                    IoDelete{cap});
       b.capacity = cap;
       held_ += cap;
     }
@@ -84,4 +87,4 @@ class ExpertArena {
   std::size_t held_ = 0;
 };
 
-}  // namespace moekit::detail
+}  // namespace moekit
