@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "io/io_bench_util.hpp"
+#include "moekit/engine/expert_source.hpp"
 #include "moekit/engine/gguf_model.hpp"
 #include "moekit/io/async_loader.hpp"
 #include "moekit/io/checkpoint_experts.hpp"
@@ -100,10 +101,11 @@ int main(int argc, char** argv) {
   const GgufFile g(path);
   const engine::ModelConfig cfg = engine::gguf_config(g);
   const ModelShape shape = cfg.shape();
-  std::vector<std::uint32_t> layers(shape.n_layers);
-  for (std::uint32_t l = 0; l < shape.n_layers; ++l) layers[l] = l;
-  const auto experts = std::make_shared<const CheckpointExperts>(CheckpointExperts::locate(
-      g, engine::io_architecture(cfg.arch), TensorFormat::gguf, shape, layers));
+  const auto experts = engine::locate_checkpoint_experts(cfg, {}, &g);
+  if (!experts) {
+    std::printf("skipped: %s's experts have no exact in-place type\n", path.c_str());
+    return 0;
+  }
   const auto n = static_cast<std::uint32_t>(std::min<std::size_t>(
       shape.expert_count(), std::atoi(flags.get("--experts", "16").c_str())));
   const Precision p = experts->precision();

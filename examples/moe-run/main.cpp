@@ -406,29 +406,6 @@ std::shared_ptr<const moekit::io::ExpertStore> open_store(const std::string& pat
   return st;
 }
 
-// The checkpoint's routed experts where they lie, or null when their type has no exact in-place
-// path (K-quants: they are converted once into a store instead).
-std::shared_ptr<const moekit::io::CheckpointExperts> locate_in_place(
-    const ModelConfig& cfg, const ModelPath& m, const moekit::io::GgufFile* gguf) {
-  namespace io = moekit::io;
-  const moekit::ModelShape shape = cfg.shape();
-  try {
-    if (gguf) {
-      std::vector<std::uint32_t> layers(shape.n_layers);
-      for (std::uint32_t l = 0; l < shape.n_layers; ++l) layers[l] = l;
-      return std::make_shared<const io::CheckpointExperts>(io::CheckpointExperts::locate(
-          *gguf, io_architecture(cfg.arch), io::TensorFormat::gguf, shape, layers));
-    }
-    const auto layers = moe_decoder_layers(cfg);
-    return std::make_shared<const io::CheckpointExperts>(
-        io::CheckpointExperts::locate(io::SafetensorsModel::open(m.dir), io_architecture(cfg.arch),
-                                      io::TensorFormat::hugging_face, shape, layers));
-  } catch (const moekit::Error& e) {
-    if (e.kind() != moekit::ErrorKind::unsupported) throw;
-    return nullptr;
-  }
-}
-
 // `order`: where the quantized experts' rows go in a store built here. A store given with --store
 // or -m keeps its own order; an explicit --expert-layout must match it. Experts in host memory
 // (no store) are packed by the caller. Otherwise the experts are read in place from the
@@ -640,8 +617,9 @@ int run(Options o) {
   // Refuse an impossible budget before loading any weight.
   const moekit::ModelShape shape = cfg.shape();
   // Located with --in-memory too: --precision auto is the checkpoint's own type either way.
-  const auto located =
-      m.src.store.empty() ? locate_in_place(cfg, mp, m.gguf ? &*m.gguf : nullptr) : nullptr;
+  const auto located = m.src.store.empty()
+                            ? locate_checkpoint_experts(cfg, mp.dir, m.gguf ? &*m.gguf : nullptr)
+                            : nullptr;
   const auto in_place = o.in_memory ? nullptr : located;
   const std::size_t prompt_tokens = tok.encode(o.prompt, false).size() + 1;
   const PresetEntry& preset = find_preset(o.preset);

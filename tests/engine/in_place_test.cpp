@@ -16,7 +16,6 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -68,18 +67,17 @@ std::ptrdiff_t first_difference(const std::vector<T>& a, const std::vector<T>& b
   return -1;
 }
 
-// Every MoE layer of a GGUF file is its decoder layer of the same index (as moe-run locates them).
+// The checkpoint's experts as moe-run locates them (null would mean no exact in-place path).
 Experts locate_gguf(const mio::GgufFile& g, const ModelConfig& cfg) {
-  std::vector<std::uint32_t> layers(cfg.shape().n_layers);
-  std::iota(layers.begin(), layers.end(), 0u);
-  return std::make_shared<const mio::CheckpointExperts>(mio::CheckpointExperts::locate(
-      g, io_architecture(cfg.arch), mio::TensorFormat::gguf, cfg.shape(), layers));
+  Experts e = locate_checkpoint_experts(cfg, {}, &g);
+  REQUIRE(e != nullptr);
+  return e;
 }
 
 Experts locate_safetensors(const fs::path& dir, const ModelConfig& cfg) {
-  return std::make_shared<const mio::CheckpointExperts>(mio::CheckpointExperts::locate(
-      mio::SafetensorsModel::open(dir), io_architecture(cfg.arch), mio::TensorFormat::hugging_face,
-      cfg.shape(), moe_decoder_layers(cfg)));
+  Experts e = locate_checkpoint_experts(cfg, dir, nullptr);
+  REQUIRE(e != nullptr);
+  return e;
 }
 
 // Expert `k` of a Q8_0/Q4_0 GGUF as a blob in rows, transcoded from the reader's (mapped) view of

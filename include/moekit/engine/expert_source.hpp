@@ -297,6 +297,29 @@ struct ExpertBacking {
   }
 };
 
+/// The routed experts of the checkpoint `cfg` was read from — GGUF file `gguf`, else the Hugging
+/// Face directory `hf_dir` — where they lie (io/checkpoint_experts.hpp), or null when their type
+/// has no exact in-place path (K-quants: converted once into a store instead).
+inline std::shared_ptr<const moekit::io::CheckpointExperts> locate_checkpoint_experts(
+    const ModelConfig& cfg, const std::filesystem::path& hf_dir, const moekit::io::GgufFile* gguf) {
+  namespace io = moekit::io;
+  const moekit::ModelShape shape = cfg.shape();
+  try {
+    if (gguf) {  // GGUF numbers the MoE layers as its blocks
+      std::vector<std::uint32_t> layers(shape.n_layers);
+      for (std::uint32_t l = 0; l < shape.n_layers; ++l) layers[l] = l;
+      return std::make_shared<const io::CheckpointExperts>(io::CheckpointExperts::locate(
+          *gguf, io_architecture(cfg.arch), io::TensorFormat::gguf, shape, layers));
+    }
+    return std::make_shared<const io::CheckpointExperts>(io::CheckpointExperts::locate(
+        io::SafetensorsModel::open(hf_dir), io_architecture(cfg.arch),
+        io::TensorFormat::hugging_face, shape, moe_decoder_layers(cfg)));
+  } catch (const moekit::Error& e) {
+    if (e.kind() != moekit::ErrorKind::unsupported) throw;
+    return nullptr;
+  }
+}
+
 /// True when `p` starts with the expert store's magic (io/expert_store.hpp).
 inline bool is_expert_store(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);

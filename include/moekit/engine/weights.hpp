@@ -72,8 +72,7 @@ struct Linear {
   /// Stores W at `p` (quantized ones grouped by `s`), freeing the f32 copy; f32 keeps it. W read
   /// already packed (a quantized GGUF tensor held as stored) is widened first when `p`/`s` differ.
   void narrow(moekit::Precision p, moekit::QuantScheme s) {
-    if (empty() || (w.empty() && p == precision && s.group_size == scheme.group_size &&
-                    s.zero_point == scheme.zero_point))
+    if (empty() || (w.empty() && p == precision && s == scheme))
       return;
     widen();
     if (p == moekit::Precision::f32) return;

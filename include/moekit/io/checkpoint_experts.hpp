@@ -52,9 +52,7 @@ inline std::optional<Precision> in_place_precision(DType t, QuantScheme scheme) 
     case DType::f16: return Precision::f16;
     case DType::bf16: return Precision::bf16;
     default:
-      const bool exact_scheme = scheme.group_size == gguf_exact_scheme.group_size &&
-                                scheme.zero_point == gguf_exact_scheme.zero_point;
-      return exact_scheme ? exact_moekit_precision(t) : std::nullopt;
+      return scheme == gguf_exact_scheme ? exact_moekit_precision(t) : std::nullopt;
   }
 }
 
