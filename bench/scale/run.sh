@@ -4,9 +4,18 @@
 # the file size and unlimited. Prints one table row per (model, limit, engine) and appends the raw
 # JSON lines to build/scale/results.jsonl.
 #
-#   bench/scale/run.sh [--models mixtral-4L,mixtral-32L] [--limits 25,50,75,100] [-n 16]
-#                      [--prompt-chars 600] [--engines moe-run,llama-repack,llama-norepack]
-#                      [--threads 2] [--timeout 300] [--delete-models]
+#   bench/scale/run.sh [--models mixtral-4L,mixtral-32L,olmoe-16L] [--limits 25,50,75,100]
+#                      [-n 16] [--prompt-tokens 128] [--long-prompt 512]
+#                      [--engines moe-run,llama-repack,llama-norepack]
+#                      [--threads 2] [--timeout 300] [--no-check] [--delete-models]
+#
+# --prompt-tokens N: the prompt is the first N-1 tokens of bench/quality/heldout.txt (+ BOS);
+# --long-prompt N adds one more run per engine at no limit with an N-token prompt (prefill speed
+# at 512 tokens; 0 = none). After the grid, unless --no-check, llama.cpp evaluates the prompt
+# plus moe-run's greedy tokens in one batch (teacher forcing, no limit) and reports, per
+# generated position, whether moe-run's token is llama.cpp's argmax too and, where not, how far
+# below llama.cpp's best logit it lies in units of the logits' standard deviation: random
+# weights give near ties, so equal greedy sequences are not expected past the first near tie.
 #
 # Models are written by scripts/make_real_shape_model.sh into build/real-shape-models/ when
 # missing (mixtral-32L: 26.3 GB; the disk is checked first); --delete-models removes them at the
@@ -15,17 +24,21 @@
 # run (root), so every run starts cold; the limit is scripts/run-in-memory-limit.sh's cgroup, in
 # which page cache is charged. Both engines get the same prompt ids (moe-run's tokenisation) and
 # generate -n tokens greedily; "same tokens" compares them. A run still going after --timeout
-# seconds is stopped and reported with rc 124 (llama.cpp repacking under a limit thrashes).
+# seconds is stopped and reported with rc 124 (llama.cpp repacking under a limit thrashes), with
+# the prefill and decode speed it had reached when it was stopped, if any.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-models=mixtral-4L limits=25,50,75,100 n=16 prompt_chars=600 threads=2 delete=0 timeout=300
+models=mixtral-4L limits=25,50,75,100 n=16 prompt_tokens=128 long_prompt=512 threads=2
+delete=0 timeout=300 check=1
 engines=moe-run,llama-repack,llama-norepack
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --models) models="$2"; shift 2 ;;
     --limits) limits="$2"; shift 2 ;;
     -n) n="$2"; shift 2 ;;
-    --prompt-chars) prompt_chars="$2"; shift 2 ;;
+    --prompt-tokens) prompt_tokens="$2"; shift 2 ;;
+    --long-prompt) long_prompt="$2"; shift 2 ;;
+    --no-check) check=0; shift ;;
     --engines) engines="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --timeout) timeout="$2"; shift 2 ;;
@@ -40,7 +53,19 @@ venv="${LLAMA_CPP_VENV:-$here/build/llama-cpp-venv}"
 if [[ "$engines" == *llama* ]]; then "$here/bench/engine/llama_cpp_peer.sh" install; fi
 out="$here/build/scale"
 mkdir -p "$out"
-prompt="$(head -c "$prompt_chars" "$here/bench/quality/heldout.txt" | tr '\n' ' ')"
+# prompt_text N -> the first N-1 tokens of the held-out text (moe-run adds BOS), decoded from
+# the tokenizer every generated model carries (Mixtral's, models/moekit-tiny-moe/).
+prompt_text() {
+  "$here/build/real-shape-venv/bin/python" - "$1" "$here/models/moekit-tiny-moe/tokenizer.model" \
+    "$here/bench/quality/heldout.txt" <<'PY'
+import sys, sentencepiece as spm
+n, model, text = int(sys.argv[1]), sys.argv[2], open(sys.argv[3]).read().replace("\n", " ")
+sp = spm.SentencePieceProcessor(model_file=model)
+ids = sp.encode(text)
+if len(ids) < n - 1: raise SystemExit(f"{sys.argv[3]} has only {len(ids)} tokens")
+print(sp.decode(ids[: n - 1]))
+PY
+}
 
 # raw_read FILE -> bytes/s at which moe-run's own loader reads the file's experts in place
 # (bench/io/checkpoint_read.cpp: 16 experts, O_DIRECT, cold), the best of its readers: the disk
@@ -62,9 +87,9 @@ model_file() {  # mixtral-4L -> the GGUF path, written when missing
   echo "$f"
 }
 
-# run_one FILE LIMIT_PCT ENGINE -> prints the engine's JSON merged with the cgroup report
+# run_one FILE LIMIT_PCT ENGINE PROMPT -> prints the engine's JSON merged with the cgroup report
 run_one() {
-  local file="$1" pct="$2" engine="$3" size limit_args=() report="$out/report.jsonl"
+  local file="$1" pct="$2" engine="$3" prompt="$4" size report="$out/report.jsonl"
   size=$(stat -c %s "$file")
   rm -f "$report"
   sync && echo 3 > /proc/sys/vm/drop_caches
@@ -78,26 +103,72 @@ run_one() {
       [[ "$engine" == llama-norepack ]] && repack=off
       ids=$(jq -c .prompt_ids "$out/last-moe-run.json")
       cmd=("$venv/bin/python" "$here/bench/scale/llama_cpp_decode.py" "$file" --prompt-ids "$ids"
-           -n "$n" --threads "$threads" --repack "$repack") ;;
+           -n "$n" --threads "$threads" --repack "$repack" --progress "$out/progress.json") ;;
   esac
   local json rc=0
+  rm -f "$out/progress.json"
   json=$("$here/scripts/run-in-memory-limit.sh" --limit "$limit" --report "$report" -- timeout "$timeout" "${cmd[@]}" \
          2> "$out/last-$engine.err") || rc=$?
   [[ "$engine" == moe-run && $rc -eq 0 ]] && echo "$json" > "$out/last-moe-run.json"
-  [[ $rc -eq 0 ]] || json='{}'
+  # A llama.cpp run stopped by the timeout reports what it measured before (partial: true).
+  [[ $rc -eq 0 ]] || json=$(cat "$out/progress.json" 2> /dev/null || echo '{}')
   jq -c --argjson r "$(tail -1 "$report")" --arg e "$engine" --arg m "$(basename "$file")" \
      --argjson pct "$pct" --argjson rc "$rc" \
-     '{model: $m, limit_pct: $pct, engine: $e, rc: $rc, cgroup: $r,
+     '{model: $m, limit_pct: $pct, engine: $e, rc: $rc, cgroup: $r, partial: (.partial // false),
        prefill_tps: .prefill_tokens_per_s, decode_tps: .decode_tokens_per_s,
        prompt_tokens: .prompt_tokens, tokens: (.token_ids // .tokens),
        budget: .expert_budget_auto, hit_rate: .hit_rate,
        decode_bytes_per_token: (if .decode_bytes_loaded then .decode_bytes_loaded /
-                                ((.generated_tokens // 2) - 1) else null end)}' <<< "$json"
+                                ((.generated_tokens // 2) - 1)
+                                elif .decode_read_bytes then .decode_read_bytes / (.tokens | length - 1)
+                                else null end)}' <<< "$json"
+}
+
+# common_prefix A B -> how many leading tokens two JSON arrays share, as "k/n"
+common_prefix() {
+  jq -rn --argjson a "$1" --argjson b "$2" \
+    '[range([$a, $b] | map(length) | min)] | map(select($a[.] != $b[.])) | (first // ([$a, $b] | map(length) | min)) as $k | "\($k)/\($a | length)"'
+}
+
+print_row() {  # ROW_JSON SAME
+  jq -r --arg same "$2" '"| \(.model) | \(if .limit_pct >= 100 then "none" else "\(.limit_pct)%" end) | \(.engine) | \(.rc) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(.cgroup.oom_kills // 0) | \((.cgroup.read_bytes // 0) / 1073741824 * 10 | round / 10) | \(.prompt_tokens // "-") | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.decode_tps // 0 | . * 100 | round / 100)\(if .partial then " (\(.tokens | length - 1) tokens before the timeout)" else "" end) | \($same) | \(if .decode_bytes_per_token then (.decode_bytes_per_token / 1e6 | round) else "-" end) | \(if (.decode_bytes_per_token // 0) > 0 then (.raw_read_bps / .decode_bytes_per_token * 100 | round / 100) else "-" end) |"' <<< "$1"
+}
+
+# grid_cell FILE PCT PROMPT -> runs every engine at one limit, prints their rows
+grid_cell() {
+  local file="$1" pct="$2" prompt="$3" ref_tokens="" row toks same e
+  for e in "${engine_list[@]}"; do
+    echo "run.sh: $(basename "$file") at ${pct}% with $e ($(date -u +%T)) ..." >&2
+    row=$(run_one "$file" "$pct" "$e" "$prompt" | jq -c --argjson raw "$raw" '. + {raw_read_bps: $raw}')
+    echo "$row" >> "$out/results.jsonl"
+    rows+=("$row")
+    toks=$(jq -c .tokens <<< "$row")
+    [[ "$e" == moe-run ]] && ref_tokens="$toks"
+    same="-"
+    [[ "$e" != moe-run && -n "$ref_tokens" && "$ref_tokens" != null && "$toks" != null ]] &&
+      same=$(common_prefix "$ref_tokens" "$toks")
+    print_row "$row" "$same"
+  done
+}
+
+# agreement FILE -> llama.cpp's teacher-forced view of moe-run's last greedy tokens
+agreement() {
+  local ids toks
+  ids=$(jq -c .prompt_ids "$out/last-moe-run.json")
+  toks=$(jq -c .token_ids "$out/last-moe-run.json")
+  sync && echo 3 > /proc/sys/vm/drop_caches
+  "$venv/bin/python" "$here/bench/scale/llama_cpp_decode.py" "$1" --prompt-ids "$ids" \
+    --check-tokens "$toks" --threads "$threads" --repack off 2> "$out/last-check.err" |
+    jq -r '"greedy agreement on \(.model): llama.cpp (teacher-forced on moe-run'"'"'s prompt and tokens) has moe-run'"'"'s token as its argmax at \(.argmax_agree)/\(.positions) positions; where not, it lies \(.worst_gap_in_std | . * 1000 | round / 1000) std of the logits below the best (largest gap)"' ||
+    echo "greedy agreement on $(basename "$1"): the check failed (see $out/last-check.err)"
 }
 
 cpu=$(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
-echo "# $(date -u +%F) | CPU: $cpu (family $(lscpu | awk -F: '/CPU family/ {gsub(/ /, "", $2); print $2}')) | $threads threads | -n $n | prompt ${prompt_chars} chars"
-printf "| model | limit | engine | rc | peak GiB | OOM | read GiB | prompt | prefill tok/s | decode tok/s | same tokens | MB read per decode token | I/O bound tok/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+prompt=$(prompt_text "$prompt_tokens")
+long=""
+[[ "$long_prompt" -gt 0 ]] && long=$(prompt_text "$long_prompt")
+echo "# $(date -u +%F) | CPU: $cpu (family $(lscpu | awk -F: '/CPU family/ {gsub(/ /, "", $2); print $2}'), model $(lscpu | awk -F: '/^Model:/ {gsub(/ /, "", $2); print $2}')) | $threads threads | -n $n | prompt $prompt_tokens tokens (long: $long_prompt) | load average at start: $(cut -d" " -f1-3 /proc/loadavg)"
+printf "| model | limit | engine | rc | peak GiB | OOM | read GiB | prompt | prefill tok/s | decode tok/s | same first tokens | MB read per decode token | I/O bound tok/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 IFS=, read -ra model_list <<< "$models"
 IFS=, read -ra limit_list <<< "$limits"
 IFS=, read -ra engine_list <<< "$engines"
@@ -105,24 +176,12 @@ for m in "${model_list[@]}"; do
   file=$(model_file "$m")
   raw=$(raw_read "$file")
   rows=()
-  for pct in "${limit_list[@]}"; do
-    ref_tokens=""
-    for e in "${engine_list[@]}"; do
-      echo "run.sh: $m at ${pct}% with $e ..." >&2
-      row=$(run_one "$file" "$pct" "$e" | jq -c --argjson raw "$raw" '. + {raw_read_bps: $raw}')
-      echo "$row" >> "$out/results.jsonl"
-      rows+=("$row")
-      toks=$(jq -c .tokens <<< "$row")
-      [[ "$e" == moe-run ]] && ref_tokens="$toks"
-      same="-"
-      [[ "$e" != moe-run && -n "$ref_tokens" && "$toks" != null ]] &&
-        same=$([[ "$toks" == "$ref_tokens" ]] && echo yes || echo "no")
-      jq -r --arg same "$same" '"| \(.model) | \(if .limit_pct >= 100 then "none" else "\(.limit_pct)%" end) | \(.engine) | \(.rc) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(.cgroup.oom_kills // 0) | \((.cgroup.read_bytes // 0) / 1073741824 * 10 | round / 10) | \(.prompt_tokens // "-") | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.decode_tps // 0 | . * 100 | round / 100) | \($same) | \(if .decode_bytes_per_token then (.decode_bytes_per_token / 1e6 | round) else "-" end) | \(if (.decode_bytes_per_token // 0) > 0 then (.raw_read_bps / .decode_bytes_per_token * 100 | round / 100) else "-" end) |"' <<< "$row"
-    done
-  done
+  for pct in "${limit_list[@]}"; do grid_cell "$file" "$pct" "$prompt"; done
+  [[ $check -eq 1 && "$engines" == *llama* && -f "$out/last-moe-run.json" ]] && agreement "$file"
+  [[ -n "$long" ]] && grid_cell "$file" 100 "$long"
   # The serial bound 1/(1/compute + 1/I-O) of each limited moe-run row (I/O = the loader's read
-  # rate ÷ bytes read per decode token), with compute = the
-  # unlimited run's decode when it read nothing while decoding (every expert resident).
+  # rate ÷ bytes read per decode token), with compute = the unlimited run's decode when it read
+  # nothing while decoding (every expert resident).
   printf '%s\n' "${rows[@]}" | jq -rs --argjson raw "$raw" '
     (map(select(.engine == "moe-run" and .limit_pct >= 100 and (.decode_bytes_per_token // 1) == 0))
      | first | .decode_tps) as $compute
