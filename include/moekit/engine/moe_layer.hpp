@@ -29,6 +29,7 @@
 
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/ops.hpp"
+#include "moekit/engine/routing_replay.hpp"
 #include "moekit/engine/weights.hpp"
 
 namespace moekit::engine {
@@ -55,6 +56,10 @@ class MoeLayer {
   /// matrix_order; host-memory experts are in rows).
   void set_expert_order(moekit::MatrixOrder o) noexcept { expert_order_ = o; }
 
+  /// Experts and gate weights from a trace instead of the router (routing_replay.hpp; null: the
+  /// router's own). The replay must outlive the layer's forwards.
+  void set_routing_replay(RoutingReplay* r) noexcept { replay_ = r; }
+
   /// out = ffn(x) for the n rows of x (already normalised) at decoder layer `layer`.
   void forward(std::uint32_t layer, const LayerWeights& w, std::span<const float> x,
                const ForwardInfo& info, std::span<float> out, const moekit::KernelOptions& opts) {
@@ -72,6 +77,7 @@ class MoeLayer {
                                    .sequence_id = info.sequence_id,
                                    .n_tokens = n};
     const std::uint32_t k = route(w, x, n, pipeline_.active_top_k(ctx), opts);
+    if (replay_) replay_->apply(ctx.layer, k, experts_, weights_);  // before the pipeline sees it
     const moekit::GateView gate{.n_tokens = n,
                                 .k = k,
                                 .n_experts = cfg_.n_experts,
@@ -196,6 +202,7 @@ class MoeLayer {
   bool batched_ = false;
   bool int8_experts_ = false;
   moekit::MatrixOrder expert_order_ = moekit::MatrixOrder::rows;
+  RoutingReplay* replay_ = nullptr;
   std::vector<float> logits_, weights_, probs_, y_, in_, res_, gate_;
   std::vector<std::uint32_t> experts_, order_, rank_, rows_;
   std::vector<std::uint8_t> ran_;
