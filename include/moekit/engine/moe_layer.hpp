@@ -10,6 +10,9 @@
 /// transformers' index_add_ loop, and independent of the plan's order, so results do not
 /// depend on what was resident. Routed experts may run with int8 activations (activations.hpp);
 /// the router, dense MLPs and Qwen2-MoE's shared expert always run on f32 activations.
+/// With a RoutingReplay set (routing_replay.hpp, moe-run --routing-trace), a trace's experts and
+/// weights replace the router's top-k before the pipeline sees the GateView; the logits stay the
+/// router's.
 
 #include <algorithm>
 #include <cmath>
