@@ -29,16 +29,6 @@ enum class TraceFileFormat {
   mixtral_raw,     ///< shared `*.prefill-decode.raw.jsonl` ("token_pos")
 };
 
-inline constexpr std::string_view name(TraceFileFormat f) noexcept {
-  switch (f) {
-    case TraceFileFormat::binary: return "mktrace";
-    case TraceFileFormat::moekit_jsonl: return "moekit-jsonl";
-    case TraceFileFormat::mixtral_decode: return "mixtral-decode-jsonl";
-    case TraceFileFormat::mixtral_raw: return "mixtral-raw-jsonl";
-  }
-  return "?";
-}
-
 /// The format of a trace held in `bytes`; `source` names it in the error thrown
 /// (`Error(invalid_format)`) when it is none of them.
 inline TraceFileFormat detect_trace_format(std::span<const std::byte> bytes,
