@@ -130,7 +130,7 @@ class RoutingReplay {
       for (std::uint32_t j = 0; j < k; ++j) sum += w[j];
       for (std::uint32_t j = 0; j < k; ++j) {
         experts[t * k + j] = ids[j];
-        weights[t * k + j] = w[j] / sum;  // a no-op at the full top-k, whose weights sum to 1
+        weights[t * k + j] = w[j] / sum;  // at the full top-k the sum is already 1 (to rounding)
       }
       ++pending_replayed_;
     }
