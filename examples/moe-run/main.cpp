@@ -30,6 +30,7 @@
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/perplexity.hpp"
+#include "moekit/engine/routing_replay.hpp"
 #include "moekit/engine/sampler.hpp"
 #include "moekit/engine/tokenizer.hpp"
 #include "moekit/engine/trace_recorder.hpp"
@@ -93,18 +94,21 @@ ModelSource resolve_model(const Options& o) {
   return {check_model_path(o.model), o.store};
 }
 
-// How the kernels run: int8 activations for the quantized experts and dense matrices in decode
-// (activations.hpp), and where the experts' rows are.
-struct KernelChoice {
+// How the model runs: int8 activations for the quantized experts and dense matrices in decode
+// (activations.hpp), where the experts' rows are, and the routing replayed from --routing-trace
+// (null: the router's own).
+struct ModelSetup {
   bool int8_experts = false;
   bool int8_dense = false;
   moekit::MatrixOrder order = moekit::MatrixOrder::rows;
+  RoutingReplay* replay = nullptr;
 
   template <class M>
   void apply(M& model) const {
     model.set_int8_expert_activations(int8_experts);
     model.set_int8_dense_activations(int8_dense);
     model.set_expert_order(order);
+    model.set_routing_replay(replay);
   }
 };
 
@@ -120,7 +124,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 template <class Pipeline>
 nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                         const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
-                        const KernelChoice& k) {
+                        const ModelSetup& k) {
   const bool bos = !o.no_bos && cfg.bos_token_id.has_value();
   std::vector<Token> prompt = tok.encode(o.prompt, false);
   if (bos) prompt.insert(prompt.begin(), *cfg.bos_token_id);
@@ -246,7 +250,7 @@ void add_pipeline_stats(nlohmann::json& j, const Pipeline& pipeline) {
 template <class Pipeline>
 nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                           const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
-                          const KernelChoice& k, TraceRecorder* recorder) {
+                          const ModelSetup& k, TraceRecorder* recorder) {
   if (!cfg.bos_token_id)
     fail("--perplexity: the model's config has no bos_token_id; chunks are scored after a BOS");
   const std::vector<Token> tokens = tok.encode(read_text_stripped(o.perplexity), false);
@@ -327,21 +331,55 @@ void print_perplexity(const nlohmann::json& j) {
                j["fallback_ratio"].get<double>());
 }
 
+// --routing-trace, said before the text: what is replayed, and that the text means nothing.
+void announce_replay(const Options& o, const RoutingReplay& r) {
+  const auto& t = r.trace();
+  std::size_t prefill = 0;
+  for (std::size_t s = 0; s < t.sequence_count(); ++s) prefill += t.prefill_length(s);
+  std::fprintf(stderr,
+               "routing: replayed from %s (%zu trace tokens: %zu prefill, %zu decode; %zu of %zu "
+               "records missing); the generated text is MEANINGLESS: experts and gate weights come "
+               "from the trace, not the router\n",
+               o.routing_trace.c_str(), t.token_count(), prefill, t.token_count() - prefill,
+               t.missing_count(), t.record_count());
+}
+
+// --routing-trace's counters in the output (JSON fields; a line on stderr).
+void report_replay(nlohmann::json& j, const Options& o, const RoutingReplay& r) {
+  j["routing_trace"] = o.routing_trace;
+  j["routing_trace_note"] =
+      "experts and gate weights replayed from the trace, not chosen by the router: the generated "
+      "text is meaningless; hit rates and bytes loaded follow the trace";
+  j["routing_trace_tokens"] = r.tokens();
+  j["routing_trace_replayed"] = r.replayed();
+  j["routing_trace_missing"] = r.missing();
+  if (!o.json)
+    std::fprintf(stderr,
+                 "routing: %zu tokens replayed, %zu layer records from the trace, %zu missing "
+                 "(the router's own top-k used); the text above is meaningless\n",
+                 r.tokens(), r.replayed(), r.missing());
+}
+
 // Generation or --perplexity on `pipeline`, behind a TracingPipeline when --trace-out is set.
 template <class Pipeline>
 nlohmann::json run_on(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                       const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
-                      const KernelChoice& k) {
+                      const ModelSetup& k) {
   auto go = [&](auto& p, TraceRecorder* recorder) {
     return o.perplexity.empty() ? generate(o, cfg, w, tok, p, pool, k)
                                 : perplexity(o, cfg, w, tok, p, pool, k, recorder);
   };
-  if (o.trace_out.empty()) return go(pipeline, nullptr);
+  if (o.trace_out.empty()) {
+    nlohmann::json j = go(pipeline, nullptr);
+    if (k.replay) report_replay(j, o, *k.replay);
+    return j;
+  }
   if (!o.force && fs::exists(o.trace_out))
     fail("--trace-out: '" + o.trace_out + "' exists; refusing to overwrite it (pass --force)");
   TraceRecorder recorder(cfg, fs::path(o.trace_out).stem().string());
   TracingPipeline<Pipeline> traced(pipeline, recorder);
   nlohmann::json j = go(traced, &recorder);
+  if (k.replay) report_replay(j, o, *k.replay);
   recorder.write(o.trace_out, o.force);
   j["trace_out"] = o.trace_out;
   j["trace_tokens"] = recorder.trace().token_count();
@@ -439,7 +477,7 @@ ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const Mo
 PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const ModelConfig& cfg,
                            const ModelWeights& w, const Tokenizer& tok,
                            const OffloadSettings& settings, const ExpertBacking& backing,
-                           moekit::ThreadPool& pool, bool int8) {
+                           moekit::ThreadPool& pool, const ModelSetup& setup) {
   const StartupNeeds needs = startup_needs(preset, settings);
   const moekit::ModelShape shape = cfg.shape();
   PresetInputs in;
@@ -449,7 +487,8 @@ PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const Mo
     std::vector<Token> prompt = tok.encode(o.prompt, false);
     if (!o.no_bos && cfg.bos_token_id) prompt.insert(prompt.begin(), *cfg.bos_token_id);
     if (prompt.empty()) fail("-p: the prompt encodes to no tokens (calibration run)");
-    const Calibration c = calibrate(cfg, w.dense, settings, backing, prompt, o.calib_tokens, &pool);
+    const Calibration c =
+        calibrate(cfg, w.dense, settings, backing, prompt, o.calib_tokens, &pool, setup.replay);
     if (in.popularity.empty()) in.popularity = c.counts;
     in.paths = c.paths;
     if (!o.json)
@@ -461,7 +500,7 @@ PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const Mo
   in.copy_seconds = o.preset_params.copy_seconds;
   if (needs.latencies) {
     const FiddlerLatencies l =
-        measure_fiddler_latencies(shape, o.precision, backing, &pool, /*reps=*/9, int8);
+        measure_fiddler_latencies(shape, o.precision, backing, &pool, /*reps=*/9, setup.int8_experts);
     if (!(in.cpu_seconds_per_token > 0)) in.cpu_seconds_per_token = l.cpu_seconds_per_token;
     if (!(in.copy_seconds > 0)) in.copy_seconds = l.copy_seconds;
     if (!o.json)
@@ -604,6 +643,27 @@ void report_source(nlohmann::json& stats, const Options& o, const ExpertPlacemen
   else print_stats(stats);
 }
 
+// --expert-layout (auto: blocked panels with int8 activations). Panels pay off where the int8
+// kernels (AVX-512 VNNI and AVX2) read them, one stream per thread; the float paths would gather
+// every row.
+moekit::MatrixOrder expert_order(const Options& o, const moekit::ModelShape& shape, bool int8) {
+  const bool panels_fit = moekit::panels_supported(shape.quant);
+  if (o.expert_layout && moekit::in_panels(*o.expert_layout) && !panels_fit)
+    fail(std::string("--expert-layout ") + layout_word(*o.expert_layout) +
+         ": the experts' group size " + std::to_string(shape.quant.group_size) +
+         " cannot be in panels (32, 64 or 128)");
+  return o.expert_layout.value_or(
+      int8 && panels_fit ? moekit::MatrixOrder::blocked_panels4 : moekit::MatrixOrder::rows);
+}
+
+// --routing-trace: the trace read and checked against the model (nullopt without the flag).
+std::optional<RoutingReplay> load_replay(const Options& o, const ModelConfig& cfg) {
+  if (o.routing_trace.empty()) return std::nullopt;
+  std::optional<RoutingReplay> r(RoutingReplay::from_file(o.routing_trace, cfg));
+  if (!o.json) announce_replay(o, *r);
+  return r;
+}
+
 int run(Options o) {
   OpenModel m{resolve_model(o), std::nullopt, {}};
   const ModelPath& mp = m.src.model;
@@ -613,6 +673,8 @@ int run(Options o) {
   if (tok.vocab_size() > cfg.vocab_size)
     fail("-m: the tokenizer has " + std::to_string(tok.vocab_size()) +
          " pieces, more than the model's vocab_size " + std::to_string(cfg.vocab_size));
+  // Read and checked against the model before any weight is loaded.
+  std::optional<RoutingReplay> replay = load_replay(o, cfg);
 
   // Refuse an impossible budget before loading any weight.
   const moekit::ModelShape shape = cfg.shape();
@@ -631,15 +693,7 @@ int run(Options o) {
   const auto needed = required_precisions(preset, shape, settings);
   const bool int8 =
       resolve_int8_activations(o.activations, needed, std::min(shape.hidden, shape.ffn));
-  // Panels pay off where the int8 kernels (AVX-512 VNNI and AVX2) read them, one stream per
-  // thread; the float paths would gather every row.
-  const bool panels_fit = moekit::panels_supported(shape.quant);
-  if (o.expert_layout && moekit::in_panels(*o.expert_layout) && !panels_fit)
-    fail(std::string("--expert-layout ") + layout_word(*o.expert_layout) +
-         ": the experts' group size " + std::to_string(shape.quant.group_size) +
-         " cannot be in panels (32, 64 or 128)");
-  const moekit::MatrixOrder order = o.expert_layout.value_or(
-      int8 && panels_fit ? moekit::MatrixOrder::blocked_panels4 : moekit::MatrixOrder::rows);
+  const moekit::MatrixOrder order = expert_order(o, shape, int8);
   // Fiddler runs experts on the CPU from host bytes, which in-place reads do not keep.
   const bool host_bytes = preset.needs.host_bytes;
   const ExpertPlacement where =
@@ -665,11 +719,11 @@ int run(Options o) {
                         StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads},
                         where.checkpoint, order};
   // The dense matrices follow --activations as the experts do, judged on their own precisions.
-  const KernelChoice kernels{
+  const ModelSetup setup{
       int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
-      backing.order()};
+      backing.order(), replay ? &*replay : nullptr};
   moekit::ThreadPool pool(o.threads);
-  PresetInputs in = preset_inputs(o, preset, cfg, w, tok, settings, backing, pool, int8);
+  PresetInputs in = preset_inputs(o, preset, cfg, w, tok, settings, backing, pool, setup);
   std::vector<float> routers;
   if (preset.needs.routers) {
     routers = router_stack(cfg, w.dense);
@@ -679,7 +733,7 @@ int run(Options o) {
   nlohmann::json stats = with_pipeline(
       preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
         loader_kind = pipeline.loader().kind();
-        return run_on(o, cfg, w, tok, pipeline, pool, kernels);
+        return run_on(o, cfg, w, tok, pipeline, pool, setup);
       });
   report_source(stats, o, where, loader_kind, backing.order(), budget_note);
   return 0;

@@ -178,3 +178,14 @@ TEST_CASE("moe-run --activations resolves against the experts' precisions, width
   CHECK(activations_name(true) == "int8");
   CHECK(activations_name(false) == "f32");
 }
+
+TEST_CASE("moe-run --routing-trace takes a file and refuses --perplexity", "[engine][cli][replay]") {
+  CHECK(parse({}).options.routing_trace.empty());
+  const auto p = parse({"--routing-trace", "t.jsonl"});
+  CHECK(p.rc == 0);
+  CHECK(p.options.routing_trace == "t.jsonl");
+  const auto q = parse({"--routing-trace", "t.jsonl", "--perplexity", "text.txt"});
+  CHECK(q.rc != 0);
+  CHECK(q.err.find("--routing-trace") != std::string::npos);
+  CHECK(q.err.find("--perplexity") != std::string::npos);
+}

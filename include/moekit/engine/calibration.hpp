@@ -30,6 +30,7 @@
 #include "moekit/engine/expert_source.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
+#include "moekit/engine/routing_replay.hpp"
 
 namespace moekit::engine {
 
@@ -106,10 +107,13 @@ struct Calibration {
 };
 
 /// Runs `prompt` and then `extra` greedy tokens through the baseline preset (same experts, same
-/// budget) and records the routing.
+/// budget) and records the routing. With `replay` (moe-run --routing-trace) the run replays the
+/// trace, as the measured run will, and the replay is rewound afterwards, so that the measured
+/// run starts at the trace's first token as it would without calibration.
 inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
                              const OffloadSettings& o, const ExpertBacking& experts,
-                             std::span<const Token> prompt, int extra, moekit::ThreadPool* pool) {
+                             std::span<const Token> prompt, int extra, moekit::ThreadPool* pool,
+                             RoutingReplay* replay = nullptr) {
   const moekit::ModelShape s = cfg.shape();
   OffloadSettings base = o;
   base.preset = {};
@@ -119,6 +123,7 @@ inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
     const auto ctx = static_cast<std::uint32_t>(prompt.size() + std::max(extra, 0) + 1);
     Model<decltype(rec)> model(cfg, dense, rec, ctx, pool);
     model.set_expert_order(experts.order());
+    model.set_routing_replay(replay);
     model.begin_sequence();
     auto logits = model.prefill(prompt);
     for (int i = 0; i < extra; ++i) {
@@ -126,6 +131,7 @@ inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
                                            logits.begin());
       logits = model.decode(next);
     }
+    if (replay) replay->rewind();
     Calibration c;
     c.counts = rec.counts();
     c.paths = rec.paths();

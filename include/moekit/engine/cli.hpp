@@ -144,6 +144,8 @@ struct Options {
   std::uint32_t logits_top_k = 32; ///< K of --save-logits
   std::string kl_reference;        ///< .mklogp file to compare with (KL divergence)
   std::string trace_out;           ///< .mktrace file to record the routing into
+  /// --routing-trace: trace whose experts and gate weights replace the router's (routing_replay.hpp)
+  std::string routing_trace;
   bool force = false;              ///< overwrite --trace-out / --save-logits files
 };
 
@@ -212,22 +214,7 @@ class Cli {
         ->check(CLI::Range(1u, 1u << 24));
     app_.add_flag("--no-bos", o_.no_bos, "do not prepend the BOS token to the prompt");
     app_.add_flag("--json", o_.json, "print the text and statistics as one JSON object");
-    app_.add_option("--perplexity", o_.perplexity,
-                    "score a text file instead of generating: chunks of --ctx-size tokens, each "
-                    "after a BOS; prints tokens, mean NLL and perplexity");
-    app_.add_option("--chunks", o_.chunks, "--perplexity: score at most N chunks (0 = all)");
-    app_.add_flag("--ppl-decode", o_.ppl_decode,
-                  "--perplexity: feed each chunk token by token (decode forwards, where token "
-                  "policies such as MoBiLE's fallback act) instead of one prefill");
-    app_.add_option("--save-logits", o_.save_logits,
-                    "--perplexity: save the top-K log-probs of every position (.mklogp)");
-    app_.add_option("--logits-top-k", o_.logits_top_k, "K of --save-logits (default 32)")
-        ->check(CLI::Range(1u, 1u << 24));
-    app_.add_option("--kl-reference", o_.kl_reference,
-                    "--perplexity: KL divergence against a --save-logits file of a reference run");
-    app_.add_option("--trace-out", o_.trace_out,
-                    "record the routing (top-k, router logits, gate inputs) as a .mktrace file");
-    app_.add_flag("--force", o_.force, "overwrite the --trace-out / --save-logits file");
+    add_quality_options();
   }
 
   int parse(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
@@ -292,6 +279,11 @@ class Cli {
                                 "' is not one of auto, 1, 1p, 2, 2p, 4, 4p");
     }
     finish_offload();
+    if (!o_.routing_trace.empty() && !o_.perplexity.empty())
+      throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                          "--routing-trace: cannot be combined with --perplexity (with replayed "
+                          "routing the model's predictions, and so their perplexity, are "
+                          "meaningless)");
     if (o_.perplexity.empty()) {
       for (const auto& [flag, set] :
            {std::pair<const char*, bool>{"--save-logits", !o_.save_logits.empty()},
@@ -302,6 +294,34 @@ class Cli {
           throw moekit::Error(moekit::ErrorKind::invalid_argument,
                               std::string(flag) + ": only meaningful with --perplexity FILE");
     }
+  }
+
+  // --perplexity and its companions, routing traces recorded (--trace-out) and replayed
+  // (--routing-trace).
+  void add_quality_options() {
+    app_.add_option("--perplexity", o_.perplexity,
+                    "score a text file instead of generating: chunks of --ctx-size tokens, each "
+                    "after a BOS; prints tokens, mean NLL and perplexity");
+    app_.add_option("--chunks", o_.chunks, "--perplexity: score at most N chunks (0 = all)");
+    app_.add_flag("--ppl-decode", o_.ppl_decode,
+                  "--perplexity: feed each chunk token by token (decode forwards, where token "
+                  "policies such as MoBiLE's fallback act) instead of one prefill");
+    app_.add_option("--save-logits", o_.save_logits,
+                    "--perplexity: save the top-K log-probs of every position (.mklogp)");
+    app_.add_option("--logits-top-k", o_.logits_top_k, "K of --save-logits (default 32)")
+        ->check(CLI::Range(1u, 1u << 24));
+    app_.add_option("--kl-reference", o_.kl_reference,
+                    "--perplexity: KL divergence against a --save-logits file of a reference run");
+    app_.add_option("--trace-out", o_.trace_out,
+                    "record the routing (top-k, router logits, gate inputs) as a .mktrace file");
+    app_.add_option("--routing-trace", o_.routing_trace,
+                    "replay a routing trace: each token's experts and gate weights come from the "
+                    "trace (.mktrace from --trace-out, moekit JSONL, or a shared Mixtral JSONL "
+                    "trace) instead of the router, so expert loads and hit rates follow real "
+                    "routing; the generated text is meaningless. Decode tokens walk the trace's "
+                    "decode tokens in order (wrapping around), prompt tokens its prefill tokens "
+                    "(or, without any, the same decode walk)");
+    app_.add_flag("--force", o_.force, "overwrite the --trace-out / --save-logits file");
   }
 
   // Preset parameters and the expert store (docs/engine.md, "Presets" and "Expert store").

@@ -27,6 +27,7 @@
 #include "moekit/engine/kv_cache.hpp"
 #include "moekit/engine/moe_layer.hpp"
 #include "moekit/engine/ops.hpp"
+#include "moekit/engine/routing_replay.hpp"
 #include "moekit/engine/weights.hpp"
 
 namespace moekit::engine {
@@ -80,6 +81,13 @@ class Model {
   /// Where the rows of the quantized expert blobs are (ExpertBacking::order; default rows).
   void set_expert_order(moekit::MatrixOrder o) noexcept { moe_.set_expert_order(o); }
 
+  /// Every MoE layer takes its experts and gate weights from `r`'s trace instead of the router
+  /// (routing_replay.hpp; null: the router's own). `r` must outlive the model's forwards.
+  void set_routing_replay(RoutingReplay* r) noexcept {
+    replay_ = r;
+    moe_.set_routing_replay(r);
+  }
+
   /// Runs the prompt in forwards of at most ubatch() tokens; returns the logits of every prompt
   /// token (n × vocab) when `all_logits`, else of the last one (vocab).
   std::span<const float> prefill(std::span<const Token> tokens, bool all_logits = false) {
@@ -108,7 +116,10 @@ class Model {
     for (int attempt = 0; attempt <= max_fallbacks; ++attempt) {
       kv_.truncate(pos);
       const auto logits = forward(std::span<const Token>(&token, 1), moekit::Phase::decode, false);
-      if (pipeline_.end_token(logits) == moekit::TokenVerdict::accept) return logits;
+      if (pipeline_.end_token(logits) == moekit::TokenVerdict::accept) {
+        if (replay_) replay_->end_forward();  // a recomputation replays the same trace token
+        return logits;
+      }
     }
     moekit::detail::fail(moekit::ErrorKind::internal,
                          "the token policy rejected a token " + std::to_string(max_fallbacks + 1) +
@@ -138,6 +149,7 @@ class Model {
     }
     const ForwardInfo info{kv_.size(), n, phase, sequence_id_};
     const bool batched = phase == moekit::Phase::prefill;
+    if (replay_) replay_->begin_forward(phase, n);
     for (std::uint32_t l = 0; l < cfg_.n_layers; ++l) {
       const LayerWeights& L = w_.layers[l];
       rms_norm(x_, L.attn_norm, cfg_.rms_norm_eps, h_);
@@ -148,6 +160,8 @@ class Model {
       for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += t_[i];
     }
     kv_.advance(n);
+    // Prefill forwards are always kept; a decode forward is kept once its token is accepted.
+    if (replay_ && phase == moekit::Phase::prefill) replay_->end_forward();
     if (!logits) return {};
     const std::uint32_t rows = all_logits ? n : 1;
     const std::span<const float> last(x_.data() + (n - rows) * H, rows * H);
@@ -164,6 +178,7 @@ class Model {
   KvCache kv_;
   Attention attention_;
   MoeLayer<Pipeline> moe_;
+  RoutingReplay* replay_ = nullptr;
   moekit::KernelOptions opts_{};
   std::uint64_t sequence_id_ = 0;
   std::uint32_t ubatch_ = 0;

@@ -10,6 +10,9 @@
 /// transformers' index_add_ loop, and independent of the plan's order, so results do not
 /// depend on what was resident. Routed experts may run with int8 activations (activations.hpp);
 /// the router, dense MLPs and Qwen2-MoE's shared expert always run on f32 activations.
+/// With a RoutingReplay set (routing_replay.hpp, moe-run --routing-trace), a trace's experts and
+/// weights replace the router's top-k before the pipeline sees the GateView; the logits stay the
+/// router's.
 
 #include <algorithm>
 #include <cmath>
@@ -29,6 +32,7 @@
 
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/ops.hpp"
+#include "moekit/engine/routing_replay.hpp"
 #include "moekit/engine/weights.hpp"
 
 namespace moekit::engine {
@@ -55,6 +59,10 @@ class MoeLayer {
   /// matrix_order; host-memory experts are in rows).
   void set_expert_order(moekit::MatrixOrder o) noexcept { expert_order_ = o; }
 
+  /// Experts and gate weights from a trace instead of the router (routing_replay.hpp; null: the
+  /// router's own). The replay must outlive the layer's forwards.
+  void set_routing_replay(RoutingReplay* r) noexcept { replay_ = r; }
+
   /// out = ffn(x) for the n rows of x (already normalised) at decoder layer `layer`.
   void forward(std::uint32_t layer, const LayerWeights& w, std::span<const float> x,
                const ForwardInfo& info, std::span<float> out, const moekit::KernelOptions& opts) {
@@ -72,6 +80,7 @@ class MoeLayer {
                                    .sequence_id = info.sequence_id,
                                    .n_tokens = n};
     const std::uint32_t k = route(w, x, n, pipeline_.active_top_k(ctx), opts);
+    if (replay_) replay_->apply(ctx.layer, k, experts_, weights_);  // before the pipeline sees it
     const moekit::GateView gate{.n_tokens = n,
                                 .k = k,
                                 .n_experts = cfg_.n_experts,
@@ -196,6 +205,7 @@ class MoeLayer {
   bool batched_ = false;
   bool int8_experts_ = false;
   moekit::MatrixOrder expert_order_ = moekit::MatrixOrder::rows;
+  RoutingReplay* replay_ = nullptr;
   std::vector<float> logits_, weights_, probs_, y_, in_, res_, gate_;
   std::vector<std::uint32_t> experts_, order_, rank_, rows_;
   std::vector<std::uint8_t> ran_;

@@ -1,0 +1,175 @@
+#pragma once
+/// \file Routing replay (`moe-run --routing-trace FILE`): each token's experts and gate weights
+/// come from a recorded RoutingTrace instead of the router's top-k, while the kernels and the
+/// expert I/O (loads, caches, every preset's prefetching) run as usual. A model with random
+/// weights routes unlike a trained one; replaying a trained model's routing makes its hit rates
+/// and bytes loaded those of real traffic. The generated text is meaningless.
+///
+/// Which trace token an engine token uses: the trace's tokens of every sequence, in order, form
+/// two walks, its prefill tokens and its decode tokens. A decode token takes the next token of the
+/// decode walk, a prefill token the next of the prefill walk; a walk wraps around at its end, and
+/// when the trace has no tokens of one phase that phase walks the other's tokens (the same
+/// cursor, so a prompt replayed from a decode-only trace is followed by the trace tokens after
+/// it, not by the same ones again). The walks continue across the engine's sequences; `rewind`
+/// starts them over. A decode token recomputed after a token policy's fallback (MoBiLE) replays
+/// the same trace token: the cursor moves only once a forward is kept.
+///
+/// Per (token, MoE layer): the record's expert ids and weights replace the router's in place,
+/// before the pipeline sees the GateView, so routing, predictors' hit statistics, loads and the
+/// experts that run all follow the trace. The router's logits and the gate-input hidden state stay
+/// the model's own (HOBBIT's and Fate's predictors compute from them as usual). The weights are
+/// the trace's, which sum to 1, also for models that do not renormalise top-k (Qwen2-MoE, OLMoE).
+/// When a token policy narrows top-k to k (MoBiLE's little pass), the record's first k experts
+/// are used with their weights renormalised. A missing record (`valid()` false: the shared Mixtral
+/// traces drop some) keeps the router's own top-k for that layer and is counted (`missing()`).
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "moekit/core/layer_context.hpp"
+#include "moekit/error.hpp"
+#include "moekit/sim/trace.hpp"
+#include "moekit/sim/trace_file.hpp"
+
+#include "moekit/engine/config.hpp"
+
+namespace moekit::engine {
+
+/// Replaces the router's selection with a trace's, token by token (see the file comment).
+class RoutingReplay {
+ public:
+  /// Replays `trace` on a model of `cfg`. Throws `Error(invalid_argument)` starting with
+  /// `origin` (moe-run: the flag and the file) and giving both values when the trace's MoE
+  /// layers, experts or top-k differ from the model's, or when it holds no token.
+  RoutingReplay(moekit::sim::RoutingTrace trace, const ModelConfig& cfg,
+                std::string_view origin = "routing trace")
+      : trace_(std::move(trace)) {
+    check_dims(cfg, origin);
+    for (std::size_t t = 0; t < trace_.token_count(); ++t)
+      walks_[trace_.phase(t) == moekit::Phase::prefill ? 0 : 1].tokens.push_back(t);
+  }
+
+  /// Reads the trace at `path` (any format of sim/trace_file.hpp) for a model of `cfg`; every
+  /// error names `flag` and the file.
+  static RoutingReplay from_file(const std::string& path, const ModelConfig& cfg,
+                                 std::string_view flag = "--routing-trace") {
+    moekit::sim::RoutingTrace t;
+    try {
+      t = moekit::sim::read_trace_file(path);
+    } catch (const moekit::Error& e) {
+      moekit::detail::fail(e.kind(), std::string(flag) + ": " + e.message());
+    }
+    return RoutingReplay(std::move(t), cfg, std::string(flag) + " '" + path + "'");
+  }
+
+  [[nodiscard]] const moekit::sim::RoutingTrace& trace() const noexcept { return trace_; }
+
+  /// Records that were missing, so the router's own top-k ran instead (kept forwards only).
+  [[nodiscard]] std::size_t missing() const noexcept { return missing_; }
+  /// Records whose experts replaced the router's (kept forwards only).
+  [[nodiscard]] std::size_t replayed() const noexcept { return replayed_; }
+  /// Engine tokens replayed (kept forwards only).
+  [[nodiscard]] std::size_t tokens() const noexcept { return tokens_; }
+
+  /// Both walks back to their first token; the counters back to 0.
+  void rewind() noexcept {
+    for (Walk& w : walks_) w.next = 0;
+    current_ = -1;
+    missing_ = replayed_ = tokens_ = 0;
+  }
+
+  // ---- called by Model and MoeLayer --------------------------------------------------------
+
+  /// A forward of `n_tokens` tokens of `phase` starts: its rows take the next trace tokens of the
+  /// phase's walk (the cursor moves at `end_forward`). Allocates only when a forward is wider
+  /// than any before.
+  void begin_forward(moekit::Phase phase, std::uint32_t n_tokens) {
+    current_ = walk_of(phase);
+    const Walk& w = walks_[current_];
+    rows_.resize(n_tokens);
+    for (std::uint32_t i = 0; i < n_tokens; ++i)
+      rows_[i] = w.tokens[(w.next + i) % w.tokens.size()];
+    pending_missing_ = pending_replayed_ = 0;
+  }
+
+  /// The forward begun last is kept (not recomputed): the walk moves past its tokens.
+  void end_forward() noexcept {
+    if (current_ < 0) return;
+    Walk& w = walks_[current_];
+    w.next = (w.next + rows_.size()) % w.tokens.size();
+    tokens_ += rows_.size();
+    missing_ += pending_missing_;
+    replayed_ += pending_replayed_;
+    current_ = -1;
+  }
+
+  /// Overwrites, for each row t of the current forward at MoE layer `layer`, its `k` experts
+  /// experts[t·k, (t+1)·k) and their weights with the trace record's, unless it is missing.
+  void apply(std::uint32_t layer, std::uint32_t k, std::span<std::uint32_t> experts,
+             std::span<float> weights) {
+    MOEKIT_EXPECTS(current_ >= 0, "RoutingReplay::apply: no forward begun");
+    MOEKIT_EXPECTS(k >= 1 && k <= trace_.dims().top_k,
+                   "RoutingReplay: the token policy's top-k exceeds the trace's top-k");
+    MOEKIT_EXPECTS(experts.size() == rows_.size() * k && weights.size() == experts.size(),
+                   "RoutingReplay::apply: the selection is not n_tokens × k");
+    for (std::size_t t = 0; t < rows_.size(); ++t) {
+      if (!trace_.valid(rows_[t], layer)) {
+        ++pending_missing_;
+        continue;
+      }
+      const auto ids = trace_.experts(rows_[t], layer);
+      const auto w = trace_.weights(rows_[t], layer);
+      float sum = 0.f;
+      for (std::uint32_t j = 0; j < k; ++j) sum += w[j];
+      for (std::uint32_t j = 0; j < k; ++j) {
+        experts[t * k + j] = ids[j];
+        weights[t * k + j] = w[j] / sum;  // at the full top-k the sum is already 1 (to rounding)
+      }
+      ++pending_replayed_;
+    }
+  }
+
+ private:
+  struct Walk {
+    std::vector<std::size_t> tokens;  ///< global trace tokens, in order
+    std::size_t next = 0;             ///< index into `tokens` of the next one to replay
+  };
+
+  // Index into walks_ of `phase`'s walk, or of the other phase's when the trace has no token of
+  // this one.
+  [[nodiscard]] int walk_of(moekit::Phase phase) const noexcept {
+    const int own = phase == moekit::Phase::prefill ? 0 : 1;
+    return walks_[own].tokens.empty() ? 1 - own : own;
+  }
+
+  void check_dims(const ModelConfig& cfg, std::string_view origin) const {
+    const moekit::sim::TraceDims& d = trace_.dims();
+    auto differ = [&](const char* what, std::uint32_t trace_value, std::uint32_t model_value) {
+      if (trace_value != model_value)
+        moekit::detail::fail(moekit::ErrorKind::invalid_argument,
+                             std::string(origin) + ": the trace has " + what + " = " +
+                                 std::to_string(trace_value) + ", the model has " +
+                                 std::to_string(model_value));
+    };
+    differ("n_layers (MoE layers)", d.n_layers, cfg.n_moe_layers);
+    differ("n_experts", d.n_experts, cfg.n_experts);
+    differ("top_k", d.top_k, cfg.top_k);
+    MOEKIT_EXPECTS(trace_.token_count() > 0, std::string(origin) + ": the trace holds no token");
+  }
+
+  moekit::sim::RoutingTrace trace_;
+  std::array<Walk, 2> walks_;  ///< [0] the trace's prefill tokens, [1] its decode tokens
+  int current_ = -1;           ///< walk of the forward in flight (-1: none)
+  std::vector<std::size_t> rows_;     ///< trace token of each row of the forward in flight
+  std::size_t pending_missing_ = 0, pending_replayed_ = 0;
+  std::size_t missing_ = 0, replayed_ = 0, tokens_ = 0;
+};
+
+}  // namespace moekit::engine
