@@ -93,8 +93,8 @@ ModelSource resolve_model(const Options& o) {
   return {check_model_path(o.model), o.store};
 }
 
-// How the kernels run: int8 activations for the quantized experts and dense matrices in decode
-// (activations.hpp), and where the experts' rows are.
+// How the kernels run: int8 activations for the quantized experts and dense matrices, decode and
+// prefill (activations.hpp), and where the experts' rows are.
 struct KernelChoice {
   bool int8_experts = false;
   bool int8_dense = false;
