@@ -7,10 +7,12 @@
 /// in slices small enough to stay in L2 while the 16 rows pass over them.
 ///
 /// A token's result does not depend on the batch: every (row, token) pair goes through the same
-/// instructions whatever tile it falls in; tiles past the last row or token repeat the last one
-/// (the repeats are computed and dropped), so the shape never changes the code a pair runs.
+/// instructions whatever tile it falls in (a slice's last tokens go through a tile kernel for
+/// fewer tokens, whose pairs run the same sequence; tiles past the last row repeat it, the
+/// repeats computed and dropped).
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -78,12 +80,17 @@ inline std::size_t int8_slice_tokens(std::size_t cols, std::size_t tile) noexcep
   return s / tile * tile;
 }
 
+/// The tile kernels of one path for R rows: tiles[k] takes the first k + 1 tokens of its input.
+template <std::size_t R, std::size_t T>
+using TileFns = std::array<void (*)(const TileInput<R, T>&, const RowLayout&, float*), T>;
+
 /// y[t·rows + r] = scale·(row r · token t) (+= when `accumulate`) for the row groups [g0, g1),
-/// tiles of R × T through `tile(in, l, out)`, per-chunk scales from `scales(row, l, s, sz)`.
-template <std::size_t R, std::size_t T, class Tile, class Scales>
+/// tiles of R × T through `tiles` (a slice's last k < T tokens through tiles[k − 1]),
+/// per-chunk scales from `scales(row, l, s, sz)`.
+template <std::size_t R, std::size_t T, class Scales>
 void int8_row_groups(const MatrixView& w, const Int8Tokens& tk, std::size_t n, float* y,
-                     float scale, bool accumulate, std::size_t g0, std::size_t g1, Tile tile,
-                     Scales scales) {
+                     float scale, bool accumulate, std::size_t g0, std::size_t g1,
+                     const TileFns<R, T>& tiles, Scales scales) {
   static_assert(int8_group_rows % R == 0);
   const RowLayout l = w.layout();
   const std::size_t chunks = l.cols / 32, slice = int8_slice_tokens(l.cols, T);
@@ -110,12 +117,13 @@ void int8_row_groups(const MatrixView& w, const Int8Tokens& tk, std::size_t n, f
           in.sz[k] = sc.data() + (2 * ri + 1) * chunks;
         }
         for (std::size_t t = t0; t < t1; t += T) {
-          for (std::size_t j = 0; j < T; ++j) in.acts[j] = &tk.acts[std::min(t + j, n - 1)];
-          tile(in, l, out);
+          const std::size_t tn = std::min(T, t1 - t);
+          for (std::size_t j = 0; j < tn; ++j) in.acts[j] = &tk.acts[t + j];
+          tiles[tn - 1](in, l, out);
           for (std::size_t k = 0; k < R && i + k < rn; ++k)
-            for (std::size_t j = 0; j < T && t + j < t1; ++j) {
+            for (std::size_t j = 0; j < tn; ++j) {
               float& dst = y[(t + j) * w.rows + r0 + i + k];
-              dst = accumulate ? dst + scale * out[k * T + j] : scale * out[k * T + j];
+              dst = accumulate ? dst + scale * out[k * tn + j] : scale * out[k * tn + j];
             }
         }
       }
@@ -144,21 +152,26 @@ inline void int8_gemm(const MatrixView& w, const float* x, std::size_t n, float*
   const std::size_t groups = (w.rows + int8_group_rows - 1) / int8_group_rows;
   auto body = [&](std::size_t g0, std::size_t g1) {
     with_bits(l, [&]<unsigned Bits>() {
-      auto run = [&]<std::size_t R, std::size_t T>(auto tile, auto scales) {
-        int8_row_groups<R, T>(w, tk, n, y, scale, accumulate, g0, g1, tile, scales);
+      auto run = [&]<std::size_t R, std::size_t T>(const TileFns<R, T>& tiles, auto scales) {
+        int8_row_groups<R, T>(w, tk, n, y, scale, accumulate, g0, g1, tiles, scales);
       };
 #if defined(MOEKIT_HAS_X86_KERNELS)
       constexpr std::size_t R512 = Bits == 2 ? 2 : 4, R256 = Bits == 2 ? 1 : 2;
+      using avx512_int8::tile_dots;
       if (path == Int8GemmPath::avx512_vnni)
-        return run.template operator()<R512, 4>(&avx512_int8::tile_dots<Bits, R512, 4>, &avx512_int8::chunk_scales);
+        return run(TileFns<R512, 4>{&tile_dots<Bits, R512, 1, 4>, &tile_dots<Bits, R512, 2, 4>,
+                                    &tile_dots<Bits, R512, 3, 4>, &tile_dots<Bits, R512, 4, 4>},
+                   &avx512_int8::chunk_scales);
       if (path == Int8GemmPath::avx_vnni)
-        return run.template operator()<R256, 2>(&avx2_int8::tile_dots<Bits, true, R256, 2>,
-                                                &avx2_int8::chunk_scales<Bits, true>);
+        return run(TileFns<R256, 2>{&avx2_int8::tile_dots<Bits, true, R256, 1, 2>,
+                                    &avx2_int8::tile_dots<Bits, true, R256, 2, 2>},
+                   &avx2_int8::chunk_scales<Bits, true>);
       if (path == Int8GemmPath::avx2)
-        return run.template operator()<R256, 2>(&avx2_int8::tile_dots<Bits, false, R256, 2>,
-                                                &avx2_int8::chunk_scales<Bits, false>);
+        return run(TileFns<R256, 2>{&avx2_int8::tile_dots<Bits, false, R256, 1, 2>,
+                                    &avx2_int8::tile_dots<Bits, false, R256, 2, 2>},
+                   &avx2_int8::chunk_scales<Bits, false>);
 #endif
-      run.template operator()<1, 1>(&scalar_int8::tile_dots<1, 1>, &scalar_int8::chunk_scales);
+      run(TileFns<1, 1>{&scalar_int8::tile_dots<1, 1>}, &scalar_int8::chunk_scales);
     });
   };
   if (pool) pool->parallel_for(0, groups, std::max<std::size_t>(1, groups / (4 * pool->size())), body);

@@ -102,9 +102,10 @@ MOEKIT_TARGET_AVX2_VNNI inline float tile_tail(const std::byte* row, const RowLa
   return total;
 }
 
-/// out[r·T + t] = row r · token t for the tile `in` (groups of 32/64/128), half a block a step.
-template <unsigned Bits, bool Vnni, std::size_t R, std::size_t T>
-MOEKIT_TARGET_AVX2_VNNI inline void tile_dots(const TileInput<R, T>& in, const RowLayout& l,
+/// out[r·T + t] = row r · token t for the first T tokens of the tile `in` (groups of 32/64/128),
+/// half a block a step.
+template <unsigned Bits, bool Vnni, std::size_t R, std::size_t T, std::size_t TMax = T>
+MOEKIT_TARGET_AVX2_VNNI inline void tile_dots(const TileInput<R, TMax>& in, const RowLayout& l,
                                               float* out) noexcept {
   constexpr std::size_t planes = 8 / Bits, per_block = block_chunks(Bits), per_half = per_block / 2;
   const std::size_t chunks = l.cols / 32, blocked = chunks / per_block * per_block;

@@ -72,11 +72,11 @@ MOEKIT_TARGET_AVX512_VNNI inline float tile_tail(const std::byte* row, const Row
   return total;
 }
 
-/// out[r·T + t] = row r · token t for the tile `in` (rows of layout `l`, groups of 32/64/128).
-/// Blocks go 16 chunks a step; per block the R rows' planes are unpacked once and each token's
-/// activation planes loaded once.
-template <unsigned Bits, std::size_t R, std::size_t T>
-MOEKIT_TARGET_AVX512_VNNI inline void tile_dots(const TileInput<R, T>& in, const RowLayout& l,
+/// out[r·T + t] = row r · token t for the first T tokens of the tile `in` (rows of layout `l`,
+/// groups of 32/64/128; T < TMax for a batch's last tokens). Blocks go 16 chunks a step; per
+/// block the R rows' planes are unpacked once and each token's activation planes loaded once.
+template <unsigned Bits, std::size_t R, std::size_t T, std::size_t TMax = T>
+MOEKIT_TARGET_AVX512_VNNI inline void tile_dots(const TileInput<R, TMax>& in, const RowLayout& l,
                                                 float* out) noexcept {
   constexpr std::size_t planes = 8 / Bits, per_block = block_chunks(Bits);
   const std::size_t chunks = l.cols / 32, blocked = chunks / per_block * per_block;
