@@ -5,6 +5,10 @@
 # ratios hold on a loaded machine.
 #
 #   bench/kernels/ggml_peer.sh [--avx2] [--reps N | --quick]
+#   bench/kernels/ggml_peer.sh [--avx2] --gemm [--reps N] [--threads N]
+#
+# --gemm: the prefill GEMM instead (bench/kernels/ggml/gemm_vs_ggml.cpp): moekit's int8 GEMM
+# against ggml's mul_mat with n = 8, 32, 128, 512 tokens, q8_0 and q4_0, warm weights.
 #
 # --avx2: both sides on their AVX2 paths, as on a CPU without AVX-512: ggml built with AVX-512 off
 # (its own venv, build/ggml-peer-avx2-venv) and moekit's kernels forced to AVX2 (--isa avx2).
@@ -17,11 +21,15 @@
 # measurement uses.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-variant="" harness_args=() cmake_args=""
+variant="" harness_args=() cmake_args="" harness=gemv_vs_ggml
 if [[ "${1:-}" == "--avx2" ]]; then
   shift
   variant="-avx2" harness_args=(--isa avx2)
   cmake_args="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX_VNNI=OFF -DGGML_AVX2=ON -DGGML_AVX=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+fi
+if [[ "${1:-}" == "--gemm" ]]; then
+  shift
+  harness=gemm_vs_ggml
 fi
 venv="${GGML_PEER_VENV:-$here/build/ggml-peer$variant-venv}"
 out="${GGML_PEER_OUT:-$here/build/ggml-peer$variant}"
@@ -35,8 +43,8 @@ lib="$site/ggml/lib"
 [[ -f "$inc/ggml-cpu.h" && -f "$lib/libggml-cpu.so" ]] || { echo "ggml headers/libraries not found under $site" >&2; exit 1; }
 
 mkdir -p "$out"
-bin="$out/gemv_vs_ggml"
-src="$here/bench/kernels/ggml/gemv_vs_ggml.cpp"
+bin="$out/$harness"
+src="$here/bench/kernels/ggml/$harness.cpp"
 if [[ ! -x "$bin" || "$src" -nt "$bin" || "$here/bench/kernels/cold_read.hpp" -nt "$bin" || -n "$(find "$here/include/moekit/precision" -newer "$bin" -print -quit)" ]]; then
   nice -n 10 g++ -std=c++20 -O3 -DNDEBUG -Wall -Wextra -I"$here/include" -I"$inc" "$src" -o "$bin" \
     -L"$lib" -lggml-cpu -lggml-base -lggml -Wl,-rpath,"$lib" -pthread

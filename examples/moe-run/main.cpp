@@ -94,9 +94,9 @@ ModelSource resolve_model(const Options& o) {
   return {check_model_path(o.model), o.store};
 }
 
-// How the model runs: int8 activations for the quantized experts and dense matrices in decode
-// (activations.hpp), where the experts' rows are, and the routing replayed from --routing-trace
-// (null: the router's own).
+// How the model runs: int8 activations for the quantized experts and dense matrices, decode and
+// prefill (activations.hpp), where the experts' rows are, and the routing replayed from
+// --routing-trace (null: the router's own).
 struct ModelSetup {
   bool int8_experts = false;
   bool int8_dense = false;

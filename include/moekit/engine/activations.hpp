@@ -5,8 +5,10 @@
 /// `int8`: the activation is rounded to int8 per 32 values (ggml's q8_0 activations) and dotted
 /// with the int8 weights (`KernelOptions::int8_activations`: AVX-512 VNNI, else AVX2 with
 /// AVX-VNNI or vpmaddubsw). It applies to
-/// quantized experts (q8/q4/q2) in decode forwards (one token per expert: the fused GEMV path);
-/// f32/bf16/f16 experts, the dense layers and prefill's batched kernel are unaffected.
+/// quantized experts (q8/q4/q2) in decode forwards (one token per expert: the fused GEMV path) and
+/// in prefill (the int8 GEMM, precision/int8_gemm.hpp: 3-6x the float-decode GEMM on Mixtral
+/// shapes, bench/RESULTS.md); f32/bf16/f16 experts keep float activations. The dense matrices
+/// follow the same choice judged on their own precisions (Model::set_int8_dense_activations).
 /// `auto` (the default): int8 when the CPU has the int8 kernels (AVX2 at least), some expert runs
 /// quantized and the expert rows are at least `int8_min_row_width` wide; f32 otherwise. On AVX2
 /// the int8 kernels ran cold Mixtral shapes 1.4-2.2x faster than the float path here

@@ -187,9 +187,9 @@ class Cli {
                     "or f16 where stored so, else f32; lossless), f32, bf16, f16, q8, q4 "
                     "(grouped as the experts); routers and norms stay f32");
     app_.add_option("--activations", activations_text_,
-                    "activations of quantized experts in decode: f32, int8 (rounded per 32 "
-                    "values, AVX-512 VNNI kernels, like ggml's q8_0), auto (int8 on CPUs with "
-                    "VNNI when the expert rows are >= 512 wide, where it is faster)");
+                    "activations of quantized experts and dense matrices, decode and prefill: f32, "
+                    "int8 (rounded per 32 values, VNNI kernels, like ggml's q8_0), auto (int8 on "
+                    "CPUs with AVX2 when the expert rows are >= 512 wide, where it is faster)");
     app_.add_option("--row-streaming", row_streaming_text_,
                     "how the int8-activation kernels read rows: auto (the table for this CPU "
                     "core), or 1, 2, 4 streams per thread, with p: each prefetched in software "

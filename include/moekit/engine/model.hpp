@@ -67,14 +67,14 @@ class Model {
   /// How the int8-activation kernels stream rows (nullopt: the table for this CPU core).
   void set_row_streaming(std::optional<moekit::RowStreaming> s) noexcept { opts_.streaming = s; }
 
-  /// Routed experts with int8 activations (activations.hpp: quantized experts on AVX-512 VNNI,
-  /// decode forwards; default off).
+  /// Routed experts with int8 activations (activations.hpp: quantized experts, decode and
+  /// prefill forwards; default off).
   void set_int8_expert_activations(bool on) noexcept { moe_.set_int8_expert_activations(on); }
   [[nodiscard]] bool int8_expert_activations() const noexcept {
     return moe_.int8_expert_activations();
   }
   /// Quantized dense matrices (attention, LM head, shared experts, dense MLPs) with int8
-  /// activations in decode forwards; float matrices and prefill are unaffected (default off).
+  /// activations, decode and prefill forwards; float matrices are unaffected (default off).
   void set_int8_dense_activations(bool on) noexcept { opts_.int8_activations = on; }
   [[nodiscard]] bool int8_dense_activations() const noexcept { return opts_.int8_activations; }
 

@@ -8,8 +8,9 @@
 /// each expert runs once on the tokens that chose it (precision/'s fused SwiGLU FFN); then each
 /// token sums weight·expert(x) over its experts in ascending expert id — the order of
 /// transformers' index_add_ loop, and independent of the plan's order, so results do not
-/// depend on what was resident. Routed experts may run with int8 activations (activations.hpp);
-/// the router, dense MLPs and Qwen2-MoE's shared expert always run on f32 activations.
+/// depend on what was resident. Routed experts may run with int8 activations (activations.hpp),
+/// in decode and prefill; the router, dense MLPs and Qwen2-MoE's shared expert take the dense
+/// matrices' options (Model::set_int8_dense_activations; f32 routers stay float).
 /// With a RoutingReplay set (routing_replay.hpp, moe-run --routing-trace), a trace's experts and
 /// weights replace the router's top-k before the pipeline sees the GateView; the logits stay the
 /// router's.

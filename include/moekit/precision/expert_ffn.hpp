@@ -6,8 +6,8 @@
 /// prepared x) produces h without storing w1·x or w3·x, then w2's rows accumulate straight into
 /// `out`; when w1/w3 are in panels (MatrixOrder::panels4) they go as two GEMVs instead (each is
 /// one stream per thread already). Batches (n > 1) go through the small-batch GEMM.
-/// `KernelOptions::int8_activations` applies to the single-token path (x, then h, rounded to int8
-/// per 32 values for the VNNI kernels); the GEMM dequantizes rows and stays float.
+/// `KernelOptions::int8_activations` applies to both: the single-token path (x, then h, rounded
+/// to int8 per 32 values for the VNNI kernels) and the batches (int8_gemm.hpp).
 
 #include <algorithm>
 #include <cmath>

@@ -22,6 +22,7 @@
 #include "moekit/precision/detail/avx512_rows.hpp"
 #include "moekit/precision/detail/prepared_activation.hpp"
 #include "moekit/precision/format.hpp"
+#include "moekit/precision/int8_gemm.hpp"
 #include "moekit/precision/isa.hpp"
 #include "moekit/precision/panels.hpp"
 #include "moekit/precision/quantize.hpp"
@@ -37,7 +38,8 @@ struct KernelOptions {
   /// GEMV of quantized rows with the activation rounded to int8 per 32 values (ggml's q8_0
   /// activations), error ≤ max|x|/254 per element of each 32-block: the AVX-512 VNNI kernels
   /// (about 3× fewer instructions than the float path), else the AVX2 ones (AVX-VNNI when the CPU
-  /// has it). Ignored on the generic path (float activations) and for f32/bf16/f16 rows.
+  /// has it). Ignored for f32/bf16/f16 rows, and by the GEMV on the generic path (float
+  /// activations); gemm with n >= 2 runs the int8 GEMM (int8_gemm.hpp), scalar there.
   bool int8_activations = false;
   /// The AVX2 int8 kernels use AVX-VNNI when the CPU has it; false forces vpmaddubsw (tests).
   bool avx_vnni = true;
@@ -216,7 +218,7 @@ struct GemvPlan {
   Int8Kernel int8 = Int8Kernel::none;
   RowStreaming streaming{2, false};  ///< how gemv_rows reads rows (int8 path: per KernelOptions)
 #if defined(MOEKIT_HAS_X86_KERNELS)
-  avx512_int8::Int8Activation act8{};
+  Int8Activation act8{};
 #endif
 
   /// Row · x. `scratch` holds at least cols/32 floats (int8 path only).
@@ -305,6 +307,15 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
 #endif
   p.act = prepare_for(w, p.kernels, x, st.f);
   return p;
+}
+
+/// The int8 GEMM's tile kernel for these options: as make_plan picks the GEMV's, and the
+/// scalar tiles on the generic path (where the GEMV keeps float activations).
+inline Int8GemmPath int8_gemm_path(const KernelOptions& o) {
+  const Isa isa = resolve_isa(o);
+  if (isa == Isa::generic) return Int8GemmPath::scalar;
+  if (isa == Isa::avx512 && has_avx512_vnni()) return Int8GemmPath::avx512_vnni;
+  return o.avx_vnni && has_avx_vnni() ? Int8GemmPath::avx_vnni : Int8GemmPath::avx2;
 }
 
 /// Rows of `stride` bytes that make the int8 kernels' prefetch distance: the first whole row at
@@ -408,8 +419,11 @@ inline void gemv(const MatrixView& w, std::span<const float> x, std::span<float>
   if (panels && w.rows % h) detail::gemv_rows(w, plan, y.data(), ep, w.rows / h * h, w.rows);
 }
 
-/// Y = X·Wᵀ (or per `ep`) for a batch: X is n × cols, Y is n × rows, both row-major. Meant for
-/// n ≤ 32 (decode batches, small prefill chunks); larger n works in slices of 32.
+/// Y = X·Wᵀ (or per `ep`) for a batch: X is n × cols, Y is n × rows, both row-major. n = 1 is
+/// gemv. Quantized rows with `int8_activations` (groups of 32/64/128; any group on the generic
+/// path) go through the int8 GEMM (int8_gemm.hpp: tiles of rows × tokens, a token's result
+/// independent of the batch); the rest decodes each row to floats once and dots it with up to
+/// 32 activations (larger n in slices of 32).
 inline void gemm(const MatrixView& w, std::span<const float> x, std::size_t n, std::span<float> y,
                  const KernelOptions& opts = {}, Epilogue ep = {}) {
   detail::check_view(w, "gemm");
@@ -417,6 +431,11 @@ inline void gemm(const MatrixView& w, std::span<const float> x, std::size_t n, s
                  "gemm: x must be n x " + std::to_string(w.cols) + " and y n x " +
                      std::to_string(w.rows) + " with n = " + std::to_string(n));
   if (n == 1) return gemv(w, x, y, opts, ep);
+  if (opts.int8_activations && is_quantized(w.precision)) {
+    const detail::Int8GemmPath path = detail::int8_gemm_path(opts);
+    if (detail::int8_gemm_takes(path, w.layout()))
+      return detail::int8_gemm(w, x.data(), n, y.data(), path, opts.pool, ep.scale, ep.accumulate);
+  }
   const detail::RowKernels k = detail::row_kernels(w.precision, detail::resolve_isa(opts));
   const RowLayout l = w.layout();
   constexpr std::size_t tile = 32;

@@ -37,21 +37,15 @@ namespace moekit::detail::avx2_int8 {
 using avx2::hsum;
 using avx512_int8::block_chunks;
 using avx512_int8::codes32;
-using avx512_int8::Int8Activation;
 
 #define MOEKIT_TARGET_AVX2_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 
-/// As avx512_int8::prepare (the same layout and the same rounding), with 8-lane vectors.
-MOEKIT_TARGET_AVX2 inline Int8Activation prepare(const float* x, std::size_t cols,
-                                                      unsigned bits,
-                                                      std::vector<std::int8_t>& q_storage,
-                                                      std::vector<float>& f_storage) {
+/// As avx512_int8::prepare_into (the same layout and the same rounding), with 8-lane vectors.
+MOEKIT_TARGET_AVX2 inline Int8Activation prepare_into(const float* x, std::size_t cols,
+                                                      unsigned bits, std::int8_t* xq,
+                                                      float* dx) noexcept {
   const std::size_t chunks = cols / 32;
   const std::size_t blocked = chunks / block_chunks(bits) * block_chunks(bits);
-  if (q_storage.size() < chunks * 32) q_storage.resize(chunks * 32);
-  if (f_storage.size() < 2 * chunks) f_storage.resize(2 * chunks);
-  std::int8_t* xq = q_storage.data();
-  float* dx = f_storage.data();
   float* dxs = dx + chunks;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   // packs_epi32 then packs_epi16 leave 4-byte groups in the order 0 2 4 6 1 3 5 7 of the wanted.
@@ -79,6 +73,16 @@ MOEKIT_TARGET_AVX2 inline Int8Activation prepare(const float* x, std::size_t col
                                     _mm256_extracti128_si256(b, 1));
   }
   return {xq, dx, dxs, x};
+}
+
+/// prepare_into storage that is grown, never shrunk.
+MOEKIT_TARGET_AVX2 inline Int8Activation prepare(const float* x, std::size_t cols, unsigned bits,
+                                                 std::vector<std::int8_t>& q_storage,
+                                                 std::vector<float>& f_storage) {
+  const std::size_t chunks = cols / 32;
+  if (q_storage.size() < chunks * 32) q_storage.resize(chunks * 32);
+  if (f_storage.size() < 2 * chunks) f_storage.resize(2 * chunks);
+  return prepare_into(x, cols, bits, q_storage.data(), f_storage.data());
 }
 
 /// Σ over 4 bytes of u·s per int32 lane, added to `acc`: `vpdpbusd` (AVX-VNNI) or, without it,

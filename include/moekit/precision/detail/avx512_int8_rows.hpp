@@ -56,16 +56,6 @@ constexpr std::size_t block_position(unsigned bits, std::size_t j, std::size_t i
   return (i % planes) * 64 + j * 4 * bits + i / planes;
 }
 
-/// The int8 activation of one call: codes arranged per block (see block_position; chunks after
-/// the last whole block in chunk_slot order), and per chunk the scale dx and dx·Σxq (for the
-/// zero-point term).
-struct Int8Activation {
-  const std::int8_t* xq = nullptr;
-  const float* dx = nullptr;
-  const float* dx_sum = nullptr;
-  const float* x = nullptr;  ///< the float activation (columns after the last whole chunk)
-};
-
 /// Stores chunk `c`'s 32 int8 activations (b0: columns 0-15, b1: 16-31) where the kernels for
 /// `bits`-bit rows read them: split by plane within the chunk's block (block_position) or, after
 /// the last whole block (`blocked` chunks), in the chunk's own 32 bytes in chunk_slot order.
@@ -97,20 +87,16 @@ __attribute__((target("ssse3"))) inline void store_chunk_planes(std::int8_t* xq,
   }
 }
 
-/// Quantizes x for rows of `bits`-bit codes; storage is grown, never shrunk. Vectorised: it runs
-/// once per GEMV, and for small matrices (the tiny model's 256 × 512 experts) a scalar version
-/// cost as much as the rows (measured: 36 µs of a 76 µs 128 × 4096 q8 GEMV).
-MOEKIT_TARGET_AVX512_VNNI inline Int8Activation prepare(const float* x, std::size_t cols,
-                                                        unsigned bits,
-                                                        std::vector<std::int8_t>& q_storage,
-                                                        std::vector<float>& f_storage) {
+/// Quantizes x for rows of `bits`-bit codes into xq (cols/32·32 bytes) and dx (2·cols/32
+/// floats: dx, then dx·Σxq). Vectorised: it runs once per GEMV, and for small matrices (the tiny
+/// model's 256 × 512 experts) a scalar version cost as much as the rows (measured: 36 µs of a
+/// 76 µs 128 × 4096 q8 GEMV).
+MOEKIT_TARGET_AVX512_VNNI inline Int8Activation prepare_into(const float* x, std::size_t cols,
+                                                             unsigned bits, std::int8_t* xq,
+                                                             float* dx) noexcept {
   const std::size_t chunks = cols / 32;
   const std::size_t per_block = block_chunks(bits);
   const std::size_t blocked = chunks / per_block * per_block;
-  if (q_storage.size() < chunks * 32) q_storage.resize(chunks * 32);
-  if (f_storage.size() < 2 * chunks) f_storage.resize(2 * chunks);
-  std::int8_t* xq = q_storage.data();
-  float* dx = f_storage.data();
   float* dxs = dx + chunks;
   for (std::size_t c = 0; c < chunks; ++c) {
     const __m512 v0 = _mm512_loadu_ps(x + 32 * c), v1 = _mm512_loadu_ps(x + 32 * c + 16);
@@ -124,6 +110,17 @@ MOEKIT_TARGET_AVX512_VNNI inline Int8Activation prepare(const float* x, std::siz
     store_chunk_planes(xq, c, blocked, bits, _mm512_cvtepi32_epi8(q0), _mm512_cvtepi32_epi8(q1));
   }
   return {xq, dx, dxs, x};
+}
+
+/// prepare_into storage that is grown, never shrunk.
+MOEKIT_TARGET_AVX512_VNNI inline Int8Activation prepare(const float* x, std::size_t cols,
+                                                        unsigned bits,
+                                                        std::vector<std::int8_t>& q_storage,
+                                                        std::vector<float>& f_storage) {
+  const std::size_t chunks = cols / 32;
+  if (q_storage.size() < chunks * 32) q_storage.resize(chunks * 32);
+  if (f_storage.size() < 2 * chunks) f_storage.resize(2 * chunks);
+  return prepare_into(x, cols, bits, q_storage.data(), f_storage.data());
 }
 
 /// 32 codes of chunk `p` (decode order) as unsigned bytes in a 256-bit register (AVX2 only, so

@@ -8,6 +8,7 @@
 /// symmetric rows share one inner loop: Σ s·(q − z)·x = s·Σ q·x − s·z·Σ x.
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "moekit/core/precision.hpp"
@@ -56,5 +57,25 @@ inline PreparedActivation prepare_activation(const float* x, const RowLayout& l,
   a.group_sums = sums;
   return a;
 }
+
+/// A token's activation rounded to int8 per 32-value chunk (ggml's q8_0: dx = max|x|/127), for
+/// the int8 kernels: codes in the order the kernels read them (avx512_int8_rows.hpp; column
+/// order for the scalar GEMM), per chunk the scale dx and dx·Σxq (for the zero-point term).
+struct Int8Activation {
+  const std::int8_t* xq = nullptr;
+  const float* dx = nullptr;
+  const float* dx_sum = nullptr;
+  const float* x = nullptr;  ///< the float activation (columns after the last whole chunk)
+};
+
+/// What one call of an int8 GEMM tile kernel reads: R rows (codes) with their per-chunk scale s
+/// and s·z, and T prepared tokens.
+template <std::size_t R, std::size_t T>
+struct TileInput {
+  const std::byte* rows[R];
+  const float* s[R];
+  const float* sz[R];
+  const Int8Activation* acts[T];
+};
 
 }  // namespace moekit::detail
