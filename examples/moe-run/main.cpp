@@ -121,6 +121,67 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// What one generation produced and measured.
+struct Generation {
+  std::string text;
+  std::vector<Token> prompt, ids;
+  Timings t;
+  moekit::PipelineStats after_prefill;  // decode's own counters are the difference
+};
+
+// The --json object of a generation (also what the text mode prints from).
+template <class Pipeline>
+nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
+                               const ModelSetup& k, const Pipeline& pipeline,
+                               std::size_t kv_cache_bytes, const Generation& g) {
+  const auto s = pipeline.stats();
+  moekit::PredictionStats pred;
+  for (const auto& p : s.prediction) {
+    pred.true_positive += p.true_positive;
+    pred.false_positive += p.false_positive;
+    pred.false_negative += p.false_negative;
+  }
+  nlohmann::json j;
+  j["text"] = g.text;
+  j["prompt_ids"] = g.prompt;
+  j["token_ids"] = g.ids;
+  j["model"] = o.model;
+  j["architecture"] = name(cfg.arch);
+  j["preset"] = o.preset;
+  j["precision"] = std::string(moekit::name(o.precision));
+  j["activations"] = std::string(activations_name(k.int8_experts));
+  j["dense_activations"] = std::string(activations_name(k.int8_dense));
+  j["threads"] = o.threads;
+  j["expert_budget_bytes"] = pipeline.config().expert_budget_bytes;
+  const Timings& t = g.t;
+  j["prompt_tokens"] = t.prompt_tokens;
+  j["ubatch"] = o.ubatch;
+  j["generated_tokens"] = t.generated_tokens;
+  j["prefill_seconds"] = t.prefill_s;
+  j["decode_seconds"] = t.decode_s;
+  j["prefill_tokens_per_s"] = t.prefill_s > 0 ? t.prompt_tokens / t.prefill_s : 0.0;
+  j["decode_tokens_per_s"] = t.decode_s > 0 ? t.decoded_tokens / t.decode_s : 0.0;
+  j["hit_rate"] = s.hit_rate();
+  j["hits"] = s.hits;
+  j["misses"] = s.misses;
+  j["bytes_loaded"] = s.bytes_loaded();
+  j["decode_bytes_loaded"] = s.bytes_loaded() - g.after_prefill.bytes_loaded();
+  const auto decode_hits = s.hits - g.after_prefill.hits, decode_misses = s.misses - g.after_prefill.misses;
+  j["decode_hit_rate"] = decode_hits + decode_misses ? double(decode_hits) / double(decode_hits + decode_misses) : 0.0;
+  j["stall_seconds"] = s.stall_seconds;
+  j["decode_stall_seconds"] = s.stall_seconds - g.after_prefill.stall_seconds;
+  j["prediction_precision"] = pred.precision();
+  j["prediction_recall"] = pred.recall();
+  j["predictions_made"] = pred.true_positive + pred.false_positive > 0;
+  j["fallbacks"] = s.fallbacks;
+  j["evictions"] = s.cache.evictions;
+  j["dense_bytes"] = w.dense.bytes();
+  j["dense_precision"] = w.dense.precisions();
+  j["kv_cache_bytes"] = kv_cache_bytes;
+  j["host_expert_bytes"] = w.experts.total_bytes();
+  return j;
+}
+
 template <class Pipeline>
 nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                         const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
@@ -161,7 +222,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   auto t0 = std::chrono::steady_clock::now();
   std::span<const float> logits = model.prefill(prompt);
   t.prefill_s = seconds_since(t0);
-  const std::uint64_t prefill_bytes = pipeline.stats().bytes_loaded();
+  const auto after_prefill = pipeline.stats();  // decode's own counters are the difference
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < o.n_predict; ++i) {
     const Token next = sampler.sample(logits);
@@ -181,47 +242,8 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
     std::fflush(stdout);
   }
 
-  const auto s = pipeline.stats();
-  moekit::PredictionStats pred;
-  for (const auto& p : s.prediction) {
-    pred.true_positive += p.true_positive;
-    pred.false_positive += p.false_positive;
-    pred.false_negative += p.false_negative;
-  }
-  nlohmann::json j;
-  j["text"] = text;
-  j["prompt_ids"] = prompt;
-  j["token_ids"] = ids;
-  j["model"] = o.model;
-  j["architecture"] = name(cfg.arch);
-  j["preset"] = o.preset;
-  j["precision"] = std::string(moekit::name(o.precision));
-  j["activations"] = std::string(activations_name(k.int8_experts));
-  j["dense_activations"] = std::string(activations_name(k.int8_dense));
-  j["threads"] = o.threads;
-  j["expert_budget_bytes"] = pipeline.config().expert_budget_bytes;
-  j["prompt_tokens"] = t.prompt_tokens;
-  j["ubatch"] = o.ubatch;
-  j["generated_tokens"] = t.generated_tokens;
-  j["prefill_seconds"] = t.prefill_s;
-  j["decode_seconds"] = t.decode_s;
-  j["prefill_tokens_per_s"] = t.prefill_s > 0 ? t.prompt_tokens / t.prefill_s : 0.0;
-  j["decode_tokens_per_s"] = t.decode_s > 0 ? t.decoded_tokens / t.decode_s : 0.0;
-  j["hit_rate"] = s.hit_rate();
-  j["hits"] = s.hits;
-  j["misses"] = s.misses;
-  j["bytes_loaded"] = s.bytes_loaded();
-  j["decode_bytes_loaded"] = s.bytes_loaded() - prefill_bytes;
-  j["prediction_precision"] = pred.precision();
-  j["prediction_recall"] = pred.recall();
-  j["predictions_made"] = pred.true_positive + pred.false_positive > 0;
-  j["fallbacks"] = s.fallbacks;
-  j["evictions"] = s.cache.evictions;
-  j["dense_bytes"] = w.dense.bytes();
-  j["dense_precision"] = w.dense.precisions();
-  j["kv_cache_bytes"] = model.kv_cache().bytes();
-  j["host_expert_bytes"] = w.experts.total_bytes();
-  return j;
+  return generation_json(o, cfg, w, k, pipeline, model.kv_cache().bytes(),
+                         {std::move(text), std::move(prompt), std::move(ids), t, after_prefill});
 }
 
 // Pipeline counters shared by generation and --perplexity output.

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -85,6 +86,9 @@ struct PipelineStats {
   std::uint64_t bytes_demand_loaded = 0;
   std::uint64_t bytes_prefetched = 0;
   std::uint64_t bytes_preloaded = 0;      ///< start-up placement (`preload`)
+  /// Seconds `resolve` spent waiting for loads of the experts it serves: the I/O a decode did
+  /// not hide behind compute (decode time less this is the compute it ran).
+  double stall_seconds = 0.0;
   /// HOBBIT's miss penalty: a miss at the base precision costs 1, at a lower one bits/base bits.
   double miss_penalty = 0.0;
   std::array<PredictionStats, 4> prediction{};  ///< index = distance 1..3 (0 unused)
@@ -265,7 +269,10 @@ class OffloadPipeline {
       WeightView v{p.key, p.precision, p.placement, {}, p.n_tokens, p.weight_sum};
       if (p.placement == Placement::device) {
         if (p.ticket.valid()) {
+          const auto t0 = std::chrono::steady_clock::now();
           loader_.wait(p.ticket);
+          stats_.stall_seconds +=
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           if (!is_staging(p.slot) && cache_.entry(p.key).ticket == p.ticket) {
             cache_.mark_loaded(p.key);
             cache_.unpin_hard(p.key);  // the loading pin; the layer pin stays until end_layer
