@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Which preset to use on real routing (issue 21, point 3): every preset of moe-run on a
+# random-weight real-shape GGUF, inside a memory cgroup of a share of the file size, with each
+# token's experts and gate weights replayed from a recorded Mixtral-8x7B trace
+# (moe-run --routing-trace): the real kernels and the real I/O on the routing of a trained model.
+# Prints one row per (trace, preset) and appends the JSON lines to build/scale/policies.jsonl.
+#
+#   bench/scale/policies.sh [--model mixtral-32L] [--limit 50] [-n 24] [--prompt-tokens 16]
+#                           [--traces humaneval-p0.prefill-decode.raw.jsonl,gsm8k-p0-p1.decode.jsonl]
+#                           [--presets baseline,mobile,edgemoe,hobbit,nextuse,fate,fiddler]
+#                           [--threads 2] [--timeout 900]
+#
+# Traces are read from ../shared/data/traces/mixtral-8x7b/ (evaluation only, never copied into
+# the repository). The prompt's tokens take the trace's prefill tokens (the raw HumanEval trace
+# has 135) or, for a decode-only trace, its first tokens; decode walks the trace's decode tokens.
+# Presets that run experts at a lower precision build an expert store of it at first use (under
+# build/, inside the timed run but outside its prefill and decode timings). The generated text
+# is meaningless (the routing is not the model's own); only the speed and the I/O are measured.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+model=mixtral-32L limit=50 n=24 prompt_tokens=16 threads=2 timeout=900
+traces=humaneval-p0.prefill-decode.raw.jsonl,gsm8k-p0-p1.decode.jsonl
+presets=baseline,mobile,edgemoe,hobbit,nextuse,fate,fiddler
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --model) model="$2"; shift 2 ;;
+    --limit) limit="$2"; shift 2 ;;
+    -n) n="$2"; shift 2 ;;
+    --prompt-tokens) prompt_tokens="$2"; shift 2 ;;
+    --traces) traces="$2"; shift 2 ;;
+    --presets) presets="$2"; shift 2 ;;
+    --threads) threads="$2"; shift 2 ;;
+    --timeout) timeout="$2"; shift 2 ;;
+    *) echo "policies.sh: unknown flag $1 (see the header)" >&2; exit 2 ;;
+  esac
+done
+[[ $(id -u) -eq 0 ]] || { echo "policies.sh: needs root (cgroups, dropping the page cache)" >&2; exit 2; }
+trace_dir="${MOEKIT_TRACES:-$here/../shared/data/traces/mixtral-8x7b}"
+[[ -d "$trace_dir" ]] || { echo "policies.sh: no traces at $trace_dir (set MOEKIT_TRACES)" >&2; exit 2; }
+moe_run="$here/build/release/examples/moe-run/moe-run"
+[[ -x "$moe_run" ]] || { cmake --preset release >/dev/null && cmake --build --preset release --target moe-run; }
+file="$here/build/real-shape-models/${model%-*}-${model##*-}-q4_0.gguf"
+[[ -f "$file" ]] || "$here/scripts/make_real_shape_model.sh" --arch "${model%-*}" \
+  --layers "$(tr -d L <<< "${model##*-}")" --format gguf-q4_0 --out "$file" >&2
+out="$here/build/scale"
+mkdir -p "$out"
+# The prompt: any text of about the right length (its tokens' routing comes from the trace).
+prompt="$(head -c $((prompt_tokens * 4)) "$here/bench/quality/heldout.txt" | tr '\n' ' ')"
+limit_bytes=$(( $(stat -c %s "$file") / 100 * limit ))
+
+cpu=$(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
+echo "# $(date -u +%F) | CPU: $cpu (family $(lscpu | awk -F: '/CPU family/ {gsub(/ /, "", $2); print $2}')) | $threads threads | $(basename "$file") at ${limit}% of its size | -n $n | load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf "| trace | preset | rc | decode tok/s | × baseline | decode hit rate | MB read per decode token | stall s per decode token | prefill tok/s | peak GiB | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+IFS=, read -ra trace_list <<< "$traces"
+IFS=, read -ra preset_list <<< "$presets"
+for tr in "${trace_list[@]}"; do
+  base=""
+  for p in "${preset_list[@]}"; do
+    echo "policies.sh: $tr with $p ($(date -u +%T)) ..." >&2
+    sync && echo 3 > /proc/sys/vm/drop_caches
+    report="$out/policies-report.jsonl"
+    rm -f "$report"
+    rc=0
+    json=$("$here/scripts/run-in-memory-limit.sh" --limit "$limit_bytes" --report "$report" -- \
+           timeout "$timeout" "$moe_run" -m "$file" -p "$prompt" -n "$n" --temp 0 -t "$threads" \
+           --preset "$p" --routing-trace "$trace_dir/$tr" --json 2> "$out/last-policy.err") || rc=$?
+    [[ $rc -eq 0 ]] || json="{\"error\": $(tail -c 300 "$out/last-policy.err" | tr '\n' ' ' | jq -Rs .)}"
+    row=$(jq -c --arg t "$tr" --arg p "$p" --argjson rc "$rc" --argjson r "$(tail -1 "$report")" \
+      '{trace: $t, preset: $p, rc: $rc, cgroup: $r, decode_tps: .decode_tokens_per_s,
+        prefill_tps: .prefill_tokens_per_s, decode_hit_rate, error,
+        decode_tokens: ((.generated_tokens // 1) - 1), decode_bytes: .decode_bytes_loaded,
+        decode_stall: .decode_stall_seconds, missing: .routing_trace_missing}' <<< "$json")
+    echo "$row" >> "$out/policies.jsonl"
+    [[ "$p" == baseline && $rc -eq 0 ]] && base=$(jq .decode_tps <<< "$row")
+    jq -r --arg base "${base:-0}" '"| \(.trace) | \(.preset) | \(.rc) | \(.decode_tps // 0 | . * 100 | round / 100) | \(if ($base | tonumber) > 0 and .decode_tps then (.decode_tps / ($base | tonumber) * 100 | round / 100) else "-" end) | \(.decode_hit_rate // 0 | . * 1000 | round / 10)% | \(if .decode_bytes then (.decode_bytes / .decode_tokens / 1e6 | round) else "-" end) | \(if .decode_stall then (.decode_stall / .decode_tokens * 100 | round / 100) else "-" end) | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(if .error then (.error | gsub("\\|"; "/") | .[0:160]) else "\(.missing // 0) trace records missing (router used)" end) |"' <<< "$row"
+  done
+done
