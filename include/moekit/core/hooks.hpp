@@ -83,11 +83,11 @@ constexpr Hooks operator|(Hook a, Hook b) noexcept { return Hooks(a) | Hooks(b);
 template <class C>
 inline constexpr Hooks hooks_of = [] {
   using T = std::remove_cvref_t<C>;
-  if constexpr (requires { T::hooks; }) {
-    static_assert(std::same_as<std::remove_cv_t<decltype(T::hooks)>, Hooks>,
-                  "moekit::Hooks: a component's `hooks` must be a `static constexpr moekit::Hooks`");
-    return T::hooks;
+  if constexpr (requires { { T::hooks } -> std::convertible_to<Hooks>; }) {
+    return Hooks(T::hooks);
   } else {
+    static_assert(!requires { T::hooks; },
+                  "moekit::Hooks: a component's `hooks` must be a `static constexpr moekit::Hooks`");
     return Hooks{};
   }
 }();
