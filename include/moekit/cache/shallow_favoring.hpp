@@ -67,6 +67,7 @@ class ShallowFavoring {
   /// Inner's pools are replaced and its slot counts set here, not forwarded.
   static constexpr Hooks consumed_hooks =
       Hook::pool_capacities | Hook::pool_of | Hook::set_layer_capacities;
+  /// Its own pools, and every hook it forwards (a no-op when Inner does not declare it).
   static constexpr Hooks hooks = Hook::bind | Hook::pool_capacities | Hook::pool_of |
                                  Hook::begin_sequence | Hook::begin_token | Hook::prepare_insert;
   /// Run-time knobs.

@@ -177,6 +177,7 @@ class CallOrderedPolicy {
  public:
   static constexpr bool needs_future = true;
   using wrapped_component = Inner;
+  /// end_layer_call is its own; the others are forwarded (no-ops when Inner does not declare them).
   static constexpr Hooks hooks = Hook::bind | Hook::begin_sequence | Hook::begin_token |
                                  Hook::prepare_insert | Hook::end_layer_call;
 
