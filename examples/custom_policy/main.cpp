@@ -8,6 +8,8 @@ using namespace moekit;
 
 struct LowestLayerFirst {  // evict the resident expert of the shallowest layer (ties: lowest id)
   std::vector<ExpertKey> resident;
+  static constexpr Hooks hooks = Hook::bind;  // optional calls it wants (core/hooks.hpp)
+  void bind(const ModelShape& s) { resident.reserve(s.expert_count()); }
   void on_hit(ExpertKey, const AccessInfo&) {}
   void on_insert(ExpertKey k, const AccessInfo&) { resident.push_back(k); }
   void on_evict(ExpertKey k) { std::erase(resident, k); }

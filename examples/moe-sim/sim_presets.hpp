@@ -133,7 +133,7 @@ ScoredScript scored_script(const moekit::sim::RoutingTrace& tr, Scorer scorer) {
   sim::ForwardWalker(tr).for_each_forward([&](std::size_t seq, std::size_t first, std::size_t n,
                                               Phase phase) {
     if (seq != last_seq) {
-      if constexpr (requires { scorer.begin_sequence(); }) scorer.begin_sequence();
+      if constexpr (declares<Scorer>(Hook::begin_sequence)) scorer.begin_sequence();
       last_seq = seq;
     }
     for (std::uint32_t l = 0; l < d.n_layers; ++l) {
@@ -179,6 +179,7 @@ ScoredScript scored_script(const moekit::sim::RoutingTrace& tr, Scorer scorer) {
 class CostAwareByKey {
  public:
   static constexpr bool needs_future = true;
+  static constexpr moekit::Hooks hooks = moekit::Hook::bind;
   explicit CostAwareByKey(std::vector<moekit::FutureAccess> future) : future_(std::move(future)) {}
 
   void set_future(std::span<const moekit::ExpertKey> keys) {

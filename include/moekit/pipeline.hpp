@@ -27,6 +27,7 @@
 #include "moekit/cache/expert_cache.hpp"
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/gate_view.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/layer_context.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/core/plan.hpp"
@@ -281,7 +282,7 @@ class OffloadPipeline {
         if constexpr (keeps_bytes)
           v.bytes = arena_.bytes(p.slot, bytes_of(p.precision));
       } else if (p.placement == Placement::host_cpu) {
-        if constexpr (requires { loader_.host_bytes(p.key, p.precision); })
+        if constexpr (declares<LoaderT>(Hook::host_bytes))
           v.bytes = loader_.host_bytes(p.key, p.precision);
       }
       views_.push_back(v);
@@ -312,7 +313,7 @@ class OffloadPipeline {
     const TokenVerdict v = token_policy_.end_token(output_logits);
     if (v == TokenVerdict::fallback) {
       ++stats_.fallbacks;
-      if constexpr (requires(PrefetchList& l) { predictor_.on_verdict(v, l); }) {
+      if constexpr (declares<PredictorT>(Hook::on_verdict)) {
         PrefetchList list{std::span<Prefetch>(prefetch_buf_)};
         predictor_.on_verdict(v, list);
         issue_prefetches(none_layer, list.items());
@@ -384,7 +385,7 @@ class OffloadPipeline {
 
   template <class C>
   static void call_begin_sequence(C& c) {
-    if constexpr (requires { c.begin_sequence(); }) c.begin_sequence();
+    if constexpr (declares<C>(Hook::begin_sequence)) c.begin_sequence();
   }
 
   static bool resident_fn(const void* self, ExpertKey key, Precision want) noexcept {

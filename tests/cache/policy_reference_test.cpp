@@ -49,6 +49,8 @@ struct Residents {
 /// ties: smaller R, F, last tick, (layer, expert).
 class RefMultiDim {
  public:
+  static constexpr Hooks hooks = Hook::bind | Hook::pool_capacities | Hook::pool_of |
+                                 Hook::begin_sequence | Hook::begin_token;
   explicit RefMultiDim(MultiDimPolicy::Config c = {}) : cfg_(c), split_(c) {}
   void bind(const ModelShape& s) {
     res_.bind(s);
@@ -119,6 +121,7 @@ class RefMultiDim {
 /// ties: larger d, least recently used, larger (layer, expert).
 class RefEdgeMoe {
  public:
+  static constexpr Hooks hooks = Hook::bind;
   explicit RefEdgeMoe(EdgeMoePolicy::Config c = {}) : cfg_(std::move(c)) {}
   void bind(const ModelShape& s) {
     res_.bind(s);
@@ -177,6 +180,7 @@ class RefEdgeMoe {
 /// ties: least recently used, smaller (layer, expert).
 class RefNextUse {
  public:
+  static constexpr Hooks hooks = Hook::bind | Hook::begin_sequence;
   explicit RefNextUse(ExpectedNextUsePolicy::Config c = {}) : cfg_(c) {}
   void bind(const ModelShape& s) {
     res_.bind(s);
@@ -275,6 +279,7 @@ class RefNextUse {
 /// +inf for a copy that cannot serve again; ties: smaller (layer, expert).
 class RefCostAware {
  public:
+  static constexpr Hooks hooks = Hook::bind;
   static constexpr bool needs_future = true;
   explicit RefCostAware(std::vector<FutureAccess> f) : fut_(std::move(f)) {}
   void bind(const ModelShape& s) {

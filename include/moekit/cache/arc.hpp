@@ -37,6 +37,7 @@
 
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/error.hpp"
 
@@ -49,6 +50,8 @@ enum class ArcList : std::uint8_t { none, t1, t2, b1, b2 };
 /// `ShallowFavoring<ArcPolicy>` for Fate's allocation.
 class ArcPolicy {
  public:
+  static constexpr Hooks hooks = Hook::bind | Hook::pool_capacities | Hook::pool_of |
+                                 Hook::set_layer_capacities | Hook::prepare_insert;
   void bind(const ModelShape& shape) {
     n_experts_ = shape.n_experts;
     nodes_.assign(shape.expert_count(), Node{});

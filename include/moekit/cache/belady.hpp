@@ -33,6 +33,7 @@
 #include "moekit/cache/detail/ranked_set.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/error.hpp"
 
@@ -105,6 +106,7 @@ class FutureIndex {
 class BeladyPolicy {
  public:
   static constexpr bool needs_future = true;
+  static constexpr Hooks hooks = Hook::bind;
 
   /// Run-time knobs.
   struct Config {
@@ -187,6 +189,7 @@ static_assert(CachePolicy<BeladyPolicy>);
 class CostAwareBeladyPolicy {
  public:
   static constexpr bool needs_future = true;
+  static constexpr Hooks hooks = Hook::bind;
 
   /// Run-time knobs.
   struct Config {

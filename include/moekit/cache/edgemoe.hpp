@@ -28,6 +28,7 @@
 #include "moekit/cache/detail/dense_index.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/error.hpp"
 
@@ -42,6 +43,7 @@ enum class EdgeMoeDistance : std::uint8_t {
 /// EdgeMoE's eviction score.
 class EdgeMoePolicy {
  public:
+  static constexpr Hooks hooks = Hook::bind;
   /// Run-time knobs.
   struct Config {
     EdgeMoeDistance distance = EdgeMoeDistance::forward;

@@ -44,6 +44,7 @@
 #include "moekit/cache/detail/dense_index.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/error.hpp"
 
@@ -52,6 +53,7 @@ namespace moekit {
 /// Evicts the resident with the largest expected time to its next use (see the file comment).
 class ExpectedNextUsePolicy {
  public:
+  static constexpr Hooks hooks = Hook::bind | Hook::begin_sequence;
   /// Run-time knobs (defaults from the Mixtral trace replay, bench/RESULTS.md).
   struct Config {
     double gamma = 0.95;  ///< decay of the frequency estimate per visit of a layer, in (0, 1]

@@ -10,8 +10,9 @@
 /// Pins: a *hard* pin (loading, or needed by the layer being computed) is never evicted; a *soft*
 /// pin (predicted for a later layer) is evicted only when nothing unpinned is left in the pool.
 /// All per-access operations are O(1) plus the policy's own cost, and allocate nothing.
-/// Optional policy hook beyond the CachePolicy concept: `prepare_insert(key, access)`, called by
-/// `insert` once the insertion is known to go ahead and before it asks for any victim.
+/// Policy hooks are called only when the policy declares them (core/hooks.hpp): `prepare_insert(key,
+/// access)` is called by `insert` once the insertion is known to go ahead and before it asks for
+/// any victim.
 
 #include <algorithm>
 #include <cstddef>
@@ -22,6 +23,7 @@
 
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/core/plan.hpp"
 #include "moekit/error.hpp"
@@ -87,9 +89,9 @@ class ExpertCache {
               Policy policy = Policy{})
       : shape_(shape), policy_(std::move(policy)), entries_(shape.expert_count()) {
     shape_.validate();
-    if constexpr (requires { policy_.bind(shape_); }) policy_.bind(shape_);
+    if constexpr (declares<Policy>(Hook::bind)) policy_.bind(shape_);
     std::vector<std::size_t> caps;
-    if constexpr (requires { policy_.pool_capacities(shape_, budget_bytes, sizing); }) {
+    if constexpr (declares<Policy>(Hook::pool_capacities)) {
       caps = policy_.pool_capacities(shape_, budget_bytes, sizing);
     } else {
       caps = {budget_bytes};
@@ -118,7 +120,7 @@ class ExpertCache {
     return e.hard_pins > 0 || e.soft_pins > 0;
   }
   [[nodiscard]] std::uint32_t pool_of(ExpertKey key, Precision p) const noexcept {
-    if constexpr (requires { policy_.pool_of(key, p); }) {
+    if constexpr (declares<Policy>(Hook::pool_of)) {
       return static_cast<std::uint32_t>(policy_.pool_of(key, p));
     } else {
       (void)key, (void)p;
@@ -150,12 +152,12 @@ class ExpertCache {
   // ---- events -----------------------------------------------------------------------------------
   /// A new sequence: policies with per-sequence records reset them (HOBBIT, LFU-per-sequence).
   void begin_sequence() {
-    if constexpr (requires { policy_.begin_sequence(); }) policy_.begin_sequence();
+    if constexpr (declares<Policy>(Hook::begin_sequence)) policy_.begin_sequence();
   }
   /// `n` new tokens enter the model (at layer 0).
   void begin_token(std::uint32_t n = 1) {
     token_ += n;
-    if constexpr (requires { policy_.begin_token(n); }) policy_.begin_token(n);
+    if constexpr (declares<Policy>(Hook::begin_token)) policy_.begin_token(n);
   }
 
   /// Fills the fields the cache owns in `a` (tick, token).
@@ -199,7 +201,7 @@ class ExpertCache {
     if (bytes > p.capacity_bytes) return fail(InsertStatus::too_large);
     // Lets a policy tell a demand from a prefetch before it names victims (ARC adapts only on
     // demands); EvictionQuery does not carry the access.
-    if constexpr (requires { policy_.prepare_insert(key, a); }) policy_.prepare_insert(key, a);
+    if constexpr (declares<Policy>(Hook::prepare_insert)) policy_.prepare_insert(key, a);
     while (p.used_bytes + bytes > p.capacity_bytes) {
       std::optional<ExpertKey> v = pick_victim(pool, key, a, /*allow_soft=*/false);
       if (!v) v = pick_victim(pool, key, a, /*allow_soft=*/true);

@@ -15,6 +15,7 @@
 #include "moekit/cache/detail/dense_index.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 
 namespace moekit {
@@ -29,6 +30,7 @@ namespace moekit {
 /// farthest and takes the least recently used evictable entry, so it costs O(layers + pinned).
 class FldPolicy {
  public:
+  static constexpr Hooks hooks = Hook::bind;
   void bind(const ModelShape& shape) {
     n_experts_ = shape.n_experts;
     n_layers_ = shape.n_layers;

@@ -10,6 +10,7 @@
 
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 
 namespace moekit {
@@ -17,6 +18,7 @@ namespace moekit {
 /// Least-recently-used eviction over all resident experts (one global recency order).
 class LruPolicy {
  public:
+  static constexpr Hooks hooks = Hook::bind;
   /// Sizes the recency list for `shape`; ExpertCache calls it on construction.
   void bind(const ModelShape& shape) {
     n_experts_ = shape.n_experts;

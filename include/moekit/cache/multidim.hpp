@@ -30,6 +30,7 @@
 #include "moekit/cache/fld.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/error.hpp"
 
@@ -38,6 +39,8 @@ namespace moekit {
 /// HOBBIT's weighted LRU/LFU/LHU/FLD eviction with separate high/low precision pools.
 class MultiDimPolicy {
  public:
+  static constexpr Hooks hooks = Hook::bind | Hook::pool_capacities | Hook::pool_of |
+                                 Hook::begin_sequence | Hook::begin_token;
   /// Run-time knobs. The four weights must be >= 0 and sum to 1 (HOBBIT does not publish its
   /// tuned values; equal weights are moekit's default).
   struct Config {

@@ -7,8 +7,9 @@
 /// all E experts while memory allows (filled in order when cache_total <= L·E), and the remaining
 /// layers share floor((cache_total − L·E)/(layers − L)) slots each; leftover slots go one each to
 /// the shallowest deep layers (moekit's choice for the floor remainder). Every layer is its own
-/// pool (`pool_of` = layer), managed by `Inner`; if `Inner` has `set_layer_capacities(span)` it is
-/// told the slot counts (ArcPolicy needs them). `ShallowFavoring<ArcPolicy>` is Fate's cache.
+/// pool (`pool_of` = layer), managed by `Inner`; if `Inner` declares `set_layer_capacities(span)` it
+/// is told the slot counts (ArcPolicy needs them). `ShallowFavoring<ArcPolicy>` is Fate's cache.
+/// Inner's other hooks are forwarded; its own pools (`pool_capacities`, `pool_of`) are replaced.
 
 #include <algorithm>
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include "moekit/cache/arc.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 
 namespace moekit {
@@ -61,6 +63,13 @@ class ShallowFavoring {
   static_assert(assert_cache_policy<Inner>());
 
  public:
+  using wrapped_component = Inner;
+  /// Inner's pools are replaced and its slot counts set here, not forwarded.
+  static constexpr Hooks consumed_hooks =
+      Hook::pool_capacities | Hook::pool_of | Hook::set_layer_capacities;
+  /// Its own pools, and every hook it forwards (a no-op when Inner does not declare it).
+  static constexpr Hooks hooks = Hook::bind | Hook::pool_capacities | Hook::pool_of |
+                                 Hook::begin_sequence | Hook::begin_token | Hook::prepare_insert;
   /// Run-time knobs.
   struct Config {
     std::uint32_t shallow_layers = 3;  ///< L: layers cached in full (Fate: 3 for Qwen1.5-MoE)
@@ -71,14 +80,14 @@ class ShallowFavoring {
       : cfg_(cfg), inner_(std::move(inner)) {}
 
   void bind(const ModelShape& shape) {
-    if constexpr (requires { inner_.bind(shape); }) inner_.bind(shape);
+    if constexpr (declares<Inner>(Hook::bind)) inner_.bind(shape);
   }
   std::vector<std::size_t> pool_capacities(const ModelShape& shape, std::size_t budget,
                                            Precision sizing) {
     const std::size_t bytes = shape.expert_bytes(sizing);
     slots_ = shallow_favoring_allocation(budget / bytes, shape.n_experts, shape.n_layers,
                                          cfg_.shallow_layers);
-    if constexpr (requires { inner_.set_layer_capacities(std::span<const std::uint32_t>{}); })
+    if constexpr (declares<Inner>(Hook::set_layer_capacities))
       inner_.set_layer_capacities(std::span<const std::uint32_t>(slots_));
     std::vector<std::size_t> caps(slots_.size());
     for (std::size_t l = 0; l < slots_.size(); ++l) caps[l] = slots_[l] * bytes;
@@ -87,15 +96,15 @@ class ShallowFavoring {
   [[nodiscard]] std::uint32_t pool_of(ExpertKey key, Precision) const noexcept { return key.layer; }
 
   void begin_sequence() {
-    if constexpr (requires { inner_.begin_sequence(); }) inner_.begin_sequence();
+    if constexpr (declares<Inner>(Hook::begin_sequence)) inner_.begin_sequence();
   }
   void begin_token(std::uint32_t n) {
-    if constexpr (requires { inner_.begin_token(n); }) inner_.begin_token(n);
+    if constexpr (declares<Inner>(Hook::begin_token)) inner_.begin_token(n);
   }
   void on_hit(ExpertKey key, const AccessInfo& a) { inner_.on_hit(key, a); }
   void on_insert(ExpertKey key, const AccessInfo& a) { inner_.on_insert(key, a); }
   void prepare_insert(ExpertKey key, const AccessInfo& a) {
-    if constexpr (requires { inner_.prepare_insert(key, a); }) inner_.prepare_insert(key, a);
+    if constexpr (declares<Inner>(Hook::prepare_insert)) inner_.prepare_insert(key, a);
   }
   void on_evict(ExpertKey key) { inner_.on_evict(key); }
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) { return inner_.victim(q); }

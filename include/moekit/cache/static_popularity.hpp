@@ -22,6 +22,7 @@
 
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/error.hpp"
 
@@ -30,6 +31,7 @@ namespace moekit {
 /// Static popularity placement (never evicts).
 class StaticPopularityPolicy {
  public:
+  static constexpr Hooks hooks = Hook::bind | Hook::pool_capacities | Hook::pool_of;
   /// Run-time knobs.
   struct Config {
     /// Tokens routed to each (layer, expert), row-major [n_layers × n_experts] (a profile, e.g.

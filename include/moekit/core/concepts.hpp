@@ -5,8 +5,9 @@
 /// `assert_*` functions below: a type that misses a member fails with a `static_assert` whose text
 /// names the concept and the member, instead of a page of template backtrace.
 ///
-/// Optional hooks are detected, not required: `begin_sequence()`, `begin_token(...)`,
-/// `end_layer(...)`, and the optional abilities documented per concept.
+/// Optional hooks (`begin_sequence()`, `prepare_insert(...)`, ... listed per concept) are declared
+/// by the component (`static constexpr moekit::Hooks hooks = ...`, core/hooks.hpp) and checked here
+/// with the concept: a declared hook must exist, a hook-named member must be declared.
 
 #include <concepts>
 #include <cstdint>
@@ -15,6 +16,7 @@
 
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/gate_view.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/layer_context.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/core/plan.hpp"
@@ -78,6 +80,7 @@ concept has_schedule = requires(S& s, const LayerContext& ctx, std::span<ExpertP
 
 /// **Scorer** — decides the precision of each expert a layer call needs (or `skip`).
 /// 1. `s.score(ctx, gate, demands, out)` writes `out[i]` for `demands[i]`.
+/// Declared hook: `begin_sequence()`.
 /// Not checked: `score` must not allocate; it must be deterministic for the same inputs.
 template <class S>
 concept Scorer = detail::has_score<S>;
@@ -85,25 +88,29 @@ concept Scorer = detail::has_score<S>;
 /// **TokenPolicy** — sets how many experts a token uses and judges the token afterwards (MoBiLE).
 /// 1. `t.active_top_k(ctx, model_top_k)` → experts the engine selects per token at this layer.
 /// 2. `t.end_token(output_logits)` → `TokenVerdict::accept` or `fallback`.
+/// Declared hook: `begin_sequence()`.
 template <class T>
 concept TokenPolicy = detail::has_active_top_k<T> && detail::has_end_token<T>;
 
 /// **Predictor** — proposes experts of later layers to load ahead of use.
 /// 1. `p.predict(ctx, gate, residency, out)` pushes `Prefetch`es for layers after `ctx.layer`.
 /// 2. `p.observe(ctx, gate)` receives the true routing of every layer call (before `predict`).
-/// Optional: `on_verdict(TokenVerdict, PrefetchList&)` to prefetch for a recomputed token.
+/// Declared hooks: `begin_sequence()`; `on_verdict(TokenVerdict, PrefetchList&)` to prefetch for a
+/// recomputed token.
 template <class P>
 concept Predictor = detail::has_predict<P> && detail::has_observe<P>;
 
 /// **CachePolicy** — ranks resident experts and names victims; owns no memory.
 /// 1. `c.on_hit(key, access)`, 2. `c.on_insert(key, access)`, 3. `c.on_evict(key)`,
 /// 4. `c.victim(query)` → an evictable resident of `query.pool`, or `nullopt` if it knows none.
-/// Optional: `bind(shape)` (called once by the cache, to size state); `pool_capacities(shape,
+/// Declared hooks (core/hooks.hpp): `bind(shape)` (called once by the cache, to size state); `pool_capacities(shape,
 /// budget_bytes, precision)` → per-pool byte capacities;
 /// `pool_of(key, precision)` → pool index; `begin_sequence()`; `begin_token(n)`;
 /// `prepare_insert(key, access)` (called before the victims of an insertion are asked for, so a
-/// policy can tell a prefetch from a demand: ARC adapts only on demands; wrappers must forward it);
-/// `static constexpr bool needs_future` (offline policies fed the whole trace).
+/// policy can tell a prefetch from a demand: ARC adapts only on demands); `set_layer_capacities(span)`
+/// (called by ShallowFavoring); `end_layer_call()` (called by sim::replay). Wrappers forward their
+/// inner policy's hooks. Optional trait: `static constexpr bool needs_future` (offline policies fed
+/// the whole trace).
 /// Not checked: `victim` must return a key for which `query.evictable(key)` holds.
 template <class C>
 concept CachePolicy = detail::has_on_hit<C> && detail::has_on_insert<C> &&
@@ -113,9 +120,9 @@ concept CachePolicy = detail::has_on_hit<C> && detail::has_on_insert<C> &&
 /// 1. `l.submit(request)` → ticket, 2. `l.poll(ticket)` → done?, 3. `l.wait(ticket)` blocks until
 /// done and rethrows the load's error, 4. `l.cancel(ticket)` → true if a queued (not started)
 /// load was withdrawn.
-/// Optional: `host_bytes(key, precision)` → `std::span<const std::byte>` of the expert in host
-/// memory (needed by schedulers that run experts on the CPU); `static constexpr bool keeps_bytes
-/// = false` for loaders that move no data (the simulator's).
+/// Declared hook: `host_bytes(key, precision)` → `std::span<const std::byte>` of the expert in host
+/// memory (needed by schedulers that run experts on the CPU). Optional trait: `static constexpr
+/// bool keeps_bytes = false` for loaders that move no data (the simulator's).
 /// Not checked: on-demand requests are served before queued prefetches.
 template <class L>
 concept Loader =
@@ -124,6 +131,7 @@ concept Loader =
 /// **Scheduler** — places and orders the experts of a layer call.
 /// 1. `s.schedule(ctx, plans)` may set `placement` of misses (`device` or `host_cpu`) and reorder
 /// `plans`; it must not change keys or precisions.
+/// Declared hook: `begin_sequence()`.
 template <class S>
 concept Scheduler = detail::has_schedule<S>;
 
@@ -134,6 +142,7 @@ consteval bool assert_scorer() {
   static_assert(detail::has_score<S>,
                 "moekit::Scorer: missing member `void score(const LayerContext&, const GateView&, "
                 "std::span<const ExpertDemand>, std::span<Precision>)`");
+  static_assert(assert_hooks<S, sequence_hooks>());
   return true;
 }
 template <class T>
@@ -144,6 +153,7 @@ consteval bool assert_token_policy() {
   static_assert(detail::has_end_token<T>,
                 "moekit::TokenPolicy: missing member `TokenVerdict end_token(std::span<const "
                 "float> logits)`");
+  static_assert(assert_hooks<T, sequence_hooks>());
   return true;
 }
 template <class P>
@@ -154,6 +164,7 @@ consteval bool assert_predictor() {
   static_assert(detail::has_observe<P>,
                 "moekit::Predictor: missing member `void observe(const LayerContext&, const "
                 "GateView&)`");
+  static_assert(assert_hooks<P, predictor_hooks>());
   return true;
 }
 template <class C>
@@ -168,6 +179,7 @@ consteval bool assert_cache_policy() {
   static_assert(detail::has_victim<C>,
                 "moekit::CachePolicy: missing member `std::optional<ExpertKey> victim(const "
                 "EvictionQuery&)`");
+  static_assert(assert_hooks<C, cache_policy_hooks>());
   return true;
 }
 template <class L>
@@ -178,6 +190,7 @@ consteval bool assert_loader() {
   static_assert(detail::has_wait<L>, "moekit::Loader: missing member `void wait(LoadTicket)`");
   static_assert(detail::has_cancel<L>,
                 "moekit::Loader: missing member `bool cancel(LoadTicket)`");
+  static_assert(assert_hooks<L, loader_hooks>());
   return true;
 }
 template <class S>
@@ -185,6 +198,7 @@ consteval bool assert_scheduler() {
   static_assert(detail::has_schedule<S>,
                 "moekit::Scheduler: missing member `void schedule(const LayerContext&, "
                 "std::span<ExpertPlan>)`");
+  static_assert(assert_hooks<S, sequence_hooks>());
   return true;
 }
 

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/core/plan.hpp"
 #include "moekit/core/precision.hpp"
@@ -116,6 +117,7 @@ static_assert(moekit::io::ByteSource<DirectSource>);
 /// fault in on first use and are never copied into the cache).
 class ExpertLoader {
  public:
+  static constexpr moekit::Hooks hooks = moekit::Hook::host_bytes;
   using StoreReader = moekit::io::AsyncLoader<DirectSource>;
   using CheckpointSource = moekit::io::CheckpointExpertSource<DirectSource>;
   using CheckpointReader = moekit::io::AsyncLoader<CheckpointSource>;

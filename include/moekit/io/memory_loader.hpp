@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/error.hpp"
 
 namespace moekit {
@@ -20,6 +21,7 @@ namespace moekit {
 /// Copies an expert's bytes from a host-memory source into the destination slot.
 class MemoryLoader {
  public:
+  static constexpr Hooks hooks = Hook::host_bytes;
   /// Returns the bytes of `key` at `precision` in host memory (must outlive the loader).
   using Source = std::function<std::span<const std::byte>(ExpertKey, Precision)>;
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/error.hpp"
 
 namespace moekit {
@@ -29,6 +30,7 @@ namespace moekit {
 /// MoBiLE's router-replay predictor; needs `GateView.logits` in decode.
 class RouterReplayPredictor {
  public:
+  static constexpr Hooks hooks = Hook::begin_sequence | Hook::on_verdict;
   struct Config {
     std::uint32_t top_k = 0;              ///< the model's K (required: the little pass uses K/2)
     Precision precision = Precision::f16;  ///< precision of the replayed prefetches

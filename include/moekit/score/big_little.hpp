@@ -23,6 +23,7 @@
 #include <string>
 
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/error.hpp"
 
 namespace moekit {
@@ -30,6 +31,7 @@ namespace moekit {
 /// MoBiLE's token policy: little decode passes with confidence-based fallback to the full top-k.
 class BigLittlePolicy {
  public:
+  static constexpr Hooks hooks = Hook::begin_sequence;
   struct Config {
     float gamma = 0.7f;            ///< accept iff max softmax probability > gamma
     std::uint32_t k_little = 0;    ///< experts per token in the little pass (0: max(1, K/2))

@@ -35,6 +35,7 @@
 
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/gate_view.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/layer_context.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/core/plan.hpp"
@@ -141,13 +142,6 @@ struct DemandSequence {
   std::vector<std::size_t> call_end;
 };
 
-namespace detail {
-
-template <class T>
-concept ends_layer_calls = requires(T& t) { t.end_layer_call(); };
-
-}  // namespace detail
-
 /// The demand sequence of `trace` replayed with its full top-k (see DemandSequence).
 [[nodiscard]] inline DemandSequence demand_sequence(const RoutingTrace& trace) {
   DemandSequence out;
@@ -182,6 +176,10 @@ class CallOrderedPolicy {
 
  public:
   static constexpr bool needs_future = true;
+  using wrapped_component = Inner;
+  /// end_layer_call is its own; the others are forwarded (no-ops when Inner does not declare them).
+  static constexpr Hooks hooks = Hook::bind | Hook::begin_sequence | Hook::begin_token |
+                                 Hook::prepare_insert | Hook::end_layer_call;
 
   explicit CallOrderedPolicy(DemandSequence future, Inner inner = Inner{})
       : inner_(std::move(inner)), future_(std::move(future)) {
@@ -189,18 +187,18 @@ class CallOrderedPolicy {
   }
 
   void bind(const ModelShape& shape) {
-    if constexpr (requires { inner_.bind(shape); }) inner_.bind(shape);
+    if constexpr (declares<Inner>(Hook::bind)) inner_.bind(shape);
     pending_.reserve(shape.n_experts);
   }
   void begin_sequence() {
-    if constexpr (requires { inner_.begin_sequence(); }) inner_.begin_sequence();
+    if constexpr (declares<Inner>(Hook::begin_sequence)) inner_.begin_sequence();
   }
   void begin_token(std::uint32_t n) {
-    if constexpr (requires { inner_.begin_token(n); }) inner_.begin_token(n);
+    if constexpr (declares<Inner>(Hook::begin_token)) inner_.begin_token(n);
   }
 
   void prepare_insert(ExpertKey key, const AccessInfo& a) {
-    if constexpr (requires { inner_.prepare_insert(key, a); }) inner_.prepare_insert(key, a);
+    if constexpr (declares<Inner>(Hook::prepare_insert)) inner_.prepare_insert(key, a);
   }
   void on_hit(ExpertKey key, const AccessInfo& a) { pending_.push_back({key, a, false, 0}); }
   void on_insert(ExpertKey key, const AccessInfo& a) {
@@ -325,7 +323,7 @@ class Replayer {
     }
     (void)pipeline_.resolve(plan);
     pipeline_.end_layer(ctx);
-    if constexpr (ends_layer_calls<typename Pipeline::CachePolicy>)
+    if constexpr (declares<typename Pipeline::CachePolicy>(Hook::end_layer_call))
       pipeline_.cache().policy().end_layer_call();
   }
 

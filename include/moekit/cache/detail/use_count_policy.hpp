@@ -15,6 +15,7 @@
 #include "moekit/cache/detail/ranked_set.hpp"
 #include "moekit/cache/detail/use_records.hpp"
 #include "moekit/core/cache_events.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 
 namespace moekit::detail {
@@ -28,6 +29,7 @@ enum class CountedUses : std::uint8_t {
 template <CountedUses Counted>
 class UseCountPolicy {
  public:
+  static constexpr Hooks hooks = Hook::bind | Hook::begin_sequence;
   void bind(const ModelShape& shape) {
     n_experts_ = shape.n_experts;
     records_.reset(shape.expert_count());
