@@ -94,6 +94,7 @@ int run(const std::string& model, const std::string& out, const std::string& pre
   wo.resume = resume;
   wo.verify = false;  // verified below, with a progress bar
   wo.order = *order;
+  wo.encode_threads = moekit::engine::store_encode_threads();
   Progress encode_bar("encoding");
   wo.progress = [&](std::size_t d, std::size_t t) { encode_bar(d, t); };
   moekit::io::ExpertStoreWriteReport r;

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -288,4 +289,44 @@ TEST_CASE("expert store: quantized blobs in panels, packed by the writer", "[io]
   require_error([&] { write_expert_store(dir.file("c.moestore"), channel, f16_q4, fake, opt); },
                 ErrorKind::invalid_argument, {"panels", "group_size"});
   CHECK_FALSE(std::filesystem::exists(dir.file("c.moestore")));
+}
+
+TEST_CASE("expert store: encoding on several threads writes the same file", "[io][store]") {
+  TempDir dir;
+  const auto one = dir.file("one.moestore");
+  write_tiny(one);
+  const auto want = moekit::test::read_file(one);
+  for (unsigned threads : {2u, 5u, 64u}) {  // 5 does not divide the 12 blobs; 64 exceeds them
+    const auto path = dir.file("t" + std::to_string(threads) + ".moestore");
+    ExpertStoreWriteOptions opt;
+    opt.encode_threads = threads;
+    std::size_t last_done = 0;
+    opt.progress = [&](std::size_t done, std::size_t total) {
+      CHECK(done > last_done);
+      CHECK(done <= total);
+      last_done = done;
+    };
+    const auto rep = write_tiny(path, opt);
+    CHECK(rep.blobs_encoded == 12);
+    CHECK(last_done == 12);
+    CHECK(moekit::test::read_file(path) == want);
+  }
+
+  // A worker's failure reaches the caller and leaves a partial file that resumes.
+  const auto path = dir.file("fail.moestore");
+  std::atomic<int> calls{0};
+  auto failing = [&](ExpertKey k, Precision p) {
+    if (k.layer == 1 && k.expert == 2 && p == Precision::q4) throw std::runtime_error("simulated crash");
+    ++calls;
+    return fake_expert(tiny_shape, k, p);
+  };
+  ExpertStoreWriteOptions opt;
+  opt.encode_threads = 4;
+  CHECK_THROWS_WITH(write_expert_store(path, tiny_shape, f16_q4, failing, opt), "simulated crash");
+  CHECK_FALSE(std::filesystem::exists(path));
+  const auto rep = write_expert_store(path, tiny_shape, f16_q4,
+                                      [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); }, opt);
+  CHECK(rep.blobs_resumed + rep.blobs_encoded == 12);
+  CHECK(rep.blobs_resumed > 0);
+  CHECK(moekit::test::read_file(path) == want);
 }

@@ -20,6 +20,7 @@
 #include <string>
 #include <type_traits>
 #include <variant>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -433,6 +434,13 @@ inline std::vector<moekit::Precision> cached_precisions(std::vector<moekit::Prec
   return need;
 }
 
+/// Experts a store build encodes at once: one per core, at most 4, as each holds its expert in
+/// f32 while it is encoded (a Mixtral-8x7B expert: 704 MB). The checkpoint readers behind the
+/// engine's encoders only read mapped files, so they are safe to call concurrently.
+inline unsigned store_encode_threads() {
+  return std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+}
+
 /// The cache file `<cache_dir>/<stem>-<precisions>[-<layout word>].moestore` (no word for rows)
 /// for shape `shape` with its
 /// quantized experts in `order`, reused when its meta's checkpoint_fingerprint equals `fp`, else
@@ -476,6 +484,7 @@ CachedStore cached_store_file(const moekit::ModelShape& shape, const std::string
   moekit::io::ExpertStoreWriteOptions wo;
   wo.overwrite = stale;
   wo.order = order;
+  wo.encode_threads = store_encode_threads();
   if (!quiet && ::isatty(::fileno(stderr))) wo.progress = store_progress(bytes);
   build(std::span<const moekit::Precision>(need), out, wo);
   return {std::make_shared<moekit::io::ExpertStore>(

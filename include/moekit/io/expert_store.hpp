@@ -29,6 +29,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <functional>
 #include <map>
 #include <optional>
@@ -539,6 +540,9 @@ struct ExpertStoreWriteOptions {
   MatrixOrder order = MatrixOrder::rows;
   nlohmann::json meta = nlohmann::json::object();  ///< stored as the manifest's "meta"
   std::function<void(std::size_t done, std::size_t total)> progress{};
+  /// Blobs encoded at once, each on a thread of its own (the encoder must then be safe to call
+  /// concurrently); blobs are written in order whatever this is, so the file does not change.
+  unsigned encode_threads = 1;
 };
 
 /// What write_expert_store did.
@@ -620,36 +624,60 @@ inline std::map<std::size_t, std::uint64_t> resume_journal(const std::string& tm
 
 /// Writes every blob of `m` to `fd` (the file `tmp`), or keeps it when its journaled checksum
 /// still matches, and journals each one written.
+// Blob `b`'s bytes as stored: the encoder's rows (in panels when the store wants them), padded
+// with zeros so a rewritten blob never leaves stale bytes behind it; sets b.checksum.
+inline std::vector<std::byte> encode_store_blob(const StoreManifest& m, StoreBlob& b,
+                                                const ExpertEncoder& encode) {
+  std::vector<std::byte> bytes = encode(b.key, b.precision);
+  if (bytes.size() != b.bytes)
+    throw Error(ErrorKind::invalid_argument,
+                "expert encoder returned " + std::to_string(bytes.size()) + " bytes for layer " +
+                    std::to_string(b.key.layer) + ", expert " + std::to_string(b.key.expert) +
+                    " at " + std::string(name(b.precision)) + "; the model shape gives " +
+                    std::to_string(b.bytes));
+  if (in_panels(m.order_of(b.precision)))
+    bytes = expert_blob_in_panels(m.shape, b.precision, bytes, m.order);
+  b.checksum = xxh64(bytes);
+  bytes.resize(b.padded_bytes(), std::byte{0});
+  return bytes;
+}
+
 inline ExpertStoreWriteReport write_store_blobs(
     int fd, const std::string& tmp, const std::string& journal, StoreManifest& m,
     const ExpertEncoder& encode, const std::map<std::size_t, std::uint64_t>& journaled,
     const ExpertStoreWriteOptions& options) {
   std::ofstream jout(journal, std::ios::app);
   ExpertStoreWriteReport report;
-  for (std::size_t i = 0; i < m.blobs.size(); ++i) {
-    StoreBlob& b = m.blobs[i];
-    if (auto it = journaled.find(i);
-        it != journaled.end() && checksum_range(fd, b.offset, b.bytes, tmp) == it->second) {
-      b.checksum = it->second;
-      ++report.blobs_resumed;
-    } else {
-      std::vector<std::byte> bytes = encode(b.key, b.precision);
-      if (bytes.size() != b.bytes)
-        throw Error(ErrorKind::invalid_argument,
-                    "expert encoder returned " + std::to_string(bytes.size()) +
-                        " bytes for layer " + std::to_string(b.key.layer) + ", expert " +
-                        std::to_string(b.key.expert) + " at " + std::string(name(b.precision)) +
-                        "; the model shape gives " + std::to_string(b.bytes));
-      if (in_panels(m.order_of(b.precision)))
-        bytes = expert_blob_in_panels(m.shape, b.precision, bytes, m.order);
-      b.checksum = xxh64(bytes);
-      // Zero the padding too, so a rewritten blob never leaves stale bytes behind it.
-      bytes.resize(b.padded_bytes(), std::byte{0});
-      pwrite_all(fd, bytes, b.offset, tmp);
-      jout << i << ' ' << hex64(b.checksum) << '\n' << std::flush;
+  const std::size_t window = std::max(1u, options.encode_threads);
+  std::vector<std::size_t> todo;  // blobs of this window the journal does not vouch for
+  std::vector<std::future<std::vector<std::byte>>> encoded;
+  for (std::size_t w = 0; w < m.blobs.size(); w += window) {
+    const std::size_t end = std::min(m.blobs.size(), w + window);
+    todo.clear();
+    for (std::size_t i = w; i < end; ++i) {
+      StoreBlob& b = m.blobs[i];
+      if (auto it = journaled.find(i);
+          it != journaled.end() && checksum_range(fd, b.offset, b.bytes, tmp) == it->second) {
+        b.checksum = it->second;
+        ++report.blobs_resumed;
+      } else {
+        todo.push_back(i);
+      }
+    }
+    encoded.clear();
+    for (std::size_t t = 1; t < todo.size(); ++t)  // the first is encoded on this thread
+      encoded.push_back(std::async(std::launch::async, [&m, &encode, i = todo[t]] {
+        return encode_store_blob(m, m.blobs[i], encode);
+      }));
+    for (std::size_t t = 0; t < todo.size(); ++t) {
+      const std::size_t i = todo[t];
+      const std::vector<std::byte> bytes =
+          t == 0 ? encode_store_blob(m, m.blobs[i], encode) : encoded[t - 1].get();
+      pwrite_all(fd, bytes, m.blobs[i].offset, tmp);
+      jout << i << ' ' << hex64(m.blobs[i].checksum) << '\n' << std::flush;
       ++report.blobs_encoded;
     }
-    if (options.progress) options.progress(i + 1, m.blobs.size());
+    if (options.progress) options.progress(end, m.blobs.size());
   }
   return report;
 }
