@@ -611,13 +611,16 @@ class OffloadPipeline {
 
   ModelShape shape_;
   PipelineConfig cfg_;
+  // Declared before the loader so that it is destroyed after it: the loader's destructor waits
+  // for the loads its threads are writing into the arena (a pipeline unwound by an exception
+  // with loads in flight freed their destination first and the loader thread crashed).
+  ExpertArena arena_;
   [[no_unique_address]] ScorerT scorer_;
   [[no_unique_address]] PredictorT predictor_;
   LoaderT loader_;
   [[no_unique_address]] SchedulerT scheduler_;
   [[no_unique_address]] TokenPolicyT token_policy_;
   Cache cache_;
-  ExpertArena arena_;
 
   PipelineStats stats_{};
   LayerPlan plan_;

@@ -1,6 +1,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <memory>
+#include <thread>
 #include <condition_variable>
 #include <mutex>
 #include <vector>
@@ -10,6 +13,11 @@
 #include "moekit/io/async_loader.hpp"
 #include "moekit/io/byte_source.hpp"
 #include "moekit/io/expert_store.hpp"
+#include "moekit/cache/lru.hpp"
+#include "moekit/pipeline.hpp"
+#include "moekit/predict/none.hpp"
+#include "moekit/sched/on_demand.hpp"
+#include "moekit/score/uniform.hpp"
 
 using namespace moekit;
 using namespace moekit::io;
@@ -211,4 +219,56 @@ TEST_CASE("loader: a bandwidth cap still delivers every byte", "[io][loader]") {
   auto t = loader.submit({{1, 1}, Precision::f16, LoadPriority::on_demand, dest});
   loader.wait(t);
   CHECK(dest == fake_expert(tiny_shape, {1, 1}, Precision::f16));
+}
+
+namespace {
+// An AsyncLoader owned through a pointer (AsyncLoader does not move), as the engine's loader is.
+struct OwnedGatedLoader {
+  std::unique_ptr<AsyncLoader<GatedSource>> l;
+  LoadTicket submit(const LoadRequest& r) { return l->submit(r); }
+  bool poll(LoadTicket t) { return l->poll(t); }
+  void wait(LoadTicket t) { l->wait(t); }
+  bool cancel(LoadTicket t) { return l->cancel(t); }
+};
+}  // namespace
+
+TEST_CASE("loader: a pipeline destroyed with a load in flight frees its memory only after the load",
+          "[io][loader][pipeline]") {
+  // A pipeline unwound by an exception between route and resolve used to free the arena before
+  // its loader's thread had finished writing into it (a crash in moe-run --preset hobbit). The
+  // gate opens only once the pipeline is being destroyed, so the write lands during destruction.
+  // Experts of 6 MiB: the arena maps them (io_memory.hpp), so a write after the unmap faults
+  // even without a sanitizer.
+  constexpr ModelShape shape{.n_layers = 1, .n_experts = 2, .top_k = 2, .hidden = 1024, .ffn = 1024};
+  TempDir dir;
+  const std::string path = dir.file("big.moestore");
+  const std::vector<Precision> f16{Precision::f16};
+  write_expert_store(path, shape, f16, [&](ExpertKey k, Precision p) { return fake_expert(shape, k, p); });
+  const auto store = ExpertStore::open(path);
+  const auto file = moekit::test::read_file(path);
+  auto shared = std::make_shared<GatedSource::Shared>();
+  std::thread opener;
+  {
+    OwnedGatedLoader loader{std::make_unique<AsyncLoader<GatedSource>>(
+        store, GatedSource(MemorySource(file, "mem"), shared),
+        AsyncLoader<GatedSource>::Config{.io_threads = 1, .max_outstanding = 4})};
+    OffloadPipeline<UniformScorer, NoPredictor, LruPolicy, OwnedGatedLoader, OnDemandScheduler> p(
+        shape, {.expert_budget_bytes = 2 * shape.expert_bytes(Precision::f16)}, std::move(loader));
+    const std::uint32_t experts[] = {0, 1};
+    const float weights[] = {0.5f, 0.5f};
+    const GateView g{.n_tokens = 1, .k = 2, .n_experts = 2, .experts = experts, .weights = weights};
+    (void)p.route(LayerContext{0, shape.n_layers, 0, Phase::decode, 0, 1}, g);
+    {
+      std::unique_lock lock(shared->m);
+      shared->cv.wait(lock, [&] { return shared->entered; });  // the load is being read
+    }
+    opener = std::thread([shared] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let the destructor start
+      std::lock_guard lock(shared->m);
+      shared->open = true;
+      shared->cv.notify_all();
+    });
+  }  // ~OffloadPipeline with the load still in flight
+  opener.join();
+  CHECK(shared->open);
 }
