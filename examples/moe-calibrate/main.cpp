@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -33,6 +34,7 @@
 #include <CLI/CLI.hpp>
 
 #include "moekit/core/precision.hpp"
+#include "moekit/engine/loader_read_rate.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/aligned_buffer.hpp"
 #include "moekit/precision/expert_ffn.hpp"
@@ -255,7 +257,8 @@ double time_expert(const Expert& e, std::size_t n, ThreadPool& pool, std::size_t
 }
 
 struct Options {
-  std::string out = "this_machine.json", disk_dir = ".", disk_size = "1GiB";
+  std::string out = "this_machine.json", disk_dir = ".", disk_size = "1GiB", checkpoint;
+  std::uint32_t checkpoint_experts = 32;
   std::size_t hidden = 4096, ffn = 14336;
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   int reps = 9;
@@ -269,6 +272,12 @@ void add_flags(CLI::App& app, Options& o) {
                  "directory for the temporary O_DIRECT test file (default .; put it on the "
                  "expert store's disk)");
   app.add_option("--disk-size", o.disk_size, "size of the temporary file (default 1GiB)");
+  app.add_option("--checkpoint", o.checkpoint,
+                 "GGUF file or Hugging Face directory whose experts moe-run reads in place: the "
+                 "link is the rate moe-run's loader reads them at (O_DIRECT, transcoded into its "
+                 "layout), not the raw read of the scratch file");
+  app.add_option("--checkpoint-experts", o.checkpoint_experts,
+                 "experts --checkpoint reads (default 32)");
   app.add_option("--hidden", o.hidden, "expert hidden size (default 4096, Mixtral-8x7B)");
   app.add_option("--ffn", o.ffn, "expert ffn size (default 14336, Mixtral-8x7B)");
   app.add_option("--threads", o.threads, "kernel threads (default: all cores)");
@@ -333,6 +342,17 @@ int run(int argc, char** argv) {
   std::printf("disk: O_DIRECT sequential read %.2f GB/s, 4 KiB read latency %.1f us\n",
               disk.bandwidth / 1e9, disk.latency * 1e6);
 
+  std::optional<engine::LoaderReadRate> in_place;
+  if (!o.checkpoint.empty()) {
+    if (!fs::exists(o.checkpoint)) bad_flag("--checkpoint", "'" + o.checkpoint + "' does not exist");
+    in_place = engine::loader_read_rate(o.checkpoint, o.checkpoint_experts);
+    std::printf("checkpoint: %u experts at %s read in place by moe-run's loader (%s): %.2f GB/s "
+                "(%.2f of the raw read)\n",
+                in_place->experts, std::string(name(in_place->precision)).c_str(),
+                in_place->reader.c_str(), in_place->bytes_per_s / 1e9,
+                in_place->bytes_per_s / disk.bandwidth);
+  }
+
   const double overhead =
       time_expert(make_expert(64, 64, Precision::f32, 1), 1, pool, 0, std::max(o.reps, 31));
   std::printf("kernels (ISA %s): call overhead %.1f us; expert %zux%zu:\n",
@@ -341,16 +361,24 @@ int run(int argc, char** argv) {
 
   sim::HardwareModel h;
   h.name = "this_machine";
-  char src[512];
+  char link[512];
+  if (in_place)
+    std::snprintf(link, sizeof link, "moe-run's loader reading %u experts of '%s' in place",
+                  in_place->experts, o.checkpoint.c_str());
+  else
+    std::snprintf(link, sizeof link, "O_DIRECT read of a %.2f GiB file in '%s'",
+                  double(dsize) / 1073741824.0, o.disk_dir.c_str());
+  char src[1024];
   std::snprintf(src, sizeof src,
-                "moe-calibrate: link = O_DIRECT read of a %.2f GiB file in '%s' [measured]; "
+                "moe-calibrate: link = %s [measured]; "
                 "device = cpu = moekit's CPU expert_ffn, %u threads, ISA %s, expert %zux%zu "
                 "[measured]; memory streaming read %.2f GB/s [measured, reference]; "
                 "layer_overhead_s = call overhead [choice]",
-                double(dsize) / 1073741824.0, o.disk_dir.c_str(), o.threads,
-                std::string(name(detect_isa())).c_str(), o.hidden, o.ffn, mem / 1e9);
+                link, o.threads, std::string(name(detect_isa())).c_str(), o.hidden, o.ffn,
+                mem / 1e9);
   h.source = src;
-  h.link = {.bandwidth_bytes_per_s = disk.bandwidth, .latency_s = disk.latency};
+  h.link = {.bandwidth_bytes_per_s = in_place ? in_place->bytes_per_s : disk.bandwidth,
+            .latency_s = disk.latency};
   h.device = cpu;
   h.cpu = cpu;
   h.layer_overhead_s = overhead;

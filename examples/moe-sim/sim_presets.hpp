@@ -206,11 +206,13 @@ class CostAwareByKey {
 
 // ---- presets ------------------------------------------------------------------------------------
 
-/// The baseline: LRU, on demand, at the scorer's default precision.
+/// The baseline: LRU, on demand, at the base precision (BaselineSpec::configure: a default
+/// Config loaded f16 whatever --precision said, so a q4 run moved 3.6× the bytes it should).
 inline PresetResult run_baseline(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using moekit::presets::BaselineSpec;
   auto p = BaselineSpec::build(rp.shape, rp.config, moekit::sim::SimLoader(rp.shape, rp.link),
-                               BaselineSpec::Config{}, {});
+                               BaselineSpec::configure(rp.shape, rp.config.base_precision, {}),
+                               {});
   return {moekit::sim::replay(*p, tr, rp.compute), std::string(BaselineSpec::name), ""};
 }
 
@@ -241,12 +243,13 @@ PresetResult run_cost_aware(const RunParams& rp, const moekit::sim::RoutingTrace
 }
 
 /// HOBBIT's precision rule for the run's base precision (f16/bf16/f32 → high = base, low = q4;
-/// q8 → q8/q2, the paper's Jetson setting).
+/// q8 → q8/q2, the paper's Jetson setting; q4 → q4/q2, as moe-run's --low-precision auto).
 inline moekit::HobbitRule hobbit_rule(const RunParams& rp) {
   moekit::HobbitRule r;
   if (rp.config.base_precision == moekit::Precision::q8) r = moekit::HobbitRule::for_q8_model();
   else r.high = rp.config.base_precision;
-  if (moekit::bits(r.low) > moekit::bits(r.high)) r.low = r.high;  // a q4/q2 model
+  if (moekit::bits(r.low) >= moekit::bits(r.high) && moekit::bits(r.high) > 2)
+    r.low = moekit::Precision::q2;  // a q4 model: low was q4 (HOBBIT needs low < high)
   r.t1 = static_cast<float>(rp.t1);
   r.t2 = static_cast<float>(rp.t2);
   r.validate();
@@ -500,7 +503,7 @@ template <>
 struct SimPreset<moekit::presets::BaselineSpec> {
   static constexpr bool replayed = true;
   static constexpr SimEntry entry{
-      "", "LRU cache, on-demand loads at full precision, no prediction", &run_baseline};
+      "", "LRU cache, on-demand loads at the base precision (--precision), no prediction", &run_baseline};
 };
 template <>
 struct SimPreset<moekit::presets::HobbitSpec> {
