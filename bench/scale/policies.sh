@@ -16,6 +16,11 @@
 # Presets that run experts at a lower precision build an expert store of it at first use (under
 # build/, inside the timed run but outside its prefill and decode timings). The generated text
 # is meaningless (the routing is not the model's own); only the speed and the I/O are measured.
+#
+# The serial bound of a run is 1/(compute + I/O) per decode token: compute = its decode time less
+# the time it stalled waiting for loads, I/O = its bytes read ÷ the loader's cold read rate on the
+# same file (moekit_bench_checkpoint_read, measured first). A run that overlaps loads with compute
+# (prefetching) can beat it; one that reads slower than the loader's rate falls below it.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 model=mixtral-32L limit=50 n=24 prompt_tokens=16 threads=2 timeout=900
@@ -47,10 +52,15 @@ mkdir -p "$out"
 # The prompt: any text of about the right length (its tokens' routing comes from the trace).
 prompt="$(head -c $((prompt_tokens * 4)) "$here/bench/quality/heldout.txt" | tr '\n' ' ')"
 limit_bytes=$(( $(stat -c %s "$file") / 100 * limit ))
+bench="$here/build/release/bench/moekit_bench_checkpoint_read"
+[[ -x "$bench" ]] || cmake --build --preset release --target moekit_bench_checkpoint_read >&2
+sync && echo 3 > /proc/sys/vm/drop_caches
+raw=$("$bench" --gguf "$file" --reps 1 --experts 16 --io-threads 4 |
+      awk '/^in place/ { if ($(NF-1) > best) best = $(NF-1) } END { printf "%.0f", best * 1e9 }')
 
 cpu=$(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
-echo "# $(date -u +%F) | CPU: $cpu (family $(lscpu | awk -F: '/CPU family/ {gsub(/ /, "", $2); print $2}')) | $threads threads | $(basename "$file") at ${limit}% of its size | -n $n | load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "| trace | preset | rc | decode tok/s | × baseline | decode hit rate | MB read per decode token | stall s per decode token | prefill tok/s | peak GiB | note |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+echo "# $(date -u +%F) | CPU: $cpu (family $(lscpu | awk -F: '/CPU family/ {gsub(/ /, "", $2); print $2}')) | $threads threads | $(basename "$file") at ${limit}% of its size | -n $n | loader read rate $(awk -v r="$raw" 'BEGIN { printf "%.2f", r / 1e9 }') GB/s | load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf "| trace | preset | rc | decode tok/s | × baseline | decode hit rate | MB read per decode token | stall s per decode token | serial bound tok/s | of the bound | prefill tok/s | peak GiB | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 IFS=, read -ra trace_list <<< "$traces"
 IFS=, read -ra preset_list <<< "$presets"
 for tr in "${trace_list[@]}"; do
@@ -72,6 +82,9 @@ for tr in "${trace_list[@]}"; do
         decode_stall: .decode_stall_seconds, missing: .routing_trace_missing}' <<< "$json")
     echo "$row" >> "$out/policies.jsonl"
     [[ "$p" == baseline && $rc -eq 0 ]] && base=$(jq .decode_tps <<< "$row")
-    jq -r --arg base "${base:-0}" '"| \(.trace) | \(.preset) | \(.rc) | \(.decode_tps // 0 | . * 100 | round / 100) | \(if ($base | tonumber) > 0 and .decode_tps then (.decode_tps / ($base | tonumber) * 100 | round / 100) else "-" end) | \(.decode_hit_rate // 0 | . * 1000 | round / 10)% | \(if .decode_bytes then (.decode_bytes / .decode_tokens / 1e6 | round) else "-" end) | \(if .decode_stall then (.decode_stall / .decode_tokens * 100 | round / 100) else "-" end) | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(if .error then (.error | gsub("\\|"; "/") | .[0:160]) else "\(.missing // 0) trace records missing (router used)" end) |"' <<< "$row"
+    jq -r --arg base "${base:-0}" --argjson raw "$raw" '
+      (if .decode_tps and .decode_stall != null and .decode_bytes != null then
+         1 / (1 / .decode_tps - .decode_stall / .decode_tokens + .decode_bytes / .decode_tokens / $raw)
+       else null end) as $bound | "| \(.trace) | \(.preset) | \(.rc) | \(.decode_tps // 0 | . * 100 | round / 100) | \(if ($base | tonumber) > 0 and .decode_tps then (.decode_tps / ($base | tonumber) * 100 | round / 100) else "-" end) | \(.decode_hit_rate // 0 | . * 1000 | round / 10)% | \(if .decode_bytes then (.decode_bytes / .decode_tokens / 1e6 | round) else "-" end) | \(if .decode_stall then (.decode_stall / .decode_tokens * 100 | round / 100) else "-" end) | \(if $bound then ($bound * 100 | round / 100) else "-" end) | \(if $bound then "\(.decode_tps / $bound * 100 | round)%" else "-" end) | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(if .error then (.error | gsub("\\|"; "/") | .[0:160]) else "\(.missing // 0) trace records missing (router used)" end) |"' <<< "$row"
   done
 done
