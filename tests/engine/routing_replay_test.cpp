@@ -44,7 +44,7 @@ using BigLittle =
 
 namespace {
 
-const fs::path fixture = engine_test::data_dir() / "mixtral";
+const fs::path replay_fixture = engine_test::data_dir() / "mixtral";
 const fs::path tiny_jsonl =
     fs::path(MOEKIT_SOURCE_DIR) / "tests/engine/data/routing_replay_tiny.jsonl";
 
@@ -122,11 +122,11 @@ int numbered_token(const RoutingTrace& seen, std::size_t token, std::uint32_t la
 
 TEST_CASE("a replayed trace routes every layer to the recorded experts and weights",
           "[engine][replay]") {
-  REQUIRE(fs::exists(fixture / "reference.json"));
+  REQUIRE(fs::exists(replay_fixture / "reference.json"));
   moekit::ThreadPool pool(2);
-  const auto m = engine_test::load_model(fixture);
+  const auto m = engine_test::load_model(replay_fixture);
   REQUIRE(m);
-  const auto ref = engine_test::load_reference(fixture);
+  const auto ref = engine_test::load_reference(replay_fixture);
   const Tokens original{ref.prompt_ids, {ref.sequence_ids.begin() + ref.prompt_ids.size(),
                                          ref.sequence_ids.end()}};
   // Other inputs of the same lengths: the router routes them differently.
@@ -171,11 +171,11 @@ TEST_CASE("a replayed trace routes every layer to the recorded experts and weigh
 }
 
 TEST_CASE("a replayed trace decides which experts are loaded", "[engine][replay]") {
-  REQUIRE(fs::exists(fixture / "reference.json"));
+  REQUIRE(fs::exists(replay_fixture / "reference.json"));
   moekit::ThreadPool pool(2);
-  const auto m = engine_test::load_model(fixture);
+  const auto m = engine_test::load_model(replay_fixture);
   REQUIRE(m);
-  const auto ref = engine_test::load_reference(fixture);
+  const auto ref = engine_test::load_reference(replay_fixture);
   const Tokens tokens{ref.prompt_ids, {ref.sequence_ids.begin() + ref.prompt_ids.size(),
                                        ref.sequence_ids.end()}};
   // Layer 0 always experts {3, 2}, layer 1 always {0, 1}, whatever the router says.
@@ -208,9 +208,9 @@ TEST_CASE("a replayed trace decides which experts are loaded", "[engine][replay]
 
 TEST_CASE("replayed tokens: prefill and decode walks, wrap-around, the shared cursor",
           "[engine][replay]") {
-  REQUIRE(fs::exists(fixture / "reference.json"));
+  REQUIRE(fs::exists(replay_fixture / "reference.json"));
   moekit::ThreadPool pool(2);
-  const auto m = engine_test::load_model(fixture);
+  const auto m = engine_test::load_model(replay_fixture);
   REQUIRE(m);
   const Tokens tokens{{1, 17, 42}, {5, 9, 33, 70, 101, 2}};  // 3 prompt + 6 decode tokens
   auto trace_tokens = [&](const RoutingTrace& seen) {
@@ -271,9 +271,9 @@ TEST_CASE("replayed tokens: prefill and decode walks, wrap-around, the shared cu
 
 TEST_CASE("a missing record falls back to the router's own top-k and is counted",
           "[engine][replay]") {
-  REQUIRE(fs::exists(fixture / "reference.json"));
+  REQUIRE(fs::exists(replay_fixture / "reference.json"));
   moekit::ThreadPool pool(2);
-  const auto m = engine_test::load_model(fixture);
+  const auto m = engine_test::load_model(replay_fixture);
   REQUIRE(m);
   const Tokens tokens{{1, 17, 42}, {5, 9, 33}};
   auto p0 = baseline(*m, host_loader(m->weights.experts));
@@ -300,7 +300,7 @@ TEST_CASE("a missing record falls back to the router's own top-k and is counted"
 
 TEST_CASE("a narrowed top-k replays the record's first experts, renormalised",
           "[engine][replay]") {
-  const ModelConfig cfg = load_config(fixture);
+  const ModelConfig cfg = load_config(replay_fixture);
   RoutingReplay replay(numbered_trace(cfg, 0, 2), cfg);
   std::vector<std::uint32_t> experts{9};
   std::vector<float> weights{0.f};
@@ -315,7 +315,7 @@ TEST_CASE("a narrowed top-k replays the record's first experts, renormalised",
 
 TEST_CASE("a trace for another model is refused naming the flag and both values",
           "[engine][replay]") {
-  const ModelConfig cfg = load_config(fixture);  // 2 MoE layers, 4 experts, top-2
+  const ModelConfig cfg = load_config(replay_fixture);  // 2 MoE layers, 4 experts, top-2
   auto refused = [&](TraceDims d, const std::string& what) {
     RoutingTrace t(d, "other");
     t.begin_sequence("s");
@@ -359,7 +359,7 @@ TEST_CASE("trace files are read whatever their format", "[engine][replay][sim]")
 
   // The fixture in moekit's JSONL schema, at the tiny model's dims: 2 prefill + 3 decode tokens,
   // decode token 0's layer 1 missing.
-  const ModelConfig cfg = load_config(fixture);
+  const ModelConfig cfg = load_config(replay_fixture);
   RoutingReplay replay = RoutingReplay::from_file(tiny_jsonl.string(), cfg);
   const RoutingTrace& t = replay.trace();
   REQUIRE(t.token_count() == 5);
@@ -380,9 +380,9 @@ TEST_CASE("trace files are read whatever their format", "[engine][replay][sim]")
 }
 
 TEST_CASE("every preset runs the replayed experts", "[engine][replay][presets]") {
-  REQUIRE(fs::exists(fixture / "reference.json"));
+  REQUIRE(fs::exists(replay_fixture / "reference.json"));
   moekit::ThreadPool pool(2);
-  const auto m = engine_test::load_model(fixture);
+  const auto m = engine_test::load_model(replay_fixture);
   REQUIRE(m);
   const ModelConfig& cfg = m->cfg;
   const moekit::ModelShape s = cfg.shape();

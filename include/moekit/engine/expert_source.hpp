@@ -422,6 +422,13 @@ inline std::function<void(std::size_t, std::size_t)> store_progress(std::uint64_
   };
 }
 
+/// Experts a store build encodes at once: one per core, at most 4, as each holds its expert in
+/// f32 while it is encoded (a Mixtral-8x7B expert: 704 MB). The checkpoint readers behind the
+/// engine's encoders only read mapped files, so they are safe to call concurrently.
+inline unsigned store_encode_threads() {
+  return std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+}
+
 namespace detail {
 
 /// The precision set of a cached store: `need` without repeats, most precise first. Only what
@@ -432,13 +439,6 @@ inline std::vector<moekit::Precision> cached_precisions(std::vector<moekit::Prec
   });
   need.erase(std::unique(need.begin(), need.end()), need.end());
   return need;
-}
-
-/// Experts a store build encodes at once: one per core, at most 4, as each holds its expert in
-/// f32 while it is encoded (a Mixtral-8x7B expert: 704 MB). The checkpoint readers behind the
-/// engine's encoders only read mapped files, so they are safe to call concurrently.
-inline unsigned store_encode_threads() {
-  return std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
 }
 
 /// The cache file `<cache_dir>/<stem>-<precisions>[-<layout word>].moestore` (no word for rows)
