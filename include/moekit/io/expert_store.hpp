@@ -622,8 +622,6 @@ inline std::map<std::size_t, std::uint64_t> resume_journal(const std::string& tm
   return journaled;
 }
 
-/// Writes every blob of `m` to `fd` (the file `tmp`), or keeps it when its journaled checksum
-/// still matches, and journals each one written.
 // Blob `b`'s bytes as stored: the encoder's rows (in panels when the store wants them), padded
 // with zeros so a rewritten blob never leaves stale bytes behind it; sets b.checksum.
 inline std::vector<std::byte> encode_store_blob(const StoreManifest& m, StoreBlob& b,
@@ -642,6 +640,9 @@ inline std::vector<std::byte> encode_store_blob(const StoreManifest& m, StoreBlo
   return bytes;
 }
 
+/// Writes every blob of `m` to `fd` (the file `tmp`), or keeps it when its journaled checksum
+/// still matches, and journals each one written.
+/// `options.encode_threads` blobs are encoded at once (std::async) and written in order.
 inline ExpertStoreWriteReport write_store_blobs(
     int fd, const std::string& tmp, const std::string& journal, StoreManifest& m,
     const ExpertEncoder& encode, const std::map<std::size_t, std::uint64_t>& journaled,
