@@ -166,8 +166,9 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   j["misses"] = s.misses;
   j["bytes_loaded"] = s.bytes_loaded();
   j["decode_bytes_loaded"] = s.bytes_loaded() - g.after_prefill.bytes_loaded();
-  const auto decode_hits = s.hits - g.after_prefill.hits, decode_misses = s.misses - g.after_prefill.misses;
-  j["decode_hit_rate"] = decode_hits + decode_misses ? double(decode_hits) / double(decode_hits + decode_misses) : 0.0;
+  const auto decode_hits = s.hits - g.after_prefill.hits;
+  const auto decode_demands = decode_hits + s.misses - g.after_prefill.misses;
+  j["decode_hit_rate"] = decode_demands ? double(decode_hits) / double(decode_demands) : 0.0;
   j["stall_seconds"] = s.stall_seconds;
   j["decode_stall_seconds"] = s.stall_seconds - g.after_prefill.stall_seconds;
   j["prediction_precision"] = pred.precision();
