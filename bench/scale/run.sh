@@ -181,10 +181,10 @@ for m in "${model_list[@]}"; do
   [[ -n "$long" ]] && grid_cell "$file" 100 "$long"
   # The serial bound 1/(1/compute + 1/I-O) of each limited moe-run row (I/O = the loader's read
   # rate ÷ bytes read per decode token), with compute = the unlimited run's decode when it read
-  # nothing while decoding (every expert resident).
+  # nothing while decoding (every expert resident), at the grid's prompt length (not --long-prompt).
   printf '%s\n' "${rows[@]}" | jq -rs --argjson raw "$raw" '
     (map(select(.engine == "moe-run" and .limit_pct >= 100 and (.decode_bytes_per_token // 1) == 0))
-     | first | .decode_tps) as $compute
+     | min_by(.prompt_tokens) | .decode_tps) as $compute
     | "expert read rate of the moe-run loader on \(.[0].model): \($raw / 1e9 * 100 | round / 100) GB/s; compute bound (every expert resident): \(if $compute then ($compute * 100 | round / 100) else null end // "not measured (the unlimited run read experts while decoding)")",
       (.[] | select(.engine == "moe-run" and .limit_pct < 100 and $compute != null and (.decode_bytes_per_token // 0) > 0)
        | (1 / (1 / $compute + .decode_bytes_per_token / $raw)) as $bound
