@@ -4,7 +4,7 @@
 # the file size and unlimited. Prints one table row per (model, limit, engine) and appends the raw
 # JSON lines to build/scale/results.jsonl.
 #
-#   bench/scale/run.sh [--models mixtral-4L,mixtral-32L,olmoe-16L] [--limits 25,50,75,100]
+#   bench/scale/run.sh [--models mixtral-32L,olmoe-16L] [--limits 25,50,75,100]
 #                      [-n 16] [--prompt-tokens 128] [--long-prompt 512]
 #                      [--engines moe-run,llama-repack,llama-norepack]
 #                      [--threads 2] [--timeout 300] [--no-check] [--delete-models]
@@ -18,8 +18,9 @@
 # weights give near ties, so equal greedy sequences are not expected past the first near tie.
 #
 # Models are written by scripts/make_real_shape_model.sh into build/real-shape-models/ when
-# missing (mixtral-32L: 26.3 GB; the disk is checked first); --delete-models removes them at the
-# end. 100 = no limit. llama.cpp comes from bench/engine/llama_cpp_peer.sh's venv (built from the
+# missing (mixtral-32L: 26.3 GB, olmoe-16L: 3.9 GB; the disk is checked first); --delete-models
+# removes them at the end. The default grid (both models) took 48 + 17 min on a 2-core Zen 5;
+# mixtral-4L (3.4 GB) is the quick one. 100 = no limit. llama.cpp comes from bench/engine/llama_cpp_peer.sh's venv (built from the
 # llama-cpp-python sdist: about 24 min the first time). The page cache is dropped before every
 # run (root), so every run starts cold; the limit is scripts/run-in-memory-limit.sh's cgroup, in
 # which page cache is charged. Both engines get the same prompt ids (moe-run's tokenisation) and
@@ -28,7 +29,7 @@
 # the prefill and decode speed it had reached when it was stopped, if any.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-models=mixtral-4L limits=25,50,75,100 n=16 prompt_tokens=128 long_prompt=512 threads=2
+models=mixtral-32L,olmoe-16L limits=25,50,75,100 n=16 prompt_tokens=128 long_prompt=512 threads=2
 delete=0 timeout=300 check=1
 engines=moe-run,llama-repack,llama-norepack
 while [[ $# -gt 0 ]]; do
