@@ -44,19 +44,14 @@ trace_dir="${MOEKIT_TRACES:-$here/../shared/data/traces/mixtral-8x7b}"
 [[ -d "$trace_dir" ]] || { echo "policies.sh: no traces at $trace_dir (set MOEKIT_TRACES)" >&2; exit 2; }
 moe_run="$here/build/release/examples/moe-run/moe-run"
 [[ -x "$moe_run" ]] || { cmake --preset release >/dev/null && cmake --build --preset release --target moe-run; }
-file="$here/build/real-shape-models/${model%-*}-${model##*-}-q4_0.gguf"
-[[ -f "$file" ]] || "$here/scripts/make_real_shape_model.sh" --arch "${model%-*}" \
-  --layers "$(tr -d L <<< "${model##*-}")" --format gguf-q4_0 --out "$file" >&2
+source "$here/bench/scale/models.sh"  # model_file, raw_read
+file=$(model_file "$model")
 out="$here/build/scale"
 mkdir -p "$out"
 # The prompt: any text of about the right length (its tokens' routing comes from the trace).
 prompt="$(head -c $((prompt_tokens * 4)) "$here/bench/quality/heldout.txt" | tr '\n' ' ')"
 limit_bytes=$(( $(stat -c %s "$file") / 100 * limit ))
-bench="$here/build/release/bench/moekit_bench_checkpoint_read"
-[[ -x "$bench" ]] || cmake --build --preset release --target moekit_bench_checkpoint_read >&2
-sync && echo 3 > /proc/sys/vm/drop_caches
-raw=$("$bench" --gguf "$file" --reps 1 --experts 16 --io-threads 4 |
-      awk '/^in place/ { if ($(NF-1) > best) best = $(NF-1) } END { printf "%.0f", best * 1e9 }')
+raw=$(raw_read "$file")
 
 cpu=$(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
 echo "# $(date -u +%F) | CPU: $cpu (family $(lscpu | awk -F: '/CPU family/ {gsub(/ /, "", $2); print $2}')) | $threads threads | $(basename "$file") at ${limit}% of its size | -n $n | loader read rate $(awk -v r="$raw" 'BEGIN { printf "%.2f", r / 1e9 }') GB/s | load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
