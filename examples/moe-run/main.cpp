@@ -127,6 +127,7 @@ struct Generation {
   std::vector<Token> prompt, ids;
   Timings t;
   moekit::PipelineStats after_prefill;  // decode's own counters are the difference
+  std::uint64_t host_read_after_prefill = 0;  // the loader's host_read_bytes() then
 };
 
 // The --json object of a generation (also what the text mode prints from).
@@ -166,6 +167,10 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   j["misses"] = s.misses;
   j["bytes_loaded"] = s.bytes_loaded();
   j["decode_bytes_loaded"] = s.bytes_loaded() - g.after_prefill.bytes_loaded();
+  // Experts read to run once on the CPU (Fiddler, experts not in host memory): not in the cache.
+  const std::uint64_t host_read = pipeline.loader().host_read_bytes();
+  j["host_read_bytes"] = host_read;
+  j["decode_host_read_bytes"] = host_read - g.host_read_after_prefill;
   const auto decode_hits = s.hits - g.after_prefill.hits;
   const auto decode_demands = decode_hits + s.misses - g.after_prefill.misses;
   j["decode_hit_rate"] = decode_demands ? double(decode_hits) / double(decode_demands) : 0.0;
@@ -224,6 +229,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   std::span<const float> logits = model.prefill(prompt);
   t.prefill_s = seconds_since(t0);
   const auto after_prefill = pipeline.stats();  // decode's own counters are the difference
+  const std::uint64_t host_read_after_prefill = pipeline.loader().host_read_bytes();
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < o.n_predict; ++i) {
     const Token next = sampler.sample(logits);
@@ -244,7 +250,8 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   }
 
   return generation_json(o, cfg, w, k, pipeline, model.kv_cache().bytes(),
-                         {std::move(text), std::move(prompt), std::move(ids), t, after_prefill});
+                         {std::move(text), std::move(prompt), std::move(ids), t, after_prefill,
+                          host_read_after_prefill});
 }
 
 // Pipeline counters shared by generation and --perplexity output.
@@ -578,12 +585,14 @@ std::size_t kv_cache_bytes(const ModelConfig& cfg, std::size_t ctx) {
 // --expert-budget auto: what the memory this process may use leaves for the expert cache after
 // the dense part, the KV cache and the loader's buffers (memory_budget.hpp); refused, naming the
 // flag and the missing bytes, when not even one token's experts fit.
-// `host_expert_bytes`: experts held in host memory besides the cache (--in-memory).
+// `host_expert_bytes`: experts held in host memory besides the cache (--in-memory, or the ring
+// Fiddler reads experts into to run them on the CPU).
+// `limits`: read before anything was loaded (what is loaded since is counted by its own terms).
 moekit::engine::AutoBudget auto_budget(const Options& o, const ModelConfig& cfg,
+                                       const moekit::io::MemoryLimits& limits,
                                        std::size_t dense_bytes, std::size_t prompt_tokens,
                                        std::size_t host_expert_bytes) {
   const moekit::ModelShape shape = cfg.shape();
-  const moekit::io::MemoryLimits limits = moekit::io::read_memory_limits();
   moekit::engine::AutoBudgetInputs in;
   in.usable_bytes = limits.usable_bytes();
   in.usable_source = limits.source();
@@ -627,7 +636,8 @@ struct OpenModel {
 OffloadSettings offload_settings(Options& o, const OpenModel& m, const PresetEntry& preset,
                                  const moekit::io::CheckpointExperts* in_place,
                                  const moekit::io::CheckpointExperts* located,
-                                 std::size_t prompt_tokens) {
+                                 std::size_t prompt_tokens,
+                                 const moekit::io::MemoryLimits& limits) {
   const moekit::ModelShape shape = m.cfg.shape();
   if (o.precision_auto && !located && !m.src.store.empty())
     o.precision = most_precise(moekit::io::ExpertStore::open(m.src.store).manifest().precisions);
@@ -638,7 +648,7 @@ OffloadSettings offload_settings(Options& o, const OpenModel& m, const PresetEnt
   OffloadSettings settings{o.budget.resolve(all_resident_budget(shape, o.precision)), o.precision,
                            o.preset_params};
   if (o.budget.kind == BudgetSpec::Kind::automatic && in_place)
-    (void)auto_budget(o, m.cfg, dense_file_bytes(m.src.model, *in_place), prompt_tokens, 0);
+    (void)auto_budget(o, m.cfg, limits, dense_file_bytes(m.src.model, *in_place), prompt_tokens, 0);
   check_budget(shape, settings);
   check_preset_params(preset, settings);
   return settings;
@@ -666,6 +676,26 @@ void report_source(nlohmann::json& stats, const Options& o, const ExpertPlacemen
   else print_stats(stats);
 }
 
+struct ExpertWarmStart {
+  std::uint64_t bytes = 0;  // experts loaded before the prompt
+  double seconds = 0;
+};
+
+// Every expert loaded before the prompt when the budget holds them all (unless --lazy-load), so
+// the prompt's time is compute, as llama.cpp's is after it reads its file.
+template <class Pipeline>
+ExpertWarmStart warm_start(const Options& o, Pipeline& pipeline) {
+  if (o.lazy_load) return {};
+  const auto t0 = std::chrono::steady_clock::now();
+  ExpertWarmStart w{moekit::engine::load_all_experts(pipeline), 0};
+  w.seconds = seconds_since(t0);
+  if (w.bytes > 0 && !o.json)
+    std::fprintf(stderr, "experts: all %s loaded before the prompt in %.2f s (%.2f GB/s; "
+                 "--lazy-load reads each on first use)\n", format_bytes(w.bytes).c_str(), w.seconds,
+                 double(w.bytes) / std::max(w.seconds, 1e-9) / 1e9);
+  return w;
+}
+
 // --expert-layout (auto: blocked panels with int8 activations). Panels pay off where the int8
 // kernels (AVX-512 VNNI and AVX2) read them, one stream per thread; the float paths would gather
 // every row.
@@ -688,6 +718,8 @@ std::optional<RoutingReplay> load_replay(const Options& o, const ModelConfig& cf
 }
 
 int run(Options o) {
+  // Before anything is loaded: the dense part, KV cache and buffers are then counted once each.
+  const moekit::io::MemoryLimits limits_at_start = moekit::io::read_memory_limits();
   OpenModel m{resolve_model(o), std::nullopt, {}};
   const ModelPath& mp = m.src.model;
   if (!mp.gguf.empty()) m.gguf.emplace(mp.gguf.string());
@@ -709,7 +741,7 @@ int run(Options o) {
   const std::size_t prompt_tokens = tok.encode(o.prompt, false).size() + 1;
   const PresetEntry& preset = find_preset(o.preset);
   OffloadSettings settings =
-      offload_settings(o, m, preset, in_place.get(), located.get(), prompt_tokens);
+      offload_settings(o, m, preset, in_place.get(), located.get(), prompt_tokens, limits_at_start);
 
   // Experts: in place from the checkpoint (plus a store of the precisions it lacks), a store read
   // with O_DIRECT (--store, -m STORE) or host memory (--in-memory).
@@ -717,10 +749,7 @@ int run(Options o) {
   const bool int8 =
       resolve_int8_activations(o.activations, needed, std::min(shape.hidden, shape.ffn));
   const moekit::MatrixOrder order = expert_order(o, shape, int8);
-  // Fiddler runs experts on the CPU from host bytes, which in-place reads do not keep.
-  const bool host_bytes = preset.needs.host_bytes;
-  const ExpertPlacement where =
-      place_experts(o, cfg, mp, m.src.store, needed, order, host_bytes ? nullptr : in_place);
+  const ExpertPlacement where = place_experts(o, cfg, mp, m.src.store, needed, order, in_place);
   const bool experts_outside = where.store || where.checkpoint;
   const std::vector<moekit::Precision> host_precisions =
       experts_outside ? std::vector<moekit::Precision>{} : needed;
@@ -733,7 +762,12 @@ int run(Options o) {
   }();
   std::string budget_note;
   if (o.budget.kind == BudgetSpec::Kind::automatic) {
-    const moekit::engine::AutoBudget b = auto_budget(o, cfg, w.dense.bytes(), prompt_tokens, w.experts.total_bytes());
+    // Experts run on the CPU without host copies are read into a ring of a layer's experts.
+    const std::size_t host_ring = preset.needs.host_bytes && experts_outside
+                                      ? std::size_t{shape.n_experts} * shape.expert_bytes(o.precision)
+                                      : 0;
+    const moekit::engine::AutoBudget b = auto_budget(
+        o, cfg, limits_at_start, w.dense.bytes(), prompt_tokens, w.experts.total_bytes() + host_ring);
     settings.expert_budget = b.all_resident ? 0 : b.expert_bytes;
     budget_note = b.explanation;
     if (!o.json) std::fprintf(stderr, "%s\n", budget_note.c_str());
@@ -756,7 +790,11 @@ int run(Options o) {
   nlohmann::json stats = with_pipeline(
       preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
         loader_kind = pipeline.loader().kind();
-        return run_on(o, cfg, w, tok, pipeline, pool, setup);
+        const ExpertWarmStart warm = warm_start(o, pipeline);
+        nlohmann::json j = run_on(o, cfg, w, tok, pipeline, pool, setup);
+        j["experts_loaded_at_start_bytes"] = warm.bytes;
+        j["experts_load_seconds"] = warm.seconds;
+        return j;
       });
   report_source(stats, o, where, loader_kind, backing.order(), budget_note);
   return 0;

@@ -211,6 +211,9 @@ class OffloadPipeline {
     return true;
   }
 
+  /// Waits for every load in flight: a start-up placement is complete before the first token.
+  void finish_loads() { collect_completed_loads(/*wait_all=*/true); }
+
   /// Experts each token should select at this layer (a token policy may narrow the model's top-k).
   [[nodiscard]] std::uint32_t active_top_k(const LayerContext& ctx) {
     return token_policy_.active_top_k(ctx, shape_.top_k);
@@ -251,6 +254,8 @@ class OffloadPipeline {
       cache_.count_miss();
       if (p.placement == Placement::host_cpu) {
         ++stats_.host_cpu_runs;
+        if constexpr (declares<LoaderT>(Hook::prepare_host_bytes))
+          loader_.prepare_host_bytes(p.key, p.precision);
         continue;
       }
       load_demand(ctx, p);
@@ -337,6 +342,7 @@ class OffloadPipeline {
   [[nodiscard]] ScorerT& scorer() noexcept { return scorer_; }
   [[nodiscard]] PredictorT& predictor() noexcept { return predictor_; }
   [[nodiscard]] LoaderT& loader() noexcept { return loader_; }
+  [[nodiscard]] const LoaderT& loader() const noexcept { return loader_; }
   [[nodiscard]] SchedulerT& scheduler() noexcept { return scheduler_; }
   [[nodiscard]] TokenPolicyT& token_policy() noexcept { return token_policy_; }
   /// Bytes of expert memory held (cache + staging), when the loader keeps bytes.
@@ -574,13 +580,13 @@ class OffloadPipeline {
     soft_by_layer_[layer].clear();
   }
 
-  // Loads seen complete release their loading pin.
-  void collect_completed_loads() {
+  // Loads seen complete (every load, waited for, with `wait_all`) release their loading pin.
+  void collect_completed_loads(bool wait_all = false) {
     std::size_t w = 0;
     for (const InFlight& f : in_flight_) {
       const auto& e = cache_.entry(f.key);
       if (!e.loading || e.ticket != f.ticket) continue;  // resolved, evicted or replaced
-      if (loader_.poll(f.ticket)) {
+      if (wait_all || loader_.poll(f.ticket)) {
         loader_.wait(f.ticket);  // complete: rethrows the load's error, if any
         cache_.mark_loaded(f.key);
         cache_.unpin_hard(f.key);

@@ -5,14 +5,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <sys/wait.h>
 
 #include "moekit/error.hpp"
 #include "moekit/precision/thread_pool.hpp"
@@ -97,6 +100,31 @@ inline std::uint32_t argmax(const float* v, std::size_t n) {
   for (std::size_t i = 1; i < n; ++i)
     if (v[i] > v[best]) best = i;
   return static_cast<std::uint32_t>(best);
+}
+
+/// What a shell command did: its exit status (-1 when it did not exit normally) and output.
+struct Command {
+  int status = -1;
+  std::string out, err;
+};
+
+inline std::string slurp(const std::filesystem::path& f) {
+  std::ifstream in(f);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// Runs `cmd` through the shell; its stderr goes through `scratch`/stderr.txt.
+inline Command run_command(const std::string& cmd, const std::filesystem::path& scratch) {
+  const std::filesystem::path err = scratch / "stderr.txt";
+  Command c;
+  FILE* pipe = ::popen((cmd + " 2>'" + err.string() + "'").c_str(), "r");
+  if (pipe == nullptr) return c;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) c.out.append(buf, n);
+  const int status = ::pclose(pipe);
+  c.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  c.err = slurp(err);
+  return c;
 }
 
 /// A fresh directory in the build tree (on disk: O_DIRECT is refused by tmpfs).

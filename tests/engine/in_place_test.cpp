@@ -318,30 +318,12 @@ TEST_CASE("safetensors experts read in place at their own type equal the in-memo
 
 const fs::path moe_run = fs::path(MOEKIT_BINARY_DIR) / "examples" / "moe-run" / "moe-run";
 
-struct Command {
-  int status = -1;  // exit status, -1 when it did not exit normally
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& f) {
-  std::ifstream in(f);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using engine_test::Command;
 
 // moe-run on the default model with `args`; stderr through a file of the scratch directory.
 Command run_moe_run(const std::string& args, const fs::path& scratch) {
-  const fs::path err = scratch / "stderr.txt";
-  const std::string cmd =
-      "'" + moe_run.string() + "' -p 'Once upon a time' " + args + " 2>'" + err.string() + "'";
-  Command c;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  REQUIRE(pipe);
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) c.out.append(buf, n);
-  const int status = ::pclose(pipe);
-  c.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  c.err = slurp(err);
-  return c;
+  return engine_test::run_command("'" + moe_run.string() + "' -p 'Once upon a time' " + args,
+                                  scratch);
 }
 
 nlohmann::json run_json(const std::string& args, const fs::path& scratch) {
@@ -358,7 +340,7 @@ bool have_moe_run() {
   return false;
 }
 
-TEST_CASE("moe-run reads the default model's experts in place with every preset but Fiddler",
+TEST_CASE("moe-run reads the default model's experts in place with every preset",
           "[engine][in_place][moe_run]") {
   if (!have_moe_run()) return;
   const fs::path d = engine_test::scratch("engine-in-place", "moe-run");
@@ -379,14 +361,17 @@ TEST_CASE("moe-run reads the default model's experts in place with every preset 
     CHECK(j.at("expert_budget_bytes") == half);
     CHECK(j.at("generated_tokens") == 4);
     CHECK_FALSE(j.contains("expert_budget_auto"));
+    CHECK(source.starts_with("in place: " + file));
+    // A store, when a preset needs one, holds only the precisions the checkpoint lacks.
+    CHECK(source.find("bf16.moestore") == std::string::npos);
     if (name == "fiddler") {
-      // Its CPU path runs experts from host bytes, which in-place reads do not keep.
-      CHECK(source.find("in place") == std::string::npos);
-      CHECK(source.ends_with("-bf16.moestore"));
+      // Its CPU path reads each expert through the loader (no host copy, no mapping), at full
+      // precision the same bytes as the baseline's, so the same text.
+      CHECK(j.at("host_read_bytes").get<std::uint64_t>() > 0);
+      CHECK(j.at("decode_host_read_bytes").get<std::uint64_t>() > 0);
+      CHECK(j.at("text") == baseline_text);
     } else {
-      CHECK(source.starts_with("in place: " + file));
-      // A store, when a preset needs one, holds only the precisions the checkpoint lacks.
-      CHECK(source.find("bf16.moestore") == std::string::npos);
+      CHECK(j.at("host_read_bytes") == 0);
     }
     if (name == "baseline") baseline_text = j.at("text");
   }

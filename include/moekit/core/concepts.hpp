@@ -121,7 +121,9 @@ concept CachePolicy = detail::has_on_hit<C> && detail::has_on_insert<C> &&
 /// done and rethrows the load's error, 4. `l.cancel(ticket)` → true if a queued (not started)
 /// load was withdrawn.
 /// Declared hook: `host_bytes(key, precision)` → `std::span<const std::byte>` of the expert in host
-/// memory (needed by schedulers that run experts on the CPU). Optional trait: `static constexpr
+/// memory (needed by schedulers that run experts on the CPU); `prepare_host_bytes(key, precision)`,
+/// called when an expert is placed on the CPU, before its `host_bytes` (a loader that must read the
+/// bytes first starts the read there). Optional trait: `static constexpr
 /// bool keeps_bytes = false` for loaders that move no data (the simulator's).
 /// Not checked: on-demand requests are served before queued prefetches.
 template <class L>

@@ -49,6 +49,7 @@ enum class Hook : std::uint16_t {
   end_layer_call = 1u << 7,        ///< cache policy under sim::replay: a layer call ended
   on_verdict = 1u << 8,            ///< predictor: the token policy's verdict on a token
   host_bytes = 1u << 9,            ///< loader: an expert's bytes in host memory (CPU execution)
+  prepare_host_bytes = 1u << 10,   ///< loader: `host_bytes` of this expert will be asked for soon
 };
 
 /// A set of hooks; `Hook::a | Hook::b` builds one.
@@ -104,7 +105,7 @@ inline constexpr Hooks cache_policy_hooks =
     Hook::prepare_insert | Hook::set_layer_capacities | Hook::end_layer_call;
 inline constexpr Hooks predictor_hooks = Hook::begin_sequence | Hook::on_verdict;
 inline constexpr Hooks sequence_hooks = Hook::begin_sequence;  ///< scorer, scheduler, token policy
-inline constexpr Hooks loader_hooks = Hook::host_bytes;
+inline constexpr Hooks loader_hooks = Hook::host_bytes | Hook::prepare_host_bytes;
 
 namespace detail {
 // ---- each hook's signature (the call its caller makes) -------------------------------------------
@@ -138,6 +139,10 @@ template <class C>
 concept hook_host_bytes = requires(C& c, ExpertKey k, Precision p) {
   { c.host_bytes(k, p) } -> std::convertible_to<std::span<const std::byte>>;
 };
+template <class C>
+concept hook_prepare_host_bytes = requires(C& c, ExpertKey k, Precision p) {
+  c.prepare_host_bytes(k, p);
+};
 
 // ---- a member of the hook's name, whatever its signature ---------------------------------------
 // `&C::name` finds a single non-template member; the signature test finds overloaded ones.
@@ -154,6 +159,7 @@ MOEKIT_DETAIL_NAMES_HOOK(set_layer_capacities)
 MOEKIT_DETAIL_NAMES_HOOK(end_layer_call)
 MOEKIT_DETAIL_NAMES_HOOK(on_verdict)
 MOEKIT_DETAIL_NAMES_HOOK(host_bytes)
+MOEKIT_DETAIL_NAMES_HOOK(prepare_host_bytes)
 #undef MOEKIT_DETAIL_NAMES_HOOK
 
 /// Hooks a wrapper must declare: those its wrapped component declares, less the ones it consumes.
@@ -199,6 +205,7 @@ consteval bool assert_hooks() {
   MOEKIT_DETAIL_CHECK_HOOK(on_verdict, "void on_verdict(TokenVerdict, PrefetchList&)")
   MOEKIT_DETAIL_CHECK_HOOK(host_bytes,
                            "std::span<const std::byte> host_bytes(ExpertKey, Precision)")
+  MOEKIT_DETAIL_CHECK_HOOK(prepare_host_bytes, "void prepare_host_bytes(ExpertKey, Precision)")
   return true;
 }
 #undef MOEKIT_DETAIL_CHECK_HOOK

@@ -128,6 +128,7 @@ struct Options {
   PresetParams preset_params{};    ///< the presets' parameters (--t1, --gamma, ...)
   std::string store;               ///< --store: expert store file ("" = per -m)
   bool in_memory = false;          ///< --in-memory: experts from the checkpoint into host memory
+  bool lazy_load = false;          ///< --lazy-load: no loading of every expert before the prompt
   bool direct = true;              ///< O_DIRECT store reads (--no-direct: page cache)
   bool uring = true;               ///< io_uring when available (--pread: never)
   unsigned io_threads = 2;         ///< --io-threads: store loader threads
@@ -370,6 +371,9 @@ class Cli {
     app_.add_flag("--in-memory", o_.in_memory,
                   "encode the experts from the checkpoint into host memory instead of reading a "
                   "store (the default for models other than the built-in one)");
+    app_.add_flag("--lazy-load", o_.lazy_load,
+                  "read each expert on its first use, even when the budget holds them all (by "
+                  "default they are all loaded before the prompt then)");
     app_.add_flag("!--no-direct", o_.direct, "store reads through the page cache (no O_DIRECT)");
     app_.add_flag("!--pread", o_.uring, "store reads with pread(2), never io_uring");
     app_.add_option("--io-threads", o_.io_threads, "store loader I/O threads")

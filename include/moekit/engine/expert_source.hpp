@@ -39,6 +39,7 @@
 #include "moekit/io/checkpoint_experts.hpp"
 #include "moekit/io/expert_store.hpp"
 #include "moekit/io/gguf.hpp"
+#include "moekit/io/host_read_ring.hpp"
 #include "moekit/io/memory_loader.hpp"
 #include "moekit/io/safetensors.hpp"
 #include "moekit/io/tensor_names.hpp"
@@ -114,11 +115,13 @@ static_assert(moekit::io::ByteSource<DirectSource>);
 /// The Loader every moe-run pipeline uses: a synchronous copy from host memory, or asynchronous
 /// reads from the checkpoint itself (in place, io/checkpoint_experts.hpp) and/or from an expert
 /// store holding the precisions the checkpoint lacks. `host_bytes` (Fiddler's CPU execution)
-/// points into host memory: the HostExperts blobs, or a read-only mapping of the store (pages
-/// fault in on first use and are never copied into the cache).
+/// points into the HostExperts blobs, or, when the experts are not in host memory, into a
+/// HostReadRing the expert is read into through this loader (outside the cache; counted in
+/// `host_read_bytes`).
 class ExpertLoader {
  public:
-  static constexpr moekit::Hooks hooks = moekit::Hook::host_bytes;
+  static constexpr moekit::Hooks hooks =
+      moekit::Hook::host_bytes | moekit::Hook::prepare_host_bytes;
   using StoreReader = moekit::io::AsyncLoader<DirectSource>;
   using CheckpointSource = moekit::io::CheckpointExpertSource<DirectSource>;
   using CheckpointReader = moekit::io::AsyncLoader<CheckpointSource>;
@@ -145,6 +148,7 @@ class ExpertLoader {
     std::vector<DirectSource> files;
     for (const std::string& f : experts->files()) files.push_back(open_direct(f, io));
     l.kind_ = files.front().kind();
+    l.shape_ = experts->shape();
     l.file_precision_ = experts->precision();
     auto src = std::make_shared<CheckpointSource>(experts, std::move(files),
                                                   typename CheckpointSource::Config{order});
@@ -184,17 +188,20 @@ class ExpertLoader {
     return is_file(t) ? file_reader_->cancel(t) : reader_->cancel(untag(t));
   }
 
+  /// An expert about to run on the CPU: when the experts are not in host memory, its read starts.
+  void prepare_host_bytes(moekit::ExpertKey k, moekit::Precision p) {
+    if (!host_) ring().prepare(*this, k, p);
+  }
   /// The expert's bytes in host memory, for experts run on the CPU without entering the cache.
-  [[nodiscard]] std::span<const std::byte> host_bytes(moekit::ExpertKey k,
-                                                      moekit::Precision p) const {
+  [[nodiscard]] std::span<const std::byte> host_bytes(moekit::ExpertKey k, moekit::Precision p) {
     if (host_) return host_->bytes(k, p);
-    if (!store_ || (file_reader_ && p == file_precision_))
-      throw moekit::Error(moekit::ErrorKind::unsupported,
-                          "experts read in place from the checkpoint have no host copy to run "
-                          "on the CPU (use --in-memory or --store)");
-    if (!map_) map_ = std::make_shared<moekit::io::MmapSource>(store_->path());
-    const moekit::io::StoreBlob& b = store_->blob(k, p);
-    return map_->bytes().subspan(b.offset, b.bytes);
+    return ring().bytes(*this, k, p);
+  }
+  /// Whether `host_bytes` is free (the experts are in host memory) or costs a read.
+  [[nodiscard]] bool experts_in_host_memory() const noexcept { return host_ != nullptr; }
+  /// Bytes read for `host_bytes` (0 when the experts are in host memory).
+  [[nodiscard]] std::uint64_t host_read_bytes() const noexcept {
+    return ring_ ? ring_->read_bytes() : 0;
   }
 
   /// "memory", "io_uring" or "pread".
@@ -206,6 +213,12 @@ class ExpertLoader {
   static constexpr std::uint64_t store_tag = std::uint64_t{1} << 31;
 
   ExpertLoader() = default;
+  moekit::io::HostReadRing& ring() {
+    if (!ring_)
+      ring_ = std::make_unique<moekit::io::HostReadRing>(
+          shape_.n_experts, [s = shape_](moekit::Precision p) { return s.expert_bytes(p); });
+    return *ring_;
+  }
   [[nodiscard]] bool is_file(moekit::LoadTicket t) const noexcept {
     return file_reader_ && (!reader_ || (t.id & store_tag) == 0);
   }
@@ -226,6 +239,7 @@ class ExpertLoader {
     DirectSource src = open_direct(store->path(), io);
     if (!file_reader_) kind_ = src.kind();
     store_ = store;
+    if (!file_reader_) shape_ = store->shape();
     typename StoreReader::Config c{};
     c.io_threads = io.io_threads;
     c.verify_checksums = io.verify_checksums;
@@ -234,13 +248,15 @@ class ExpertLoader {
         [store](moekit::ExpertKey k, moekit::Precision p) { return store->blob(k, p); }, c);
   }
 
+  // Declared first, destroyed last: the readers below finish their reads into it first.
+  std::unique_ptr<moekit::io::HostReadRing> ring_;
+  moekit::ModelShape shape_{};
   const HostExperts* host_ = nullptr;
   std::unique_ptr<moekit::MemoryLoader> memory_;
   std::shared_ptr<const moekit::io::ExpertStore> store_;
   std::unique_ptr<StoreReader> reader_;
   std::unique_ptr<CheckpointReader> file_reader_;
   moekit::Precision file_precision_ = moekit::Precision::f32;
-  mutable std::shared_ptr<moekit::io::MmapSource> map_;
   const char* kind_ = "memory";
 };
 static_assert(moekit::Loader<ExpertLoader>);
@@ -523,8 +539,10 @@ inline std::string file_fingerprint(const std::filesystem::path& f) {
 inline moekit::ModelShape gguf_shape(const moekit::io::GgufFile& g) { return gguf_config(g).shape(); }
 
 /// Writes the expert store of GGUF file `path` (experts as the stacked `_exps` tensors or
-/// per-expert tensors; F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q2_K, dequantized then re-encoded) at
-/// `precisions` to `out`.
+/// per-expert tensors; F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q2_K) at `precisions` to `out`. At the
+/// precision the file's type maps onto exactly (Q4_0 → q4, Q8_0 → q8, as the in-place reader
+/// does: io/gguf_transcode.hpp) the experts are moved, not re-rounded, so the store holds the very
+/// values the in-place path reads; other precisions are dequantized, then encoded.
 inline moekit::io::ExpertStoreWriteReport build_store_from_gguf(
     const std::filesystem::path& path, std::span<const moekit::Precision> precisions,
     const std::filesystem::path& out, moekit::io::ExpertStoreWriteOptions options) {
@@ -535,7 +553,11 @@ inline moekit::io::ExpertStoreWriteReport build_store_from_gguf(
     throw moekit::Error(moekit::ErrorKind::unsupported,
                         "GGUF '" + g.path() + "': general.architecture '" + g.architecture() +
                             "' is not an MoE architecture moekit reads (llama/mixtral, qwen2moe, olmoe)");
+  const ExpertBacking exact{nullptr, nullptr, StoreIo{.direct = false},
+                            locate_checkpoint_experts(gguf_config(g), {}, &g),
+                            moekit::MatrixOrder::rows};
   auto encode = [&](moekit::ExpertKey k, moekit::Precision p) {
+    if (exact.checkpoint && exact.checkpoint->precision() == p) return exact.read_expert(k, p);
     const ExpertF32 e = read_expert_f32(g, *arch, moekit::io::TensorFormat::gguf, k.layer,
                                         k.expert, shape);
     return moekit::io::encode_expert_blob(shape, e.w1, e.w3, e.w2, p);

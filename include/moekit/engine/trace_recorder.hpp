@@ -156,6 +156,7 @@ class TracingPipeline {
   }
   [[nodiscard]] decltype(auto) stats() const { return inner_.stats(); }
   [[nodiscard]] decltype(auto) config() const noexcept { return inner_.config(); }
+  [[nodiscard]] decltype(auto) loader() const noexcept { return inner_.loader(); }
   [[nodiscard]] Pipeline& inner() noexcept { return inner_; }
 
  private:

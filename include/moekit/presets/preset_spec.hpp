@@ -69,8 +69,8 @@ struct PresetNeeds {
   bool paths = false;       ///< `paths`: activation paths of a calibration run
   bool latencies = false;   ///< `cpu_seconds_per_token`, `copy_seconds`: CPU vs load latencies
   bool bitwidths = false;   ///< `bitwidths`: a per-expert bit-width table (null: uniform)
-  /// Runs experts on the CPU from the loader's `host_bytes`, so the experts must be in host
-  /// memory or a mapped store (not read in place from a checkpoint).
+  /// Runs experts on the CPU from the loader's `host_bytes`: free when the experts are in host
+  /// memory, else a read outside the cache that the run's memory must hold (io/host_read_ring.hpp).
   bool host_bytes = false;
 };
 
