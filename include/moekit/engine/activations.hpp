@@ -15,10 +15,8 @@
 /// (bench/RESULTS.md); the width threshold was measured with the AVX-512 ones.
 ///
 /// Why the width: the int8 kernel saves work per 64-byte block but pays a fixed cost per row
-/// (activation scales, two horizontal sums). One fused expert FFN call, one thread, weights in
-/// cache (moekit_bench_int8_activations, bench/engine/int8_activations.cpp), f32 → int8 µs:
-/// hidden × ffn 256 × 512 (the tiny model) q8 29 → 36, q4 35 → 34; 512 × 1024 q8 98 → 85,
-/// q4 111 → 72; 1024 × 2048 q8 352 → 215, q4 391 → 181; 2048 × 1408 q8 497 → 242, q4 501 → 202.
+/// (activation scales, two horizontal sums), so below a width the float path wins
+/// (moekit_bench_int8_activations; bench/RESULTS.md, "Int8 expert activations").
 
 #include <algorithm>
 #include <cstddef>

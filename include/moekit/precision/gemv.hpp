@@ -161,8 +161,8 @@ inline RowKernels row_kernels(Precision p, Isa isa) {
 
 /// Rows per parallel_for chunk: one range on one thread, four chunks per thread otherwise
 /// (dynamic scheduling balances them). Long chunks keep gemv_rows' streams long: with 16 chunks
-/// per thread the prefetcher restarted every 1/32 of the matrix (14336 × 4096 q4 cold, one
-/// thread: 86% -> 98% of the streaming read with one range).
+/// per thread the prefetcher restarted every 1/32 of the matrix and fell well short of the
+/// streaming read (bench/RESULTS.md, "Dequant-GEMV kernels against ggml and the memory bound").
 /// `least`: the fewest units in a chunk (8 rows or panels; groups of 16 panels are big enough).
 inline std::size_t row_grain(std::size_t rows, const ThreadPool* pool,
                              std::size_t least = 8) noexcept {
@@ -229,7 +229,7 @@ struct GemvPlan {
   }
 
   /// N rows of this layout · x into out[0..N); the int8 path loads the activation once for all
-  /// of them (N = 2, rows in cache: 8-15% faster than N dot calls) and prefetches `next` (rows
+  /// of them (faster than N dot calls on rows in cache) and prefetches `next` (rows
   /// further down each row's stream, optional) into L2 as it goes; the others take them one by one.
   template <std::size_t N>
   void dots(const std::byte* const* rows, float* scratch, float* out,
@@ -344,7 +344,7 @@ inline void gemv_rows(const MatrixView& w, const GemvPlan& plan, float* y, Epilo
   };
   // The range is cut into N equal parts read side by side, row i of every part in one dots<N>
   // call, so each part is still read front to back as one stream (pairing neighbours made every
-  // pair start a new stream: 14336 × 4096 q8, cold, 1 thread, 3.9 -> 5.7 ms). The int8 path
+  // pair start a new stream, measurably slower on cold Mixtral shapes). The int8 path
   // streams as `plan.streaming` says (row_streaming.hpp: the choice differs between CPU
   // cores), each stream prefetched into L2 `ahead` rows (>= 12 KiB) in front of its loads when
   // it prefetches.

@@ -28,9 +28,9 @@
 /// multiples of 512 columns, which are whole groups and whole bytes), so packing is a permutation
 /// of bytes and `matrix_bytes()` is unchanged. Formats: q8/q4/q2 with groups of 32, 64 or 128.
 /// The int8 kernels (AVX-512 VNNI and AVX2) read panels as they lie; every other path (float
-/// activations, GEMM, the reference) gathers each row first: the float GEMV then takes 1.0-1.5x
-/// the time of rows on AVX-512 and 2-4x on AVX2, the GEMM (n = 4, 16) the same time within 7%
-/// (Mixtral shapes, in cache, Zen 5). Pack for the int8 kernels.
+/// activations, GEMM, the reference) gathers each row first, so the float GEMV is slower on
+/// panels than on rows (much slower on AVX2) while the GEMM barely changes (bench/RESULTS.md,
+/// "Panels (`MatrixOrder::panels4`)"). Pack for the int8 kernels.
 
 #include <algorithm>
 #include <cstddef>

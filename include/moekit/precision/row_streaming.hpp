@@ -6,16 +6,15 @@
 /// computes differs between CPU cores running the same code, so the choice is a table per core,
 /// filled from measurements (`moekit_bench_row_streaming` prints every choice against the
 /// streaming read; bench/RESULTS.md has the runs), overridable through `KernelOptions::streaming`.
-/// Cold Mixtral expert shapes, one thread, fraction of the streaming read (bench/RESULTS.md):
-/// - Zen 4 (EPYC 9004): four streams, each prefetched into L2 a whole row ahead, 77-90%; two
-///   streams on the hardware prefetcher alone 53-68% (the prefetcher fell behind the loop).
-/// - Zen 5 (EPYC 9005): on rows of 4096 columns, two streams on the hardware prefetcher alone
-///   73-87% where four prefetched ones give 66-75% (the prefetch instructions cost 25-35% of the
-///   in-cache time, and this core does not need them there); on rows of 14336 columns the
-///   hardware prefetcher alone gives 17-50%, two prefetched streams 59-67%.
+/// The table (`default_row_streaming`), from cold Mixtral expert shapes at one thread:
+/// - Zen 4 (EPYC 9004): four streams, each prefetched into L2 a whole row ahead (the hardware
+///   prefetcher alone fell behind the loop).
+/// - Zen 5 (EPYC 9005): two streams; prefetched in software only on rows of 14336 columns (on
+///   rows of 4096 the prefetch instructions cost more than they saved).
 /// - Other cores are not measured: two prefetched streams, the middle of both.
 /// A matrix in panels (MatrixOrder::panels4, panels.hpp) is one stream per thread whatever the
-/// core, and reached 85-98% on Zen 5 at one thread where no row streaming passed 71% on w2.
+/// core, and reads closer to the streaming bound than any row streaming on w2. The measurements:
+/// bench/RESULTS.md, "Zen 5, rows", "Zen 4" and "Panels".
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -92,8 +91,8 @@ constexpr RowStreaming default_row_streaming(CpuCore core, std::size_t cols) noe
     case CpuCore::zen4: return {4, true};
     // What decides is the width, not the row's bytes: rows of 4096 columns (Mixtral's w1/w3, 1280
     // to 4352 bytes) stream on the hardware prefetcher, rows of 14336 (w2) need the prefetch at
-    // any precision (q2: 4480-byte rows at 17-20% of the read without it). Why is open; what was
-    // ruled out is in bench/RESULTS.md.
+    // any precision (even q2's 4480-byte rows). Why is open; what was ruled out is in
+    // bench/RESULTS.md, "Zen 5, rows".
     case CpuCore::zen5: return {2, cols > 8192};
     case CpuCore::other: break;
   }

@@ -208,9 +208,9 @@ MOEKIT_TARGET_AVX2_VNNI inline void block_into(const std::byte* p, const __m256i
 }
 
 /// Whether rows of `Bits`-bit codes go eight chunks at a time (chunk_sums8) or block by block
-/// (block_into). q2: block by block, which measured 8-13% faster on its rows (a block is eight
-/// chunks there, and the reduction cost what it saved); q8 and q4: eight at a time, rows in cache
-/// 30-43% (q8) and up to 9% (q4) faster, panels 9-11% (q4).
+/// (block_into). q2: block by block, which measured faster on its rows (a block is eight chunks
+/// there, and the reduction cost what it saved); q8 and q4: eight at a time, faster on rows and
+/// panels (bench/RESULTS.md, "The AVX2 paths").
 template <unsigned Bits>
 constexpr bool grouped = Bits != 2;
 

@@ -89,8 +89,8 @@ __attribute__((target("ssse3"))) inline void store_chunk_planes(std::int8_t* xq,
 
 /// Quantizes x for rows of `bits`-bit codes into xq (cols/32·32 bytes) and dx (2·cols/32
 /// floats: dx, then dx·Σxq). Vectorised: it runs once per GEMV, and for small matrices (the tiny
-/// model's 256 × 512 experts) a scalar version cost as much as the rows (measured: 36 µs of a
-/// 76 µs 128 × 4096 q8 GEMV).
+/// model's 256 × 512 experts) a scalar version cost about as much as the rows themselves
+/// (bench/RESULTS.md, "Dequant-GEMV kernels against ggml and the memory bound").
 MOEKIT_TARGET_AVX512_VNNI inline Int8Activation prepare_into(const float* x, std::size_t cols,
                                                              unsigned bits, std::int8_t* xq,
                                                              float* dx) noexcept {
@@ -349,9 +349,8 @@ inline void prefetch_l2(const std::byte* const* rows, std::size_t lo, std::size_
 /// `next` (optional): for each row, a row further down its stream. Its bytes are prefetched into
 /// L2 in step with this call's progress through its own row (codes and scales alike), so every
 /// stream is fetched a fixed distance ahead of its loads. The hardware prefetcher alone falls
-/// behind once the loop does this much work per byte (cold Mixtral shapes, one thread, against a
-/// one-stream read: q4 4096 × 14336 53% -> 98%, q8 66-68% -> 89%; bench/RESULTS.md). Into L2,
-/// not L1: `prefetcht0` the same distance ahead measured 50-60%.
+/// behind once the loop does this much work per byte; into L2 rather than L1, which measured
+/// slower (bench/RESULTS.md, "Dequant-GEMV kernels against ggml and the memory bound").
 template <unsigned Bits, std::size_t N>
 MOEKIT_TARGET_AVX512_VNNI inline void row_dots(const std::byte* const* rows, const RowLayout& l,
                                                const Int8Activation& a, float* sdx, float* out,
@@ -394,10 +393,9 @@ MOEKIT_TARGET_AVX512_VNNI inline void row_dots(const std::byte* const* rows, con
   for (std::size_t n = 0; n < N; ++n) out[n] = finish_row<Bits>(rows[n], l, a, sdx, c, acc[n], zt[n]);
 }
 
-/// How far ahead of its loads panel_dots prefetches its stream, in bytes. Into L1: one stream
-/// 8 KiB ahead is a sixth of it. Measured on Zen 5 (cold Mixtral shapes, one thread, scratch
-/// sweep): 2-3 KiB 61-82% of the read, 6-8 KiB 84-91%, 12 KiB 79-90%; into L2 (prefetcht1)
-/// 8 KiB 76-90%; no prefetch 33-70%.
+/// How far ahead of its loads panel_dots prefetches its stream, in bytes, into L1 (one stream
+/// 8 KiB ahead is a sixth of it). Tuned on Zen 5 by a sweep of 2-12 KiB on cold Mixtral shapes
+/// at one thread, moekit_bench_gemv (bench/RESULTS.md, "Panels (`MatrixOrder::panels4`)").
 constexpr std::size_t panel_prefetch_bytes = 8 * 1024;
 
 /// The running sums of one panel's four rows (products scaled by s·dx, and the zero-point
@@ -434,7 +432,7 @@ MOEKIT_TARGET_AVX512_VNNI inline void panel_steps(const std::byte* first, const 
     chunk_sums16<Bits, H>(codes, 0, a.xq + 32 * c, q);
     // The scaling of row_dots' step, with the panel's places for the f16 values. Written out
     // twice on purpose: one function for both, taking the places as pointers or as functions,
-    // made the q8 row kernel 35-40% slower on cold 4096-column rows (measured).
+    // made the q8 row kernel measurably slower on cold 4096-column rows (moekit_bench_gemv).
     const __m512 dx = _mm512_loadu_ps(a.dx + c), dxs = _mm512_loadu_ps(a.dx_sum + c);
     const std::byte* values = step + H * l.code_bytes;
     for (std::size_t n = 0; n < H; ++n) {
