@@ -4,6 +4,7 @@
 // (the 128-bit path wherever the row stride is a multiple of 16) and once 4 bytes off (fallback).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <vector>
@@ -90,14 +91,17 @@ TEST_CASE("cuda::dequantize_f16 is bit-exact with the host decode rounded to f16
         cuda::dequantize_f16(m.view, reinterpret_cast<std::uint16_t*>(out.data()), nullptr);
         check_cuda(cudaDeviceSynchronize(), "dequantize_f16");
         const auto got = out.download<std::uint16_t>(shape.rows * shape.cols);
-        std::size_t n_bad = 0, first = 0;
+        // Rows whose f16 bits differ anywhere from the host decode (rows compared on every core).
+        std::vector<char> row_bad(shape.rows, 0);
         const RowLayout l = host.layout();
-        for (std::size_t r = 0; r < shape.rows; ++r)
-          for (std::size_t c = 0; c < shape.cols; ++c)
-            if (got[r * shape.cols + c] != float_to_half_bits(weight_at(host.row(r), l, p, c)) && n_bad++ == 0)
-              first = r * shape.cols + c;
-        INFO("first mismatch at element " << first << " of " << n_bad);
-        CHECK(n_bad == 0);
+        parallel_for(shape.rows, [&](std::size_t b, std::size_t e) {
+          for (std::size_t r = b; r < e; ++r)
+            for (std::size_t c = 0; c < shape.cols; ++c)
+              if (got[r * shape.cols + c] != float_to_half_bits(weight_at(host.row(r), l, p, c))) row_bad[r] = 1;
+        });
+        const auto first = std::find(row_bad.begin(), row_bad.end(), 1);
+        INFO("first row with a mismatch: " << (first - row_bad.begin()) << " of " << shape.rows);
+        CHECK(first == row_bad.end());
       }
     }
   }
