@@ -17,8 +17,7 @@ void expert_ffn(const MatrixView& w1, const MatrixView& w3, const MatrixView& w2
   MOEKIT_EXPECTS(x && h && out, "cuda::expert_ffn: null pointer");
   const bool aligned = w1.row_stride() % 16 == 0 && detail::aligned16(w1.data) &&
                        detail::aligned16(w3.data) && detail::aligned16(x);
-  const unsigned blocks =
-      static_cast<unsigned>((w1.rows + detail::warps_per_block - 1) / detail::warps_per_block);
+  const unsigned blocks = detail::grid_blocks(w1.rows, detail::warps_per_block, "cuda::expert_ffn");
   detail::dispatch(w1.precision, act, aligned, [&]<unsigned Bits, class Act, bool Aligned>() {
     simt::UpGateArgs<Act> a{w1.data, w3.data, w1.rows, w1.row_stride(), w1.layout(),
                             static_cast<const Act*>(x), h};

@@ -9,8 +9,7 @@ void gemv(const MatrixView& w, const void* x, ActivationType act, float* y, floa
   MOEKIT_EXPECTS(x && y, "cuda::gemv: null activation or output");
   const bool aligned =
       w.row_stride() % 16 == 0 && detail::aligned16(w.data) && detail::aligned16(x);
-  const unsigned blocks =
-      static_cast<unsigned>((w.rows + detail::warps_per_block - 1) / detail::warps_per_block);
+  const unsigned blocks = detail::grid_blocks(w.rows, detail::warps_per_block, "cuda::gemv");
   detail::dispatch(w.precision, act, aligned, [&]<unsigned Bits, class Act, bool Aligned>() {
     simt::GemvArgs<Act> a{w.data, w.rows, w.row_stride(), w.layout(),
                           static_cast<const Act*>(x), y, scale, accumulate};

@@ -16,6 +16,7 @@ namespace moekit::cuda::detail {
 /// Warps per block of the warp-per-row kernels: 4 (128 threads) keeps many blocks in flight per
 /// SM for latency hiding with few registers; rows are independent, so the choice is not critical.
 inline constexpr unsigned warps_per_block = 4;
+static_assert(warps_per_block * simt::warp_size <= 1024, "a block holds at most 1024 threads");
 
 template <unsigned Bits, class Act, bool Aligned>
 __global__ void __launch_bounds__(warps_per_block * simt::warp_size)
@@ -52,6 +53,19 @@ inline bool aligned16(const void* p) noexcept {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
+/// Blocks of a 1-D launch covering `work` items, `per_block` per block. gridDim.x is at most
+/// 2^31 − 1 on every architecture moekit targets (docs/cuda.md): a larger matrix is refused by
+/// name instead of being truncated to an unsigned that skips rows.
+inline unsigned grid_blocks(std::size_t work, std::size_t per_block, const char* what) {
+  const std::size_t blocks = (work + per_block - 1) / per_block;
+  constexpr std::size_t max_grid_x = (std::size_t{1} << 31) - 1;
+  if (blocks > max_grid_x)
+    moekit::detail::fail(ErrorKind::unsupported,
+                         std::string(what) + ": " + std::to_string(blocks) +
+                             " blocks exceed the grid limit of 2^31-1 (split the matrix)");
+  return static_cast<unsigned>(blocks);
+}
+
 inline void check_quantized(const MatrixView& w, const char* what) {
   validate_scheme(w.precision, w.scheme, what);
   if (!is_quantized(w.precision))
@@ -59,6 +73,9 @@ inline void check_quantized(const MatrixView& w, const char* what) {
                          std::string(what) + ": the CUDA kernels take q8/q4/q2 weights, not " +
                              std::string(name(w.precision)));
   MOEKIT_EXPECTS(w.data && w.rows > 0 && w.cols > 0, std::string(what) + ": empty matrix");
+  // gemv_lane does its column arithmetic in 32 bits.
+  MOEKIT_EXPECTS(w.cols < (std::size_t{1} << 32),
+                 std::string(what) + ": " + std::to_string(w.cols) + " columns (at most 2^32-1)");
   if (w.order != MatrixOrder::rows)
     moekit::detail::fail(ErrorKind::unsupported,
                          std::string(what) + ": the CUDA kernels take rows back to back "

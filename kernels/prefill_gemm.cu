@@ -1,15 +1,33 @@
 // Prefill GEMM: dequantize the expert matrix to f16 (one thread per 8 weights), then cuBLASLt
 // with f16 inputs, fp32 compute and fp32 output.
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "gemv_kernels.cuh"
 
 namespace moekit::cuda {
 namespace detail {
 
-__global__ void __launch_bounds__(256) dequant_kernel(simt::DequantArgs a, std::size_t threads) {
+/// Threads per block of the dequantize kernel (one thread per 8 weights, no shared memory).
+inline constexpr unsigned dequant_block = 256;
+
+__global__ void __launch_bounds__(dequant_block) dequant_kernel(simt::DequantArgs a, std::size_t threads) {
   const std::size_t t = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t < threads) simt::dequant_thread(t, a);
+}
+
+static_assert(dequant_block <= 1024 && dequant_block % simt::warp_size == 0,
+              "a block holds at most 1024 threads, in whole warps");
+
+/// Largest power of two <= 256 that divides the address. cuBLASLt's heuristic assumes 256-byte
+/// aligned matrices unless the CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES preferences say less,
+/// and `x` / `y` may point into the middle of a batch (chunked prefill), so each is told.
+inline std::uint32_t pointer_alignment(const void* p) noexcept {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t align = 256;
+  while (align > 1 && address % align != 0) align /= 2;
+  return align;
 }
 
 inline void check_lt(cublasStatus_t s, const char* what) {
@@ -25,8 +43,8 @@ void dequantize_f16(const MatrixView& w, std::uint16_t* out, cudaStream_t stream
   detail::check_quantized(w, "cuda::dequantize_f16");
   MOEKIT_EXPECTS(out, "cuda::dequantize_f16: null output");
   const std::size_t threads = w.rows * ((w.cols + 7) / 8);
-  const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
-  detail::dequant_kernel<<<blocks, 256, 0, stream>>>(
+  const unsigned blocks = detail::grid_blocks(threads, detail::dequant_block, "cuda::dequantize_f16");
+  detail::dequant_kernel<<<blocks, detail::dequant_block, 0, stream>>>(
       simt::DequantArgs{w.data, w.rows, w.row_stride(), w.layout(), out}, threads);
   detail::check_launch("cuda::dequantize_f16");
 }
@@ -73,6 +91,14 @@ void PrefillGemm::run(const MatrixView& w, const std::uint16_t* x, std::size_t n
                          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                          sizeof workspace_bytes),
                      "workspace preference");
+    const std::uint32_t align_a = detail::pointer_alignment(w_f16), align_b = detail::pointer_alignment(x),
+                        align_cd = detail::pointer_alignment(y);
+    for (auto [attr, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a},
+                               std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b},
+                               std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_cd},
+                               std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_cd}})
+      detail::check_lt(cublasLtMatmulPreferenceSetAttribute(pref, attr, value, sizeof(std::uint32_t)),
+                       "alignment preference");
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
     detail::check_lt(cublasLtMatmulAlgoGetHeuristic(handle_, op, a, b, c, c, pref, 1, &heuristic,
