@@ -15,8 +15,9 @@
 //     sim::replay pins all of a layer call's experts before loading any, trace_replay's loop pins
 //     each as it is served (an insertion may evict an expert the same call demands next): the
 //     miss counts differ somewhat (most at 64 slots), section 0 has the issue's.
-//  2. Predictability: how often the experts ExpectedNextUse ranks first at a layer's visit are
-//     the ones chosen (top-2 precision), against uniform (k/E) and an oracle (1).
+//  2. Predictability of each source of routing history: how often the 2 experts an online
+//     estimate ranks first at a decode (token, layer) are the ones chosen (top-2 precision),
+//     against uniform (k/E) and an oracle (1).
 //  3. The misses of ExpectedNextUse at 128 slots, split: first touches (never demanded before in
 //     the sequence), misses Belady has too, and the rest (avoidable with the future known) by
 //     reuse distance (tokens since the expert's last use at its layer) and by whether the policy's
@@ -36,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,7 @@
 #include "moekit/pipeline.hpp"
 #include "moekit/predict/activation_path.hpp"
 #include "moekit/predict/none.hpp"
+#include "moekit/presets/nextuse_fit.hpp"
 #include "moekit/sched/on_demand.hpp"
 #include "moekit/score/uniform.hpp"
 #include "moekit/sim/hardware.hpp"
@@ -165,7 +168,7 @@ BeladyPolicy belady_of(const std::vector<Call>& calls) {
 ExpectedNextUsePolicy::Config fit_enu(const std::vector<Call>& calls, std::size_t slots) {
   ExpectedNextUsePolicy::Config best{};
   std::uint64_t best_m = replay_calls(calls, slots, ExpectedNextUsePolicy(best));
-  for (double gamma : {0.8, 0.9, 0.95, 0.98, 1.0})
+  for (double gamma : {0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 1.0})
     for (double prior : {0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0}) {
       const ExpectedNextUsePolicy::Config c{.gamma = gamma, .prior = prior};
       const std::uint64_t m = replay_calls(calls, slots, ExpectedNextUsePolicy(c));
@@ -260,6 +263,9 @@ std::vector<Row> rows() {
                    return pipeline(pc, std::move(l), NoPredictor{}, ExpectedNextUsePolicy(cfg));
                  });
                }});
+  // The nextuse-fit preset's constants: fitted on GSM8K at 128 slots (in-sample there only).
+  r.push_back(policy_row("nextuse-fit (0.5, 8: gsm8k@128)",
+                         ExpectedNextUsePolicy(presets::NextUseFitSpec::fitted)));
   r.push_back(activation_path_row(1));
   r.push_back(activation_path_row(2));
   r.push_back({"belady (offline)", [](const Trace& t, const Trace&, std::size_t s, const auto& hw) {
@@ -326,43 +332,102 @@ void print_reference(const std::vector<Trace>& traces) {
 
 // ---- 2. predictability and 3. the remaining misses ---------------------------------------------
 
-/// Top-2 precision of ExpectedNextUse's p at each decode visit (before the visit is folded).
+/// Online per-layer transition counts with a decayed-frequency backoff (ExpectedNextUse's
+/// estimate, for any source set): p(e) = (Σ_{a ∈ src} T[l][a][e] + prior·f(e)) / (Σ N[l][a] + prior).
+struct TransitionEstimate {
+  double gamma = 0.8, prior = 4.0;
+  std::vector<double> trans = std::vector<double>(shape.expert_count() * shape.n_experts, 0.0);
+  std::vector<double> from = std::vector<double>(shape.expert_count(), 0.0);
+  std::vector<double> count = std::vector<double>(shape.expert_count(), 0.0);
+  std::vector<double> visits = std::vector<double>(shape.n_layers, 0.0);
+
+  [[nodiscard]] double p(std::uint32_t l, std::uint32_t e, std::span<const std::uint32_t> src) const {
+    const std::size_t b = std::size_t{l} * shape.n_experts;
+    double num = prior * (count[b + e] + double(shape.top_k) / shape.n_experts) / (visits[l] + 1);
+    double den = prior;
+    for (std::uint32_t a : src) num += trans[(b + a) * shape.n_experts + e], den += from[b + a];
+    return num / den;
+  }
+  void learn(std::uint32_t l, std::span<const std::uint32_t> src, std::span<const std::uint32_t> chosen) {
+    const std::size_t b = std::size_t{l} * shape.n_experts;
+    for (std::uint32_t a : src) {
+      from[b + a] += 1;
+      for (std::uint32_t e : chosen) trans[(b + a) * shape.n_experts + e] += 1;
+    }
+    visits[l] = gamma * visits[l] + 1;
+    for (std::uint32_t e = 0; e < shape.n_experts; ++e) count[b + e] *= gamma;
+    for (std::uint32_t e : chosen) count[b + e] += 1;
+  }
+};
+
+/// Share of the chosen experts among the 2 highest of `p` [expert].
+std::uint64_t in_top2(const std::vector<double>& p, std::span<const std::uint32_t> chosen) {
+  std::vector<std::uint32_t> order(p.size());
+  for (std::uint32_t e = 0; e < order.size(); ++e) order[e] = e;
+  std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return p[a] > p[b]; });
+  std::uint64_t n = 0;
+  for (std::uint32_t e : chosen) n += e == order[0] || e == order[1];
+  return n;
+}
+
+/// Top-2 precision, at each decode (token, layer), of online estimates from each source of routing
+/// history: the layer's own frequency, its previous token (same-layer transitions), the previous
+/// layer of this token (cross-layer transitions), and both (mean of the two estimates).
 void print_predictability(const std::vector<Trace>& traces) {
-  std::printf("\n=== 2. predictability: experts chosen among ExpectedNextUse's 2 highest p "
+  std::printf("\n=== 2. predictability: share of chosen experts among an online estimate's 2 highest "
               "(uniform %.2f, oracle 1.00) ===\n",
               double(shape.top_k) / double(shape.n_experts));
+  std::printf("%-26s %9s %10s %11s %11s %9s\n", "trace", "frequency", "prev token",
+              "prev layer", "both", "demands");
   for (const Trace& t : traces) {
-    const std::vector<Call> calls = calls_of(t.trace);
-    // The policy sees the whole replay; its estimates are read at the first demand of each call.
-    std::uint64_t chosen_in_top = 0, chosen = 0, index = 0;
-    std::vector<std::uint64_t> call_start;
-    for (const Call& c : calls) call_start.push_back(index), index += c.experts.size();
-    std::size_t ci = 0;
-    replay_calls(calls, 128, ExpectedNextUsePolicy{}, [&](std::uint64_t i, bool, const auto& cache) {
-      while (ci + 1 < calls.size() && call_start[ci + 1] <= i) ++ci;
-      const Call& c = calls[ci];
-      if (i != call_start[ci] || c.n_tokens != 1) return;
-      std::vector<std::pair<double, std::uint32_t>> ps;
-      for (std::uint32_t e = 0; e < shape.n_experts; ++e)
-        ps.push_back({-cache.policy().probability({c.layer, e}), e});
-      std::sort(ps.begin(), ps.end());
-      for (std::uint32_t e : c.experts) {
-        ++chosen;
-        for (std::size_t r = 0; r < shape.top_k; ++r) chosen_in_top += ps[r].second == e;
+    const sim::RoutingTrace& tr = t.trace;
+    std::array<std::uint64_t, 4> hit{};
+    std::uint64_t n = 0;
+    for (std::size_t s = 0; s < tr.sequence_count(); ++s) {
+      TransitionEstimate same, cross;
+      std::vector<std::vector<std::uint32_t>> prev_token(shape.n_layers);
+      for (std::size_t i = tr.prefill_length(s); i < tr.sequence_length(s); ++i) {
+        const std::size_t g = tr.global_token(s, i);
+        std::vector<std::uint32_t> prev_layer;
+        for (std::uint32_t l = 0; l < shape.n_layers; ++l) {
+          if (!tr.valid(g, l)) {
+            prev_layer.clear();
+            continue;
+          }
+          const auto ch = tr.experts(g, l);
+          std::array<std::vector<double>, 4> p;
+          for (std::uint32_t e = 0; e < shape.n_experts; ++e) {
+            p[0].push_back(same.p(l, e, {}));
+            p[1].push_back(same.p(l, e, prev_token[l]));
+            p[2].push_back(cross.p(l, e, prev_layer));
+            p[3].push_back(0.5 * (p[1].back() + p[2].back()));
+          }
+          for (std::size_t k = 0; k < 4; ++k) hit[k] += in_top2(p[k], ch);
+          n += ch.size();
+          same.learn(l, prev_token[l], ch);
+          cross.learn(l, prev_layer, ch);
+          prev_token[l].assign(ch.begin(), ch.end());
+          prev_layer.assign(ch.begin(), ch.end());
+        }
       }
-    });
-    std::printf("%-26s top-2 precision %.3f over %llu decode demands\n", t.name.c_str(),
-                double(chosen_in_top) / double(chosen), static_cast<unsigned long long>(chosen));
+    }
+    const auto r = [&](std::size_t k) { return double(hit[k]) / double(n); };
+    std::printf("%-26s %9.3f %10.3f %11.3f %11.3f %9llu\n", t.name.c_str(), r(0), r(1), r(2), r(3),
+                static_cast<unsigned long long>(n));
   }
+  std::printf("(decode traces: after a dropped record a layer's tokens shift by one, so 'prev layer' "
+              "is only approximately this token's there; the prefill+decode trace is aligned)\n");
 }
 
 void print_breakdown(const std::vector<Trace>& traces) {
-  std::printf("\n=== 3. misses of ExpectedNextUse (default) at 128 slots, by kind (share of demands) "
-              "===\n");
+  std::printf("\n=== 3. misses at 128 slots by kind (share of demands): ExpectedNextUse default, "
+              "then nextuse-fit's (0.5, 8) ===\n");
   std::printf("%-26s %7s %7s %7s | Belady hits these; by reuse distance (tokens): %6s %6s %6s "
               "%6s | of them p<k/E\n",
               "trace", "all", "first", "belady", "1", "2-4", "5-16", ">16");
   const double uniform = double(shape.top_k) / double(shape.n_experts);
+  for (const ExpectedNextUsePolicy::Config cfg :
+       {ExpectedNextUsePolicy::Config{}, presets::NextUseFitSpec::fitted})
   for (const Trace& t : traces) {
     const std::vector<Call> calls = calls_of(t.trace);
     std::vector<bool> belady_hit;
@@ -374,7 +439,7 @@ void print_breakdown(const std::vector<Trace>& traces) {
     std::array<std::uint64_t, 4> by_distance{};
     std::size_t ci = 0, in_call = 0;
     std::uint64_t seq = 0;
-    replay_calls(calls, 128, ExpectedNextUsePolicy{}, [&](std::uint64_t i, bool hit, const auto& cache) {
+    replay_calls(calls, 128, ExpectedNextUsePolicy(cfg), [&](std::uint64_t i, bool hit, const auto& cache) {
       while (in_call == calls[ci].experts.size()) ++ci, in_call = 0;
       const Call& c = calls[ci];
       if (c.seq != seq) std::fill(last_token.begin(), last_token.end(), -1), seq = c.seq;
