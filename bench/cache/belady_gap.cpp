@@ -26,7 +26,9 @@
 // Fitting: the grid runs on the fitting trace only (GSM8K fits HumanEval's rows and HumanEval
 // decode fits GSM8K's), then the chosen values score the other trace once.
 //
-// Usage: moekit_bench_belady_gap [--data DIR]   (default MOEKIT_SOURCE_DIR/../shared/data)
+// Usage: moekit_bench_belady_gap [--data DIR] [--hardware-file F]
+//   --data: the shared data (default MOEKIT_SOURCE_DIR/../shared/data)
+//   --hardware-file: a third hardware model, this machine's (written by moe-calibrate)
 
 #include <algorithm>
 #include <array>
@@ -180,6 +182,7 @@ ExpectedNextUsePolicy::Config fit_enu(const std::vector<Call>& calls, std::size_
 // ---- the ablation table, through sim::replay --------------------------------------------------
 
 struct Hardware {
+  std::string name;
   sim::LinkModel link;
   sim::ComputeModel compute;
 };
@@ -187,13 +190,14 @@ struct Hardware {
 struct Cell {
   std::uint64_t demands = 0, misses = 0;
   double gb_moved = 0, gb_wasted = 0;
-  std::array<double, 2> tok_s{};  ///< per hardware model
+  std::vector<double> tok_s;  ///< decode tokens/s per hardware model
 };
 
 template <class Make>
 Cell run_cell(const sim::RoutingTrace& tr, std::size_t slots, const std::vector<Hardware>& hw,
               Make make) {
   Cell c;
+  c.tok_s.resize(hw.size());
   for (std::size_t h = 0; h < hw.size(); ++h) {
     PipelineConfig pc;
     pc.base_precision = Precision::f16;
@@ -284,21 +288,24 @@ void print_ablation(const std::vector<Trace>& traces, const std::vector<Hardware
   for (const Trace& t : traces) {
     const Trace& fit = traces[t.fit];
     std::printf("\n-- %s (fit rows: parameters from %s) --\n", t.name.c_str(), fit.name.c_str());
-    std::printf("%-36s %5s %7s %7s %6s %8s %8s %8s %9s\n", "row", "slots", "miss%", "gap", "misses",
-                "GB moved", "GB waste", "tok/s 4090", "tok/s orin");
+    std::printf("%-36s %5s %7s %7s %6s %8s %8s", "row", "slots", "miss%", "gap", "misses",
+                "GB moved", "GB waste");
+    for (const Hardware& h : hw) std::printf(" %16s", ("tok/s " + h.name).c_str());
+    std::printf("\n");
     for (std::size_t s : slot_counts) {
       const Cell lru = rs.front().run(t, fit, s, hw), bel = rs.back().run(t, fit, s, hw);
       for (const Row& r : rs) {
         const Cell c = r.run(t, fit, s, hw);
         const double gap = double(lru.misses - std::min(lru.misses, c.misses)) /
                            double(lru.misses - bel.misses);
-        std::printf("%-36s %5zu %6.1f%% %6.0f%% %6llu %8.1f %8.1f %10.3f %9.4f\n", r.name.c_str(),
+        std::printf("%-36s %5zu %6.1f%% %6.0f%% %6llu %8.1f %8.1f", r.name.c_str(),
                     s, 100.0 * double(c.misses) / double(c.demands),
                     c.misses > lru.misses ? -100.0 * double(c.misses - lru.misses) /
                                                 double(lru.misses - bel.misses)
                                           : 100.0 * gap,
-                    static_cast<unsigned long long>(c.misses), c.gb_moved, c.gb_wasted, c.tok_s[0],
-                    c.tok_s[1]);
+                    static_cast<unsigned long long>(c.misses), c.gb_moved, c.gb_wasted);
+        for (double v : c.tok_s) std::printf(" %16.4f", v);
+        std::printf("\n");
       }
     }
   }
@@ -468,11 +475,13 @@ void print_breakdown(const std::vector<Trace>& traces) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string root = std::string(MOEKIT_SOURCE_DIR) + "/../shared/data";
+  std::string root = std::string(MOEKIT_SOURCE_DIR) + "/../shared/data", hardware_file;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--data") == 0 && i + 1 < argc) root = argv[++i];
+    else if (std::strcmp(argv[i], "--hardware-file") == 0 && i + 1 < argc) hardware_file = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--data DIR]   (unknown argument '%s')\n", argv[0], argv[i]);
+      std::fprintf(stderr, "usage: %s [--data DIR] [--hardware-file this_machine.json]   "
+                   "(unknown argument '%s')\n", argv[0], argv[i]);
       return 2;
     }
   }
@@ -487,9 +496,11 @@ int main(int argc, char** argv) {
   traces.push_back({"humaneval decode", sim::read_mixtral_decode_jsonl(dir + "humaneval-p0.decode.jsonl"), 0});
   traces.push_back({"humaneval prefill+decode",
                     sim::read_mixtral_raw_jsonl(dir + "humaneval-p0.prefill-decode.raw.jsonl"), 0});
+  std::vector<sim::HardwareModel> models{sim::rtx4090_pcie4(), sim::jetson_orin_ssd()};
+  if (!hardware_file.empty()) models.push_back(sim::read_hardware_json(hardware_file));
   std::vector<Hardware> hw;
-  for (const sim::HardwareModel& h : {sim::rtx4090_pcie4(), sim::jetson_orin_ssd()})
-    hw.push_back({h.link, h.compute_model(shape, sim::mixtral_8x7b_dense())});
+  for (const sim::HardwareModel& h : models)
+    hw.push_back({h.name, h.link, h.compute_model(shape, sim::mixtral_8x7b_dense())});
   print_reference(traces);
   print_ablation(traces, hw);
   print_predictability(traces);
