@@ -237,15 +237,20 @@ Row policy_row(std::string name, Pol pol) {
           }};
 }
 
-Row activation_path_row(std::uint32_t preload) {
-  return {"+ activation-path prefetch " + std::to_string(preload) + " (fit)",
-          [preload](const Trace& t, const Trace& fit, std::size_t s, const auto& hw) {
+/// ExpectedNextUse fitted as above + EdgeMoE's activation-path prefetch of up to `preload` experts
+/// of the next layer whose profiled probability is at least `min_prob`, profiled on `fit`.
+Row activation_path_row(std::uint32_t preload, float min_prob = 0.0f) {
+  std::string name = "+ activation-path prefetch " + std::to_string(preload);
+  if (min_prob > 0) name += ", p >= " + std::to_string(min_prob).substr(0, 3);
+  return {name + " (fit)",
+          [preload, min_prob](const Trace& t, const Trace& fit, std::size_t s, const auto& hw) {
             auto profile = std::make_shared<const ActivationPathProfile>(
                 tools::build_activation_profile(fit.trace));
             const auto enu = fit_enu(calls_of(fit.trace), s);
             return run_cell(t.trace, s, hw, [&](const PipelineConfig& pc, sim::SimLoader l) {
               return pipeline(pc, std::move(l),
                               ActivationPathPredictor({.profile = profile, .max_preload = preload,
+                                                       .min_prob = min_prob,
                                                        .precision = Precision::f16}),
                               ExpectedNextUsePolicy(enu));
             });
@@ -270,6 +275,7 @@ std::vector<Row> rows() {
   // The nextuse-fit preset's constants: fitted on GSM8K at 128 slots (in-sample there only).
   r.push_back(policy_row("nextuse-fit (0.5, 8: gsm8k@128)",
                          ExpectedNextUsePolicy(presets::NextUseFitSpec::fitted)));
+  r.push_back(activation_path_row(1, 0.5f));
   r.push_back(activation_path_row(1));
   r.push_back(activation_path_row(2));
   r.push_back({"belady (offline)", [](const Trace& t, const Trace&, std::size_t s, const auto& hw) {
@@ -288,7 +294,7 @@ void print_ablation(const std::vector<Trace>& traces, const std::vector<Hardware
   for (const Trace& t : traces) {
     const Trace& fit = traces[t.fit];
     std::printf("\n-- %s (fit rows: parameters from %s) --\n", t.name.c_str(), fit.name.c_str());
-    std::printf("%-36s %5s %7s %7s %6s %8s %8s", "row", "slots", "miss%", "gap", "misses",
+    std::printf("%-44s %5s %7s %7s %6s %8s %8s", "row", "slots", "miss%", "gap", "misses",
                 "GB moved", "GB waste");
     for (const Hardware& h : hw) std::printf(" %16s", ("tok/s " + h.name).c_str());
     std::printf("\n");
@@ -298,7 +304,7 @@ void print_ablation(const std::vector<Trace>& traces, const std::vector<Hardware
         const Cell c = r.run(t, fit, s, hw);
         const double gap = double(lru.misses - std::min(lru.misses, c.misses)) /
                            double(lru.misses - bel.misses);
-        std::printf("%-36s %5zu %6.1f%% %6.0f%% %6llu %8.1f %8.1f", r.name.c_str(),
+        std::printf("%-44s %5zu %6.1f%% %6.0f%% %6llu %8.1f %8.1f", r.name.c_str(),
                     s, 100.0 * double(c.misses) / double(c.demands),
                     c.misses > lru.misses ? -100.0 * double(c.misses - lru.misses) /
                                                 double(lru.misses - bel.misses)
