@@ -12,9 +12,10 @@
 //     + per-layer transitions (ExpectedNextUse), its (gamma, prior) searched on the *other* trace
 //     ("fit"), + routing-history prefetch (EdgeMoE's activation paths, profiled on the other
 //     trace), and Belady's offline optimum. The gap closed is (LRU − row) / (LRU − Belady).
-//     sim::replay pins all of a layer call's experts before loading any, trace_replay's loop pins
-//     each as it is served (an insertion may evict an expert the same call demands next): the
-//     miss counts differ somewhat (most at 64 slots), section 0 has the issue's.
+//     sim::replay (the pipeline) looks up and pins a layer call's resident experts before it loads
+//     the call's misses; trace_replay's loop serves the demands in order, so an insertion may evict
+//     an expert the same call demands next: the miss counts differ somewhat (most at 64 slots),
+//     section 0 has the issue's.
 //  2. Predictability of each source of routing history: how often the 2 experts an online
 //     estimate ranks first at a decode (token, layer) are the ones chosen (top-2 precision),
 //     against uniform (k/E) and an oracle (1).
