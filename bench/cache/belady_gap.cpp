@@ -324,8 +324,9 @@ void print_ablation(const std::vector<Trace>& traces, const std::vector<Hardware
 /// ExpectedNextUse fitted in-sample (on the scored trace itself) and held out (on the other).
 void print_reference(const std::vector<Trace>& traces) {
   std::printf("=== 0. miss ratio in trace_replay's unit replay (the issue's reference numbers) ===\n");
-  std::printf("%-26s %5s %7s %7s %9s %9s %7s   %s\n", "trace", "slots", "lru", "enu",
-              "enu fit-in", "enu held", "belady", "fitted (gamma, prior): in-sample | held out");
+  std::printf("%-26s %5s %7s %7s %11s %9s %9s %7s   %s\n", "trace", "slots", "lru", "enu",
+              "nextuse-fit", "enu fit-in", "enu held", "belady",
+              "fitted (gamma, prior): in-sample | held out");
   for (const Trace& t : traces) {
     const std::vector<Call> calls = calls_of(t.trace), fit = calls_of(traces[t.fit].trace);
     std::uint64_t n = 0;
@@ -333,9 +334,11 @@ void print_reference(const std::vector<Trace>& traces) {
     for (std::size_t s : slot_counts) {
       const auto in = fit_enu(calls, s), out = fit_enu(fit, s);
       const auto pct = [&](std::uint64_t m) { return 100.0 * double(m) / double(n); };
-      std::printf("%-26s %5zu %6.1f%% %6.1f%% %8.1f%% %8.1f%% %6.1f%%   (%.2f, %g) | (%.2f, %g)\n",
+      std::printf("%-26s %5zu %6.1f%% %6.1f%% %10.1f%% %8.1f%% %8.1f%% %6.1f%%   (%.2f, %g) | "
+                  "(%.2f, %g)\n",
                   t.name.c_str(), s, pct(replay_calls(calls, s, LruPolicy{})),
                   pct(replay_calls(calls, s, ExpectedNextUsePolicy{})),
+                  pct(replay_calls(calls, s, ExpectedNextUsePolicy(presets::NextUseFitSpec::fitted))),
                   pct(replay_calls(calls, s, ExpectedNextUsePolicy(in))),
                   pct(replay_calls(calls, s, ExpectedNextUsePolicy(out))),
                   pct(replay_calls(calls, s, belady_of(calls))), in.gamma, in.prior, out.gamma,
