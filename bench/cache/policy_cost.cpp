@@ -35,6 +35,7 @@
 #include "moekit/cache/multidim.hpp"
 #include "moekit/cache/shallow_favoring.hpp"
 #include "moekit/cache/static_popularity.hpp"
+#include "moekit/presets/nextuse_fit.hpp"
 
 using namespace moekit;
 using Clock = std::chrono::steady_clock;
@@ -179,6 +180,7 @@ int main(int argc, char** argv) {
     row("fate shallow(3)+arc", st, ShallowFavoringArcPolicy({3}));
     row("edgemoe", st, EdgeMoePolicy{});
     row("expected next use", st, ExpectedNextUsePolicy{});
+    row("next use, nextuse-fit", st, ExpectedNextUsePolicy(presets::NextUseFitSpec::fitted));
     row("fiddler static", st, StaticPopularityPolicy({.counts = st.counts}));
     {
       BeladyPolicy::Config c;

@@ -3,7 +3,7 @@
 /// adapter per preset, `SimPreset<Spec>`, builds the preset through its spec where the trace
 /// allows it, and says what it substituted where it does not (the run's `label` and `note`); the
 /// references (Belady, cost-aware Belady) run beside them. A registered preset without an adapter
-/// is not replayed (NextUse). Tests call the same functions (tests/sim/moe_sim_presets_test.cpp),
+/// is not replayed (NextUse; nextuse-fit, its fitted variant, is). Tests call the same functions (tests/sim/moe_sim_presets_test.cpp),
 /// so what they check is what moe-sim runs.
 ///
 /// Substitutions (each visible in the output):
@@ -459,6 +459,17 @@ inline PresetResult run_fiddler(const RunParams& rp, const moekit::sim::RoutingT
               " GB, counted in bytes moved) completes before the clock starts"};
 }
 
+/// nextuse-fit: HOBBIT's T1/T2 precisions over ExpectedNextUse with its fitted statistics, no
+/// predictor: nothing to substitute.
+inline PresetResult run_nextuse_fit(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
+  using moekit::presets::NextUseFitSpec;
+  NextUseFitSpec::Config cfg = NextUseFitSpec::configure(rp.shape, rp.config.base_precision, {});
+  cfg.rule = hobbit_rule(rp);
+  auto p = NextUseFitSpec::build(rp.shape, rp.config, moekit::sim::SimLoader(rp.shape, rp.link),
+                                 cfg, {});
+  return {moekit::sim::replay(*p, tr, rp.compute), std::string(NextUseFitSpec::name), ""};
+}
+
 inline PresetResult run_belady_cost_hobbit(const RunParams& rp,
                                            const moekit::sim::RoutingTrace& tr) {
   return run_cost_aware(rp, tr, moekit::presets::HobbitSpec::scorer({.rule = hobbit_rule(rp)}),
@@ -544,6 +555,15 @@ struct SimPreset<moekit::presets::FiddlerSpec> {
                                   "Fiddler: popular experts placed up front (profiled on the "
                                   "trace), misses on the CPU when cheaper",
                                   &run_fiddler};
+};
+
+template <>
+struct SimPreset<moekit::presets::NextUseFitSpec> {
+  static constexpr bool replayed = true;
+  static constexpr SimEntry entry{"",
+                                  "nextuse-fit: T1/T2 precisions over ExpectedNextUse with "
+                                  "(gamma, prior) fitted on real Mixtral routing, no prediction",
+                                  &run_nextuse_fit, true, false, "belady-hobbit"};
 };
 
 /// The registry's presets moe-sim replays, in registry order.

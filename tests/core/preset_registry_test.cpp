@@ -30,9 +30,9 @@ TEST_CASE("presets registry: names are unique, found once, and visit the named s
         presets::visit(e, []<class S>(std::type_identity<S>) { return std::string(S::name); });
     CHECK(visited == e.name);
   }
-  CHECK(presets::entries.size() == 7);
+  CHECK(presets::entries.size() == 8);
   CHECK(presets::find("hobbbit") == nullptr);
-  CHECK(presets::names() == "baseline, hobbit, fate, edgemoe, mobile, fiddler, nextuse");
+  CHECK(presets::names() == "baseline, hobbit, fate, edgemoe, mobile, fiddler, nextuse, nextuse-fit");
   STATIC_REQUIRE(presets::index_of<presets::NextUseSpec> == 6);
   STATIC_REQUIRE(presets::is<presets::FateSpec>(presets::entry_of<presets::FateSpec>));
   STATIC_REQUIRE(

@@ -21,14 +21,21 @@
 #include "moekit/cache/multidim.hpp"
 #include "moekit/cache/shallow_favoring.hpp"
 #include "moekit/cache/static_popularity.hpp"
+#include "moekit/presets/nextuse_fit.hpp"
 
 namespace moekit::test {
+
+/// ExpectedNextUse with the nextuse-fit preset's constants (presets/nextuse_fit.hpp).
+struct FittedNextUsePolicy : ExpectedNextUsePolicy {
+  FittedNextUsePolicy() : ExpectedNextUsePolicy(presets::NextUseFitSpec::fitted) {}
+};
 
 /// All policies. ShallowFavoring<LruPolicy> checks the allocation wrapper with another inner.
 using AllPolicies =
     std::tuple<LruPolicy, LfuPolicy, LhuPolicy, FldPolicy, MultiDimPolicy, ArcPolicy,
                ShallowFavoringArcPolicy, ShallowFavoring<LruPolicy>, EdgeMoePolicy,
-               StaticPopularityPolicy, BeladyPolicy, CostAwareBeladyPolicy, ExpectedNextUsePolicy>;
+               StaticPopularityPolicy, BeladyPolicy, CostAwareBeladyPolicy, ExpectedNextUsePolicy,
+               FittedNextUsePolicy>;
 
 /// What the property suite may expect of a policy beyond the concept.
 template <class P>
@@ -85,6 +92,7 @@ constexpr std::string_view policy_name() {
   else if constexpr (std::is_same_v<P, BeladyPolicy>) return "belady";
   else if constexpr (std::is_same_v<P, CostAwareBeladyPolicy>) return "cost-aware-belady";
   else if constexpr (std::is_same_v<P, ExpectedNextUsePolicy>) return "expected-next-use";
+  else if constexpr (std::is_same_v<P, FittedNextUsePolicy>) return "expected-next-use-fitted";
   else return "?";
 }
 

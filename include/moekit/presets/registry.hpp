@@ -34,6 +34,7 @@
 #include "moekit/presets/hobbit.hpp"
 #include "moekit/presets/mobile.hpp"
 #include "moekit/presets/nextuse.hpp"
+#include "moekit/presets/nextuse_fit.hpp"
 #include "moekit/presets/preset_spec.hpp"
 
 namespace moekit::presets {
@@ -54,7 +55,8 @@ using Registered = PresetList<
     EdgeMoeSpec,
     MobileSpec,
     FiddlerSpec,
-    NextUseSpec>;
+    NextUseSpec,
+    NextUseFitSpec>;
 // clang-format on
 
 /// A registered preset as a run-time value: what does not depend on the loader type.
