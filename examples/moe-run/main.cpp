@@ -24,6 +24,7 @@
 #include "moekit/engine/calibration.hpp"
 #include "moekit/engine/cli.hpp"
 #include "moekit/engine/config.hpp"
+#include "moekit/engine/conversion_loss.hpp"
 #include "moekit/engine/expert_source.hpp"
 #include "moekit/engine/gguf_model.hpp"
 #include "moekit/engine/memory_budget.hpp"
@@ -36,6 +37,9 @@
 #include "moekit/engine/trace_recorder.hpp"
 #include "moekit/engine/weights.hpp"
 
+#ifndef MOE_RUN_LOSS_TEXT
+#define MOE_RUN_LOSS_TEXT "bench/quality/heldout.txt"
+#endif
 #ifndef MOE_RUN_STORE_DIR
 #define MOE_RUN_STORE_DIR "build/moe-run-stores"
 #endif
@@ -554,7 +558,7 @@ moekit::Precision auto_precision(const moekit::io::CheckpointExperts* in_place,
     const auto m = moekit::io::find_expert_matrices(*gguf, io_architecture(cfg.arch),
                                                     moekit::io::TensorFormat::gguf, {0, 0});
     from = std::string(moekit::io::name(m.gate.dtype));
-    if (m.gate.dtype == moekit::io::DType::q2_k) p = moekit::Precision::q2;
+    p = moekit::io::nearest_moekit_precision(m.gate.dtype);
   }
   if (!quiet)
     std::fprintf(stderr, "--precision auto: the experts' type %s has no exact in-place path; "
@@ -746,6 +750,18 @@ int run(Options o) {
       int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
       backing.order(), replay ? &*replay : nullptr};
   moekit::ThreadPool pool(o.threads);
+  // Experts converted from a GGUF into a store: the loss, measured once and recorded beside it.
+  nlohmann::json conversion_loss;
+  if (m.gguf && !located && where.store) {
+    const ConversionLossRequest req{
+        o.conversion_loss,
+        o.conversion_loss_text.empty() ? MOE_RUN_LOSS_TEXT : o.conversion_loss_text,
+        {.expert_budget_bytes = settings.expert_budget ? settings.expert_budget
+                                                       : all_resident_budget(shape, o.precision),
+         .io = backing.io},
+        o.json};
+    conversion_loss = store_conversion_loss(req, cfg, w.dense, tok, *m.gguf, where.store, &pool);
+  }
   PresetInputs in = preset_inputs(o, preset, cfg, w, tok, settings, backing, pool, setup);
   std::vector<float> routers;
   if (preset.needs.routers) {
@@ -758,6 +774,7 @@ int run(Options o) {
         loader_kind = pipeline.loader().kind();
         return run_on(o, cfg, w, tok, pipeline, pool, setup);
       });
+  if (!conversion_loss.is_null()) stats["conversion_loss"] = conversion_loss;
   report_source(stats, o, where, loader_kind, backing.order(), budget_note);
   return 0;
 }
