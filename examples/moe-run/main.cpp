@@ -691,6 +691,24 @@ std::optional<RoutingReplay> load_replay(const Options& o, const ModelConfig& cf
   return r;
 }
 
+// Experts converted from a GGUF into a store (no exact in-place path): the loss, measured once
+// and recorded beside the store (conversion_loss.hpp), in a cache no larger than the run's; null
+// for every other source.
+nlohmann::json conversion_loss(const Options& o, const OpenModel& m, bool located,
+                               const ExpertPlacement& where, const OffloadSettings& settings,
+                               const StoreIo& io, const ModelWeights& w, const Tokenizer& tok,
+                               moekit::ThreadPool& pool) {
+  if (!m.gguf || located || !where.store) return nullptr;
+  const std::size_t budget = settings.expert_budget
+                                 ? settings.expert_budget
+                                 : all_resident_budget(m.cfg.shape(), settings.precision);
+  const ConversionLossRequest req{
+      o.conversion_loss,
+      o.conversion_loss_text.empty() ? MOE_RUN_LOSS_TEXT : o.conversion_loss_text,
+      {.expert_budget_bytes = budget, .io = io}, o.json};
+  return store_conversion_loss(req, m.cfg, w.dense, tok, *m.gguf, where.store, &pool);
+}
+
 int run(Options o) {
   OpenModel m{resolve_model(o), std::nullopt, {}};
   const ModelPath& mp = m.src.model;
@@ -750,18 +768,8 @@ int run(Options o) {
       int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
       backing.order(), replay ? &*replay : nullptr};
   moekit::ThreadPool pool(o.threads);
-  // Experts converted from a GGUF into a store: the loss, measured once and recorded beside it.
-  nlohmann::json conversion_loss;
-  if (m.gguf && !located && where.store) {
-    const ConversionLossRequest req{
-        o.conversion_loss,
-        o.conversion_loss_text.empty() ? MOE_RUN_LOSS_TEXT : o.conversion_loss_text,
-        {.expert_budget_bytes = settings.expert_budget ? settings.expert_budget
-                                                       : all_resident_budget(shape, o.precision),
-         .io = backing.io},
-        o.json};
-    conversion_loss = store_conversion_loss(req, cfg, w.dense, tok, *m.gguf, where.store, &pool);
-  }
+  const nlohmann::json loss =
+      conversion_loss(o, m, located != nullptr, where, settings, backing.io, w, tok, pool);
   PresetInputs in = preset_inputs(o, preset, cfg, w, tok, settings, backing, pool, setup);
   std::vector<float> routers;
   if (preset.needs.routers) {
@@ -774,7 +782,7 @@ int run(Options o) {
         loader_kind = pipeline.loader().kind();
         return run_on(o, cfg, w, tok, pipeline, pool, setup);
       });
-  if (!conversion_loss.is_null()) stats["conversion_loss"] = conversion_loss;
+  if (!loss.is_null()) stats["conversion_loss"] = loss;
   report_source(stats, o, where, loader_kind, backing.order(), budget_note);
   return 0;
 }

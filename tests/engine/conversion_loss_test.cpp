@@ -61,6 +61,7 @@ TEST_CASE("conversion loss of K-quant experts: measured against the exact values
   const nlohmann::json first = store_conversion_loss(request(), cfg, w.dense, tok, g, st.store, &pool);
   INFO(first.dump(1));
   CHECK(first.at("measured") == true);
+  CHECK(first.at("from_record") == false);
   CHECK(first.at("source_types") == "Q4_K+Q6_K");
   CHECK(first.at("tokens") == 96);
   const fs::path record = conversion_loss_path(st.store->path());
@@ -87,10 +88,12 @@ TEST_CASE("conversion loss of K-quant experts: measured against the exact values
   nlohmann::json planted = first;
   planted.erase("measured");
   planted.erase("record");
+  planted.erase("from_record");
   planted["precisions"][0]["kl_mean"] = 0.125;
   std::ofstream(record) << planted.dump();
   const nlohmann::json second = store_conversion_loss(request(), cfg, w.dense, tok, g, st.store, &pool);
   CHECK(second.at("measured") == true);
+  CHECK(second.at("from_record") == true);
   CHECK(second.at("precisions")[0].at("kl_mean") == 0.125);
   CHECK(second.at("precisions")[1].at("kl_mean") == entries[1].at("kl_mean"));
 

@@ -314,6 +314,7 @@ inline nlohmann::json store_conversion_loss(const ConversionLossRequest& req,
     if (!req.quiet) std::fputs(describe_conversion_loss(*l, false).c_str(), stderr);
     nlohmann::json j = l->to_json();
     j["measured"] = true;
+    j["from_record"] = true;
     j["record"] = record.string();
     return j;
   }
@@ -332,6 +333,7 @@ inline nlohmann::json store_conversion_loss(const ConversionLossRequest& req,
                                                    reference, store, req.settings, pool);
   nlohmann::json j = l.to_json();
   j["measured"] = true;
+  j["from_record"] = false;
   try {
     save_conversion_loss(record, l);
     j["record"] = record.string();
