@@ -49,7 +49,9 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $(id -u) -eq 0 ]] || { echo "run.sh: needs root (cgroups, dropping the page cache)" >&2; exit 2; }
 moe_run="$here/build/release/examples/moe-run/moe-run"
-[[ -x "$moe_run" ]] || { cmake --preset release >/dev/null && cmake --build --preset release --target moe-run; }
+bound_bench="$here/build/release/bench/moekit_bench_decode_bound"
+[[ -x "$moe_run" && -x "$bound_bench" ]] || { cmake --preset release >/dev/null &&
+  cmake --build --preset release --target moe-run moekit_bench_decode_bound; }
 venv="${LLAMA_CPP_VENV:-$here/build/llama-cpp-venv}"
 if [[ "$engines" == *llama* ]]; then "$here/bench/engine/llama_cpp_peer.sh" install; fi
 out="$here/build/scale"
@@ -173,5 +175,16 @@ for m in "${model_list[@]}"; do
        | (1 / (1 / $compute + .decode_bytes_per_token / $raw)) as $bound
        | "  \(.limit_pct)%: serial bound \($bound * 100 | round / 100) tok/s, moe-run at \(.decode_tps / $bound * 100 | round)% of it")'
 
+  # Everything resident: each engine's decode against the memory bound (decode_bound.cpp: the bytes
+  # a token reads with every expert resident, over this machine's streaming read on the same
+  # threads), for the rows at no limit that read nothing while decoding.
+  if bound=$("$bound_bench" "$file" --threads "$threads" 2> "$out/last-bound.err"); then
+    printf '%s\n' "${rows[@]}" | jq -rs --argjson b "$bound" '
+      "memory bound with every expert resident on \(.[0].model): \($b.bytes_per_token / 1e6 | round) MB per token (\($b.expert_bytes_per_token / 1e6 | round) MB of experts) at \($b.read_bytes_per_s / 1e9 * 100 | round / 100) GB/s = \($b.bound_tokens_per_s * 100 | round / 100) tok/s",
+      (.[] | select(.limit_pct >= 100 and .rc == 0 and (.decode_bytes_per_token // 0) == 0 and .decode_tps != null)
+       | "  \(.engine) (prompt \(.prompt_tokens)): decode at \(.decode_tps / $b.bound_tokens_per_s * 100 | round)% of the memory bound")'
+  else
+    echo "memory bound: not measured (see $out/last-bound.err)"
+  fi
   [[ $delete -eq 1 ]] && rm -f "$file"
 done

@@ -24,6 +24,7 @@
 #include "moekit/engine/calibration.hpp"
 #include "moekit/engine/cli.hpp"
 #include "moekit/engine/config.hpp"
+#include "moekit/engine/conversion_loss.hpp"
 #include "moekit/engine/expert_source.hpp"
 #include "moekit/engine/gguf_model.hpp"
 #include "moekit/engine/memory_budget.hpp"
@@ -36,6 +37,9 @@
 #include "moekit/engine/trace_recorder.hpp"
 #include "moekit/engine/weights.hpp"
 
+#ifndef MOE_RUN_LOSS_TEXT
+#define MOE_RUN_LOSS_TEXT "bench/quality/heldout.txt"
+#endif
 #ifndef MOE_RUN_STORE_DIR
 #define MOE_RUN_STORE_DIR "build/moe-run-stores"
 #endif
@@ -561,7 +565,7 @@ moekit::Precision auto_precision(const moekit::io::CheckpointExperts* in_place,
     const auto m = moekit::io::find_expert_matrices(*gguf, io_architecture(cfg.arch),
                                                     moekit::io::TensorFormat::gguf, {0, 0});
     from = std::string(moekit::io::name(m.gate.dtype));
-    if (m.gate.dtype == moekit::io::DType::q2_k) p = moekit::Precision::q2;
+    p = moekit::io::nearest_moekit_precision(m.gate.dtype);
   }
   if (!quiet)
     std::fprintf(stderr, "--precision auto: the experts' type %s has no exact in-place path; "
@@ -717,6 +721,24 @@ std::optional<RoutingReplay> load_replay(const Options& o, const ModelConfig& cf
   return r;
 }
 
+// Experts converted from a GGUF into a store (no exact in-place path): the loss, measured once
+// and recorded beside the store (conversion_loss.hpp), in a cache no larger than the run's; null
+// for every other source.
+nlohmann::json conversion_loss(const Options& o, const OpenModel& m, bool located,
+                               const ExpertPlacement& where, const OffloadSettings& settings,
+                               const StoreIo& io, const ModelWeights& w, const Tokenizer& tok,
+                               moekit::ThreadPool& pool) {
+  if (!m.gguf || located || !where.store) return nullptr;
+  const std::size_t budget = settings.expert_budget
+                                 ? settings.expert_budget
+                                 : all_resident_budget(m.cfg.shape(), settings.precision);
+  const ConversionLossRequest req{
+      o.conversion_loss,
+      o.conversion_loss_text.empty() ? MOE_RUN_LOSS_TEXT : o.conversion_loss_text,
+      {.expert_budget_bytes = budget, .io = io}, o.json};
+  return store_conversion_loss(req, m.cfg, w.dense, tok, *m.gguf, where.store, &pool);
+}
+
 int run(Options o) {
   // Before anything is loaded: the dense part, KV cache and buffers are then counted once each.
   const moekit::io::MemoryLimits limits_at_start = moekit::io::read_memory_limits();
@@ -780,6 +802,8 @@ int run(Options o) {
       int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
       backing.order(), replay ? &*replay : nullptr};
   moekit::ThreadPool pool(o.threads);
+  const nlohmann::json loss =
+      conversion_loss(o, m, located != nullptr, where, settings, backing.io, w, tok, pool);
   PresetInputs in = preset_inputs(o, preset, cfg, w, tok, settings, backing, pool, setup);
   std::vector<float> routers;
   if (preset.needs.routers) {
@@ -796,6 +820,7 @@ int run(Options o) {
         j["experts_load_seconds"] = warm.seconds;
         return j;
       });
+  if (!loss.is_null()) stats["conversion_loss"] = loss;
   report_source(stats, o, where, loader_kind, backing.order(), budget_note);
   return 0;
 }

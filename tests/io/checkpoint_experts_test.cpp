@@ -4,7 +4,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "io/io_test_util.hpp"
 #include "moekit/io/async_loader.hpp"
 #include "moekit/io/checkpoint_experts.hpp"
+#include "moekit/io/dequantize.hpp"
 #include "moekit/io/gguf.hpp"
 #include "moekit/io/gguf_transcode.hpp"
 #include "moekit/precision/half.hpp"
@@ -172,4 +175,62 @@ TEST_CASE("checkpoint experts: types without an exact path are refused naming th
   const GgufFile g(f.path);
   test::require_error([&] { (void)locate(f, g); }, ErrorKind::unsupported,
                       {"blk.0.ffn_gate_exps.weight", "Q4_0", "no exact in-place path"});
+}
+
+TEST_CASE("checkpoint experts: read as f32, K-quant and mixed-type experts are their dequantized "
+          "slices", "[io][checkpoint_experts]") {
+  test::TempDir dir;
+  const ModelShape s{.n_layers = 1, .n_experts = 3, .top_k = 1, .hidden = 512, .ffn = 256};
+  // Gate, up and down in different types, as Q4_K_M files mix Q4_K with Q6_K.
+  const std::array<std::array<DType, 3>, 3> mixes = {{{DType::q4_k, DType::q4_k, DType::q6_k},
+                                                      {DType::q3_k, DType::q5_k, DType::q2_k},
+                                                      {DType::q8_0, DType::f16, DType::q6_k}}};
+  const std::map<DType, std::uint32_t> ggml = {
+      {DType::q2_k, ggml_type::q2_k}, {DType::q3_k, ggml_type::q3_k}, {DType::q4_k, ggml_type::q4_k},
+      {DType::q5_k, ggml_type::q5_k}, {DType::q6_k, ggml_type::q6_k}, {DType::q8_0, ggml_type::q8_0},
+      {DType::f16, ggml_type::f16}};
+  const char* names[] = {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight",
+                         "blk.0.ffn_down_exps.weight"};
+  for (const auto& types : mixes) {
+    INFO(name(types[0]) << "/" << name(types[1]) << "/" << name(types[2]));
+    const std::string path = dir.file("kquant.gguf");
+    test::GgufBuilder b;
+    b.tensor("token_embd.weight", {32, 3}, ggml_type::f32, Bytes(32 * 3 * 4));
+    std::vector<Bytes> stacked;
+    for (int m = 0; m < 3; ++m) {
+      const std::uint64_t rows = m < 2 ? s.ffn : s.hidden, cols = m < 2 ? s.hidden : s.ffn;
+      stacked.push_back(random_tensor(types[m], rows * cols * s.n_experts, 31 + m));
+      b.tensor(names[m], {cols, rows, s.n_experts}, ggml.at(types[m]), stacked.back());
+    }
+    test::write_file(path, b.bytes());
+    const GgufFile g(path);
+    const std::uint32_t layers[] = {0};
+    if (types[0] == DType::q4_k)
+      test::require_error([&] { (void)CheckpointExperts::locate(g, Architecture::mixtral,
+                                                                TensorFormat::gguf, s, layers); },
+                          ErrorKind::unsupported, {"Q4_K", "no exact in-place path"});
+    auto experts = std::make_shared<const CheckpointExperts>(CheckpointExperts::locate_as_f32(
+        g, Architecture::mixtral, TensorFormat::gguf, s, layers));
+    CHECK(experts->precision() == Precision::f32);
+    CHECK(experts->dequantized());
+    std::vector<PreadSource> files;
+    files.emplace_back(path, PreadSource::Config{.direct = true});
+    // 12 KiB of staging: several chunks per matrix.
+    CheckpointExpertSource<PreadSource> src(experts, std::move(files), {MatrixOrder::rows, 12u << 10});
+    for (std::uint32_t e = 0; e < s.n_experts; ++e) {
+      const StoreBlob blob = src.blob({0, e}, Precision::f32);
+      AlignedBuffer dest(blob.bytes);
+      src.read({blob.offset, blob.bytes}, dest.span().first(blob.bytes));
+      std::size_t at = 0;
+      for (int m = 0; m < 3; ++m) {
+        const std::uint64_t rows = m < 2 ? s.ffn : s.hidden, cols = m < 2 ? s.hidden : s.ffn;
+        const TensorView slice = slice_outer(g.tensor(names[m]), e);
+        const std::vector<float> want = dequantize(slice);
+        REQUIRE(want.size() == rows * cols);
+        CHECK(std::memcmp(dest.data() + at, want.data(), want.size() * 4) == 0);
+        at += want.size() * 4;
+      }
+      CHECK(at == blob.bytes);
+    }
+  }
 }

@@ -1,7 +1,9 @@
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "io/gguf_builder.hpp"
@@ -179,15 +181,45 @@ TEST_CASE("gguf: dequantization matches gguf-py on random blocks (committed fixt
   }
 }
 
+TEST_CASE("gguf: K-quants dequantize to gguf-py's values bit for bit (committed fixture)",
+          "[io][gguf][dequantize]") {
+  // scripts/make_gguf_transcode_fixture.py: special f16 fields (zeros, subnormals, the largest
+  // finite) with extreme code bytes, then random blocks; "<type>.expected" is gguf-py's output.
+  GgufFile f(MOEKIT_SOURCE_DIR "/tests/io/data/gguf_kquants.gguf");
+  const std::pair<const char*, DType> types[] = {{"q2_k", DType::q2_k}, {"q3_k", DType::q3_k},
+                                                 {"q4_k", DType::q4_k}, {"q5_k", DType::q5_k},
+                                                 {"q6_k", DType::q6_k}};
+  for (const auto& [tensor_name, dtype] : types) {
+    INFO(tensor_name);
+    auto q = f.tensor(tensor_name);
+    CHECK(q.dtype == dtype);
+    CHECK(q.bytes.size() == q.elements() / 256 * block_bytes(dtype));
+    auto e = f.tensor(std::string(tensor_name) + ".expected");
+    REQUIRE(q.rows() == e.rows());
+    REQUIRE(q.cols() == e.cols());
+    auto got = dequantize(q);
+    auto want = dequantize(e);
+    std::size_t bad = 0, nonzero = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i])) {
+        if (bad++ < 4) UNSCOPED_INFO("weight " << i << ": " << got[i] << " vs " << want[i]);
+      }
+      nonzero += want[i] != 0.0f;
+    }
+    CHECK(bad == 0);
+    CHECK(nonzero > got.size() / 2);  // the fixture is not mostly zeros
+  }
+}
+
 TEST_CASE("gguf: unsupported ggml types are listed and reported by tensor name", "[io][gguf]") {
   GgufBuilder b;
-  b.tensor("q6", {256}, 14, std::vector<std::byte>(210));  // Q6_K: size known, not read
+  b.tensor("iq4", {256}, 23, std::vector<std::byte>(136));  // IQ4_XS: size known, not read
   auto bytes = b.bytes();
   TempDir dir;
-  moekit::test::write_file(dir.file("q6.gguf"), bytes);
-  GgufFile f(dir.file("q6.gguf"));
+  moekit::test::write_file(dir.file("iq4.gguf"), bytes);
+  GgufFile f(dir.file("iq4.gguf"));
   CHECK(f.tensors().size() == 1);
-  require_error([&] { (void)f.tensor("q6"); }, ErrorKind::unsupported, {"q6", "Q6_K"});
+  require_error([&] { (void)f.tensor("iq4"); }, ErrorKind::unsupported, {"iq4", "IQ4_XS"});
 
   GgufBuilder c;
   c.tensor("weird", {32}, 99, std::vector<std::byte>(32));

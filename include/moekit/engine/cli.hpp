@@ -129,6 +129,9 @@ struct Options {
   std::string store;               ///< --store: expert store file ("" = per -m)
   bool in_memory = false;          ///< --in-memory: experts from the checkpoint into host memory
   bool lazy_load = false;          ///< --lazy-load: no loading of every expert before the prompt
+  /// Measure the loss of experts converted into a store (conversion_loss.hpp); --no-conversion-loss
+  bool conversion_loss = true;
+  std::string conversion_loss_text;  ///< --conversion-loss-text ("" = moe-run's built-in default)
   bool direct = true;              ///< O_DIRECT store reads (--no-direct: page cache)
   bool uring = true;               ///< io_uring when available (--pread: never)
   unsigned io_threads = 2;         ///< --io-threads: store loader threads
@@ -374,6 +377,13 @@ class Cli {
     app_.add_flag("--lazy-load", o_.lazy_load,
                   "read each expert on its first use, even when the budget holds them all (by "
                   "default they are all loaded before the prompt then)");
+    app_.add_flag("!--no-conversion-loss", o_.conversion_loss,
+                  "experts converted into a store (GGUF K-quants): do not measure the loss (KL "
+                  "against the exact values on a few hundred tokens, once per store; the output "
+                  "then says it was not measured)");
+    app_.add_option("--conversion-loss-text", o_.conversion_loss_text,
+                    "text scored to measure a conversion's loss (default: bench/quality/heldout.txt "
+                    "of the source tree)");
     app_.add_flag("!--no-direct", o_.direct, "store reads through the page cache (no O_DIRECT)");
     app_.add_flag("!--pread", o_.uring, "store reads with pread(2), never io_uring");
     app_.add_option("--io-threads", o_.io_threads, "store loader I/O threads")

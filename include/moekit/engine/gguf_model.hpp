@@ -1,8 +1,9 @@
 #pragma once
 /// \file A GGUF file (llama.cpp's format) as a moe-run model: the ModelConfig from its metadata
 /// and the dense weights, dequantized to f32 from any type io/dequantize reads (F32, F16, BF16,
-/// Q8_0, Q4_0, Q4_K, Q2_K). The routed experts come from an expert store built from the same
-/// file (expert_source.hpp: build_store_from_gguf) or, with `expert_precisions`, into host memory.
+/// Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K). The routed experts come from an expert store built
+/// from the same file (expert_source.hpp: build_store_from_gguf) or, with `expert_precisions`,
+/// into host memory.
 ///
 /// Architectures (`general.architecture`) and llama.cpp's metadata keys `<arch>.*`:
 /// - "llama" — Mixtral as llama.cpp's convert_hf_to_gguf.py writes it (there is no "mixtral"

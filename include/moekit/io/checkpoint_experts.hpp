@@ -11,7 +11,11 @@
 /// - transcoded: GGUF Q8_0 and Q4_0 blocks are moekit's q8/q4 group-32 symmetric rows with the
 ///   bytes moved (io/gguf_transcode.hpp), the same values bit for bit.
 /// Other types (K-quants) have no exact path: `in_place_precision` says so, and the caller
-/// converts them once into a store instead.
+/// converts them once into a store instead. `CheckpointExperts::locate_as_f32` reads every type
+/// io/dequantize.hpp knows, K-quants and mixes of types included, as f32 rows dequantized chunk by
+/// chunk on read: their exact values (gguf-py's, bit for bit) at four bytes a weight, with
+/// nothing model-sized in memory. It is the reference that a conversion's loss is measured
+/// against (engine/conversion_loss.hpp).
 ///
 /// O_DIRECT needs 4096-aligned offsets; tensors start at 32 (GGUF) or 8 (safetensors) byte
 /// boundaries, so each matrix is read as the aligned range covering it, in chunks of whole rows
@@ -35,6 +39,7 @@
 #include "moekit/error.hpp"
 #include "moekit/io/aligned_buffer.hpp"
 #include "moekit/io/byte_source.hpp"
+#include "moekit/io/dequantize.hpp"
 #include "moekit/io/expert_store.hpp"
 #include "moekit/io/gguf_transcode.hpp"
 #include "moekit/io/tensor.hpp"
@@ -76,9 +81,38 @@ class CheckpointExperts {
   template <TensorReader R>
   static CheckpointExperts locate(const R& reader, Architecture arch, TensorFormat format,
                                   const ModelShape& shape, std::span<const std::uint32_t> layers) {
+    return locate_typed(reader, arch, format, shape, layers, false);
+  }
+
+  /// As `locate`, but every expert matrix is read as f32 rows, dequantized on read from any type
+  /// io/dequantize.hpp reads (the matrices may differ in type, as in Q4_K_M files).
+  template <TensorReader R>
+  static CheckpointExperts locate_as_f32(const R& reader, Architecture arch, TensorFormat format,
+                                         const ModelShape& shape,
+                                         std::span<const std::uint32_t> layers) {
+    return locate_typed(reader, arch, format, shape, layers, true);
+  }
+
+  [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
+  /// The precision every expert is read at (the checkpoint's own, mapped exactly; f32 when
+  /// dequantized).
+  [[nodiscard]] Precision precision() const noexcept { return precision_; }
+  /// The checkpoint's type of the expert matrices (of the first one when dequantized).
+  [[nodiscard]] DType dtype() const noexcept { return dtype_; }
+  /// True when read by `locate_as_f32`.
+  [[nodiscard]] bool dequantized() const noexcept { return dequantized_; }
+  [[nodiscard]] const std::vector<std::string>& files() const noexcept { return files_; }
+  [[nodiscard]] const Matrices& matrices(ExpertKey k) const { return matrices_.at(shape_.index(k)); }
+
+ private:
+  template <TensorReader R>
+  static CheckpointExperts locate_typed(const R& reader, Architecture arch, TensorFormat format,
+                                        const ModelShape& shape,
+                                        std::span<const std::uint32_t> layers, bool as_f32) {
     MOEKIT_EXPECTS(layers.size() == shape.n_layers, "CheckpointExperts: one layer per MoE layer");
     CheckpointExperts c;
     c.shape_ = shape;
+    c.dequantized_ = as_f32;
     c.matrices_.resize(shape.expert_count());
     std::map<std::string, std::uint32_t, std::less<>> file_index;
     for (std::uint32_t l = 0; l < shape.n_layers; ++l)
@@ -97,16 +131,13 @@ class CheckpointExperts {
     return c;
   }
 
-  [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
-  /// The precision every expert is read at (the checkpoint's own, mapped exactly).
-  [[nodiscard]] Precision precision() const noexcept { return precision_; }
-  /// The checkpoint's type of the expert matrices.
-  [[nodiscard]] DType dtype() const noexcept { return dtype_; }
-  [[nodiscard]] const std::vector<std::string>& files() const noexcept { return files_; }
-  [[nodiscard]] const Matrices& matrices(ExpertKey k) const { return matrices_.at(shape_.index(k)); }
-
- private:
   void check_type(const TensorView& t) {
+    if (dequantized_) {  // every type io/dequantize reads, mixed or not
+      if (!typed_) dtype_ = t.dtype;
+      typed_ = true;
+      precision_ = Precision::f32;
+      return;
+    }
     const std::optional<Precision> p = in_place_precision(t.dtype, shape_.quant);
     if (!p)
       throw Error(ErrorKind::unsupported,
@@ -129,6 +160,7 @@ class CheckpointExperts {
   std::vector<std::string> files_;
   std::vector<Matrices> matrices_;
   bool typed_ = false;
+  bool dequantized_ = false;
   DType dtype_ = DType::f32;
   Precision precision_ = Precision::f32;
 };
@@ -215,11 +247,30 @@ class CheckpointExpertSource {
       const std::span<const std::byte> src =
           read_range(m.file, m.offset + r0 * src_row, rows * src_row);
       const std::span<std::byte> out = dest.subspan(r0 * dst_row, rows * dst_row);
-      if (m.dtype == DType::q8_0 || m.dtype == DType::q4_0)
+      if (experts_->dequantized() && m.dtype != DType::f32)
+        dequantize_rows(m, src, rows, out);
+      else if (m.dtype == DType::q8_0 || m.dtype == DType::q4_0)
         transcode_matrix(m.dtype, src, rows, m.cols, out, order_, "checkpoint expert");
       else
         std::memcpy(out.data(), src.data(), out.size());
     }
+  }
+
+  // `rows` rows of `m` (its type's bytes in `src`) as f32 rows into `out`.
+  void dequantize_rows(const TensorLocation& m, std::span<const std::byte> src, std::uint64_t rows,
+                       std::span<std::byte> out) const {
+    TensorView v;
+    v.name = "expert matrix";
+    v.file = experts_->files().at(m.file);
+    v.file_offset = m.offset;
+    v.dtype = m.dtype;
+    v.rank = 2;
+    v.dims = {rows, m.cols, 0, 0};
+    v.bytes = src;
+    MOEKIT_EXPECTS(out.size() == rows * m.cols * sizeof(float) &&
+                       reinterpret_cast<std::uintptr_t>(out.data()) % alignof(float) == 0,
+                   "checkpoint expert source: f32 rows need an aligned output of their size");
+    dequantize(v, std::span<float>(reinterpret_cast<float*>(out.data()), rows * m.cols));
   }
 
   // `bytes` at `offset` of file `f`, read as the 4096-aligned range covering them.

@@ -15,6 +15,23 @@
 ///   half uses 32 bytes of qs, shifting out 2 bits at a time (shift 0,2,4,6 give 4 runs of 32
 ///   weights, the first 16 of a run from qs[0..15], the next 16 from qs[16..31]);
 ///   w = d·sc·q − dmin·m
+/// - Q3_K (256 weights, 110 bytes): uint8 hmask[32]; uint8 qs[64]; uint8 scales[12]; f16 d.
+///   Sixteen sub-blocks of 16 with a 6-bit scale (low 4 bits: nibble s/8 of byte s%8; high 2
+///   bits: bits 2·(s/4) of byte 8 + s%4), stored offset by 32. Weight i (half h = i/128, run
+///   r = (i%128)/32, l = i%32) has the 2 low bits (qs[32h + l] >> 2r) & 3 and a high bit
+///   (hmask[l] >> i/32) & 1 that, when clear, subtracts 4;           w = d·(sc − 32)·q
+/// - Q5_K (256 weights, 176 bytes): f16 d; f16 dmin; uint8 scales[12] (as Q4_K); uint8 qh[32];
+///   uint8 qs[128]. Sub-block j (of 32) takes the low 4 bits from qs as Q4_K and bit j of qh[l]
+///   as bit 4;                                                       w = d·sc·q − dmin·m
+/// - Q6_K (256 weights, 210 bytes): uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d.
+///   Weight i (half h = i/128, within it n = (i%128)/64 and run r = (i%128)/32, l = i%32): low 4
+///   bits are nibble n of ql[64h + i%64], high 2 bits (qh[32h + l] >> 2r) & 3; sub-block of 16
+///   s = i/16;                                                       w = d·scales[s]·(q − 32)
+///
+/// Every product is rounded as gguf-py's `gguf.quants.dequantize` rounds it (f32; d·sc first,
+/// then ·q, then − dmin·m), so the values are bit-identical to it (tests/io/data/quant_blocks.gguf
+/// holds gguf-py's values). A fused multiply-add would round once instead of twice, so the block
+/// decoders below are compiled with floating-point contraction off.
 
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +47,17 @@
 namespace moekit::io {
 
 namespace detail {
+
+// No fused multiply-add in the block decoders: gguf-py rounds d·sc·q and dmin·m separately.
+#if defined(__clang__)
+#define MOEKIT_DEQUANTIZE_NO_CONTRACT _Pragma("clang fp contract(off)")
+#else
+#define MOEKIT_DEQUANTIZE_NO_CONTRACT
+#if defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+#endif
 
 // f16/bf16 decoding is moekit/precision/half.hpp's, the one the kernels and quantizers use.
 inline float half_at(const std::byte* p) noexcept { return half_bits_to_float(load_le<std::uint16_t>(p)); }
@@ -63,6 +91,7 @@ inline void dequantize_q4_0(const std::byte* b, float* y) noexcept {
 }
 
 inline void dequantize_q4_k(const std::byte* b, float* y) noexcept {
+  MOEKIT_DEQUANTIZE_NO_CONTRACT
   const float d = half_at(b);
   const float dmin = half_at(b + 2);
   const std::byte* scales = b + 4;
@@ -80,6 +109,7 @@ inline void dequantize_q4_k(const std::byte* b, float* y) noexcept {
 }
 
 inline void dequantize_q2_k(const std::byte* b, float* y) noexcept {
+  MOEKIT_DEQUANTIZE_NO_CONTRACT
   const std::byte* scales = b;
   const std::byte* qs = b + 16;
   const float d = half_at(b + 80);
@@ -98,6 +128,61 @@ inline void dequantize_q2_k(const std::byte* b, float* y) noexcept {
     }
   }
 }
+
+inline void dequantize_q3_k(const std::byte* b, float* y) noexcept {
+  const std::byte* hmask = b;
+  const std::byte* qs = b + 32;
+  const std::byte* scales = b + 96;
+  const float d = half_at(b + 108);
+  for (int i = 0; i < 256; ++i) {
+    const int s = i / 16, half = i / 128, shift = 2 * ((i % 128) / 32), l = i % 32;
+    const int low = (u8_at(scales + s % 8) >> (4 * (s / 8))) & 0xF;
+    const int high = (u8_at(scales + 8 + s % 4) >> (2 * (s / 4))) & 3;
+    const float dl = d * static_cast<float>((low | (high << 4)) - 32);
+    const int q2 = (u8_at(qs + 32 * half + l) >> shift) & 3;
+    const int hbit = (u8_at(hmask + l) >> (i / 32)) & 1;
+    y[i] = dl * static_cast<float>(q2 - (hbit ? 0 : 4));
+  }
+}
+
+inline void dequantize_q5_k(const std::byte* b, float* y) noexcept {
+  MOEKIT_DEQUANTIZE_NO_CONTRACT
+  const float d = half_at(b);
+  const float dmin = half_at(b + 2);
+  const std::byte* scales = b + 4;
+  const std::byte* qh = b + 16;
+  const std::byte* qs = b + 48;
+  for (int j = 0; j < 8; ++j) {  // sub-block j: nibble j%2 of qs[32·(j/2) ..], bit j of qh
+    std::uint8_t sc, m;
+    q4k_scale_min(j, scales, sc, m);
+    const float dj = d * sc, mj = dmin * m;
+    const std::byte* q = qs + 32 * (j / 2);
+    for (int l = 0; l < 32; ++l) {
+      const int low = (u8_at(q + l) >> (4 * (j % 2))) & 0xF;
+      const int high = (u8_at(qh + l) >> j) & 1;
+      y[32 * j + l] = dj * static_cast<float>(low | (high << 4)) - mj;
+    }
+  }
+}
+
+inline void dequantize_q6_k(const std::byte* b, float* y) noexcept {
+  const std::byte* ql = b;
+  const std::byte* qh = b + 128;
+  const std::byte* scales = b + 192;
+  const float d = half_at(b + 208);
+  for (int i = 0; i < 256; ++i) {
+    const int half = i / 128, nibble = (i % 128) / 64, shift = 2 * ((i % 128) / 32);
+    const int low = (u8_at(ql + 64 * half + i % 64) >> (4 * nibble)) & 0xF;
+    const int high = (u8_at(qh + 32 * half + i % 32) >> shift) & 3;
+    const float ds = d * static_cast<float>(static_cast<std::int8_t>(u8_at(scales + i / 16)));
+    y[i] = ds * static_cast<float>((low | (high << 4)) - 32);
+  }
+}
+
+#if !defined(__clang__) && defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+#undef MOEKIT_DEQUANTIZE_NO_CONTRACT
 
 }  // namespace detail
 
@@ -127,6 +212,9 @@ inline void dequantize(const TensorView& t, std::span<float> out) {
       case DType::q4_0: detail::dequantize_q4_0(p, y); break;
       case DType::q4_k: detail::dequantize_q4_k(p, y); break;
       case DType::q2_k: detail::dequantize_q2_k(p, y); break;
+      case DType::q3_k: detail::dequantize_q3_k(p, y); break;
+      case DType::q5_k: detail::dequantize_q5_k(p, y); break;
+      case DType::q6_k: detail::dequantize_q6_k(p, y); break;
     }
   }
 }

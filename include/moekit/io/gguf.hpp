@@ -11,8 +11,8 @@
 /// The reader checks every length against the bytes that remain, the alignment of each tensor
 /// offset, that every tensor lies inside the file, that no two tensors overlap, and that the
 /// shape is a whole number of blocks of its type. Tensors of ggml types other than F32, F16, BF16,
-/// Q8_0, Q4_0, Q4_K and Q2_K are listed (their sizes are known) but reading them reports
-/// `ErrorKind::unsupported` with the tensor's name.
+/// Q8_0, Q4_0 and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K are listed (their sizes are known)
+/// but reading them reports `ErrorKind::unsupported` with the tensor's name.
 
 #include <algorithm>
 #include <array>
@@ -44,8 +44,8 @@ enum class GgufValueType : std::uint32_t {
 
 /// ggml tensor types used in GGUF files (a subset of ggml_type, same numbers).
 namespace ggml_type {
-inline constexpr std::uint32_t f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 8, q2_k = 10, q4_k = 12,
-                               bf16 = 30;
+inline constexpr std::uint32_t f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 8, q2_k = 10, q3_k = 11,
+                               q4_k = 12, q5_k = 13, q6_k = 14, bf16 = 30;
 }
 
 /// One metadata value. Integers are widened (unsigned to u64, signed to i64), floats to double;
@@ -154,6 +154,9 @@ inline std::optional<DType> gguf_dtype(std::uint32_t t) noexcept {
     case ggml_type::q4_0: return DType::q4_0;
     case ggml_type::q4_k: return DType::q4_k;
     case ggml_type::q2_k: return DType::q2_k;
+    case ggml_type::q3_k: return DType::q3_k;
+    case ggml_type::q5_k: return DType::q5_k;
+    case ggml_type::q6_k: return DType::q6_k;
     default: return std::nullopt;
   }
 }
@@ -418,7 +421,7 @@ class GgufFile {
       throw Error(ErrorKind::unsupported,
                   "GGUF '" + path() + "': tensor '" + t->name + "' has ggml type " +
                       std::string(detail::ggml_type_info(t->ggml_type)->name) +
-                      "; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q2_K");
+                      "; supported: F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K");
     TensorView v;
     v.name = t->name;
     v.file = path();

@@ -66,6 +66,26 @@ constexpr std::optional<Precision> exact_moekit_precision(std::uint32_t type) no
   return std::nullopt;
 }
 
+/// The moekit format that experts stored as `t` are converted into when there is no exact path:
+/// the one with at least `t`'s bits per weight (Q6_K, Q5_K -> q8; Q4_K, Q3_K -> q4), except Q2_K,
+/// which q2 holds at about its size (a q4 store would double it). The float types and Q8_0/Q4_0
+/// map onto themselves.
+constexpr Precision nearest_moekit_precision(DType t) noexcept {
+  switch (t) {
+    case DType::f32: return Precision::f32;
+    case DType::f16: return Precision::f16;
+    case DType::bf16: return Precision::bf16;
+    case DType::q8_0:
+    case DType::q6_k:
+    case DType::q5_k: return Precision::q8;
+    case DType::q4_0:
+    case DType::q4_k:
+    case DType::q3_k: return Precision::q4;
+    case DType::q2_k: return Precision::q2;
+  }
+  return Precision::q4;
+}
+
 static_assert(row_bytes(32, Precision::q4, gguf_exact_scheme) == block_bytes(DType::q4_0));
 static_assert(row_bytes(32, Precision::q8, gguf_exact_scheme) == block_bytes(DType::q8_0));
 

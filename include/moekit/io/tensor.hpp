@@ -19,7 +19,7 @@ namespace moekit::io {
 
 /// Element formats the readers can hand out. The block formats follow ggml's definitions
 /// (see dequantize.hpp for their layouts).
-enum class DType : std::uint8_t { f32, f16, bf16, q8_0, q4_0, q4_k, q2_k };
+enum class DType : std::uint8_t { f32, f16, bf16, q8_0, q4_0, q4_k, q2_k, q3_k, q5_k, q6_k };
 
 /// Weights per block (1 for the plain float types).
 constexpr std::uint64_t block_elements(DType t) noexcept {
@@ -30,7 +30,10 @@ constexpr std::uint64_t block_elements(DType t) noexcept {
     case DType::q8_0:
     case DType::q4_0: return 32;
     case DType::q4_k:
-    case DType::q2_k: return 256;
+    case DType::q2_k:
+    case DType::q3_k:
+    case DType::q5_k:
+    case DType::q6_k: return 256;
   }
   return 1;
 }
@@ -45,6 +48,9 @@ constexpr std::uint64_t block_bytes(DType t) noexcept {
     case DType::q4_0: return 18;   // f16 d, uint8 qs[16]
     case DType::q4_k: return 144;  // f16 d, f16 dmin, uint8 scales[12], uint8 qs[128]
     case DType::q2_k: return 84;   // uint8 scales[16], uint8 qs[64], f16 d, f16 dmin
+    case DType::q3_k: return 110;  // uint8 hmask[32], uint8 qs[64], uint8 scales[12], f16 d
+    case DType::q5_k: return 176;  // f16 d, f16 dmin, uint8 scales[12], uint8 qh[32], uint8 qs[128]
+    case DType::q6_k: return 210;  // uint8 ql[128], uint8 qh[64], int8 scales[16], f16 d
   }
   return 0;
 }
@@ -58,6 +64,9 @@ constexpr std::string_view name(DType t) noexcept {
     case DType::q4_0: return "Q4_0";
     case DType::q4_k: return "Q4_K";
     case DType::q2_k: return "Q2_K";
+    case DType::q3_k: return "Q3_K";
+    case DType::q5_k: return "Q5_K";
+    case DType::q6_k: return "Q6_K";
   }
   return "?";
 }
