@@ -540,10 +540,9 @@ inline moekit::ModelShape gguf_shape(const moekit::io::GgufFile& g) { return ggu
 
 /// Writes the expert store of GGUF file `path` (experts as the stacked `_exps` tensors or
 /// per-expert tensors; F32/F16/BF16/Q8_0/Q4_0 and the K-quants Q2_K..Q6_K) at `precisions` to
-/// `out`. At the
-/// precision the file's type maps onto exactly (Q4_0 → q4, Q8_0 → q8, as the in-place reader
-/// does: io/gguf_transcode.hpp) the experts are moved, not re-rounded, so the store holds the very
-/// values the in-place path reads; other precisions are dequantized, then encoded.
+/// `out`. At the precision the file's type maps onto exactly (Q4_0 → q4, Q8_0 → q8, as the
+/// in-place reader does: io/gguf_transcode.hpp) the experts are moved, not re-rounded, so the store
+/// holds the very values the in-place path reads; other precisions are dequantized, then encoded.
 inline moekit::io::ExpertStoreWriteReport build_store_from_gguf(
     const std::filesystem::path& path, std::span<const moekit::Precision> precisions,
     const std::filesystem::path& out, moekit::io::ExpertStoreWriteOptions options) {
