@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -48,6 +49,7 @@ namespace moekit {
 /// The oracle's script with each true expert kept with probability `recall`.
 class NoisyOraclePredictor {
  public:
+  static constexpr std::string_view name = "noisy-oracle";
   struct Config {
     std::vector<OracleCall> calls;       ///< every layer call, in the order `route` sees them
     /// Optional: per call, the precision of each expert of `calls[c].experts` (same order).

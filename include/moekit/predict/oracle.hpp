@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,7 @@ inline void check_script_call(const char* who, const std::vector<OracleCall>& ca
 /// Predicts the scripted future exactly.
 class OraclePredictor {
  public:
+  static constexpr std::string_view name = "oracle";
   struct Config {
     std::vector<OracleCall> calls;       ///< every layer call, in the order `route` sees them
     std::uint32_t distance = 1;          ///< layers ahead to predict (1..3)

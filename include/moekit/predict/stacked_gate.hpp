@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moekit/core/concepts.hpp"
@@ -32,6 +33,7 @@ namespace moekit {
 /// HOBBIT's stacked-gate predictor; needs `GateView.hidden` (the gate input) on every call.
 class StackedGatePredictor {
  public:
+  static constexpr std::string_view name = "stacked-gate";
   struct Config {
     /// Routers of all MoE layers, back to back: [n_layers · n_experts · hidden] f32, row l·E + e
     /// = router row of expert e of layer l. Copied (packed) by the constructor: the span only

@@ -1,3 +1,5 @@
+// ExpertCache (cache/expert_cache.hpp): residency, pools, pins and the checks on a policy's victims.
+
 #include <catch2/catch.hpp>
 
 #include "moekit/cache/expert_cache.hpp"
@@ -14,16 +16,7 @@ AccessInfo acc(ExpertCache<LruPolicy>& c, Precision p = Precision::f16, std::uin
 }
 }  // namespace
 
-TEST_CASE("ModelShape gives Mixtral's expert sizes", "[core]") {
-  CHECK(mixtral_8x7b.expert_bytes(Precision::f16) == 352'321'536u);
-  CHECK(mixtral_8x7b.expert_bytes(Precision::q8) == 187'170'816u);  // Q8_0-like, 8.5 bits
-  CHECK(mixtral_8x7b.expert_bytes(Precision::q4) == 99'090'432u);   // Q4_0-like, 4.5 bits
-  ModelShape bad = tiny;
-  bad.top_k = 5;
-  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("top_k"));
-}
-
-TEST_CASE("ExpertCache evicts the least recently used unpinned expert", "[core][cache]") {
+TEST_CASE("ExpertCache evicts the least recently used unpinned expert", "[cache][expert_cache]") {
   ExpertCache<LruPolicy> c(tiny, 2 * f16_bytes, Precision::f16);
   REQUIRE(c.insert({0, 0}, acc(c)).ok());
   REQUIRE(c.insert({0, 1}, acc(c)).ok());
@@ -47,7 +40,7 @@ TEST_CASE("ExpertCache evicts the least recently used unpinned expert", "[core][
   c.check_invariants();
 }
 
-TEST_CASE("ExpertCache serves low-precision requests from high-precision copies", "[core][cache]") {
+TEST_CASE("ExpertCache serves low-precision requests from high-precision copies", "[cache][expert_cache]") {
   ExpertCache<LruPolicy> c(tiny, 4 * f16_bytes, Precision::f16);
   REQUIRE(c.insert({0, 1}, acc(c, Precision::q4)).ok());
   CHECK(c.resident_at({0, 1}, Precision::q4));
@@ -60,7 +53,7 @@ TEST_CASE("ExpertCache serves low-precision requests from high-precision copies"
   c.check_invariants();
 }
 
-TEST_CASE("ExpertCache evicts soft-pinned experts only when nothing else is left", "[core][cache]") {
+TEST_CASE("ExpertCache evicts soft-pinned experts only when nothing else is left", "[cache][expert_cache]") {
   ExpertCache<LruPolicy> c(tiny, 2 * f16_bytes, Precision::f16);
   REQUIRE(c.insert({0, 0}, acc(c)).ok());
   REQUIRE(c.insert({0, 1}, acc(c)).ok());
@@ -74,7 +67,7 @@ TEST_CASE("ExpertCache evicts soft-pinned experts only when nothing else is left
   c.check_invariants();
 }
 
-TEST_CASE("ExpertCache refuses experts larger than their pool", "[core][cache]") {
+TEST_CASE("ExpertCache refuses experts larger than their pool", "[cache][expert_cache]") {
   ExpertCache<LruPolicy> c(tiny, f16_bytes - 1, Precision::f16);
   CHECK(c.insert({0, 0}, acc(c)).status == InsertStatus::too_large);
   CHECK(c.insert({0, 0}, acc(c, Precision::q8)).ok());
@@ -92,7 +85,7 @@ struct LyingPolicy {
 };
 }  // namespace
 
-TEST_CASE("ExpertCache rejects a policy's victim that is pinned", "[core][cache]") {
+TEST_CASE("ExpertCache rejects a policy's victim that is pinned", "[cache][expert_cache]") {
   ExpertCache<LyingPolicy> c(tiny, f16_bytes, Precision::f16);
   REQUIRE(c.insert({0, 0}, c.access(Precision::f16, 0)).ok());
   c.pin_hard({0, 0});
