@@ -92,3 +92,59 @@ TEST_CASE("ExpertCache rejects a policy's victim that is pinned", "[cache][exper
   CHECK_THROWS_WITH(c.insert({0, 1}, c.access(Precision::f16, 0)),
                     Catch::Contains("not resident, unpinned and in the pool"));
 }
+
+TEST_CASE("ExpertCache keeps an expert whose load is in flight, without a pin",
+          "[cache][expert_cache]") {
+  ExpertCache<LruPolicy> c(tiny, 2 * f16_bytes, Precision::f16);
+  REQUIRE(c.insert({0, 0}, acc(c)).ok());
+  c.mark_loading({0, 0}, LoadTicket{1});
+  REQUIRE(c.insert({0, 1}, acc(c)).ok());
+  CHECK(c.entry({0, 0}).hard_pins == 0);
+  CHECK(c.pinned({0, 0}));  // in use while loading
+  REQUIRE(c.insert({1, 0}, acc(c)).ok());  // LRU is (0,0), but it is loading: (0,1) goes
+  CHECK(c.resident({0, 0}));
+  CHECK_FALSE(c.resident({0, 1}));
+  CHECK(c.insert({0, 0}, acc(c, Precision::f32)).status == InsertStatus::all_pinned);  // no upgrade
+  CHECK_THROWS_WITH(c.evict({0, 0}), Catch::Contains("still loading"));
+  c.mark_loaded({0, 0});
+  REQUIRE(c.insert({1, 1}, acc(c)).ok());  // evictable again: the LRU goes
+  CHECK_FALSE(c.resident({0, 0}));
+  c.check_invariants();
+}
+
+TEST_CASE("ExpertCache::cancel_load drops a loading prefetch without counting it wasted",
+          "[cache][expert_cache]") {
+  ExpertCache<LruPolicy> c(tiny, 2 * f16_bytes, Precision::f16);
+  REQUIRE(c.insert({0, 0}, c.access(Precision::f16, 0, 1, /*prefetch=*/true)).ok());
+  CHECK_THROWS_WITH(c.cancel_load({0, 0}), Catch::Contains("not loading"));
+  c.mark_loading({0, 0}, LoadTicket{1});
+  c.cancel_load({0, 0});
+  CHECK_FALSE(c.resident({0, 0}));
+  CHECK(c.stats().wasted_prefetches == 0);
+  // The same prefetch loaded and evicted unused is wasted.
+  REQUIRE(c.insert({0, 0}, c.access(Precision::f16, 0, 1, /*prefetch=*/true)).ok());
+  c.evict({0, 0});
+  CHECK(c.stats().wasted_prefetches == 1);
+  c.check_invariants();
+}
+
+TEST_CASE("ExpertCache owns the arena behind its slots: an eviction releases the slot's buffer",
+          "[cache][expert_cache]") {
+  // A limit of 0 bytes: a released buffer is freed at once.
+  ExpertCache<LruPolicy> c(tiny, 2 * f16_bytes, Precision::f16, LruPolicy{},
+                           ExpertArena(tiny.expert_count(), 0));
+  const auto a = c.insert({0, 0}, acc(c));
+  REQUIRE(a.ok());
+  (void)c.arena().acquire(a.slot, f16_bytes);
+  const std::size_t one = c.arena().held_bytes();
+  CHECK(one >= f16_bytes);
+  const auto b = c.insert({0, 1}, acc(c));
+  (void)c.arena().acquire(b.slot, f16_bytes);
+  CHECK(c.arena().held_bytes() == 2 * one);
+  REQUIRE(c.insert({1, 0}, acc(c)).ok());  // evicts (0,0): its buffer goes
+  CHECK_FALSE(c.resident({0, 0}));
+  CHECK(c.arena().held_bytes() == one);
+  CHECK_THROWS_WITH(ExpertCache<LruPolicy>(tiny, f16_bytes, Precision::f16, LruPolicy{},
+                                           ExpertArena(tiny.expert_count() - 1, 0)),
+                    Catch::Contains("a buffer per cache slot"));
+}

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moekit/cache/expert_cache.hpp"
+#include "support/eviction_observed.hpp"
 #include "support/named_component.hpp"
 #include "support/policy_list.hpp"
 
@@ -91,7 +92,7 @@ struct EvictionCheck {
 /// Replays `steps` like OffloadPipeline does and checks the cache's invariants after every step.
 template <class P>
 struct Harness {
-  ExpertCache<P> cache;
+  ExpertCache<test::EvictionObserved<P>> cache;
   std::vector<Eviction> evictions;
   std::set<ExpertKey> hard;  // our record of hard pins
   ExpertKey inserting{0xffffffffu, 0};
@@ -99,15 +100,16 @@ struct Harness {
   std::uint64_t misses = 0, failures = 0;
 
   Harness(const ModelShape& s, std::size_t budget, std::span<const FutureAccess> future)
-      : cache(s, budget, Precision::f16, test::make_policy<P>(s, future)) {
-    cache.set_eviction_listener(this, &listener);
+      : cache(s, budget, Precision::f16,
+              test::EvictionObserved<P>(test::make_policy<P>(s, future))) {
+    cache.policy().observe = [this](ExpertKey key) { on_evicted(key); };
   }
 
   std::vector<EvictionCheck> checks;
 
   // Called before the entry is cleared, so it still shows the victim's pins.
-  static void listener(void* ctx, ExpertKey key, std::uint32_t) noexcept {
-    auto* h = static_cast<Harness*>(ctx);
+  void on_evicted(ExpertKey key) {
+    Harness* h = this;
     h->evictions.push_back({h->step, key});
     const auto& c = h->cache;
     const auto& e = c.entry(key);
@@ -122,7 +124,7 @@ struct Harness {
     h->checks.push_back(chk);
   }
 
-  /// Checked in the test body (the listener is noexcept): no hard-pinned victim; a soft-pinned
+  /// Checked in the test body (not inside the cache's eviction): no hard-pinned victim; a soft-pinned
   /// victim only when nothing unpinned was left in its pool.
   void check_eviction_rules(std::size_t from) {
     for (std::size_t i = from; i < checks.size(); ++i) {

@@ -54,9 +54,11 @@ class StackedGatePredictor {
     MOEKIT_EXPECTS(cfg_.top_k > 0 && cfg_.top_k <= cfg_.n_experts &&
                        cfg_.top_k <= HobbitRule::max_k,
                    "StackedGatePredictor: Config.top_k must be in [1, n_experts]");
-    MOEKIT_EXPECTS(cfg_.lookahead <= 3,
-                   "StackedGatePredictor: Config.lookahead must be <= 3 (the pipeline scores and "
-                   "admits prefetches up to 3 layers ahead)");
+    MOEKIT_EXPECTS(cfg_.lookahead <= max_prediction_distance,
+                   "StackedGatePredictor: Config.lookahead must be <= " +
+                       std::to_string(max_prediction_distance) +
+                       " (the pipeline scores and admits prefetches up to " +
+                       std::to_string(max_prediction_distance) + " layers ahead)");
     cfg_.rule.validate();
     best_.resize(cfg_.n_experts);
     conf_.resize(cfg_.n_experts);
