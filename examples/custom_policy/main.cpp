@@ -44,9 +44,9 @@ int main() {
   const float w[] = {0.7f, 0.3f};
   for (std::uint32_t l = 0; l < shape.n_layers; ++l) {  // every layer routes to experts 1 and 5
     const LayerContext c{l, shape.n_layers, 0, Phase::decode, 0, 1};
-    p.resolve(
-        p.route(c, GateView{.n_tokens = 1, .k = 2, .n_experts = 8, .experts = ids, .weights = w}));
-    p.end_layer(c);
+    // One layer call: routed, resolved, and ended when the LayerCall goes out of scope.
+    (void)p.layer(c, GateView{.n_tokens = 1, .k = 2, .n_experts = 8, .experts = ids, .weights = w})
+        .resolve();
   }
   const PipelineStats s = p.stats();
   std::printf("hits %llu, misses %llu, prefetch precision %.2f recall %.2f\n",

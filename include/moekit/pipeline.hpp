@@ -10,7 +10,13 @@
 ///  6. asks the predictor for prefetches of later layers, admits and submits them,
 /// and returns the layer's plan. `resolve` waits for the plan's loads and returns a weight view per
 /// expert; `end_layer` releases the layer's pins; `end_token` asks the token policy whether to keep
-/// the token. Nothing on this path allocates once the pipeline is warm.
+/// the token. `layer(ctx, gate)` holds one layer call in a scoped `LayerCall` (route on creation,
+/// `resolve` of its own plan, end_layer when it goes out of scope), so the order cannot be got
+/// wrong. Nothing on this path allocates once the pipeline is warm.
+///
+/// A load is started in one place (`start_load`: submitted, marked loading in the cache, which
+/// keeps the entry until the load is seen complete, and tracked). The cache owns the arena behind
+/// its slots, so an eviction recycles its slot's memory without calling back into the pipeline.
 
 #include <algorithm>
 #include <array>
@@ -33,6 +39,7 @@
 #include "moekit/core/plan.hpp"
 #include "moekit/core/prefetch_list.hpp"
 #include "moekit/error.hpp"
+#include "moekit/layer_call.hpp"
 #include "moekit/score/full_top_k.hpp"
 
 namespace moekit {
@@ -47,7 +54,8 @@ struct PipelineConfig {
   /// resident pinned, or a policy's per-layer pool smaller than a prefill layer's needs).
   /// 0 = the number of experts per layer.
   std::uint32_t staging_slots = 0;
-  std::uint32_t max_prefetch_distance = 3;  ///< prefetches further ahead are dropped
+  /// Prefetches further ahead are dropped; at most `max_prediction_distance` (core/plan.hpp).
+  std::uint32_t max_prefetch_distance = max_prediction_distance;
   /// A `skip` from the scorer drops only misses by default; true drops resident experts too.
   bool skip_even_if_resident = false;
 };
@@ -92,7 +100,8 @@ struct PipelineStats {
   double stall_seconds = 0.0;
   /// HOBBIT's miss penalty: a miss at the base precision costs 1, at a lower one bits/base bits.
   double miss_penalty = 0.0;
-  std::array<PredictionStats, 4> prediction{};  ///< index = distance 1..3 (0 unused)
+  /// Index = distance 1..max_prediction_distance (0 unused).
+  std::array<PredictionStats, max_prediction_distance + 1> prediction{};
   CacheStats cache{};
 
   [[nodiscard]] double hit_rate() const noexcept {
@@ -146,12 +155,13 @@ class OffloadPipeline {
                   TokenPolicyT token_policy = TokenPolicyT{})
       : shape_(validated(shape, config)),
         cfg_(normalised(config, shape)),
+        cache_(shape_, cfg_.expert_budget_bytes, cfg_.sizing_precision, std::move(policy),
+               make_arena(shape_, cfg_)),
         scorer_(std::move(scorer)),
         predictor_(std::move(predictor)),
         loader_(std::move(loader)),
         scheduler_(std::move(scheduler)),
-        token_policy_(std::move(token_policy)),
-        cache_(shape_, cfg_.expert_budget_bytes, cfg_.sizing_precision, std::move(policy)) {
+        token_policy_(std::move(token_policy)) {
     const std::size_t E = shape_.n_experts;
     const std::size_t N = shape_.expert_count();
     demand_slot_.assign(E, -1);
@@ -165,17 +175,10 @@ class OffloadPipeline {
     truth_.assign(E, 0);
     for (auto& p : predicted_) p.assign(N, 0);
     for (auto& p : pending_predictions_) p.assign(shape_.n_layers, 0);
-    soft_mark_.assign(N, none_layer);
     soft_by_layer_.resize(shape_.n_layers);
     for (auto& v : soft_by_layer_) v.reserve(E);
-    if constexpr (keeps_bytes) {
-      const std::size_t max_bytes = shape_.expert_bytes(cfg_.base_precision);
-      arena_ = ExpertArena(N + cfg_.staging_slots,
-                           cfg_.expert_budget_bytes + cfg_.staging_slots * max_bytes + max_bytes);
-    }
     for (std::size_t i = 0; i < bytes_.size(); ++i)  // every Precision, `skip` included
       bytes_[i] = shape_.expert_bytes(static_cast<Precision>(i));
-    cache_.set_eviction_listener(this, &on_evicted);
   }
 
   OffloadPipeline(const OffloadPipeline&) = delete;
@@ -202,11 +205,8 @@ class OffloadPipeline {
     if (cache_.resident_at(key, precision)) return true;
     const auto r = cache_.insert(key, cache_.access(precision, key.layer));
     if (!r.ok()) return false;
-    const LoadTicket t =
-        submit(key, precision, LoadPriority::prefetch, r.slot, bytes_of(precision));
-    cache_.mark_loading(key, t);
-    cache_.pin_hard(key);  // loading pin
-    in_flight_.push_back({key, t});
+    (void)start_load(key, precision, LoadPriority::prefetch, r.slot);
+    in_flight_.back().preload = true;
     stats_.bytes_preloaded += bytes_of(precision);
     return true;
   }
@@ -268,6 +268,12 @@ class OffloadPipeline {
     return plan_;
   }
 
+  /// One layer call in a scope: routes now; `resolve()` waits for its plan's loads; the layer
+  /// ends (`end_layer`) when the returned LayerCall goes out of scope.
+  [[nodiscard]] LayerCall<OffloadPipeline> layer(const LayerContext& ctx, const GateView& gate) {
+    return LayerCall<OffloadPipeline>(*this, ctx, gate);
+  }
+
   /// Waits for the plan's loads and returns one view per planned expert (same order).
   std::span<const WeightView> resolve(const LayerPlan& plan) {
     views_.clear();
@@ -279,13 +285,11 @@ class OffloadPipeline {
           loader_.wait(p.ticket);
           stats_.stall_seconds +=
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          if (!is_staging(p.slot) && cache_.entry(p.key).ticket == p.ticket) {
-            cache_.mark_loaded(p.key);
-            cache_.unpin_hard(p.key);  // the loading pin; the layer pin stays until end_layer
-          }
+          if (!is_staging(p.slot) && cache_.entry(p.key).ticket == p.ticket)
+            cache_.mark_loaded(p.key);  // evictable again once end_layer drops the layer pin
         }
         if constexpr (keeps_bytes)
-          v.bytes = arena_.bytes(p.slot, bytes_of(p.precision));
+          v.bytes = cache_.arena().bytes(p.slot, bytes_of(p.precision));
       } else if (p.placement == Placement::host_cpu) {
         if constexpr (declares<LoaderT>(Hook::host_bytes))
           v.bytes = loader_.host_bytes(p.key, p.precision);
@@ -297,13 +301,13 @@ class OffloadPipeline {
 
   /// The layer's experts have run: their pins are released, staging slots recycled, and soft pins
   /// of predictions for this layer dropped.
-  void end_layer(const LayerContext& ctx) {
+  void end_layer(const LayerContext& ctx) noexcept {
     for (const ExpertPlan& p : plan_.experts) {
       if (p.hit) {
         cache_.unpin_hard(p.key);
       } else if (p.placement == Placement::device) {
         if (is_staging(p.slot)) {
-          if constexpr (keeps_bytes) arena_.release(p.slot);
+          if constexpr (keeps_bytes) cache_.arena().release(p.slot);
         } else {
           cache_.unpin_hard(p.key);
         }
@@ -347,7 +351,7 @@ class OffloadPipeline {
   [[nodiscard]] TokenPolicyT& token_policy() noexcept { return token_policy_; }
   /// Bytes of expert memory held (cache + staging), when the loader keeps bytes.
   [[nodiscard]] std::size_t memory_held_bytes() const noexcept {
-    if constexpr (keeps_bytes) return arena_.held_bytes();
+    if constexpr (keeps_bytes) return cache_.arena().held_bytes();
     return 0;
   }
 
@@ -357,12 +361,18 @@ class OffloadPipeline {
   struct InFlight {
     ExpertKey key;
     LoadTicket ticket;
+    bool preload = false;  ///< a start-up placement: not a guess, never withdrawn
   };
 
   static const ModelShape& validated(const ModelShape& shape, const PipelineConfig& cfg) {
     shape.validate();
     MOEKIT_EXPECTS(cfg.base_precision != Precision::skip,
                    "PipelineConfig.base_precision must be a stored format, not skip");
+    MOEKIT_EXPECTS(cfg.max_prefetch_distance <= max_prediction_distance,
+                   "PipelineConfig.max_prefetch_distance must be <= " +
+                       std::to_string(max_prediction_distance) +
+                       " (max_prediction_distance: the farthest the pipeline admits and scores "
+                       "prefetches)");
     const std::size_t one = shape.expert_bytes(cfg.base_precision);
     if (cfg.expert_budget_bytes < std::size_t{shape.top_k} * one)
       detail::fail(ErrorKind::invalid_argument,
@@ -377,6 +387,13 @@ class OffloadPipeline {
     if (c.sizing_precision == Precision::skip) c.sizing_precision = c.base_precision;
     if (c.staging_slots == 0) c.staging_slots = shape.n_experts;
     return c;
+  }
+  // The arena behind the cache slots and the staging slots, when the loader keeps bytes.
+  static ExpertArena make_arena(const ModelShape& shape, const PipelineConfig& cfg) {
+    if constexpr (!keeps_bytes) return ExpertArena{};
+    const std::size_t max_bytes = shape.expert_bytes(cfg.base_precision);
+    return ExpertArena(shape.expert_count() + cfg.staging_slots,
+                       cfg.expert_budget_bytes + cfg.staging_slots * max_bytes + max_bytes);
   }
   [[nodiscard]] std::size_t prefetch_capacity() const noexcept {
     return std::size_t{shape_.n_experts} * (cfg_.max_prefetch_distance + 1) +
@@ -397,12 +414,6 @@ class OffloadPipeline {
   static bool resident_fn(const void* self, ExpertKey key, Precision want) noexcept {
     const auto* p = static_cast<const OffloadPipeline*>(self);
     return p->shape_.contains(key) && p->cache_.resident_at(key, want);
-  }
-  static void on_evicted(void* self, ExpertKey key, std::uint32_t slot) noexcept {
-    auto* p = static_cast<OffloadPipeline*>(self);
-    p->soft_mark_[p->shape_.index(key)] = none_layer;
-    if constexpr (keeps_bytes) p->arena_.release(slot);
-    else (void)slot;
   }
 
   // Unique experts of the layer call, with token counts and weights, in first-seen order.
@@ -431,7 +442,7 @@ class OffloadPipeline {
   // (`truth_` marks the layer's demanded experts).
   void score_predictions(std::uint32_t layer) {
     const std::size_t base = std::size_t{layer} * shape_.n_experts;
-    for (std::uint32_t dist = 1; dist <= 3; ++dist) {
+    for (std::uint32_t dist = 1; dist <= max_prediction_distance; ++dist) {
       if (layer < dist) continue;
       PredictionStats& s = stats_.prediction[dist];
       std::uint32_t& pending = pending_predictions_[dist][layer];
@@ -490,11 +501,8 @@ class OffloadPipeline {
     const auto r = cache_.insert(p.key, cache_.access(p.precision, ctx.layer, p.n_tokens));
     if (r.ok()) {
       p.slot = r.slot;
-      p.ticket = submit(p.key, p.precision, LoadPriority::on_demand, r.slot, bytes);
-      cache_.mark_loading(p.key, p.ticket);
-      cache_.pin_hard(p.key);  // loading pin (released when the load is seen complete)
+      p.ticket = start_load(p.key, p.precision, LoadPriority::on_demand, r.slot);
       cache_.pin_hard(p.key);  // layer pin (released by end_layer)
-      in_flight_.push_back({p.key, p.ticket});
     } else {
       if (staging_used_ >= cfg_.staging_slots)
         detail::fail(ErrorKind::invalid_argument,
@@ -514,22 +522,35 @@ class OffloadPipeline {
   LoadTicket submit(ExpertKey key, Precision prec, LoadPriority prio, std::uint32_t slot,
                     std::size_t bytes) {
     LoadRequest req{key, prec, prio, {}};
-    if constexpr (keeps_bytes) req.dest = arena_.acquire(slot, bytes);
+    if constexpr (keeps_bytes) req.dest = cache_.arena().acquire(slot, bytes);
     else (void)slot, (void)bytes;
     return loader_.submit(req);
   }
 
-  // Prefetches: validated, recorded for the prediction metrics, admitted if there is room.
+  // Starts the load of `key`, just inserted at `slot`: submitted, marked loading (the cache keeps
+  // the entry until the load is seen complete) and tracked until then.
+  LoadTicket start_load(ExpertKey key, Precision prec, LoadPriority prio, std::uint32_t slot) {
+    const LoadTicket t = submit(key, prec, prio, slot, bytes_of(prec));
+    cache_.mark_loading(key, t);
+    in_flight_.push_back({key, t});
+    return t;
+  }
+
+  // Prefetches: validated, recorded for the prediction metrics, admitted if there is room. A
+  // prefetch of a layer call lies `distance` layers after it, within the distance limit; one of
+  // `on_verdict` (from_layer none) has no predicting layer and is not scored.
   void issue_prefetches(std::uint32_t from_layer, std::span<const Prefetch> items) {
     for (const Prefetch& pf : items) {
-      const bool after = from_layer == none_layer || pf.key.layer > from_layer;
-      const std::uint32_t dist = from_layer == none_layer ? 0 : pf.key.layer - from_layer;
-      if (!shape_.contains(pf.key) || !after || pf.precision == Precision::skip ||
-          dist > cfg_.max_prefetch_distance) {
+      const bool placed =
+          from_layer == none_layer ||
+          (pf.distance >= 1 && pf.distance <= cfg_.max_prefetch_distance &&
+           pf.key.layer == from_layer + pf.distance);
+      if (!shape_.contains(pf.key) || !placed || pf.precision == Precision::skip) {
         ++stats_.prefetches_dropped;
         continue;
       }
-      if (dist >= 1 && dist <= 3) {
+      const std::uint32_t dist = from_layer == none_layer ? 0 : pf.distance;
+      if (dist >= 1) {
         std::uint8_t& bit = predicted_[dist][shape_.index(pf.key)];
         if (!bit) ++pending_predictions_[dist][pf.key.layer];
         bit = 1;
@@ -551,10 +572,7 @@ class OffloadPipeline {
         ++stats_.prefetches_dropped;
         continue;
       }
-      const LoadTicket t = submit(pf.key, pf.precision, LoadPriority::prefetch, r.slot, bytes);
-      cache_.mark_loading(pf.key, t);
-      cache_.pin_hard(pf.key);  // loading pin
-      in_flight_.push_back({pf.key, t});
+      (void)start_load(pf.key, pf.precision, LoadPriority::prefetch, r.slot);
       soft_pin(pf.key);
       ++stats_.prefetches_issued;
       stats_.bytes_prefetched += bytes;
@@ -562,25 +580,20 @@ class OffloadPipeline {
     }
   }
 
+  // A predicted expert is soft-pinned once, until its layer ends (or it leaves the cache, which
+  // forgets its pins). Only the pipeline soft-pins entries of its cache.
   void soft_pin(ExpertKey key) {
-    const std::size_t i = shape_.index(key);
-    if (soft_mark_[i] != none_layer) return;
-    soft_mark_[i] = key.layer;
+    if (cache_.entry(key).soft_pins > 0) return;
     cache_.pin_soft(key);
     soft_by_layer_[key.layer].push_back(key);
   }
-  void release_soft_pins(std::uint32_t layer) {
-    for (ExpertKey k : soft_by_layer_[layer]) {
-      std::uint32_t& m = soft_mark_[shape_.index(k)];
-      if (m == layer) {
-        cache_.unpin_soft(k);
-        m = none_layer;
-      }
-    }
+  void release_soft_pins(std::uint32_t layer) noexcept {
+    for (ExpertKey k : soft_by_layer_[layer])
+      if (cache_.entry(k).soft_pins > 0) cache_.unpin_soft(k);
     soft_by_layer_[layer].clear();
   }
 
-  // Loads seen complete (every load, waited for, with `wait_all`) release their loading pin.
+  // Loads seen complete (every load, waited for, with `wait_all`) make their entries evictable.
   void collect_completed_loads(bool wait_all = false) {
     std::size_t w = 0;
     for (const InFlight& f : in_flight_) {
@@ -589,7 +602,6 @@ class OffloadPipeline {
       if (wait_all || loader_.poll(f.ticket)) {
         loader_.wait(f.ticket);  // complete: rethrows the load's error, if any
         cache_.mark_loaded(f.key);
-        cache_.unpin_hard(f.key);
         continue;
       }
       in_flight_[w++] = f;
@@ -597,16 +609,17 @@ class OffloadPipeline {
     in_flight_.resize(w);
   }
 
-  // Queued prefetches for this layer that it does not need (`truth_` unmarked) are withdrawn.
+  // Queued prefetches for this layer that it does not need (`truth_` unmarked) and no one uses
+  // (no hard pin) are withdrawn.
   void cancel_stale_prefetches(std::uint32_t layer) {
     std::size_t w = 0;
     for (const InFlight& f : in_flight_) {
       const auto& e = cache_.entry(f.key);
-      if (f.key.layer == layer && e.loading && e.ticket == f.ticket && !truth_[f.key.expert] &&
-          e.hard_pins == 1 && loader_.cancel(f.ticket)) {
-        cache_.unpin_hard(f.key);
+      // A preload is not withdrawn: it is placement, and its bytes are not in bytes_prefetched.
+      if (!f.preload && f.key.layer == layer && e.loading && e.ticket == f.ticket &&
+          !truth_[f.key.expert] && e.hard_pins == 0 && loader_.cancel(f.ticket)) {
         stats_.bytes_prefetched -= e.bytes;
-        cache_.evict(f.key, /*count_unused_prefetch=*/false);
+        cache_.cancel_load(f.key);
         ++stats_.prefetches_cancelled;
         continue;
       }
@@ -617,16 +630,16 @@ class OffloadPipeline {
 
   ModelShape shape_;
   PipelineConfig cfg_;
-  // Declared before the loader so that it is destroyed after it: the loader's destructor waits
-  // for the loads its threads are writing into the arena (a pipeline unwound by an exception
-  // with loads in flight freed their destination first and the loader thread crashed).
-  ExpertArena arena_;
+  // Declared before the loader so that the cache's arena is destroyed after it: the loader's
+  // destructor waits for the loads its threads are writing into the arena (a pipeline unwound by
+  // an exception with loads in flight freed their destination first and the loader thread
+  // crashed).
+  Cache cache_;
   [[no_unique_address]] ScorerT scorer_;
   [[no_unique_address]] PredictorT predictor_;
   LoaderT loader_;
   [[no_unique_address]] SchedulerT scheduler_;
   [[no_unique_address]] TokenPolicyT token_policy_;
-  Cache cache_;
 
   PipelineStats stats_{};
   LayerPlan plan_;
@@ -637,10 +650,11 @@ class OffloadPipeline {
   std::vector<Prefetch> prefetch_buf_;
   std::vector<InFlight> in_flight_;
   std::vector<std::uint8_t> truth_;
-  std::array<std::vector<std::uint8_t>, 4> predicted_;  // [distance][expert index]: predicted?
-  std::array<std::vector<std::uint32_t>, 4> pending_predictions_;  // [distance][layer]: how many
-  std::vector<std::uint32_t> soft_mark_;
-  std::vector<std::vector<ExpertKey>> soft_by_layer_;
+  // [distance][expert index]: predicted?
+  std::array<std::vector<std::uint8_t>, max_prediction_distance + 1> predicted_;
+  // [distance][layer]: how many
+  std::array<std::vector<std::uint32_t>, max_prediction_distance + 1> pending_predictions_;
+  std::vector<std::vector<ExpertKey>> soft_by_layer_;  // soft-pinned keys, by their layer
   std::uint32_t staging_used_ = 0;
   std::array<std::size_t, precision_count + 1> bytes_{};  // expert bytes per stored precision
 };

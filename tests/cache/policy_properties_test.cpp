@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "moekit/cache/expert_cache.hpp"
+#include "support/eviction_observed.hpp"
+#include "support/named_component.hpp"
 #include "support/policy_list.hpp"
 
 using namespace moekit;
@@ -90,7 +92,7 @@ struct EvictionCheck {
 /// Replays `steps` like OffloadPipeline does and checks the cache's invariants after every step.
 template <class P>
 struct Harness {
-  ExpertCache<P> cache;
+  ExpertCache<test::EvictionObserved<P>> cache;
   std::vector<Eviction> evictions;
   std::set<ExpertKey> hard;  // our record of hard pins
   ExpertKey inserting{0xffffffffu, 0};
@@ -98,15 +100,16 @@ struct Harness {
   std::uint64_t misses = 0, failures = 0;
 
   Harness(const ModelShape& s, std::size_t budget, std::span<const FutureAccess> future)
-      : cache(s, budget, Precision::f16, test::make_policy<P>(s, future)) {
-    cache.set_eviction_listener(this, &listener);
+      : cache(s, budget, Precision::f16,
+              test::EvictionObserved<P>(test::make_policy<P>(s, future))) {
+    cache.policy().observe = [this](ExpertKey key) { on_evicted(key); };
   }
 
   std::vector<EvictionCheck> checks;
 
   // Called before the entry is cleared, so it still shows the victim's pins.
-  static void listener(void* ctx, ExpertKey key, std::uint32_t) noexcept {
-    auto* h = static_cast<Harness*>(ctx);
+  void on_evicted(ExpertKey key) {
+    Harness* h = this;
     h->evictions.push_back({h->step, key});
     const auto& c = h->cache;
     const auto& e = c.entry(key);
@@ -121,7 +124,7 @@ struct Harness {
     h->checks.push_back(chk);
   }
 
-  /// Checked in the test body (the listener is noexcept): no hard-pinned victim; a soft-pinned
+  /// Checked in the test body (not inside the cache's eviction): no hard-pinned victim; a soft-pinned
   /// victim only when nothing unpinned was left in its pool.
   void check_eviction_rules(std::size_t from) {
     for (std::size_t i = from; i < checks.size(); ++i) {
@@ -195,7 +198,7 @@ struct Harness {
     REQUIRE(st == InsertStatus::all_pinned);
     const auto& self = cache.entry(d.key);
     if (self.resident() && self.hard_pins > 0) return;  // an in-use lower copy is not replaced
-    if constexpr (test::PolicyTraits<P>::always_finds_victim) {
+    if constexpr (test::PolicySetup<P>::always_finds_victim) {
       // The policy gave up: then nothing in the pool may have been evictable.
       for (std::uint32_t l = 0; l < cache.shape().n_layers; ++l)
         for (std::uint32_t e = 0; e < cache.shape().n_experts; ++e) {
@@ -208,13 +211,22 @@ struct Harness {
 
 }  // namespace
 
+TEST_CASE("every cache policy says its own name, each a different one", "[cache][properties]") {
+  const auto names = test::names_of<AllPolicies>();
+  CAPTURE(names);
+  CHECK(test::names_distinct(names));
+  CHECK(ShallowFavoringArcPolicy::name == "shallow-arc");  // composed from the inner policy's
+  CHECK(ShallowFavoring<LruPolicy>::name == "shallow-lru");
+}
+
 TEMPLATE_LIST_TEST_CASE("cache policy properties on random streams", "[cache][properties]",
                         AllPolicies) {
+  static_assert(test::NamedComponent<TestType>);
   const std::uint32_t seed = GENERATE(1u, 2u, 3u, 4u);
   const int shape_id = GENERATE(0, 1);
   const ModelShape& s = shape_id == 0 ? shape_a : shape_b;
   const std::size_t slots = GENERATE(4u, 9u, 20u);
-  CAPTURE(test::policy_name<TestType>(), seed, shape_id, slots);
+  CAPTURE(TestType::name, seed, shape_id, slots);
   const auto steps = random_stream(s, seed, 3, 12);
   const auto future = demands_of(steps);
   const std::size_t budget = slots * s.expert_bytes(Precision::f16);
@@ -236,7 +248,7 @@ TEMPLATE_LIST_TEST_CASE("cache policy properties on random streams", "[cache][pr
 TEMPLATE_LIST_TEST_CASE("cache policies keep the contents at a sequence reset and work after it",
                         "[cache][properties]", AllPolicies) {
   const std::uint32_t seed = GENERATE(7u, 8u);
-  CAPTURE(test::policy_name<TestType>(), seed);
+  CAPTURE(TestType::name, seed);
   // Many short sequences: every reset is exercised while the cache is full.
   const auto steps = random_stream(shape_a, seed, 8, 4);
   const auto future = demands_of(steps);
@@ -247,7 +259,7 @@ TEMPLATE_LIST_TEST_CASE("cache policies keep the contents at a sequence reset an
 
 TEMPLATE_LIST_TEST_CASE("cache policies never evict pinned experts and fall back to soft pins",
                         "[cache][properties]", AllPolicies) {
-  if constexpr (test::PolicyTraits<TestType>::always_finds_victim) {
+  if constexpr (test::PolicySetup<TestType>::always_finds_victim) {
     // Six slots: one pool, or per-layer pools (uniform 2,2,1,1; shallow-favoring 6,0,0,0).
     const ModelShape s{.n_layers = 4, .n_experts = 8, .top_k = 2, .hidden = 64, .ffn = 128};
     std::vector<FutureAccess> future;
@@ -278,8 +290,7 @@ TEMPLATE_LIST_TEST_CASE("cache policies never evict pinned experts and fall back
     const std::uint32_t pool = c.pool_of(incoming, Precision::f16);
     if (c.pools()[pool].used_bytes + s.expert_bytes(Precision::f16) <= c.pools()[pool].capacity_bytes)
       return;  // room without eviction
-    if constexpr (std::is_same_v<TestType, BeladyPolicy> ||
-                  std::is_same_v<TestType, CostAwareBeladyPolicy>) {
+    if constexpr (!test::PolicySetup<TestType>::accepts_unforeseen_demands) {
       return;  // the incoming demand is not in their future
     } else {
       const auto r = c.insert(incoming, c.access(Precision::f16, incoming.layer));

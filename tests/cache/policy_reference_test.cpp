@@ -22,6 +22,7 @@
 #include "moekit/cache/expert_cache.hpp"
 #include "moekit/cache/multidim.hpp"
 #include "moekit/sim/trace_jsonl.hpp"
+#include "support/eviction_observed.hpp"
 
 using namespace moekit;
 
@@ -420,14 +421,12 @@ std::vector<FutureAccess> demands_of(const std::vector<Op>& ops) {
 
 template <class P>
 struct Replay {
-  ExpertCache<P> cache;
+  ExpertCache<test::EvictionObserved<P>> cache;
   std::vector<ExpertKey> evicted;
   std::vector<ExpertKey> hard, soft;
   Replay(const ModelShape& s, std::size_t budget, P p)
-      : cache(s, budget, Precision::f16, std::move(p)) {
-    cache.set_eviction_listener(this, [](void* c, ExpertKey k, std::uint32_t) noexcept {
-      static_cast<Replay*>(c)->evicted.push_back(k);
-    });
+      : cache(s, budget, Precision::f16, test::EvictionObserved<P>(std::move(p))) {
+    cache.policy().observe = [this](ExpertKey k) { evicted.push_back(k); };
   }
   void apply(const Op& o) {
     switch (o.kind) {

@@ -73,5 +73,19 @@ TEST_CASE("OffloadPipeline's per-layer path allocates nothing after warm-up", "[
   const std::size_t after = g_allocations.load();
   CHECK(after - before == 0);
   CHECK(p.stats().cache.evictions > 50);  // the measured window really evicted
+
+  // The same through the scoped per-layer handle (LayerCall).
+  const std::uint64_t evictions = p.stats().cache.evictions;
+  const std::size_t scoped_before = g_allocations.load();
+  for (std::uint32_t t = 96; t < 160; ++t) {
+    for (std::uint32_t l = 0; l < shape.n_layers; ++l) {
+      const LayerContext c{l, shape.n_layers, t, Phase::decode, 0, 1};
+      auto call = p.layer(c, routes[(t + l) % routes.size()].view());
+      (void)call.resolve();
+    }
+    (void)p.end_token({});
+  }
+  CHECK(g_allocations.load() - scoped_before == 0);
+  CHECK(p.stats().cache.evictions > evictions + 50);
 }
 #endif  // MOEKIT_COUNT_ALLOCATIONS

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <stdexcept>
 #include <vector>
 
 #include "moekit/presets.hpp"
@@ -104,4 +105,55 @@ TEST_CASE("Pipeline rejects a GateView inconsistent with the model", "[core][pip
                     Catch::Contains("LayerContext.layer >= n_layers"));
   CHECK_THROWS_WITH(p.route(ctx(0, 2), Route(8, {{0, 1}}).view()),
                     Catch::Contains("GateView.n_experts"));
+}
+
+TEST_CASE("LayerCall: routed when created, resolves its own plan, ends the layer with its scope",
+          "[core][pipeline]") {
+  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 3 * pipeline_f16},
+                                    ManualLoader{});
+  p.begin_sequence();
+  {
+    auto call = p.layer(ctx(0, 2), Route(4, {{0, 1}}).view());
+    REQUIRE(call.plan().experts.size() == 2);
+    CHECK(call.plan().layer == 0);
+    CHECK(p.cache().entry({0, 0}).hard_pins == 1);  // the layer's pin
+    const auto views = call.resolve();
+    REQUIRE(views.size() == 2);
+    CHECK(static_cast<int>(views[1].bytes[0]) == ManualLoader::pattern({0, 1}));
+  }
+  CHECK(p.cache().entry({0, 0}).hard_pins == 0);  // released by the scope's end
+  CHECK(p.cache().entry({0, 1}).hard_pins == 0);
+  // The layer ends even when the experts' computation throws.
+  try {
+    auto call = p.layer(ctx(1, 2), Route(4, {{2, 3}}).view());
+    (void)call.resolve();
+    throw std::runtime_error("expert failed");
+  } catch (const std::runtime_error&) {
+  }
+  CHECK(p.cache().entry({1, 2}).hard_pins == 0);
+  CHECK(p.stats().layer_calls == 2);
+}
+
+TEST_CASE("A loading expert is kept by the cache itself, without a pin", "[core][pipeline]") {
+  // A gated loader: the demand load of (0,0) stays in flight across end_layer.
+  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 2 * pipeline_f16},
+                                    ManualLoader(/*instant=*/false));
+  p.begin_sequence();
+  (void)p.route(ctx(0, 2), Route(4, {{0, 1}}).view());
+  p.end_layer(ctx(0, 2));  // not resolved: both loads are still in flight
+  CHECK(p.cache().entry({0, 0}).loading);
+  CHECK(p.cache().entry({0, 0}).hard_pins == 0);
+  CHECK(p.cache().pinned({0, 0}));
+  // Nothing is evictable: the next layer's experts go to staging slots.
+  const auto& b = p.route(ctx(1, 2), Route(4, {{2, 3}}).view());
+  CHECK(p.cache().resident({0, 0}));
+  CHECK(p.cache().resident({0, 1}));
+  CHECK(p.stats().staged == 2);
+  p.loader().complete_all();
+  (void)p.resolve(b);
+  p.end_layer(ctx(1, 2));
+  // Seen complete at the next route: evictable again.
+  (void)p.route(ctx(0, 2, 1), Route(4, {{2, 3}}).view());
+  CHECK_FALSE(p.cache().entry({0, 0}).loading);
+  p.cache().check_invariants();
 }

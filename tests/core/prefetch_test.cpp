@@ -141,3 +141,31 @@ TEST_CASE("skip drops misses but runs resident experts, unless told otherwise", 
     p.cache().check_invariants();
   }
 }
+
+TEST_CASE("A prefetch lies the distance it states ahead, within the pipeline's limit",
+          "[core][pipeline][prefetch]") {
+  ScriptedPredictor pred;
+  pred.per_layer = {{{{2, 0}, Precision::f16, 1.f, 1},    // says 1 layer ahead, is 2: dropped
+                     {{2, 1}, Precision::f16, 1.f, 2},    // 2 ahead, as it says: issued
+                     {{1, 3}, Precision::f16, 1.f, 0}}};  // says 0, is 1: dropped
+  Pipeline p(prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16}, ManualLoader{},
+             UniformScorer{}, pred);
+  p.resolve(p.route(ctx(0, 3), Route(4, {{0, 1}}).view()));
+  p.end_layer(ctx(0, 3));
+  CHECK(p.stats().prefetches_dropped == 2);
+  CHECK(p.stats().prefetches_issued == 1);
+  CHECK(p.cache().resident({2, 1}));
+
+  // A limit of one layer drops the distance-2 prefetch; the limit cannot exceed what is scored.
+  Pipeline near(prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16, .max_prefetch_distance = 1},
+                ManualLoader{}, UniformScorer{}, pred);
+  near.resolve(near.route(ctx(0, 3), Route(4, {{0, 1}}).view()));
+  near.end_layer(ctx(0, 3));
+  CHECK(near.stats().prefetches_dropped == 3);
+  CHECK_THROWS_WITH(
+      Pipeline(prefetch_shape,
+               {.expert_budget_bytes = 4 * prefetch_f16,
+                .max_prefetch_distance = max_prediction_distance + 1},
+               ManualLoader{}, UniformScorer{}, pred),
+      Catch::Contains("PipelineConfig.max_prefetch_distance must be <= 3"));
+}

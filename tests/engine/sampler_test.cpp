@@ -409,18 +409,17 @@ TEST_CASE("every vocabulary size, on every vector path", "[engine][sampler]") {
 
 TEST_CASE("the vector passes agree with the portable ones; the fast exp is within its bound",
           "[engine][sampler]") {
-  using namespace moekit::engine::detail;
-  const detail::SamplerPasses portable{moekit::Isa::generic};
+  const SamplerVectorPasses portable{moekit::Isa::generic};
   for (const std::size_t n : {5u, 256u, 1000u, 32000u}) {
     auto l = lm_logits(n, n);
     l[n / 2] = -inf;
-    std::vector<std::int32_t> want(lane_count(n)), got(lane_count(n));
+    std::vector<std::int32_t> want(sampler_scan_lanes(n)), got(sampler_scan_lanes(n));
     const auto a = portable.scan(l.data(), n, want.data());
     std::vector<std::uint32_t> want_idx(n + 16), got_idx(n + 16);
     const std::size_t c = portable.collect(l.data(), n, 1.0f, want_idx.data());
     want_idx.resize(c);
     for (const auto isa : runnable_isas()) {
-      const SamplerPasses p{isa};
+      const SamplerVectorPasses p{isa};
       const auto b = p.scan(l.data(), n, got.data());
       CHECK(a.max_key == b.max_key);
       CHECK(a.min_key == b.min_key);
@@ -438,17 +437,17 @@ TEST_CASE("the vector passes agree with the portable ones; the fast exp is withi
   x[0] = 0.f;
   x[1] = -87.f;
   x[2] = -0.f;
-  const float floors[kRungs] = {};
+  const float floors[sampler_exp_rungs] = {};
   std::vector<float> w(x.size());
   for (const auto isa : runnable_isas()) {
-    SamplerPasses{isa}.exp_weights(x.data(), x.size(), 0.f, 1.f, floors, w.data());
+    SamplerVectorPasses{isa}.exp_weights(x.data(), x.size(), 0.f, 1.f, floors, w.data());
     double worst = 0;
     for (std::size_t i = 0; i < x.size(); ++i) {
       const double e = std::exp(static_cast<double>(x[i]));
       worst = std::max(worst, std::abs(w[i] - e) / e);
     }
     INFO(moekit::name(isa) << ": worst relative error " << worst);
-    CHECK(worst <= kExpApproxError);
+    CHECK(worst <= sampler_exp_approx_error);
   }
 }
 

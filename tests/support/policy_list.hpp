@@ -1,13 +1,13 @@
 #pragma once
-// Every cache policy of moekit, as a type list for typed tests, and a factory that constructs each
-// one for a model shape and (for the offline ones) the demand sequence it will see.
-// Adding a policy here enrols it in tests/cache/policy_properties_test.cpp.
+// Every cache policy of moekit, as a type list for typed tests, and how to construct each one for a
+// model shape and (for the offline ones) the demand sequence it will see (`PolicySetup`).
+// Adding a policy to AllPolicies enrols it in tests/cache/policy_properties_test.cpp; one that is
+// not default-constructible, or expects less than the defaults say, adds a PolicySetup too.
 
 #include <span>
-#include <type_traits>
-#include <utility>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "moekit/cache/arc.hpp"
@@ -27,6 +27,7 @@ namespace moekit::test {
 
 /// ExpectedNextUse with the nextuse-fit preset's constants (presets/nextuse_fit.hpp).
 struct FittedNextUsePolicy : ExpectedNextUsePolicy {
+  static constexpr std::string_view name = "expected-next-use-fitted";
   FittedNextUsePolicy() : ExpectedNextUsePolicy(presets::NextUseFitSpec::fitted) {}
 };
 
@@ -37,17 +38,6 @@ using AllPolicies =
                StaticPopularityPolicy, BeladyPolicy, CostAwareBeladyPolicy, ExpectedNextUsePolicy,
                FittedNextUsePolicy>;
 
-/// What the property suite may expect of a policy beyond the concept.
-template <class P>
-struct PolicyTraits {
-  /// The policy names a victim whenever an evictable entry exists in the pool.
-  static constexpr bool always_finds_victim = true;
-};
-template <>
-struct PolicyTraits<StaticPopularityPolicy> {
-  static constexpr bool always_finds_victim = false;  // a static placement never evicts
-};
-
 /// Per-(layer, expert) use counts of a demand sequence (a profile for the popularity policies).
 inline std::vector<double> counts_of(const ModelShape& shape,
                                      std::span<const FutureAccess> future) {
@@ -56,44 +46,57 @@ inline std::vector<double> counts_of(const ModelShape& shape,
   return c;
 }
 
-/// Constructs policy `P` for `shape`; offline policies get `future` (the demands of the run).
+/// How the suites construct a policy and what they may expect of it beyond the concept. The
+/// defaults fit an online policy with a default constructor; a policy that differs specialises
+/// `PolicySetup` below.
+struct DefaultPolicySetup {
+  /// The policy names a victim whenever an evictable entry exists in the pool.
+  static constexpr bool always_finds_victim = true;
+  /// The policy accepts any demand (an offline policy refuses demands outside its future).
+  static constexpr bool accepts_unforeseen_demands = true;
+};
+
+/// `PolicySetup<P>::make(shape, future)` constructs `P` for `shape`; offline policies get
+/// `future`, the demands of the run.
 template <class P>
-P make_policy(const ModelShape& shape, std::span<const FutureAccess> future) {
-  if constexpr (std::is_same_v<P, BeladyPolicy>) {
+struct PolicySetup : DefaultPolicySetup {
+  static P make(const ModelShape&, std::span<const FutureAccess>) { return P{}; }
+};
+template <>
+struct PolicySetup<BeladyPolicy> : DefaultPolicySetup {
+  static constexpr bool accepts_unforeseen_demands = false;
+  static BeladyPolicy make(const ModelShape&, std::span<const FutureAccess> future) {
     BeladyPolicy::Config cfg;
     for (const FutureAccess& f : future) cfg.future.push_back(f.key);
     return BeladyPolicy(std::move(cfg));
-  } else if constexpr (std::is_same_v<P, CostAwareBeladyPolicy>) {
-    return CostAwareBeladyPolicy({.future = {future.begin(), future.end()}});
-  } else if constexpr (std::is_same_v<P, StaticPopularityPolicy>) {
-    return StaticPopularityPolicy({.counts = counts_of(shape, future)});
-  } else if constexpr (std::is_same_v<P, ShallowFavoringArcPolicy> ||
-                       std::is_same_v<P, ShallowFavoring<LruPolicy>>) {
-    return P({.shallow_layers = 1});
-  } else {
-    (void)shape, (void)future;
-    return P{};
   }
-}
+};
+template <>
+struct PolicySetup<CostAwareBeladyPolicy> : DefaultPolicySetup {
+  static constexpr bool accepts_unforeseen_demands = false;
+  static CostAwareBeladyPolicy make(const ModelShape&, std::span<const FutureAccess> future) {
+    return CostAwareBeladyPolicy({.future = {future.begin(), future.end()}});
+  }
+};
+template <>
+struct PolicySetup<StaticPopularityPolicy> : DefaultPolicySetup {
+  static constexpr bool always_finds_victim = false;  // a static placement never evicts
+  static StaticPopularityPolicy make(const ModelShape& shape,
+                                     std::span<const FutureAccess> future) {
+    return StaticPopularityPolicy({.counts = counts_of(shape, future)});
+  }
+};
+template <class Inner>
+struct PolicySetup<ShallowFavoring<Inner>> : DefaultPolicySetup {
+  static ShallowFavoring<Inner> make(const ModelShape&, std::span<const FutureAccess>) {
+    return ShallowFavoring<Inner>({.shallow_layers = 1});
+  }
+};
 
-/// A readable name for reports.
+/// Constructs policy `P` for `shape`; offline policies get `future` (the demands of the run).
 template <class P>
-constexpr std::string_view policy_name() {
-  if constexpr (std::is_same_v<P, LruPolicy>) return "lru";
-  else if constexpr (std::is_same_v<P, LfuPolicy>) return "lfu";
-  else if constexpr (std::is_same_v<P, LhuPolicy>) return "lhu";
-  else if constexpr (std::is_same_v<P, FldPolicy>) return "fld";
-  else if constexpr (std::is_same_v<P, MultiDimPolicy>) return "multidim";
-  else if constexpr (std::is_same_v<P, ArcPolicy>) return "arc";
-  else if constexpr (std::is_same_v<P, ShallowFavoringArcPolicy>) return "shallow-arc";
-  else if constexpr (std::is_same_v<P, ShallowFavoring<LruPolicy>>) return "shallow-lru";
-  else if constexpr (std::is_same_v<P, EdgeMoePolicy>) return "edgemoe";
-  else if constexpr (std::is_same_v<P, StaticPopularityPolicy>) return "static-popularity";
-  else if constexpr (std::is_same_v<P, BeladyPolicy>) return "belady";
-  else if constexpr (std::is_same_v<P, CostAwareBeladyPolicy>) return "cost-aware-belady";
-  else if constexpr (std::is_same_v<P, ExpectedNextUsePolicy>) return "expected-next-use";
-  else if constexpr (std::is_same_v<P, FittedNextUsePolicy>) return "expected-next-use-fitted";
-  else return "?";
+P make_policy(const ModelShape& shape, std::span<const FutureAccess> future) {
+  return PolicySetup<P>::make(shape, future);
 }
 
 }  // namespace moekit::test

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "moekit/core/cache_events.hpp"
@@ -50,6 +51,7 @@ enum class ArcList : std::uint8_t { none, t1, t2, b1, b2 };
 /// `ShallowFavoring<ArcPolicy>` for Fate's allocation.
 class ArcPolicy {
  public:
+  static constexpr std::string_view name = "arc";
   static constexpr Hooks hooks = Hook::bind | Hook::pool_capacities | Hook::pool_of |
                                  Hook::set_layer_capacities | Hook::prepare_insert;
   void bind(const ModelShape& shape) {

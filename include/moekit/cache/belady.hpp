@@ -26,6 +26,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -105,6 +106,7 @@ class FutureIndex {
 /// Belady's offline optimal eviction (unit cost). O(log n) per access and per eviction.
 class BeladyPolicy {
  public:
+  static constexpr std::string_view name = "belady";
   static constexpr bool needs_future = true;
   static constexpr Hooks hooks = Hook::bind;
 
@@ -188,6 +190,7 @@ static_assert(CachePolicy<BeladyPolicy>);
 /// computed in doubles, can still tie or win; ties: smaller (layer, expert)).
 class CostAwareBeladyPolicy {
  public:
+  static constexpr std::string_view name = "cost-aware-belady";
   static constexpr bool needs_future = true;
   static constexpr Hooks hooks = Hook::bind;
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -43,6 +44,7 @@ enum class EdgeMoeDistance : std::uint8_t {
 /// EdgeMoE's eviction score.
 class EdgeMoePolicy {
  public:
+  static constexpr std::string_view name = "edgemoe";
   static constexpr Hooks hooks = Hook::bind;
   /// Run-time knobs.
   struct Config {

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -53,6 +54,7 @@ namespace moekit {
 /// Evicts the resident with the largest expected time to its next use (see the file comment).
 class ExpectedNextUsePolicy {
  public:
+  static constexpr std::string_view name = "expected-next-use";
   static constexpr Hooks hooks = Hook::bind | Hook::begin_sequence;
   /// Run-time knobs (defaults from the Mixtral trace replay, bench/RESULTS.md).
   struct Config {

@@ -54,6 +54,8 @@ class ExpertArena {
     return {buffers_[slot].data.get(), n};
   }
   [[nodiscard]] std::size_t held_bytes() const noexcept { return held_; }
+  /// Slot ids it has buffers for (0: a default arena, for loaders that keep no bytes).
+  [[nodiscard]] std::size_t slots() const noexcept { return buffers_.size(); }
   [[nodiscard]] std::size_t limit_bytes() const noexcept { return limit_; }
 
  private:

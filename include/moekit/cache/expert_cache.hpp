@@ -7,8 +7,11 @@
 /// per pool; a policy may split the budget into pools (HOBBIT's high/low pools, Fate's per-layer
 /// budgets) through its optional `pool_capacities`/`pool_of` members.
 ///
-/// Pins: a *hard* pin (loading, or needed by the layer being computed) is never evicted; a *soft*
-/// pin (predicted for a later layer) is evicted only when nothing unpinned is left in the pool.
+/// Pins: a *hard* pin (needed by the layer being computed) is never evicted, nor is an entry whose
+/// load is in flight (`mark_loading` to `mark_loaded`: the cache itself keeps it); a *soft* pin
+/// (predicted for a later layer) is evicted only when nothing unpinned is left in the pool.
+/// The cache owns the arena behind its slots (`ExpertArena`, when its owner keeps bytes): an
+/// entry that leaves the cache releases its slot's buffer.
 /// All per-access operations are O(1) plus the policy's own cost, and allocate nothing.
 /// Policy hooks are called only when the policy declares them (core/hooks.hpp): `prepare_insert(key,
 /// access)` is called by `insert` once the insertion is known to go ahead and before it asks for
@@ -21,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "moekit/cache/expert_arena.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/hooks.hpp"
@@ -61,7 +65,7 @@ class ExpertCache {
     std::uint32_t slot = 0;
     std::uint32_t hard_pins = 0;
     std::uint32_t soft_pins = 0;
-    bool loading = false;           ///< its load has not been seen complete yet
+    bool loading = false;           ///< its load has not been seen complete yet: unevictable
     bool prefetched_unused = false;  ///< inserted by a prefetch and not used since
     LoadTicket ticket{};
     std::size_t bytes = 0;
@@ -84,10 +88,15 @@ class ExpertCache {
   };
 
   /// `budget_bytes` is split into pools by the policy (one pool by default). `sizing` is the
-  /// precision the policy assumes when it converts bytes into expert counts.
+  /// precision the policy assumes when it converts bytes into expert counts. `arena` holds the
+  /// bytes of slots 0..expert_count-1 (and of any further slots its owner hands out itself, as
+  /// the pipeline's staging slots); a default arena holds none.
   ExpertCache(const ModelShape& shape, std::size_t budget_bytes, Precision sizing,
-              Policy policy = Policy{})
-      : shape_(shape), policy_(std::move(policy)), entries_(shape.expert_count()) {
+              Policy policy = Policy{}, ExpertArena arena = ExpertArena{})
+      : shape_(shape), policy_(std::move(policy)), arena_(std::move(arena)),
+        entries_(shape.expert_count()) {
+    MOEKIT_EXPECTS(arena_.slots() == 0 || arena_.slots() >= shape.expert_count(),
+                   "ExpertCache: the arena needs a buffer per cache slot (n_layers x n_experts)");
     shape_.validate();
     if constexpr (declares<Policy>(Hook::bind)) policy_.bind(shape_);
     std::vector<std::size_t> caps;
@@ -115,10 +124,14 @@ class ExpertCache {
     const Entry& e = entry(key);
     return e.resident() && satisfies(e.precision, want);
   }
+  /// Pinned, hard or soft, or loading.
   [[nodiscard]] bool pinned(ExpertKey key) const noexcept {
     const Entry& e = entry(key);
-    return e.hard_pins > 0 || e.soft_pins > 0;
+    return e.hard_pins > 0 || e.soft_pins > 0 || e.loading;
   }
+  /// The memory behind the slots.
+  [[nodiscard]] ExpertArena& arena() noexcept { return arena_; }
+  [[nodiscard]] const ExpertArena& arena() const noexcept { return arena_; }
   [[nodiscard]] std::uint32_t pool_of(ExpertKey key, Precision p) const noexcept {
     if constexpr (declares<Policy>(Hook::pool_of)) {
       return static_cast<std::uint32_t>(policy_.pool_of(key, p));
@@ -191,7 +204,7 @@ class ExpertCache {
     MOEKIT_EXPECTS(a.precision != Precision::skip, "ExpertCache::insert: `skip` is not a format");
     Entry& e = at(key);
     if (e.resident()) {
-      if (e.hard_pins > 0) return fail(InsertStatus::all_pinned);
+      if (e.hard_pins > 0 || e.loading) return fail(InsertStatus::all_pinned);
       evict(key);
     }
     const std::uint32_t pool = pool_of(key, a.precision);
@@ -225,34 +238,19 @@ class ExpertCache {
     return {InsertStatus::inserted, e.slot};
   }
 
-  /// Removes `key` (it must not be hard-pinned). Used for evictions, upgrades and cancelled loads;
-  /// a prefetched copy never used counts as wasted unless `count_unused_prefetch` is false (a
-  /// cancelled load moved no bytes).
-  void evict(ExpertKey key, bool count_unused_prefetch = true) {
-    Entry& e = at(key);
-    if (!e.resident()) return;
-    if (e.hard_pins > 0)
-      detail::fail(ErrorKind::internal, "ExpertCache: attempt to evict a hard-pinned expert");
-    Pool& p = pools_[e.pool];
-    p.used_bytes -= e.bytes;
-    --p.entries;
-    if (e.prefetched_unused && count_unused_prefetch) {
-      ++stats_.wasted_prefetches;
-      stats_.wasted_prefetch_bytes += e.bytes;
-    }
-    free_slots_.push_back(e.slot);
-    ++stats_.evictions;
-    policy_.on_evict(key);
-    if (listener_) listener_(listener_ctx_, key, e.slot);
-    e = Entry{};
-  }
+  /// Removes `key` (it must be neither hard-pinned nor loading). Used for evictions and upgrades;
+  /// a prefetched copy never used counts as wasted.
+  void evict(ExpertKey key) { remove(key, /*count_unused_prefetch=*/true); }
 
-  /// Called with (context, key, slot) whenever an entry leaves the cache, so the owner of the slot
-  /// memory can recycle it.
-  using EvictionListener = void (*)(void*, ExpertKey, std::uint32_t) noexcept;
-  void set_eviction_listener(void* context, EvictionListener fn) noexcept {
-    listener_ctx_ = context;
-    listener_ = fn;
+  /// The load of `key` (loading, not hard-pinned) was withdrawn before it moved any bytes: the
+  /// entry leaves the cache, not counted as a wasted prefetch.
+  void cancel_load(ExpertKey key) {
+    Entry& e = at(key);
+    if (!e.loading)
+      detail::fail(ErrorKind::internal, "ExpertCache::cancel_load: the expert is not loading");
+    e.loading = false;
+    e.ticket = {};
+    remove(key, /*count_unused_prefetch=*/false);
   }
 
   void pin_hard(ExpertKey key) noexcept { ++at(key).hard_pins; }
@@ -307,6 +305,29 @@ class ExpertCache {
     return {s, 0};
   }
 
+  // The entry leaves the cache: pool accounting, statistics, the policy, its slot and the slot's
+  // buffer.
+  void remove(ExpertKey key, bool count_unused_prefetch) {
+    Entry& e = at(key);
+    if (!e.resident()) return;
+    if (e.hard_pins > 0)
+      detail::fail(ErrorKind::internal, "ExpertCache: attempt to evict a hard-pinned expert");
+    if (e.loading)
+      detail::fail(ErrorKind::internal, "ExpertCache: attempt to evict an expert still loading");
+    Pool& p = pools_[e.pool];
+    p.used_bytes -= e.bytes;
+    --p.entries;
+    if (e.prefetched_unused && count_unused_prefetch) {
+      ++stats_.wasted_prefetches;
+      stats_.wasted_prefetch_bytes += e.bytes;
+    }
+    free_slots_.push_back(e.slot);
+    ++stats_.evictions;
+    policy_.on_evict(key);
+    if (arena_.slots() != 0) arena_.release(e.slot);
+    e = Entry{};
+  }
+
   struct PredicateState {
     const ExpertCache* cache;
     std::uint32_t pool;
@@ -316,7 +337,7 @@ class ExpertCache {
     const auto* s = static_cast<const PredicateState*>(owner);
     if (!s->cache->shape_.contains(key)) return false;
     const Entry& e = s->cache->entry(key);
-    return e.resident() && e.pool == s->pool && e.hard_pins == 0 &&
+    return e.resident() && e.pool == s->pool && e.hard_pins == 0 && !e.loading &&
            (s->allow_soft || e.soft_pins == 0);
   }
 
@@ -339,12 +360,11 @@ class ExpertCache {
 
   ModelShape shape_;
   Policy policy_;
+  ExpertArena arena_;
   std::vector<Entry> entries_;
   std::vector<Pool> pools_;
   std::vector<std::uint32_t> free_slots_;
   CacheStats stats_{};
-  void* listener_ctx_ = nullptr;
-  EvictionListener listener_ = nullptr;
   std::uint64_t tick_ = 0;
   std::uint64_t token_ = 0;
 };

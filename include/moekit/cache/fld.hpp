@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "moekit/cache/detail/dense_index.hpp"
@@ -30,6 +31,7 @@ namespace moekit {
 /// farthest and takes the least recently used evictable entry, so it costs O(layers + pinned).
 class FldPolicy {
  public:
+  static constexpr std::string_view name = "fld";
   static constexpr Hooks hooks = Hook::bind;
   void bind(const ModelShape& shape) {
     n_experts_ = shape.n_experts;

@@ -9,6 +9,7 @@
 /// Victim: fewest uses, then least recently used (cache tick), then smallest (layer, expert).
 
 #include <cstdint>
+#include <string_view>
 
 #include "moekit/cache/detail/use_count_policy.hpp"
 #include "moekit/core/concepts.hpp"
@@ -18,6 +19,7 @@ namespace moekit {
 /// Least-frequently-used eviction, per sequence or over the model's lifetime.
 class LfuPolicy : public detail::UseCountPolicy<detail::CountedUses::all> {
  public:
+  static constexpr std::string_view name = "lfu";
   /// Run-time knobs.
   struct Config {
     CountScope scope = CountScope::sequence;  ///< when counts restart

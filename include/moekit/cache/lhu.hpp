@@ -10,6 +10,7 @@
 /// Victim: fewest high uses, then least recently used (cache tick), then smallest (layer, expert).
 
 #include <cstdint>
+#include <string_view>
 
 #include "moekit/cache/detail/use_count_policy.hpp"
 #include "moekit/core/concepts.hpp"
@@ -19,6 +20,7 @@ namespace moekit {
 /// Least-high-precision-used eviction.
 class LhuPolicy : public detail::UseCountPolicy<detail::CountedUses::high_precision> {
  public:
+  static constexpr std::string_view name = "lhu";
   /// Run-time knobs.
   struct Config {
     CountScope scope = CountScope::sequence;  ///< when counts restart

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "moekit/core/cache_events.hpp"
@@ -18,6 +19,7 @@ namespace moekit {
 /// Least-recently-used eviction over all resident experts (one global recency order).
 class LruPolicy {
  public:
+  static constexpr std::string_view name = "lru";
   static constexpr Hooks hooks = Hook::bind;
   /// Sizes the recency list for `shape`; ExpertCache calls it on construction.
   void bind(const ModelShape& shape) {

@@ -22,6 +22,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moekit/cache/detail/ranked_set.hpp"
@@ -39,6 +40,7 @@ namespace moekit {
 /// HOBBIT's weighted LRU/LFU/LHU/FLD eviction with separate high/low precision pools.
 class MultiDimPolicy {
  public:
+  static constexpr std::string_view name = "multidim";
   static constexpr Hooks hooks = Hook::bind | Hook::pool_capacities | Hook::pool_of |
                                  Hook::begin_sequence | Hook::begin_token;
   /// Run-time knobs. The four weights must be >= 0 and sum to 1 (HOBBIT does not publish its

@@ -12,9 +12,11 @@
 /// Inner's other hooks are forwarded; its own pools (`pool_capacities`, `pool_of`) are replaced.
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -57,12 +59,33 @@ namespace moekit {
   return cap;
 }
 
+namespace detail {
+/// "shallow-" and the inner policy's name ("shallow-arc"), as one constant string; an inner
+/// policy without a `name` gives "shallow-favoring".
+template <class Inner>
+struct ShallowFavoringName {
+  static constexpr std::string_view prefix = "shallow-";
+  static constexpr std::string_view inner = [] {
+    if constexpr (requires { std::string_view(Inner::name); }) return std::string_view(Inner::name);
+    else return std::string_view("favoring");
+  }();
+  static constexpr std::array<char, prefix.size() + inner.size()> chars = [] {
+    std::array<char, prefix.size() + inner.size()> a{};
+    std::copy(prefix.begin(), prefix.end(), a.begin());
+    std::copy(inner.begin(), inner.end(), a.begin() + prefix.size());
+    return a;
+  }();
+  static constexpr std::string_view value{chars.data(), chars.size()};
+};
+}  // namespace detail
+
 /// Per-layer pools sized by Fate's shallow-favoring allocation, each managed by `Inner`.
 template <class Inner = ArcPolicy>
 class ShallowFavoring {
   static_assert(assert_cache_policy<Inner>());
 
  public:
+  static constexpr std::string_view name = detail::ShallowFavoringName<Inner>::value;
   using wrapped_component = Inner;
   /// Inner's pools are replaced and its slot counts set here, not forwarded.
   static constexpr Hooks consumed_hooks =

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <numeric>
 #include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -31,6 +32,7 @@ namespace moekit {
 /// Static popularity placement (never evicts).
 class StaticPopularityPolicy {
  public:
+  static constexpr std::string_view name = "static-popularity";
   static constexpr Hooks hooks = Hook::bind | Hook::pool_capacities | Hook::pool_of;
   /// Run-time knobs.
   struct Config {

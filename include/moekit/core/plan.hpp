@@ -46,12 +46,20 @@ struct LoadRequest {
   std::span<std::byte> dest{};
 };
 
+/// How far ahead a prefetch may be, in layers: OffloadPipeline admits prefetches and scores
+/// predictions at distances 1..max_prediction_distance (`PipelineConfig::max_prefetch_distance`
+/// may lower it, not raise it), and the predictors that look further ahead refuse more.
+inline constexpr std::uint32_t max_prediction_distance = 3;
+
 /// A predictor's suggestion: load `key` at `precision` ahead of its use.
 struct Prefetch {
   ExpertKey key{};
   Precision precision = Precision::f16;
-  float confidence = 1.0f;     ///< predictor's belief that `key` will be used, in [0, 1]
-  std::uint32_t distance = 1;  ///< layers ahead of the layer that predicted it (1 = next layer)
+  float confidence = 1.0f;  ///< predictor's belief that `key` will be used, in [0, 1]
+  /// Layers ahead of the layer that predicted it (1 = next layer): the pipeline scores the
+  /// prediction at this distance, and drops a prefetch whose key is not this many layers after
+  /// the predicting layer. (A prefetch pushed by `on_verdict` has no predicting layer.)
+  std::uint32_t distance = 1;
 };
 
 /// The pipeline's decision for one needed expert of the current layer.

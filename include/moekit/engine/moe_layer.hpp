@@ -27,6 +27,7 @@
 #include "moekit/core/layer_context.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/expert_blob.hpp"
+#include "moekit/layer_call.hpp"
 #include "moekit/pipeline.hpp"  // WeightView
 #include "moekit/precision/expert_ffn.hpp"
 #include "moekit/precision/gemv.hpp"
@@ -89,9 +90,10 @@ class MoeLayer {
                                 .experts = experts_,
                                 .weights = weights_,
                                 .hidden = x};
-    const auto& plan = pipeline_.route(ctx, gate);
-    run_experts(pipeline_.resolve(plan), x, n, k, opts);
-    pipeline_.end_layer(ctx);
+    {
+      moekit::LayerCall<Pipeline> call(pipeline_, ctx, gate);  // the layer ends with the scope
+      run_experts(call.resolve(), x, n, k, opts);
+    }
     combine(n, k, out);
     if (!w.shared.empty()) add_shared_expert(w, x, n, out, opts);
   }

@@ -37,7 +37,7 @@
 #include "moekit/error.hpp"
 #include "moekit/precision/isa.hpp"
 
-#include "moekit/engine/detail/sampler_passes.hpp"
+#include "moekit/engine/sampler_passes.hpp"
 
 namespace moekit::engine {
 
@@ -234,7 +234,7 @@ class Sampler {
  private:
   /// Distances below the largest logit, in units of the temperature, of the floors whose masses
   /// the weight pass sums: the highest floor holding the nucleus bounds the candidates.
-  static constexpr std::array<float, detail::kRungs> kRungNats = {1, 2, 3, 4, 6, 8, 10, 13};
+  static constexpr std::array<float, sampler_exp_rungs> kRungNats = {1, 2, 3, 4, 6, 8, 10, 13};
 
   /// The generator as one sample sees it: draws are recorded, and each attempt, after `rewind`,
   /// gets the same numbers, so the generator ends where the deciding attempt leaves it.
@@ -271,7 +271,7 @@ class Sampler {
   /// The largest logit's key, after refusing logits no distribution comes from.
   std::int32_t check(std::span<const float> l) {
     const std::size_t n = l.size();
-    lane_max_.resize(detail::lane_count(n));
+    lane_max_.resize(sampler_scan_lanes(n));
     const auto s = passes_.scan(l.data(), n, lane_max_.data());
     constexpr float inf = std::numeric_limits<float>::infinity();
     if (s.min_key < detail::order_key(-inf) || s.max_key > detail::order_key(inf)) {
@@ -337,7 +337,7 @@ class Sampler {
   /// double terms in other orders on each side (gamma); the weights below e^-87 (ours: e^-87) as
   /// an absolute n 2^-125 beside a total >= 1. Doubled, for safety.
   static double margin(double approx_share, std::size_t n) noexcept {
-    const double k = approx_share * (detail::kExpApproxError + 0x1p-23 + 0x1p-45);
+    const double k = approx_share * (sampler_exp_approx_error + 0x1p-23 + 0x1p-45);
     const double u = static_cast<double>(n + 2) * 0x1p-53, gamma = u / (1 - u);
     return 2 * (2 * k / (1 - k) + 9 * gamma + static_cast<double>(n) * 0x1p-125);
   }
@@ -372,11 +372,11 @@ class Sampler {
   Pick exact_all(std::span<const float> l, float top, Draws& draws) {
     const std::size_t n = l.size();
     const auto floors = rung_floors(top);
-    detail::ExpSums sums;
+    SamplerExpSums sums;
     weights_.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
       sums.total += weights_[i] = std::exp((l[i] - top) / cfg_.temperature);
-      for (std::size_t r = 0; r < detail::kRungs; ++r)
+      for (std::size_t r = 0; r < sampler_exp_rungs; ++r)
         sums.rung[r] += l[i] >= floors[r] ? weights_[i] : 0.0f;
     }
     const double eps = margin(0, n);
@@ -384,24 +384,25 @@ class Sampler {
     return decide(n, sums.total, eps, eps, draws);
   }
 
-  std::array<float, detail::kRungs> rung_floors(float top) const noexcept {
-    std::array<float, detail::kRungs> f;
-    for (std::size_t r = 0; r < detail::kRungs; ++r) f[r] = top - kRungNats[r] * cfg_.temperature;
+  std::array<float, sampler_exp_rungs> rung_floors(float top) const noexcept {
+    std::array<float, sampler_exp_rungs> f;
+    for (std::size_t r = 0; r < sampler_exp_rungs; ++r)
+      f[r] = top - kRungNats[r] * cfg_.temperature;
     return f;
   }
 
   /// Collects the candidates (the logits above the highest floor that holds the nucleus with
   /// room to spare) into `ranked_`; returns how many, 0 when none proves to hold it.
   std::size_t gather(std::span<const float> l, float top,
-                     const std::array<float, detail::kRungs>& floors, const detail::ExpSums& sums,
+                     const std::array<float, sampler_exp_rungs>& floors, const SamplerExpSums& sums,
                      double eps) {
     const std::size_t n = l.size();
     const double p = cfg_.top_p;
     std::size_t r = 0;
-    while (r < detail::kRungs && !(sums.rung[r] >= (p * (1 + 1e-5) + 2 * eps) * sums.total)) ++r;
+    while (r < sampler_exp_rungs && !(sums.rung[r] >= (p * (1 + 1e-5) + 2 * eps) * sums.total)) ++r;
     cand_idx_.resize(n + 16);
     for (;; ++r) {
-      const bool all = r >= detail::kRungs;
+      const bool all = r >= sampler_exp_rungs;
       const float floor = all ? -std::numeric_limits<float>::infinity() : floors[r];
       const std::size_t c = passes_.collect(l.data(), n, floor, cand_idx_.data());
       paths_.candidates += c;
@@ -537,7 +538,7 @@ class Sampler {
 
   SamplerConfig cfg_;
   std::mt19937_64 rng_;
-  detail::SamplerPasses passes_;
+  SamplerVectorPasses passes_;
   PathCounts paths_;
   std::vector<std::int32_t> lane_max_, keys_;
   std::vector<float> weights_;

@@ -29,6 +29,7 @@
 #include <semaphore>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -52,6 +53,7 @@ using BlobLocator = std::function<StoreBlob(ExpertKey, Precision)>;
 template <ByteSource Source>
 class AsyncLoader {
  public:
+  static constexpr std::string_view name = "async";
   struct Config {
     unsigned io_threads = 2;              ///< I/O threads (≈ reads in flight across blobs)
     std::size_t max_outstanding = 256;    ///< slots: loads submitted and not yet finished with
@@ -109,7 +111,7 @@ class AsyncLoader {
       throw Error(ErrorKind::invalid_argument,
                   "AsyncLoader: destination of " + std::to_string(r.dest.size()) + " bytes for layer " +
                       std::to_string(r.key.layer) + ", expert " + std::to_string(r.key.expert) + " at " +
-                      std::string(name(r.precision)) + " needs " + std::to_string(blob.bytes));
+                      std::string(moekit::name(r.precision)) + " needs " + std::to_string(blob.bytes));
     std::uint32_t idx;
     std::uint32_t gen;
     {
@@ -294,7 +296,7 @@ class AsyncLoader {
       if (got != b.checksum)
         throw Error(ErrorKind::checksum,
                     "'" + std::string(source_.name()) + "': blob (layer " + std::to_string(r.key.layer) +
-                        ", expert " + std::to_string(r.key.expert) + ", " + std::string(name(r.precision)) +
+                        ", expert " + std::to_string(r.key.expert) + ", " + std::string(moekit::name(r.precision)) +
                         ") at offset " + std::to_string(b.offset) + " loaded with XXH64 " +
                         detail::hex64(got) + ", expected " + detail::hex64(b.checksum));
     }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <span>
+#include <string_view>
 #include <utility>
 
 #include "moekit/core/concepts.hpp"
@@ -21,6 +22,7 @@ namespace moekit {
 /// Copies an expert's bytes from a host-memory source into the destination slot.
 class MemoryLoader {
  public:
+  static constexpr std::string_view name = "memory";
   static constexpr Hooks hooks = Hook::host_bytes;
   /// Returns the bytes of `key` at `precision` in host memory (must outlive the loader).
   using Source = std::function<std::span<const std::byte>(ExpertKey, Precision)>;

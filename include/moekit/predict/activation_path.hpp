@@ -411,6 +411,7 @@ class ActivationPathProfile {
 /// EdgeMoE's preloading predictor over an `ActivationPathProfile`.
 class ActivationPathPredictor {
  public:
+  static constexpr std::string_view name = "activation-path";
   struct Config {
     std::shared_ptr<const ActivationPathProfile> profile;  ///< required
     std::uint32_t max_preload = 3;    ///< candidates per layer (paper: 1–3)

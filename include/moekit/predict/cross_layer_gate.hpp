@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moekit/core/concepts.hpp"
@@ -33,6 +34,7 @@ namespace moekit {
 /// Fate's cross-layer gate predictor; needs `GateView.hidden` (the gate input) on every call.
 class CrossLayerGatePredictor {
  public:
+  static constexpr std::string_view name = "cross-layer-gate";
   struct Config {
     /// Routers of all MoE layers, back to back: [n_layers · n_experts · hidden] f32 (row l·E + e).
     /// Copied (packed) by the constructor. These four fields are RouterStack's arguments.

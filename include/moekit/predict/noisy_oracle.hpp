@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -48,13 +49,14 @@ namespace moekit {
 /// The oracle's script with each true expert kept with probability `recall`.
 class NoisyOraclePredictor {
  public:
+  static constexpr std::string_view name = "noisy-oracle";
   struct Config {
     std::vector<OracleCall> calls;       ///< every layer call, in the order `route` sees them
     /// Optional: per call, the precision of each expert of `calls[c].experts` (same order).
     std::vector<std::vector<Precision>> precisions{};
     double recall = 0.96;                ///< probability a true expert is predicted (HOBBIT: 0.96)
     std::uint64_t seed = 0;
-    std::uint32_t distance = 1;          ///< layers ahead to predict (1..3)
+    std::uint32_t distance = 1;  ///< layers ahead to predict (1..max_prediction_distance)
     std::uint32_t set_size = 0;          ///< pad each predicted layer to this many (0: no pad)
     std::uint32_t n_experts = 0;         ///< experts per layer (required: wrong guesses)
     /// Non-resident predictions pushed per predicted layer in decode (default: no cap).
@@ -65,8 +67,9 @@ class NoisyOraclePredictor {
   explicit NoisyOraclePredictor(Config c) : cfg_(std::move(c)) {
     MOEKIT_EXPECTS(cfg_.recall >= 0.0 && cfg_.recall <= 1.0,
                    "NoisyOraclePredictor: Config.recall must be in [0, 1]");
-    MOEKIT_EXPECTS(cfg_.distance >= 1 && cfg_.distance <= 3,
-                   "NoisyOraclePredictor: Config.distance must be in [1, 3]");
+    MOEKIT_EXPECTS(cfg_.distance >= 1 && cfg_.distance <= max_prediction_distance,
+                   "NoisyOraclePredictor: Config.distance must be in [1, " +
+                       std::to_string(max_prediction_distance) + "]");
     MOEKIT_EXPECTS(cfg_.n_experts > 0, "NoisyOraclePredictor: Config.n_experts must be > 0");
     MOEKIT_EXPECTS(cfg_.set_size <= cfg_.n_experts,
                    "NoisyOraclePredictor: Config.set_size must be <= n_experts");

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -47,14 +48,16 @@ inline void check_script_call(const char* who, const std::vector<OracleCall>& ca
 /// Predicts the scripted future exactly.
 class OraclePredictor {
  public:
+  static constexpr std::string_view name = "oracle";
   struct Config {
     std::vector<OracleCall> calls;       ///< every layer call, in the order `route` sees them
-    std::uint32_t distance = 1;          ///< layers ahead to predict (1..3)
+    std::uint32_t distance = 1;  ///< layers ahead to predict (1..max_prediction_distance)
     Precision precision = Precision::f16;
   };
   explicit OraclePredictor(Config c) : cfg_(std::move(c)) {
-    MOEKIT_EXPECTS(cfg_.distance >= 1 && cfg_.distance <= 3,
-                   "OraclePredictor: Config.distance must be in [1, 3]");
+    MOEKIT_EXPECTS(cfg_.distance >= 1 && cfg_.distance <= max_prediction_distance,
+                   "OraclePredictor: Config.distance must be in [1, " +
+                       std::to_string(max_prediction_distance) + "]");
     MOEKIT_EXPECTS(cfg_.precision != Precision::skip,
                    "OraclePredictor: Config.precision must be a stored format");
     for (auto& call : cfg_.calls) std::sort(call.experts.begin(), call.experts.end());

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moekit/core/concepts.hpp"
@@ -30,6 +31,7 @@ namespace moekit {
 /// MoBiLE's router-replay predictor; needs `GateView.logits` in decode.
 class RouterReplayPredictor {
  public:
+  static constexpr std::string_view name = "router-replay";
   static constexpr Hooks hooks = Hook::begin_sequence | Hook::on_verdict;
   struct Config {
     std::uint32_t top_k = 0;              ///< the model's K (required: the little pass uses K/2)

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moekit/core/concepts.hpp"
@@ -32,6 +33,7 @@ namespace moekit {
 /// HOBBIT's stacked-gate predictor; needs `GateView.hidden` (the gate input) on every call.
 class StackedGatePredictor {
  public:
+  static constexpr std::string_view name = "stacked-gate";
   struct Config {
     /// Routers of all MoE layers, back to back: [n_layers · n_experts · hidden] f32, row l·E + e
     /// = router row of expert e of layer l. Copied (packed) by the constructor: the span only
@@ -52,9 +54,11 @@ class StackedGatePredictor {
     MOEKIT_EXPECTS(cfg_.top_k > 0 && cfg_.top_k <= cfg_.n_experts &&
                        cfg_.top_k <= HobbitRule::max_k,
                    "StackedGatePredictor: Config.top_k must be in [1, n_experts]");
-    MOEKIT_EXPECTS(cfg_.lookahead <= 3,
-                   "StackedGatePredictor: Config.lookahead must be <= 3 (the pipeline scores and "
-                   "admits prefetches up to 3 layers ahead)");
+    MOEKIT_EXPECTS(cfg_.lookahead <= max_prediction_distance,
+                   "StackedGatePredictor: Config.lookahead must be <= " +
+                       std::to_string(max_prediction_distance) +
+                       " (the pipeline scores and admits prefetches up to " +
+                       std::to_string(max_prediction_distance) + " layers ahead)");
     cfg_.rule.validate();
     best_.resize(cfg_.n_experts);
     conf_.resize(cfg_.n_experts);

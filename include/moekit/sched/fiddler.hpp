@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "moekit/core/concepts.hpp"
 #include "moekit/error.hpp"
@@ -20,6 +21,7 @@ namespace moekit {
 
 class FiddlerScheduler {
  public:
+  static constexpr std::string_view name = "fiddler";
   struct Config {
     double cpu_seconds_per_token = 7e-3;  ///< latency_cpu: one token through one expert on the CPU
     double copy_seconds = 70e-3;          ///< latency_gpu: copy one expert in and run it

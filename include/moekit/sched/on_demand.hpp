@@ -2,6 +2,7 @@
 /// \file OnDemandScheduler: every expert runs on the device, misses are loaded, in plan order.
 
 #include <span>
+#include <string_view>
 
 #include "moekit/core/concepts.hpp"
 
@@ -10,6 +11,7 @@ namespace moekit {
 /// Places every non-skipped expert on the device; resident experts first so compute can start
 /// while the misses load.
 struct OnDemandScheduler {
+  static constexpr std::string_view name = "on-demand";
   void schedule(const LayerContext&, std::span<ExpertPlan> plans) const noexcept {
     // Stable partition by hand (std::stable_partition may allocate).
     std::size_t w = 0;

@@ -9,12 +9,14 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "moekit/core/concepts.hpp"
 
 namespace moekit {
 
 struct ReadyFirstScheduler {
+  static constexpr std::string_view name = "ready-first";
   void schedule(const LayerContext&, std::span<ExpertPlan> plans) const noexcept {
     // Insertion sort by (group, tokens desc, id): at most one entry per expert of the layer.
     for (std::size_t i = 1; i < plans.size(); ++i) {

@@ -21,6 +21,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/hooks.hpp"
@@ -31,6 +32,7 @@ namespace moekit {
 /// MoBiLE's token policy: little decode passes with confidence-based fallback to the full top-k.
 class BigLittlePolicy {
  public:
+  static constexpr std::string_view name = "big-little";
   static constexpr Hooks hooks = Hook::begin_sequence;
   struct Config {
     float gamma = 0.7f;            ///< accept iff max softmax probability > gamma

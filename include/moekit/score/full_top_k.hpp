@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "moekit/core/concepts.hpp"
 
@@ -10,6 +11,7 @@ namespace moekit {
 
 /// Every token selects the model's `top_k` experts; every token is accepted.
 struct FullTopK {
+  static constexpr std::string_view name = "full-top-k";
   [[nodiscard]] std::uint32_t active_top_k(const LayerContext&, std::uint32_t k) const noexcept {
     return k;
   }

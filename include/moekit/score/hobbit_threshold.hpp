@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moekit/core/concepts.hpp"
@@ -94,6 +95,7 @@ struct HobbitRule {
 /// HOBBIT's expert scorer: high / low precision or skip per needed expert, by the T1/T2 rule.
 class HobbitThresholdScorer {
  public:
+  static constexpr std::string_view name = "hobbit-threshold";
   struct Config {
     HobbitRule rule{};  ///< thresholds and precisions (defaults: 0.6 / 0.9, f16 / q4)
   };

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moekit/core/concepts.hpp"
@@ -26,6 +27,7 @@ namespace moekit {
 /// Fate's scorer: prefill by popularity (bottom `int2_fraction` at `low`), decode at one precision.
 class PopularityScorer {
  public:
+  static constexpr std::string_view name = "popularity";
   struct Config {
     double int2_fraction = 0.25;               ///< least popular share of a prefill layer at `low`
     Precision high = Precision::q4;            ///< precision of the popular prefill experts

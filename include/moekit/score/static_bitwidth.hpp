@@ -193,6 +193,7 @@ class PrecisionTable {
 /// EdgeMoE's scorer: each selected expert at its offline-assigned precision; never skips.
 class StaticBitwidthScorer {
  public:
+  static constexpr std::string_view name = "static-bitwidth";
   struct Config {
     PrecisionTable table{};  ///< per-(layer, expert) precision, e.g. `PrecisionTable::load(path)`
   };

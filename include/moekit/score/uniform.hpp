@@ -2,6 +2,7 @@
 /// \file UniformScorer: every needed expert at one precision (the baseline's rule).
 
 #include <span>
+#include <string_view>
 
 #include "moekit/core/concepts.hpp"
 
@@ -10,6 +11,7 @@ namespace moekit {
 /// Runs every selected expert at `Config::precision`.
 class UniformScorer {
  public:
+  static constexpr std::string_view name = "uniform";
   struct Config {
     Precision precision = Precision::f16;  ///< precision of every expert
   };

@@ -40,6 +40,7 @@
 #include "moekit/core/model_shape.hpp"
 #include "moekit/core/plan.hpp"
 #include "moekit/error.hpp"
+#include "moekit/layer_call.hpp"
 #include "moekit/pipeline.hpp"
 #include "moekit/sim/sim_loader.hpp"
 #include "moekit/sim/trace.hpp"
@@ -312,17 +313,18 @@ class Replayer {
       return;
     }
     ctx.n_tokens = gate.n_tokens;
-    const LayerPlan& plan = pipeline_.route(ctx, gate);
-    for (const ExpertPlan& p : plan.experts) {
-      if (p.placement == Placement::device) {
-        if (p.ticket.valid()) loader_.wait(p.ticket);
-        run(compute_.device(p.precision, p.n_tokens));
-      } else if (p.placement == Placement::host_cpu) {
-        run(compute_.cpu(p.precision, p.n_tokens));
+    {
+      LayerCall<Pipeline> call(pipeline_, ctx, gate);  // the layer ends with the scope
+      for (const ExpertPlan& p : call.plan().experts) {
+        if (p.placement == Placement::device) {
+          if (p.ticket.valid()) loader_.wait(p.ticket);
+          run(compute_.device(p.precision, p.n_tokens));
+        } else if (p.placement == Placement::host_cpu) {
+          run(compute_.cpu(p.precision, p.n_tokens));
+        }
       }
+      (void)call.resolve();
     }
-    (void)pipeline_.resolve(plan);
-    pipeline_.end_layer(ctx);
     if constexpr (declares<typename Pipeline::CachePolicy>(Hook::end_layer_call))
       pipeline_.cache().policy().end_layer_call();
   }

@@ -4,7 +4,7 @@
 /// above a floor. Each pass has an AVX-512, an AVX2 and a portable version, chosen at run time
 /// (isa.hpp); the SIMD ones are compiled with function target attributes, so the header needs no
 /// global -m flags. The versions agree exactly except for the fast exp, which each computes to
-/// within `kExpApproxError` (the sampler's margins allow for any of them).
+/// within `sampler_exp_approx_error` (the sampler's margins allow for any of them).
 
 #include <algorithm>
 #include <bit>
@@ -21,13 +21,37 @@
 #define MOEKIT_SAMPLER_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
-namespace moekit::engine::detail {
+namespace moekit::engine {
 
+namespace detail {
 inline constexpr std::size_t kGroup = 256;  ///< logits per group of `scan`
 inline constexpr std::size_t kLanes = 16;   ///< lanes per group (each lane a disjoint set)
-inline constexpr std::size_t kRungs = 8;    ///< floors whose masses `exp_weights` also sums
+}  // namespace detail
+
+/// Floors whose masses `SamplerVectorPasses::exp_weights` also sums.
+inline constexpr std::size_t sampler_exp_rungs = 8;
 /// Bound on |exp_approx(x) - e^x| / e^x for x in [-87, 0], every version (the tests measure it).
-inline constexpr double kExpApproxError = 0x1p-22;
+inline constexpr double sampler_exp_approx_error = 0x1p-22;
+
+/// Sets of logits whose maxima `scan` reports (the size of its `lane_max`): lane j of each whole
+/// group, then each tail logit.
+inline std::size_t sampler_scan_lanes(std::size_t n) noexcept {
+  return n / detail::kGroup * detail::kLanes + n % detail::kGroup;
+}
+
+/// What `scan` found: the order keys of the largest and smallest logit.
+struct SamplerScan {
+  std::int32_t max_key;
+  std::int32_t min_key;
+};
+
+/// Sums of `exp_weights`: all weights, and the weights of the logits >= each floor.
+struct SamplerExpSums {
+  double total = 0;
+  float rung[sampler_exp_rungs] = {};
+};
+
+namespace detail {
 
 /// An integer that orders as the logit does, -0 with +0; NaN lands above +inf or below -inf.
 inline std::int32_t order_key(float v) noexcept {
@@ -56,23 +80,9 @@ inline float exp_approx(float x) noexcept {
   return p * std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
 }
 
-/// Sets of logits whose maxima `scan` reports: lane j of each whole group, then each tail logit.
-inline std::size_t lane_count(std::size_t n) noexcept { return n / kGroup * kLanes + n % kGroup; }
-
-struct ScanResult {
-  std::int32_t max_key;
-  std::int32_t min_key;
-};
-
-/// Sums of `exp_weights`: all weights, and the weights of the logits >= each floor.
-struct ExpSums {
-  double total = 0;
-  float rung[kRungs] = {};
-};
-
 namespace generic {
 
-inline ScanResult scan(const float* l, std::size_t n, std::int32_t* lane_max) noexcept {
+inline SamplerScan scan(const float* l, std::size_t n, std::int32_t* lane_max) noexcept {
   std::int32_t mx = std::numeric_limits<std::int32_t>::min();
   std::int32_t mn = std::numeric_limits<std::int32_t>::max();
   const std::size_t whole = n / kGroup * kGroup;
@@ -92,34 +102,35 @@ inline ScanResult scan(const float* l, std::size_t n, std::int32_t* lane_max) no
   mn = *std::min_element(low, low + kLanes);
   std::int32_t* tail = lane_max + whole / kGroup * kLanes;
   for (std::size_t j = 0; j < n - whole; ++j) mn = std::min(mn, tail[j] = order_key(l[whole + j]));
-  for (std::size_t j = 0; j < lane_count(n); ++j) mx = std::max(mx, lane_max[j]);
+  for (std::size_t j = 0; j < sampler_scan_lanes(n); ++j) mx = std::max(mx, lane_max[j]);
   return {mx, mn};
 }
 
-inline ExpSums exp_weights(const float* l, std::size_t n, float top, float temp,
+inline SamplerExpSums exp_weights(const float* l, std::size_t n, float top, float temp,
                            const float* floors, float* w) noexcept {
   // Sums by lane, in blocks the compiler can vectorize.
   double total[kLanes] = {};
-  float rung[kRungs][kLanes] = {};
+  float rung[sampler_exp_rungs][kLanes] = {};
   std::size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (std::size_t j = 0; j < kLanes; ++j) w[i + j] = exp_approx((l[i + j] - top) / temp);
     for (std::size_t j = 0; j < kLanes; ++j) total[j] += w[i + j];
-    for (std::size_t r = 0; r < kRungs; ++r)
+    for (std::size_t r = 0; r < sampler_exp_rungs; ++r)
       for (std::size_t j = 0; j < kLanes; ++j)
         rung[r][j] += l[i + j] >= floors[r] ? w[i + j] : 0.0f;
   }
-  ExpSums s;
+  SamplerExpSums s;
   const float* lt = l + i;  // the tail, counted from 0 (GCC then sees no wrap-around)
   float* wt = w + i;
   for (std::size_t j = 0; j < n - i; ++j) {
     wt[j] = exp_approx((lt[j] - top) / temp);
     s.total += wt[j];
-    for (std::size_t r = 0; r < kRungs; ++r) s.rung[r] += lt[j] >= floors[r] ? wt[j] : 0.0f;
+    for (std::size_t r = 0; r < sampler_exp_rungs; ++r)
+      s.rung[r] += lt[j] >= floors[r] ? wt[j] : 0.0f;
   }
   for (std::size_t j = 0; j < kLanes; ++j) {
     s.total += total[j];
-    for (std::size_t r = 0; r < kRungs; ++r) s.rung[r] += rung[r][j];
+    for (std::size_t r = 0; r < sampler_exp_rungs; ++r) s.rung[r] += rung[r][j];
   }
   return s;
 }
@@ -152,7 +163,7 @@ MOEKIT_SAMPLER_AVX512 inline __m512i keys(__m512 v) noexcept {
       b, _mm512_and_si512(_mm512_srai_epi32(b, 31), _mm512_set1_epi32(0x7fffffff)));
 }
 
-MOEKIT_SAMPLER_AVX512 inline ScanResult scan(const float* l, std::size_t n,
+MOEKIT_SAMPLER_AVX512 inline SamplerScan scan(const float* l, std::size_t n,
                                              std::int32_t* lane_max) noexcept {
   __m512i mn = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::max());
   __m512i all = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
@@ -193,12 +204,12 @@ MOEKIT_SAMPLER_AVX512 inline __m512 exp16(__m512 x) noexcept {
   return _mm512_scalef_ps(p, n);
 }
 
-MOEKIT_SAMPLER_AVX512 inline ExpSums exp_weights(const float* l, std::size_t n, float top,
+MOEKIT_SAMPLER_AVX512 inline SamplerExpSums exp_weights(const float* l, std::size_t n, float top,
                                                  float temp, const float* floors,
                                                  float* w) noexcept {
   const __m512 t = _mm512_set1_ps(top), d = _mm512_set1_ps(temp);
   __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
-  __m512 rung[kRungs];
+  __m512 rung[sampler_exp_rungs];
   for (auto& r : rung) r = _mm512_setzero_ps();
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -207,13 +218,13 @@ MOEKIT_SAMPLER_AVX512 inline ExpSums exp_weights(const float* l, std::size_t n, 
     _mm512_storeu_ps(w + i, a);
     lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(a)));
     hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1)));
-    for (std::size_t r = 0; r < kRungs; ++r)
+    for (std::size_t r = 0; r < sampler_exp_rungs; ++r)
       rung[r] = _mm512_mask_add_ps(
           rung[r], _mm512_cmp_ps_mask(v, _mm512_set1_ps(floors[r]), _CMP_GE_OQ), rung[r], a);
   }
-  ExpSums s = generic::exp_weights(l + i, n - i, top, temp, floors, w + i);
+  SamplerExpSums s = generic::exp_weights(l + i, n - i, top, temp, floors, w + i);
   s.total += _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
-  for (std::size_t r = 0; r < kRungs; ++r) s.rung[r] += _mm512_reduce_add_ps(rung[r]);
+  for (std::size_t r = 0; r < sampler_exp_rungs; ++r) s.rung[r] += _mm512_reduce_add_ps(rung[r]);
   return s;
 }
 
@@ -241,7 +252,7 @@ MOEKIT_SAMPLER_AVX2 inline __m256i keys(__m256 v) noexcept {
       b, _mm256_and_si256(_mm256_srai_epi32(b, 31), _mm256_set1_epi32(0x7fffffff)));
 }
 
-MOEKIT_SAMPLER_AVX2 inline ScanResult scan(const float* l, std::size_t n,
+MOEKIT_SAMPLER_AVX2 inline SamplerScan scan(const float* l, std::size_t n,
                                            std::int32_t* lane_max) noexcept {
   const __m256i lowest = _mm256_set1_epi32(std::numeric_limits<std::int32_t>::min());
   __m256i mn = _mm256_set1_epi32(std::numeric_limits<std::int32_t>::max()), all = lowest;
@@ -303,11 +314,12 @@ MOEKIT_SAMPLER_AVX2 inline float sum_ps(__m256 v) noexcept {
   return s;
 }
 
-MOEKIT_SAMPLER_AVX2 inline ExpSums exp_weights(const float* l, std::size_t n, float top, float temp,
-                                               const float* floors, float* w) noexcept {
+MOEKIT_SAMPLER_AVX2 inline SamplerExpSums exp_weights(const float* l, std::size_t n, float top,
+                                                      float temp, const float* floors,
+                                                      float* w) noexcept {
   const __m256 t = _mm256_set1_ps(top), d = _mm256_set1_ps(temp);
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-  __m256 rung[kRungs];
+  __m256 rung[sampler_exp_rungs];
   for (auto& r : rung) r = _mm256_setzero_ps();
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -316,13 +328,13 @@ MOEKIT_SAMPLER_AVX2 inline ExpSums exp_weights(const float* l, std::size_t n, fl
     _mm256_storeu_ps(w + i, a);
     lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(a)));
     hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)));
-    for (std::size_t r = 0; r < kRungs; ++r)
+    for (std::size_t r = 0; r < sampler_exp_rungs; ++r)
       rung[r] = _mm256_add_ps(
           rung[r], _mm256_and_ps(_mm256_cmp_ps(v, _mm256_set1_ps(floors[r]), _CMP_GE_OQ), a));
   }
-  ExpSums s = generic::exp_weights(l + i, n - i, top, temp, floors, w + i);
+  SamplerExpSums s = generic::exp_weights(l + i, n - i, top, temp, floors, w + i);
   s.total += sum_pd(_mm256_add_pd(lo, hi));
-  for (std::size_t r = 0; r < kRungs; ++r) s.rung[r] += sum_ps(rung[r]);
+  for (std::size_t r = 0; r < sampler_exp_rungs; ++r) s.rung[r] += sum_ps(rung[r]);
   return s;
 }
 
@@ -342,35 +354,39 @@ MOEKIT_SAMPLER_AVX2 inline std::size_t collect(const float* l, std::size_t n, fl
 #pragma GCC diagnostic pop
 #endif  // MOEKIT_SAMPLER_X86
 
-/// The version of each pass this CPU runs (or `isa`, for tests that compare them).
-struct SamplerPasses {
+}  // namespace detail
+
+/// The sampler's passes over the whole vocabulary, in the version this CPU runs (or `isa`, for
+/// tests that compare the versions): AVX-512, AVX2 or portable.
+struct SamplerVectorPasses {
   moekit::Isa isa = moekit::detect_isa();
 
-  ScanResult scan(const float* l, std::size_t n, std::int32_t* lane_max) const noexcept {
+  SamplerScan scan(const float* l, std::size_t n, std::int32_t* lane_max) const noexcept {
 #if defined(MOEKIT_SAMPLER_X86)
-    if (isa == moekit::Isa::avx512) return avx512::scan(l, n, lane_max);
-    if (isa == moekit::Isa::avx2) return avx2::scan(l, n, lane_max);
+    if (isa == moekit::Isa::avx512) return detail::avx512::scan(l, n, lane_max);
+    if (isa == moekit::Isa::avx2) return detail::avx2::scan(l, n, lane_max);
 #endif
-    return generic::scan(l, n, lane_max);
+    return detail::generic::scan(l, n, lane_max);
   }
   /// w[i] = exp_approx((l[i] - top) / temp) (n entries), with their sums.
-  ExpSums exp_weights(const float* l, std::size_t n, float top, float temp, const float* floors,
-                      float* w) const noexcept {
+  SamplerExpSums exp_weights(const float* l, std::size_t n, float top, float temp,
+                             const float* floors, float* w) const noexcept {
 #if defined(MOEKIT_SAMPLER_X86)
-    if (isa == moekit::Isa::avx512) return avx512::exp_weights(l, n, top, temp, floors, w);
-    if (isa == moekit::Isa::avx2) return avx2::exp_weights(l, n, top, temp, floors, w);
+    if (isa == moekit::Isa::avx512)
+      return detail::avx512::exp_weights(l, n, top, temp, floors, w);
+    if (isa == moekit::Isa::avx2) return detail::avx2::exp_weights(l, n, top, temp, floors, w);
 #endif
-    return generic::exp_weights(l, n, top, temp, floors, w);
+    return detail::generic::exp_weights(l, n, top, temp, floors, w);
   }
   /// The indices i with l[i] >= floor, ascending; `idx` needs room for n + 16. Returns how many.
   std::size_t collect(const float* l, std::size_t n, float floor,
                       std::uint32_t* idx) const noexcept {
 #if defined(MOEKIT_SAMPLER_X86)
-    if (isa == moekit::Isa::avx512) return avx512::collect(l, n, floor, idx);
-    if (isa == moekit::Isa::avx2) return avx2::collect(l, n, floor, idx);
+    if (isa == moekit::Isa::avx512) return detail::avx512::collect(l, n, floor, idx);
+    if (isa == moekit::Isa::avx2) return detail::avx2::collect(l, n, floor, idx);
 #endif
-    return generic::collect(l, n, floor, idx);
+    return detail::generic::collect(l, n, floor, idx);
   }
 };
 
-}  // namespace moekit::engine::detail
+}  // namespace moekit::engine
