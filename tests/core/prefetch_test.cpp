@@ -169,3 +169,24 @@ TEST_CASE("A prefetch lies the distance it states ahead, within the pipeline's l
                ManualLoader{}, UniformScorer{}, pred),
       Catch::Contains("PipelineConfig.max_prefetch_distance must be <= 3"));
 }
+
+TEST_CASE("A queued preload is never withdrawn as a stale prefetch; finish_loads completes it",
+          "[core][pipeline][prefetch]") {
+  Pipeline p(prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16},
+             ManualLoader(/*instant=*/false), UniformScorer{}, ScriptedPredictor{});
+  REQUIRE(p.preload({0, 3}, Precision::f16));  // queued, at prefetch priority
+  // Layer 0 needs {0, 1}, not the preloaded (0,3): a prefetch would be cancelled here; a placement
+  // stays, and its bytes are counted once, as preloaded (before: bytes_prefetched underflowed).
+  const auto& a = p.route(ctx(0, 3), Route(4, {{0, 1}}).view());
+  CHECK(p.stats().prefetches_cancelled == 0);
+  CHECK(p.cache().resident({0, 3}));
+  p.loader().complete_all();
+  p.resolve(a);
+  p.end_layer(ctx(0, 3));
+  p.finish_loads();
+  const auto s = p.stats();
+  CHECK(s.bytes_preloaded == prefetch_f16);
+  CHECK(s.bytes_prefetched == 0);
+  CHECK_FALSE(p.cache().entry({0, 3}).loading);
+  p.cache().check_invariants();
+}
