@@ -18,6 +18,7 @@
 
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
+#include "moekit/io/output_file.hpp"
 
 #include "moekit/engine/activations.hpp"
 #include "moekit/engine/expert_layout.hpp"
@@ -130,6 +131,7 @@ struct Options {
   bool in_memory = false;          ///< --in-memory: experts from the checkpoint into host memory
   bool direct = true;              ///< O_DIRECT store reads (--no-direct: page cache)
   bool uring = true;               ///< io_uring when available (--pread: never)
+  bool verify = true;              ///< XXH64 of every blob read from a store (--no-verify: off)
   unsigned io_threads = 2;         ///< --io-threads: store loader threads
   int calib_tokens = 16;           ///< --calib-tokens: greedy tokens after the prompt
   std::uint32_t context = 0;  ///< 0 = prompt + n_predict
@@ -294,6 +296,10 @@ class Cli {
           throw moekit::Error(moekit::ErrorKind::invalid_argument,
                               std::string(flag) + ": only meaningful with --perplexity FILE");
     }
+    // Output files are checked before any work: a run is not spent to find the file unwritable.
+    for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--trace-out", o_.trace_out},
+                                     {"--save-logits", o_.save_logits}})
+      if (!path.empty()) moekit::io::check_output_path(path, o_.force, flag);
   }
 
   // --perplexity and its companions, routing traces recorded (--trace-out) and replayed
@@ -321,7 +327,9 @@ class Cli {
                     "routing; the generated text is meaningless. Decode tokens walk the trace's "
                     "decode tokens in order (wrapping around), prompt tokens its prefill tokens "
                     "(or, without any, the same decode walk)");
-    app_.add_flag("--force", o_.force, "overwrite the --trace-out / --save-logits file");
+    app_.add_flag("--force", o_.force,
+                  "overwrite the --trace-out / --save-logits file; use an expert store whose "
+                  "recorded checkpoint fingerprint differs from the checkpoint's");
   }
 
   // Preset parameters and the expert store (docs/engine.md, "Presets" and "Expert store").
@@ -372,6 +380,9 @@ class Cli {
                   "store (the default for models other than the built-in one)");
     app_.add_flag("!--no-direct", o_.direct, "store reads through the page cache (no O_DIRECT)");
     app_.add_flag("!--pread", o_.uring, "store reads with pread(2), never io_uring");
+    app_.add_flag("!--no-verify", o_.verify,
+                  "do not check the XXH64 checksum of each expert read from an expert store "
+                  "(checked by default: a damaged store is an error, not changed text)");
     app_.add_option("--io-threads", o_.io_threads, "store loader I/O threads")
         ->check(CLI::Range(1u, 64u));
   }

@@ -30,6 +30,7 @@
 #include "moekit/core/gate_view.hpp"
 #include "moekit/core/layer_context.hpp"
 #include "moekit/error.hpp"
+#include "moekit/io/output_file.hpp"
 
 namespace moekit::sim {
 
@@ -109,21 +110,8 @@ inline std::string read_file_text(const std::string& path) {
 /// Writes `data` to `path`; refuses to replace an existing file unless `overwrite`.
 inline void write_file_bytes(const std::string& path, std::span<const std::byte> data,
                              bool overwrite) {
-  // "x" (C11, glibc): fail if the file exists, atomically with the creation.
-  std::FILE* f = std::fopen(path.c_str(), overwrite ? "wb" : "wbx");
-  if (!f) {
-    if (!overwrite) {
-      if (std::FILE* probe = std::fopen(path.c_str(), "rb")) {
-        std::fclose(probe);
-        ::moekit::detail::fail(ErrorKind::invalid_argument,
-             "'" + path + "' exists; refusing to overwrite it (pass overwrite = true)");
-      }
-    }
-    ::moekit::detail::fail(ErrorKind::io, "cannot open '" + path + "' for writing");
-  }
-  const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) ::moekit::detail::fail(ErrorKind::io, "write error on '" + path + "'");
+  // A temporary file renamed over the target: a failed write leaves nothing behind.
+  ::moekit::io::write_file_atomically(path, data, overwrite, "", "pass overwrite = true");
 }
 
 }  // namespace detail
