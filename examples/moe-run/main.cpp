@@ -206,6 +206,14 @@ void require_finite_logits(std::span<const float> logits, std::size_t position) 
                             "activation overflowed; stopping rather than sampling from it");
 }
 
+// -c beyond the model's max_position_embeddings: refused before the KV cache is allocated (-c
+// 100000000 once zero-filled ~77 GB until the kernel killed the process).
+void check_context(std::uint32_t ctx, const ModelConfig& cfg) {
+  if (ctx > cfg.max_positions)
+    fail("-c: context length " + std::to_string(ctx) + " exceeds the model's "
+         "max_position_embeddings (" + std::to_string(cfg.max_positions) + ")");
+}
+
 template <class Pipeline>
 nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                         const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
@@ -219,6 +227,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   if (prompt.size() + o.n_predict > ctx)
     fail("-c: context length " + std::to_string(ctx) + " is shorter than the prompt (" +
          std::to_string(prompt.size()) + " tokens) plus -n " + std::to_string(o.n_predict));
+  if (o.context) check_context(ctx, cfg);
 
   Model<Pipeline> model(cfg, w.dense, pipeline, ctx, &pool);
   model.set_ubatch(o.ubatch);
@@ -303,6 +312,7 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
     fail("--perplexity: the model's config has no bos_token_id; chunks are scored after a BOS");
   const std::vector<Token> tokens = tok.encode(read_text_stripped(o.perplexity), false);
   const PerplexitySettings s{o.context ? o.context : 512u, o.chunks, o.ppl_decode};
+  if (o.context) check_context(s.ctx, cfg);
   std::optional<LogProbFile> save, reference;
   if (!o.save_logits.empty()) {
     moekit::io::check_output_path(o.save_logits, o.force, "--save-logits");

@@ -538,7 +538,8 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--t1", o.t1, "HOBBIT T1 (presets that use it)");
   app.add_option("--t2", o.t2, "HOBBIT T2 (presets that use it)");
   app.add_option("--gamma", o.gamma,
-                 "MoBiLE gamma (needs output logits, which traces do not store)");
+                 "MoBiLE gamma, in [0, 1] (needs output logits, which traces do not store)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--fallback-ratio", o.fallback_ratio,
                  "MoBiLE: share of decode tokens that fall back (default 0.1375, MoBiLE Table II)");
   app.add_option("--hobbit-recall", o.hobbit_recall,
@@ -920,6 +921,10 @@ int run(int argc, char** argv) {
     print_json(s, t, out);
   else
     print_text(s, t, out, wall);
+  if (out.rows.empty()) {  // nothing was simulated: not a success
+    std::fprintf(stderr, "moe-sim: every run failed or was unavailable (listed above)\n");
+    return 2;
+  }
   return 0;
 }
 

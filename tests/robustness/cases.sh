@@ -204,6 +204,32 @@ case_unbounded_inputs() {  # a device where a text file is expected: refused, no
     bash -c 'ulimit -v 4000000; exec "$@"' _ "$moe_run" -m m --in-memory --perplexity text.txt --kl-reference /dev/zero
 }
 
+# ---- resources and small validations ---------------------------------------------------------
+
+case_context_beyond_the_model() {  # -c beyond max_position_embeddings: refused before the KV cache
+  model_copy m
+  expect_refusal "-c: context length 100000000 exceeds the model's max_position_embeddings \(128\)" \
+    bash -c 'ulimit -v 4000000; exec "$@"' _ "$moe_run" -m m --in-memory --expert-budget all "${run_args[@]}" -c 100000000
+}
+
+case_flag_values() {  # values the parser used to accept or pass through to an internal check
+  model_copy m
+  expect_refusal "--seed" "$moe_run" -m m --in-memory "${run_args[@]}" --seed -1
+  expect_refusal "--lookahead.*(range|1 - 3)" "$moe_run" -m m --in-memory --preset hobbit "${run_args[@]}" --lookahead 5
+  expect_refusal "--cpu-latency: must be a number of seconds" \
+    "$moe_run" -m m --in-memory --preset fiddler "${run_args[@]}" --cpu-latency nan
+  expect_refusal "--gamma" "$moe_sim" --synthetic --preset mobile --gamma 5
+}
+
+case_config_values() {  # config.json fields out of range
+  model_copy m
+  sed -i 's/"eos_token_id": 2/"eos_token_id": 99999/' m/config.json
+  expect_refusal "eos_token_id.*99999 is not below vocab_size" "$moe_run" -m m --in-memory "${run_args[@]}"
+  rm -rf m && model_copy m
+  sed -i 's/"max_position_embeddings": 128/"max_position_embeddings": 0/' m/config.json
+  expect_refusal "max_position_embeddings.*must be > 0" "$moe_run" -m m --in-memory "${run_args[@]}"
+}
+
 if ! declare -F "case_$case_name" >/dev/null; then
   echo "unknown case '$case_name'"
   exit 2

@@ -171,7 +171,12 @@ class Cli {
         ->check(CLI::Range(0.0f, 1.0f));
     app_.add_option("--top-k", o_.top_k,
                     "sample among the k highest logits only, before --top-p (0 = all)");
-    app_.add_option("--seed", o_.seed, "sampling seed");
+    app_.add_option("--seed", o_.seed, "sampling seed (0 .. 2^64-1)")
+        ->check(CLI::Validator(
+            [](const std::string& s) {  // "-1" would otherwise wrap to 2^64-1 silently
+              return !s.empty() && s.front() == '-' ? std::string("must not be negative") : std::string();
+            },
+            "NONNEGATIVE"));
     std::string presets;
     for (const auto& p : moekit::presets::entries)
       presets += "\n  " + std::string(p.name) + ": " + std::string(p.summary);
@@ -343,8 +348,8 @@ class Cli {
     app_.add_option("--low-precision", low_text_,
                     "hobbit/nextuse/fate: the low precision (auto, the default: q4, or q2 when the "
                     "experts run at q4 or narrower)");
-    app_.add_option("--lookahead", q.lookahead, "hobbit: stacked-gate layers predicted ahead")
-        ->check(CLI::Range(1u, 64u));
+    app_.add_option("--lookahead", q.lookahead, "hobbit: stacked-gate layers predicted ahead (1..3)")
+        ->check(CLI::Range(1u, 3u));  // what StackedGatePredictor supports
     app_.add_option("--shallow-layers", q.shallow_layers, "fate: shallow layers cached in full")
         ->check(CLI::Range(0u, 1u << 16));
     app_.add_option("--fate-low-fraction", q.fate_low_fraction,
@@ -388,6 +393,11 @@ class Cli {
   }
 
   void finish_offload() {
+    for (const auto& [flag, v] : {std::pair<const char*, double>{"--cpu-latency", o_.preset_params.cpu_seconds_per_token},
+                                  {"--copy-latency", o_.preset_params.copy_seconds}})
+      if (!std::isfinite(v))  // CLI11's range check lets NaN through
+        throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                            std::string(flag) + ": must be a number of seconds, not " + std::to_string(v));
     o_.low_precision_auto = low_text_ == "auto";
     const auto low = moekit::parse_precision(o_.low_precision_auto ? "q4" : low_text_);
     if (!low || *low == moekit::Precision::skip)
