@@ -101,6 +101,7 @@ struct BudgetSpec {
                               {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}},
                              &unit);
     b.kind = unit.empty() ? Kind::slots : Kind::bytes;
+    if (b.value > 1e18) bad_flag(flag, "'" + s + "' is too large (at most 1e18 bytes or slots)");
     if (b.kind == Kind::slots && b.value != std::floor(b.value))
       bad_flag(flag, "a slot count must be a whole number (use a unit for bytes, % for a share)");
     if (b.value <= 0) bad_flag(flag, "budget must be > 0");
@@ -109,6 +110,10 @@ struct BudgetSpec {
   /// Bytes for `shape` at `base` precision.
   [[nodiscard]] std::size_t bytes(const ModelShape& shape, Precision base) const {
     const std::size_t one = shape.expert_bytes(base);
+    if (kind == Kind::slots && value > double(shape.expert_count()))
+      bad_flag("--budget", "'" + text + "' slots exceed the trace's " +
+                               std::to_string(shape.expert_count()) +
+                               " experts (a plain number counts experts; use a unit for bytes)");
     switch (kind) {
       case Kind::slots: return static_cast<std::size_t>(value) * one;
       case Kind::bytes: return static_cast<std::size_t>(value);
@@ -162,6 +167,8 @@ Sweep parse_sweep(const std::string& s) {
 
 /// Reads a trace in moekit's binary or JSONL format (told apart by the magic bytes).
 RoutingTrace load_trace(const std::string& path) {
+  if (fs::exists(path) && !fs::is_regular_file(path))  // /dev/zero would be read without end
+    bad_flag("--trace", "'" + path + "' is not a regular file (a directory, device or pipe)");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw moekit::Error(ErrorKind::io, "--trace: cannot open '" + path + "'");
   char magic[8] = {};
@@ -533,8 +540,11 @@ void add_flags(CLI::App& app, Options& o) {
                  "JSON for --hardware this_machine (written by moe-calibrate)");
   app.add_option("--bandwidth", o.bandwidth, "override the link bandwidth (e.g. 16GB/s)");
   app.add_option("--precision", o.precision, "the model's own (base) precision (default f16)");
-  app.add_option("--hidden", o.hidden, "expert hidden size, for traces not shaped like Mixtral");
-  app.add_option("--ffn", o.ffn, "expert ffn size, for traces not shaped like Mixtral");
+  // Bounded so that an expert's bytes (3·hidden·ffn·4) cannot overflow.
+  app.add_option("--hidden", o.hidden, "expert hidden size, for traces not shaped like Mixtral")
+      ->check(CLI::Range(0u, 1u << 20));
+  app.add_option("--ffn", o.ffn, "expert ffn size, for traces not shaped like Mixtral")
+      ->check(CLI::Range(0u, 1u << 20));
   app.add_option("--t1", o.t1, "HOBBIT T1 (presets that use it)");
   app.add_option("--t2", o.t2, "HOBBIT T2 (presets that use it)");
   app.add_option("--gamma", o.gamma,

@@ -199,6 +199,8 @@ case_unbounded_inputs() {  # a device where a text file is expected: refused, no
   model_copy m
   expect_refusal "--perplexity: '/dev/zero' is not a regular file" \
     bash -c 'ulimit -v 4000000; exec "$@"' _ "$moe_run" -m m --in-memory --perplexity /dev/zero
+  expect_refusal "--trace: '/dev/zero' is not a regular file" \
+    bash -c 'ulimit -v 4000000; exec "$@"' _ "$moe_sim" --trace /dev/zero
   printf 'Hello there. %.0s' {1..8} > text.txt
   expect_refusal "--kl-reference: '/dev/zero' is not a regular file" \
     bash -c 'ulimit -v 4000000; exec "$@"' _ "$moe_run" -m m --in-memory --perplexity text.txt --kl-reference /dev/zero
@@ -219,6 +221,9 @@ case_flag_values() {  # values the parser used to accept or pass through to an i
   expect_refusal "--cpu-latency: must be a number of seconds" \
     "$moe_run" -m m --in-memory --preset fiddler "${run_args[@]}" --cpu-latency nan
   expect_refusal "--gamma" "$moe_sim" --synthetic --preset mobile --gamma 5
+  expect_refusal "--budget: '99999999999999999999' is too large" "$moe_sim" --synthetic --budget 99999999999999999999
+  expect_refusal "--budget: '1000' slots exceed the trace's 256 experts" "$moe_sim" --synthetic --budget 1000
+  expect_refusal "--hidden" "$moe_sim" --synthetic --hidden 4294967295 --ffn 4294967295
 }
 
 case_config_values() {  # config.json fields out of range

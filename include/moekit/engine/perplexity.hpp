@@ -61,10 +61,7 @@ namespace moekit::engine {
 inline void require_regular_file(const std::filesystem::path& path, std::string_view flag) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(st))
-    moekit::detail::fail(moekit::ErrorKind::io,
-                         std::string(flag) + ": '" + path.string() + "' does not exist");
-  if (!std::filesystem::is_regular_file(st))
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
     moekit::detail::fail(moekit::ErrorKind::invalid_argument,
                          std::string(flag) + ": '" + path.string() +
                              "' is not a regular file (a directory, device or pipe)");

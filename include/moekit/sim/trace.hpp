@@ -14,6 +14,8 @@
 /// (0xFFFFFFFF) and every weight 0 (and NaN logits / hidden when present); `valid()` tells.
 /// Replay code must check `valid()` before using a record.
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -88,8 +90,13 @@ inline bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) 
   return __builtin_mul_overflow(a, b, &out);
 }
 
-/// Whole file as bytes; throws `Error(io)` naming the path.
+/// Whole file as bytes; throws `Error(io)` naming the path, `Error(invalid_argument)` when it is
+/// not a regular file (a device such as /dev/zero or a pipe would be read without end).
 inline std::vector<std::byte> read_file_bytes(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    ::moekit::detail::fail(ErrorKind::invalid_argument,
+                           "'" + path + "' is not a regular file (a directory, device or pipe)");
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) ::moekit::detail::fail(ErrorKind::io, "cannot open '" + path + "' for reading");
   std::vector<std::byte> out;
