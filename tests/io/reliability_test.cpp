@@ -195,3 +195,33 @@ TEST_CASE("AsyncLoader verifies every blob by default and names store, layer, ex
   require_error([&] { loader.wait(t); }, ErrorKind::checksum,
                 {"s.moestore", "layer 1, expert 2, q4", "XXH64"});
 }
+
+TEST_CASE("AsyncLoader verifies a large blob read in pieces: any flipped byte is found") {
+  // 37 MiB + 123 bytes: pieces of 18.5, 9.25, ... MiB down to the last, below 1 MiB.
+  const std::size_t n = (37u << 20) + 123;
+  std::vector<std::byte> file(4096 + n);
+  std::uint32_t x = 12345;
+  for (auto& b : file) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<std::byte>(x >> 24);
+  }
+  const StoreBlob blob{{0, 0}, Precision::f32, 4096, n, xxh64(std::span(file).subspan(4096, n))};
+  std::vector<std::byte> dest(n);
+  for (const std::size_t flip : {std::size_t{0}, n / 2, n - (1u << 19), n - 1}) {
+    DYNAMIC_SECTION("flipped byte at " << flip) {
+      std::vector<std::byte> bad = file;
+      {
+        AsyncLoader<MemorySource> good(MemorySource(file, "good"),
+                                       [&](ExpertKey, Precision) { return blob; }, {});
+        good.wait(good.submit({{0, 0}, Precision::f32, LoadPriority::on_demand, dest}));
+        CHECK(std::memcmp(dest.data(), file.data() + 4096, n) == 0);
+      }
+      bad[4096 + flip] ^= std::byte{0x10};
+      AsyncLoader<MemorySource> loader(MemorySource(bad, "bad.moestore"),
+                                       [&](ExpertKey, Precision) { return blob; }, {});
+      const LoadTicket t = loader.submit({{0, 0}, Precision::f32, LoadPriority::on_demand, dest});
+      require_error([&] { loader.wait(t); }, ErrorKind::checksum,
+                    {"bad.moestore", "layer 0, expert 0, f32"});
+    }
+  }
+}

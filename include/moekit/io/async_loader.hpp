@@ -60,10 +60,11 @@ class AsyncLoader {
     double bandwidth_bytes_per_s = 0;     ///< 0: no cap; else a token bucket paces the reads
     std::size_t throttle_chunk = 1u << 20;  ///< bytes per paced read (multiple of 4096)
     bool verify_checksums = true;  ///< XXH64-check every loaded blob
-    /// With verification, a blob is read in pieces of this many bytes (a multiple of 4096), each
-    /// hashed on a thread of its own while the next is read: the check costs the hash of the last
-    /// piece, not of the whole blob (bench/RESULTS.md, "Verifying blobs on load").
-    std::size_t verify_chunk = 4u << 20;
+    /// With verification, a blob is read in pieces of at most this many bytes (a multiple of
+    /// 4096), each hashed on a thread of its own while the next is read. Pieces halve towards the
+    /// end of the blob (down to 1 MiB): large reads keep the disk busy, and the check costs only
+    /// the hash of the last, small piece (bench/RESULTS.md, "Verifying blobs on load").
+    std::size_t verify_chunk = 32u << 20;
   };
 
   AsyncLoader(Source source, BlobLocator locate, Config config)
@@ -338,12 +339,22 @@ class AsyncLoader {
     }
   }
 
+  // The next piece of a blob with `left` bytes to read: half of them (the hash of a piece, several
+  // times faster than the read, ends while the next half is read), between 1 MiB and
+  // verify_chunk, a multiple of 4096; all of them when that is at most 1 MiB.
+  [[nodiscard]] std::uint64_t next_piece(std::uint64_t left) const noexcept {
+    constexpr std::uint64_t smallest = 1u << 20;
+    if (left <= smallest) return left;
+    const std::uint64_t half = (left / 2) / 4096 * 4096;
+    return std::min<std::uint64_t>(config_.verify_chunk, std::max(half, smallest));
+  }
+
   // The blob read piece by piece, each piece hashed while the next is read; its XXH64.
   std::uint64_t read_hashed(const StoreBlob& b, std::span<std::byte> dest, ChunkHasher& hasher) {
     hasher.reset();
     try {
-      for (std::uint64_t from = 0; from < b.bytes; from += config_.verify_chunk) {
-        const std::uint64_t n = std::min<std::uint64_t>(config_.verify_chunk, b.bytes - from);
+      for (std::uint64_t from = 0, n = 0; from < b.bytes; from += n) {
+        n = next_piece(b.bytes - from);
         read_range(b, dest, from, n);
         hasher.wait();
         hasher.hash(dest.subspan(from, n));
@@ -360,7 +371,7 @@ class AsyncLoader {
     std::span<std::byte> dest = r.dest;
     std::uint64_t got = 0;
     if (!config_.verify_checksums) read_range(b, dest, 0, b.bytes);
-    else if (b.bytes <= config_.verify_chunk) {
+    else if (b.bytes <= (2u << 20)) {  // small: hashed after the read
       read_range(b, dest, 0, b.bytes);
       got = xxh64(dest.first(b.bytes));
     } else {
