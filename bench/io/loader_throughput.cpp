@@ -9,6 +9,9 @@
 // (in an order that rotates between repetitions), and the ratio is taken within the repetition;
 // the table shows medians over the repetitions and the ratio's min..max. Raw = the better of 1 and
 // 4 outstanding 8 MiB reads over the whole blob region (the harder bound).
+// Each loader runs twice per repetition: without and with XXH64 verification of every blob (the
+// default since issue 24); the cost of verifying is 1 − verified / unverified within the
+// repetition, target < 3% (median).
 //
 // Usage: moekit_bench_loader_throughput [--dir /var/tmp] [--reps 5] [--experts-per-layer 4]
 // The store file (~1.2 GB) is created in --dir and removed at the end.
@@ -37,9 +40,10 @@ struct LoadResult {
 /// load alone (its latency).
 template <class Source>
 LoadResult run_loader(const ExpertStore& store, Source source, Precision p, int passes,
-                      std::vector<AlignedBuffer>& bufs) {
+                      std::vector<AlignedBuffer>& bufs, bool verify, std::size_t verify_chunk) {
   AsyncLoader<Source> loader(store, std::move(source),
-                             {.io_threads = 2, .max_outstanding = 16, .verify_checksums = false});
+                             {.io_threads = 2, .max_outstanding = 16, .verify_checksums = verify,
+                              .verify_chunk = verify_chunk});
   const ModelShape& shape = store.manifest().shape;
   LoadResult r;
   {
@@ -67,8 +71,10 @@ LoadResult run_loader(const ExpertStore& store, Source source, Precision p, int 
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const Flags flags{argc, argv, "[--dir /var/tmp] [--reps 5] [--experts-per-layer 4]"};
-  flags.check({"--dir", "--reps", "--experts-per-layer"});
+  const Flags flags{argc, argv, "[--dir /var/tmp] [--reps 5] [--experts-per-layer 4] [--verify-chunk-mib N]"};
+  flags.check({"--dir", "--reps", "--experts-per-layer", "--verify-chunk-mib"});
+  const std::size_t verify_chunk =
+      std::size_t(std::max(1, std::atoi(flags.get("--verify-chunk-mib", std::to_string(AsyncLoader<PreadSource>::Config{}.verify_chunk >> 20)).c_str()))) << 20;
   const std::string dir = flags.get("--dir", "/var/tmp");
   const int reps = std::max(1, std::atoi(flags.get("--reps", "5").c_str()));
   const auto experts = static_cast<std::uint32_t>(std::max(1, std::atoi(flags.get("--experts-per-layer", "4").c_str())));
@@ -80,9 +86,10 @@ int main(int argc, char** argv) {
   const ModelShape shape = temp.shape();
   std::vector<AlignedBuffer> bufs;
   for (int i = 0; i < 4; ++i) bufs.emplace_back(shape.expert_bytes(Precision::f16));
-  std::printf("expert bytes: f16 %.1f MB, q4 %.1f MB; blob region %.2f GB; %d repetitions\n",
+  std::printf("expert bytes: f16 %.1f MB, q4 %.1f MB; blob region %.2f GB; %d repetitions; "
+              "verified in pieces of %zu MiB\n",
               shape.expert_bytes(Precision::f16) / 1e6, shape.expert_bytes(Precision::q4) / 1e6,
-              (end - begin) / 1e9, reps);
+              (end - begin) / 1e9, reps, verify_chunk >> 20);
 
   // Each job measures one loader configuration; "raw" is measured first in every repetition.
   struct Job {
@@ -90,17 +97,19 @@ int main(int argc, char** argv) {
     std::function<LoadResult()> run;
   };
   std::vector<Job> jobs;
-  for (Precision p : {Precision::f16, Precision::q4}) {
-    const int passes = p == Precision::f16 ? 1 : 4;  // ~1 GB either way
-    jobs.push_back({"pread x2 threads, " + std::string(name(p)), [&, p, passes] {
-                      return run_loader(store, PreadSource(temp.path(), {.direct = true}), p, passes, bufs);
-                    }});
+  for (Precision p : {Precision::f16, Precision::q4})
+    for (bool verify : {false, true}) {
+      const int passes = p == Precision::f16 ? 1 : 4;  // ~1 GB either way
+      const std::string tail = std::string(name(p)) + (verify ? ", verified" : "");
+      jobs.push_back({"pread x2 threads, " + tail, [&, p, passes, verify] {
+                        return run_loader(store, PreadSource(temp.path(), {.direct = true}), p, passes, bufs, verify, verify_chunk);
+                      }});
 #if defined(MOEKIT_HAS_URING)
-    jobs.push_back({"io_uring x2 (default config), " + std::string(name(p)), [&, p, passes] {
-                      return run_loader(store, UringSource(temp.path(), {.direct = true, .rings = 2}), p, passes, bufs);
-                    }});
+      jobs.push_back({"io_uring x2 (default config), " + tail, [&, p, passes, verify] {
+                        return run_loader(store, UringSource(temp.path(), {.direct = true, .rings = 2}), p, passes, bufs, verify, verify_chunk);
+                      }});
 #endif
-  }
+    }
   std::vector<double> raw_all, raw1_all, raw4_all;
   std::map<std::string, std::vector<double>> bw, ratio, ms;
   for (int r = 0; r < reps; ++r) {
@@ -141,5 +150,40 @@ int main(int argc, char** argv) {
                 median(ms[job.label]));
   }
   std::printf("target: median ratio >= 0.90 for every loader: %s\n", all_ok ? "met" : "NOT met");
+
+  // Verification's cost, paired within each repetition.
+  {
+    // XXH64 alone on one core (the buffer is in cache after the first pass): the share of a core
+    // verifying at the raw read rate takes.
+    std::vector<double> rates;
+    volatile std::uint64_t sink = 0;
+    for (int r = 0; r < 5; ++r) {
+      const auto t0 = Clock::now();
+      sink = sink + xxh64(bufs[0].span());
+      rates.push_back(static_cast<double>(bufs[0].span().size()) / seconds_since(t0));
+    }
+    std::printf("\nXXH64 on one core: %.2f GB/s (median of 5 over %.0f MB): verifying at the raw read "
+                "rate takes %.0f%% of a core\n",
+                median(rates) / 1e9, bufs[0].span().size() / 1e6, 100 * median(raw_all) / median(rates));
+  }
+  bool cost_ok = true;
+  std::printf("\n%-36s %14s %14s\n", "XXH64 verification (median of reps)", "cost", "min..max");
+  for (const Job& job : jobs) {
+    const std::string suffix = ", verified";
+    if (job.label.size() < suffix.size() || job.label.ends_with(suffix) == false) continue;
+    const std::string plain = job.label.substr(0, job.label.size() - suffix.size());
+    const auto& v = bw[job.label];
+    const auto& u = bw[plain];
+    std::vector<double> cost;
+    for (std::size_t r = 0; r < std::min(v.size(), u.size()); ++r) cost.push_back(1.0 - v[r] / u[r]);
+    if (cost.empty()) continue;
+    const double med = median(cost);
+    cost_ok = cost_ok && med < 0.03;
+    char range[40];
+    std::snprintf(range, sizeof range, "%+.1f%%..%+.1f%%", 100 * *std::min_element(cost.begin(), cost.end()),
+                  100 * *std::max_element(cost.begin(), cost.end()));
+    std::printf("%-36s %13.1f%% %14s\n", plain.c_str(), 100 * med, range);
+  }
+  std::printf("target: median verification cost < 3%% for every loader: %s\n", cost_ok ? "met" : "NOT met");
   return 0;
 }

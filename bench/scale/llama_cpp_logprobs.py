@@ -27,18 +27,19 @@ def read_targets(path: str):
         data = f.read()
     if data[:8] != MAGIC:
         raise SystemExit(f"{path}: not a .mklogp file (bad magic)")
-    version, vocab, k, _, n = struct.unpack_from("<IIIIQ", data, 8)
-    if version != 1:
-        raise SystemExit(f"{path}: version {version} is not supported (expected 1)")
+    version, vocab, k, ctx, n = struct.unpack_from("<IIIIQ", data, 8)
+    if version not in (1, 2):
+        raise SystemExit(f"{path}: version {version} is not supported (expected 1 or 2)")
     record = 8 + 8 * k
     if len(data) != 32 + n * record:
         raise SystemExit(f"{path}: {len(data)} bytes, expected {32 + n * record} for {n} positions")
     targets = [struct.unpack_from("<I", data, 32 + i * record)[0] for i in range(n)]
-    return vocab, k, targets
+    return vocab, k, ctx, targets
 
 
-def write_logprobs(path: str, vocab: int, k: int, targets, logprobs: np.ndarray) -> None:
-    out = bytearray(MAGIC + struct.pack("<IIIIQ", 1, vocab, k, 0, len(targets)))
+def write_logprobs(path: str, vocab: int, k: int, ctx: int, targets, logprobs: np.ndarray) -> None:
+    # version 2: ctx (moe-run's --ctx-size of the targets' run, 0 = unknown) at offset 20
+    out = bytearray(MAGIC + struct.pack("<IIIIQ", 2, vocab, k, ctx, len(targets)))
     for i, t in enumerate(targets):
         lp = logprobs[i].astype(np.float32)
         order = np.lexsort((np.arange(vocab), -lp))[:k]  # descending, ties -> lower id
@@ -58,7 +59,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repack", choices=["on", "off"], default="off")
     a = ap.parse_args()
-    vocab, k, targets = read_targets(a.targets)
+    vocab, k, ctx, targets = read_targets(a.targets)
     llama_cpp_decode.set_repack(a.repack == "on")
     import llama_cpp
     n = len(targets)
@@ -71,7 +72,7 @@ def main() -> None:
     logits = np.array(llm.scores[:n], dtype=np.float64)
     m = logits.max(axis=1, keepdims=True)
     logprobs = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
-    write_logprobs(a.out, vocab, k, targets, logprobs)
+    write_logprobs(a.out, vocab, k, ctx, targets, logprobs)
     print(f"wrote {a.out}: {n} positions, K = {k}")
 
 

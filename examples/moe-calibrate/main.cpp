@@ -37,6 +37,7 @@
 #include "moekit/engine/loader_read_rate.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/aligned_buffer.hpp"
+#include "moekit/io/output_file.hpp"
 #include "moekit/precision/expert_ffn.hpp"
 #include "moekit/precision/gemv.hpp"
 #include "moekit/precision/isa.hpp"
@@ -331,8 +332,9 @@ int run(int argc, char** argv) {
   if (o.threads == 0 || o.threads > 1024) bad_flag("--threads", "must be in [1, 1024]");
   if (o.reps < 1) bad_flag("--reps", "must be >= 1");
   const std::size_t dsize = parse_size("--disk-size", o.disk_size);
-  if (fs::exists(o.out) && !o.force)
-    bad_flag("--out", "'" + o.out + "' exists; refusing to overwrite it (pass --force)");
+  // Before any measurement: the directory exists and is writable, the target is not a directory
+  // or device, and an existing file is replaced only with --force (written atomically at the end).
+  moekit::io::check_output_path(o.out, o.force, "--out");
 
   ThreadPool pool(o.threads);
   const double mem = memory_bandwidth(pool, 64u << 20, 4, o.reps);

@@ -22,6 +22,7 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/expert_store.hpp"
+#include "moekit/io/output_file.hpp"
 
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/expert_source.hpp"
@@ -84,9 +85,9 @@ int run(const std::string& model, const std::string& out, const std::string& pre
   if (!order)
     throw moekit::Error(moekit::ErrorKind::invalid_argument,
                         "--layout: '" + layout + "' is not one of " + moekit::engine::layout_words);
-  if (fs::exists(out) && !force)
-    throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                        "-o: '" + out + "' already exists; refusing to overwrite it (pass --force)");
+  // Before any encoding: the directory exists and is writable, -o is not a directory or device
+  // (never replaced, even with --force), an existing store only with --force.
+  moekit::io::check_output_path(out, force, "-o");
   if (!fs::exists(model))
     throw moekit::Error(moekit::ErrorKind::invalid_argument, "-m: '" + model + "' does not exist");
   moekit::io::ExpertStoreWriteOptions wo;
@@ -98,7 +99,7 @@ int run(const std::string& model, const std::string& out, const std::string& pre
   Progress encode_bar("encoding");
   wo.progress = [&](std::size_t d, std::size_t t) { encode_bar(d, t); };
   moekit::io::ExpertStoreWriteReport r;
-  if (fs::is_regular_file(model) && fs::path(model).extension() == ".gguf") {
+  if (fs::is_regular_file(model) && moekit::engine::is_gguf_file(model)) {  // by magic, as moe-run
     r = moekit::engine::build_store_from_gguf(model, precisions, out, wo);
   } else if (fs::is_directory(model) && fs::exists(fs::path(model) / "config.json")) {
     const moekit::engine::ModelConfig cfg = moekit::engine::load_config(model);

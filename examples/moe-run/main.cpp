@@ -17,7 +17,9 @@
 
 #include "moekit/error.hpp"
 #include "moekit/io/checkpoint_experts.hpp"
+#include "moekit/io/finite_check.hpp"
 #include "moekit/io/memory_limit.hpp"
+#include "moekit/io/output_file.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
 #include "moekit/engine/activations.hpp"
@@ -33,6 +35,7 @@
 #include "moekit/engine/perplexity.hpp"
 #include "moekit/engine/routing_replay.hpp"
 #include "moekit/engine/sampler.hpp"
+#include "moekit/engine/store_origin.hpp"
 #include "moekit/engine/tokenizer.hpp"
 #include "moekit/engine/trace_recorder.hpp"
 #include "moekit/engine/weights.hpp"
@@ -84,18 +87,27 @@ struct ModelSource {
   std::string store;  // "" = none given
 };
 
+// The store (if any) is checked against the checkpoint it is used with (store_origin.hpp): built
+// from it, and not changed since (--force: used anyway).
 ModelSource resolve_model(const Options& o) {
   if (fs::is_regular_file(o.model) && is_expert_store(o.model)) {
     if (!o.store.empty()) fail("--store: -m already names an expert store ('" + o.model + "')");
     const auto st = moekit::io::ExpertStore::open(o.model);
     const auto& meta = st.manifest().meta;
     for (const char* key : {"checkpoint_dir", "gguf"})
-      if (meta.contains(key) && meta[key].is_string())
-        return {check_model_path(meta[key].get<std::string>()), o.model};
+      if (meta.contains(key) && meta[key].is_string()) {
+        ModelSource src{check_model_path(meta[key].get<std::string>()), o.model};
+        check_store_origin(st, src.model.dir, src.model.gguf, o.force, "-m");
+        return src;
+      }
     fail("-m: expert store '" + o.model + "' records neither checkpoint_dir nor gguf in its "
          "meta; pass the checkpoint with -m DIR|GGUF and the store with --store");
   }
-  return {check_model_path(o.model), o.store};
+  ModelSource src{check_model_path(o.model), o.store};
+  if (!o.store.empty())
+    check_store_origin(moekit::io::ExpertStore::open(o.store), src.model.dir, src.model.gguf,
+                       o.force, "--store");
+  return src;
 }
 
 // How the model runs: int8 activations for the quantized experts and dense matrices, decode and
@@ -192,6 +204,25 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   return j;
 }
 
+// A NaN or infinite logit stops the run: sampling from it prints garbage with exit code 0.
+// (Non-finite weights are refused as they are read; this catches the rest, e.g. an overflow.)
+void require_finite_logits(std::span<const float> logits, std::size_t position) {
+  if (const auto i = moekit::io::first_non_finite(logits))
+    throw moekit::Error(moekit::ErrorKind::invalid_format,
+                        "the model's logit of token " + std::to_string(*i) + " at position " +
+                            std::to_string(position) + " is " + std::to_string(logits[*i]) +
+                            " (not finite): the weights or experts hold NaN/Inf, or an "
+                            "activation overflowed; stopping rather than sampling from it");
+}
+
+// -c beyond the model's max_position_embeddings: refused before the KV cache is allocated (-c
+// 100000000 once zero-filled ~77 GB until the kernel killed the process).
+void check_context(std::uint32_t ctx, const ModelConfig& cfg) {
+  if (ctx > cfg.max_positions)
+    fail("-c: context length " + std::to_string(ctx) + " exceeds the model's "
+         "max_position_embeddings (" + std::to_string(cfg.max_positions) + ")");
+}
+
 template <class Pipeline>
 nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                         const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
@@ -205,6 +236,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   if (prompt.size() + o.n_predict > ctx)
     fail("-c: context length " + std::to_string(ctx) + " is shorter than the prompt (" +
          std::to_string(prompt.size()) + " tokens) plus -n " + std::to_string(o.n_predict));
+  if (o.context) check_context(ctx, cfg);
 
   Model<Pipeline> model(cfg, w.dense, pipeline, ctx, &pool);
   model.set_ubatch(o.ubatch);
@@ -231,6 +263,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   model.begin_sequence();
   auto t0 = std::chrono::steady_clock::now();
   std::span<const float> logits = model.prefill(prompt);
+  require_finite_logits(logits, prompt.size() - 1);
   t.prefill_s = seconds_since(t0);
   const auto after_prefill = pipeline.stats();  // decode's own counters are the difference
   const std::uint64_t host_read_after_prefill = pipeline.loader().host_read_bytes();
@@ -245,6 +278,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
     emit(stream.push(next));
     if (i + 1 == o.n_predict) break;
     logits = model.decode(next);
+    require_finite_logits(logits, prompt.size() + ids.size() - 1);
     ++t.decoded_tokens;
   }
   t.decode_s = seconds_since(t0);
@@ -289,16 +323,25 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
     fail("--perplexity: the model's config has no bos_token_id; chunks are scored after a BOS");
   const std::vector<Token> tokens = tok.encode(read_text_stripped(o.perplexity), false);
   const PerplexitySettings s{o.context ? o.context : 512u, o.chunks, o.ppl_decode};
+  if (o.context) check_context(s.ctx, cfg);
   std::optional<LogProbFile> save, reference;
   if (!o.save_logits.empty()) {
-    if (!o.force && fs::exists(o.save_logits))
-      fail("--save-logits: '" + o.save_logits + "' exists; refusing to overwrite it (pass --force)");
+    moekit::io::check_output_path(o.save_logits, o.force, "--save-logits");
     if (o.logits_top_k > cfg.vocab_size)
       fail("--logits-top-k: " + std::to_string(o.logits_top_k) + " exceeds the vocabulary (" +
            std::to_string(cfg.vocab_size) + ")");
     save.emplace(cfg.vocab_size, o.logits_top_k);
+    save->set_context(s.ctx);
   }
-  if (!o.kl_reference.empty()) reference = LogProbFile::load(o.kl_reference);
+  if (!o.kl_reference.empty()) {
+    reference = LogProbFile::load(o.kl_reference);
+    if (reference->context() != 0 && reference->context() != s.ctx)
+      fail("--kl-reference: '" + o.kl_reference + "' was scored in chunks of " +
+           std::to_string(reference->context()) + " tokens (-c " +
+           std::to_string(reference->context()) + "), this run scores chunks of " +
+           std::to_string(s.ctx) + "; its positions do not correspond (run with -c " +
+           std::to_string(reference->context()) + ")");
+  }
   PerplexityMeter meter(cfg.vocab_size, save ? &*save : nullptr, reference ? &*reference : nullptr);
   Model<Pipeline> model(cfg, w.dense, pipeline, s.ctx, &pool);
   model.set_ubatch(o.ubatch);
@@ -408,8 +451,7 @@ nlohmann::json run_on(const Options& o, const ModelConfig& cfg, const ModelWeigh
     if (k.replay) report_replay(j, o, *k.replay);
     return j;
   }
-  if (!o.force && fs::exists(o.trace_out))
-    fail("--trace-out: '" + o.trace_out + "' exists; refusing to overwrite it (pass --force)");
+  moekit::io::check_output_path(o.trace_out, o.force, "--trace-out");
   TraceRecorder recorder(cfg, fs::path(o.trace_out).stem().string());
   TracingPipeline<Pipeline> traced(pipeline, recorder);
   nlohmann::json j = go(traced, &recorder);
@@ -795,7 +837,8 @@ int run(Options o) {
     if (!o.json) std::fprintf(stderr, "%s\n", budget_note.c_str());
   }
   ExpertBacking backing{experts_outside ? nullptr : &w.experts, where.store,
-                        StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads},
+                        StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads,
+                                .verify_checksums = o.verify},
                         where.checkpoint, order};
   // The dense matrices follow --activations as the experts do, judged on their own precisions.
   const ModelSetup setup{

@@ -23,6 +23,7 @@
 
 #include "moekit/error.hpp"
 #include "moekit/io/dequantize.hpp"
+#include "moekit/io/output_file.hpp"
 #include "moekit/io/safetensors.hpp"
 #include "moekit/io/tensor_names.hpp"
 #include "moekit/sim/hardware.hpp"
@@ -100,6 +101,7 @@ struct BudgetSpec {
                               {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}},
                              &unit);
     b.kind = unit.empty() ? Kind::slots : Kind::bytes;
+    if (b.value > 1e18) bad_flag(flag, "'" + s + "' is too large (at most 1e18 bytes or slots)");
     if (b.kind == Kind::slots && b.value != std::floor(b.value))
       bad_flag(flag, "a slot count must be a whole number (use a unit for bytes, % for a share)");
     if (b.value <= 0) bad_flag(flag, "budget must be > 0");
@@ -108,6 +110,10 @@ struct BudgetSpec {
   /// Bytes for `shape` at `base` precision.
   [[nodiscard]] std::size_t bytes(const ModelShape& shape, Precision base) const {
     const std::size_t one = shape.expert_bytes(base);
+    if (kind == Kind::slots && value > double(shape.expert_count()))
+      bad_flag("--budget", "'" + text + "' slots exceed the trace's " +
+                               std::to_string(shape.expert_count()) +
+                               " experts (a plain number counts experts; use a unit for bytes)");
     switch (kind) {
       case Kind::slots: return static_cast<std::size_t>(value) * one;
       case Kind::bytes: return static_cast<std::size_t>(value);
@@ -161,6 +167,8 @@ Sweep parse_sweep(const std::string& s) {
 
 /// Reads a trace in moekit's binary or JSONL format (told apart by the magic bytes).
 RoutingTrace load_trace(const std::string& path) {
+  if (fs::exists(path) && !fs::is_regular_file(path))  // /dev/zero would be read without end
+    bad_flag("--trace", "'" + path + "' is not a regular file (a directory, device or pipe)");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw moekit::Error(ErrorKind::io, "--trace: cannot open '" + path + "'");
   char magic[8] = {};
@@ -194,6 +202,7 @@ struct Options {
   std::string out = "moe-sim-sweep";
   std::string routers, bitwidths;
   bool json = false, compare = false, no_belady = false, list = false, synthetic = false;
+  bool force = false;  // --force: replace the sweep's existing output files
   double t1 = RunParams{}.t1, t2 = RunParams{}.t2, gamma = RunParams{}.gamma;
   double hobbit_recall = hobbit_paper_recall, fate_recall = fate_paper_recall;
   double fallback_ratio = mobile_paper_fallback_ratio;
@@ -476,11 +485,18 @@ std::string csv_of(const std::vector<Row>& rows) {
   return csv.text();
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw moekit::Error(ErrorKind::io, "cannot open '" + path + "' for writing");
-  f << text;
-  if (!f) throw moekit::Error(ErrorKind::io, "write error on '" + path + "'");
+// A sweep's output file, written to a temporary file renamed into place (a full disk leaves
+// nothing behind); an existing file is replaced only with --force.
+void write_text(const std::string& path, const std::string& text, bool force) {
+  moekit::io::write_text_atomically(path, text, force, "--out");
+}
+
+// The files a sweep writes: the CSV, and one SVG per trace.
+std::vector<std::string> sweep_paths(const std::string& prefix, std::size_t n_traces) {
+  std::vector<std::string> out{prefix + ".csv"};
+  for (std::size_t ti = 0; ti < n_traces; ++ti)
+    out.push_back(n_traces == 1 ? prefix + ".svg" : prefix + "-" + std::to_string(ti) + ".svg");
+  return out;
 }
 
 /// The names of the presets moe-sim replays, separated by `sep`.
@@ -524,12 +540,16 @@ void add_flags(CLI::App& app, Options& o) {
                  "JSON for --hardware this_machine (written by moe-calibrate)");
   app.add_option("--bandwidth", o.bandwidth, "override the link bandwidth (e.g. 16GB/s)");
   app.add_option("--precision", o.precision, "the model's own (base) precision (default f16)");
-  app.add_option("--hidden", o.hidden, "expert hidden size, for traces not shaped like Mixtral");
-  app.add_option("--ffn", o.ffn, "expert ffn size, for traces not shaped like Mixtral");
+  // Bounded so that an expert's bytes (3·hidden·ffn·4) cannot overflow.
+  app.add_option("--hidden", o.hidden, "expert hidden size, for traces not shaped like Mixtral")
+      ->check(CLI::Range(0u, 1u << 20));
+  app.add_option("--ffn", o.ffn, "expert ffn size, for traces not shaped like Mixtral")
+      ->check(CLI::Range(0u, 1u << 20));
   app.add_option("--t1", o.t1, "HOBBIT T1 (presets that use it)");
   app.add_option("--t2", o.t2, "HOBBIT T2 (presets that use it)");
   app.add_option("--gamma", o.gamma,
-                 "MoBiLE gamma (needs output logits, which traces do not store)");
+                 "MoBiLE gamma, in [0, 1] (needs output logits, which traces do not store)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--fallback-ratio", o.fallback_ratio,
                  "MoBiLE: share of decode tokens that fall back (default 0.1375, MoBiLE Table II)");
   app.add_option("--hobbit-recall", o.hobbit_recall,
@@ -548,6 +568,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--sweep", o.sweeps,
                  "PARAM=V1,V2,...: budget, bandwidth, t1, t2 or fallback (one sweep per run)");
   app.add_option("--out", o.out, "file prefix of the sweep's CSV and SVG (default moe-sim-sweep)");
+  app.add_flag("--force", o.force, "overwrite the sweep's existing CSV and SVG files");
   app.add_flag("--json", o.json, "print JSON instead of the table");
   app.add_flag("--compare", o.compare,
                "every available preset + Belady on the repository's and the shared traces");
@@ -780,8 +801,9 @@ std::vector<std::string> write_sweep(const Setup& s, const std::vector<RoutingTr
                                      const std::vector<Row>& rows) {
   const Sweep& sweep = *s.sweep;
   std::vector<std::string> written;
-  const std::string csv_path = s.o.out + ".csv";
-  write_text(csv_path, csv_of(rows));
+  const std::vector<std::string> paths = sweep_paths(s.o.out, traces.size());
+  const std::string& csv_path = paths[0];
+  write_text(csv_path, csv_of(rows), s.o.force);
   written.push_back(csv_path);
   for (std::size_t ti = 0; ti < traces.size(); ++ti) {
     std::vector<PlotSeries> series;
@@ -804,9 +826,8 @@ std::vector<std::string> write_sweep(const Setup& s, const std::vector<RoutingTr
                   : (sweep.param == "bandwidth" ? "link bandwidth (bytes/s)" : sweep.param);
     const std::string y_label =
         by_budget ? "miss penalty (full-precision-equivalent misses)" : "simulated decode tokens/s";
-    const std::string svg_path =
-        traces.size() == 1 ? s.o.out + ".svg" : s.o.out + "-" + std::to_string(ti) + ".svg";
-    write_text(svg_path, svg_line_plot(title, x_label, y_label, series));
+    const std::string& svg_path = paths[ti + 1];
+    write_text(svg_path, svg_line_plot(title, x_label, y_label, series), s.o.force);
     written.push_back(svg_path);
   }
   return written;
@@ -891,6 +912,13 @@ int run(int argc, char** argv) {
   }
   const Setup s = setup_of(o);
   const Traces t = load_traces(o);
+  if (s.sweep && (o.out.empty() || o.out.back() == '/' || fs::is_directory(o.out)))
+    bad_flag("--out", "'" + o.out + "' is a directory or empty; give a file prefix (e.g. " +
+                          (o.out.empty() ? std::string("sweep") : o.out + (o.out.back() == '/' ? "" : "/") + "sweep") +
+                          ": writes sweep.csv and sweep.svg)");
+  if (s.sweep)  // before the runs: a sweep is not spent to find its files unwritable
+    for (const std::string& p : sweep_paths(o.out, t.list.size()))
+      moekit::io::check_output_path(p, o.force, "--out");
   Outcome out;
   const std::vector<const SimEntry*> chosen =
       chosen_runs(o.compare ? "all" : o.preset, s.sweep, o.no_belady, out.with_belady);
@@ -903,6 +931,10 @@ int run(int argc, char** argv) {
     print_json(s, t, out);
   else
     print_text(s, t, out, wall);
+  if (out.rows.empty()) {  // nothing was simulated: not a success
+    std::fprintf(stderr, "moe-sim: every run failed or was unavailable (listed above)\n");
+    return 2;
+  }
   return 0;
 }
 

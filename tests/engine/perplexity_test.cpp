@@ -253,3 +253,38 @@ TEST_CASE(".mklogp files: bad input is refused naming the flag and field", "[eng
   std::ofstream(tmp / "crlf.txt") << "a\r\nb\r\n";
   CHECK(read_text_stripped(tmp / "crlf.txt") == "a\nb\n");
 }
+
+TEST_CASE(".mklogp v2 records the context size; v1 files still load with none recorded",
+          "[engine][perplexity]") {
+  const fs::path tmp = engine_test::scratch("engine-perplexity", "mklogp-ctx");
+  LogProbFile f(8, 2);
+  f.set_context(64);
+  const std::uint32_t ids[2] = {3, 1};
+  const float lps[2] = {-0.5f, -1.5f};
+  f.add(3, -0.5f, ids, lps);
+  const fs::path v2 = tmp / "v2.mklogp";
+  f.save(v2, true);
+  CHECK(LogProbFile::load(v2).context() == 64);
+
+  // The same bytes as version 1 (field 20 reserved, 0): read, context not recorded.
+  std::vector<char> bytes;
+  {
+    std::ifstream in(v2, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::uint32_t one = 1, zero = 0;
+  std::memcpy(bytes.data() + 8, &one, 4);
+  std::memcpy(bytes.data() + 20, &zero, 4);
+  const fs::path v1 = tmp / "v1.mklogp";
+  std::ofstream(v1, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const LogProbFile back = LogProbFile::load(v1);
+  CHECK(back.context() == 0);
+  CHECK(back.positions() == 1);
+  // A version 1 file with the reserved field set is refused.
+  const std::uint32_t seven = 7;
+  std::memcpy(bytes.data() + 20, &seven, 4);
+  std::ofstream(v1, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  CHECK_THROWS_WITH(LogProbFile::load(v1), Catch::Contains("reserved field is not 0"));
+  // Devices are refused, not read without end.
+  CHECK_THROWS_WITH(LogProbFile::load("/dev/zero"), Catch::Contains("is not a regular file"));
+}

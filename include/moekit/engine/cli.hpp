@@ -18,6 +18,7 @@
 
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
+#include "moekit/io/output_file.hpp"
 
 #include "moekit/engine/activations.hpp"
 #include "moekit/engine/expert_layout.hpp"
@@ -134,6 +135,7 @@ struct Options {
   std::string conversion_loss_text;  ///< --conversion-loss-text ("" = moe-run's built-in default)
   bool direct = true;              ///< O_DIRECT store reads (--no-direct: page cache)
   bool uring = true;               ///< io_uring when available (--pread: never)
+  bool verify = true;              ///< XXH64 of every blob read from a store (--no-verify: off)
   unsigned io_threads = 2;         ///< --io-threads: store loader threads
   int calib_tokens = 16;           ///< --calib-tokens: greedy tokens after the prompt
   std::uint32_t context = 0;  ///< 0 = prompt + n_predict
@@ -173,7 +175,12 @@ class Cli {
         ->check(CLI::Range(0.0f, 1.0f));
     app_.add_option("--top-k", o_.top_k,
                     "sample among the k highest logits only, before --top-p (0 = all)");
-    app_.add_option("--seed", o_.seed, "sampling seed");
+    app_.add_option("--seed", o_.seed, "sampling seed (0 .. 2^64-1)")
+        ->check(CLI::Validator(
+            [](const std::string& s) {  // "-1" would otherwise wrap to 2^64-1 silently
+              return !s.empty() && s.front() == '-' ? std::string("must not be negative") : std::string();
+            },
+            "NONNEGATIVE"));
     std::string presets;
     for (const auto& p : moekit::presets::entries)
       presets += "\n  " + std::string(p.name) + ": " + std::string(p.summary);
@@ -298,6 +305,10 @@ class Cli {
           throw moekit::Error(moekit::ErrorKind::invalid_argument,
                               std::string(flag) + ": only meaningful with --perplexity FILE");
     }
+    // Output files are checked before any work: a run is not spent to find the file unwritable.
+    for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--trace-out", o_.trace_out},
+                                     {"--save-logits", o_.save_logits}})
+      if (!path.empty()) moekit::io::check_output_path(path, o_.force, flag);
   }
 
   // --perplexity and its companions, routing traces recorded (--trace-out) and replayed
@@ -325,7 +336,9 @@ class Cli {
                     "routing; the generated text is meaningless. Decode tokens walk the trace's "
                     "decode tokens in order (wrapping around), prompt tokens its prefill tokens "
                     "(or, without any, the same decode walk)");
-    app_.add_flag("--force", o_.force, "overwrite the --trace-out / --save-logits file");
+    app_.add_flag("--force", o_.force,
+                  "overwrite the --trace-out / --save-logits file; use an expert store whose "
+                  "recorded checkpoint fingerprint differs from the checkpoint's");
   }
 
   // Preset parameters and the expert store (docs/engine.md, "Presets" and "Expert store").
@@ -339,8 +352,8 @@ class Cli {
     app_.add_option("--low-precision", low_text_,
                     "hobbit/nextuse/fate: the low precision (auto, the default: q4, or q2 when the "
                     "experts run at q4 or narrower)");
-    app_.add_option("--lookahead", q.lookahead, "hobbit: stacked-gate layers predicted ahead")
-        ->check(CLI::Range(1u, 64u));
+    app_.add_option("--lookahead", q.lookahead, "hobbit: stacked-gate layers predicted ahead (1..3)")
+        ->check(CLI::Range(1u, 3u));  // what StackedGatePredictor supports
     app_.add_option("--shallow-layers", q.shallow_layers, "fate: shallow layers cached in full")
         ->check(CLI::Range(0u, 1u << 16));
     app_.add_option("--fate-low-fraction", q.fate_low_fraction,
@@ -386,11 +399,19 @@ class Cli {
                     "of the source tree)");
     app_.add_flag("!--no-direct", o_.direct, "store reads through the page cache (no O_DIRECT)");
     app_.add_flag("!--pread", o_.uring, "store reads with pread(2), never io_uring");
+    app_.add_flag("!--no-verify", o_.verify,
+                  "do not check the XXH64 checksum of each expert read from an expert store "
+                  "(checked by default: a damaged store is an error, not changed text)");
     app_.add_option("--io-threads", o_.io_threads, "store loader I/O threads")
         ->check(CLI::Range(1u, 64u));
   }
 
   void finish_offload() {
+    for (const auto& [flag, v] : {std::pair<const char*, double>{"--cpu-latency", o_.preset_params.cpu_seconds_per_token},
+                                  {"--copy-latency", o_.preset_params.copy_seconds}})
+      if (!std::isfinite(v))  // CLI11's range check lets NaN through
+        throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                            std::string(flag) + ": must be a number of seconds, not " + std::to_string(v));
     o_.low_precision_auto = low_text_ == "auto";
     const auto low = moekit::parse_precision(o_.low_precision_auto ? "q4" : low_text_);
     if (!low || *low == moekit::Precision::skip)

@@ -217,6 +217,7 @@ inline void read_decoder(const JsonFields& f, ModelConfig& c) {
   }
   if (c.head_dim % 2 != 0) f.fail("head_dim", "must be even for RoPE");
   c.max_positions = f.uint_or("max_position_embeddings", 4096);
+  if (c.max_positions == 0) f.fail("max_position_embeddings", "must be > 0");
   c.rms_norm_eps = static_cast<float>(
       f.number_or("rms_norm_eps", c.arch == Architecture::qwen2_moe ? 1e-6 : 1e-5));
   if (!(c.rms_norm_eps > 0)) f.fail("rms_norm_eps", "must be > 0");
@@ -225,6 +226,9 @@ inline void read_decoder(const JsonFields& f, ModelConfig& c) {
   c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
   if (f.has("bos_token_id")) c.bos_token_id = f.uint("bos_token_id");
   c.eos_token_ids = f.uint_list_or_one("eos_token_id");
+  for (std::uint32_t e : c.eos_token_ids)  // an id past the vocabulary would never end a text
+    if (e >= c.vocab_size)
+      f.fail("eos_token_id", std::to_string(e) + " is not below vocab_size " + std::to_string(c.vocab_size));
 }
 
 inline void read_mixtral(const JsonFields& f, ModelConfig& c) {

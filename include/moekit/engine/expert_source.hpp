@@ -60,7 +60,7 @@ struct StoreIo {
   bool direct = true;       ///< O_DIRECT (page cache bypassed)
   bool uring = true;        ///< io_uring when available; pread otherwise
   unsigned io_threads = 2;  ///< AsyncLoader threads
-  bool verify_checksums = false;  ///< XXH64 of every loaded blob
+  bool verify_checksums = true;  ///< XXH64 of every loaded blob (moe-run --no-verify: off)
 };
 
 /// An O_DIRECT (or buffered) byte source over the store file: io_uring or pread(2).

@@ -16,15 +16,15 @@
 /// By the data-processing inequality this is a lower bound of the full KL; with K = vocab it is
 /// the full KL. A run compared with its own saved file gives exactly 0.
 ///
-/// .mklogp, version 1 (little-endian, no padding):
+/// .mklogp, version 2 (little-endian, no padding; version 1 is read too: its field at 20 is 0):
 ///
 /// | offset | size | field                                                                   |
 /// |--------|------|-------------------------------------------------------------------------|
 /// | 0      | 8    | magic "MKLOGP\0\0"                                                      |
-/// | 8      | 4    | version (u32) = 1                                                       |
+/// | 8      | 4    | version (u32) = 2                                                       |
 /// | 12     | 4    | vocab (u32)                                                             |
 /// | 16     | 4    | K (u32), 1 ≤ K ≤ vocab                                                  |
-/// | 20     | 4    | reserved, 0                                                             |
+/// | 20     | 4    | ctx (u32): tokens per scored chunk (--ctx-size), 0 = not recorded (v1)  |
 /// | 24     | 8    | positions (u64)                                                         |
 /// | 32     | …    | per position: u32 target token, f32 log p(target), u32 ids[K] (descending log-prob, ties → lower id), f32 log-probs[K] |
 ///
@@ -48,15 +48,29 @@
 #include <vector>
 
 #include "moekit/error.hpp"
+#include "moekit/io/finite_check.hpp"
+#include "moekit/io/output_file.hpp"
 #include "moekit/pipeline.hpp"  // WeightView, used by moe_layer.hpp
 
 #include "moekit/engine/model.hpp"
 
 namespace moekit::engine {
 
+/// Refuses (naming `flag`) a path that is not a regular file: a device such as /dev/zero or a
+/// pipe would be read without end.
+inline void require_regular_file(const std::filesystem::path& path, std::string_view flag) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    moekit::detail::fail(moekit::ErrorKind::invalid_argument,
+                         std::string(flag) + ": '" + path.string() +
+                             "' is not a regular file (a directory, device or pipe)");
+}
+
 /// The text of `path` with every '\r' removed; throws `Error(io)` naming `flag` and the path.
 inline std::string read_text_stripped(const std::filesystem::path& path,
                                       std::string_view flag = "--perplexity") {
+  require_regular_file(path, flag);
   std::ifstream in(path, std::ios::binary);
   if (!in)
     moekit::detail::fail(moekit::ErrorKind::io,
@@ -73,7 +87,7 @@ inline std::string read_text_stripped(const std::filesystem::path& path,
 class LogProbFile {
  public:
   static constexpr char magic[8] = {'M', 'K', 'L', 'O', 'G', 'P', '\0', '\0'};
-  static constexpr std::uint32_t version = 1;
+  static constexpr std::uint32_t version = 2;
   static constexpr std::size_t header_bytes = 32;
 
   LogProbFile() = default;
@@ -87,6 +101,10 @@ class LogProbFile {
   [[nodiscard]] std::uint32_t vocab() const noexcept { return vocab_; }
   [[nodiscard]] std::uint32_t top_k() const noexcept { return k_; }
   [[nodiscard]] std::size_t positions() const noexcept { return targets_.size(); }
+  /// Tokens per chunk of the run that wrote the file (0: not recorded, a version 1 file). A run
+  /// that scored other chunks has positions that do not correspond: --kl-reference refuses it.
+  [[nodiscard]] std::uint32_t context() const noexcept { return ctx_; }
+  void set_context(std::uint32_t ctx) noexcept { ctx_ = ctx; }
   [[nodiscard]] std::uint32_t target(std::size_t i) const { return targets_.at(i); }
   [[nodiscard]] float target_logprob(std::size_t i) const { return target_lp_.at(i); }
   [[nodiscard]] std::span<const std::uint32_t> ids(std::size_t i) const {
@@ -122,7 +140,7 @@ class LogProbFile {
     put(version);
     put(vocab_);
     put(k_);
-    put(std::uint32_t{0});
+    put(ctx_);
     put(std::uint64_t{positions()});
     for (std::size_t i = 0; i < positions(); ++i) {
       put(targets_[i]);
@@ -130,24 +148,14 @@ class LogProbFile {
       for (std::uint32_t id : ids(i)) put(id);
       for (float lp : logprobs(i)) put(lp);
     }
-    std::FILE* f = std::fopen(path.c_str(), overwrite ? "wb" : "wbx");
-    if (!f) {
-      if (!overwrite && std::filesystem::exists(path))
-        moekit::detail::fail(moekit::ErrorKind::invalid_argument,
-                             std::string(flag) + ": '" + path.string() +
-                                 "' exists; refusing to overwrite it (pass --force)");
-      moekit::detail::fail(moekit::ErrorKind::io, std::string(flag) + ": cannot open '" +
-                                                      path.string() + "' for writing");
-    }
-    const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
-    if (std::fclose(f) != 0 || !ok)
-      moekit::detail::fail(moekit::ErrorKind::io,
-                           std::string(flag) + ": write error on '" + path.string() + "'");
+    // A temporary file renamed into place: a full disk leaves no truncated file behind.
+    moekit::io::write_file_atomically(path, out, overwrite, flag);
   }
 
   /// Reads and checks a file; throws `Error(invalid_format)` naming `flag`, the path and the field.
   static LogProbFile load(const std::filesystem::path& path,
                           std::string_view flag = "--kl-reference") {
+    require_regular_file(path, flag);
     std::ifstream in(path, std::ios::binary);
     if (!in)
       moekit::detail::fail(moekit::ErrorKind::io,
@@ -166,20 +174,22 @@ class LogProbFile {
     if (bytes.size() < header_bytes || std::memcmp(bytes.data(), magic, 8) != 0)
       bad("not a .mklogp file (bad magic)");
     at = 8;
-    std::uint32_t ver = 0, vocab = 0, k = 0, reserved = 0;
+    std::uint32_t ver = 0, vocab = 0, k = 0, ctx = 0;
     std::uint64_t n = 0;
     get(ver);
     get(vocab);
     get(k);
-    get(reserved);
+    get(ctx);
     get(n);
-    if (ver != version) bad("version " + std::to_string(ver) + " is not supported (expected 1)");
+    if (ver != 1 && ver != version)
+      bad("version " + std::to_string(ver) + " is not supported (expected 1 or 2)");
     if (vocab == 0 || k == 0 || k > vocab) bad("K must be in [1, vocab]");
-    if (reserved != 0) bad("reserved field is not 0");
+    if (ver == 1 && ctx != 0) bad("reserved field is not 0");
     const std::uint64_t record = 8 + 8 * std::uint64_t{k};
     if (n > (bytes.size() - header_bytes) / record || header_bytes + n * record != bytes.size())
       bad("size does not match " + std::to_string(n) + " positions of K = " + std::to_string(k));
     LogProbFile f(vocab, k);
+    f.ctx_ = ctx;
     f.targets_.resize(n);
     f.target_lp_.resize(n);
     f.ids_.resize(n * k);
@@ -203,7 +213,7 @@ class LogProbFile {
   }
 
  private:
-  std::uint32_t vocab_ = 0, k_ = 0;
+  std::uint32_t vocab_ = 0, k_ = 0, ctx_ = 0;
   std::vector<std::uint32_t> targets_;
   std::vector<float> target_lp_;
   std::vector<std::uint32_t> ids_;
@@ -250,6 +260,13 @@ class PerplexityMeter {
     MOEKIT_EXPECTS(logits.size() == vocab_ && target < vocab_,
                    "PerplexityMeter::add: logits are not one vocabulary row, or target out of range");
     const std::size_t i = r_.tokens;
+    if (const auto bad = moekit::io::first_non_finite(logits))  // else perplexity nan, rc 0
+      moekit::detail::fail(moekit::ErrorKind::invalid_format,
+                           "--perplexity: the model's logit of token " + std::to_string(*bad) +
+                               " at scored position " + std::to_string(i) + " is " +
+                               std::to_string(logits[*bad]) +
+                               " (not finite): the weights or experts hold NaN/Inf, or an "
+                               "activation overflowed");
     double mx = -std::numeric_limits<double>::infinity();
     for (float v : logits) mx = std::max(mx, double(v));
     double s = 0;

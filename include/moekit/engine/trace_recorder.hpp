@@ -17,6 +17,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "moekit/core/layer_context.hpp"
 #include "moekit/core/plan.hpp"
 #include "moekit/error.hpp"
+#include "moekit/io/output_file.hpp"
 #include "moekit/sim/trace.hpp"
 #include "moekit/sim/trace_binary.hpp"
 
@@ -111,8 +113,11 @@ class TraceRecorder {
   [[nodiscard]] const moekit::sim::RoutingTrace& trace() const noexcept { return trace_; }
 
   /// Writes the trace as .mktrace; refuses to replace a file unless `overwrite`.
-  void write(const std::string& path, bool overwrite) const {
-    moekit::sim::write_trace_binary(trace_, path, overwrite);
+  /// Written to a temporary file renamed into place: a failed write leaves nothing behind.
+  void write(const std::string& path, bool overwrite,
+             std::string_view flag = "--trace-out") const {
+    moekit::io::write_file_atomically(path, moekit::sim::serialize_trace_binary(trace_),
+                                      overwrite, flag);
   }
 
  private:

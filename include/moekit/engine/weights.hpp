@@ -21,6 +21,7 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/dequantize.hpp"
+#include "moekit/io/finite_check.hpp"
 #include "moekit/io/expert_blob.hpp"
 #include "moekit/io/gguf_transcode.hpp"
 #include "moekit/io/expert_store.hpp"
@@ -222,8 +223,15 @@ ExpertF32 read_expert_f32(const R& reader, moekit::io::Architecture arch,
                           moekit::io::TensorFormat format, std::uint32_t layer,
                           std::uint32_t expert, const moekit::ModelShape& s) {
   const auto m = moekit::io::find_expert_matrices(reader, arch, format, {layer, expert}, s);
-  return {moekit::io::dequantize(m.gate), moekit::io::dequantize(m.up),
-          moekit::io::dequantize(m.down)};
+  // NaN/Inf refused here, naming tensor, file, layer, expert and index, rather than by the
+  // quantizer, which knows only a row and column.
+  const std::string which = "layer " + std::to_string(layer) + ", expert " + std::to_string(expert);
+  auto read = [&](const moekit::io::TensorView& t) {
+    std::vector<float> v = moekit::io::dequantize(t);
+    moekit::io::require_finite(t, v, which);
+    return v;
+  };
+  return {read(m.gate), read(m.up), read(m.down)};
 }
 
 /// Every routed expert in host memory at each of a set of stored precisions.
@@ -328,8 +336,12 @@ class CheckedReader {
   [[nodiscard]] bool has(const std::string& name) const { return m_.find(name).has_value(); }
 
   /// Tensor `name` (any dtype io/dequantize reads), checked to have exactly `shape`.
+  /// NaN/Inf refused, naming the tensor, its file and the index.
   std::vector<float> read(const std::string& name, std::vector<std::uint64_t> shape) const {
-    return moekit::io::dequantize(checked(name, shape));
+    const moekit::io::TensorView t = checked(name, shape);
+    std::vector<float> v = moekit::io::dequantize(t);
+    moekit::io::require_finite(t, v);
+    return v;
   }
   /// A vector stored as [n] or [1, n] (GGUF keeps some gate vectors 1-D).
   std::vector<float> read_vector(const std::string& name, std::uint64_t n) const {
@@ -345,12 +357,14 @@ class CheckedReader {
     l.source = source_precision(t.dtype);
     if (const auto p = moekit::io::exact_moekit_precision(t.dtype)) {
       // Held as stored: the same values as dequantizing, in moekit's own rows.
+      moekit::io::require_finite_stored(t);  // the block scales: codes are always finite
       l.packed.resize(t.bytes.size());
       moekit::io::transcode(t, l.packed);
       l.precision = l.source = *p;
       l.scheme = moekit::io::gguf_exact_scheme;
     } else {
       l.w = moekit::io::dequantize(t);
+      moekit::io::require_finite(t, l.w);
     }
     if (bias) l.bias = read(name + ".bias", {rows});
     return l;

@@ -12,7 +12,9 @@
 ///   A ticket is finished with once waited on; waiting again (or on a ticket of a load that was
 ///   cancelled or reclaimed) returns at once. Failed loads keep their slot until waited on.
 /// - Optional bandwidth cap (TokenBucket) paced per `throttle_chunk` bytes, and XXH64 verification
-///   of every loaded blob (on by default in debug builds).
+///   of every loaded blob (on by default: a flipped byte, a store overwritten while it is read or
+///   a wrong manifest is an error naming the file, layer, expert and precision, not changed text;
+///   its cost is measured by moekit_bench_loader_throughput).
 /// Blobs are located by a callback `(ExpertKey, Precision) → StoreBlob` (an ExpertStore's `blob`).
 
 #include <algorithm>
@@ -59,11 +61,12 @@ class AsyncLoader {
     std::size_t max_outstanding = 256;    ///< slots: loads submitted and not yet finished with
     double bandwidth_bytes_per_s = 0;     ///< 0: no cap; else a token bucket paces the reads
     std::size_t throttle_chunk = 1u << 20;  ///< bytes per paced read (multiple of 4096)
-#if defined(NDEBUG)
-    bool verify_checksums = false;  ///< XXH64-check every loaded blob
-#else
-    bool verify_checksums = true;
-#endif
+    bool verify_checksums = true;  ///< XXH64-check every loaded blob
+    /// With verification, a blob is read in pieces of at most this many bytes (a multiple of
+    /// 4096), each hashed on a thread of its own while the next is read. Pieces halve towards the
+    /// end of the blob (down to 1 MiB): large reads keep the disk busy, and the check costs only
+    /// the hash of the last, small piece (bench/RESULTS.md, "Verifying blobs on load").
+    std::size_t verify_chunk = 32u << 20;
   };
 
   AsyncLoader(Source source, BlobLocator locate, Config config)
@@ -79,10 +82,14 @@ class AsyncLoader {
     MOEKIT_EXPECTS(config.throttle_chunk >= 4096 && config.throttle_chunk % 4096 == 0,
                    "AsyncLoader: throttle_chunk must be a positive multiple of 4096");
     MOEKIT_EXPECTS(config.bandwidth_bytes_per_s >= 0, "AsyncLoader: bandwidth_bytes_per_s must be >= 0");
+    MOEKIT_EXPECTS(config.verify_chunk >= 4096 && config.verify_chunk % 4096 == 0,
+                   "AsyncLoader: verify_chunk must be a positive multiple of 4096");
     if (config.bandwidth_bytes_per_s > 0)
       bucket_.emplace(config.bandwidth_bytes_per_s, static_cast<double>(config.throttle_chunk));
     for (std::size_t i = slots_.size(); i-- > 0;) free_.push_back(static_cast<std::uint32_t>(i));
-    for (unsigned t = 0; t < config.io_threads; ++t) threads_.emplace_back([this] { run(); });
+    if (config.verify_checksums)
+      for (unsigned t = 0; t < config.io_threads; ++t) hashers_.push_back(std::make_unique<ChunkHasher>());
+    for (unsigned t = 0; t < config.io_threads; ++t) threads_.emplace_back([this, t] { run(t); });
   }
 
   /// A loader over an expert store's blobs.
@@ -230,7 +237,49 @@ class AsyncLoader {
     return true;
   }
 
-  void run() {
+  // Hashes the pieces of one blob, in order, on a thread of its own: `hash` hands it a piece (after
+  // `wait` returned for the previous one), the I/O thread reads the next meanwhile.
+  class ChunkHasher {
+   public:
+    ChunkHasher() : thread_([this] { work(); }) {}
+    ChunkHasher(const ChunkHasher&) = delete;
+    ChunkHasher& operator=(const ChunkHasher&) = delete;
+    ~ChunkHasher() {
+      stop_.store(true);
+      ready_.release();
+      thread_.join();
+    }
+    void reset() noexcept { h_.reset(); }
+    void hash(std::span<const std::byte> piece) {
+      piece_ = piece;
+      busy_ = true;
+      ready_.release();
+    }
+    void wait() {
+      if (!busy_) return;
+      done_.acquire();
+      busy_ = false;
+    }
+    [[nodiscard]] std::uint64_t digest() const noexcept { return h_.digest(); }
+
+   private:
+    void work() {
+      for (;;) {
+        ready_.acquire();
+        if (stop_.load()) return;
+        h_.update(piece_);
+        done_.release();
+      }
+    }
+    Xxh64 h_;
+    std::span<const std::byte> piece_;
+    bool busy_ = false;  // used by the I/O thread only
+    std::binary_semaphore ready_{0}, done_{0};
+    std::atomic<bool> stop_{false};
+    std::thread thread_;  // last: starts once the rest exists
+  };
+
+  void run(unsigned thread_index) {
     for (;;) {
       ready_.acquire();
       std::uint32_t idx;
@@ -248,7 +297,7 @@ class AsyncLoader {
       }
       std::exception_ptr error;
       try {
-        load(s.request, s.blob);
+        load(s.request, s.blob, thread_index);
       } catch (...) {
         error = std::current_exception();
       }
@@ -278,27 +327,67 @@ class AsyncLoader {
     }
   }
 
-  void load(const LoadRequest& r, const StoreBlob& b) {
-    std::span<std::byte> dest = r.dest;
+  // Reads [from, from + n) of blob `b` into `dest` at the same offset, paced when capped.
+  void read_range(const StoreBlob& b, std::span<std::byte> dest, std::uint64_t from, std::uint64_t n) {
     if (!bucket_) {
-      source_.read({b.offset, b.bytes}, dest);
-    } else {
-      for (std::uint64_t done_bytes = 0; done_bytes < b.bytes;) {
-        const std::uint64_t n = std::min<std::uint64_t>(config_.throttle_chunk, b.bytes - done_bytes);
-        bucket_->acquire(n);
-        source_.read({b.offset + done_bytes, n}, dest.subspan(done_bytes));
-        done_bytes += n;
+      source_.read({b.offset + from, n}, dest.subspan(from));
+      return;
+    }
+    for (std::uint64_t done_bytes = 0; done_bytes < n;) {
+      const std::uint64_t m = std::min<std::uint64_t>(config_.throttle_chunk, n - done_bytes);
+      bucket_->acquire(m);
+      source_.read({b.offset + from + done_bytes, m}, dest.subspan(from + done_bytes));
+      done_bytes += m;
+    }
+  }
+
+  // The next piece of a blob with `left` bytes to read: half of them (the hash of a piece, several
+  // times faster than the read, ends while the next half is read), between 1 MiB and
+  // verify_chunk, a multiple of 4096; all of them when that is at most 1 MiB.
+  [[nodiscard]] std::uint64_t next_piece(std::uint64_t left) const noexcept {
+    constexpr std::uint64_t smallest = 1u << 20;
+    if (left <= smallest) return left;
+    const std::uint64_t half = (left / 2) / 4096 * 4096;
+    return std::min<std::uint64_t>(config_.verify_chunk, std::max(half, smallest));
+  }
+
+  // The blob read piece by piece, each piece hashed while the next is read; its XXH64.
+  std::uint64_t read_hashed(const StoreBlob& b, std::span<std::byte> dest, ChunkHasher& hasher) {
+    hasher.reset();
+    try {
+      for (std::uint64_t from = 0, n = 0; from < b.bytes; from += n) {
+        n = next_piece(b.bytes - from);
+        read_range(b, dest, from, n);
+        hasher.wait();
+        hasher.hash(dest.subspan(from, n));
       }
+    } catch (...) {
+      hasher.wait();  // never leave it reading a buffer the caller may free
+      throw;
+    }
+    hasher.wait();
+    return hasher.digest();
+  }
+
+  void load(const LoadRequest& r, const StoreBlob& b, unsigned thread_index) {
+    std::span<std::byte> dest = r.dest;
+    std::uint64_t got = 0;
+    if (!config_.verify_checksums) read_range(b, dest, 0, b.bytes);
+    else if (b.bytes <= (2u << 20)) {  // small: hashed after the read
+      read_range(b, dest, 0, b.bytes);
+      got = xxh64(dest.first(b.bytes));
+    } else {
+      got = read_hashed(b, dest, *hashers_[thread_index]);
     }
     bytes_loaded_.fetch_add(b.bytes, std::memory_order_relaxed);
     if (config_.verify_checksums) {
-      const std::uint64_t got = xxh64(dest.first(b.bytes));
       if (got != b.checksum)
         throw Error(ErrorKind::checksum,
                     "'" + std::string(source_.name()) + "': blob (layer " + std::to_string(r.key.layer) +
                         ", expert " + std::to_string(r.key.expert) + ", " + std::string(moekit::name(r.precision)) +
                         ") at offset " + std::to_string(b.offset) + " loaded with XXH64 " +
-                        detail::hex64(got) + ", expected " + detail::hex64(b.checksum));
+                        detail::hex64(got) + ", expected " + detail::hex64(b.checksum) +
+                        ": the file is damaged or changed since it was written (rebuild it)");
     }
   }
 
@@ -317,6 +406,7 @@ class AsyncLoader {
   std::counting_semaphore<> ready_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> bytes_loaded_{0};
+  std::vector<std::unique_ptr<ChunkHasher>> hashers_;  // one per I/O thread, when verifying
   std::vector<std::thread> threads_;
 };
 

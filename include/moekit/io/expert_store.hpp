@@ -45,6 +45,8 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/checksum.hpp"
+#include "moekit/io/file_lock.hpp"
+#include "moekit/io/output_file.hpp"
 #include "moekit/io/detail/bytes.hpp"
 #include "moekit/io/detail/posix_file.hpp"
 #include "moekit/io/expert_blob.hpp"
@@ -571,13 +573,14 @@ inline void check_store_request(const std::string& path, const ModelShape& shape
     throw Error(ErrorKind::invalid_argument,
                 "write_expert_store: panels need quant.group_size 32, 64 or 128 (the shape has " +
                     std::to_string(shape.quant.group_size) + ")");
-  if (std::filesystem::exists(path) && !options.overwrite)
-    throw Error(
-        ErrorKind::invalid_argument,
-        "expert store '" + path + "' already exists; refusing to overwrite it (pass overwrite)");
+  // Refuses an existing store without overwrite, and anything but a regular file even with it
+  // (a device node is never replaced by a store), before any blob is encoded.
+  check_output_path(path, options.overwrite, "", "pass overwrite");
 }
 
-/// The journal's first line: it names the layout, so a run for another shape never resumes it.
+/// The journal's first line: it names the layout and the source (the manifest's meta: the
+/// checkpoint's path and fingerprint), so a run for another shape or another checkpoint never
+/// resumes it (a mixed-model store).
 inline std::string journal_fingerprint(const StoreManifest& m) {
   nlohmann::json layout = {{"shape", shape_to_json(m.shape)},
                            {"group_size", m.shape.quant.group_size},
@@ -586,6 +589,7 @@ inline std::string journal_fingerprint(const StoreManifest& m) {
   if (m.order != MatrixOrder::rows)
     layout["matrix_order"] = std::string(name(m.order));  // rows: as before it
   for (Precision p : m.precisions) layout["precisions"].push_back(std::string(name(p)));
+  if (!m.meta.empty()) layout["source"] = m.meta;
   return "moekit-store-journal v1 " + layout.dump();
 }
 
@@ -716,6 +720,7 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
                                                  const ExpertEncoder& encode,
                                                  const ExpertStoreWriteOptions& options = {}) {
   detail::check_store_request(path, shape, precisions, options);
+  const OutputLock lock(path);  // a second writer of `path` is refused now, not after encoding
   StoreManifest m;
   m.shape = shape;
   m.precisions.assign(precisions.begin(), precisions.end());

@@ -14,6 +14,8 @@
 /// (0xFFFFFFFF) and every weight 0 (and NaN logits / hidden when present); `valid()` tells.
 /// Replay code must check `valid()` before using a record.
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -30,6 +32,7 @@
 #include "moekit/core/gate_view.hpp"
 #include "moekit/core/layer_context.hpp"
 #include "moekit/error.hpp"
+#include "moekit/io/output_file.hpp"
 
 namespace moekit::sim {
 
@@ -87,8 +90,13 @@ inline bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) 
   return __builtin_mul_overflow(a, b, &out);
 }
 
-/// Whole file as bytes; throws `Error(io)` naming the path.
+/// Whole file as bytes; throws `Error(io)` naming the path, `Error(invalid_argument)` when it is
+/// not a regular file (a device such as /dev/zero or a pipe would be read without end).
 inline std::vector<std::byte> read_file_bytes(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    ::moekit::detail::fail(ErrorKind::invalid_argument,
+                           "'" + path + "' is not a regular file (a directory, device or pipe)");
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) ::moekit::detail::fail(ErrorKind::io, "cannot open '" + path + "' for reading");
   std::vector<std::byte> out;
@@ -109,21 +117,8 @@ inline std::string read_file_text(const std::string& path) {
 /// Writes `data` to `path`; refuses to replace an existing file unless `overwrite`.
 inline void write_file_bytes(const std::string& path, std::span<const std::byte> data,
                              bool overwrite) {
-  // "x" (C11, glibc): fail if the file exists, atomically with the creation.
-  std::FILE* f = std::fopen(path.c_str(), overwrite ? "wb" : "wbx");
-  if (!f) {
-    if (!overwrite) {
-      if (std::FILE* probe = std::fopen(path.c_str(), "rb")) {
-        std::fclose(probe);
-        ::moekit::detail::fail(ErrorKind::invalid_argument,
-             "'" + path + "' exists; refusing to overwrite it (pass overwrite = true)");
-      }
-    }
-    ::moekit::detail::fail(ErrorKind::io, "cannot open '" + path + "' for writing");
-  }
-  const bool ok = std::fwrite(data.data(), 1, data.size(), f) == data.size();
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) ::moekit::detail::fail(ErrorKind::io, "write error on '" + path + "'");
+  // A temporary file renamed over the target: a failed write leaves nothing behind.
+  ::moekit::io::write_file_atomically(path, data, overwrite, "", "pass overwrite = true");
 }
 
 }  // namespace detail

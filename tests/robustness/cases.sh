@@ -1,0 +1,253 @@
+#!/usr/bin/env bash
+# The robustness suite (issue 24): each case runs a built tool on a bad input or under a fault and
+# asserts the clean outcome — a non-zero exit, a message naming the file/field/flag, no output left
+# behind and nothing overwritten (the working directory is compared before and after).
+#   cases.sh CASE BUILD_DIR SOURCE_DIR
+# ctest runs one test per case (tests/robustness/CMakeLists.txt lists the case_* functions here).
+set -uo pipefail
+
+case_name=$1
+build=$(cd "$2" && pwd)
+src=$(cd "$3" && pwd)
+moe_run=$build/examples/moe-run/moe-run
+moe_convert=$build/examples/moe-convert/moe-convert
+moe_sim=$build/examples/moe-sim/moe-sim
+moe_calibrate=$build/examples/moe-calibrate/moe-calibrate
+inject=$build/tests/robustness/moekit_inject_fault
+fixture=$src/tests/data/mixtral  # a 2-layer, 4-expert Mixtral checkpoint (tests/data/README.md)
+
+root=$(mktemp -d "${TMPDIR:-/tmp}/moekit-robustness.XXXXXX")
+trap 'rm -rf "$root"' EXIT
+work=$root/work  # what the tools see; their stdout/stderr go to $root, outside it
+mkdir "$work" && cd "$work" || exit 1
+
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# Everything under the working directory, with sizes, times and types: a failing command must
+# leave it as it was. Paths matching $allow_new (a case sets it) are left out: moe-convert keeps
+# the .partial file of a failed run by design, to resume it.
+allow_new='^$'
+snapshot() { find . -mindepth 1 -printf '%p %y %s %T@\n' | grep -Ev "$allow_new" | LC_ALL=C sort; }
+
+# expect_refusal REGEX CMD...: CMD exits non-zero, its stderr matches REGEX (extended), and the
+# working directory is unchanged.
+expect_refusal() {
+  local pattern=$1
+  shift
+  local before after rc
+  before=$(snapshot)
+  local err_file=$root/stderr
+  # stderr through a pipe: a case that limits file sizes (ulimit -f) must not lose it
+  "$@" 2>&1 >"$root/stdout" | cat >"$err_file"
+  rc=${PIPESTATUS[0]}
+  after=$(snapshot)
+  echo "\$ $*"
+  echo "  exit $rc: $(head -c 600 "$err_file")"
+  [[ $rc -ne 0 ]] || fail "exit code 0, expected a refusal"
+  grep -Eq -- "$pattern" "$err_file" || fail "stderr does not match /$pattern/"
+  [[ "$before" == "$after" ]] || fail "the working directory changed: $(diff <(echo "$before") <(echo "$after"))"
+}
+
+# expect_success CMD...: CMD exits 0 (a setup step, or the opt-out of a check).
+expect_success() {
+  "$@" >"$root/out" 2>&1 || fail "'$*' failed: $(tail -c 600 "$root/out")"
+}
+
+# Runs a command with its address space bounded (a regression then fails instead of filling the
+# machine's memory); sanitizer builds reserve terabytes of shadow memory, so not there.
+limited() {
+  if [[ -n "${MOEKIT_SANITIZED:-}" ]]; then "$@"; else bash -c 'ulimit -v 4000000; exec "$@"' _ "$@"; fi
+}
+
+model_copy() {  # model_copy DIR: a private copy of the fixture checkpoint
+  cp -r "$fixture" "$1"
+}
+
+store_of() {  # store_of MODEL_DIR STORE: an expert store of the checkpoint, f32 and q8
+  expect_success "$moe_convert" -m "$1" -o "$2" --precisions f32,q8
+}
+
+run_args=(-p "Hello world" -n 4 --temp 0 --no-direct)
+
+# ---- data integrity ---------------------------------------------------------------------------
+
+case_store_flipped_byte() {  # one flipped byte in a blob: an error naming store, layer, expert
+  model_copy model && store_of model s.moestore
+  "$inject" flip-blob s.moestore 1 2 q8 || fail "inject"
+  expect_refusal "s\.moestore.*layer 1, expert 2, q8.*XXH64" \
+    "$moe_run" -m s.moestore --precision q8 --expert-budget 25% "${run_args[@]}"
+  # the opt-out runs (and says nothing about the damage)
+  expect_success "$moe_run" -m s.moestore --precision q8 --no-verify "${run_args[@]}"
+}
+
+case_store_of_other_checkpoint() {  # --store built from another checkpoint of the same shape
+  model_copy a && model_copy b && touch -d '2001-01-01' b/model.safetensors
+  store_of a s.moestore
+  expect_refusal "--store: expert store 's\.moestore' was built from the checkpoint '.*/a'.*the checkpoint given is 'b'" \
+    "$moe_run" -m b --store s.moestore "${run_args[@]}"
+  expect_success "$moe_run" -m b --store s.moestore --force "${run_args[@]}"
+}
+
+case_store_checkpoint_changed() {  # -m STORE whose checkpoint changed since it was built
+  model_copy a && store_of a s.moestore
+  touch -d '2001-01-01' a/model.safetensors
+  expect_refusal "-m: expert store 's\.moestore' was built from the checkpoint .*changed since" \
+    "$moe_run" -m s.moestore "${run_args[@]}"
+}
+
+case_nan_dense_tensor() {  # NaN in q_proj: refused naming file, tensor and index
+  model_copy m
+  "$inject" nan-tensor m/model.safetensors model.layers.1.self_attn.q_proj.weight 37 || fail "inject"
+  expect_refusal "model\.layers\.1\.self_attn\.q_proj\.weight' in '.*m/model\.safetensors'.*index 37.*not finite" \
+    "$moe_run" -m m --in-memory "${run_args[@]}"
+}
+
+case_inf_router() {  # +Inf in a router: refused naming the tensor
+  model_copy m
+  "$inject" nan-tensor m/model.safetensors model.layers.0.block_sparse_moe.gate.weight 5 inf || fail "inject"
+  expect_refusal "block_sparse_moe\.gate\.weight.*index 5.*not finite" \
+    "$moe_run" -m m --in-memory "${run_args[@]}"
+}
+
+case_nan_expert_convert() {  # NaN in an expert: moe-convert names tensor, file, layer and expert
+  model_copy m
+  "$inject" nan-tensor m/model.safetensors model.layers.1.block_sparse_moe.experts.3.w2.weight 7 || fail "inject"
+  allow_new='s\.moestore\.partial'
+  expect_refusal "experts\.3\.w2\.weight' in '.*model\.safetensors'.*layer 1, expert 3.*index 7.*not finite" \
+    "$moe_convert" -m m -o s.moestore --precisions q4
+}
+
+case_nan_logits_at_run_time() {  # NaN in an expert read in place (f32, no encoding): the logits
+  model_copy m
+  "$inject" nan-tensor m/model.safetensors model.layers.0.block_sparse_moe.experts.0.w1.weight 0 || fail "inject"
+  "$inject" nan-tensor m/model.safetensors model.layers.0.block_sparse_moe.experts.1.w1.weight 0 || fail "inject"
+  "$inject" nan-tensor m/model.safetensors model.layers.0.block_sparse_moe.experts.2.w1.weight 0 || fail "inject"
+  "$inject" nan-tensor m/model.safetensors model.layers.0.block_sparse_moe.experts.3.w1.weight 0 || fail "inject"
+  expect_refusal "logit of token [0-9]+ at position [0-9]+ is nan \(not finite\)" \
+    "$moe_run" -m m --precision auto "${run_args[@]}"
+  printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..8} > text.txt
+  expect_refusal "--perplexity: the model's logit of token [0-9]+ at scored position 0 is nan \(not finite\)" \
+    "$moe_run" -m m --precision auto --no-direct --perplexity text.txt -c 16
+}
+
+# ---- writers ----------------------------------------------------------------------------------
+
+case_sim_out_refuses_overwrite() {  # moe-sim --sweep --out: existing CSV kept without --force
+  echo "keep me" > sweep.csv
+  expect_refusal "--out: 'sweep\.csv' exists; refusing to overwrite it \(pass --force\)" \
+    "$moe_sim" --synthetic --sweep budget=25%,50% --out sweep
+  expect_success "$moe_sim" --synthetic --sweep budget=25%,50% --out sweep --force
+  grep -q "keep me" sweep.csv && fail "--force did not replace sweep.csv"
+}
+
+case_sim_out_unwritable() {  # moe-sim --out into a missing directory: refused before the runs
+  expect_refusal "--out: 'no/such/dir/sweep\.csv' cannot be written: the directory 'no/such/dir' does not exist" \
+    "$moe_sim" --synthetic --sweep budget=25%,50% --out no/such/dir/sweep
+  mkdir d
+  expect_refusal "--out: 'd/' is a directory" \
+    "$moe_sim" --synthetic --sweep budget=25%,50% --out d/
+  expect_refusal "--out: 'd' is a directory" \
+    "$moe_sim" --synthetic --sweep budget=25%,50% --out d
+}
+
+case_disk_full_writers() {  # a full disk (file size limit 0: EFBIG) leaves no partial file
+  model_copy m
+  printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..8} > text.txt
+  expect_refusal "--trace-out: write error on 'r\.mktrace'" \
+    bash -c 'trap "" XFSZ; ulimit -f 0; exec "$@"' _ "$moe_run" -m m --in-memory "${run_args[@]}" --trace-out r.mktrace
+  expect_refusal "--save-logits: write error on 'l\.mklogp'" \
+    bash -c 'trap "" XFSZ; ulimit -f 0; exec "$@"' _ "$moe_run" -m m --in-memory --no-direct --perplexity text.txt -c 16 --save-logits l.mklogp
+  expect_refusal "--out: write error on 'sweep\.csv'" \
+    bash -c 'trap "" XFSZ; ulimit -f 0; exec "$@"' _ "$moe_sim" --synthetic --sweep budget=25%,50% --out sweep
+}
+
+case_force_never_replaces_a_device() {  # --force and a FIFO (as root, /dev/full would be deleted)
+  model_copy m
+  mkfifo pipe
+  expect_refusal "-o: 'pipe' exists and is not a regular file" \
+    "$moe_convert" -m m -o pipe --precisions q8 --force
+  expect_refusal "--trace-out: 'pipe' exists and is not a regular file" \
+    "$moe_run" -m m --in-memory "${run_args[@]}" --trace-out pipe --force
+  [[ -p pipe ]] || fail "the FIFO was replaced"
+}
+
+case_output_checked_up_front() {  # a directory or a missing directory as the output: before work
+  model_copy m
+  mkdir out.mktrace
+  expect_refusal "--trace-out: 'out\.mktrace' is a directory" \
+    "$moe_run" -m m --in-memory "${run_args[@]}" --trace-out out.mktrace
+  expect_refusal "-o: 'missing/s\.moestore' cannot be written: the directory 'missing' does not exist" \
+    "$moe_convert" -m m -o missing/s.moestore --precisions q8
+  expect_refusal "--out: 'missing/hw\.json' cannot be written.*does not exist" \
+    "$moe_calibrate" --out missing/hw.json --disk-size 4MiB --reps 1
+}
+
+case_convert_lock() {  # a second moe-convert -o SAME is refused at once
+  model_copy m
+  command -v flock >/dev/null || { fail "flock(1) (util-linux) is needed for this case"; return; }
+  exec 9>s.moestore.lock  # this shell holds the lock, as a first moe-convert would
+  flock -n 9 || fail "cannot take the lock"
+  expect_refusal "another process is writing 's\.moestore'" \
+    "$moe_convert" -m m -o s.moestore --precisions q8
+  exec 9>&-
+}
+
+case_kl_reference_other_chunking() {  # .mklogp of -c 16 against a run with -c 8
+  model_copy m
+  printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..8} > text.txt
+  expect_success "$moe_run" -m m --in-memory --perplexity text.txt -c 16 --save-logits ref.mklogp
+  expect_refusal "--kl-reference: 'ref\.mklogp' was scored in chunks of 16 tokens.*chunks of 8" \
+    "$moe_run" -m m --in-memory --perplexity text.txt -c 8 --kl-reference ref.mklogp
+}
+
+case_unbounded_inputs() {  # a device where a text file is expected: refused, not read forever
+  model_copy m
+  expect_refusal "--perplexity: '/dev/zero' is not a regular file" \
+    limited "$moe_run" -m m --in-memory --perplexity /dev/zero
+  expect_refusal "--trace: '/dev/zero' is not a regular file" \
+    limited "$moe_sim" --trace /dev/zero
+  printf 'Hello there. %.0s' {1..8} > text.txt
+  expect_refusal "--kl-reference: '/dev/zero' is not a regular file" \
+    limited "$moe_run" -m m --in-memory --perplexity text.txt --kl-reference /dev/zero
+}
+
+# ---- resources and small validations ---------------------------------------------------------
+
+case_context_beyond_the_model() {  # -c beyond max_position_embeddings: refused before the KV cache
+  model_copy m
+  expect_refusal "-c: context length 100000000 exceeds the model's max_position_embeddings \(128\)" \
+    limited "$moe_run" -m m --in-memory --expert-budget all "${run_args[@]}" -c 100000000
+}
+
+case_flag_values() {  # values the parser used to accept or pass through to an internal check
+  model_copy m
+  expect_refusal "--seed" "$moe_run" -m m --in-memory "${run_args[@]}" --seed -1
+  expect_refusal "--lookahead.*(range|1 - 3)" "$moe_run" -m m --in-memory --preset hobbit "${run_args[@]}" --lookahead 5
+  expect_refusal "--cpu-latency: must be a number of seconds" \
+    "$moe_run" -m m --in-memory --preset fiddler "${run_args[@]}" --cpu-latency nan
+  expect_refusal "--gamma" "$moe_sim" --synthetic --preset mobile --gamma 5
+  expect_refusal "--budget: '99999999999999999999' is too large" "$moe_sim" --synthetic --budget 99999999999999999999
+  expect_refusal "--budget: '1000' slots exceed the trace's 256 experts" "$moe_sim" --synthetic --budget 1000
+  expect_refusal "--hidden" "$moe_sim" --synthetic --hidden 4294967295 --ffn 4294967295
+}
+
+case_config_values() {  # config.json fields out of range
+  model_copy m
+  sed -i 's/"eos_token_id": 2/"eos_token_id": 99999/' m/config.json
+  expect_refusal "eos_token_id.*99999 is not below vocab_size" "$moe_run" -m m --in-memory "${run_args[@]}"
+  rm -rf m && model_copy m
+  sed -i 's/"max_position_embeddings": 128/"max_position_embeddings": 0/' m/config.json
+  expect_refusal "max_position_embeddings.*must be > 0" "$moe_run" -m m --in-memory "${run_args[@]}"
+}
+
+if ! declare -F "case_$case_name" >/dev/null; then
+  echo "unknown case '$case_name'"
+  exit 2
+fi
+"case_$case_name"
+if [[ $failures -ne 0 ]]; then
+  echo "$case_name: $failures check(s) failed"
+  exit 1
+fi
+echo "$case_name: passed"
