@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 
 import llama_cpp
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_cpp_peer import load  # noqa: E402  (same model settings as the peer benchmark)
+from llama_cpp_peer import llama_decode, load  # noqa: E402  (the peer benchmark's settings)
 
 CONDITIONS = ("quiet", "busy")
 
@@ -43,30 +42,6 @@ def moe_run_tps(moe_run: Path, model_dir: Path, prompt: str, n: int, threads: in
     return j["decode_tokens_per_s"]
 
 
-def llama_tps(llm: llama_cpp.Llama, prompt: list[int], n: int, sampling: str) -> float:
-    """Tokens/s of n decode steps: llama.cpp's own eval time of the one-token batches
-    (llama_perf_context) plus the wall time of each sampling call."""
-    llm.reset()
-    llm.eval(prompt)
-    llama_cpp.llama_perf_context_reset(llm.ctx)
-    sampler = llm._init_sampler() if sampling == "default" else None  # the library's defaults
-    sample_s = 0.0
-    for _ in range(n):
-        t0 = time.perf_counter()
-        if sampler is not None:
-            tok = sampler.sample(llm._ctx, -1)
-        else:
-            tok = int(np.argmax(np.ctypeslib.as_array(
-                llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))))
-        sample_s += time.perf_counter() - t0
-        llm.eval([tok])
-    llama_cpp.llama_synchronize(llm.ctx)  # the eval time of a decode is recorded when it ends
-    perf = llama_cpp.llama_perf_context(llm.ctx)
-    if perf.n_eval != n:
-        raise SystemExit(f"llama.cpp counted {perf.n_eval} decode evals, expected {n}")
-    return n / (perf.t_eval_ms / 1e3 + sample_s)
-
-
 def busy_loop() -> subprocess.Popen:
     return subprocess.Popen(["nice", "-n", "19", "sh", "-c", "while :; do :; done"])
 
@@ -80,7 +55,7 @@ def measure(a, llms, prompts, results) -> None:
         for s in a.sampling:
             results.setdefault(("moe-run", s, t), []).append(
                 moe_run_tps(a.moe_run, a.model_dir, a.prompt, a.n, t, s))
-            results.setdefault(("llama.cpp", s, t), []).append(llama_tps(llms[t], prompts[t], a.n, s))
+            results.setdefault(("llama.cpp", s, t), []).append(llama_decode(llms[t], prompts[t], a.n, s)[0])
 
 
 def report(a, res) -> None:
