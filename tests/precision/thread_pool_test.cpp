@@ -94,7 +94,8 @@ TEST_CASE("StepChooser measures both modes, runs the faster and re-measures the 
   REQUIRE_FALSE(c.team_next());
   c.record(false, microseconds(200));
   // Team is faster: it runs, and solo is probed after first_probe steps; a probe that confirms
-  // solo slower doubles the interval.
+  // solo slower (2x: one step lost) at least doubles the interval, and makes it at least
+  // 1 / probe_budget steps.
   std::vector<int> probes;
   for (int step = 0; step < 200; ++step) {
     const bool team = c.team_next();
@@ -103,8 +104,10 @@ TEST_CASE("StepChooser measures both modes, runs the faster and re-measures the 
   }
   REQUIRE(probes.size() >= 3);
   CHECK(probes[0] == static_cast<int>(Chooser::first_probe) - 1);
-  CHECK(probes[1] - probes[0] == 2 * static_cast<int>(Chooser::first_probe));
-  CHECK(probes[2] - probes[1] == 4 * static_cast<int>(Chooser::first_probe));
+  const int affordable = static_cast<int>(1 / Chooser::probe_budget);
+  const int second = std::max(2 * static_cast<int>(Chooser::first_probe), affordable);
+  CHECK(probes[1] - probes[0] == second);
+  CHECK(probes[2] - probes[1] == std::max(2 * second, affordable));
   CHECK(c.team_steps() == c.steps() - probes.size() - 1);
   // The team slows down (another process takes a core): within a few steps solo runs.
   int solo = 0;

@@ -147,8 +147,9 @@ class ThreadPool {
   /// Picks, step by step, whether a repeated step (a decode token) runs its jobs on all threads
   /// ("team") or on the caller alone ("solo"), from the measured step times: the mode with the
   /// lower moving average runs, and the other is re-measured now and then, every `first_probe`
-  /// steps while the two are within `close` of each other, backing off to every `last_probe`
-  /// steps while the probes keep confirming it slower. On a quiet machine two threads win and the
+  /// steps while the two are within `close` of each other, backing off (at least doubling, and
+  /// so that probes cost at most `probe_budget` of the time) up to every `last_probe` steps
+  /// while the probes keep confirming it slower. On a quiet machine two threads win and the
   /// probes cost a fraction of a percent; when other processes take the cores (a second thread
   /// then only steals the caller's share of them) one thread wins, so two threads never run
   /// much below one.
@@ -156,6 +157,7 @@ class ThreadPool {
    public:
     static constexpr std::uint32_t first_probe = 16, last_probe = 1024;
     static constexpr double close = 1.10;
+    static constexpr double probe_budget = 0.02;
 
     /// True: the next step runs on all threads.
     bool team_next() noexcept {
@@ -176,8 +178,17 @@ class ThreadPool {
       if (team) ++team_steps_;
       if (!probing_) return;
       probing_ = false;  // the probed mode is the one just run
-      const double other = avg_[!team];
-      probe_every_ = ns > other * close ? std::min(probe_every_ * 2, last_probe) : first_probe;
+      const double ratio = ns / std::max(avg_[!team], 1.0);
+      if (ratio <= close) {
+        probe_every_ = first_probe;
+        return;
+      }
+      // Confirmed slower: at least twice as long to the next probe, and long enough that probes
+      // cost at most probe_budget of the steps' time (a probe `ratio` times as slow costs ratio − 1
+      // steps).
+      const double affordable = (ratio - 1) / probe_budget;
+      probe_every_ = static_cast<std::uint32_t>(
+          std::min<double>(last_probe, std::max<double>(2.0 * probe_every_, affordable)));
     }
     [[nodiscard]] std::uint64_t steps() const noexcept { return seen_[0] + seen_[1]; }
     [[nodiscard]] std::uint64_t team_steps() const noexcept { return team_steps_; }
