@@ -8,11 +8,14 @@
         tests/engine/llama_cpp_reference_test.cpp compares moe-run's logits with it.
 
     llama_cpp_peer.py bench MOE_RUN MODEL_DIR --pair GGUF:PRECISION [--pair ...] [-p PROMPT]
-                      [-n N] [-t T[,T...]] [--rounds R]
-        Decode tokens/s, greedy, of llama.cpp on GGUF and of moe-run on MODEL_DIR (safetensors,
-        experts at PRECISION, all of them in memory), alternating round by round in this one run
-        (one warm-up round discarded); prints the medians, the ratio moe-run / llama.cpp and the
-        range per pair and thread count, and the load average before and after.
+                      [-n N] [-t T[,T...]] [--rounds R] [--sampling greedy,default]
+        Decode tokens/s of llama.cpp on GGUF and of moe-run on MODEL_DIR (safetensors, experts at
+        PRECISION, all of them in memory), alternating round by round in this one run (one
+        warm-up round discarded), greedy and with each side's default sampler (moe-run:
+        temperature 0.8, top-p 0.95; llama-cpp-python's default chain: top-k 40, typical 1,
+        top-p 0.95, min-p 0.05, temperature 0.8; its sampling calls' wall time is added to
+        llama.cpp's eval time); prints the medians, the ratio moe-run / llama.cpp and the range per
+        pair, sampling and thread count, and the load average before and after.
 """
 import argparse
 import hashlib
@@ -84,38 +87,48 @@ def fixture_json(obj: dict) -> str:
     return "{\n" + ",\n".join(f" {json.dumps(k)}: {value(v)}" for k, v in obj.items()) + "\n}\n"
 
 
-def llama_decode(llm: llama_cpp.Llama, prompt: list[int], n: int) -> tuple[float, list[int]]:
-    """Greedy decode of n tokens after the prompt; llama.cpp's own eval time per decoded token
-    (llama_perf_context: time inside llama_decode for the one-token batches)."""
+def llama_decode(llm: llama_cpp.Llama, prompt: list[int], n: int,
+                 sampling: str = "greedy") -> tuple[float, list[int]]:
+    """Decode of n tokens after the prompt, greedy or with llama-cpp-python's default sampler
+    chain; tokens/s from llama.cpp's own eval time (llama_perf_context: time inside llama_decode
+    for the one-token batches) plus the wall time of the sampling calls (0 for greedy, whose
+    argmax is not counted)."""
     llm.reset()
     llm.eval(prompt)
     llama_cpp.llama_perf_context_reset(llm.ctx)
+    sampler = llm._init_sampler() if sampling == "default" else None  # the library's defaults
     # Without logits_all, Llama.eval no longer copies logits into llm.scores: read the last
     # position's row from the context.
     last = lambda: int(np.argmax(np.ctypeslib.as_array(
         llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))))
-    out = []
-    tok = last()
-    for _ in range(n):
+    out, sample_s = [], 0.0
+    for _ in range(n + 1):
+        if sampler is None:
+            tok = last()
+        else:
+            t0 = time.perf_counter()
+            tok = sampler.sample(llm._ctx, -1)
+            sample_s += time.perf_counter() - t0
+        if len(out) == n:
+            break
         out.append(tok)
         llm.eval([tok])
-        tok = last()
     perf = llama_cpp.llama_perf_context(llm.ctx)
     if perf.n_eval != n:
         raise SystemExit(f"llama.cpp counted {perf.n_eval} decode evals, expected {n}")
-    return perf.n_eval / (perf.t_eval_ms / 1e3), out
+    return perf.n_eval / (perf.t_eval_ms / 1e3 + sample_s), out
 
 
 def moe_run_decode(moe_run: Path, model_dir: Path, precision: str, dense: str, prompt: str, n: int,
-                   threads: int) -> tuple[float, str]:
+                   threads: int, sampling: str = "greedy") -> tuple[float, str]:
     cmd = [str(moe_run), "-m", str(model_dir), "-p", prompt, "-n", str(n), "-t", str(threads),
-           "--temp", "0", "--precision", precision, "--dense-precision", dense, "--expert-budget",
-           "all", "--in-memory", "--json"]
+           "--precision", precision, "--dense-precision", dense, "--expert-budget",
+           "all", "--in-memory", "--json"] + (["--temp", "0"] if sampling == "greedy" else [])
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr}")
     j = json.loads(r.stdout)
-    if j["generated_tokens"] != n:
+    if sampling == "greedy" and j["generated_tokens"] != n:
         raise SystemExit(f"moe-run generated {j['generated_tokens']} tokens, expected {n}")
     return j["decode_tokens_per_s"], j["text"]
 
@@ -126,34 +139,45 @@ def load_average() -> str:
 
 def bench(a) -> None:
     threads = [int(t) for t in a.threads.split(",")]
-    print(f"decode tokens/s, greedy, -p {a.prompt!r} -n {a.n}, medians of {a.rounds} alternating "
+    samplings = a.sampling.split(",")
+    if any(s not in ("greedy", "default") for s in samplings):
+        raise SystemExit("--sampling: greedy and/or default")
+    with open("/proc/cpuinfo") as f:
+        cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
+    print(f"decode tokens/s, -p {a.prompt!r} -n {a.n}, medians of {a.rounds} alternating "
           f"rounds after one discarded warm-up round (llama-cpp-python {llama_cpp.__version__}, "
           f"{llama_cpp.llama_print_system_info().decode().strip()})")
-    print("llama.cpp: eval time of the one-token llama_decode calls (llama_perf_context); "
-          "moe-run: its decode_tokens_per_s (--json), experts in memory (--in-memory --expert-budget all)")
+    print(f"CPU: {cpu}, {os.cpu_count()} logical CPUs")
+    print("llama.cpp: eval time of the one-token llama_decode calls (llama_perf_context) + its "
+          "sampling calls; moe-run: its decode_tokens_per_s (--json), experts in memory "
+          "(--in-memory --expert-budget all); sampling: greedy, or each side's default sampler")
     print(f"start: {load_average()}")
-    print(f"{'llama.cpp GGUF':32s} {'moe-run experts/dense':21s} {'-t':>3s} {'llama tok/s':>11s} "
-          f"{'moe tok/s':>10s} {'moe/llama':>9s}  same text  llama range / moe range")
+    print(f"{'llama.cpp GGUF':32s} {'moe-run experts/dense':21s} {'sampling':8s} {'-t':>3s} "
+          f"{'llama tok/s':>11s} {'moe tok/s':>10s} {'moe/llama':>9s}  same text  llama range / moe range")
     for t in threads:
         for pair in a.pair:
             gguf, precision, dense = pair.rsplit(":", 2)
             gguf = Path(gguf)
             llm = load(gguf, 512, t, logits_all=False)
             prompt = llm.tokenize(a.prompt.encode("utf-8"), add_bos=True, special=False)
-            lt, mt, same = [], [], True
-            for r in range(a.rounds + 1):
-                tps, toks = llama_decode(llm, prompt, a.n)
-                mps, text = moe_run_decode(a.moe_run, a.model_dir, precision, dense, a.prompt, a.n, t)
-                ltext = llm.detokenize(toks).decode("utf-8", errors="replace")
-                same = same and ltext.strip() == text.strip()
-                if r > 0:  # round 0 warms caches, page tables and llama.cpp's graph allocator
-                    lt.append(tps)
-                    mt.append(mps)
+            for sampling in samplings:
+                lt, mt, same = [], [], True
+                for r in range(a.rounds + 1):
+                    tps, toks = llama_decode(llm, prompt, a.n, sampling)
+                    mps, text = moe_run_decode(a.moe_run, a.model_dir, precision, dense, a.prompt,
+                                               a.n, t, sampling)
+                    ltext = llm.detokenize(toks).decode("utf-8", errors="replace")
+                    same = same and ltext.strip() == text.strip()
+                    if r > 0:  # round 0 warms caches, page tables and llama.cpp's graph allocator
+                        lt.append(tps)
+                        mt.append(mps)
+                l, m = statistics.median(lt), statistics.median(mt)
+                # Sampled texts differ by construction (two samplers, two random generators).
+                same_word = ("yes" if same else "no") if sampling == "greedy" else "-"
+                print(f"{gguf.name:32s} {precision + '/' + dense:21s} {sampling:8s} {t:3d} {l:11.1f} "
+                      f"{m:10.1f} {m / l:8.2f}x  {same_word:9s}  {min(lt):.0f}-{max(lt):.0f} / "
+                      f"{min(mt):.0f}-{max(mt):.0f}", flush=True)
             del llm
-            l, m = statistics.median(lt), statistics.median(mt)
-            print(f"{gguf.name:32s} {precision + '/' + dense:21s} {t:3d} {l:11.1f} {m:10.1f} {m / l:8.2f}x  "
-                  f"{'yes' if same else 'no':9s}  {min(lt):.0f}-{max(lt):.0f} / {min(mt):.0f}-{max(mt):.0f}",
-                  flush=True)
     print(f"end: {load_average()}")
 
 
@@ -174,6 +198,8 @@ def main() -> None:
     b.add_argument("-n", type=int, default=128)
     b.add_argument("-t", "--threads", default="2", help="thread counts, comma-separated (1,2)")
     b.add_argument("--rounds", type=int, default=5)
+    b.add_argument("--sampling", default="greedy,default",
+                   help="greedy and/or default (each side's default sampler), comma-separated")
     a = ap.parse_args()
     reference(a) if a.cmd == "reference" else bench(a)
 

@@ -7,7 +7,7 @@
 #   bench/engine/llama_cpp_peer.sh reference [OUT]   # + llama.cpp's top-k logits for the test, by
 #                                                     # default into the committed fixture
 #                                                     # tests/engine/data/moekit_tiny_moe_llama_cpp.json
-#   bench/engine/llama_cpp_peer.sh bench [MOE_RUN [-n N] [-t T[,T]] [--rounds R] [-p PROMPT]]
+#   bench/engine/llama_cpp_peer.sh bench [MOE_RUN [-n N] [-t T[,T]] [--rounds R] [-p PROMPT] [--sampling S]]
 #                                                     # + decode tok/s, llama.cpp vs moe-run
 #
 # The venv ($LLAMA_CPP_VENV, default build/llama-cpp-venv) gets llama-cpp-python, which builds

@@ -36,6 +36,7 @@
 #include "moekit/engine/routing_replay.hpp"
 #include "moekit/engine/sampler.hpp"
 #include "moekit/engine/store_origin.hpp"
+#include "moekit/engine/token_profile.hpp"
 #include "moekit/engine/tokenizer.hpp"
 #include "moekit/engine/trace_recorder.hpp"
 #include "moekit/engine/weights.hpp"
@@ -144,7 +145,19 @@ struct Generation {
   Timings t;
   moekit::PipelineStats after_prefill;  // decode's own counters are the difference
   std::uint64_t host_read_after_prefill = 0;  // the loader's host_read_bytes() then
+  nlohmann::json profile;               // --profile: the parts of a decode token (null: off)
+  double team_fraction = 1;             // decode steps the pool ran on all threads (StepChooser)
 };
+
+// --profile's JSON: decode tokens timed, seconds per token, and each part's fraction of it.
+nlohmann::json profile_json(const TokenProfile& p) {
+  nlohmann::json j;
+  j["tokens"] = p.tokens();
+  j["seconds_per_token"] = p.tokens() ? p.seconds() / static_cast<double>(p.tokens()) : 0.0;
+  for (std::size_t i = 0; i < token_part_count; ++i)
+    j[std::string(name(static_cast<TokenPart>(i)))] = p.fraction(static_cast<TokenPart>(i));
+  return j;
+}
 
 // The --json object of a generation (also what the text mode prints from).
 template <class Pipeline>
@@ -201,6 +214,8 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   j["dense_precision"] = w.dense.precisions();
   j["kv_cache_bytes"] = kv_cache_bytes;
   j["host_expert_bytes"] = w.experts.total_bytes();
+  j["decode_steps_on_all_threads"] = g.team_fraction;
+  if (!g.profile.is_null()) j["profile"] = g.profile;
   return j;
 }
 
@@ -267,9 +282,17 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   t.prefill_s = seconds_since(t0);
   const auto after_prefill = pipeline.stats();  // decode's own counters are the difference
   const std::uint64_t host_read_after_prefill = pipeline.loader().host_read_bytes();
+  TokenProfile profile;
+  TokenProfile* const timed = o.profile ? &profile : nullptr;  // decode tokens only
+  model.set_profile(timed);
+  const std::uint64_t steps0 = pool.adaptive_steps(), team0 = pool.team_steps();
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < o.n_predict; ++i) {
-    const Token next = sampler.sample(logits);
+    const TokenProfile::Token token(timed);
+    const Token next = [&] {
+      const TokenProfile::Scope sampling(timed, TokenPart::sampling);
+      return sampler.sample(logits);
+    }();
     ids.push_back(next);
     ++t.generated_tokens;
     const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) !=
@@ -282,6 +305,9 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
     ++t.decoded_tokens;
   }
   t.decode_s = seconds_since(t0);
+  model.set_profile(nullptr);
+  const std::uint64_t steps = pool.adaptive_steps() - steps0;
+  const double team = steps ? double(pool.team_steps() - team0) / double(steps) : 1.0;
   if (!o.json) {  // end the text before the statistics on stderr
     std::fputs("\n", stdout);
     std::fflush(stdout);
@@ -289,7 +315,8 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
 
   return generation_json(o, cfg, w, k, pipeline, model.kv_cache().bytes(),
                          {std::move(text), std::move(prompt), std::move(ids), t, after_prefill,
-                          host_read_after_prefill});
+                          host_read_after_prefill,
+                          timed ? profile_json(profile) : nlohmann::json(), team});
 }
 
 // Pipeline counters shared by generation and --perplexity output.
@@ -486,6 +513,14 @@ void print_stats(const nlohmann::json& j) {
                j["fallbacks"].get<unsigned long long>(), j["dense_precision"].get<std::string>().c_str(),
                j["dense_bytes"].get<double>() / (1 << 20),
                j["dense_activations"].get<std::string>().c_str());
+  if (!j.contains("profile")) return;
+  const nlohmann::json& p = j["profile"];
+  std::fprintf(stderr, "profile: %zu decode tokens, %.1f us per token\n",
+               p["tokens"].get<std::size_t>(), 1e6 * p["seconds_per_token"].get<double>());
+  for (std::size_t i = 0; i < token_part_count; ++i) {
+    const std::string part(name(static_cast<TokenPart>(i)));
+    std::fprintf(stderr, "  %-18s %5.1f%%\n", part.c_str(), 100 * p[part].get<double>());
+  }
 }
 
 // ---- expert source and preset inputs (offload wiring) -------------------------------------

@@ -1,7 +1,10 @@
 // ThreadPool: every index exactly once, many consecutive jobs, jobs that find the workers
 // polling or asleep, exceptions reach the caller.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -78,4 +81,97 @@ TEST_CASE("an exception in the body reaches the caller and the pool stays usable
   pool.parallel_for(0, 10, 1, [&](std::size_t b, std::size_t e) { n += static_cast<int>(e - b); });
   CHECK(n.load() == 10);
   CHECK_THROWS_AS(ThreadPool(0), Error);
+}
+
+TEST_CASE("StepChooser measures both modes, runs the faster and re-measures the slower now and then",
+          "[precision][thread_pool]") {
+  using Chooser = ThreadPool::StepChooser;
+  using std::chrono::microseconds;
+  Chooser c;
+  // Both modes measured first: team, then solo.
+  REQUIRE(c.team_next());
+  c.record(true, microseconds(100));
+  REQUIRE_FALSE(c.team_next());
+  c.record(false, microseconds(200));
+  // Team is faster: it runs, and solo is probed after first_probe steps; a probe that confirms
+  // solo slower (2x: one step lost) at least doubles the interval, and makes it at least
+  // 1 / probe_budget steps.
+  std::vector<int> probes;
+  for (int step = 0; step < 200; ++step) {
+    const bool team = c.team_next();
+    if (!team) probes.push_back(step);
+    c.record(team, microseconds(team ? 100 : 200));
+  }
+  REQUIRE(probes.size() >= 3);
+  CHECK(probes[0] == static_cast<int>(Chooser::first_probe) - 1);
+  const int affordable = static_cast<int>(1 / Chooser::probe_budget);
+  const int second = std::max(2 * static_cast<int>(Chooser::first_probe), affordable);
+  CHECK(probes[1] - probes[0] == second);
+  CHECK(probes[2] - probes[1] == std::max(2 * second, affordable));
+  CHECK(c.team_steps() == c.steps() - probes.size() - 1);
+  // The team slows down (another process takes a core): within a few steps solo runs.
+  int solo = 0;
+  for (int step = 0; step < 20; ++step) {
+    const bool team = c.team_next();
+    solo += !team;
+    c.record(team, microseconds(team ? 400 : 200));
+  }
+  CHECK(solo >= 15);
+}
+
+TEST_CASE("an adaptive step the chooser runs solo keeps every chunk on the caller",
+          "[precision][thread_pool]") {
+  ThreadPool pool(2);
+  const auto caller = std::this_thread::get_id();
+  auto threads_used = [&] {
+    std::mutex m;
+    std::vector<std::thread::id> ids;
+    std::atomic<int> n{0};
+    pool.parallel_for(0, 64, 1, [&](std::size_t b, std::size_t e) {
+      n += static_cast<int>(e - b);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // room for the worker
+      std::lock_guard<std::mutex> lock(m);
+      ids.push_back(std::this_thread::get_id());
+    });
+    REQUIRE(n.load() == 64);
+    return ids;
+  };
+  {
+    const ThreadPool::Active step(pool, /*adaptive=*/true);  // first step: team
+    CHECK(pool.team_size() == 2);
+    const auto ids = threads_used();
+    CHECK(std::any_of(ids.begin(), ids.end(), [&](auto id) { return id != caller; }));
+  }
+  {
+    const ThreadPool::Active step(pool, /*adaptive=*/true);  // second step: solo
+    CHECK(pool.team_size() == 1);
+    const auto ids = threads_used();
+    CHECK(std::all_of(ids.begin(), ids.end(), [&](auto id) { return id == caller; }));
+  }
+  CHECK(pool.team_size() == 2);  // outside a step, every thread again
+  CHECK(pool.adaptive_steps() == 2);
+  CHECK(pool.team_steps() == 1);
+}
+
+TEST_CASE("the wait sink counts the caller's waits for other threads' chunks",
+          "[precision][thread_pool]") {
+  ThreadPool pool(2);
+  std::uint64_t waited = 0;
+  pool.set_wait_sink(&waited);
+  std::atomic<bool> worker_in{false};
+  const auto caller = std::this_thread::get_id();
+  // The worker holds its chunk 20 ms; the caller's chunk is instant, so the caller waits.
+  pool.parallel_for(0, 2, 1, [&](std::size_t, std::size_t) {
+    if (std::this_thread::get_id() == caller) {
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!worker_in.load() && std::chrono::steady_clock::now() < give_up) {
+      }
+      return;
+    }
+    worker_in = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  });
+  pool.set_wait_sink(nullptr);
+  if (worker_in.load()) CHECK(waited >= 15'000'000);  // the worker took one of the two chunks
+  else CHECK(waited == 0);                            // the caller ran both
 }

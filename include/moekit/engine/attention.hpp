@@ -20,6 +20,7 @@
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/kv_cache.hpp"
 #include "moekit/engine/ops.hpp"
+#include "moekit/engine/token_profile.hpp"
 #include "moekit/engine/weights.hpp"
 
 namespace moekit::engine {
@@ -29,19 +30,37 @@ class Attention {
  public:
   explicit Attention(const ModelConfig& cfg) : cfg_(cfg), rope_(cfg.head_dim, cfg.rope_theta) {}
 
+  /// Times the projections as dense matrices and the rest as attention (null: off).
+  void set_profile(TokenProfile* p) noexcept { profile_ = p; }
+
   /// out = attention(x) for the n rows of x (already normalised), tokens at positions
   /// kv.size() .. kv.size()+n−1. Writes their keys/values into `kv` (the caller advances it).
   /// `batched`: every projection through the batched kernel (ops.hpp: for_rows; prefill).
   void forward(std::uint32_t layer, const LayerWeights& w, KvCache& kv, std::span<const float> x,
                std::uint32_t n, std::span<float> out, const moekit::KernelOptions& opts,
                bool batched = false) {
-    const std::uint32_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), D = cfg_.head_dim;
+    const std::uint32_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
     q_.resize(std::size_t{n} * qd);
     k_.resize(std::size_t{n} * kvd);
     v_.resize(std::size_t{n} * kvd);
-    linear(w.q, x, n, q_, opts, batched);
-    linear(w.k, x, n, k_, opts, batched);
-    linear(w.v, x, n, v_, opts, batched);
+    {
+      const TokenProfile::Scope dense(profile_, TokenPart::dense);
+      linear(w.q, x, n, q_, opts, batched);
+      linear(w.k, x, n, k_, opts, batched);
+      linear(w.v, x, n, v_, opts, batched);
+    }
+    attend(layer, w, kv, n, opts);
+    const TokenProfile::Scope dense(profile_, TokenPart::dense);
+    linear(w.o, ctx_, n, out, opts, batched);
+  }
+
+ private:
+  // ctx_ = softmax(q·kᵀ/√d)·v per token and head (after q/k norms, clamp and RoPE); the keys and
+  // values of the forward's tokens go into the cache.
+  void attend(std::uint32_t layer, const LayerWeights& w, KvCache& kv, std::uint32_t n,
+              const moekit::KernelOptions& opts) {
+    const TokenProfile::Scope part(profile_, TokenPart::attention);
+    const std::uint32_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), D = cfg_.head_dim;
     if (cfg_.qk_norm) {
       rms_norm(q_, w.q_norm, cfg_.rms_norm_eps, q_);
       rms_norm(k_, w.k_norm, cfg_.rms_norm_eps, k_);
@@ -100,11 +119,10 @@ class Attention {
       std::copy_n(k_.data() + std::size_t{t} * kvd, kvd, kv.keys(layer, start + t));
       std::copy_n(v_.data() + std::size_t{t} * kvd, kvd, kv.values(layer, start + t));
     }
-    linear(w.o, ctx_, n, out, opts, batched);
   }
 
- private:
   const ModelConfig& cfg_;
+  TokenProfile* profile_ = nullptr;
   RopeTable rope_;
   std::vector<float> q_, k_, v_, ctx_;
 };

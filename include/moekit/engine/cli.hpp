@@ -142,6 +142,7 @@ struct Options {
   std::uint32_t ubatch = 512;  ///< --ubatch-size: most prompt tokens per prefill forward (llama.cpp's default)
   bool no_bos = false;
   bool json = false;
+  bool profile = false;  ///< --profile: where each decode token's time goes (token_profile.hpp)
   // Quality and traces (perplexity.hpp, trace_recorder.hpp).
   std::string perplexity;          ///< text file to score ("" = generate)
   std::uint32_t chunks = 0;        ///< --chunks: score at most this many chunks (0 = all)
@@ -225,6 +226,10 @@ class Cli {
         ->check(CLI::Range(1u, 1u << 24));
     app_.add_flag("--no-bos", o_.no_bos, "do not prepend the BOS token to the prompt");
     app_.add_flag("--json", o_.json, "print the text and statistics as one JSON object");
+    app_.add_flag("--profile", o_.profile,
+                  "time the parts of each decode token (attention, dense matrices, routing, "
+                  "experts, LM head, sampling, load waits, thread synchronisation): a table on "
+                  "stderr, or \"profile\" in --json");
     add_quality_options();
   }
 

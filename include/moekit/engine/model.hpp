@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "moekit/engine/moe_layer.hpp"
 #include "moekit/engine/ops.hpp"
 #include "moekit/engine/routing_replay.hpp"
+#include "moekit/engine/token_profile.hpp"
 #include "moekit/engine/weights.hpp"
 
 namespace moekit::engine {
@@ -126,6 +128,16 @@ class Model {
                              " times in a row");
   }
 
+  /// Times the parts of each forward into `p` (token_profile.hpp), the pool's waits included;
+  /// null (the default) turns it off. `p` must outlive the forwards or be unset first.
+  void set_profile(TokenProfile* p) noexcept {
+    if (profile_) profile_->attach(nullptr);
+    profile_ = p;
+    if (p) p->attach(opts_.pool);
+    attention_.set_profile(p);
+    moe_.set_profile(p);
+  }
+
   [[nodiscard]] const KvCache& kv_cache() const noexcept { return kv_; }
   [[nodiscard]] std::uint32_t position() const noexcept { return kv_.size(); }
 
@@ -136,6 +148,11 @@ class Model {
                                  bool all_logits, bool logits = true) {
     const auto n = static_cast<std::uint32_t>(tokens.size());
     kv_.check_room(n);
+    // The pool's workers poll through the serial gaps of the forward instead of sleeping in them;
+    // a decode forward is a step of the pool's StepChooser (all threads, or the caller alone if
+    // that is faster on this machine now); a prefill forward always uses every thread.
+    std::optional<moekit::ThreadPool::Active> awake;
+    if (opts_.pool) awake.emplace(*opts_.pool, phase == moekit::Phase::decode);
     const std::size_t H = cfg_.hidden;
     x_.resize(n * H);
     h_.resize(n * H);
@@ -163,6 +180,7 @@ class Model {
     // Prefill forwards are always kept; a decode forward is kept once its token is accepted.
     if (replay_ && phase == moekit::Phase::prefill) replay_->end_forward();
     if (!logits) return {};
+    const TokenProfile::Scope head(profile_, TokenPart::lm_head);
     const std::uint32_t rows = all_logits ? n : 1;
     const std::span<const float> last(x_.data() + (n - rows) * H, rows * H);
     h_.resize(rows * H);
@@ -179,6 +197,7 @@ class Model {
   Attention attention_;
   MoeLayer<Pipeline> moe_;
   RoutingReplay* replay_ = nullptr;
+  TokenProfile* profile_ = nullptr;
   moekit::KernelOptions opts_{};
   std::uint64_t sequence_id_ = 0;
   std::uint32_t ubatch_ = 0;

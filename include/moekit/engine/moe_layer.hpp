@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -35,6 +36,7 @@
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/ops.hpp"
 #include "moekit/engine/routing_replay.hpp"
+#include "moekit/engine/token_profile.hpp"
 #include "moekit/engine/weights.hpp"
 
 namespace moekit::engine {
@@ -65,6 +67,9 @@ class MoeLayer {
   /// router's own). The replay must outlive the layer's forwards.
   void set_routing_replay(RoutingReplay* r) noexcept { replay_ = r; }
 
+  /// Times routing and pipeline, routed experts, load waits and dense MLPs (null: off).
+  void set_profile(TokenProfile* p) noexcept { profile_ = p; }
+
   /// out = ffn(x) for the n rows of x (already normalised) at decoder layer `layer`.
   void forward(std::uint32_t layer, const LayerWeights& w, std::span<const float> x,
                const ForwardInfo& info, std::span<float> out, const moekit::KernelOptions& opts) {
@@ -72,6 +77,7 @@ class MoeLayer {
     batched_ = info.phase == moekit::Phase::prefill;  // ops.hpp: for_rows
     std::fill(out.begin(), out.end(), 0.f);
     if (cfg_.moe_index[layer] < 0) {
+      const TokenProfile::Scope dense(profile_, TokenPart::dense);
       ffn(w.mlp.view(), x, n, out, opts);
       return;
     }
@@ -81,6 +87,7 @@ class MoeLayer {
                                    .phase = info.phase,
                                    .sequence_id = info.sequence_id,
                                    .n_tokens = n};
+    std::optional<TokenProfile::Scope> routing(std::in_place, profile_, TokenPart::routing);
     const std::uint32_t k = route(w, x, n, pipeline_.active_top_k(ctx), opts);
     if (replay_) replay_->apply(ctx.layer, k, experts_, weights_);  // before the pipeline sees it
     const moekit::GateView gate{.n_tokens = n,
@@ -92,13 +99,29 @@ class MoeLayer {
                                 .hidden = x};
     {
       moekit::LayerCall<Pipeline> call(pipeline_, ctx, gate);  // the layer ends with the scope
-      run_experts(call.resolve(), x, n, k, opts);
+      const double stalled = profile_ ? stall_seconds() : 0;
+      const auto views = call.resolve();
+      if (profile_) routing->move_out(TokenPart::load_wait, stall_seconds() - stalled);
+      routing.reset();
+      {
+        const TokenProfile::Scope experts(profile_, TokenPart::experts);
+        run_experts(views, x, n, k, opts);
+      }
+      routing.emplace(profile_, TokenPart::routing);  // end_layer, as the scope closes
     }
     combine(n, k, out);
+    routing.reset();
+    const TokenProfile::Scope dense(profile_, TokenPart::dense);
     if (!w.shared.empty()) add_shared_expert(w, x, n, out, opts);
   }
 
  private:
+  // The pipeline's load-wait seconds so far (0 for a pipeline without statistics).
+  double stall_seconds() const {
+    if constexpr (requires { pipeline_.stats().stall_seconds; }) return pipeline_.stats().stall_seconds;
+    else return 0;
+  }
+
   // Router: logits, softmax, top-k (descending, ties to the lower id), optional renormalisation.
   std::uint32_t route(const LayerWeights& w, std::span<const float> x, std::uint32_t n,
                       std::uint32_t k, const moekit::KernelOptions& opts) {
@@ -209,6 +232,7 @@ class MoeLayer {
   bool int8_experts_ = false;
   moekit::MatrixOrder expert_order_ = moekit::MatrixOrder::rows;
   RoutingReplay* replay_ = nullptr;
+  TokenProfile* profile_ = nullptr;
   std::vector<float> logits_, weights_, probs_, y_, in_, res_, gate_;
   std::vector<std::uint32_t> experts_, order_, rank_, rows_;
   std::vector<std::uint8_t> ran_;

@@ -95,8 +95,11 @@ inline void require_finite_stored(const TensorView& t, std::string_view context 
       per = block_elements(t.dtype);
       bad = detail::first_all_ones_u16(t.bytes, block_bytes(t.dtype), 0x7C00);
       break;
+    case DType::q2_k:
+    case DType::q3_k:
     case DType::q4_k:
-    case DType::q2_k: return;
+    case DType::q5_k:
+    case DType::q6_k: return;
   }
   if (bad) detail::fail_non_finite(t, *bad * per, context, per > 1 ? "a block scale" : "a value");
 }

@@ -166,7 +166,7 @@ inline RowKernels row_kernels(Precision p, Isa isa) {
 /// `least`: the fewest units in a chunk (8 rows or panels; groups of 16 panels are big enough).
 inline std::size_t row_grain(std::size_t rows, const ThreadPool* pool,
                              std::size_t least = 8) noexcept {
-  const std::size_t threads = pool ? pool->size() : 1;
+  const std::size_t threads = pool ? pool->team_size() : 1;
   if (threads == 1) return rows;
   return std::max<std::size_t>(least, rows / (threads * 4));
 }

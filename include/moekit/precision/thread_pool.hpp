@@ -1,16 +1,27 @@
 #pragma once
 /// \file ThreadPool: a fixed set of worker threads that run `parallel_for` over index ranges.
 ///
-/// Made for kernels called thousands of times per second: a call allocates nothing (the job is a
-/// function pointer plus a pointer to the caller's callable), and the calling thread works too.
-/// Between jobs a worker polls for the next one for up to `spin_time` before it sleeps on an
-/// atomic generation counter, and the caller polls for the workers' end the same way: a decode
-/// step runs hundreds of small jobs back to back, and waking a sleeping thread (a futex round
-/// trip, 10-30 µs on this VM) cost more than a small job (moe-run on the default model ran no
-/// faster on two threads than on one). A job is only announced with a system call when a worker
-/// sleeps. Chunks of `grain` indices are claimed from a shared atomic counter, so a worker slowed
-/// by a busy core takes fewer chunks. One job runs at a time; concurrent callers are serialised.
-/// Exceptions thrown by the body are rethrown in the caller (the first one wins).
+/// Made for kernels called thousands of times per second on machines shared with other work: a
+/// call allocates nothing (the job is a function pointer plus a pointer to the caller's callable)
+/// and the calling thread works too. Three rules keep two threads from ever being slower than one:
+///
+/// - A job is done when its chunks are done, not when every worker has reported in. Chunks of
+///   `grain` indices are claimed from one atomic word tagged with the job's number, so a worker
+///   that wakes late (its core lent to another process, a futex wake-up still in flight) finds the
+///   job gone and claims nothing, and the caller never waits for it: it waits only for chunks a
+///   worker has actually started. The old pool waited for every worker's check-in, and a decode
+///   step of a few dozen jobs paid the scheduler's wake-up latency on each one whenever another
+///   process was runnable (issue 28: two threads at a third of one thread's speed).
+/// - Idle workers poll before they sleep. Outside an `Active` region they poll for `spin_time`;
+///   inside one (a whole decode step: Model::forward) for `active_spin()`, an adaptive bound of
+///   `spin_factor` times the wake-up latency measured on this machine, so an idle gap in the step
+///   is only slept through when a wake-up costs at most 1/spin_factor of it (a load wait, say).
+///   This is how ggml's threadpool (polling between graph nodes and graphs) and OpenMP's active
+///   wait policy keep threads warm; unlike them the bound adapts instead of being a spin count.
+/// - A job announces itself with a system call only when a worker sleeps.
+///
+/// One job runs at a time; concurrent callers are serialised. Exceptions thrown by the body are
+/// rethrown in the caller (the first one wins; the job's remaining chunks are skipped).
 
 #include <algorithm>
 #include <atomic>
@@ -50,8 +61,13 @@ class ThreadPool {
     for (auto& t : workers_) t.join();
   }
 
-  /// Threads that run a job, the caller included.
+  /// Threads of the pool, the caller included.
   [[nodiscard]] unsigned size() const noexcept { return threads_; }
+  /// Threads the next job runs on: size(), or 1 in a step the StepChooser runs on the caller
+  /// alone (kernels size their chunks by it: one range per thread keeps each a single stream).
+  [[nodiscard]] unsigned team_size() const noexcept {
+    return solo_.load(std::memory_order_relaxed) ? 1 : threads_;
+  }
 
   /// Calls `body(b, e)` on disjoint sub-ranges [b, e) covering [begin, end), each at most `grain`
   /// long, on all threads; returns when all are done. `body` must be safe to call concurrently.
@@ -61,34 +77,154 @@ class ThreadPool {
     if (begin >= end) return;
     grain = std::max<std::size_t>(grain, 1);
     using B = std::remove_reference_t<Body>;
-    if (threads_ == 1 || end - begin <= grain) {
+    if (threads_ == 1 || end - begin <= grain || solo_.load(std::memory_order_relaxed)) {
       for (std::size_t b = begin; b < end; b += grain) body(b, std::min(end, b + grain));
       return;
     }
+    MOEKIT_EXPECTS((end - begin - 1) / grain < 0xFFFF'FFFFu,
+                   "ThreadPool::parallel_for: more than 2^32 - 1 chunks (raise the grain)");
     std::lock_guard<std::mutex> one_job(call_mutex_);
     fn_ = [](void* ctx, std::size_t b, std::size_t e) { (*static_cast<B*>(ctx))(b, e); };
     ctx_ = const_cast<void*>(static_cast<const void*>(&body));
     begin_ = begin;
     end_ = end;
     grain_ = grain;
-    next_.store(begin, std::memory_order_relaxed);
+    chunks_.store(static_cast<std::uint32_t>((end - begin + grain - 1) / grain),
+                  std::memory_order_relaxed);
+    failed_.store(false, std::memory_order_relaxed);
     error_ = nullptr;
-    busy_.store(static_cast<unsigned>(workers_.size()), std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    const std::uint32_t job = ++job_;
+    // Published with release: a worker that claims a chunk of `job` sees the fields above.
+    claim_.store(std::uint64_t{job} << 32, std::memory_order_release);
     // seq_cst with the sleepers' count (worker_loop): either a worker about to sleep sees the new
     // generation, or this sees it counted and wakes it.
-    generation_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleeping_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
-    run_chunks();
-    poll_until([&] { return busy_.load(std::memory_order_acquire) == 0; });
-    for (unsigned left = busy_.load(std::memory_order_acquire); left != 0;
-         left = busy_.load(std::memory_order_acquire))
-      busy_.wait(left, std::memory_order_acquire);
+    generation_.store(job, std::memory_order_seq_cst);
+    if (sleeping_.load(std::memory_order_seq_cst) > 0) {
+      announced_ns_.store(now_ns(), std::memory_order_relaxed);
+      generation_.notify_all();
+    }
+    run_chunks(job);
+    wait_for_chunks();
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
-  /// How long an idle thread polls for the next job (a worker) or for the workers' end (the
-  /// caller) before sleeping.
+  /// While an Active lives, idle workers poll for the next job for up to active_spin() instead of
+  /// spin_time: open one around a burst of jobs with short serial gaps between them (a decode
+  /// step). Nests; movable, not copyable. An outermost Active opened with `adaptive` is a step
+  /// of the StepChooser: its jobs run on all threads or on the caller alone, whichever the
+  /// chooser finds faster, and its wall time is measured (two clock reads per step).
+  class Active {
+   public:
+    explicit Active(ThreadPool& p, bool adaptive = false) noexcept : pool_(&p) {
+      if (pool_->active_.fetch_add(1, std::memory_order_relaxed) == 0 && adaptive &&
+          pool_->threads_ > 1) {
+        step_ = true;
+        pool_->solo_.store(!pool_->chooser_.team_next(), std::memory_order_relaxed);
+        start_ = std::chrono::steady_clock::now();
+      }
+    }
+    Active(Active&& o) noexcept
+        : pool_(std::exchange(o.pool_, nullptr)), step_(o.step_), start_(o.start_) {}
+    Active& operator=(Active&&) = delete;
+    Active(const Active&) = delete;
+    ~Active() {
+      if (!pool_) return;
+      if (step_) {
+        const bool team = !pool_->solo_.load(std::memory_order_relaxed);
+        pool_->chooser_.record(team, std::chrono::steady_clock::now() - start_);
+        pool_->solo_.store(false, std::memory_order_relaxed);
+      }
+      pool_->active_.fetch_sub(1, std::memory_order_relaxed);
+    }
+
+   private:
+    ThreadPool* pool_;
+    bool step_ = false;
+    std::chrono::steady_clock::time_point start_{};
+  };
+
+  /// Picks, step by step, whether a repeated step (a decode token) runs its jobs on all threads
+  /// ("team") or on the caller alone ("solo"), from the measured step times: the mode with the
+  /// lower moving average runs, and the other is re-measured now and then, every `first_probe`
+  /// steps while the two are within `close` of each other, backing off (at least doubling, and
+  /// so that probes cost at most `probe_budget` of the time) up to every `last_probe` steps
+  /// while the probes keep confirming it slower. On a quiet machine two threads win and the
+  /// probes cost a fraction of a percent; when other processes take the cores (a second thread
+  /// then only steals the caller's share of them) one thread wins, so two threads never run
+  /// much below one.
+  class StepChooser {
+   public:
+    static constexpr std::uint32_t first_probe = 16, last_probe = 1024;
+    static constexpr double close = 1.10;
+    static constexpr double probe_budget = 0.02;
+
+    /// True: the next step runs on all threads.
+    bool team_next() noexcept {
+      if (seen_[0] == 0 || seen_[1] == 0) return seen_[1] == 0;  // measure both first
+      const bool team_wins = avg_[1] <= avg_[0];
+      if (++since_probe_ >= probe_every_) {
+        since_probe_ = 0;
+        probing_ = true;
+        return !team_wins;
+      }
+      return team_wins;
+    }
+    /// The step just run (on all threads when `team`) took `took`.
+    void record(bool team, std::chrono::nanoseconds took) noexcept {
+      double& avg = avg_[team];
+      const auto ns = static_cast<double>(took.count());
+      avg = seen_[team]++ == 0 ? ns : 0.75 * avg + 0.25 * ns;
+      if (team) ++team_steps_;
+      if (!probing_) return;
+      probing_ = false;  // the probed mode is the one just run
+      const double ratio = ns / std::max(avg_[!team], 1.0);
+      if (ratio <= close) {
+        probe_every_ = first_probe;
+        return;
+      }
+      // Confirmed slower: at least twice as long to the next probe, and long enough that probes
+      // cost at most probe_budget of the steps' time (a probe `ratio` times as slow costs ratio − 1
+      // steps).
+      const double affordable = (ratio - 1) / probe_budget;
+      probe_every_ = static_cast<std::uint32_t>(
+          std::min<double>(last_probe, std::max<double>(2.0 * probe_every_, affordable)));
+    }
+    [[nodiscard]] std::uint64_t steps() const noexcept { return seen_[0] + seen_[1]; }
+    [[nodiscard]] std::uint64_t team_steps() const noexcept { return team_steps_; }
+
+   private:
+    double avg_[2] = {0, 0};  ///< [solo, team] moving average of the step time, ns
+    std::uint64_t seen_[2] = {0, 0};
+    std::uint64_t team_steps_ = 0;
+    std::uint32_t probe_every_ = first_probe, since_probe_ = 0;
+    bool probing_ = false;
+  };
+
+  /// Steps (adaptive Active regions) run so far, and how many of them ran on all threads.
+  [[nodiscard]] std::uint64_t adaptive_steps() const noexcept { return chooser_.steps(); }
+  [[nodiscard]] std::uint64_t team_steps() const noexcept { return chooser_.team_steps(); }
+
+  /// How long an idle worker polls for the next job outside an Active region, and the least it
+  /// polls inside one; also how long the caller polls for the last chunks before it sleeps.
   static constexpr std::chrono::microseconds spin_time{50};
+  /// Most an idle worker polls inside an Active region, whatever the wake-up latency.
+  static constexpr std::chrono::microseconds max_active_spin{2000};
+  /// Inside an Active region a worker polls for spin_factor × the measured wake-up latency: a gap
+  /// it sleeps through then loses at most 1/spin_factor of its length to the wake-up.
+  static constexpr unsigned spin_factor = 32;
+
+  /// The polling bound inside an Active region: spin_factor × the wake-up latency measured so far
+  /// (moving average), within [spin_time, max_active_spin].
+  [[nodiscard]] std::chrono::nanoseconds active_spin() const noexcept {
+    const auto wake = std::chrono::nanoseconds(wake_ns_.load(std::memory_order_relaxed));
+    return std::clamp<std::chrono::nanoseconds>(wake * spin_factor, spin_time, max_active_spin);
+  }
+
+  /// Adds the nanoseconds each parallel_for's caller spends waiting for other threads' chunks
+  /// (after its own) to `*sink`; null (the default) reads no clock. For profilers: the caller of
+  /// parallel_for must be the only writer of `*sink`.
+  void set_wait_sink(std::uint64_t* sink) noexcept { wait_sink_ = sink; }
 
   /// A pool with one thread per hardware thread, shared by default by the kernels.
   static ThreadPool& shared() {
@@ -97,24 +233,61 @@ class ThreadPool {
   }
 
  private:
-  void run_chunks() noexcept {
+  static std::int64_t now_ns() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // Claims and runs chunks of job `job` until none is left (or the job is over).
+  void run_chunks(std::uint32_t job) noexcept {
+    std::uint64_t c = claim_.load(std::memory_order_acquire);
     for (;;) {
-      const std::size_t b = next_.fetch_add(grain_, std::memory_order_relaxed);
-      if (b >= end_) return;
-      try {
-        fn_(ctx_, b, std::min(end_, b + grain_));
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex_);
-        if (!error_) error_ = std::current_exception();
-        next_.store(end_, std::memory_order_relaxed);  // stop handing out chunks
+      // A stale tag (the job is over) or no chunk left; chunks_ may already be the next job's
+      // then, which only ends this loop early or fails the compare-exchange below.
+      if (c >> 32 != job || static_cast<std::uint32_t>(c) >= chunks_.load(std::memory_order_relaxed))
+        return;
+      if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel,
+                                        std::memory_order_acquire))
+        continue;
+      // The chunk is ours: the job cannot end before it is done, so its fields are stable.
+      const std::size_t b = begin_ + static_cast<std::uint32_t>(c) * grain_;
+      if (!failed_.load(std::memory_order_relaxed)) {
+        try {
+          fn_(ctx_, b, std::min(end_, b + grain_));
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(error_mutex_);
+          if (!error_) error_ = std::current_exception();
+          failed_.store(true, std::memory_order_relaxed);
+        }
       }
+      if (done_.fetch_add(1, std::memory_order_seq_cst) + 1 == chunks_.load(std::memory_order_relaxed) &&
+          caller_sleeps_.load(std::memory_order_seq_cst))
+        done_.notify_one();
+      c = claim_.load(std::memory_order_acquire);
     }
   }
 
-  /// Polls `done` for up to spin_time; true when it held.
+  // The caller, its own chunks done: polls, then sleeps, until every claimed chunk is done.
+  void wait_for_chunks() noexcept {
+    const std::uint32_t n = chunks_.load(std::memory_order_relaxed);
+    auto all_done = [&] { return done_.load(std::memory_order_acquire) == n; };
+    if (all_done()) return;
+    const std::int64_t t0 = wait_sink_ ? now_ns() : 0;
+    if (!poll_until(spin_time, all_done)) {
+      caller_sleeps_.store(true, std::memory_order_seq_cst);
+      for (std::uint32_t d = done_.load(std::memory_order_seq_cst); d != n;
+           d = done_.load(std::memory_order_seq_cst))
+        done_.wait(d, std::memory_order_seq_cst);
+      caller_sleeps_.store(false, std::memory_order_relaxed);
+    }
+    if (wait_sink_) *wait_sink_ += static_cast<std::uint64_t>(now_ns() - t0);
+  }
+
+  /// Polls `done` for up to `limit`; true when it held.
   template <class Done>
-  static bool poll_until(Done&& done) noexcept {
-    const auto until = std::chrono::steady_clock::now() + spin_time;
+  static bool poll_until(std::chrono::nanoseconds limit, Done&& done) noexcept {
+    const auto until = std::chrono::steady_clock::now() + limit;
     for (unsigned i = 0;; ++i) {
       if (done()) return true;
 #if defined(__x86_64__) || defined(__i386__)
@@ -124,18 +297,34 @@ class ThreadPool {
     }
   }
 
+  [[nodiscard]] std::chrono::nanoseconds idle_spin() const noexcept {
+    const bool team_step =
+        active_.load(std::memory_order_relaxed) > 0 && !solo_.load(std::memory_order_relaxed);
+    return team_step ? active_spin() : std::chrono::nanoseconds(spin_time);
+  }
+
+  // A worker woken by a futex: folds how long the wake-up took into the moving average.
+  void record_wake_up() noexcept {
+    const std::int64_t at = announced_ns_.load(std::memory_order_relaxed);
+    const std::int64_t took = now_ns() - at;
+    if (at == 0 || took <= 0 || took > 100'000'000) return;  // no announcement, or a stale one
+    const std::int64_t old = wake_ns_.load(std::memory_order_relaxed);
+    wake_ns_.store(old == 0 ? took : (7 * old + took) / 8, std::memory_order_relaxed);
+  }
+
   void worker_loop() noexcept {
-    std::uint64_t seen = 0;
+    std::uint32_t seen = 0;
     for (;;) {
-      if (!poll_until([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
+      if (!poll_until(idle_spin(),
+                      [&] { return generation_.load(std::memory_order_acquire) != seen; })) {
         sleeping_.fetch_add(1, std::memory_order_seq_cst);
         generation_.wait(seen, std::memory_order_seq_cst);
         sleeping_.fetch_sub(1, std::memory_order_relaxed);
+        record_wake_up();
       }
       seen = generation_.load(std::memory_order_acquire);
       if (stop_.load(std::memory_order_relaxed)) return;
-      run_chunks();
-      if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) busy_.notify_one();
+      run_chunks(seen);
     }
   }
 
@@ -143,15 +332,26 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;
   std::mutex error_mutex_;
-  std::atomic<std::uint64_t> generation_{0};
-  std::atomic<unsigned> busy_{0};
-  std::atomic<unsigned> sleeping_{0};  ///< workers in generation_.wait
+  std::uint32_t job_ = 0;  ///< number of the last job (caller only)
+  /// (job number << 32) | next chunk to claim.
+  alignas(64) std::atomic<std::uint64_t> claim_{0};
+  alignas(64) std::atomic<std::uint32_t> done_{0};  ///< chunks of the current job finished
+  std::atomic<bool> caller_sleeps_{false};
+  alignas(64) std::atomic<std::uint32_t> generation_{0};  ///< number of the last job announced
+  std::atomic<unsigned> sleeping_{0};                      ///< workers in generation_.wait
+  std::atomic<unsigned> active_{0};                        ///< open Active regions
+  std::atomic<bool> solo_{false};  ///< this step's jobs run on the caller alone (StepChooser)
+  StepChooser chooser_;            ///< used by the thread that opens adaptive Active regions
+  std::atomic<std::int64_t> announced_ns_{0};  ///< when a job last woke sleeping workers
+  std::atomic<std::int64_t> wake_ns_{0};       ///< moving average of the wake-up latency
   std::atomic<bool> stop_{false};
-  std::atomic<std::size_t> next_{0};
+  std::atomic<bool> failed_{false};
+  std::atomic<std::uint32_t> chunks_{0};
   void (*fn_)(void*, std::size_t, std::size_t) = nullptr;
   void* ctx_ = nullptr;
   std::size_t begin_ = 0, end_ = 0, grain_ = 1;
   std::exception_ptr error_;
+  std::uint64_t* wait_sink_ = nullptr;
 };
 
 }  // namespace moekit
