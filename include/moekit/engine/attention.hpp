@@ -88,29 +88,39 @@ class Attention {
     auto value = [&](std::uint32_t j) {
       return j >= start ? v_.data() + std::size_t{j - start} * kvd : kv.values(layer, j);
     };
+    // One job per (token, KV head): the `group` query heads that share a KV head read each key
+    // and value row once, not once per head (decode over a long context reads the whole cache
+    // per token). Each head's scores, softmax and sums are those of a job per head, in the same
+    // order, so the result does not depend on the grouping.
     auto body = [&](std::size_t b, std::size_t e) {
-      thread_local std::vector<float> scores;
+      thread_local std::vector<float> scores;  // `group` rows of the positions attended
       for (std::size_t job = b; job < e; ++job) {
-        const std::uint32_t t = static_cast<std::uint32_t>(job / cfg_.n_heads);
-        const std::uint32_t h = static_cast<std::uint32_t>(job % cfg_.n_heads);
-        const std::uint32_t kvh = h / group;
+        const std::uint32_t t = static_cast<std::uint32_t>(job / cfg_.n_kv_heads);
+        const std::uint32_t kvh = static_cast<std::uint32_t>(job % cfg_.n_kv_heads);
         const std::uint32_t pos = start + t;
         const std::uint32_t first = window && pos + 1 > window ? pos + 1 - window : 0;
-        const float* q = q_.data() + std::size_t{t} * qd + std::size_t{h} * D;
-        scores.resize(pos + 1 - first);
+        const std::size_t len = pos + 1 - first;
+        const float* q = q_.data() + std::size_t{t} * qd + std::size_t{kvh} * group * D;
+        float* o = ctx_.data() + std::size_t{t} * qd + std::size_t{kvh} * group * D;
+        scores.resize(group * len);
         for (std::uint32_t j = first; j <= pos; ++j) {
-          scores[j - first] = dot(q, key(j) + std::size_t{kvh} * D, D) * scale;
+          const float* kj = key(j) + std::size_t{kvh} * D;
+          for (std::uint32_t g = 0; g < group; ++g)
+            scores[g * len + (j - first)] = dot(q + std::size_t{g} * D, kj, D) * scale;
         }
-        softmax(scores);
-        float* o = ctx_.data() + std::size_t{t} * qd + std::size_t{h} * D;
+        for (std::uint32_t g = 0; g < group; ++g)
+          softmax(std::span<float>(scores).subspan(g * len, len));
         for (std::uint32_t j = first; j <= pos; ++j) {
-          const float p = scores[j - first];
           const float* vj = value(j) + std::size_t{kvh} * D;
-          for (std::uint32_t i = 0; i < D; ++i) o[i] += p * vj[i];
+          for (std::uint32_t g = 0; g < group; ++g) {
+            const float p = scores[g * len + (j - first)];
+            float* og = o + std::size_t{g} * D;
+            for (std::uint32_t i = 0; i < D; ++i) og[i] += p * vj[i];
+          }
         }
       }
     };
-    const std::size_t jobs = std::size_t{n} * cfg_.n_heads;
+    const std::size_t jobs = std::size_t{n} * cfg_.n_kv_heads;
     if (opts.pool) opts.pool->parallel_for(0, jobs, 1, body);
     else body(0, jobs);
     // Into the cache: the last positions of this forward that the layer retains.

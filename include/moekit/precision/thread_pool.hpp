@@ -37,11 +37,52 @@
 
 #include "moekit/error.hpp"
 
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <ctime>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
 namespace moekit {
+
+namespace pool_detail {
+
+/// Sleeps while `a` holds `old`, for at most `timeout`; a spurious or timed-out return is fine
+/// (callers re-check in a loop). Why not std::atomic::wait: a decode run hung once with the
+/// caller asleep in it after every chunk was done (a lost wake-up, libstdc++ 12); with a bounded
+/// sleep a lost wake-up costs at most `timeout`, never the run. Linux: the futex system call on
+/// the atomic's word, woken by `wake` below (not by std::atomic::notify_*).
+inline void sleep_while(std::atomic<std::uint32_t>& a, std::uint32_t old,
+                        std::chrono::microseconds timeout) noexcept {
+  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+#if defined(__linux__)
+  const timespec ts{static_cast<time_t>(timeout.count() / 1'000'000),
+                    static_cast<long>(timeout.count() % 1'000'000) * 1000};
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&a), FUTEX_WAIT_PRIVATE, old, &ts,
+            nullptr, 0);
+#else
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (a.load(std::memory_order_seq_cst) == old && std::chrono::steady_clock::now() < until)
+    std::this_thread::yield();
+#endif
+}
+
+/// Wakes one (or every) thread in `sleep_while` on `a`.
+inline void wake(std::atomic<std::uint32_t>& a, bool all) noexcept {
+#if defined(__linux__)
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&a), FUTEX_WAKE_PRIVATE, all ? INT32_MAX : 1,
+            nullptr, nullptr, 0);
+#else
+  (void)a, (void)all;
+#endif
+}
+
+}  // namespace pool_detail
 
 /// Fixed-size pool of `threads − 1` workers plus the calling thread.
 class ThreadPool {
@@ -57,7 +98,7 @@ class ThreadPool {
   ~ThreadPool() {
     stop_.store(true, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_seq_cst);
-    generation_.notify_all();
+    pool_detail::wake(generation_, /*all=*/true);
     for (auto& t : workers_) t.join();
   }
 
@@ -102,7 +143,7 @@ class ThreadPool {
     generation_.store(job, std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_seq_cst) > 0) {
       announced_ns_.store(now_ns(), std::memory_order_relaxed);
-      generation_.notify_all();
+      pool_detail::wake(generation_, /*all=*/true);
     }
     run_chunks(job);
     wait_for_chunks();
@@ -208,6 +249,9 @@ class ThreadPool {
   /// How long an idle worker polls for the next job outside an Active region, and the least it
   /// polls inside one; also how long the caller polls for the last chunks before it sleeps.
   static constexpr std::chrono::microseconds spin_time{50};
+  /// Longest single sleep of the caller waiting for chunks, and of an idle worker: bounds what a
+  /// lost wake-up can cost (each re-checks and sleeps again).
+  static constexpr std::chrono::microseconds caller_nap{1000}, worker_nap{20000};
   /// Most an idle worker polls inside an Active region, whatever the wake-up latency.
   static constexpr std::chrono::microseconds max_active_spin{2000};
   /// Inside an Active region a worker polls for spin_factor × the measured wake-up latency: a gap
@@ -263,7 +307,7 @@ class ThreadPool {
       }
       if (done_.fetch_add(1, std::memory_order_seq_cst) + 1 == chunks_.load(std::memory_order_relaxed) &&
           caller_sleeps_.load(std::memory_order_seq_cst))
-        done_.notify_one();
+        pool_detail::wake(done_, /*all=*/false);
       c = claim_.load(std::memory_order_acquire);
     }
   }
@@ -278,7 +322,7 @@ class ThreadPool {
       caller_sleeps_.store(true, std::memory_order_seq_cst);
       for (std::uint32_t d = done_.load(std::memory_order_seq_cst); d != n;
            d = done_.load(std::memory_order_seq_cst))
-        done_.wait(d, std::memory_order_seq_cst);
+        pool_detail::sleep_while(done_, d, caller_nap);
       caller_sleeps_.store(false, std::memory_order_relaxed);
     }
     if (wait_sink_) *wait_sink_ += static_cast<std::uint64_t>(now_ns() - t0);
@@ -318,7 +362,8 @@ class ThreadPool {
       if (!poll_until(idle_spin(),
                       [&] { return generation_.load(std::memory_order_acquire) != seen; })) {
         sleeping_.fetch_add(1, std::memory_order_seq_cst);
-        generation_.wait(seen, std::memory_order_seq_cst);
+        while (generation_.load(std::memory_order_seq_cst) == seen)
+          pool_detail::sleep_while(generation_, seen, worker_nap);
         sleeping_.fetch_sub(1, std::memory_order_relaxed);
         record_wake_up();
       }
