@@ -816,6 +816,25 @@ nlohmann::json conversion_loss(const Options& o, const OpenModel& m, bool locate
   return store_conversion_loss(req, m.cfg, w.dense, tok, *m.gguf, where.store, &pool);
 }
 
+// --expert-budget auto, once the dense part is loaded: sets `settings.expert_budget` and returns
+// the arithmetic (printed unless --json); "" for an explicit budget.
+std::string resolve_auto_budget(const Options& o, const ModelConfig& cfg,
+                                const moekit::io::MemoryLimits& limits, const PresetEntry& preset,
+                                const ModelWeights& w, std::size_t prompt_tokens,
+                                bool experts_outside, OffloadSettings& settings) {
+  if (o.budget.kind != BudgetSpec::Kind::automatic) return "";
+  const moekit::ModelShape shape = cfg.shape();
+  // Experts run on the CPU without host copies are read into a ring of a layer's experts.
+  const std::size_t host_ring = preset.needs.host_bytes && experts_outside
+                                    ? std::size_t{shape.n_experts} * shape.expert_bytes(o.precision)
+                                    : 0;
+  const moekit::engine::AutoBudget b = auto_budget(o, cfg, limits, w.dense.bytes(), prompt_tokens,
+                                                   w.experts.total_bytes() + host_ring);
+  settings.expert_budget = b.all_resident ? 0 : b.expert_bytes;
+  if (!o.json) std::fprintf(stderr, "%s\n", b.explanation.c_str());
+  return b.explanation;
+}
+
 int run(Options o) {
   // Before anything is loaded: the dense part, KV cache and buffers are then counted once each.
   const moekit::io::MemoryLimits limits_at_start = moekit::io::read_memory_limits();
@@ -859,18 +878,8 @@ int run(Options o) {
     if (!experts_outside && moekit::in_panels(order)) l.experts.pack_panels(order);
     return l;
   }();
-  std::string budget_note;
-  if (o.budget.kind == BudgetSpec::Kind::automatic) {
-    // Experts run on the CPU without host copies are read into a ring of a layer's experts.
-    const std::size_t host_ring = preset.needs.host_bytes && experts_outside
-                                      ? std::size_t{shape.n_experts} * shape.expert_bytes(o.precision)
-                                      : 0;
-    const moekit::engine::AutoBudget b = auto_budget(
-        o, cfg, limits_at_start, w.dense.bytes(), prompt_tokens, w.experts.total_bytes() + host_ring);
-    settings.expert_budget = b.all_resident ? 0 : b.expert_bytes;
-    budget_note = b.explanation;
-    if (!o.json) std::fprintf(stderr, "%s\n", budget_note.c_str());
-  }
+  const std::string budget_note = resolve_auto_budget(o, cfg, limits_at_start, preset, w,
+                                                      prompt_tokens, experts_outside, settings);
   ExpertBacking backing{experts_outside ? nullptr : &w.experts, where.store,
                         StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads,
                                 .verify_checksums = o.verify},
