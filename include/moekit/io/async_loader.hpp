@@ -303,9 +303,14 @@ class AsyncLoader {
       }
       {
         std::lock_guard lock(m_);
-        s.error = error;
+        const std::uint32_t outcome = error ? failed : done;
+        // Moved, not copied: this thread keeps no reference, so the error is destroyed by the
+        // thread that consumes it (a copy released here, after the waiter rethrew and dropped
+        // its own, freed the exception on this thread: a race TSan cannot see through
+        // libstdc++'s reference count).
+        s.error = std::move(error);
         s.finished_seq = ++finished_counter_;
-        s.state.store(error ? failed : done, std::memory_order_release);
+        s.state.store(outcome, std::memory_order_release);
         slot_freed_.notify_all();  // a finished load can be reclaimed
         sweep_cancelled();
       }
