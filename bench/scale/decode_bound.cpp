@@ -40,10 +40,7 @@ TokenBytes token_bytes(const moekit::io::GgufFile& g) {
   if (!experts)
     throw moekit::Error(moekit::ErrorKind::unsupported,
                         g.path() + ": its experts' type has no in-place path");
-  std::uint64_t all_expert_bytes = 0;
-  for (std::uint32_t l = 0; l < s.n_layers; ++l)
-    for (std::uint32_t e = 0; e < s.n_experts; ++e)
-      for (const auto& t : experts->matrices({l, e})) all_expert_bytes += t.bytes;
+  const std::uint64_t all_expert_bytes = experts->stored_bytes();
   TokenBytes b;
   for (const auto& t : g.tensors()) {
     if (t.name == "token_embd.weight") b.dense += t.bytes / std::max<std::uint64_t>(t.dims[0], 1);

@@ -699,11 +699,7 @@ std::size_t dense_file_bytes(const ModelPath& m, const moekit::io::CheckpointExp
       if (entry.path().extension() == ".safetensors" &&
           std::find(e.files().begin(), e.files().end(), entry.path().string()) == e.files().end())
         total += entry.file_size();
-  const moekit::ModelShape& s = e.shape();
-  for (std::uint32_t l = 0; l < s.n_layers; ++l)
-    for (std::uint32_t x = 0; x < s.n_experts; ++x)
-      for (const auto& t : e.matrices({l, x})) total -= std::min<std::size_t>(total, t.bytes);
-  return total;
+  return total - std::min<std::size_t>(total, e.stored_bytes());
 }
 
 struct OpenModel {

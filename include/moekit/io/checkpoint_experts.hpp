@@ -103,6 +103,13 @@ class CheckpointExperts {
   [[nodiscard]] bool dequantized() const noexcept { return dequantized_; }
   [[nodiscard]] const std::vector<std::string>& files() const noexcept { return files_; }
   [[nodiscard]] const Matrices& matrices(ExpertKey k) const { return matrices_.at(shape_.index(k)); }
+  /// Bytes of every expert matrix as the files store them.
+  [[nodiscard]] std::uint64_t stored_bytes() const noexcept {
+    std::uint64_t b = 0;
+    for (const Matrices& m : matrices_)
+      for (const TensorLocation& t : m) b += t.bytes;
+    return b;
+  }
 
  private:
   template <TensorReader R>
