@@ -197,8 +197,6 @@ class ExpertLoader {
     if (host_) return host_->bytes(k, p);
     return ring().bytes(*this, k, p);
   }
-  /// Whether `host_bytes` is free (the experts are in host memory) or costs a read.
-  [[nodiscard]] bool experts_in_host_memory() const noexcept { return host_ != nullptr; }
   /// Bytes read for `host_bytes` (0 when the experts are in host memory).
   [[nodiscard]] std::uint64_t host_read_bytes() const noexcept {
     return ring_ ? ring_->read_bytes() : 0;
