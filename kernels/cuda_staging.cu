@@ -10,7 +10,9 @@ static_assert(CudaCopyEngine::available, "nvcc must see the CUDA CudaCopyEngine"
 
 // Explicit instantiations: every member of the pipeline over the CUDA engine, for file sources.
 template class StagingPipeline<CudaCopyEngine>;
-template void StagingPipeline<CudaCopyEngine>::load<PreadSource>(const PreadSource&, BlobRange, void*);
-template void StagingPipeline<CudaCopyEngine>::load<MmapSource>(const MmapSource&, BlobRange, void*);
+template void StagingPipeline<CudaCopyEngine>::load<PreadSource>(const PreadSource&, BlobRange,
+                                                                 void*);
+template void StagingPipeline<CudaCopyEngine>::load<MmapSource>(const MmapSource&, BlobRange,
+                                                                void*);
 
 }  // namespace moekit::io

@@ -19,8 +19,8 @@ void expert_ffn(const MatrixView& w1, const MatrixView& w3, const MatrixView& w2
                        detail::aligned16(w3.data) && detail::aligned16(x);
   const unsigned blocks = detail::grid_blocks(w1.rows, detail::warps_per_block, "cuda::expert_ffn");
   detail::dispatch(w1.precision, act, aligned, [&]<unsigned Bits, class Act, bool Aligned>() {
-    simt::UpGateArgs<Act> a{w1.data, w3.data, w1.rows, w1.row_stride(), w1.layout(),
-                            static_cast<const Act*>(x), h};
+    simt::UpGateArgs<Act> a{
+        w1.data, w3.data, w1.rows, w1.row_stride(), w1.layout(), static_cast<const Act*>(x), h};
     detail::up_gate_kernel<Bits, Act, Aligned>
         <<<blocks, detail::warps_per_block * simt::warp_size, 0, stream>>>(a);
   });

@@ -11,8 +11,8 @@ void gemv(const MatrixView& w, const void* x, ActivationType act, float* y, floa
       w.row_stride() % 16 == 0 && detail::aligned16(w.data) && detail::aligned16(x);
   const unsigned blocks = detail::grid_blocks(w.rows, detail::warps_per_block, "cuda::gemv");
   detail::dispatch(w.precision, act, aligned, [&]<unsigned Bits, class Act, bool Aligned>() {
-    simt::GemvArgs<Act> a{w.data, w.rows, w.row_stride(), w.layout(),
-                          static_cast<const Act*>(x), y, scale, accumulate};
+    simt::GemvArgs<Act> a{w.data, w.rows, w.row_stride(), w.layout(), static_cast<const Act*>(x),
+                          y,      scale,  accumulate};
     detail::gemv_kernel<Bits, Act, Aligned>
         <<<blocks, detail::warps_per_block * simt::warp_size, 0, stream>>>(a);
   });

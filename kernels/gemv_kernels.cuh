@@ -19,7 +19,7 @@ inline constexpr unsigned warps_per_block = 4;
 static_assert(warps_per_block * simt::warp_size <= 1024, "a block holds at most 1024 threads");
 
 template <unsigned Bits, class Act, bool Aligned>
-__global__ void __launch_bounds__(warps_per_block * simt::warp_size)
+__global__ void __launch_bounds__(warps_per_block* simt::warp_size)
     gemv_kernel(simt::GemvArgs<Act> a) {
   const unsigned lane = threadIdx.x % simt::warp_size, warp = threadIdx.x / simt::warp_size;
   const std::size_t r = simt::warp_row(blockIdx.x, warp, warps_per_block);
@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(warps_per_block * simt::warp_size)
 }
 
 template <unsigned Bits, class Act, bool Aligned>
-__global__ void __launch_bounds__(warps_per_block * simt::warp_size)
+__global__ void __launch_bounds__(warps_per_block* simt::warp_size)
     up_gate_kernel(simt::UpGateArgs<Act> a) {
   const unsigned lane = threadIdx.x % simt::warp_size, warp = threadIdx.x / simt::warp_size;
   const std::size_t r = simt::warp_row(blockIdx.x, warp, warps_per_block);
@@ -77,9 +77,9 @@ inline void check_quantized(const MatrixView& w, const char* what) {
   MOEKIT_EXPECTS(w.cols < (std::size_t{1} << 32),
                  std::string(what) + ": " + std::to_string(w.cols) + " columns (at most 2^32-1)");
   if (w.order != MatrixOrder::rows)
-    moekit::detail::fail(ErrorKind::unsupported,
-                         std::string(what) + ": the CUDA kernels take rows back to back "
-                                             "(MatrixOrder::rows), not 4-row panels");
+    moekit::detail::fail(ErrorKind::unsupported, std::string(what) +
+                                                     ": the CUDA kernels take rows back to back "
+                                                     "(MatrixOrder::rows), not 4-row panels");
 }
 
 /// Calls `f.template operator()<Bits, Act, Aligned>()` for the run-time combination.
@@ -87,20 +87,35 @@ template <class F>
 void dispatch(Precision p, ActivationType act, bool aligned, F&& f) {
   auto by_act = [&]<unsigned Bits>() {
     auto by_align = [&]<class Act>() {
-      if (aligned) f.template operator()<Bits, Act, true>();
-      else f.template operator()<Bits, Act, false>();
+      if (aligned)
+        f.template operator()<Bits, Act, true>();
+      else
+        f.template operator()<Bits, Act, false>();
     };
     switch (act) {
-      case ActivationType::f16: by_align.template operator()<Float16>(); break;
-      case ActivationType::bf16: by_align.template operator()<BFloat16>(); break;
-      case ActivationType::f32: by_align.template operator()<float>(); break;
+      case ActivationType::f16:
+        by_align.template operator()<Float16>();
+        break;
+      case ActivationType::bf16:
+        by_align.template operator()<BFloat16>();
+        break;
+      case ActivationType::f32:
+        by_align.template operator()<float>();
+        break;
     }
   };
   switch (p) {
-    case Precision::q8: by_act.template operator()<8>(); break;
-    case Precision::q4: by_act.template operator()<4>(); break;
-    case Precision::q2: by_act.template operator()<2>(); break;
-    default: break;
+    case Precision::q8:
+      by_act.template operator()<8>();
+      break;
+    case Precision::q4:
+      by_act.template operator()<4>();
+      break;
+    case Precision::q2:
+      by_act.template operator()<2>();
+      break;
+    default:
+      break;
   }
 }
 

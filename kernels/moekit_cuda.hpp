@@ -44,8 +44,7 @@ class PrefillGemm {
   /// y (n × rows, row-major, f32) = x (n × cols, row-major, f16) · Wᵀ. `w_f16` is a device
   /// workspace of rows × cols f16; `workspace` (may be null) is cuBLASLt's scratch.
   void run(const MatrixView& w, const std::uint16_t* x, std::size_t n, float* y,
-           std::uint16_t* w_f16, void* workspace, std::size_t workspace_bytes,
-           cudaStream_t stream);
+           std::uint16_t* w_f16, void* workspace, std::size_t workspace_bytes, cudaStream_t stream);
 
  private:
   cublasLtHandle_t handle_ = nullptr;

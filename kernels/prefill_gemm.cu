@@ -12,7 +12,8 @@ namespace detail {
 /// Threads per block of the dequantize kernel (one thread per 8 weights, no shared memory).
 inline constexpr unsigned dequant_block = 256;
 
-__global__ void __launch_bounds__(dequant_block) dequant_kernel(simt::DequantArgs a, std::size_t threads) {
+__global__ void __launch_bounds__(dequant_block)
+    dequant_kernel(simt::DequantArgs a, std::size_t threads) {
   const std::size_t t = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t < threads) simt::dequant_thread(t, a);
 }
@@ -32,9 +33,9 @@ inline std::uint32_t pointer_alignment(const void* p) noexcept {
 
 inline void check_lt(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    moekit::detail::fail(ErrorKind::internal,
-                         std::string("cuBLASLt ") + what + " failed with status " +
-                             std::to_string(static_cast<int>(s)));
+    moekit::detail::fail(ErrorKind::internal, std::string("cuBLASLt ") + what +
+                                                  " failed with status " +
+                                                  std::to_string(static_cast<int>(s)));
 }
 
 }  // namespace detail
@@ -43,7 +44,8 @@ void dequantize_f16(const MatrixView& w, std::uint16_t* out, cudaStream_t stream
   detail::check_quantized(w, "cuda::dequantize_f16");
   MOEKIT_EXPECTS(out, "cuda::dequantize_f16: null output");
   const std::size_t threads = w.rows * ((w.cols + 7) / 8);
-  const unsigned blocks = detail::grid_blocks(threads, detail::dequant_block, "cuda::dequantize_f16");
+  const unsigned blocks =
+      detail::grid_blocks(threads, detail::dequant_block, "cuda::dequantize_f16");
   detail::dequant_kernel<<<blocks, detail::dequant_block, 0, stream>>>(
       simt::DequantArgs{w.data, w.rows, w.row_stride(), w.layout(), out}, threads);
   detail::check_launch("cuda::dequantize_f16");
@@ -76,34 +78,38 @@ void PrefillGemm::run(const MatrixView& w, const std::uint16_t* x, std::size_t n
   try {
     detail::check_lt(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    detail::check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
-                     "transa");
-    detail::check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
-                     "transb");
+    detail::check_lt(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
+    detail::check_lt(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
     detail::check_lt(cublasLtMatrixLayoutCreate(&a, CUDA_R_16F, k, m, static_cast<std::int64_t>(k)),
                      "layout A");
-    detail::check_lt(cublasLtMatrixLayoutCreate(&b, CUDA_R_16F, k, nn, static_cast<std::int64_t>(k)),
-                     "layout B");
-    detail::check_lt(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, m, nn, static_cast<std::int64_t>(m)),
-                     "layout C");
+    detail::check_lt(
+        cublasLtMatrixLayoutCreate(&b, CUDA_R_16F, k, nn, static_cast<std::int64_t>(k)),
+        "layout B");
+    detail::check_lt(
+        cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, m, nn, static_cast<std::int64_t>(m)),
+        "layout C");
     detail::check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
-    detail::check_lt(cublasLtMatmulPreferenceSetAttribute(
-                         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                         sizeof workspace_bytes),
-                     "workspace preference");
-    const std::uint32_t align_a = detail::pointer_alignment(w_f16), align_b = detail::pointer_alignment(x),
+    detail::check_lt(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &workspace_bytes, sizeof workspace_bytes),
+        "workspace preference");
+    const std::uint32_t align_a = detail::pointer_alignment(w_f16),
+                        align_b = detail::pointer_alignment(x),
                         align_cd = detail::pointer_alignment(y);
     for (auto [attr, value] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a},
                                std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b},
                                std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_cd},
                                std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_cd}})
-      detail::check_lt(cublasLtMatmulPreferenceSetAttribute(pref, attr, value, sizeof(std::uint32_t)),
-                       "alignment preference");
+      detail::check_lt(
+          cublasLtMatmulPreferenceSetAttribute(pref, attr, value, sizeof(std::uint32_t)),
+          "alignment preference");
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    detail::check_lt(cublasLtMatmulAlgoGetHeuristic(handle_, op, a, b, c, c, pref, 1, &heuristic,
-                                                    &found),
-                     "heuristic");
+    detail::check_lt(
+        cublasLtMatmulAlgoGetHeuristic(handle_, op, a, b, c, c, pref, 1, &heuristic, &found),
+        "heuristic");
     if (found == 0)
       moekit::detail::fail(ErrorKind::unsupported, "cuBLASLt: no algorithm for this GEMM shape");
     const float alpha = 1.f, beta = 0.f;

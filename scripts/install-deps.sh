@@ -17,6 +17,7 @@ packages=(
   libutf8proc-dev         # byte-level BPE's NFC normalizer (tokenizer.json normalizer NFC)
   clang                   # libFuzzer targets
   libclang-rt-14-dev      # fuzzer and sanitizer runtimes for clang
+  clang-format-14         # scripts/check-format.sh (the version pinned: formatting differs between versions)
 )
 
 missing=()

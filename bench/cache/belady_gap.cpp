@@ -128,7 +128,8 @@ std::vector<Call> calls_of(const sim::RoutingTrace& t) {
 /// Replays `calls` through ExpertCache<P> at `slots` f16 slots; `on_demand(index, hit, cache)` is
 /// called at every demand before the cache is touched.
 template <class P, class F>
-std::uint64_t replay_calls(const std::vector<Call>& calls, std::size_t slots, P policy, F&& on_demand) {
+std::uint64_t replay_calls(const std::vector<Call>& calls, std::size_t slots, P policy,
+                           F&& on_demand) {
   ExpertCache<P> cache(shape, slots * shape.expert_bytes(Precision::f16), Precision::f16,
                        std::move(policy));
   std::uint64_t misses = 0, index = 0;
@@ -250,7 +251,8 @@ Row activation_path_row(std::uint32_t preload, float min_prob = 0.0f) {
             const auto enu = fit_enu(calls_of(fit.trace), s);
             return run_cell(t.trace, s, hw, [&](const PipelineConfig& pc, sim::SimLoader l) {
               return pipeline(pc, std::move(l),
-                              ActivationPathPredictor({.profile = profile, .max_preload = preload,
+                              ActivationPathPredictor({.profile = profile,
+                                                       .max_preload = preload,
                                                        .min_prob = min_prob,
                                                        .precision = Precision::f16}),
                               ExpectedNextUsePolicy(enu));
@@ -291,7 +293,8 @@ std::vector<Row> rows() {
 
 void print_ablation(const std::vector<Trace>& traces, const std::vector<Hardware>& hw) {
   const std::vector<Row> rs = rows();
-  std::printf("\n=== 1. ablation: every demand f16; gap closed = (LRU - row) / (LRU - Belady) ===\n");
+  std::printf(
+      "\n=== 1. ablation: every demand f16; gap closed = (LRU - row) / (LRU - Belady) ===\n");
   for (const Trace& t : traces) {
     const Trace& fit = traces[t.fit];
     std::printf("\n-- %s (fit rows: parameters from %s) --\n", t.name.c_str(), fit.name.c_str());
@@ -303,13 +306,13 @@ void print_ablation(const std::vector<Trace>& traces, const std::vector<Hardware
       const Cell lru = rs.front().run(t, fit, s, hw), bel = rs.back().run(t, fit, s, hw);
       for (const Row& r : rs) {
         const Cell c = r.run(t, fit, s, hw);
-        const double gap = double(lru.misses - std::min(lru.misses, c.misses)) /
-                           double(lru.misses - bel.misses);
-        std::printf("%-44s %5zu %6.1f%% %6.0f%% %6llu %8.1f %8.1f", r.name.c_str(),
-                    s, 100.0 * double(c.misses) / double(c.demands),
-                    c.misses > lru.misses ? -100.0 * double(c.misses - lru.misses) /
-                                                double(lru.misses - bel.misses)
-                                          : 100.0 * gap,
+        const double gap =
+            double(lru.misses - std::min(lru.misses, c.misses)) / double(lru.misses - bel.misses);
+        std::printf("%-44s %5zu %6.1f%% %6.0f%% %6llu %8.1f %8.1f", r.name.c_str(), s,
+                    100.0 * double(c.misses) / double(c.demands),
+                    c.misses > lru.misses
+                        ? -100.0 * double(c.misses - lru.misses) / double(lru.misses - bel.misses)
+                        : 100.0 * gap,
                     static_cast<unsigned long long>(c.misses), c.gb_moved, c.gb_wasted);
         for (double v : c.tok_s) std::printf(" %16.4f", v);
         std::printf("\n");
@@ -323,7 +326,8 @@ void print_ablation(const std::vector<Trace>& traces, const std::vector<Hardware
 /// Miss ratios in the unit-mode replay of trace_replay.cpp (the numbers), with
 /// ExpectedNextUse fitted in-sample (on the scored trace itself) and held out (on the other).
 void print_reference(const std::vector<Trace>& traces) {
-  std::printf("=== 0. miss ratio in trace_replay's unit replay (the issue's reference numbers) ===\n");
+  std::printf(
+      "=== 0. miss ratio in trace_replay's unit replay (the issue's reference numbers) ===\n");
   std::printf("%-26s %5s %7s %7s %11s %9s %9s %7s   %s\n", "trace", "slots", "lru", "enu",
               "nextuse-fit", "enu fit-in", "enu held", "belady",
               "fitted (gamma, prior): in-sample | held out");
@@ -334,15 +338,15 @@ void print_reference(const std::vector<Trace>& traces) {
     for (std::size_t s : slot_counts) {
       const auto in = fit_enu(calls, s), out = fit_enu(fit, s);
       const auto pct = [&](std::uint64_t m) { return 100.0 * double(m) / double(n); };
-      std::printf("%-26s %5zu %6.1f%% %6.1f%% %10.1f%% %8.1f%% %8.1f%% %6.1f%%   (%.2f, %g) | "
-                  "(%.2f, %g)\n",
-                  t.name.c_str(), s, pct(replay_calls(calls, s, LruPolicy{})),
-                  pct(replay_calls(calls, s, ExpectedNextUsePolicy{})),
-                  pct(replay_calls(calls, s, ExpectedNextUsePolicy(presets::NextUseFitSpec::fitted))),
-                  pct(replay_calls(calls, s, ExpectedNextUsePolicy(in))),
-                  pct(replay_calls(calls, s, ExpectedNextUsePolicy(out))),
-                  pct(replay_calls(calls, s, belady_of(calls))), in.gamma, in.prior, out.gamma,
-                  out.prior);
+      std::printf(
+          "%-26s %5zu %6.1f%% %6.1f%% %10.1f%% %8.1f%% %8.1f%% %6.1f%%   (%.2f, %g) | "
+          "(%.2f, %g)\n",
+          t.name.c_str(), s, pct(replay_calls(calls, s, LruPolicy{})),
+          pct(replay_calls(calls, s, ExpectedNextUsePolicy{})),
+          pct(replay_calls(calls, s, ExpectedNextUsePolicy(presets::NextUseFitSpec::fitted))),
+          pct(replay_calls(calls, s, ExpectedNextUsePolicy(in))),
+          pct(replay_calls(calls, s, ExpectedNextUsePolicy(out))),
+          pct(replay_calls(calls, s, belady_of(calls))), in.gamma, in.prior, out.gamma, out.prior);
     }
   }
 }
@@ -350,7 +354,8 @@ void print_reference(const std::vector<Trace>& traces) {
 // ---- 2. predictability and 3. the remaining misses ---------------------------------------------
 
 /// Online per-layer transition counts with a decayed-frequency backoff (ExpectedNextUse's
-/// estimate, for any source set): p(e) = (Σ_{a ∈ src} T[l][a][e] + prior·f(e)) / (Σ N[l][a] + prior).
+/// estimate, for any source set): p(e) = (Σ_{a ∈ src} T[l][a][e] + prior·f(e)) / (Σ N[l][a] +
+/// prior).
 struct TransitionEstimate {
   double gamma = 0.8, prior = 4.0;
   std::vector<double> trans = std::vector<double>(shape.expert_count() * shape.n_experts, 0.0);
@@ -358,14 +363,16 @@ struct TransitionEstimate {
   std::vector<double> count = std::vector<double>(shape.expert_count(), 0.0);
   std::vector<double> visits = std::vector<double>(shape.n_layers, 0.0);
 
-  [[nodiscard]] double p(std::uint32_t l, std::uint32_t e, std::span<const std::uint32_t> src) const {
+  [[nodiscard]] double p(std::uint32_t l, std::uint32_t e,
+                         std::span<const std::uint32_t> src) const {
     const std::size_t b = std::size_t{l} * shape.n_experts;
     double num = prior * (count[b + e] + double(shape.top_k) / shape.n_experts) / (visits[l] + 1);
     double den = prior;
     for (std::uint32_t a : src) num += trans[(b + a) * shape.n_experts + e], den += from[b + a];
     return num / den;
   }
-  void learn(std::uint32_t l, std::span<const std::uint32_t> src, std::span<const std::uint32_t> chosen) {
+  void learn(std::uint32_t l, std::span<const std::uint32_t> src,
+             std::span<const std::uint32_t> chosen) {
     const std::size_t b = std::size_t{l} * shape.n_experts;
     for (std::uint32_t a : src) {
       from[b + a] += 1;
@@ -391,11 +398,12 @@ std::uint64_t in_top2(const std::vector<double>& p, std::span<const std::uint32_
 /// history: the layer's own frequency, its previous token (same-layer transitions), the previous
 /// layer of this token (cross-layer transitions), and both (mean of the two estimates).
 void print_predictability(const std::vector<Trace>& traces) {
-  std::printf("\n=== 2. predictability: share of chosen experts among an online estimate's 2 highest "
-              "(uniform %.2f, oracle 1.00) ===\n",
-              double(shape.top_k) / double(shape.n_experts));
-  std::printf("%-26s %9s %10s %11s %11s %9s\n", "trace", "frequency", "prev token",
-              "prev layer", "both", "demands");
+  std::printf(
+      "\n=== 2. predictability: share of chosen experts among an online estimate's 2 highest "
+      "(uniform %.2f, oracle 1.00) ===\n",
+      double(shape.top_k) / double(shape.n_experts));
+  std::printf("%-26s %9s %10s %11s %11s %9s\n", "trace", "frequency", "prev token", "prev layer",
+              "both", "demands");
   for (const Trace& t : traces) {
     const sim::RoutingTrace& tr = t.trace;
     std::array<std::uint64_t, 4> hit{};
@@ -432,54 +440,62 @@ void print_predictability(const std::vector<Trace>& traces) {
     std::printf("%-26s %9.3f %10.3f %11.3f %11.3f %9llu\n", t.name.c_str(), r(0), r(1), r(2), r(3),
                 static_cast<unsigned long long>(n));
   }
-  std::printf("(decode traces: after a dropped record a layer's tokens shift by one, so 'prev layer' "
-              "is only approximately this token's there; the prefill+decode trace is aligned)\n");
+  std::printf(
+      "(decode traces: after a dropped record a layer's tokens shift by one, so 'prev layer' "
+      "is only approximately this token's there; the prefill+decode trace is aligned)\n");
 }
 
 void print_breakdown(const std::vector<Trace>& traces) {
-  std::printf("\n=== 3. misses at 128 slots by kind (share of demands): ExpectedNextUse default, "
-              "then nextuse-fit's (0.5, 8) ===\n");
-  std::printf("%-26s %7s %7s %7s | Belady hits these; by reuse distance (tokens): %6s %6s %6s "
-              "%6s | of them p<k/E\n",
-              "trace", "all", "first", "belady", "1", "2-4", "5-16", ">16");
+  std::printf(
+      "\n=== 3. misses at 128 slots by kind (share of demands): ExpectedNextUse default, "
+      "then nextuse-fit's (0.5, 8) ===\n");
+  std::printf(
+      "%-26s %7s %7s %7s | Belady hits these; by reuse distance (tokens): %6s %6s %6s "
+      "%6s | of them p<k/E\n",
+      "trace", "all", "first", "belady", "1", "2-4", "5-16", ">16");
   const double uniform = double(shape.top_k) / double(shape.n_experts);
   for (const ExpectedNextUsePolicy::Config cfg :
        {ExpectedNextUsePolicy::Config{}, presets::NextUseFitSpec::fitted})
-  for (const Trace& t : traces) {
-    const std::vector<Call> calls = calls_of(t.trace);
-    std::vector<bool> belady_hit;
-    replay_calls(calls, 128, belady_of(calls),
-                 [&](std::uint64_t, bool hit, const auto&) { belady_hit.push_back(hit); });
-    // Per demand: its call, to know the token of the last use of the expert at its layer.
-    std::vector<std::int64_t> last_token(shape.expert_count(), -1);
-    std::uint64_t n = 0, miss = 0, first = 0, both = 0, surprise = 0;
-    std::array<std::uint64_t, 4> by_distance{};
-    std::size_t ci = 0, in_call = 0;
-    std::uint64_t seq = 0;
-    replay_calls(calls, 128, ExpectedNextUsePolicy(cfg), [&](std::uint64_t i, bool hit, const auto& cache) {
-      while (in_call == calls[ci].experts.size()) ++ci, in_call = 0;
-      const Call& c = calls[ci];
-      if (c.seq != seq) std::fill(last_token.begin(), last_token.end(), -1), seq = c.seq;
-      const std::uint32_t e = c.experts[in_call++];
-      const std::size_t k = std::size_t{c.layer} * shape.n_experts + e;
-      ++n;
-      if (!hit) {
-        ++miss;
-        if (last_token[k] < 0) ++first;
-        else if (!belady_hit[i]) ++both;
-        else {
-          const std::int64_t d = std::int64_t(c.token) - last_token[k];
-          ++by_distance[d <= 1 ? 0 : d <= 4 ? 1 : d <= 16 ? 2 : 3];
-          surprise += cache.policy().probability({c.layer, e}) < uniform;
-        }
-      }
-      last_token[k] = std::int64_t(c.token);
-    });
-    const auto pct = [&](std::uint64_t x) { return 100.0 * double(x) / double(n); };
-    std::printf("%-26s %6.1f%% %6.1f%% %6.1f%% | %46s %5.1f%% %5.1f%% %5.1f%% %5.1f%% | %5.1f%%\n",
-                t.name.c_str(), pct(miss), pct(first), pct(both), "", pct(by_distance[0]),
-                pct(by_distance[1]), pct(by_distance[2]), pct(by_distance[3]), pct(surprise));
-  }
+    for (const Trace& t : traces) {
+      const std::vector<Call> calls = calls_of(t.trace);
+      std::vector<bool> belady_hit;
+      replay_calls(calls, 128, belady_of(calls),
+                   [&](std::uint64_t, bool hit, const auto&) { belady_hit.push_back(hit); });
+      // Per demand: its call, to know the token of the last use of the expert at its layer.
+      std::vector<std::int64_t> last_token(shape.expert_count(), -1);
+      std::uint64_t n = 0, miss = 0, first = 0, both = 0, surprise = 0;
+      std::array<std::uint64_t, 4> by_distance{};
+      std::size_t ci = 0, in_call = 0;
+      std::uint64_t seq = 0;
+      replay_calls(calls, 128, ExpectedNextUsePolicy(cfg),
+                   [&](std::uint64_t i, bool hit, const auto& cache) {
+                     while (in_call == calls[ci].experts.size()) ++ci, in_call = 0;
+                     const Call& c = calls[ci];
+                     if (c.seq != seq)
+                       std::fill(last_token.begin(), last_token.end(), -1), seq = c.seq;
+                     const std::uint32_t e = c.experts[in_call++];
+                     const std::size_t k = std::size_t{c.layer} * shape.n_experts + e;
+                     ++n;
+                     if (!hit) {
+                       ++miss;
+                       if (last_token[k] < 0)
+                         ++first;
+                       else if (!belady_hit[i])
+                         ++both;
+                       else {
+                         const std::int64_t d = std::int64_t(c.token) - last_token[k];
+                         ++by_distance[d <= 1 ? 0 : d <= 4 ? 1 : d <= 16 ? 2 : 3];
+                         surprise += cache.policy().probability({c.layer, e}) < uniform;
+                       }
+                     }
+                     last_token[k] = std::int64_t(c.token);
+                   });
+      const auto pct = [&](std::uint64_t x) { return 100.0 * double(x) / double(n); };
+      std::printf(
+          "%-26s %6.1f%% %6.1f%% %6.1f%% | %46s %5.1f%% %5.1f%% %5.1f%% %5.1f%% | %5.1f%%\n",
+          t.name.c_str(), pct(miss), pct(first), pct(both), "", pct(by_distance[0]),
+          pct(by_distance[1]), pct(by_distance[2]), pct(by_distance[3]), pct(surprise));
+    }
 }
 
 }  // namespace
@@ -487,11 +503,15 @@ void print_breakdown(const std::vector<Trace>& traces) {
 int main(int argc, char** argv) {
   std::string root = std::string(MOEKIT_SOURCE_DIR) + "/../shared/data", hardware_file;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--data") == 0 && i + 1 < argc) root = argv[++i];
-    else if (std::strcmp(argv[i], "--hardware-file") == 0 && i + 1 < argc) hardware_file = argv[++i];
+    if (std::strcmp(argv[i], "--data") == 0 && i + 1 < argc)
+      root = argv[++i];
+    else if (std::strcmp(argv[i], "--hardware-file") == 0 && i + 1 < argc)
+      hardware_file = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--data DIR] [--hardware-file this_machine.json]   "
-                   "(unknown argument '%s')\n", argv[0], argv[i]);
+      std::fprintf(stderr,
+                   "usage: %s [--data DIR] [--hardware-file this_machine.json]   "
+                   "(unknown argument '%s')\n",
+                   argv[0], argv[i]);
       return 2;
     }
   }
@@ -502,8 +522,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::vector<Trace> traces;
-  traces.push_back({"gsm8k decode", sim::read_mixtral_decode_jsonl(dir + "gsm8k-p0-p1.decode.jsonl"), 1});
-  traces.push_back({"humaneval decode", sim::read_mixtral_decode_jsonl(dir + "humaneval-p0.decode.jsonl"), 0});
+  traces.push_back(
+      {"gsm8k decode", sim::read_mixtral_decode_jsonl(dir + "gsm8k-p0-p1.decode.jsonl"), 1});
+  traces.push_back(
+      {"humaneval decode", sim::read_mixtral_decode_jsonl(dir + "humaneval-p0.decode.jsonl"), 0});
   traces.push_back({"humaneval prefill+decode",
                     sim::read_mixtral_raw_jsonl(dir + "humaneval-p0.prefill-decode.raw.jsonl"), 0});
   std::vector<sim::HardwareModel> models{sim::rtx4090_pcie4(), sim::jetson_orin_ssd()};

@@ -9,16 +9,16 @@
 // LRU's ns/access measured in the same run, with LRU re-measured next to each policy (the rows'
 // runs interleave with LRU runs, so a load change hits both sides of the ratio).
 //
-// Usage: moekit_bench_policy_cost [tokens [policy-name-substring]]   (default 4000 tokens per shape,
-// every policy)
+// Usage: moekit_bench_policy_cost [tokens [policy-name-substring]]   (default 4000 tokens per
+// shape, every policy)
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -133,8 +133,8 @@ Cost measure(const Stream& st, P policy) {
     std::nth_element(evict_ns.begin(), evict_ns.begin() + evict_ns.size() / 2, evict_ns.end());
     median = evict_ns[evict_ns.size() / 2];
   }
-  return {total / double(accesses), median,
-          double(misses) / double(accesses), cache.stats().evictions};
+  return {total / double(accesses), median, double(misses) / double(accesses),
+          cache.stats().evictions};
 }
 
 const char* only = nullptr;  // run only the policies whose name contains this

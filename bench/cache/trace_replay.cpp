@@ -4,7 +4,8 @@
 //  * unit mode: every demand at f16; reference = Belady (optimal miss count).
 //  * hobbit mode: HOBBIT's scorer (T1 = 0.6, T2 = 0.9: top-1 always f16; rank 1 f16 if w0 <= 0.6,
 //    q4 if <= 0.9, else skipped); penalty = Σ misses bytes(p)/bytes(f16); reference = the
-//    lower penalty of Belady and the cost-aware Belady (offline references, not bounds; belady.hpp).
+//    lower penalty of Belady and the cost-aware Belady (offline references, not bounds;
+//    belady.hpp).
 // Replay mirrors OffloadPipeline: per sequence begin_sequence; per forward begin_token(n); per
 // layer the demanded experts are looked up (hit) or inserted (miss) and hard-pinned until the
 // layer ends. Prefill forwards (raw trace) demand the union of their tokens' experts per layer.
@@ -175,9 +176,8 @@ struct Row {
 std::vector<Row> rows(const std::vector<double>& profile, Mode mode) {
   std::vector<Row> out;
   auto add = [&](std::string name, auto make) {
-    out.push_back({std::move(name), [make](const Workload& w, std::size_t b) {
-                     return replay(w, b, make(w));
-                   }});
+    out.push_back({std::move(name),
+                   [make](const Workload& w, std::size_t b) { return replay(w, b, make(w)); }});
   };
   const double high_fraction = mode == Mode::unit ? 1.0 : 0.5;  // unit mode has no low copies
   add("lru (global)", [](const Workload&) { return LruPolicy{}; });
@@ -185,22 +185,18 @@ std::vector<Row> rows(const std::vector<double>& profile, Mode mode) {
   add("lfu model", [](const Workload&) { return LfuPolicy({CountScope::model}); });
   add("lhu seq", [](const Workload&) { return LhuPolicy{}; });
   add("fld", [](const Workload&) { return FldPolicy{}; });
-  add("hobbit multidim .25x4", [=](const Workload&) {
-    return MultiDimPolicy({.high_slot_fraction = high_fraction});
-  });
+  add("hobbit multidim .25x4",
+      [=](const Workload&) { return MultiDimPolicy({.high_slot_fraction = high_fraction}); });
   add("arc per layer, uniform", [](const Workload&) { return ArcPolicy{}; });
   add("fate shallow(3)+arc", [](const Workload&) { return ShallowFavoringArcPolicy({3}); });
   add("edgemoe forward", [](const Workload&) { return EdgeMoePolicy{}; });
-  add("edgemoe as printed", [](const Workload&) {
-    return EdgeMoePolicy({.distance = EdgeMoeDistance::as_printed});
-  });
+  add("edgemoe as printed",
+      [](const Workload&) { return EdgeMoePolicy({.distance = EdgeMoeDistance::as_printed}); });
   if (!profile.empty()) {
-    add("edgemoe fwd + prior", [=](const Workload&) {
-      return EdgeMoePolicy({.prior_counts = profile});
-    });
-    add("fiddler static (profile)", [=](const Workload&) {
-      return StaticPopularityPolicy({.counts = profile});
-    });
+    add("edgemoe fwd + prior",
+        [=](const Workload&) { return EdgeMoePolicy({.prior_counts = profile}); });
+    add("fiddler static (profile)",
+        [=](const Workload&) { return StaticPopularityPolicy({.counts = profile}); });
   }
   // Combinations beyond the papers.
   add("per-layer lru", [](const Workload&) { return ShallowFavoring<LruPolicy>({0}); });
@@ -209,24 +205,21 @@ std::vector<Row> rows(const std::vector<double>& profile, Mode mode) {
     return ShallowFavoring<LfuPolicy>({0}, LfuPolicy({CountScope::model}));
   });
   add("lfu+fld .5/.5", [=](const Workload&) {
-    return MultiDimPolicy({.w_lru = 0, .w_lfu = 0.5, .w_lhu = 0, .w_fld = 0.5,
-                           .high_slot_fraction = high_fraction});
+    return MultiDimPolicy(
+        {.w_lru = 0, .w_lfu = 0.5, .w_lhu = 0, .w_fld = 0.5, .high_slot_fraction = high_fraction});
   });
   add("expected next use (moekit)", [](const Workload&) { return ExpectedNextUsePolicy{}; });
-  add("expected next use, g=.9 p=1", [](const Workload&) {
-    return ExpectedNextUsePolicy({.gamma = 0.9, .prior = 1.0});
-  });
-  add("expected next use, g=1 p=16", [](const Workload&) {
-    return ExpectedNextUsePolicy({.gamma = 1.0, .prior = 16.0});
-  });
+  add("expected next use, g=.9 p=1",
+      [](const Workload&) { return ExpectedNextUsePolicy({.gamma = 0.9, .prior = 1.0}); });
+  add("expected next use, g=1 p=16",
+      [](const Workload&) { return ExpectedNextUsePolicy({.gamma = 1.0, .prior = 16.0}); });
   add("belady (offline)", [](const Workload& w) {
     BeladyPolicy::Config c;
     for (const auto& f : w.future) c.future.push_back(f.key);
     return BeladyPolicy(std::move(c));
   });
-  add("cost-aware belady (offline)", [](const Workload& w) {
-    return CostAwareBeladyPolicy({.future = w.future});
-  });
+  add("cost-aware belady (offline)",
+      [](const Workload& w) { return CostAwareBeladyPolicy({.future = w.future}); });
   return out;
 }
 
@@ -256,8 +249,10 @@ int main(int argc, char** argv) {
     sim::RoutingTrace trace;
   };
   std::vector<Src> traces;
-  traces.push_back({"gsm8k decode", sim::read_mixtral_decode_jsonl(dir + "gsm8k-p0-p1.decode.jsonl")});
-  traces.push_back({"humaneval decode", sim::read_mixtral_decode_jsonl(dir + "humaneval-p0.decode.jsonl")});
+  traces.push_back(
+      {"gsm8k decode", sim::read_mixtral_decode_jsonl(dir + "gsm8k-p0-p1.decode.jsonl")});
+  traces.push_back(
+      {"humaneval decode", sim::read_mixtral_decode_jsonl(dir + "humaneval-p0.decode.jsonl")});
   traces.push_back({"humaneval prefill+decode",
                     sim::read_mixtral_raw_jsonl(dir + "humaneval-p0.prefill-decode.raw.jsonl")});
 
@@ -265,9 +260,10 @@ int main(int argc, char** argv) {
   const std::size_t slot_counts[] = {64, 128, 192};
   for (Mode mode : {Mode::unit, Mode::hobbit}) {
     const bool unit = mode == Mode::unit;
-    std::printf("\n=== %s mode: %s ===\n", unit ? "unit" : "hobbit",
-                unit ? "every demand f16; ratio = misses / Belady misses"
-                     : "T1=0.6/T2=0.9 f16|q4|skip; ratio = penalty / min(Belady, cost-aware) penalty");
+    std::printf(
+        "\n=== %s mode: %s ===\n", unit ? "unit" : "hobbit",
+        unit ? "every demand f16; ratio = misses / Belady misses"
+             : "T1=0.6/T2=0.9 f16|q4|skip; ratio = penalty / min(Belady, cost-aware) penalty");
     for (const auto& src : traces) {
       const Workload w = build(src.trace, src.name, mode);
       std::printf("\n-- %s: %zu demands --\n", src.name.c_str(), w.future.size());
@@ -299,19 +295,25 @@ int main(int argc, char** argv) {
   }
   // ---- HOBBIT weights: search the simplex on one trace, report on the other (held out) ----------
   const int steps = quick ? 4 : 10;
-  std::printf("\n=== multidim weight search (simplex step 1/%d), calibrate -> evaluate ===\n", steps);
+  std::printf("\n=== multidim weight search (simplex step 1/%d), calibrate -> evaluate ===\n",
+              steps);
   for (Mode mode : {Mode::unit, Mode::hobbit}) {
     const bool unit = mode == Mode::unit;
     const double hf = unit ? 1.0 : 0.5;
     for (int dir = 0; dir < 2; ++dir) {
-      const Workload cal = build(traces[dir == 0 ? 0 : 1].trace, traces[dir == 0 ? 0 : 1].name, mode);
-      const Workload eva = build(traces[dir == 0 ? 1 : 0].trace, traces[dir == 0 ? 1 : 0].name, mode);
+      const Workload cal =
+          build(traces[dir == 0 ? 0 : 1].trace, traces[dir == 0 ? 0 : 1].name, mode);
+      const Workload eva =
+          build(traces[dir == 0 ? 1 : 0].trace, traces[dir == 0 ? 1 : 0].name, mode);
       for (std::size_t slots : slot_counts) {
         const std::size_t budget = slots * full;
         auto cost = [&](const Workload& w, std::array<double, 4> x) {
           const Result r = replay(w, budget,
-                                  MultiDimPolicy({.w_lru = x[0], .w_lfu = x[1], .w_lhu = x[2],
-                                                  .w_fld = x[3], .high_slot_fraction = hf}));
+                                  MultiDimPolicy({.w_lru = x[0],
+                                                  .w_lfu = x[1],
+                                                  .w_lhu = x[2],
+                                                  .w_fld = x[3],
+                                                  .high_slot_fraction = hf}));
           return unit ? double(r.misses) : r.penalty;
         };
         std::array<double, 4> best{};
@@ -338,10 +340,11 @@ int main(int argc, char** argv) {
         const double eq = cost(eva, {0.25, 0.25, 0.25, 0.25});
         const double tuned = cost(eva, best);
         const double ref = reference(eva);
-        std::printf("%s %3zu/256 calibrate %-17s best (lru,lfu,lhu,fld)=(%.1f,%.1f,%.1f,%.1f) "
-                    "| on %-17s: tuned/ref %.2f, equal-weights/ref %.2f\n",
-                    unit ? "unit  " : "hobbit", slots, cal.name.c_str(), best[0], best[1], best[2],
-                    best[3], eva.name.c_str(), tuned / ref, eq / ref);
+        std::printf(
+            "%s %3zu/256 calibrate %-17s best (lru,lfu,lhu,fld)=(%.1f,%.1f,%.1f,%.1f) "
+            "| on %-17s: tuned/ref %.2f, equal-weights/ref %.2f\n",
+            unit ? "unit  " : "hobbit", slots, cal.name.c_str(), best[0], best[1], best[2], best[3],
+            eva.name.c_str(), tuned / ref, eq / ref);
       }
     }
   }

@@ -53,8 +53,10 @@ double measure_bandwidth(const ExpertBacking& b, const moekit::ModelShape& s, mo
     std::vector<moekit::LoadTicket> t;
     const auto t0 = clock_type::now();
     for (std::uint32_t i = 0; i < n; ++i)
-      t.push_back(loader.submit({{i / s.n_experts, i % s.n_experts}, p,
-                                 moekit::LoadPriority::on_demand, arena.acquire(i, bytes)}));
+      t.push_back(loader.submit({{i / s.n_experts, i % s.n_experts},
+                                 p,
+                                 moekit::LoadPriority::on_demand,
+                                 arena.acquire(i, bytes)}));
     for (auto x : t) loader.wait(x);
     best = std::max(best, double(n * bytes) / seconds(t0));
   }
@@ -70,7 +72,8 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const fs::path dir = argc > 1 ? fs::path(argv[1]) : fs::path(MOEKIT_SOURCE_DIR) / "models/moekit-tiny-moe";
+  const fs::path dir =
+      argc > 1 ? fs::path(argv[1]) : fs::path(MOEKIT_SOURCE_DIR) / "models/moekit-tiny-moe";
   const int steps = argc > 2 ? std::max(1, std::atoi(argv[2])) : 48;
   const ModelConfig cfg = load_config(dir);
   const moekit::ModelShape s = cfg.shape();
@@ -83,7 +86,8 @@ int main(int argc, char** argv) try {
   fs::remove(store_path);
   const std::vector<moekit::Precision> ps{p, moekit::Precision::q4};
   build_store_from_checkpoint(cfg, dir, ps, store_path, {});
-  auto store = std::make_shared<moekit::io::ExpertStore>(moekit::io::ExpertStore::open(store_path.string(), s));
+  auto store = std::make_shared<moekit::io::ExpertStore>(
+      moekit::io::ExpertStore::open(store_path.string(), s));
   const ModelWeights w = load_weights(cfg, dir, {});
   const std::vector<float> routers = router_stack(cfg, w.dense);
   const ExpertBacking disk{nullptr, store, StoreIo{.direct = true, .uring = true, .io_threads = 2}};
@@ -91,10 +95,11 @@ int main(int argc, char** argv) try {
   const std::string reads = disk.make_loader().kind();
 
   const double bw = measure_bandwidth(disk, s, p);
-  std::printf("model %s: %u MoE layers x %u experts, top-%u, expert %zu bytes at f16; store %s read "
-              "with %s + O_DIRECT, 2 I/O threads\n",
-              dir.filename().c_str(), s.n_layers, s.n_experts, s.top_k, s.expert_bytes(p),
-              store_path.c_str(), reads.c_str());
+  std::printf(
+      "model %s: %u MoE layers x %u experts, top-%u, expert %zu bytes at f16; store %s read "
+      "with %s + O_DIRECT, 2 I/O threads\n",
+      dir.filename().c_str(), s.n_layers, s.n_experts, s.top_k, s.expert_bytes(p),
+      store_path.c_str(), reads.c_str());
   std::printf("disk bandwidth (every f16 expert through the loader, best of 3): %.1f MB/s\n",
               bw / 1e6);
 
@@ -108,8 +113,8 @@ int main(int argc, char** argv) try {
       const auto before = pipeline.stats();
       const auto t0 = clock_type::now();
       for (int i = 0; i < steps; ++i) {
-        const auto next = static_cast<Token>(std::max_element(logits.begin(), logits.end()) -
-                                             logits.begin());
+        const auto next =
+            static_cast<Token>(std::max_element(logits.begin(), logits.end()) - logits.begin());
         logits = model.decode(next);
       }
       const double t = seconds(t0);
@@ -129,8 +134,9 @@ int main(int argc, char** argv) try {
   const Row compute = decode_run(moekit::presets::entry_of<moekit::presets::BaselineSpec>,
                                  OffloadSettings{0, p}, PresetInputs{});
   std::printf("compute bound (every expert resident, no reads): %.1f tokens/s\n\n", compute.tok_s);
-  std::printf("| preset | decode tok/s | bytes read / token | I/O bound tok/s | fraction of I/O bound | "
-              "fraction of serial bound | hit rate | notes |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| preset | decode tok/s | bytes read / token | I/O bound tok/s | fraction of I/O bound | "
+      "fraction of serial bound | hit rate | notes |\n|---|---|---|---|---|---|---|---|\n");
   const OffloadSettings half{all_resident_budget(s, p) / 2, p};
   for (const PresetEntry& preset : moekit::presets::entries) {
     const std::string name(preset.name);
@@ -157,12 +163,12 @@ int main(int argc, char** argv) try {
       std::snprintf(note, sizeof note, "%llu fallbacks (tokens recomputed)",
                     static_cast<unsigned long long>(r.fallbacks));
     if (io_bound > 0)
-      std::printf("| %s | %.1f | %.0f | %.1f | %.3f | %.3f | %.1f%% | %s |\n", name.c_str(), r.tok_s,
-                  r.bytes_per_token, io_bound, r.tok_s / io_bound,
+      std::printf("| %s | %.1f | %.0f | %.1f | %.3f | %.3f | %.1f%% | %s |\n", name.c_str(),
+                  r.tok_s, r.bytes_per_token, io_bound, r.tok_s / io_bound,
                   r.tok_s * (1 / compute.tok_s + 1 / io_bound), 100 * r.hit_rate, note);
     else
-      std::printf("| %s | %.1f | 0 | - | - (no reads) | %.3f | %.1f%% | %s |\n", name.c_str(), r.tok_s,
-                  r.tok_s / compute.tok_s, 100 * r.hit_rate, note);
+      std::printf("| %s | %.1f | 0 | - | - (no reads) | %.3f | %.1f%% | %s |\n", name.c_str(),
+                  r.tok_s, r.tok_s / compute.tok_s, 100 * r.hit_rate, note);
   }
   fs::remove(store_path);
   return 0;

@@ -13,7 +13,8 @@
 // group 32 symmetric, weights in cache: the same expert every call), best of 5 blocks — where
 // the int8 kernel's fixed cost per row stops dominating (activations.hpp: int8_min_row_width).
 //
-//   moekit_bench_int8_activations [model_dir] [decode_tokens] [rounds]  (default: tiny model, 256, 7)
+//   moekit_bench_int8_activations [model_dir] [decode_tokens] [rounds]  (default: tiny model, 256,
+//   7)
 
 #include <algorithm>
 #include <chrono>
@@ -96,7 +97,8 @@ Timing experts_only(const ModelConfig& cfg, const ModelWeights& w, Precision p, 
   auto pass = [&] {
     for (std::uint32_t l = 0; l < shape.n_layers; ++l)
       for (std::uint32_t e = 0; e < shape.n_experts; ++e)
-        moekit::expert_ffn(moekit::io::expert_view(shape, w.experts.bytes({l, e}, p), p), x, 1, y, 1.f, opts);
+        moekit::expert_ffn(moekit::io::expert_view(shape, w.experts.bytes({l, e}, p), p), x, 1, y,
+                           1.f, opts);
   };
   pass();  // warm
   return timed([&] {
@@ -115,7 +117,8 @@ double synthetic_us(std::size_t hidden, std::size_t ffn, Precision p, bool int8)
   };
   const auto w1 = matrix(ffn, hidden), w3 = matrix(ffn, hidden), w2 = matrix(hidden, ffn);
   const moekit::QuantScheme s{32, false};
-  const moekit::ExpertWeights e{{w1.data(), ffn, hidden, p, s}, {w3.data(), ffn, hidden, p, s},
+  const moekit::ExpertWeights e{{w1.data(), ffn, hidden, p, s},
+                                {w3.data(), ffn, hidden, p, s},
                                 {w2.data(), hidden, ffn, p, s}};
   std::vector<float> x(hidden), y(hidden);
   for (float& v : x) v = nd(rng) * 20.f;
@@ -135,7 +138,8 @@ double synthetic_us(std::size_t hidden, std::size_t ffn, Precision p, bool int8)
 }  // namespace
 
 int main(int argc, char** argv) {
-  const fs::path dir = argc > 1 ? fs::path(argv[1]) : fs::path(MOEKIT_SOURCE_DIR) / "models/moekit-tiny-moe";
+  const fs::path dir =
+      argc > 1 ? fs::path(argv[1]) : fs::path(MOEKIT_SOURCE_DIR) / "models/moekit-tiny-moe";
   const int n = argc > 2 ? std::atoi(argv[2]) : 256;
   const int rounds = argc > 3 ? std::atoi(argv[3]) : 7;
   if (n < 2 || rounds < 1) {
@@ -169,12 +173,13 @@ int main(int argc, char** argv) {
   }
 
   const int passes = std::max(10, n / 4);
-  std::printf("# %s: %u layers x %u experts, hidden %u, expert ffn %u; %d decode tokens, %d "
-              "rounds, 1 thread; experts-only: %d passes over all experts\n",
-              dir.filename().string().c_str(), shape.n_layers, shape.n_experts, shape.hidden,
-              shape.ffn, n - 1, rounds, passes);
-  std::printf("%-4s | %-23s | %-23s | %-29s\n", "", "decode tok/s (cpu) f32/int8", "ratio wall / cpu",
-              "experts: us per call f32/int8");
+  std::printf(
+      "# %s: %u layers x %u experts, hidden %u, expert ffn %u; %d decode tokens, %d "
+      "rounds, 1 thread; experts-only: %d passes over all experts\n",
+      dir.filename().string().c_str(), shape.n_layers, shape.n_experts, shape.hidden, shape.ffn,
+      n - 1, rounds, passes);
+  std::printf("%-4s | %-23s | %-23s | %-29s\n", "", "decode tok/s (cpu) f32/int8",
+              "ratio wall / cpu", "experts: us per call f32/int8");
   for (Precision p : precisions) {
     std::vector<double> wall_ratio, cpu_ratio, f32_rate, int8_rate, ex_ratio, ex_f32, ex_int8;
     for (int r = 0; r < rounds; ++r) {
@@ -206,7 +211,8 @@ int main(int argc, char** argv) {
   const std::size_t shapes[][2] = {{256, 512}, {512, 1024}, {1024, 2048}, {2048, 1408}};
   for (const auto& sh : shapes)
     for (Precision p : precisions) {
-      const double f = synthetic_us(sh[0], sh[1], p, false), i = synthetic_us(sh[0], sh[1], p, true);
+      const double f = synthetic_us(sh[0], sh[1], p, false),
+                   i = synthetic_us(sh[0], sh[1], p, true);
       std::printf("%5zu x %-5zu %-3s %9.1f / %-9.1f (x%.2f)\n", sh[0], sh[1],
                   std::string(moekit::name(p)).c_str(), f, i, f / i);
     }

@@ -43,8 +43,8 @@
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/sampler.hpp"
-#include "support/old_sampler.hpp"
 #include "moekit/engine/weights.hpp"
+#include "support/old_sampler.hpp"
 
 using namespace moekit::engine;
 namespace fs = std::filesystem;

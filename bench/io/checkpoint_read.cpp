@@ -1,8 +1,8 @@
 // Experts read in place from a GGUF checkpoint (io/checkpoint_experts.hpp) through the loader
-// moe-run uses (AsyncLoader, 2 I/O threads by default, O_DIRECT), as a fraction of the raw sequential
-// O_DIRECT read of the same file measured in the same run; and the transcoding alone (Q4_0/Q8_0
-// into moekit rows or blocked panels, one thread, from memory), as a fraction of memcpy of the
-// same bytes. Separates what the disk costs from what the conversion costs.
+// moe-run uses (AsyncLoader, 2 I/O threads by default, O_DIRECT), as a fraction of the raw
+// sequential O_DIRECT read of the same file measured in the same run; and the transcoding alone
+// (Q4_0/Q8_0 into moekit rows or blocked panels, one thread, from memory), as a fraction of memcpy
+// of the same bytes. Separates what the disk costs from what the conversion costs.
 //
 // Usage: moekit_bench_checkpoint_read [--gguf FILE] [--reps 3] [--experts N]
 // FILE defaults to build/real-shape-models/mixtral-4L-q4_0.gguf, written by
@@ -41,8 +41,9 @@ double in_place_rate(const std::shared_ptr<const CheckpointExperts>& experts, Fi
   std::vector<File> files;
   files.push_back(std::move(file));
   auto src = std::make_shared<Source>(experts, std::move(files), typename Source::Config{order});
-  AsyncLoader<Source> loader(*src, [src](ExpertKey k, Precision p) { return src->blob(k, p); },
-                             {.io_threads = io_threads, .max_outstanding = 16, .verify_checksums = false});
+  AsyncLoader<Source> loader(
+      *src, [src](ExpertKey k, Precision p) { return src->blob(k, p); },
+      {.io_threads = io_threads, .max_outstanding = 16, .verify_checksums = false});
   const ModelShape& s = experts->shape();
   const Precision p = experts->precision();
   std::vector<LoadTicket> tickets;
@@ -93,8 +94,10 @@ int main(int argc, char** argv) {
   const std::string path = flags.get(
       "--gguf", std::string(MOEKIT_SOURCE_DIR) + "/build/real-shape-models/mixtral-4L-q4_0.gguf");
   if (!std::filesystem::exists(path)) {
-    std::printf("skipped: %s does not exist (scripts/make_real_shape_model.sh --arch mixtral "
-                "--layers 4 --format gguf-q4_0 writes it)\n", path.c_str());
+    std::printf(
+        "skipped: %s does not exist (scripts/make_real_shape_model.sh --arch mixtral "
+        "--layers 4 --format gguf-q4_0 writes it)\n",
+        path.c_str());
     return 0;
   }
   const int reps = std::max(1, std::atoi(flags.get("--reps", "3").c_str()));
@@ -106,30 +109,36 @@ int main(int argc, char** argv) {
     std::printf("skipped: %s's experts have no exact in-place type\n", path.c_str());
     return 0;
   }
-  const auto n = static_cast<std::uint32_t>(std::min<std::size_t>(
-      shape.expert_count(), std::atoi(flags.get("--experts", "16").c_str())));
+  const auto n = static_cast<std::uint32_t>(
+      std::min<std::size_t>(shape.expert_count(), std::atoi(flags.get("--experts", "16").c_str())));
   const Precision p = experts->precision();
   std::vector<AlignedBuffer> bufs;
   for (int i = 0; i < 4; ++i) bufs.emplace_back(shape.expert_bytes(p));
   const std::uint64_t begin = experts->matrices({0, 0})[0].offset / 4096 * 4096;
-  const std::uint64_t end =
-      std::min<std::uint64_t>(std::filesystem::file_size(path),
-                              begin + std::uint64_t{n} * shape.expert_bytes(p));
-  std::printf("%s: %u experts of %.1f MB at %s (%s in the file); %d repetitions\n", path.c_str(),
-              n, shape.expert_bytes(p) / 1e6, std::string(name(p)).c_str(),
+  const std::uint64_t end = std::min<std::uint64_t>(
+      std::filesystem::file_size(path), begin + std::uint64_t{n} * shape.expert_bytes(p));
+  std::printf("%s: %u experts of %.1f MB at %s (%s in the file); %d repetitions\n", path.c_str(), n,
+              shape.expert_bytes(p) / 1e6, std::string(name(p)).c_str(),
               std::string(name(experts->dtype())).c_str(), reps);
   std::printf("%-44s %8s %8s\n", "reader", "GB/s", "of raw");
   for (int r = 0; r < reps; ++r) {
-    const double raw = std::max(raw_bandwidth(path, begin, end, 1), raw_bandwidth(path, begin, end, 4));
-    std::printf("%-44s %8.2f %8.2f\n", "raw O_DIRECT 8 MiB sequential (best of QD1/4)", raw / 1e9, 1.0);
+    const double raw =
+        std::max(raw_bandwidth(path, begin, end, 1), raw_bandwidth(path, begin, end, 4));
+    std::printf("%-44s %8.2f %8.2f\n", "raw O_DIRECT 8 MiB sequential (best of QD1/4)", raw / 1e9,
+                1.0);
     for (MatrixOrder order : {MatrixOrder::rows, MatrixOrder::blocked_panels4}) {
       const std::string o = order == MatrixOrder::rows ? "rows" : "blocked panels";
-      const double pr = in_place_rate(experts, PreadSource(path, {.direct = true}), order, n, bufs, io_threads);
-      std::printf("%-44s %8.2f %8.2f\n", ("in place, pread x" + std::to_string(io_threads) + ", " + o).c_str(), pr / 1e9, pr / raw);
+      const double pr =
+          in_place_rate(experts, PreadSource(path, {.direct = true}), order, n, bufs, io_threads);
+      std::printf("%-44s %8.2f %8.2f\n",
+                  ("in place, pread x" + std::to_string(io_threads) + ", " + o).c_str(), pr / 1e9,
+                  pr / raw);
 #if defined(MOEKIT_HAS_URING)
       const double ur = in_place_rate(experts, UringSource(path, {.direct = true, .rings = 2}),
                                       order, n, bufs, io_threads);
-      std::printf("%-44s %8.2f %8.2f\n", ("in place, io_uring x" + std::to_string(io_threads) + ", " + o).c_str(), ur / 1e9, ur / raw);
+      std::printf("%-44s %8.2f %8.2f\n",
+                  ("in place, io_uring x" + std::to_string(io_threads) + ", " + o).c_str(),
+                  ur / 1e9, ur / raw);
 #endif
     }
   }

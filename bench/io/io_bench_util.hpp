@@ -42,13 +42,15 @@ class TempStore {
   TempStore(const std::string& dir, const std::string& name, ModelShape shape)
       : path_(dir + "/" + name), shape_(shape) {
     std::filesystem::remove(path_);
-    std::printf("writing %s (%u experts x f16 + q4) ...\n", path_.c_str(), shape.n_layers * shape.n_experts);
+    std::printf("writing %s (%u experts x f16 + q4) ...\n", path_.c_str(),
+                shape.n_layers * shape.n_experts);
     const std::vector<Precision> ps{Precision::f16, Precision::q4};
     io::write_expert_store(path_, shape, ps,
                            [&](ExpertKey k, Precision p) {
                              // Pseudo-random bytes: nothing a virtual disk could compress or skip.
                              std::vector<std::byte> v(shape.expert_bytes(p));
-                             std::uint64_t x = 0x9E3779B97F4A7C15ull * (k.layer * 1000 + k.expert + 1);
+                             std::uint64_t x =
+                                 0x9E3779B97F4A7C15ull * (k.layer * 1000 + k.expert + 1);
                              for (std::size_t i = 0; i + 8 <= v.size(); i += 8) {
                                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
                                std::memcpy(v.data() + i, &x, 8);
@@ -70,8 +72,8 @@ class TempStore {
 
 /// Raw bandwidth (bytes/s): [begin, end) read front to back in `chunk`-byte O_DIRECT preads by
 /// `depth` threads, each owning an interleaved stripe (so `depth` requests are in flight).
-inline double raw_bandwidth(const std::string& path, std::uint64_t begin, std::uint64_t end, unsigned depth,
-                            std::uint64_t chunk = 8u << 20) {
+inline double raw_bandwidth(const std::string& path, std::uint64_t begin, std::uint64_t end,
+                            unsigned depth, std::uint64_t chunk = 8u << 20) {
   io::PreadSource src(path, {.direct = true});
   std::vector<std::thread> ts;
   const auto t0 = Clock::now();
@@ -98,7 +100,9 @@ struct Flags {
   void check(std::initializer_list<const char*> known) const {
     for (int i = 1; i < argc; i += 2) {
       bool ok = i + 1 < argc;
-      if (ok) ok = std::any_of(known.begin(), known.end(), [&](const char* k) { return !std::strcmp(argv[i], k); });
+      if (ok)
+        ok = std::any_of(known.begin(), known.end(),
+                         [&](const char* k) { return !std::strcmp(argv[i], k); });
       if (!ok) {
         std::fprintf(stderr, "usage: %s %s\n", argv[0], usage);
         std::exit(2);

@@ -42,7 +42,9 @@ template <class Source>
 LoadResult run_loader(const ExpertStore& store, Source source, Precision p, int passes,
                       std::vector<AlignedBuffer>& bufs, bool verify, std::size_t verify_chunk) {
   AsyncLoader<Source> loader(store, std::move(source),
-                             {.io_threads = 2, .max_outstanding = 16, .verify_checksums = verify,
+                             {.io_threads = 2,
+                              .max_outstanding = 16,
+                              .verify_checksums = verify,
                               .verify_chunk = verify_chunk});
   const ModelShape& shape = store.manifest().shape;
   LoadResult r;
@@ -59,7 +61,8 @@ LoadResult run_loader(const ExpertStore& store, Source source, Precision p, int 
     for (std::uint32_t l = 0; l < shape.n_layers; ++l)
       for (std::uint32_t e = 0; e < shape.n_experts; ++e, ++i) {
         if (tickets.size() >= bufs.size()) loader.wait(tickets[tickets.size() - bufs.size()]);
-        tickets.push_back(loader.submit({{l, e}, p, LoadPriority::on_demand, bufs[i % bufs.size()].span()}));
+        tickets.push_back(
+            loader.submit({{l, e}, p, LoadPriority::on_demand, bufs[i % bufs.size()].span()}));
         bytes += store.blob({l, e}, p).bytes;
       }
   for (auto t : tickets) loader.wait(t);
@@ -71,25 +74,35 @@ LoadResult run_loader(const ExpertStore& store, Source source, Precision p, int 
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const Flags flags{argc, argv, "[--dir /var/tmp] [--reps 5] [--experts-per-layer 4] [--verify-chunk-mib N]"};
+  const Flags flags{argc, argv,
+                    "[--dir /var/tmp] [--reps 5] [--experts-per-layer 4] [--verify-chunk-mib N]"};
   flags.check({"--dir", "--reps", "--experts-per-layer", "--verify-chunk-mib"});
   const std::size_t verify_chunk =
-      std::size_t(std::max(1, std::atoi(flags.get("--verify-chunk-mib", std::to_string(AsyncLoader<PreadSource>::Config{}.verify_chunk >> 20)).c_str()))) << 20;
+      std::size_t(std::max(
+          1,
+          std::atoi(flags
+                        .get("--verify-chunk-mib",
+                             std::to_string(AsyncLoader<PreadSource>::Config{}.verify_chunk >> 20))
+                        .c_str())))
+      << 20;
   const std::string dir = flags.get("--dir", "/var/tmp");
   const int reps = std::max(1, std::atoi(flags.get("--reps", "5").c_str()));
-  const auto experts = static_cast<std::uint32_t>(std::max(1, std::atoi(flags.get("--experts-per-layer", "4").c_str())));
+  const auto experts = static_cast<std::uint32_t>(
+      std::max(1, std::atoi(flags.get("--experts-per-layer", "4").c_str())));
 
   TempStore temp(dir, "moekit-bench-loader.moestore", bench_shape(experts));
   auto store = ExpertStore::open(temp.path());
   const auto& blobs = store.manifest().blobs;
-  const std::uint64_t begin = blobs.front().offset, end = blobs.back().offset + blobs.back().padded_bytes();
+  const std::uint64_t begin = blobs.front().offset,
+                      end = blobs.back().offset + blobs.back().padded_bytes();
   const ModelShape shape = temp.shape();
   std::vector<AlignedBuffer> bufs;
   for (int i = 0; i < 4; ++i) bufs.emplace_back(shape.expert_bytes(Precision::f16));
-  std::printf("expert bytes: f16 %.1f MB, q4 %.1f MB; blob region %.2f GB; %d repetitions; "
-              "verified in pieces of %zu MiB\n",
-              shape.expert_bytes(Precision::f16) / 1e6, shape.expert_bytes(Precision::q4) / 1e6,
-              (end - begin) / 1e9, reps, verify_chunk >> 20);
+  std::printf(
+      "expert bytes: f16 %.1f MB, q4 %.1f MB; blob region %.2f GB; %d repetitions; "
+      "verified in pieces of %zu MiB\n",
+      shape.expert_bytes(Precision::f16) / 1e6, shape.expert_bytes(Precision::q4) / 1e6,
+      (end - begin) / 1e9, reps, verify_chunk >> 20);
 
   // Each job measures one loader configuration; "raw" is measured first in every repetition.
   struct Job {
@@ -102,11 +115,14 @@ int main(int argc, char** argv) {
       const int passes = p == Precision::f16 ? 1 : 4;  // ~1 GB either way
       const std::string tail = std::string(name(p)) + (verify ? ", verified" : "");
       jobs.push_back({"pread x2 threads, " + tail, [&, p, passes, verify] {
-                        return run_loader(store, PreadSource(temp.path(), {.direct = true}), p, passes, bufs, verify, verify_chunk);
+                        return run_loader(store, PreadSource(temp.path(), {.direct = true}), p,
+                                          passes, bufs, verify, verify_chunk);
                       }});
 #if defined(MOEKIT_HAS_URING)
       jobs.push_back({"io_uring x2 (default config), " + tail, [&, p, passes, verify] {
-                        return run_loader(store, UringSource(temp.path(), {.direct = true, .rings = 2}), p, passes, bufs, verify, verify_chunk);
+                        return run_loader(store,
+                                          UringSource(temp.path(), {.direct = true, .rings = 2}), p,
+                                          passes, bufs, verify, verify_chunk);
                       }});
 #endif
     }
@@ -133,9 +149,10 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
 
-  std::printf("\n%-36s %8s %14s %12s %14s\n", "reader (median of reps)", "GB/s", "of raw", "min..max",
-              "1 load (ms)");
-  std::printf("%-36s %8.2f %14s %12s %14s\n", "raw O_DIRECT 8 MiB sequential", median(raw_all) / 1e9, "1.00", "-", "-");
+  std::printf("\n%-36s %8s %14s %12s %14s\n", "reader (median of reps)", "GB/s", "of raw",
+              "min..max", "1 load (ms)");
+  std::printf("%-36s %8.2f %14s %12s %14s\n", "raw O_DIRECT 8 MiB sequential",
+              median(raw_all) / 1e9, "1.00", "-", "-");
   std::printf("  (QD1 %.2f GB/s, QD4 %.2f GB/s)\n", median(raw1_all) / 1e9, median(raw4_all) / 1e9);
   bool all_ok = true;
   for (const Job& job : jobs) {
@@ -146,8 +163,8 @@ int main(int argc, char** argv) {
     char range[32];
     std::snprintf(range, sizeof range, "%.2f..%.2f", *std::min_element(rs.begin(), rs.end()),
                   *std::max_element(rs.begin(), rs.end()));
-    std::printf("%-36s %8.2f %14.2f %12s %14.1f\n", job.label.c_str(), median(bw[job.label]) / 1e9, med, range,
-                median(ms[job.label]));
+    std::printf("%-36s %8.2f %14.2f %12s %14.1f\n", job.label.c_str(), median(bw[job.label]) / 1e9,
+                med, range, median(ms[job.label]));
   }
   std::printf("target: median ratio >= 0.90 for every loader: %s\n", all_ok ? "met" : "NOT met");
 
@@ -162,9 +179,10 @@ int main(int argc, char** argv) {
       sink = sink + xxh64(bufs[0].span());
       rates.push_back(static_cast<double>(bufs[0].span().size()) / seconds_since(t0));
     }
-    std::printf("\nXXH64 on one core: %.2f GB/s (median of 5 over %.0f MB): verifying at the raw read "
-                "rate takes %.0f%% of a core\n",
-                median(rates) / 1e9, bufs[0].span().size() / 1e6, 100 * median(raw_all) / median(rates));
+    std::printf(
+        "\nXXH64 on one core: %.2f GB/s (median of 5 over %.0f MB): verifying at the raw read "
+        "rate takes %.0f%% of a core\n",
+        median(rates) / 1e9, bufs[0].span().size() / 1e6, 100 * median(raw_all) / median(rates));
   }
   bool cost_ok = true;
   std::printf("\n%-36s %14s %14s\n", "XXH64 verification (median of reps)", "cost", "min..max");
@@ -175,15 +193,18 @@ int main(int argc, char** argv) {
     const auto& v = bw[job.label];
     const auto& u = bw[plain];
     std::vector<double> cost;
-    for (std::size_t r = 0; r < std::min(v.size(), u.size()); ++r) cost.push_back(1.0 - v[r] / u[r]);
+    for (std::size_t r = 0; r < std::min(v.size(), u.size()); ++r)
+      cost.push_back(1.0 - v[r] / u[r]);
     if (cost.empty()) continue;
     const double med = median(cost);
     cost_ok = cost_ok && med < 0.03;
     char range[40];
-    std::snprintf(range, sizeof range, "%+.1f%%..%+.1f%%", 100 * *std::min_element(cost.begin(), cost.end()),
+    std::snprintf(range, sizeof range, "%+.1f%%..%+.1f%%",
+                  100 * *std::min_element(cost.begin(), cost.end()),
                   100 * *std::max_element(cost.begin(), cost.end()));
     std::printf("%-36s %13.1f%% %14s\n", plain.c_str(), 100 * med, range);
   }
-  std::printf("target: median verification cost < 3%% for every loader: %s\n", cost_ok ? "met" : "NOT met");
+  std::printf("target: median verification cost < 3%% for every loader: %s\n",
+              cost_ok ? "met" : "NOT met");
   return 0;
 }

@@ -41,7 +41,8 @@ __attribute__((target("avx512f"))) inline float stream_sum_avx512(const float* p
 __attribute__((target("avx512f"))) inline float stream_sum4_avx512(const float* p, std::size_t n) {
   constexpr std::size_t ahead = 12 * 1024 / sizeof(float);
   const std::size_t part = n / 4 / 16 * 16;
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                 _mm512_setzero_ps()};
   for (std::size_t i = 0; i < part; i += 16)
     for (std::size_t s = 0; s < 4; ++s) {
       const float* q = p + s * part + i;
@@ -50,7 +51,8 @@ __attribute__((target("avx512f"))) inline float stream_sum4_avx512(const float* 
     }
   float tail = 0;
   for (std::size_t i = 4 * part; i < n; ++i) tail += p[i];
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]))) + tail;
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]))) +
+         tail;
 }
 #pragma GCC diagnostic pop
 #endif
@@ -59,7 +61,8 @@ __attribute__((target("avx512f"))) inline float stream_sum4_avx512(const float* 
 /// stream or (`quarters`) as four prefetched ones.
 inline float stream_sum(const float* p, std::size_t n, bool quarters = false) {
 #if defined(__x86_64__)
-  if (detect_isa() == Isa::avx512) return quarters ? stream_sum4_avx512(p, n) : stream_sum_avx512(p, n);
+  if (detect_isa() == Isa::avx512)
+    return quarters ? stream_sum4_avx512(p, n) : stream_sum_avx512(p, n);
 #endif
   (void)quarters;
   float s = 0;
@@ -72,7 +75,10 @@ inline float stream_sum(const float* p, std::size_t n, bool quarters = false) {
 class ColdRead {
  public:
   ColdRead(ThreadPool& pool, std::size_t bytes, std::size_t copies)
-      : pool_(pool), n_(bytes / 4), bufs_(copies, std::vector<float>(n_, 1.f)), part_(pool.size()) {}
+      : pool_(pool),
+        n_(bytes / 4),
+        bufs_(copies, std::vector<float>(n_, 1.f)),
+        part_(pool.size()) {}
   void operator()(std::size_t c, bool quarters) {
     const float* p = bufs_[c % bufs_.size()].data();
     const std::size_t per = (n_ / pool_.size() + 63) / 64 * 64;

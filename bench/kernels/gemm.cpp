@@ -35,7 +35,8 @@ double median(std::vector<double> v) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12 on _mm512_setzero_si512
 /// Multiply-adds per second of 12 independent vpdpbusd chains (512-bit: 64 each).
-__attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) double vnni512_peak_loop(std::size_t iters) {
+__attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) double vnni512_peak_loop(
+    std::size_t iters) {
   __m512i acc[12];
   for (auto& a : acc) a = _mm512_setzero_si512();
   const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-2);
@@ -81,7 +82,8 @@ double int8_peak(bool wide, ThreadPool& pool) {
   if (wide ? !has_avx512_vnni() : !has_avx_vnni()) return 0;
   std::vector<double> per(pool.size());
   pool.parallel_for(0, pool.size(), 1, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) per[i] = wide ? vnni512_peak_loop(1 << 19) : vnni256_peak_loop(1 << 20);
+    for (std::size_t i = b; i < e; ++i)
+      per[i] = wide ? vnni512_peak_loop(1 << 19) : vnni256_peak_loop(1 << 20);
   });
   double total = 0;
   for (double p : per) total += p;
@@ -92,7 +94,8 @@ double int8_peak(bool wide, ThreadPool& pool) {
 #endif
 }
 
-std::vector<std::byte> random_matrix(std::size_t rows, std::size_t cols, Precision p, QuantScheme s) {
+std::vector<std::byte> random_matrix(std::size_t rows, std::size_t cols, Precision p,
+                                     QuantScheme s) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 0.02f);
   std::vector<float> w(rows * cols);
@@ -114,9 +117,12 @@ int main(int argc, char** argv) {
   unsigned threads = 1;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) quick = true, reps = 1;
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = static_cast<unsigned>(std::atoi(argv[++i]));
+    if (!std::strcmp(argv[i], "--quick"))
+      quick = true, reps = 1;
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads = static_cast<unsigned>(std::atoi(argv[++i]));
     else {
       std::fprintf(stderr, "usage: %s [--quick] [--reps N] [--threads N]\n", argv[0]);
       return 2;
@@ -125,10 +131,12 @@ int main(int argc, char** argv) {
   ThreadPool pool(threads);
   std::vector<Path> paths;
   if (has_avx512_vnni()) paths.push_back({"avx512-vnni", Isa::avx512, true});
-  if (isa_supported(Isa::avx2) && has_avx_vnni()) paths.push_back({"avx2+avx-vnni", Isa::avx2, false});
-  std::printf("moekit prefill GEMM benchmark: %u thread(s), median of %d; int8 = int8 activations "
-              "(int8_gemm.hpp), float = the float-decode GEMM (int8_activations off) on the same ISA\n",
-              threads, reps);
+  if (isa_supported(Isa::avx2) && has_avx_vnni())
+    paths.push_back({"avx2+avx-vnni", Isa::avx2, false});
+  std::printf(
+      "moekit prefill GEMM benchmark: %u thread(s), median of %d; int8 = int8 activations "
+      "(int8_gemm.hpp), float = the float-decode GEMM (int8_activations off) on the same ISA\n",
+      threads, reps);
   // Mixtral's expert shapes, and the default test model's (256 × 512 experts: under
   // activations.hpp's int8_min_row_width, where `--activations auto` keeps f32).
   const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}, {512, 256}, {256, 512}};
@@ -142,9 +150,10 @@ int main(int argc, char** argv) {
                             {"q4 rows", Precision::q4, MatrixOrder::rows},
                             {"q4 bpanels", Precision::q4, MatrixOrder::blocked_panels4}};
   for (const Path& path : paths) {
-    std::printf("\n== %s (peak: the vpdpbusd loop in the same rounds, G multiply-adds/s)\n", path.label);
-    std::printf("%-11s %-11s %4s %10s %9s %10s %9s %8s %8s %7s\n", "format", "shape", "n", "int8 ms",
-                "GFLOP/s", "float ms", "GFLOP/s", "speedup", "of peak", "peak");
+    std::printf("\n== %s (peak: the vpdpbusd loop in the same rounds, G multiply-adds/s)\n",
+                path.label);
+    std::printf("%-11s %-11s %4s %10s %9s %10s %9s %8s %8s %7s\n", "format", "shape", "n",
+                "int8 ms", "GFLOP/s", "float ms", "GFLOP/s", "speedup", "of peak", "peak");
     for (const Format& f : formats) {
       if (quick && f.order != MatrixOrder::rows) continue;
       for (const auto& shape : shapes) {
@@ -165,20 +174,23 @@ int main(int argc, char** argv) {
           o8.int8_activations = true;
           std::vector<double> t8, tf, tp;
           const int inner = rows < 1024 ? 200 : 1;  // the small shapes: many calls per timing
-          for (int r = -1; r < reps; ++r) {  // a first, untimed round of each
+          for (int r = -1; r < reps; ++r) {         // a first, untimed round of each
             auto t0 = Clock::now();
             for (int i = 0; i < inner; ++i) gemm(w, x, n, y, o8);
-            if (r >= 0) t8.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / inner);
+            if (r >= 0)
+              t8.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / inner);
             t0 = Clock::now();
             for (int i = 0; i < inner; ++i) gemm(w, x, n, y, of);
-            if (r >= 0) tf.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / inner);
+            if (r >= 0)
+              tf.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / inner);
             if (r >= 0) tp.push_back(int8_peak(path.wide, pool));
           }
           const double s8 = median(t8), sf = median(tf), peak = median(tp);
           const double macs = static_cast<double>(rows) * cols * n;
-          std::printf("%-11s %5zux%-5zu %4zu %10.3f %9.1f %10.3f %9.1f %7.2fx %7.0f%% %7.1f\n", f.label, rows,
-                      cols, n, s8 * 1e3, 2 * macs / s8 / 1e9, sf * 1e3, 2 * macs / sf / 1e9, sf / s8,
-                      peak > 0 ? 100.0 * macs / s8 / peak : 0.0, peak / 1e9);
+          std::printf("%-11s %5zux%-5zu %4zu %10.3f %9.1f %10.3f %9.1f %7.2fx %7.0f%% %7.1f\n",
+                      f.label, rows, cols, n, s8 * 1e3, 2 * macs / s8 / 1e9, sf * 1e3,
+                      2 * macs / sf / 1e9, sf / s8, peak > 0 ? 100.0 * macs / s8 / peak : 0.0,
+                      peak / 1e9);
         }
       }
     }

@@ -29,24 +29,28 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int reps = 15, only_threads = 0;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      only_threads = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: %s [--reps N] [--threads N]\n", argv[0]);
       return 2;
     }
   }
   if (!has_avx512_vnni()) {
-    std::printf("skipped: this CPU has no AVX-512 VNNI, so the int8-activation kernels do not run\n");
+    std::printf(
+        "skipped: this CPU has no AVX-512 VNNI, so the int8-activation kernels do not run\n");
     return 0;
   }
   const RowStreaming ways[] = {{1, false}, {1, true}, {2, false}, {2, true}, {4, false}, {4, true}};
   constexpr std::size_t n_ways = std::size(ways);
-  std::printf("int8-activation GEMV, cold weights (rotation over %zu MiB), CPU core %s; medians of %d "
-              "rounds; %% of the streaming read (the faster of one and four prefetched streams per "
-              "thread); S = streams per thread, p = prefetched, * = this core's default; panels = "
-              "the matrix in 4-row panels, blocked = in blocked panels\n",
-              bench::rotation_bytes >> 20, std::string(name(detect_core())).c_str(), reps);
+  std::printf(
+      "int8-activation GEMV, cold weights (rotation over %zu MiB), CPU core %s; medians of %d "
+      "rounds; %% of the streaming read (the faster of one and four prefetched streams per "
+      "thread); S = streams per thread, p = prefetched, * = this core's default; panels = "
+      "the matrix in 4-row panels, blocked = in blocked panels\n",
+      bench::rotation_bytes >> 20, std::string(name(detect_core())).c_str(), reps);
   // As bench/kernels/ggml_peer.sh: the formats ggml's q8_0, q4_0 and q2_K compare with.
   const std::pair<Precision, QuantScheme> formats[] = {
       {Precision::q8, {32, false}}, {Precision::q4, {32, false}}, {Precision::q2, {64, true}}};
@@ -66,11 +70,14 @@ int main(int argc, char** argv) {
         for (auto& v : w) v = d(rng);
         for (auto& v : x) v = d(rng) * 50.f;
         const std::vector<std::byte> enc = encode_matrix<float>(w, rows, cols, p, s);
-        const std::size_t bytes = enc.size(), copies = std::max<std::size_t>(2, bench::rotation_bytes / bytes);
-        std::vector<std::vector<std::byte>> mats(copies, enc), panels(copies, std::vector<std::byte>(bytes)),
+        const std::size_t bytes = enc.size(),
+                          copies = std::max<std::size_t>(2, bench::rotation_bytes / bytes);
+        std::vector<std::vector<std::byte>> mats(copies, enc),
+            panels(copies, std::vector<std::byte>(bytes)),
             blocked(copies, std::vector<std::byte>(bytes));
         for (auto& m : panels) pack_panels(MatrixView{enc.data(), rows, cols, p, s}, m);
-        for (auto& m : blocked) pack_panels(MatrixView{enc.data(), rows, cols, p, s}, m, MatrixOrder::blocked_panels4);
+        for (auto& m : blocked)
+          pack_panels(MatrixView{enc.data(), rows, cols, p, s}, m, MatrixOrder::blocked_panels4);
         const RowStreaming chosen = default_row_streaming(detect_core(), cols);
         std::vector<float> y(rows), y0(rows);
         bench::ColdRead read(pool, bytes, copies);
@@ -86,9 +93,11 @@ int main(int argc, char** argv) {
                 o.int8_activations = true;
                 o.streaming = ways[v];
                 gemv(MatrixView{mats[c].data(), rows, cols, p, s}, x, y, o);
-                if (v == 0) y0 = y;
+                if (v == 0)
+                  y0 = y;
                 else if (y != y0) {  // every way computes each row alike
-                  std::fprintf(stderr, "streaming S%u%s gave a different result\n", ways[v].streams, ways[v].prefetch ? "p" : "");
+                  std::fprintf(stderr, "streaming S%u%s gave a different result\n", ways[v].streams,
+                               ways[v].prefetch ? "p" : "");
                   return 1;
                 }
               } else if (v >= n_ways + 2) {
@@ -108,9 +117,11 @@ int main(int argc, char** argv) {
               if (r >= 0) t[v].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
             }
         const double bound = std::min(bench::median(t[n_ways]), bench::median(t[n_ways + 1]));
-        std::printf("%-6s %5zux%-5zu %6.1f    |", std::string(name(p)).c_str(), rows, cols, bytes / bound / 1e9);
+        std::printf("%-6s %5zux%-5zu %6.1f    |", std::string(name(p)).c_str(), rows, cols,
+                    bytes / bound / 1e9);
         for (std::size_t v = 0; v < n_ways; ++v)
-          std::printf(" %4.0f%%%s", 100 * bound / bench::median(t[v]), ways[v] == chosen ? "*" : " ");
+          std::printf(" %4.0f%%%s", 100 * bound / bench::median(t[v]),
+                      ways[v] == chosen ? "*" : " ");
         std::printf("   %4.0f%%   %4.0f%%\n", 100 * bound / bench::median(t[n_ways + 2]),
                     100 * bound / bench::median(t[n_ways + 3]));
       }

@@ -135,8 +135,10 @@ double fma_peak_flops() {
 int main(int argc, char** argv) {
   int reps = 1000, batches = 21;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::stoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--batches") && i + 1 < argc) batches = std::stoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = std::stoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--batches") && i + 1 < argc)
+      batches = std::stoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: %s [--reps N] [--batches N]\n", argv[0]);
       return 2;
@@ -182,25 +184,31 @@ int main(int argc, char** argv) {
       sink = sink + read_pass(raw.data() + first * lines_per_gate, c * lines_per_gate);
     };
   };
-  const auto t = time_interleaved(reps, batches, {
-      [&](std::uint32_t l) {  // 0: the library GEMV on the rows as given
-        gemv(MatrixView{reinterpret_cast<const std::byte*>(w.data() + std::size_t{l} * E * d), E,
-                        d, Precision::f32, {}},
-             x, std::span<float>(y).first(E));
-        sink = sink + y[0];
-      },
-      stacked(1, false), stacked(2, false), stacked(3, false),           // 1..3
-      sequential(2), sequential(3),                                      // 4, 5
-      read_only(1, false), read_only(2, false), read_only(3, false),     // 6..8
-      stacked(1, true), stacked(2, true), stacked(3, true),              // 9..11
-      read_only(1, true), read_only(2, true), read_only(3, true),        // 12..14
-  });
+  const auto t = time_interleaved(
+      reps, batches,
+      {
+          [&](std::uint32_t l) {  // 0: the library GEMV on the rows as given
+            gemv(MatrixView{reinterpret_cast<const std::byte*>(w.data() + std::size_t{l} * E * d),
+                            E,
+                            d,
+                            Precision::f32,
+                            {}},
+                 x, std::span<float>(y).first(E));
+            sink = sink + y[0];
+          },
+          stacked(1, false), stacked(2, false), stacked(3, false),        // 1..3
+          sequential(2), sequential(3),                                   // 4, 5
+          read_only(1, false), read_only(2, false), read_only(3, false),  // 6..8
+          stacked(1, true), stacked(2, true), stacked(3, true),           // 9..11
+          read_only(1, true), read_only(2, true), read_only(3, true),     // 12..14
+      });
   const double one = t[1];
   const double peak = fma_peak_flops();
 
-  std::printf("predictor cost per decode layer call, Mixtral shapes (E = %u, d = %u, f32 "
-              "routers), kernel path %s, thread CPU time, median of %d interleaved batches\n",
-              E, d, std::string(name(rs.isa())).c_str(), batches);
+  std::printf(
+      "predictor cost per decode layer call, Mixtral shapes (E = %u, d = %u, f32 "
+      "routers), kernel path %s, thread CPU time, median of %d interleaved batches\n",
+      E, d, std::string(name(rs.isa())).c_str(), batches);
   std::printf("%-50s %9s %9s %9s %11s\n", "what", "us/call", "x 1 gate", "GB/s", "GFLOP/s");
   auto row = [&](const std::string& what, double s, double gates, const char* note = "") {
     const double bytes = gates * E * d * 4, flops = gates * 2.0 * E * d;
@@ -211,8 +219,8 @@ int main(int argc, char** argv) {
   row("one gate, RouterStack (packed) = baseline", t[1], 1);
   for (std::uint32_t p = 2; p <= 3; ++p) {
     const double r = t[p] / one;
-    const char* note = p == 2 ? (r <= 1.5 ? "   target <= 1.50: MET" : "   target <= 1.50: NOT met")
-                              : "";
+    const char* note =
+        p == 2 ? (r <= 1.5 ? "   target <= 1.50: MET" : "   target <= 1.50: NOT met") : "";
     row("stacked p = " + std::to_string(p) + " [" + std::to_string(p * E) + " x 4096]", t[p], p,
         note);
     row("  p = " + std::to_string(p) + " sequential single gates", t[2 + p], p);
@@ -220,13 +228,15 @@ int main(int argc, char** argv) {
   }
   std::printf("floor ratio (read-only p / read-only 1): p = 2 %.2f, p = 3 %.2f\n", t[7] / t[6],
               t[8] / t[6]);
-  std::printf("hot (one layer's routers every call, L2 resident): stacked/one p = 2 %.2f, "
-              "p = 3 %.2f; read-only p = 2 %.2f, p = 3 %.2f\n",
-              t[10] / t[9], t[11] / t[9], t[13] / t[12], t[14] / t[12]);
+  std::printf(
+      "hot (one layer's routers every call, L2 resident): stacked/one p = 2 %.2f, "
+      "p = 3 %.2f; read-only p = 2 %.2f, p = 3 %.2f\n",
+      t[10] / t[9], t[11] / t[9], t[13] / t[12], t[14] / t[12]);
   if (peak > 0)
-    std::printf("FMA peak measured here: %.1f GFLOP/s; one gate uses %.1f%% of it (0.5 flop per "
-                "byte read): bound by reading the weights, not by arithmetic\n",
-                peak / 1e9, 100.0 * 2.0 * E * d / one / peak);
+    std::printf(
+        "FMA peak measured here: %.1f GFLOP/s; one gate uses %.1f%% of it (0.5 flop per "
+        "byte read): bound by reading the weights, not by arithmetic\n",
+        peak / 1e9, 100.0 * 2.0 * E * d / one / peak);
 
   // Whole predict() calls (softmax, top-k, T1/T2 rule, list building), nothing resident.
   const ResidencyView none(nullptr, &always_missing);
@@ -234,10 +244,18 @@ int main(int argc, char** argv) {
   std::vector<std::uint32_t> ids{0, 1};
   std::vector<float> wts{0.6f, 0.4f};
   GateView gv{1, 2, E, {}, ids, wts, x};
-  StackedGatePredictor hobbit2({.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d,
-                                .top_k = 2, .lookahead = 2});
-  StackedGatePredictor hobbit3({.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d,
-                                .top_k = 2, .lookahead = 3});
+  StackedGatePredictor hobbit2({.router_weights = w,
+                                .n_layers = L,
+                                .n_experts = E,
+                                .hidden = d,
+                                .top_k = 2,
+                                .lookahead = 2});
+  StackedGatePredictor hobbit3({.router_weights = w,
+                                .n_layers = L,
+                                .n_experts = E,
+                                .hidden = d,
+                                .top_k = 2,
+                                .lookahead = 3});
   CrossLayerGatePredictor fate({.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d});
   auto predict_call = [&](auto& pred) {
     return [&](std::uint32_t l) {
@@ -246,8 +264,9 @@ int main(int argc, char** argv) {
       sink = sink + float(list.size());
     };
   };
-  const auto tp = time_interleaved(reps, batches, {stacked(1, false), predict_call(hobbit2),
-                                                   predict_call(hobbit3), predict_call(fate)});
+  const auto tp = time_interleaved(
+      reps, batches,
+      {stacked(1, false), predict_call(hobbit2), predict_call(hobbit3), predict_call(fate)});
   std::printf("%-50s %9s %9s\n", "whole predict() call", "us/call", "x 1 gate");
   std::printf("%-50s %9.3f %9.2f\n", "one gate (baseline, this batch)", tp[0] * 1e6, 1.0);
   std::printf("%-50s %9.3f %9.2f\n", "StackedGatePredictor::predict, p = 2", tp[1] * 1e6,

@@ -45,11 +45,14 @@ void hobbit_split(const std::string& path) {
   const double all = double(n[0] + n[1] + n[2]);
   std::printf("HOBBIT T1=0.6/T2=0.9 on %s (%llu records, %.0f selections)\n", path.c_str(),
               static_cast<unsigned long long>(records), all);
-  std::printf("  high %.1f %%  low %.1f %%  skip %.1f %%   (paper 67 / 30 / 3; data README ~65 / 32 / 3)\n",
-              100.0 * double(n[2]) / all, 100.0 * double(n[1]) / all, 100.0 * double(n[0]) / all);
+  std::printf(
+      "  high %.1f %%  low %.1f %%  skip %.1f %%   (paper 67 / 30 / 3; data README ~65 / 32 / 3)\n",
+      100.0 * double(n[2]) / all, 100.0 * double(n[1]) / all, 100.0 * double(n[0]) / all);
   const HobbitRule cal = scores.thresholds(0.30, 0.03);
-  std::printf("  thresholds calibrated on this trace for the paper's 30 %% low / 3 %% skip: "
-              "T1 = %.3f, T2 = %.3f (paper, profiled on Mixtral: 0.6 / 0.9)\n", cal.t1, cal.t2);
+  std::printf(
+      "  thresholds calibrated on this trace for the paper's 30 %% low / 3 %% skip: "
+      "T1 = %.3f, T2 = %.3f (paper, profiled on Mixtral: 0.6 / 0.9)\n",
+      cal.t1, cal.t2);
 }
 
 void activation_path(const std::string& path) {
@@ -93,7 +96,8 @@ int main(int argc, char** argv) {
   const std::string dir = data + "/traces/mixtral-8x7b/";
   hobbit_split(dir + "gsm8k-p0-p1.decode.jsonl");
   activation_path(dir + "humaneval-p0.prefill-decode.raw.jsonl");
-  std::printf("HOBBIT stacked / Fate cross-layer gate accuracy: not measured here (the shared traces "
-              "have no hidden states)\n");
+  std::printf(
+      "HOBBIT stacked / Fate cross-layer gate accuracy: not measured here (the shared traces "
+      "have no hidden states)\n");
   return 0;
 }

@@ -1,6 +1,7 @@
 // EdgeMoE's expert-wise bit-width search (tools/bitwidth_search.hpp) with an evaluator that runs
 // the engine: each evaluation writes the candidate PrecisionTable and runs
-//   moe-run --in-memory --preset edgemoe --bitwidth-table T --perplexity TEXT -c CTX --chunks N --json
+//   moe-run --in-memory --preset edgemoe --bitwidth-table T --perplexity TEXT -c CTX --chunks N
+//   --json
 // and the loss, in %, is EdgeMoE's "accuracy loss P" measured against an f32 run of the same
 // slice: `--loss top1` (default) = next-token top-1 disagreement with the f32 model
 // (100 · (1 − top-1 agreement)), an accuracy drop; `--loss ppl` = relative perplexity increase
@@ -53,21 +54,31 @@ std::string run(const std::string& cmd) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string moe_run, text, prefix, model = std::string(MOEKIT_SOURCE_DIR) + "/models/moekit-tiny-moe";
+  std::string moe_run, text, prefix,
+      model = std::string(MOEKIT_SOURCE_DIR) + "/models/moekit-tiny-moe";
   unsigned ctx = 512, chunks = 1;
   std::string loss = "top1";
   std::vector<double> budgets;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--moe-run") moe_run = v;
-    else if (a == "--text") text = v;
-    else if (a == "--model") model = v;
-    else if (a == "--ctx") ctx = std::stoul(v);
-    else if (a == "--chunks") chunks = std::stoul(v);
-    else if (a == "--budget") budgets.push_back(std::stod(v));
-    else if (a == "--out-prefix") prefix = v;
-    else if (a == "--loss") loss = v;
-    else throw moekit::Error(moekit::ErrorKind::invalid_argument, "unknown argument " + a);
+    if (a == "--moe-run")
+      moe_run = v;
+    else if (a == "--text")
+      text = v;
+    else if (a == "--model")
+      model = v;
+    else if (a == "--ctx")
+      ctx = std::stoul(v);
+    else if (a == "--chunks")
+      chunks = std::stoul(v);
+    else if (a == "--budget")
+      budgets.push_back(std::stod(v));
+    else if (a == "--out-prefix")
+      prefix = v;
+    else if (a == "--loss")
+      loss = v;
+    else
+      throw moekit::Error(moekit::ErrorKind::invalid_argument, "unknown argument " + a);
   }
   if (moe_run.empty() || text.empty() || prefix.empty())
     throw moekit::Error(moekit::ErrorKind::invalid_argument,
@@ -84,8 +95,9 @@ int main(int argc, char** argv) try {
     return nlohmann::json::parse(out.substr(out.find('{')));
   };
   const std::string ref_file = prefix + "-reference.mklogp";
-  const double reference =
-      engine("--precision f32 --force --save-logits " + quote(ref_file)).at("perplexity").get<double>();
+  const double reference = engine("--precision f32 --force --save-logits " + quote(ref_file))
+                               .at("perplexity")
+                               .get<double>();
   const std::string table_file = prefix + "-candidate.table";
   std::size_t calls = 0;
   std::map<std::string, double> memo;  // table text → loss: budgets share the uniform and
@@ -97,11 +109,10 @@ int main(int argc, char** argv) try {
     const std::string key((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (const auto it = memo.find(key); it != memo.end()) return it->second;
     ++calls;
-    const auto j = engine("--preset edgemoe --precision f16 --bitwidth-table " +
-                          quote(table_file) + " --kl-reference " + quote(ref_file));
-    const double l = loss == "top1"
-                         ? 100.0 * (1.0 - j.at("top1_agreement").get<double>())
-                         : 100.0 * (j.at("perplexity").get<double>() / reference - 1.0);
+    const auto j = engine("--preset edgemoe --precision f16 --bitwidth-table " + quote(table_file) +
+                          " --kl-reference " + quote(ref_file));
+    const double l = loss == "top1" ? 100.0 * (1.0 - j.at("top1_agreement").get<double>())
+                                    : 100.0 * (j.at("perplexity").get<double>() / reference - 1.0);
     return memo[key] = l;
   };
   std::ifstream cfg_in(fs::path(model) / "config.json");
@@ -136,17 +147,17 @@ int main(int argc, char** argv) try {
                                   {"loss_percent", r.loss},
                                   {"uniform_loss_percent", r.uniform_loss},
                                   {"evaluations", r.evaluations}});
-    std::printf("P = %g %%: %zu of %u experts at %s, the rest at %s; loss %.3f %% (%zu evaluations, "
-                "%zu engine runs so far)\n",
-                P, r.k, n_layers * n_experts, std::string(moekit::name(r.low)).c_str(),
-                std::string(moekit::name(r.high)).c_str(), r.loss, r.evaluations, calls);
+    std::printf(
+        "P = %g %%: %zu of %u experts at %s, the rest at %s; loss %.3f %% (%zu evaluations, "
+        "%zu engine runs so far)\n",
+        P, r.k, n_layers * n_experts, std::string(moekit::name(r.low)).c_str(),
+        std::string(moekit::name(r.high)).c_str(), r.loss, r.evaluations, calls);
     std::fflush(stdout);
   }
   fs::remove(table_file);
   fs::remove(ref_file);
   report["engine_runs"] = calls + 1;
-  report["seconds"] =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::ofstream(prefix + ".json") << report.dump(1) << "\n";
   return 0;
 } catch (const std::exception& e) {

@@ -48,9 +48,8 @@ std::vector<float> load_routers(const fs::path& dir, const moekit::sim::TraceDim
     if (t.rows() != d.n_experts || t.cols() != d.hidden)
       throw moekit::Error(moekit::ErrorKind::invalid_argument,
                           name + " has another shape than the trace's n_experts x hidden");
-    moekit::io::dequantize(
-        t, std::span<float>(out).subspan(std::size_t{l} * d.n_experts * d.hidden,
-                                         std::size_t{d.n_experts} * d.hidden));
+    moekit::io::dequantize(t, std::span<float>(out).subspan(std::size_t{l} * d.n_experts * d.hidden,
+                                                            std::size_t{d.n_experts} * d.hidden));
   }
   return out;
 }
@@ -77,9 +76,12 @@ int main(int argc, char** argv) try {
   std::vector<std::string> traces;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--model" && i + 1 < argc) model = argv[++i];
-    else if (a == "--csv" && i + 1 < argc) csv = argv[++i];
-    else traces.push_back(a);
+    if (a == "--model" && i + 1 < argc)
+      model = argv[++i];
+    else if (a == "--csv" && i + 1 < argc)
+      csv = argv[++i];
+    else
+      traces.push_back(a);
   }
   if (traces.empty())
     for (const auto& e : fs::directory_iterator(fs::path(MOEKIT_SOURCE_DIR) / "bench/traces"))
@@ -106,8 +108,9 @@ int main(int argc, char** argv) try {
     const auto tr = moekit::sim::read_trace_binary(path);
     if (!tr.has_logits() || !tr.has_hidden())
       throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                          path + ": the trace has no router logits / gate inputs (record it with "
-                                 "moe-run --trace-out)");
+                          path +
+                              ": the trace has no router logits / gate inputs (record it with "
+                              "moe-run --trace-out)");
     if (routers.empty()) {
       dims = tr.dims();
       routers = load_routers(model, dims);
@@ -117,11 +120,18 @@ int main(int argc, char** argv) try {
     const std::uint32_t L = dims.n_layers, E = dims.n_experts, H = dims.hidden, K = dims.top_k;
     std::vector<moekit::CrossLayerGatePredictor> fate;
     for (double q : percentiles)
-      fate.emplace_back(moekit::CrossLayerGatePredictor::Config{
-          .router_weights = routers, .n_layers = L, .n_experts = E, .hidden = H, .top_k = K,
-          .percentile = q});
-    moekit::StackedGatePredictor hobbit({.router_weights = routers, .n_layers = L, .n_experts = E,
-                                         .hidden = H, .top_k = K, .lookahead = 3});
+      fate.emplace_back(moekit::CrossLayerGatePredictor::Config{.router_weights = routers,
+                                                                .n_layers = L,
+                                                                .n_experts = E,
+                                                                .hidden = H,
+                                                                .top_k = K,
+                                                                .percentile = q});
+    moekit::StackedGatePredictor hobbit({.router_weights = routers,
+                                         .n_layers = L,
+                                         .n_experts = E,
+                                         .hidden = H,
+                                         .top_k = K,
+                                         .lookahead = 3});
     std::vector<moekit::Prefetch> buf(E * 8);
     const moekit::ResidencyView none(nullptr, &nothing_resident);
     std::vector<float> logits;
@@ -143,11 +153,18 @@ int main(int argc, char** argv) try {
         }
         ++checked;
         if (l + 1 >= L) continue;
-        const moekit::GateView one{.n_tokens = 1, .k = K, .n_experts = E, .logits = route.logits,
-                                   .experts = route.experts, .weights = route.weights,
+        const moekit::GateView one{.n_tokens = 1,
+                                   .k = K,
+                                   .n_experts = E,
+                                   .logits = route.logits,
+                                   .experts = route.experts,
+                                   .weights = route.weights,
                                    .hidden = route.hidden};
-        const moekit::LayerContext ctx{.layer = l, .n_layers = L, .token_index = t,
-                                       .phase = moekit::Phase::decode, .n_tokens = 1};
+        const moekit::LayerContext ctx{.layer = l,
+                                       .n_layers = L,
+                                       .token_index = t,
+                                       .phase = moekit::Phase::decode,
+                                       .n_tokens = 1};
         const auto truth = tr.experts(t, l + 1);
         // Fate, per token (decode path).
         for (std::size_t i = 0; i < fate.size(); ++i) {
@@ -196,9 +213,16 @@ int main(int argc, char** argv) try {
           w.insert(w.end(), r.weights.begin(), r.weights.end());
           for (auto e : tr.experts(t, l + 1)) actual[e] = 1;
         }
-        const moekit::GateView g{.n_tokens = std::uint32_t(n), .k = K, .n_experts = E,
-                                 .logits = lg, .experts = ids, .weights = w, .hidden = hid};
-        const moekit::LayerContext ctx{.layer = l, .n_layers = L, .phase = moekit::Phase::prefill,
+        const moekit::GateView g{.n_tokens = std::uint32_t(n),
+                                 .k = K,
+                                 .n_experts = E,
+                                 .logits = lg,
+                                 .experts = ids,
+                                 .weights = w,
+                                 .hidden = hid};
+        const moekit::LayerContext ctx{.layer = l,
+                                       .n_layers = L,
+                                       .phase = moekit::Phase::prefill,
                                        .n_tokens = std::uint32_t(n)};
         moekit::PrefetchList list{std::span<moekit::Prefetch>(buf)};
         fate[0].predict(ctx, g, none, list);
@@ -211,9 +235,10 @@ int main(int argc, char** argv) try {
     }
   }
 
-  std::printf("predictor accuracy on %zu trace(s), %zu tokens (%zu decode) x %u MoE layers (model "
-              "%s)\n",
-              traces.size(), tokens, decode_tokens, dims.n_layers, model.string().c_str());
+  std::printf(
+      "predictor accuracy on %zu trace(s), %zu tokens (%zu decode) x %u MoE layers (model "
+      "%s)\n",
+      traces.size(), tokens, decode_tokens, dims.n_layers, model.string().c_str());
   std::printf("router check: max |router(l)·hidden - recorded logit| = %.2e over %zu records\n\n",
               worst_logit_err, checked);
   if (worst_logit_err > 1e-3) {
@@ -221,28 +246,36 @@ int main(int argc, char** argv) try {
     return 1;
   }
   std::printf("| predictor | measure | this model | paper |\n|---|---|---|---|\n");
-  std::printf("| Fate cross-layer gate, position 2 | per-token recall, predicted top-%u | %.1f %% | 78.79 %% (Qwen1.5-MoE, decode) |\n",
-              dims.top_k, fate_topk.pct());
+  std::printf(
+      "| Fate cross-layer gate, position 2 | per-token recall, predicted top-%u | %.1f %% | 78.79 "
+      "%% (Qwen1.5-MoE, decode) |\n",
+      dims.top_k, fate_topk.pct());
   for (std::size_t i = 0; i < percentiles.size(); ++i) {
-    const auto m = static_cast<unsigned>(
-        std::ceil((1.0 - percentiles[i]) * double(dims.n_experts) - 1e-9));
-    std::printf("| Fate cross-layer gate, position 2 | per-token recall, above %.3g percentile (%u of %u experts) | %.1f %% | %s |\n",
-                percentiles[i], m, dims.n_experts, fate_decode[i].pct(),
-                percentiles[i] == 0.75 ? "97.15 % (0.75: 15 of 60 experts)" : "-");
+    const auto m =
+        static_cast<unsigned>(std::ceil((1.0 - percentiles[i]) * double(dims.n_experts) - 1e-9));
+    std::printf(
+        "| Fate cross-layer gate, position 2 | per-token recall, above %.3g percentile (%u of %u "
+        "experts) | %.1f %% | %s |\n",
+        percentiles[i], m, dims.n_experts, fate_decode[i].pct(),
+        percentiles[i] == 0.75 ? "97.15 % (0.75: 15 of 60 experts)" : "-");
   }
-  std::printf("| Fate cross-layer gate, position 2 | per-token recall, predicted top-%u, decode tokens only | %.1f %% | 78.79 %% |\n",
-              dims.top_k, fate_topk_decode.pct());
-  std::printf("| Fate cross-layer gate, position 2 | prefill active-set recall | %.1f %% | > 99.6 %% |\n",
-              fate_prefill_set.pct());
+  std::printf(
+      "| Fate cross-layer gate, position 2 | per-token recall, predicted top-%u, decode tokens "
+      "only | %.1f %% | 78.79 %% |\n",
+      dims.top_k, fate_topk_decode.pct());
+  std::printf(
+      "| Fate cross-layer gate, position 2 | prefill active-set recall | %.1f %% | > 99.6 %% |\n",
+      fate_prefill_set.pct());
   for (int d = 1; d <= 3; ++d)
     std::printf("| HOBBIT stacked gate, layer +%d | top-1 accuracy | %.1f %% | %s |\n", d,
                 hobbit_top1[d].pct(), d == 1 ? "~96 % (Mixtral-8x7B)" : "~90 %");
   for (int d = 1; d <= 3; ++d)
-    std::printf("| HOBBIT stacked gate, layer +%d | top-1 accuracy, decode tokens only | %.1f %% | %s |\n",
-                d, hobbit_top1_decode[d].pct(), d == 1 ? "~96 %" : "~90 %");
+    std::printf(
+        "| HOBBIT stacked gate, layer +%d | top-1 accuracy, decode tokens only | %.1f %% | %s |\n",
+        d, hobbit_top1_decode[d].pct(), d == 1 ? "~96 %" : "~90 %");
   for (int d = 1; d <= 3; ++d)
-    std::printf("| HOBBIT stacked gate, layer +%d | top-%u recall | %.1f %% | - |\n", d,
-                dims.top_k, hobbit_recall[d].pct());
+    std::printf("| HOBBIT stacked gate, layer +%d | top-%u recall | %.1f %% | - |\n", d, dims.top_k,
+                hobbit_recall[d].pct());
   if (!csv.empty()) {
     std::ofstream out(csv);
     out << "predictor,measure,distance,percent\n";

@@ -2,8 +2,8 @@
 // token must read from memory — every dense matrix (attention, shared experts, routers, norms, the
 // LM head; of the embeddings one row) plus top-k experts in every MoE layer, at their bytes in the
 // GGUF file — against the streaming read of this machine measured in the same run, on the same
-// threads, over buffers of that size. Prints one JSON line; bench/scale/run.sh divides each engine's
-// resident decode speed by `bound_tokens_per_s` ("fraction of the memory bound").
+// threads, over buffers of that size. Prints one JSON line; bench/scale/run.sh divides each
+// engine's resident decode speed by `bound_tokens_per_s` ("fraction of the memory bound").
 //
 //   moekit_bench_decode_bound FILE.gguf [--threads 2] [--reps 5]
 #include <algorithm>
@@ -43,8 +43,10 @@ TokenBytes token_bytes(const moekit::io::GgufFile& g) {
   const std::uint64_t all_expert_bytes = experts->stored_bytes();
   TokenBytes b;
   for (const auto& t : g.tensors()) {
-    if (t.name == "token_embd.weight") b.dense += t.bytes / std::max<std::uint64_t>(t.dims[0], 1);
-    else b.dense += t.bytes;
+    if (t.name == "token_embd.weight")
+      b.dense += t.bytes / std::max<std::uint64_t>(t.dims[0], 1);
+    else
+      b.dense += t.bytes;
   }
   b.dense -= all_expert_bytes;
   b.experts = all_expert_bytes / s.expert_count() * s.top_k * s.n_layers;
@@ -61,8 +63,10 @@ int main(int argc, char** argv) {
   unsigned threads = 2, reps = 5;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string_view f = argv[i];
-    if (f == "--threads") threads = static_cast<unsigned>(std::atoi(argv[i + 1]));
-    else if (f == "--reps") reps = static_cast<unsigned>(std::atoi(argv[i + 1]));
+    if (f == "--threads")
+      threads = static_cast<unsigned>(std::atoi(argv[i + 1]));
+    else if (f == "--reps")
+      reps = static_cast<unsigned>(std::atoi(argv[i + 1]));
     else {
       std::fprintf(stderr, "moekit_bench_decode_bound: unknown flag %s\n", argv[i]);
       return 2;
@@ -82,7 +86,8 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       read(r, /*quarters=*/true);
       if (r > 0)  // the first pass faults the pages in
-        secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        secs.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     const double rate = double(buffer) / moekit::bench::median(secs);
     nlohmann::json j{{"model", argv[1]},

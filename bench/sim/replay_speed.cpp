@@ -96,8 +96,10 @@ int main(int argc, char** argv) {
   std::size_t tokens = 20000;
   int reps = 3;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = std::stoul(argv[++i]);
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::stoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc)
+      tokens = std::stoul(argv[++i]);
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = std::stoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: %s [--tokens N] [--reps N]\n", argv[0]);
       return 2;
@@ -110,26 +112,35 @@ int main(int argc, char** argv) {
   const PipelineConfig cfg{.expert_budget_bytes = 128 * shape.expert_bytes(Precision::f16)};
 
   std::uint64_t n_lru = 0, n_bel = 0;
-  const Rate lru = best_rate(reps, tr, cm, [&] {
-    return std::make_unique<presets::Baseline<SimLoader>>(shape, cfg, SimLoader(shape, hw.link));
-  }, n_lru);
+  const Rate lru = best_rate(
+      reps, tr, cm,
+      [&] {
+        return std::make_unique<presets::Baseline<SimLoader>>(shape, cfg,
+                                                              SimLoader(shape, hw.link));
+      },
+      n_lru);
   using Belady = CallOrderedPolicy<BeladyPolicy>;
-  using BeladySim = OffloadPipeline<UniformScorer, NoPredictor, Belady, SimLoader, OnDemandScheduler>;
+  using BeladySim =
+      OffloadPipeline<UniformScorer, NoPredictor, Belady, SimLoader, OnDemandScheduler>;
   const DemandSequence future = demand_sequence(tr);
-  const Rate bel = best_rate(reps, tr, cm, [&] {
-    return std::make_unique<BeladySim>(shape, cfg, SimLoader(shape, hw.link), UniformScorer{},
-                                       NoPredictor{}, Belady(future));
-  }, n_bel);
+  const Rate bel = best_rate(
+      reps, tr, cm,
+      [&] {
+        return std::make_unique<BeladySim>(shape, cfg, SimLoader(shape, hw.link), UniformScorer{},
+                                           NoPredictor{}, Belady(future));
+      },
+      n_bel);
 
   constexpr double target = 5e6;
-  std::printf("replay speed, Mixtral-8x7B shapes, 128/256 slots, %zu decode tokens (SYNTHETIC "
-              "routing), best of %d\n", tokens, reps);
-  std::printf("%-8s %12s %14s %10s %14s %10s\n", "policy", "accesses", "per CPU s",
-              "vs 5 M/s", "per wall s", "vs 5 M/s");
+  std::printf(
+      "replay speed, Mixtral-8x7B shapes, 128/256 slots, %zu decode tokens (SYNTHETIC "
+      "routing), best of %d\n",
+      tokens, reps);
+  std::printf("%-8s %12s %14s %10s %14s %10s\n", "policy", "accesses", "per CPU s", "vs 5 M/s",
+              "per wall s", "vs 5 M/s");
   auto row = [&](const char* name, std::uint64_t n, Rate r) {
     std::printf("%-8s %12llu %14.3e %9.2fx %14.3e %9.2fx\n", name,
-                static_cast<unsigned long long>(n), r.cpu, r.cpu / target, r.wall,
-                r.wall / target);
+                static_cast<unsigned long long>(n), r.cpu, r.cpu / target, r.wall, r.wall / target);
   };
   row("lru", n_lru, lru);
   row("belady", n_bel, bel);

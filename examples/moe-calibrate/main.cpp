@@ -71,13 +71,20 @@ std::size_t parse_size(const std::string& flag, const std::string& s) {
     unit.insert(unit.begin(), num.back()), num.pop_back();
   for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   double scale = 1;
-  if (unit == "kib") scale = 1024.0;
-  else if (unit == "mib") scale = 1048576.0;
-  else if (unit == "gib") scale = 1073741824.0;
-  else if (unit == "kb") scale = 1e3;
-  else if (unit == "mb") scale = 1e6;
-  else if (unit == "gb") scale = 1e9;
-  else if (!unit.empty() && unit != "b") bad_flag(flag, "unknown unit '" + unit + "'");
+  if (unit == "kib")
+    scale = 1024.0;
+  else if (unit == "mib")
+    scale = 1048576.0;
+  else if (unit == "gib")
+    scale = 1073741824.0;
+  else if (unit == "kb")
+    scale = 1e3;
+  else if (unit == "mb")
+    scale = 1e6;
+  else if (unit == "gb")
+    scale = 1e9;
+  else if (!unit.empty() && unit != "b")
+    bad_flag(flag, "unknown unit '" + unit + "'");
   double v = 0;
   try {
     std::size_t used = 0;
@@ -90,7 +97,8 @@ std::size_t parse_size(const std::string& flag, const std::string& s) {
   return static_cast<std::size_t>(v * scale);
 }
 
-// ---- memory ---------------------------------------------------------------------------------------
+// ---- memory
+// ---------------------------------------------------------------------------------------
 
 float stream_sum(const float* p, std::size_t n) {
   float a[8] = {};
@@ -110,10 +118,9 @@ double memory_bandwidth(ThreadPool& pool, std::size_t bytes, std::size_t copies,
   for (int r = -1; r < reps; ++r) {
     const float* p = bufs[static_cast<std::size_t>(r + 1) % copies].data();
     const auto t0 = Clock::now();
-    pool.parallel_for(0, n, (n / pool.size() + 1023) / 1024 * 1024,
-                      [&](std::size_t b, std::size_t e) {
-                        sink.store(sink.load() + stream_sum(p + b, e - b));
-                      });
+    pool.parallel_for(
+        0, n, (n / pool.size() + 1023) / 1024 * 1024,
+        [&](std::size_t b, std::size_t e) { sink.store(sink.load() + stream_sum(p + b, e - b)); });
     if (r >= 0) t.push_back(seconds_since(t0));  // r = -1: warm-up
   }
   return double(n * sizeof(float)) / median(t);
@@ -125,11 +132,10 @@ double memory_bandwidth(ThreadPool& pool, std::size_t bytes, std::size_t copies,
 class TempFile {
  public:
   explicit TempFile(const fs::path& dir) {
-    if (!fs::is_directory(dir))
-      bad_flag("--disk-dir", "'" + dir.string() + "' is not a directory");
+    if (!fs::is_directory(dir)) bad_flag("--disk-dir", "'" + dir.string() + "' is not a directory");
     for (int i = 0; i < 100 && fd_ < 0; ++i) {
-      path_ = dir / ("moe-calibrate-" + std::to_string(::getpid()) + "-" + std::to_string(i) +
-                     ".tmp");
+      path_ =
+          dir / ("moe-calibrate-" + std::to_string(::getpid()) + "-" + std::to_string(i) + ".tmp");
       fd_ = ::open(path_.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);  // never an existing file
       if (fd_ < 0 && errno != EEXIST)
         throw moekit::Error(ErrorKind::io, "--disk-dir: cannot create '" + path_.string() +
@@ -178,8 +184,7 @@ DiskResult disk_read(const fs::path& dir, std::size_t size) {
   constexpr std::size_t align = 4096, chunk = 4u << 20;
   size = std::max(chunk, size / chunk * chunk);
   TempFile f(dir);
-  std::printf("disk: writing %.2f GiB to %s ...\n", double(size) / 1073741824.0,
-              f.path().c_str());
+  std::printf("disk: writing %.2f GiB to %s ...\n", double(size) / 1073741824.0, f.path().c_str());
   std::fflush(stdout);
   f.fill(size);
   const int fd = ::open(f.path().c_str(), O_RDONLY | O_DIRECT);
@@ -243,7 +248,8 @@ Expert make_expert(std::size_t hidden, std::size_t ffn, Precision p, unsigned se
 /// total exceeds `rotation` bytes (cold weights, as in MoE decode).
 double time_expert(const Expert& e, std::size_t n, ThreadPool& pool, std::size_t rotation,
                    int reps) {
-  const std::size_t copies = std::max<std::size_t>(2, rotation / std::max<std::size_t>(1, e.bytes()));
+  const std::size_t copies =
+      std::max<std::size_t>(2, rotation / std::max<std::size_t>(1, e.bytes()));
   std::vector<Expert> cs(copies, e);
   std::vector<float> x(n * e.hidden, 0.5f), out(n * e.hidden, 0.0f);
   const KernelOptions opts{std::nullopt, &pool};
@@ -346,13 +352,14 @@ int run(int argc, char** argv) {
 
   std::optional<engine::LoaderReadRate> in_place;
   if (!o.checkpoint.empty()) {
-    if (!fs::exists(o.checkpoint)) bad_flag("--checkpoint", "'" + o.checkpoint + "' does not exist");
+    if (!fs::exists(o.checkpoint))
+      bad_flag("--checkpoint", "'" + o.checkpoint + "' does not exist");
     in_place = engine::loader_read_rate(o.checkpoint, o.checkpoint_experts);
-    std::printf("checkpoint: %u experts at %s read in place by moe-run's loader (%s): %.2f GB/s "
-                "(%.2f of the raw read)\n",
-                in_place->experts, std::string(name(in_place->precision)).c_str(),
-                in_place->reader.c_str(), in_place->bytes_per_s / 1e9,
-                in_place->bytes_per_s / disk.bandwidth);
+    std::printf(
+        "checkpoint: %u experts at %s read in place by moe-run's loader (%s): %.2f GB/s "
+        "(%.2f of the raw read)\n",
+        in_place->experts, std::string(name(in_place->precision)).c_str(), in_place->reader.c_str(),
+        in_place->bytes_per_s / 1e9, in_place->bytes_per_s / disk.bandwidth);
   }
 
   const double overhead =

@@ -62,8 +62,7 @@ class Progress {
     if (done != total && fill == last_) return;
     if (!tty_ && done != total && fill % 10 != 0) return;  // logs: a line per quarter
     last_ = fill;
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     if (tty_) std::fputc('\r', stderr);
     std::fprintf(stderr, "%-9s [%s%s] %zu/%zu blobs %.1fs", what_,
                  std::string(static_cast<std::size_t>(fill), '#').c_str(),
@@ -106,14 +105,17 @@ int run(const std::string& model, const std::string& out, const std::string& pre
     r = moekit::engine::build_store_from_checkpoint(cfg, model, precisions, out, wo);
   } else {
     throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                        "-m: '" + model + "' is neither a Hugging Face model directory (config.json "
-                        "+ safetensors) nor a .gguf file");
+                        "-m: '" + model +
+                            "' is neither a Hugging Face model directory (config.json "
+                            "+ safetensors) nor a .gguf file");
   }
   const auto store = moekit::io::ExpertStore::open(out);
   Progress verify_bar("verifying");
   store.verify([&](std::size_t d, std::size_t t) { verify_bar(d, t); });
-  std::fprintf(stderr, "%s: %zu blobs encoded, %zu resumed from an interrupted run, %llu bytes, "
-               "checksums verified\n", out.c_str(), r.blobs_encoded, r.blobs_resumed,
+  std::fprintf(stderr,
+               "%s: %zu blobs encoded, %zu resumed from an interrupted run, %llu bytes, "
+               "checksums verified\n",
+               out.c_str(), r.blobs_encoded, r.blobs_resumed,
                static_cast<unsigned long long>(r.file_bytes));
   return 0;
 }

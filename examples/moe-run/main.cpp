@@ -6,10 +6,10 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
-#include <memory>
-#include <span>
 #include <iostream>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -76,8 +76,9 @@ ModelPath check_model_path(const std::string& path) {
   if (fs::is_regular_file(p) && is_gguf_file(p)) return {{}, p};
   if (!fs::is_directory(p) || !fs::exists(p / "config.json"))
     throw moekit::Error(moekit::ErrorKind::unsupported,
-                        "-m: '" + path + "' is neither a Hugging Face model directory (no "
-                        "config.json), a GGUF file nor an expert store (moe-convert)");
+                        "-m: '" + path +
+                            "' is neither a Hugging Face model directory (no "
+                            "config.json), a GGUF file nor an expert store (moe-convert)");
   return {p, {}};
 }
 
@@ -101,7 +102,8 @@ ModelSource resolve_model(const Options& o) {
         check_store_origin(st, src.model.dir, src.model.gguf, o.force, "-m");
         return src;
       }
-    fail("-m: expert store '" + o.model + "' records neither checkpoint_dir nor gguf in its "
+    fail("-m: expert store '" + o.model +
+         "' records neither checkpoint_dir nor gguf in its "
          "meta; pass the checkpoint with -m DIR|GGUF and the store with --store");
   }
   ModelSource src{check_model_path(o.model), o.store};
@@ -143,10 +145,10 @@ struct Generation {
   std::string text;
   std::vector<Token> prompt, ids;
   Timings t;
-  moekit::PipelineStats after_prefill;  // decode's own counters are the difference
+  moekit::PipelineStats after_prefill;        // decode's own counters are the difference
   std::uint64_t host_read_after_prefill = 0;  // the loader's host_read_bytes() then
-  nlohmann::json profile;               // --profile: the parts of a decode token (null: off)
-  double team_fraction = 1;             // decode steps the pool ran on all threads (StepChooser)
+  nlohmann::json profile;                     // --profile: the parts of a decode token (null: off)
+  double team_fraction = 1;  // decode steps the pool ran on all threads (StepChooser)
 };
 
 // --profile's JSON: decode tokens timed, seconds per token, and each part's fraction of it.
@@ -234,8 +236,10 @@ void require_finite_logits(std::span<const float> logits, std::size_t position) 
 // 100000000 once zero-filled ~77 GB until the kernel killed the process).
 void check_context(std::uint32_t ctx, const ModelConfig& cfg) {
   if (ctx > cfg.max_positions)
-    fail("-c: context length " + std::to_string(ctx) + " exceeds the model's "
-         "max_position_embeddings (" + std::to_string(cfg.max_positions) + ")");
+    fail("-c: context length " + std::to_string(ctx) +
+         " exceeds the model's "
+         "max_position_embeddings (" +
+         std::to_string(cfg.max_positions) + ")");
 }
 
 template <class Pipeline>
@@ -246,8 +250,8 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   std::vector<Token> prompt = tok.encode(o.prompt, false);
   if (bos) prompt.insert(prompt.begin(), *cfg.bos_token_id);
   if (prompt.empty()) fail("-p: the prompt encodes to no tokens (and --no-bos is set)");
-  const std::uint32_t ctx = o.context ? o.context
-                                      : static_cast<std::uint32_t>(prompt.size() + o.n_predict);
+  const std::uint32_t ctx =
+      o.context ? o.context : static_cast<std::uint32_t>(prompt.size() + o.n_predict);
   if (prompt.size() + o.n_predict > ctx)
     fail("-c: context length " + std::to_string(ctx) + " is shorter than the prompt (" +
          std::to_string(prompt.size()) + " tokens) plus -n " + std::to_string(o.n_predict));
@@ -313,10 +317,10 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
     std::fflush(stdout);
   }
 
-  return generation_json(o, cfg, w, k, pipeline, model.kv_cache().bytes(),
-                         {std::move(text), std::move(prompt), std::move(ids), t, after_prefill,
-                          host_read_after_prefill,
-                          timed ? profile_json(profile) : nlohmann::json(), team});
+  return generation_json(
+      o, cfg, w, k, pipeline, model.kv_cache().bytes(),
+      {std::move(text), std::move(prompt), std::move(ids), t, after_prefill,
+       host_read_after_prefill, timed ? profile_json(profile) : nlohmann::json(), team});
 }
 
 // Pipeline counters shared by generation and --perplexity output.
@@ -416,11 +420,12 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
 }
 
 void print_perplexity(const nlohmann::json& j) {
-  std::printf("perplexity: %zu chunks of <= %u tokens (%s), %zu tokens scored, mean NLL %.6f, "
-              "perplexity %.4f\n",
-              j["chunks"].get<std::size_t>(), j["ctx"].get<unsigned>(),
-              j["mode"].get<std::string>().c_str(), j["tokens"].get<std::size_t>(),
-              j["mean_nll"].get<double>(), j["perplexity"].get<double>());
+  std::printf(
+      "perplexity: %zu chunks of <= %u tokens (%s), %zu tokens scored, mean NLL %.6f, "
+      "perplexity %.4f\n",
+      j["chunks"].get<std::size_t>(), j["ctx"].get<unsigned>(),
+      j["mode"].get<std::string>().c_str(), j["tokens"].get<std::size_t>(),
+      j["mean_nll"].get<double>(), j["perplexity"].get<double>());
   if (j.contains("kl_mean"))
     std::printf("KL vs reference (top-%u + rest): mean %.6f, max %.6f, top-1 agreement %.2f%%\n",
                 j["kl_reference_top_k"].get<unsigned>(), j["kl_mean"].get<double>(),
@@ -498,21 +503,22 @@ void print_stats(const nlohmann::json& j) {
     std::snprintf(buf, sizeof buf, "precision %.3f, recall %.3f",
                   j["prediction_precision"].get<double>(), j["prediction_recall"].get<double>());
   const std::string prediction = buf;
-  std::fprintf(stderr,
-               "\nprefill: %zu tokens, %.2f tokens/s | generated: %zu tokens, decode %.2f tokens/s\n"
-               "experts: preset %s at %s, %s activations, budget %zu bytes, hit rate %.1f%% (%llu "
-               "hits, %llu misses), %llu bytes loaded, %llu evictions\n"
-               "prediction: %s | fallbacks: %llu | dense part: %s, %.1f MiB, %s activations\n",
-               j["prompt_tokens"].get<std::size_t>(), j["prefill_tokens_per_s"].get<double>(),
-               j["generated_tokens"].get<std::size_t>(), j["decode_tokens_per_s"].get<double>(),
-               j["preset"].get<std::string>().c_str(), j["precision"].get<std::string>().c_str(),
-               j["activations"].get<std::string>().c_str(), j["expert_budget_bytes"].get<std::size_t>(), 100 * j["hit_rate"].get<double>(),
-               j["hits"].get<unsigned long long>(), j["misses"].get<unsigned long long>(),
-               j["bytes_loaded"].get<unsigned long long>(),
-               j["evictions"].get<unsigned long long>(), prediction.c_str(),
-               j["fallbacks"].get<unsigned long long>(), j["dense_precision"].get<std::string>().c_str(),
-               j["dense_bytes"].get<double>() / (1 << 20),
-               j["dense_activations"].get<std::string>().c_str());
+  std::fprintf(
+      stderr,
+      "\nprefill: %zu tokens, %.2f tokens/s | generated: %zu tokens, decode %.2f tokens/s\n"
+      "experts: preset %s at %s, %s activations, budget %zu bytes, hit rate %.1f%% (%llu "
+      "hits, %llu misses), %llu bytes loaded, %llu evictions\n"
+      "prediction: %s | fallbacks: %llu | dense part: %s, %.1f MiB, %s activations\n",
+      j["prompt_tokens"].get<std::size_t>(), j["prefill_tokens_per_s"].get<double>(),
+      j["generated_tokens"].get<std::size_t>(), j["decode_tokens_per_s"].get<double>(),
+      j["preset"].get<std::string>().c_str(), j["precision"].get<std::string>().c_str(),
+      j["activations"].get<std::string>().c_str(), j["expert_budget_bytes"].get<std::size_t>(),
+      100 * j["hit_rate"].get<double>(), j["hits"].get<unsigned long long>(),
+      j["misses"].get<unsigned long long>(), j["bytes_loaded"].get<unsigned long long>(),
+      j["evictions"].get<unsigned long long>(), prediction.c_str(),
+      j["fallbacks"].get<unsigned long long>(), j["dense_precision"].get<std::string>().c_str(),
+      j["dense_bytes"].get<double>() / (1 << 20),
+      j["dense_activations"].get<std::string>().c_str());
   if (!j.contains("profile")) return;
   const nlohmann::json& p = j["profile"];
   std::fprintf(stderr, "profile: %zu decode tokens, %.1f us per token\n",
@@ -549,8 +555,10 @@ std::shared_ptr<const moekit::io::ExpertStore> open_store(const std::string& pat
     const auto& have = st->manifest().precisions;
     if (std::find(have.begin(), have.end(), p) == have.end())
       fail(std::string(flag) + ": expert store '" + path + "' holds " + precision_list(have) +
-           ", but this run needs " + precision_list(need) + " (rebuild it with moe-convert "
-           "--precisions " + precision_list(need) + ")");
+           ", but this run needs " + precision_list(need) +
+           " (rebuild it with moe-convert "
+           "--precisions " +
+           precision_list(need) + ")");
   }
   return st;
 }
@@ -610,13 +618,15 @@ PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const Mo
   in.cpu_seconds_per_token = o.preset_params.cpu_seconds_per_token;
   in.copy_seconds = o.preset_params.copy_seconds;
   if (needs.latencies) {
-    const FiddlerLatencies l =
-        measure_fiddler_latencies(shape, o.precision, backing, &pool, /*reps=*/9, setup.int8_experts);
+    const FiddlerLatencies l = measure_fiddler_latencies(shape, o.precision, backing, &pool,
+                                                         /*reps=*/9, setup.int8_experts);
     if (!(in.cpu_seconds_per_token > 0)) in.cpu_seconds_per_token = l.cpu_seconds_per_token;
     if (!(in.copy_seconds > 0)) in.copy_seconds = l.copy_seconds;
     if (!o.json)
-      std::fprintf(stderr, "fiddler: measured %.1f us per token per expert on the CPU, %.1f us "
-                   "to load + run one expert\n", 1e6 * in.cpu_seconds_per_token, 1e6 * in.copy_seconds);
+      std::fprintf(stderr,
+                   "fiddler: measured %.1f us per token per expert on the CPU, %.1f us "
+                   "to load + run one expert\n",
+                   1e6 * in.cpu_seconds_per_token, 1e6 * in.copy_seconds);
   }
   return in;
 }
@@ -645,7 +655,8 @@ moekit::Precision auto_precision(const moekit::io::CheckpointExperts* in_place,
     p = moekit::io::nearest_moekit_precision(m.gate.dtype);
   }
   if (!quiet)
-    std::fprintf(stderr, "--precision auto: the experts' type %s has no exact in-place path; "
+    std::fprintf(stderr,
+                 "--precision auto: the experts' type %s has no exact in-place path; "
                  "they are converted once into a store at %s (dequantized, then quantized again)\n",
                  from.c_str(), std::string(moekit::name(p)).c_str());
   return p;
@@ -679,7 +690,8 @@ moekit::engine::AutoBudget auto_budget(const Options& o, const ModelConfig& cfg,
   in.usable_source = limits.source();
   in.dense_bytes = dense_bytes;
   const std::size_t ctx = o.context ? o.context : prompt_tokens + o.n_predict + 1;
-  in.kv_cache_bytes = kv_cache_bytes(cfg, std::max<std::size_t>(ctx, o.perplexity.empty() ? 0 : 512));
+  in.kv_cache_bytes =
+      kv_cache_bytes(cfg, std::max<std::size_t>(ctx, o.perplexity.empty() ? 0 : 512));
   // Per loader thread (the checkpoint reader runs two per --io-threads): the checkpoint source's
   // staging and O_DIRECT's bounce buffer.
   in.io_buffer_bytes = 2 * std::size_t{o.io_threads} * (12u << 20);
@@ -748,9 +760,12 @@ void report_source(nlohmann::json& stats, const Options& o, const ExpertPlacemen
                  (where.store || where.checkpoint) && o.direct ? ", O_DIRECT" : "",
                  stats["expert_layout"].get<std::string>().c_str(),
                  where.built ? " [built now]" : "");
-  if (o.json) std::cout << stats.dump(1) << "\n";
-  else if (!o.perplexity.empty()) print_perplexity(stats);
-  else print_stats(stats);
+  if (o.json)
+    std::cout << stats.dump(1) << "\n";
+  else if (!o.perplexity.empty())
+    print_perplexity(stats);
+  else
+    print_stats(stats);
 }
 
 struct ExpertWarmStart {
@@ -767,8 +782,10 @@ ExpertWarmStart warm_start(const Options& o, Pipeline& pipeline) {
   ExpertWarmStart w{moekit::engine::load_all_experts(pipeline), 0};
   w.seconds = seconds_since(t0);
   if (w.bytes > 0 && !o.json)
-    std::fprintf(stderr, "experts: all %s loaded before the prompt in %.2f s (%.2f GB/s; "
-                 "--lazy-load reads each on first use)\n", format_bytes(w.bytes).c_str(), w.seconds,
+    std::fprintf(stderr,
+                 "experts: all %s loaded before the prompt in %.2f s (%.2f GB/s; "
+                 "--lazy-load reads each on first use)\n",
+                 format_bytes(w.bytes).c_str(), w.seconds,
                  double(w.bytes) / std::max(w.seconds, 1e-9) / 1e9);
   return w;
 }
@@ -782,8 +799,8 @@ moekit::MatrixOrder expert_order(const Options& o, const moekit::ModelShape& sha
     fail(std::string("--expert-layout ") + layout_word(*o.expert_layout) +
          ": the experts' group size " + std::to_string(shape.quant.group_size) +
          " cannot be in panels (32, 64 or 128)");
-  return o.expert_layout.value_or(
-      int8 && panels_fit ? moekit::MatrixOrder::blocked_panels4 : moekit::MatrixOrder::rows);
+  return o.expert_layout.value_or(int8 && panels_fit ? moekit::MatrixOrder::blocked_panels4
+                                                     : moekit::MatrixOrder::rows);
 }
 
 // --routing-trace: the trace read and checked against the model (nullopt without the flag).
@@ -808,7 +825,8 @@ nlohmann::json conversion_loss(const Options& o, const OpenModel& m, bool locate
   const ConversionLossRequest req{
       o.conversion_loss,
       o.conversion_loss_text.empty() ? MOE_RUN_LOSS_TEXT : o.conversion_loss_text,
-      {.expert_budget_bytes = budget, .io = io}, o.json};
+      {.expert_budget_bytes = budget, .io = io},
+      o.json};
   return store_conversion_loss(req, m.cfg, w.dense, tok, *m.gguf, where.store, &pool);
 }
 
@@ -849,8 +867,8 @@ int run(Options o) {
   const moekit::ModelShape shape = cfg.shape();
   // Located with --in-memory too: --precision auto is the checkpoint's own type either way.
   const auto located = m.src.store.empty()
-                            ? locate_checkpoint_experts(cfg, mp.dir, m.gguf ? &*m.gguf : nullptr)
-                            : nullptr;
+                           ? locate_checkpoint_experts(cfg, mp.dir, m.gguf ? &*m.gguf : nullptr)
+                           : nullptr;
   const auto in_place = o.in_memory ? nullptr : located;
   const std::size_t prompt_tokens = tok.encode(o.prompt, false).size() + 1;
   const PresetEntry& preset = find_preset(o.preset);
@@ -877,7 +895,9 @@ int run(Options o) {
   const std::string budget_note = resolve_auto_budget(o, cfg, limits_at_start, preset, w,
                                                       prompt_tokens, experts_outside, settings);
   ExpertBacking backing{experts_outside ? nullptr : &w.experts, where.store,
-                        StoreIo{.direct = o.direct, .uring = o.uring, .io_threads = o.io_threads,
+                        StoreIo{.direct = o.direct,
+                                .uring = o.uring,
+                                .io_threads = o.io_threads,
                                 .verify_checksums = o.verify},
                         where.checkpoint, order};
   // The dense matrices follow --activations as the experts do, judged on their own precisions.
@@ -894,8 +914,8 @@ int run(Options o) {
     in.routers = routers;
   }
   std::string loader_kind;
-  nlohmann::json stats = with_pipeline(
-      preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
+  nlohmann::json stats =
+      with_pipeline(preset, shape, settings, backing.make_loader(), in, [&](auto& pipeline) {
         loader_kind = pipeline.loader().kind();
         const ExpertWarmStart warm = warm_start(o, pipeline);
         nlohmann::json j = run_on(o, cfg, w, tok, pipeline, pool, setup);

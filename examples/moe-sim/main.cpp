@@ -97,8 +97,14 @@ struct BudgetSpec {
     }
     std::string unit;
     b.value = parse_quantity(flag, s,
-                             {{"b", 1.0}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
-                              {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}},
+                             {{"b", 1.0},
+                              {"kb", 1e3},
+                              {"mb", 1e6},
+                              {"gb", 1e9},
+                              {"tb", 1e12},
+                              {"kib", 1024.0},
+                              {"mib", 1048576.0},
+                              {"gib", 1073741824.0}},
                              &unit);
     b.kind = unit.empty() ? Kind::slots : Kind::bytes;
     if (b.value > 1e18) bad_flag(flag, "'" + s + "' is too large (at most 1e18 bytes or slots)");
@@ -115,11 +121,14 @@ struct BudgetSpec {
                                std::to_string(shape.expert_count()) +
                                " experts (a plain number counts experts; use a unit for bytes)");
     switch (kind) {
-      case Kind::slots: return static_cast<std::size_t>(value) * one;
-      case Kind::bytes: return static_cast<std::size_t>(value);
+      case Kind::slots:
+        return static_cast<std::size_t>(value) * one;
+      case Kind::bytes:
+        return static_cast<std::size_t>(value);
       case Kind::percent:
         return static_cast<std::size_t>(
-                   std::floor(double(shape.expert_count()) * value / 100.0 + 1e-9)) * one;
+                   std::floor(double(shape.expert_count()) * value / 100.0 + 1e-9)) *
+               one;
     }
     return 0;
   }
@@ -127,8 +136,12 @@ struct BudgetSpec {
 
 double parse_bandwidth(const std::string& flag, const std::string& s) {
   const double v = parse_quantity(flag, s,
-                                  {{"b/s", 1.0}, {"kb/s", 1e3}, {"mb/s", 1e6}, {"gb/s", 1e9},
-                                   {"mib/s", 1048576.0}, {"gib/s", 1073741824.0}});
+                                  {{"b/s", 1.0},
+                                   {"kb/s", 1e3},
+                                   {"mb/s", 1e6},
+                                   {"gb/s", 1e9},
+                                   {"mib/s", 1048576.0},
+                                   {"gib/s", 1073741824.0}});
   if (v <= 0) bad_flag(flag, "bandwidth must be > 0");
   return v;
 }
@@ -146,8 +159,9 @@ Sweep parse_sweep(const std::string& s) {
   Sweep w;
   w.param = s.substr(0, eq);
   if (w.param == "gamma")
-    bad_flag("--sweep", "gamma decides MoBiLE's fallback from the model's output logits, which "
-                        "traces do not store; sweep 'fallback' (the fallback ratio) instead");
+    bad_flag("--sweep",
+             "gamma decides MoBiLE's fallback from the model's output logits, which "
+             "traces do not store; sweep 'fallback' (the fallback ratio) instead");
   if (w.param != "budget" && w.param != "bandwidth" && w.param != "t1" && w.param != "t2" &&
       w.param != "fallback")
     bad_flag("--sweep",
@@ -184,8 +198,9 @@ RoutingTrace load_mixtral(const std::string& path) {
   if (!f) throw moekit::Error(ErrorKind::io, "--import-mixtral: cannot open '" + path + "'");
   std::string first;
   std::getline(f, first);
-  RoutingTrace t = first.find("\"token_pos\"") != std::string::npos ? read_mixtral_raw_jsonl(path)
-                                                                    : read_mixtral_decode_jsonl(path);
+  RoutingTrace t = first.find("\"token_pos\"") != std::string::npos
+                       ? read_mixtral_raw_jsonl(path)
+                       : read_mixtral_decode_jsonl(path);
   return t;
 }
 
@@ -237,7 +252,8 @@ std::vector<float> load_routers(const std::string& path, std::uint32_t layers,
                                                 io::TensorFormat::hugging_face, l) +
                          "' and '" +
                          io::router_tensor_name(io::Architecture::qwen2_moe,
-                                                io::TensorFormat::hugging_face, l) + "')");
+                                                io::TensorFormat::hugging_face, l) +
+                         "')");
     if (t->rank != 2 || t->rows() != experts || (hidden && t->cols() != hidden))
       bad_flag(what, t->where() + " is not [" + std::to_string(experts) + ", hidden]" +
                          (hidden ? " with hidden " + std::to_string(hidden) : ""));
@@ -291,11 +307,10 @@ void read_sidecar_dims(const fs::path& trace_path, const std::string& trace_name
   const nlohmann::json c = nlohmann::json::parse(cfg, nullptr, /*allow_exceptions=*/false);
   if (c.is_object() && c.contains("hidden_size") && c.contains("intermediate_size") &&
       c["hidden_size"].is_number_unsigned() && c["intermediate_size"].is_number_unsigned())
-    out[trace_name] = {c["hidden_size"].get<std::uint32_t>(),
-                       c["intermediate_size"].get<std::uint32_t>(),
-                       fs::exists(model / "model.safetensors")
-                           ? (model / "model.safetensors").string()
-                           : std::string()};
+    out[trace_name] = {
+        c["hidden_size"].get<std::uint32_t>(), c["intermediate_size"].get<std::uint32_t>(),
+        fs::exists(model / "model.safetensors") ? (model / "model.safetensors").string()
+                                                : std::string()};
 }
 
 ModelShape shape_for(const RoutingTrace& tr, Options o, const ExpertDims& dims) {
@@ -307,13 +322,15 @@ ModelShape shape_for(const RoutingTrace& tr, Options o, const ExpertDims& dims) 
       d.n_experts == mixtral_8x7b.n_experts && d.top_k == mixtral_8x7b.top_k)
     return mixtral_8x7b;
   if (o.hidden == 0 || o.ffn == 0)
-    bad_flag("--hidden/--ffn", "trace '" + tr.name() + "' is not Mixtral-8x7B-shaped (" +
-                                   std::to_string(d.n_layers) + " layers × " +
-                                   std::to_string(d.n_experts) + " experts, top-" +
-                                   std::to_string(d.top_k) +
-                                   "): give the expert's hidden and ffn sizes");
-  ModelShape s{.n_layers = d.n_layers, .n_experts = d.n_experts, .top_k = d.top_k,
-               .hidden = o.hidden, .ffn = o.ffn};
+    bad_flag("--hidden/--ffn",
+             "trace '" + tr.name() + "' is not Mixtral-8x7B-shaped (" + std::to_string(d.n_layers) +
+                 " layers × " + std::to_string(d.n_experts) + " experts, top-" +
+                 std::to_string(d.top_k) + "): give the expert's hidden and ffn sizes");
+  ModelShape s{.n_layers = d.n_layers,
+               .n_experts = d.n_experts,
+               .top_k = d.top_k,
+               .hidden = o.hidden,
+               .ffn = o.ffn};
   s.validate();
   return s;
 }
@@ -333,7 +350,8 @@ HardwareModel hardware_for(const Options& o) {
   if (name != "this_machine" && !o.hardware_file.empty())
     bad_flag("--hardware-file", "is read only with --hardware this_machine");
   HardwareModel h = hardware_preset(name, o.hardware_file);
-  if (!o.bandwidth.empty()) h.link.bandwidth_bytes_per_s = parse_bandwidth("--bandwidth", o.bandwidth);
+  if (!o.bandwidth.empty())
+    h.link.bandwidth_bytes_per_s = parse_bandwidth("--bandwidth", o.bandwidth);
   return h;
 }
 
@@ -347,8 +365,8 @@ std::vector<RoutingTrace> compare_traces(std::vector<std::string>& notes, bool s
   if (fs::is_directory(bench)) {
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(bench))
-      if (e.is_regular_file() && (e.path().extension() == ".mktrace" ||
-                                  e.path().extension() == ".jsonl"))
+      if (e.is_regular_file() &&
+          (e.path().extension() == ".mktrace" || e.path().extension() == ".jsonl"))
         files.push_back(e.path());
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
@@ -364,8 +382,10 @@ std::vector<RoutingTrace> compare_traces(std::vector<std::string>& notes, bool s
   bool shared_found = false;
   for (const char* f : {"gsm8k-p0-p1.decode.jsonl", "humaneval-p0.prefill-decode.raw.jsonl"}) {
     const fs::path p = shared / f;
-    if (fs::exists(p)) out.push_back(load_mixtral(p.string())), shared_found = true;
-    else notes.push_back("shared trace not found: " + p.string());
+    if (fs::exists(p))
+      out.push_back(load_mixtral(p.string())), shared_found = true;
+    else
+      notes.push_back("shared trace not found: " + p.string());
   }
   if (!shared_found || synthetic) {
     out.push_back(bundled_synthetic_trace());
@@ -377,7 +397,7 @@ std::vector<RoutingTrace> compare_traces(std::vector<std::string>& notes, bool s
 struct Row {
   std::string trace, preset, sweep_param, sweep_value;
   std::string label, note, reference;  ///< what ran, why a substitute ran, its reference row
-  double x = 0;  ///< plot abscissa
+  double x = 0;                        ///< plot abscissa
   std::size_t budget_bytes = 0, budget_slots = 0;
   double budget_percent = 0;
   std::string hardware;
@@ -433,32 +453,47 @@ void print_compare(const std::vector<Row>& rows) {
     const double ref = reference_penalty(rows, r, r.reference);
     auto ratio = [](double a, double b) {
       char buf[16];
-      if (b > 0) std::snprintf(buf, sizeof buf, "%.2f", a / b);
-      else std::snprintf(buf, sizeof buf, "-");
+      if (b > 0)
+        std::snprintf(buf, sizeof buf, "%.2f", a / b);
+      else
+        std::snprintf(buf, sizeof buf, "-");
       return std::string(buf);
     };
     const auto& pr = r.rep.pipeline.prediction[1];
     const bool predicts = pr.true_positive + pr.false_positive > 0;
-    std::printf("%-9s %-15s %6.1f%% %9.1f %8s %8s %9.2f %7s %7s %10.2f\n", "", r.preset.c_str(),
-                miss, r.rep.miss_penalty(), ratio(r.rep.miss_penalty(), bel).c_str(),
-                ratio(r.rep.miss_penalty(), ref).c_str(), double(r.rep.bytes_moved()) / 1e9,
-                predicts ? (std::to_string(int(std::lround(100 * pr.precision()))) + "%").c_str()
-                         : "-",
-                predicts ? (std::to_string(int(std::lround(100 * pr.recall()))) + "%").c_str()
-                         : "-",
-                r.rep.decode_tokens_per_s());
+    std::printf(
+        "%-9s %-15s %6.1f%% %9.1f %8s %8s %9.2f %7s %7s %10.2f\n", "", r.preset.c_str(), miss,
+        r.rep.miss_penalty(), ratio(r.rep.miss_penalty(), bel).c_str(),
+        ratio(r.rep.miss_penalty(), ref).c_str(), double(r.rep.bytes_moved()) / 1e9,
+        predicts ? (std::to_string(int(std::lround(100 * pr.precision()))) + "%").c_str() : "-",
+        predicts ? (std::to_string(int(std::lround(100 * pr.recall()))) + "%").c_str() : "-",
+        r.rep.decode_tokens_per_s());
   }
 }
 
 std::string csv_of(const std::vector<Row>& rows) {
-  std::vector<std::string> header = {"trace", "synthetic", "preset", "label", "sweep_param",
-                                     "sweep_value",
-                                     "hardware", "bandwidth_bytes_per_s", "budget_bytes",
-                                     "budget_slots", "budget_percent", "t1", "t2", "gamma"};
-  const std::vector<std::string> metrics = {
-      "demands", "hits", "misses", "hit_rate", "miss_penalty", "skipped", "host_cpu_runs",
-      "bytes_moved", "wasted_bytes", "late_bytes", "total_s", "stall_s", "compute_s",
-      "decode_tokens_per_s", "prefill_latency_s", "records_missing", "layer_calls_unrouted"};
+  std::vector<std::string> header = {
+      "trace",        "synthetic",    "preset",         "label",
+      "sweep_param",  "sweep_value",  "hardware",       "bandwidth_bytes_per_s",
+      "budget_bytes", "budget_slots", "budget_percent", "t1",
+      "t2",           "gamma"};
+  const std::vector<std::string> metrics = {"demands",
+                                            "hits",
+                                            "misses",
+                                            "hit_rate",
+                                            "miss_penalty",
+                                            "skipped",
+                                            "host_cpu_runs",
+                                            "bytes_moved",
+                                            "wasted_bytes",
+                                            "late_bytes",
+                                            "total_s",
+                                            "stall_s",
+                                            "compute_s",
+                                            "decode_tokens_per_s",
+                                            "prefill_latency_s",
+                                            "records_missing",
+                                            "layer_calls_unrouted"};
   header.insert(header.end(), metrics.begin(), metrics.end());
   for (int d = 1; d <= 3; ++d) {
     header.push_back("precision_d" + std::to_string(d));
@@ -467,15 +502,22 @@ std::string csv_of(const std::vector<Row>& rows) {
   CsvTable csv(header);
   for (const Row& r : rows) {
     const nlohmann::json j = report_json(r.rep);
-    std::vector<std::string> f = {r.trace, r.rep.synthetic ? "1" : "0", r.preset, r.label,
+    std::vector<std::string> f = {r.trace,
+                                  r.rep.synthetic ? "1" : "0",
+                                  r.preset,
+                                  r.label,
                                   r.sweep_param,
-                                  r.sweep_value, r.hardware, CsvTable::num(r.bandwidth),
-                                  std::to_string(r.budget_bytes), std::to_string(r.budget_slots),
-                                  CsvTable::num(r.budget_percent), CsvTable::num(r.t1),
-                                  CsvTable::num(r.t2), CsvTable::num(r.gamma)};
-    for (const auto& m : metrics) f.push_back(j[m].is_number_float()
-                                                  ? CsvTable::num(j[m].get<double>())
-                                                  : j[m].dump());
+                                  r.sweep_value,
+                                  r.hardware,
+                                  CsvTable::num(r.bandwidth),
+                                  std::to_string(r.budget_bytes),
+                                  std::to_string(r.budget_slots),
+                                  CsvTable::num(r.budget_percent),
+                                  CsvTable::num(r.t1),
+                                  CsvTable::num(r.t2),
+                                  CsvTable::num(r.gamma)};
+    for (const auto& m : metrics)
+      f.push_back(j[m].is_number_float() ? CsvTable::num(j[m].get<double>()) : j[m].dump());
     for (std::size_t d = 1; d <= 3; ++d) {
       f.push_back(CsvTable::num(r.rep.pipeline.prediction[d].precision()));
       f.push_back(CsvTable::num(r.rep.pipeline.prediction[d].recall()));
@@ -520,8 +562,8 @@ std::vector<const SimEntry*> chosen_presets(const std::string& name) {
     bad_flag("--preset", "unknown preset '" + name + "' (" + preset_names(", ") + ", all)");
   const SimEntry* sim = sim_preset(*preset);
   if (!sim)
-    bad_flag("--preset", "moe-sim does not replay preset '" + name + "' (" + preset_names(", ") +
-                             ", all)");
+    bad_flag("--preset",
+             "moe-sim does not replay preset '" + name + "' (" + preset_names(", ") + ", all)");
   out.push_back(sim);
   return out;
 }
@@ -600,9 +642,9 @@ struct Setup {
 };
 
 Setup setup_of(const Options& o) {
-  for (auto [flag, v] : {std::pair{"--hobbit-recall", o.hobbit_recall},
-                         std::pair{"--fate-recall", o.fate_recall},
-                         std::pair{"--fallback-ratio", o.fallback_ratio}})
+  for (auto [flag, v] :
+       {std::pair{"--hobbit-recall", o.hobbit_recall}, std::pair{"--fate-recall", o.fate_recall},
+        std::pair{"--fallback-ratio", o.fallback_ratio}})
     if (!(v >= 0 && v <= 1)) bad_flag(flag, "must be in [0, 1]");
   Setup s;
   s.o = o;
@@ -914,7 +956,8 @@ int run(int argc, char** argv) {
   const Traces t = load_traces(o);
   if (s.sweep && (o.out.empty() || o.out.back() == '/' || fs::is_directory(o.out)))
     bad_flag("--out", "'" + o.out + "' is a directory or empty; give a file prefix (e.g. " +
-                          (o.out.empty() ? std::string("sweep") : o.out + (o.out.back() == '/' ? "" : "/") + "sweep") +
+                          (o.out.empty() ? std::string("sweep")
+                                         : o.out + (o.out.back() == '/' ? "" : "/") + "sweep") +
                           ": writes sweep.csv and sweep.svg)");
   if (s.sweep)  // before the runs: a sweep is not spent to find its files unwritable
     for (const std::string& p : sweep_paths(o.out, t.list.size()))

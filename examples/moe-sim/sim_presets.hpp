@@ -3,8 +3,8 @@
 /// adapter per preset, `SimPreset<Spec>`, builds the preset through its spec where the trace
 /// allows it, and says what it substituted where it does not (the run's `label` and `note`); the
 /// references (Belady, cost-aware Belady) run beside them. A registered preset without an adapter
-/// is not replayed (NextUse; nextuse-fit, its fitted variant, is). Tests call the same functions (tests/sim/moe_sim_presets_test.cpp),
-/// so what they check is what moe-sim runs.
+/// is not replayed (NextUse; nextuse-fit, its fitted variant, is). Tests call the same functions
+/// (tests/sim/moe_sim_presets_test.cpp), so what they check is what moe-sim runs.
 ///
 /// Substitutions (each visible in the output):
 ///  * hobbit / fate: their gate predictors need the gate-input hidden states (traces may lack
@@ -56,8 +56,8 @@
 namespace moe_sim {
 
 /// Paper defaults of the substitutes (see the file comment for sources).
-inline constexpr double hobbit_paper_recall = 0.96;   ///< HOBBIT Fig. 7, top-1 at distance 1
-inline constexpr double fate_paper_recall = 0.9715;   ///< Fate §4.2, 75th-percentile set, decode
+inline constexpr double hobbit_paper_recall = 0.96;  ///< HOBBIT Fig. 7, top-1 at distance 1
+inline constexpr double fate_paper_recall = 0.9715;  ///< Fate §4.2, 75th-percentile set, decode
 /// MoBiLE Table II at γ = 0.7: mean of the four fallback ratios 0.11, 0.11, 0.21, 0.12.
 inline constexpr double mobile_paper_fallback_ratio = 0.1375;
 
@@ -84,7 +84,7 @@ struct RunParams {
   double hobbit_recall = hobbit_paper_recall;  ///< noisy-oracle recall standing in for HOBBIT's
   double fate_recall = fate_paper_recall;      ///< ... and for Fate's cross-layer gate
   double fallback_ratio = mobile_paper_fallback_ratio;  ///< MoBiLE without output logits
-  std::uint64_t seed = 1;                      ///< noisy-oracle seed
+  std::uint64_t seed = 1;                               ///< noisy-oracle seed
   /// Router weights [n_layers · n_experts · hidden] f32 (`--routers`); null: none.
   std::shared_ptr<const std::vector<float>> routers{};
   /// EdgeMoE bit widths (`--bitwidths`); null: every expert at q4.
@@ -130,47 +130,47 @@ ScoredScript scored_script(const moekit::sim::RoutingTrace& tr, Scorer scorer) {
   sim::GateGatherer buf;
   std::uint64_t missing = 0;
   std::size_t last_seq = static_cast<std::size_t>(-1);
-  sim::ForwardWalker(tr).for_each_forward([&](std::size_t seq, std::size_t first, std::size_t n,
-                                              Phase phase) {
-    if (seq != last_seq) {
-      if constexpr (declares<Scorer>(Hook::begin_sequence)) scorer.begin_sequence();
-      last_seq = seq;
-    }
-    for (std::uint32_t l = 0; l < d.n_layers; ++l) {
-      const GateView g = buf.gather(tr, first, n, l, d.top_k, missing);
-      if (g.n_tokens == 0) continue;
-      demands.clear();
-      for (std::uint32_t t = 0; t < g.n_tokens; ++t) {
-        const TokenRoute r = g.token(t);
-        for (std::uint32_t j = 0; j < g.k; ++j) {
-          int& s = slot[r.experts[j]];
-          if (s < 0) {
-            s = static_cast<int>(demands.size());
-            demands.push_back(ExpertDemand{r.experts[j], 0, 0.0f, 0.0f, j});
-          }
-          ExpertDemand& x = demands[static_cast<std::size_t>(s)];
-          ++x.n_tokens;
-          x.weight_sum += r.weights[j];
-          x.max_weight = std::max(x.max_weight, r.weights[j]);
-          x.best_rank = std::min(x.best_rank, j);
+  sim::ForwardWalker(tr).for_each_forward(
+      [&](std::size_t seq, std::size_t first, std::size_t n, Phase phase) {
+        if (seq != last_seq) {
+          if constexpr (declares<Scorer>(Hook::begin_sequence)) scorer.begin_sequence();
+          last_seq = seq;
         }
-      }
-      for (const ExpertDemand& x : demands) slot[x.expert] = -1;
-      prec.assign(demands.size(), Precision::skip);
-      const LayerContext ctx{l, d.n_layers, first - tr.global_token(seq, 0), phase, seq,
-                             g.n_tokens};
-      scorer.score(ctx, g, std::span<const ExpertDemand>(demands), std::span<Precision>(prec));
-      OracleCall call{l, {}};
-      for (std::size_t i = 0; i < demands.size(); ++i) {
-        call.experts.push_back(demands[i].expert);
-        // A skipped demand is served by any resident copy: it asks for the fewest bits.
-        out.future.push_back({{l, demands[i].expert},
-                              prec[i] == Precision::skip ? Precision::q2 : prec[i]});
-      }
-      out.calls.push_back(std::move(call));
-      out.precisions.push_back(prec);
-    }
-  });
+        for (std::uint32_t l = 0; l < d.n_layers; ++l) {
+          const GateView g = buf.gather(tr, first, n, l, d.top_k, missing);
+          if (g.n_tokens == 0) continue;
+          demands.clear();
+          for (std::uint32_t t = 0; t < g.n_tokens; ++t) {
+            const TokenRoute r = g.token(t);
+            for (std::uint32_t j = 0; j < g.k; ++j) {
+              int& s = slot[r.experts[j]];
+              if (s < 0) {
+                s = static_cast<int>(demands.size());
+                demands.push_back(ExpertDemand{r.experts[j], 0, 0.0f, 0.0f, j});
+              }
+              ExpertDemand& x = demands[static_cast<std::size_t>(s)];
+              ++x.n_tokens;
+              x.weight_sum += r.weights[j];
+              x.max_weight = std::max(x.max_weight, r.weights[j]);
+              x.best_rank = std::min(x.best_rank, j);
+            }
+          }
+          for (const ExpertDemand& x : demands) slot[x.expert] = -1;
+          prec.assign(demands.size(), Precision::skip);
+          const LayerContext ctx{l,     d.n_layers, first - tr.global_token(seq, 0),
+                                 phase, seq,        g.n_tokens};
+          scorer.score(ctx, g, std::span<const ExpertDemand>(demands), std::span<Precision>(prec));
+          OracleCall call{l, {}};
+          for (std::size_t i = 0; i < demands.size(); ++i) {
+            call.experts.push_back(demands[i].expert);
+            // A skipped demand is served by any resident copy: it asks for the fewest bits.
+            out.future.push_back(
+                {{l, demands[i].expert}, prec[i] == Precision::skip ? Precision::q2 : prec[i]});
+          }
+          out.calls.push_back(std::move(call));
+          out.precisions.push_back(prec);
+        }
+      });
   return out;
 }
 
@@ -211,8 +211,7 @@ class CostAwareByKey {
 inline PresetResult run_baseline(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using moekit::presets::BaselineSpec;
   auto p = BaselineSpec::build(rp.shape, rp.config, moekit::sim::SimLoader(rp.shape, rp.link),
-                               BaselineSpec::configure(rp.shape, rp.config.base_precision, {}),
-                               {});
+                               BaselineSpec::configure(rp.shape, rp.config.base_precision, {}), {});
   return {moekit::sim::replay(*p, tr, rp.compute), std::string(BaselineSpec::name), ""};
 }
 
@@ -231,8 +230,8 @@ inline PresetResult run_belady(const RunParams& rp, const moekit::sim::RoutingTr
 /// Cost-aware Belady with `scorer`'s precisions: no prediction, on demand; the reference for a
 /// mixed-precision preset (a strong greedy reference, not a lower bound: see cache/belady.hpp).
 template <class Scorer>
-PresetResult run_cost_aware(const RunParams& rp, const moekit::sim::RoutingTrace& tr,
-                            Scorer scorer, moekit::PipelineConfig cfg, std::string label) {
+PresetResult run_cost_aware(const RunParams& rp, const moekit::sim::RoutingTrace& tr, Scorer scorer,
+                            moekit::PipelineConfig cfg, std::string label) {
   using namespace moekit;
   using Policy = sim::CallOrderedPolicy<CostAwareByKey>;
   ScoredScript s = scored_script(tr, scorer);
@@ -246,8 +245,10 @@ PresetResult run_cost_aware(const RunParams& rp, const moekit::sim::RoutingTrace
 /// q8 → q8/q2, the paper's Jetson setting; q4 → q4/q2, as moe-run's --low-precision auto).
 inline moekit::HobbitRule hobbit_rule(const RunParams& rp) {
   moekit::HobbitRule r;
-  if (rp.config.base_precision == moekit::Precision::q8) r = moekit::HobbitRule::for_q8_model();
-  else r.high = rp.config.base_precision;
+  if (rp.config.base_precision == moekit::Precision::q8)
+    r = moekit::HobbitRule::for_q8_model();
+  else
+    r.high = rp.config.base_precision;
   if (moekit::bits(r.low) >= moekit::bits(r.high) && moekit::bits(r.high) > 2)
     r.low = moekit::Precision::q2;  // a q4 model: low was q4 (HOBBIT needs low < high)
   r.t1 = static_cast<float>(rp.t1);
@@ -292,8 +293,11 @@ inline PresetResult run_hobbit(const RunParams& rp, const moekit::sim::RoutingTr
   OffloadPipeline<HobbitThresholdScorer, NoisyOraclePredictor, MultiDimPolicy, sim::SimLoader,
                   OnDemandScheduler>
       p(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), HobbitSpec::scorer(cfg),
-        NoisyOraclePredictor({.calls = std::move(s.calls), .precisions = std::move(s.precisions),
-                              .recall = rp.hobbit_recall, .seed = rp.seed, .distance = 1,
+        NoisyOraclePredictor({.calls = std::move(s.calls),
+                              .precisions = std::move(s.precisions),
+                              .recall = rp.hobbit_recall,
+                              .seed = rp.seed,
+                              .distance = 1,
                               .n_experts = rp.shape.n_experts}),
         HobbitSpec::cache(cfg));
   return {sim::replay(p, tr, rp.compute),
@@ -337,9 +341,13 @@ inline PresetResult run_fate(const RunParams& rp, const moekit::sim::RoutingTrac
                   ReadyFirstScheduler>
       p(rp.shape, FateSpec::pipeline_config(rp.config, cfg), sim::SimLoader(rp.shape, rp.link),
         FateSpec::scorer(cfg),
-        NoisyOraclePredictor({.calls = std::move(s.calls), .precisions = std::move(s.precisions),
-                              .recall = rp.fate_recall, .seed = rp.seed, .distance = 1,
-                              .set_size = set, .n_experts = rp.shape.n_experts,
+        NoisyOraclePredictor({.calls = std::move(s.calls),
+                              .precisions = std::move(s.precisions),
+                              .recall = rp.fate_recall,
+                              .seed = rp.seed,
+                              .distance = 1,
+                              .set_size = set,
+                              .n_experts = rp.shape.n_experts,
                               .max_nonresident = cap,
                               .precision = cfg.scorer.decode_precision}),
         FateSpec::cache(cfg), ReadyFirstScheduler{});
@@ -352,9 +360,9 @@ inline PresetResult run_fate(const RunParams& rp, const moekit::sim::RoutingTrac
 /// EdgeMoE's bit-width table for this run (given, or uniform q4) and its most common precision.
 inline moekit::PrecisionTable edgemoe_table(const RunParams& rp, moekit::Precision* common) {
   using namespace moekit;
-  PrecisionTable t = rp.bitwidths ? *rp.bitwidths
-                                  : PrecisionTable(rp.shape.n_layers, rp.shape.n_experts,
-                                                   Precision::q4);
+  PrecisionTable t = rp.bitwidths
+                         ? *rp.bitwidths
+                         : PrecisionTable(rp.shape.n_layers, rp.shape.n_experts, Precision::q4);
   MOEKIT_EXPECTS(t.n_layers() == rp.shape.n_layers && t.n_experts() == rp.shape.n_experts,
                  "--bitwidths: the table has " + std::to_string(t.n_layers()) + " layers x " +
                      std::to_string(t.n_experts()) + " experts, the model " +
@@ -368,7 +376,8 @@ inline moekit::PrecisionTable edgemoe_table(const RunParams& rp, moekit::Precisi
 
 /// The profile's share of the trace: the first half of its sequences, or of its decode tokens
 /// when it has a single sequence (decode tokens only: EdgeMoE profiles decoding).
-inline moekit::tools::TraceSelection edgemoe_profile_selection(const moekit::sim::RoutingTrace& tr) {
+inline moekit::tools::TraceSelection edgemoe_profile_selection(
+    const moekit::sim::RoutingTrace& tr) {
   moekit::tools::TraceSelection sel;
   const std::size_t n = tr.sequence_count();
   if (n >= 2) {
@@ -388,8 +397,7 @@ inline PresetResult run_edgemoe(const RunParams& rp, const moekit::sim::RoutingT
   Precision common = Precision::q4;
   PrecisionTable table = edgemoe_table(rp, &common);
   const tools::TraceSelection sel = edgemoe_profile_selection(tr);
-  auto profile =
-      std::make_shared<ActivationPathProfile>(tools::build_activation_profile(tr, sel));
+  auto profile = std::make_shared<ActivationPathProfile>(tools::build_activation_profile(tr, sel));
   std::size_t profiled = 0;
   for (std::size_t g = 0; g < tr.token_count(); ++g) profiled += sel.takes(tr, g);
   MOEKIT_EXPECTS(profiled > 0, "edgemoe: the first half of trace '" + tr.name() +
@@ -475,8 +483,7 @@ inline PresetResult run_belady_cost_hobbit(const RunParams& rp,
   return run_cost_aware(rp, tr, moekit::presets::HobbitSpec::scorer({.rule = hobbit_rule(rp)}),
                         rp.config, "cost-aware belady with HOBBIT's T1/T2 precisions");
 }
-inline PresetResult run_belady_cost_fate(const RunParams& rp,
-                                         const moekit::sim::RoutingTrace& tr) {
+inline PresetResult run_belady_cost_fate(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using moekit::presets::FateSpec;
   const FateSpec::Config cfg;
   return run_cost_aware(rp, tr, FateSpec::scorer(cfg), FateSpec::pipeline_config(rp.config, cfg),
@@ -514,7 +521,8 @@ template <>
 struct SimPreset<moekit::presets::BaselineSpec> {
   static constexpr bool replayed = true;
   static constexpr SimEntry entry{
-      "", "LRU cache, on-demand loads at the base precision (--precision), no prediction", &run_baseline};
+      "", "LRU cache, on-demand loads at the base precision (--precision), no prediction",
+      &run_baseline};
 };
 template <>
 struct SimPreset<moekit::presets::HobbitSpec> {
@@ -522,7 +530,10 @@ struct SimPreset<moekit::presets::HobbitSpec> {
   static constexpr SimEntry entry{"",
                                   "HOBBIT: T1/T2 mixed precision, stacked-gate prefetch (or "
                                   "noisy oracle), multidimensional cache",
-                                  &run_hobbit, true, false, "belady-hobbit"};
+                                  &run_hobbit,
+                                  true,
+                                  false,
+                                  "belady-hobbit"};
 };
 template <>
 struct SimPreset<moekit::presets::FateSpec> {
@@ -530,7 +541,10 @@ struct SimPreset<moekit::presets::FateSpec> {
   static constexpr SimEntry entry{"",
                                   "Fate: cross-layer gate prefetch (or noisy oracle), q4 cache, "
                                   "shallow-favoring ARC, ready-first",
-                                  &run_fate, false, false, "belady-fate"};
+                                  &run_fate,
+                                  false,
+                                  false,
+                                  "belady-fate"};
 };
 template <>
 struct SimPreset<moekit::presets::EdgeMoeSpec> {
@@ -538,7 +552,10 @@ struct SimPreset<moekit::presets::EdgeMoeSpec> {
   static constexpr SimEntry entry{"",
                                   "EdgeMoE: static bit widths, activation-path preload (profile: "
                                   "first half of the trace), distance-aware eviction",
-                                  &run_edgemoe, false, false, "belady-edgemoe"};
+                                  &run_edgemoe,
+                                  false,
+                                  false,
+                                  "belady-edgemoe"};
 };
 template <>
 struct SimPreset<moekit::presets::MobileSpec> {
@@ -563,7 +580,10 @@ struct SimPreset<moekit::presets::NextUseFitSpec> {
   static constexpr SimEntry entry{"",
                                   "nextuse-fit: T1/T2 precisions over ExpectedNextUse with "
                                   "(gamma, prior) fitted on real Mixtral routing, no prediction",
-                                  &run_nextuse_fit, true, false, "belady-hobbit"};
+                                  &run_nextuse_fit,
+                                  true,
+                                  false,
+                                  "belady-hobbit"};
 };
 
 /// The registry's presets moe-sim replays, in registry order.
@@ -592,17 +612,18 @@ inline const SimEntry* sim_preset(const moekit::presets::PresetEntry& p) {
 
 /// The reference line every comparison adds.
 inline constexpr SimEntry belady_entry{
-    "belady", "Belady's offline optimum (baseline components, future-aware eviction)",
-    &run_belady, false, false, "belady"};
+    "belady",    "Belady's offline optimum (baseline components, future-aware eviction)",
+    &run_belady, false,
+    false,       "belady"};
 
 /// Cost-aware Belady references, one per mixed-precision preset (added next to it).
 inline constexpr SimEntry cost_aware_table[] = {
     {"belady-hobbit", "cost-aware Belady with HOBBIT's precisions (greedy reference)",
      &run_belady_cost_hobbit, true, false, "belady-hobbit"},
-    {"belady-fate", "cost-aware Belady with Fate's precisions and q4 sizing",
-     &run_belady_cost_fate, false, false, "belady-fate"},
-    {"belady-edgemoe", "cost-aware Belady with EdgeMoE's bit widths",
-     &run_belady_cost_edgemoe, false, false, "belady-edgemoe"},
+    {"belady-fate", "cost-aware Belady with Fate's precisions and q4 sizing", &run_belady_cost_fate,
+     false, false, "belady-fate"},
+    {"belady-edgemoe", "cost-aware Belady with EdgeMoE's bit widths", &run_belady_cost_edgemoe,
+     false, false, "belady-edgemoe"},
 };
 
 /// The reference named `name` (nullptr if none).

@@ -52,8 +52,8 @@ class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& message,
         source_location where = source_location::current())
-      : std::runtime_error(message + " [" + where.file_name() + ":" +
-                           std::to_string(where.line()) + "]"),
+      : std::runtime_error(message + " [" + where.file_name() + ":" + std::to_string(where.line()) +
+                           "]"),
         kind_(kind),
         message_(message),
         where_(where) {}
@@ -80,7 +80,7 @@ namespace detail {
 
 /// Throws `moekit::Error(invalid_argument, msg)` when `cond` is false. For preconditions on
 /// caller-supplied values; never used on hot paths.
-#define MOEKIT_EXPECTS(cond, msg)                                                  \
-  do {                                                                             \
+#define MOEKIT_EXPECTS(cond, msg)                                                      \
+  do {                                                                                 \
     if (!(cond)) ::moekit::detail::fail(::moekit::ErrorKind::invalid_argument, (msg)); \
   } while (false)

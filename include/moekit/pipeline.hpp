@@ -46,7 +46,7 @@ namespace moekit {
 
 /// Run-time settings of an OffloadPipeline.
 struct PipelineConfig {
-  std::size_t expert_budget_bytes = 0;  ///< bytes of expert cache (fast memory)
+  std::size_t expert_budget_bytes = 0;        ///< bytes of expert cache (fast memory)
   Precision base_precision = Precision::f16;  ///< the model's own precision ("high")
   /// Precision the cache policy assumes when it turns bytes into expert counts (default: base).
   Precision sizing_precision = Precision::skip;
@@ -79,22 +79,22 @@ struct PredictionStats {
 struct PipelineStats {
   std::uint64_t layer_calls = 0;
   std::uint64_t tokens_accepted = 0;
-  std::uint64_t fallbacks = 0;            ///< tokens recomputed by the token policy
-  std::uint64_t demands = 0;              ///< (expert, layer call) pairs needed
+  std::uint64_t fallbacks = 0;  ///< tokens recomputed by the token policy
+  std::uint64_t demands = 0;    ///< (expert, layer call) pairs needed
   std::uint64_t hits = 0;
-  std::uint64_t misses = 0;               ///< demanded, not resident at a serving precision
+  std::uint64_t misses = 0;  ///< demanded, not resident at a serving precision
   std::array<std::uint64_t, precision_count> misses_by_precision{};
-  std::uint64_t skipped = 0;              ///< demanded but skipped by the scorer
-  std::uint64_t host_cpu_runs = 0;        ///< misses run on the CPU instead of loaded
-  std::uint64_t staged = 0;               ///< misses loaded into transient staging slots
-  std::uint64_t late_prefetches = 0;      ///< demanded while its prefetch was still loading
+  std::uint64_t skipped = 0;          ///< demanded but skipped by the scorer
+  std::uint64_t host_cpu_runs = 0;    ///< misses run on the CPU instead of loaded
+  std::uint64_t staged = 0;           ///< misses loaded into transient staging slots
+  std::uint64_t late_prefetches = 0;  ///< demanded while its prefetch was still loading
   std::uint64_t prefetches_issued = 0;
-  std::uint64_t prefetches_redundant = 0; ///< predicted, already resident
-  std::uint64_t prefetches_dropped = 0;   ///< no room, or outside the model / distance limit
+  std::uint64_t prefetches_redundant = 0;  ///< predicted, already resident
+  std::uint64_t prefetches_dropped = 0;    ///< no room, or outside the model / distance limit
   std::uint64_t prefetches_cancelled = 0;
   std::uint64_t bytes_demand_loaded = 0;
   std::uint64_t bytes_prefetched = 0;
-  std::uint64_t bytes_preloaded = 0;      ///< start-up placement (`preload`)
+  std::uint64_t bytes_preloaded = 0;  ///< start-up placement (`preload`)
   /// Seconds `resolve` spent waiting for loads of the experts it serves: the I/O a decode did
   /// not hide behind compute (decode time less this is the compute it ran).
   double stall_seconds = 0.0;
@@ -288,8 +288,7 @@ class OffloadPipeline {
           if (!is_staging(p.slot) && cache_.entry(p.key).ticket == p.ticket)
             cache_.mark_loaded(p.key);  // evictable again once end_layer drops the layer pin
         }
-        if constexpr (keeps_bytes)
-          v.bytes = cache_.arena().bytes(p.slot, bytes_of(p.precision));
+        if constexpr (keeps_bytes) v.bytes = cache_.arena().bytes(p.slot, bytes_of(p.precision));
       } else if (p.placement == Placement::host_cpu) {
         if constexpr (declares<LoaderT>(Hook::host_bytes))
           v.bytes = loader_.host_bytes(p.key, p.precision);
@@ -489,7 +488,8 @@ class OffloadPipeline {
         p.ticket = e.ticket;
         ++stats_.late_prefetches;
       }
-      cache_.on_hit(p.key, cache_.access(skip ? p.precision : precisions_[i], ctx.layer, d.n_tokens));
+      cache_.on_hit(p.key,
+                    cache_.access(skip ? p.precision : precisions_[i], ctx.layer, d.n_tokens));
       cache_.pin_hard(p.key);
       ++stats_.hits;
     }
@@ -522,8 +522,10 @@ class OffloadPipeline {
   LoadTicket submit(ExpertKey key, Precision prec, LoadPriority prio, std::uint32_t slot,
                     std::size_t bytes) {
     LoadRequest req{key, prec, prio, {}};
-    if constexpr (keeps_bytes) req.dest = cache_.arena().acquire(slot, bytes);
-    else (void)slot, (void)bytes;
+    if constexpr (keeps_bytes)
+      req.dest = cache_.arena().acquire(slot, bytes);
+    else
+      (void)slot, (void)bytes;
     return loader_.submit(req);
   }
 
@@ -541,10 +543,9 @@ class OffloadPipeline {
   // `on_verdict` (from_layer none) has no predicting layer and is not scored.
   void issue_prefetches(std::uint32_t from_layer, std::span<const Prefetch> items) {
     for (const Prefetch& pf : items) {
-      const bool placed =
-          from_layer == none_layer ||
-          (pf.distance >= 1 && pf.distance <= cfg_.max_prefetch_distance &&
-           pf.key.layer == from_layer + pf.distance);
+      const bool placed = from_layer == none_layer ||
+                          (pf.distance >= 1 && pf.distance <= cfg_.max_prefetch_distance &&
+                           pf.key.layer == from_layer + pf.distance);
       if (!shape_.contains(pf.key) || !placed || pf.precision == Precision::skip) {
         ++stats_.prefetches_dropped;
         continue;

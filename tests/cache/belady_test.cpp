@@ -90,9 +90,11 @@ TEST_CASE("Cost-aware reference weighs misses by bytes", "[cache][belady]") {
   // Pool of one f16 + one q4 copy. A (f16) is needed again soon at high precision; B (q4) later at
   // q4; C at f16 arrives. Plain Belady evicts B (farther). Cost-aware: B frees few bytes and is
   // cheap to reload, A frees many but is expensive; the score distance × freed / cost decides.
-  const std::vector<FutureAccess> fut = {
-      {{0, 0}, Precision::f16}, {{0, 1}, Precision::q4}, {{0, 2}, Precision::q4},
-      {{0, 0}, Precision::f16}, {{0, 1}, Precision::q4}};
+  const std::vector<FutureAccess> fut = {{{0, 0}, Precision::f16},
+                                         {{0, 1}, Precision::q4},
+                                         {{0, 2}, Precision::q4},
+                                         {{0, 0}, Precision::f16},
+                                         {{0, 1}, Precision::q4}};
   ExpertCache<CostAwareBeladyPolicy> c(small, f16b + q4b, Precision::f16,
                                        CostAwareBeladyPolicy({.future = fut}));
   use(c, {0, 0}, Precision::f16);
@@ -101,8 +103,10 @@ TEST_CASE("Cost-aware reference weighs misses by bytes", "[cache][belady]") {
   CHECK(c.resident({0, 0}));
   CHECK_FALSE(c.resident({0, 1}));
   // A copy that cannot serve its next demand (needs more bits) goes first.
-  const std::vector<FutureAccess> up = {{{0, 3}, Precision::q4}, {{0, 4}, Precision::q4},
-                                        {{0, 5}, Precision::q4}, {{0, 3}, Precision::f16},
+  const std::vector<FutureAccess> up = {{{0, 3}, Precision::q4},
+                                        {{0, 4}, Precision::q4},
+                                        {{0, 5}, Precision::q4},
+                                        {{0, 3}, Precision::f16},
                                         {{0, 4}, Precision::q4}};
   ExpertCache<CostAwareBeladyPolicy> d(small, 2 * q4b, Precision::q4,
                                        CostAwareBeladyPolicy({.future = up}));

@@ -1,4 +1,5 @@
-// ExpertCache (cache/expert_cache.hpp): residency, pools, pins and the checks on a policy's victims.
+// ExpertCache (cache/expert_cache.hpp): residency, pools, pins and the checks on a policy's
+// victims.
 
 #include <catch2/catch.hpp>
 
@@ -40,7 +41,8 @@ TEST_CASE("ExpertCache evicts the least recently used unpinned expert", "[cache]
   c.check_invariants();
 }
 
-TEST_CASE("ExpertCache serves low-precision requests from high-precision copies", "[cache][expert_cache]") {
+TEST_CASE("ExpertCache serves low-precision requests from high-precision copies",
+          "[cache][expert_cache]") {
   ExpertCache<LruPolicy> c(tiny, 4 * f16_bytes, Precision::f16);
   REQUIRE(c.insert({0, 1}, acc(c, Precision::q4)).ok());
   CHECK(c.resident_at({0, 1}, Precision::q4));
@@ -53,7 +55,8 @@ TEST_CASE("ExpertCache serves low-precision requests from high-precision copies"
   c.check_invariants();
 }
 
-TEST_CASE("ExpertCache evicts soft-pinned experts only when nothing else is left", "[cache][expert_cache]") {
+TEST_CASE("ExpertCache evicts soft-pinned experts only when nothing else is left",
+          "[cache][expert_cache]") {
   ExpertCache<LruPolicy> c(tiny, 2 * f16_bytes, Precision::f16);
   REQUIRE(c.insert({0, 0}, acc(c)).ok());
   REQUIRE(c.insert({0, 1}, acc(c)).ok());
@@ -100,7 +103,7 @@ TEST_CASE("ExpertCache keeps an expert whose load is in flight, without a pin",
   c.mark_loading({0, 0}, LoadTicket{1});
   REQUIRE(c.insert({0, 1}, acc(c)).ok());
   CHECK(c.entry({0, 0}).hard_pins == 0);
-  CHECK(c.pinned({0, 0}));  // in use while loading
+  CHECK(c.pinned({0, 0}));                 // in use while loading
   REQUIRE(c.insert({1, 0}, acc(c)).ok());  // LRU is (0,0), but it is loading: (0,1) goes
   CHECK(c.resident({0, 0}));
   CHECK_FALSE(c.resident({0, 1}));

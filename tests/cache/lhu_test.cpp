@@ -1,5 +1,5 @@
-// LhuPolicy (cache/lhu.hpp): HOBBIT's least-high-precision-used policy, against LFU on HOBBIT's own example.
-// Exact worked examples through ExpertCache (helpers: cache_test_support.hpp).
+// LhuPolicy (cache/lhu.hpp): HOBBIT's least-high-precision-used policy, against LFU on HOBBIT's own
+// example. Exact worked examples through ExpertCache (helpers: cache_test_support.hpp).
 
 #include <catch2/catch.hpp>
 
@@ -37,11 +37,12 @@ TEST_CASE("HOBBIT Fig. 11: LHU keeps the expert used at high precision, LFU the 
 
   // The next uses follow the same pattern: 4 at low precision, 6 at high.
   double pen_lfu = 0, pen_lhu = 0;
-  for (auto [k, p] : {std::pair{ExpertKey{0, 4}, Precision::q4}, {ExpertKey{0, 6}, Precision::f16}}) {
+  for (auto [k, p] :
+       {std::pair{ExpertKey{0, 4}, Precision::q4}, {ExpertKey{0, 6}, Precision::f16}}) {
     if (!use(lfu, k, p)) pen_lfu += penalty(small, p);
     if (!use(lhu, k, p)) pen_lhu += penalty(small, p);
   }
-  CHECK(pen_lfu == 1.0);                      // a high-precision miss
+  CHECK(pen_lfu == 1.0);                            // a high-precision miss
   CHECK(pen_lhu == penalty(small, Precision::q4));  // a low-precision miss
   CHECK(pen_lhu < 0.3 * pen_lfu);
 }

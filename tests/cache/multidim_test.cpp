@@ -43,13 +43,13 @@ TEST_CASE("MultiDimPolicy ranks by HOBBIT Eq. 3 and resets records per sequence"
   // Pool 0 (f16) holds 3 experts.
   ExpertCache<MultiDimPolicy> c(small, 3 * f16b + 3 * q4b, Precision::f16);
   auto tok = [&] { c.begin_token(); };
-  tok();                                    // T = 1
-  use(c, {0, 1}, Precision::f16, 0);        // R=1 F=1 H=1
-  use(c, {1, 2}, Precision::f16, 1);        // R=1 F=1 H=1
-  tok();                                    // T = 2
-  use(c, {0, 1}, Precision::f16, 0);        // R=2 F=2 H=2
-  use(c, {3, 3}, Precision::f16, 3);        // R=2 F=1 H=1
-  use(c, {2, 4}, Precision::q4, 2);         // low pool: R=2 F=1 H=0
+  tok();                              // T = 1
+  use(c, {0, 1}, Precision::f16, 0);  // R=1 F=1 H=1
+  use(c, {1, 2}, Precision::f16, 1);  // R=1 F=1 H=1
+  tok();                              // T = 2
+  use(c, {0, 1}, Precision::f16, 0);  // R=2 F=2 H=2
+  use(c, {3, 3}, Precision::f16, 3);  // R=2 F=1 H=1
+  use(c, {2, 4}, Precision::q4, 2);   // low pool: R=2 F=1 H=0
   // While layer 0 runs (T = 2, L = 4):
   //  (0,1): .25*(2/2 + 2/2 + 2/2) + .25*(1 - 0/4) = 1.0
   //  (1,2): .25*(1/2 + 1/2 + 1/2) + .25*(1 - 1/4) = 0.5625

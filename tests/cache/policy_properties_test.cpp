@@ -54,11 +54,14 @@ std::vector<Step> random_stream(const ModelShape& s, std::uint32_t seed, std::ui
           std::discrete_distribution<std::uint32_t> d(ww.begin(), ww.end());
           const std::uint32_t e = d(rng);
           ww[e] = 0.0;
-          const Precision p = std::bernoulli_distribution(0.65)(rng) ? Precision::f16 : Precision::q4;
+          const Precision p =
+              std::bernoulli_distribution(0.65)(rng) ? Precision::f16 : Precision::q4;
           st.demands.push_back({{l, e}, p});
         }
-        std::uniform_int_distribution<std::uint32_t> any_l(0, s.n_layers - 1), any_e(0, s.n_experts - 1);
-        if (std::bernoulli_distribution(0.3)(rng)) st.extra_hard.push_back({any_l(rng), any_e(rng)});
+        std::uniform_int_distribution<std::uint32_t> any_l(0, s.n_layers - 1),
+            any_e(0, s.n_experts - 1);
+        if (std::bernoulli_distribution(0.3)(rng))
+          st.extra_hard.push_back({any_l(rng), any_e(rng)});
         const std::uint32_t next = (l + 1) % s.n_layers;
         for (int i = 0; i < 2; ++i)
           if (std::bernoulli_distribution(0.5)(rng)) st.soft.push_back({next, any_e(rng)});
@@ -124,8 +127,8 @@ struct Harness {
     h->checks.push_back(chk);
   }
 
-  /// Checked in the test body (not inside the cache's eviction): no hard-pinned victim; a soft-pinned
-  /// victim only when nothing unpinned was left in its pool.
+  /// Checked in the test body (not inside the cache's eviction): no hard-pinned victim; a
+  /// soft-pinned victim only when nothing unpinned was left in its pool.
   void check_eviction_rules(std::size_t from) {
     for (std::size_t i = from; i < checks.size(); ++i) {
       CAPTURE(i, evictions[i].key.layer, evictions[i].key.expert);
@@ -288,7 +291,8 @@ TEMPLATE_LIST_TEST_CASE("cache policies never evict pinned experts and fall back
     const ExpertKey incoming{soft.layer, 7};
     if (c.resident(incoming)) return;  // nothing to learn for this policy's placement
     const std::uint32_t pool = c.pool_of(incoming, Precision::f16);
-    if (c.pools()[pool].used_bytes + s.expert_bytes(Precision::f16) <= c.pools()[pool].capacity_bytes)
+    if (c.pools()[pool].used_bytes + s.expert_bytes(Precision::f16) <=
+        c.pools()[pool].capacity_bytes)
       return;  // room without eviction
     if constexpr (!test::PolicySetup<TestType>::accepts_unforeseen_demands) {
       return;  // the incoming demand is not in their future

@@ -1,9 +1,9 @@
 // Differential tests: every scoring policy whose victim search is indexed (per-layer heaps, pruned
 // layer walks, per-class heaps) against a naive reference that scores *every* evictable resident at
-// eviction time straight from the paper's formula. Both run in lockstep through ExpertCache on random
-// streams with mixed precisions, multi-token uses, hard/soft pins, prefetch insertions and sequence
-// resets; the eviction sequences must be identical, so the fast paths keep the exact semantics
-// (scores and tie-breaks) of the formulas written out below.
+// eviction time straight from the paper's formula. Both run in lockstep through ExpertCache on
+// random streams with mixed precisions, multi-token uses, hard/soft pins, prefetch insertions and
+// sequence resets; the eviction sequences must be identical, so the fast paths keep the exact
+// semantics (scores and tie-breaks) of the formulas written out below.
 
 #include <catch2/catch.hpp>
 
@@ -50,8 +50,8 @@ struct Residents {
 /// ties: smaller R, F, last tick, (layer, expert).
 class RefMultiDim {
  public:
-  static constexpr Hooks hooks = Hook::bind | Hook::pool_capacities | Hook::pool_of |
-                                 Hook::begin_sequence | Hook::begin_token;
+  static constexpr Hooks hooks =
+      Hook::bind | Hook::pool_capacities | Hook::pool_of | Hook::begin_sequence | Hook::begin_token;
   explicit RefMultiDim(MultiDimPolicy::Config c = {}) : cfg_(c), split_(c) {}
   void bind(const ModelShape& s) {
     res_.bind(s);
@@ -71,8 +71,10 @@ class RefMultiDim {
   void on_hit(ExpertKey k, const AccessInfo& a) { use(k, a); }
   void on_insert(ExpertKey k, const AccessInfo& a) {
     const std::size_t i = res_.shape.index(k);
-    if (a.prefetch) rec_[i].tick = a.tick;
-    else use(k, a);
+    if (a.prefetch)
+      rec_[i].tick = a.tick;
+    else
+      use(k, a);
     res_.in[i] = true;
     pool_[i] = pool_of(k, a.precision);
   }
@@ -86,7 +88,8 @@ class RefMultiDim {
       const std::size_t i = res_.shape.index(k);
       if (pool_[i] != q.pool) return;
       const Rec& r = rec_[i];
-      const double w = cfg_.w_lru * double(r.r) + cfg_.w_lfu * double(r.f) + cfg_.w_lhu * double(r.h);
+      const double w =
+          cfg_.w_lru * double(r.r) + cfg_.w_lfu * double(r.f) + cfg_.w_lhu * double(r.h);
       const std::uint32_t d = (k.layer + L - q.layer % L) % L;
       const double p = w * inv_t + cfg_.w_fld * (1.0 - double(d) / double(L));
       bool better = !best || p < bp;
@@ -196,8 +199,10 @@ class RefNextUse {
   void on_hit(ExpertKey k, const AccessInfo& a) { demand(k, a); }
   void on_insert(ExpertKey k, const AccessInfo& a) {
     res_.in[res_.shape.index(k)] = true;
-    if (a.prefetch) tick_[res_.shape.index(k)] = a.tick;
-    else demand(k, a);
+    if (a.prefetch)
+      tick_[res_.shape.index(k)] = a.tick;
+    else
+      demand(k, a);
   }
   void on_evict(ExpertKey k) { res_.in[res_.shape.index(k)] = false; }
   std::optional<ExpertKey> victim(const EvictionQuery& q) const {
@@ -310,7 +315,8 @@ class RefCostAware {
       if (j != detail::FutureIndex::never && satisfies(held_[i], fut_[j].precision))
         s = (double(j) - now + 1.0) * double(res_.shape.expert_bytes(held_[i])) /
             double(res_.shape.expert_bytes(fut_[j].precision));
-      if (!best || s > bs) best = k, bs = s;  // visited in (layer, expert) order: ties keep the first
+      if (!best || s > bs)
+        best = k, bs = s;  // visited in (layer, expert) order: ties keep the first
     });
     return best;
   }
@@ -326,7 +332,15 @@ class RefCostAware {
 // ---- lockstep replay ----------------------------------------------------------------------------
 
 struct Op {
-  enum Kind : std::uint8_t { sequence, token, demand, prefetch, pin_hard, pin_soft, unpin_all } kind;
+  enum Kind : std::uint8_t {
+    sequence,
+    token,
+    demand,
+    prefetch,
+    pin_hard,
+    pin_soft,
+    unpin_all
+  } kind;
   ExpertKey key{};
   Precision precision = Precision::f16;
   std::uint32_t layer = 0, n_tokens = 1;
@@ -343,7 +357,8 @@ std::vector<Op> random_ops(const ModelShape& s, std::uint32_t seed, std::uint32_
     ops.push_back({Op::sequence});
     std::vector<std::vector<double>> w(s.n_layers, std::vector<double>(s.n_experts));
     for (auto& layer : w)
-      for (std::uint32_t e = 0; e < s.n_experts; ++e) layer[(e * 5 + q) % s.n_experts] = 1.0 / (1 + e);
+      for (std::uint32_t e = 0; e < s.n_experts; ++e)
+        layer[(e * 5 + q) % s.n_experts] = 1.0 / (1 + e);
     for (std::uint32_t t = 0; t < tokens; ++t) {
       ops.push_back({Op::token});
       const std::uint32_t n_tok = rare(rng) ? 3 : 1;
@@ -358,8 +373,10 @@ std::vector<Op> random_ops(const ModelShape& s, std::uint32_t seed, std::uint32_
           ops.push_back({Op::demand, {l, e}, f16(rng) ? Precision::f16 : Precision::q4, l, n_tok});
         }
         if (rare(rng))
-          ops.push_back({Op::prefetch, {(l + 1) % s.n_layers, any_e(rng)},
-                         f16(rng) ? Precision::f16 : Precision::q4, l});
+          ops.push_back({Op::prefetch,
+                         {(l + 1) % s.n_layers, any_e(rng)},
+                         f16(rng) ? Precision::f16 : Precision::q4,
+                         l});
         ops.push_back({Op::unpin_all});
       }
     }
@@ -430,12 +447,18 @@ struct Replay {
   }
   void apply(const Op& o) {
     switch (o.kind) {
-      case Op::sequence: cache.begin_sequence(); break;
-      case Op::token: cache.begin_token(); break;
+      case Op::sequence:
+        cache.begin_sequence();
+        break;
+      case Op::token:
+        cache.begin_token();
+        break;
       case Op::pin_hard:
         if (cache.resident(o.key)) cache.pin_hard(o.key), hard.push_back(o.key);
         break;
-      case Op::pin_soft: cache.pin_soft(o.key), soft.push_back(o.key); break;
+      case Op::pin_soft:
+        cache.pin_soft(o.key), soft.push_back(o.key);
+        break;
       case Op::unpin_all:
         for (ExpertKey k : hard) cache.unpin_hard(k);
         for (ExpertKey k : soft) cache.unpin_soft(k);
@@ -459,14 +482,16 @@ struct Replay {
 };
 
 template <class Fast, class Ref>
-void lockstep(const ModelShape& s, std::size_t slots, const std::vector<Op>& ops, Fast fast, Ref ref) {
+void lockstep(const ModelShape& s, std::size_t slots, const std::vector<Op>& ops, Fast fast,
+              Ref ref) {
   const std::size_t budget = slots * s.expert_bytes(Precision::f16);
   Replay<Fast> a(s, budget, std::move(fast));
   Replay<Ref> b(s, budget, std::move(ref));
   for (std::size_t i = 0; i < ops.size(); ++i) {
     a.apply(ops[i]);
     b.apply(ops[i]);
-    if (a.evicted.size() != b.evicted.size() || (!a.evicted.empty() && a.evicted.back() != b.evicted.back())) {
+    if (a.evicted.size() != b.evicted.size() ||
+        (!a.evicted.empty() && a.evicted.back() != b.evicted.back())) {
       CAPTURE(i, a.evicted.size(), b.evicted.size());
       if (!a.evicted.empty() && !b.evicted.empty()) {
         CAPTURE(a.evicted.back().layer, a.evicted.back().expert, b.evicted.back().layer,

@@ -1,5 +1,5 @@
-// StaticPopularityPolicy (cache/static_popularity.hpp): Fiddler's static placement of the most popular experts.
-// Exact worked examples through ExpertCache (helpers: cache_test_support.hpp).
+// StaticPopularityPolicy (cache/static_popularity.hpp): Fiddler's static placement of the most
+// popular experts. Exact worked examples through ExpertCache (helpers: cache_test_support.hpp).
 
 #include <catch2/catch.hpp>
 

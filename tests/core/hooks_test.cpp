@@ -15,7 +15,8 @@
 using namespace moekit;
 
 namespace {
-constexpr ModelShape hook_shape{.n_layers = 2, .n_experts = 4, .top_k = 2, .hidden = 64, .ffn = 128};
+constexpr ModelShape hook_shape{
+    .n_layers = 2, .n_experts = 4, .top_k = 2, .hidden = 64, .ffn = 128};
 
 /// Counts the hook calls it declares; everything else is LRU.
 struct CountingPolicy : LruPolicy {
@@ -64,8 +65,8 @@ TEST_CASE("ExpertCache calls the hooks a policy declares", "[core][hooks]") {
 
 TEST_CASE("ShallowFavoring forwards its inner policy's declared hooks", "[core][hooks]") {
   const std::size_t f16 = hook_shape.expert_bytes(Precision::f16);
-  ExpertCache<ShallowFavoring<CountingPolicy>> c(hook_shape, 4 * f16, Precision::f16,
-                                                 ShallowFavoring<CountingPolicy>({.shallow_layers = 1}));
+  ExpertCache<ShallowFavoring<CountingPolicy>> c(
+      hook_shape, 4 * f16, Precision::f16, ShallowFavoring<CountingPolicy>({.shallow_layers = 1}));
   const CountingPolicy& inner = c.policy().inner();
   CHECK(inner.binds == 1);
   c.begin_sequence();

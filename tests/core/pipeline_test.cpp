@@ -13,7 +13,8 @@ using test::ManualLoader;
 using test::Route;
 
 namespace {
-constexpr ModelShape pipeline_shape{.n_layers = 2, .n_experts = 4, .top_k = 2, .hidden = 64, .ffn = 128};
+constexpr ModelShape pipeline_shape{
+    .n_layers = 2, .n_experts = 4, .top_k = 2, .hidden = 64, .ffn = 128};
 const std::size_t pipeline_f16 = pipeline_shape.expert_bytes(Precision::f16);
 
 std::vector<ExpertKey> loaded_keys(const ManualLoader& l) {
@@ -25,7 +26,8 @@ std::vector<ExpertKey> loaded_keys(const ManualLoader& l) {
 
 TEST_CASE("Baseline: LRU over a scripted routing sequence, exact loads and evictions",
           "[core][pipeline][preset]") {
-  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 3 * pipeline_f16}, ManualLoader{});
+  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 3 * pipeline_f16},
+                                    ManualLoader{});
   p.begin_sequence();
   // token 0: layer 0 -> {0,1}, layer 1 -> {2,3}
   const auto& a = p.route(ctx(0, 2), Route(4, {{0, 1}}).view());
@@ -66,7 +68,8 @@ TEST_CASE("Baseline: LRU over a scripted routing sequence, exact loads and evict
 }
 
 TEST_CASE("Pipeline plans one entry per distinct expert of a prefill batch", "[core][pipeline]") {
-  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 4 * pipeline_f16}, ManualLoader{});
+  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 4 * pipeline_f16},
+                                    ManualLoader{});
   const auto& plan =
       p.route(ctx(0, 2, 0, Phase::prefill, 3), Route(4, {{0, 1}, {1, 2}, {1, 0}}).view());
   REQUIRE(plan.experts.size() == 3);
@@ -80,13 +83,13 @@ TEST_CASE("Pipeline plans one entry per distinct expert of a prefill batch", "[c
 
 TEST_CASE("Pipeline stages demands the cache cannot admit, and refuses impossible budgets",
           "[core][pipeline]") {
-  CHECK_THROWS_WITH(
-      (presets::Baseline<ManualLoader>(pipeline_shape, {.expert_budget_bytes = pipeline_f16}, ManualLoader{})),
-      Catch::Contains("minimum budget is"));
-  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 2 * pipeline_f16}, ManualLoader{});
+  CHECK_THROWS_WITH((presets::Baseline<ManualLoader>(
+                        pipeline_shape, {.expert_budget_bytes = pipeline_f16}, ManualLoader{})),
+                    Catch::Contains("minimum budget is"));
+  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 2 * pipeline_f16},
+                                    ManualLoader{});
   // A prefill layer needing all 4 experts: 2 fit in the cache, 2 go to staging slots.
-  const auto& plan =
-      p.route(ctx(0, 2, 0, Phase::prefill, 2), Route(4, {{0, 1}, {2, 3}}).view());
+  const auto& plan = p.route(ctx(0, 2, 0, Phase::prefill, 2), Route(4, {{0, 1}, {2, 3}}).view());
   auto views = p.resolve(plan);
   REQUIRE(views.size() == 4);
   for (std::size_t i = 0; i < 4; ++i)
@@ -98,7 +101,8 @@ TEST_CASE("Pipeline stages demands the cache cannot admit, and refuses impossibl
 }
 
 TEST_CASE("Pipeline rejects a GateView inconsistent with the model", "[core][pipeline]") {
-  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 4 * pipeline_f16}, ManualLoader{});
+  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 4 * pipeline_f16},
+                                    ManualLoader{});
   CHECK_THROWS_WITH(p.route(ctx(0, 2), Route(4, {{0, 7}}).view()),
                     Catch::Contains("GateView.experts holds an id >= n_experts"));
   CHECK_THROWS_WITH(p.route(ctx(5, 2), Route(4, {{0, 1}}).view()),

@@ -13,7 +13,8 @@ using test::ManualLoader;
 using test::Route;
 
 namespace {
-constexpr ModelShape prefetch_shape{.n_layers = 3, .n_experts = 4, .top_k = 2, .hidden = 32, .ffn = 64};
+constexpr ModelShape prefetch_shape{
+    .n_layers = 3, .n_experts = 4, .top_k = 2, .hidden = 32, .ffn = 64};
 const std::size_t prefetch_f16 = prefetch_shape.expert_bytes(Precision::f16);
 
 // Predicts a fixed list of keys at every layer call (a scripted predictor for exact scenarios).
@@ -26,8 +27,8 @@ struct ScriptedPredictor {
       for (const Prefetch& p : per_layer[c.layer]) out.push(p);
   }
 };
-using Pipeline = OffloadPipeline<UniformScorer, ScriptedPredictor, LruPolicy, ManualLoader,
-                                 OnDemandScheduler>;
+using Pipeline =
+    OffloadPipeline<UniformScorer, ScriptedPredictor, LruPolicy, ManualLoader, OnDemandScheduler>;
 }  // namespace
 
 TEST_CASE("Prefetches load at prefetch priority, are soft-pinned, and score precision/recall",
@@ -36,8 +37,8 @@ TEST_CASE("Prefetches load at prefetch priority, are soft-pinned, and score prec
   pred.per_layer = {{{{1, 2}, Precision::f16, 0.9f, 1}, {{1, 3}, Precision::f16, 0.5f, 1}},
                     {{{2, 0}, Precision::f16, 0.9f, 1}},
                     {}};
-  Pipeline p(prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16}, ManualLoader(/*instant=*/false),
-             UniformScorer{}, pred);
+  Pipeline p(prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16},
+             ManualLoader(/*instant=*/false), UniformScorer{}, pred);
   const auto& a = p.route(ctx(0, 3), Route(4, {{0, 1}}).view());
   REQUIRE(a.prefetches.size() == 2);
   const auto& recs = p.loader().records();
@@ -83,7 +84,8 @@ TEST_CASE("Prefetches of resident experts are redundant; invalid ones are droppe
                      {{7, 1}, Precision::f16, 1.f, 7},    // outside the model: dropped
                      {{1, 1}, Precision::skip, 1.f, 1}},  // skip is not a format: dropped
                     {{{2, 1}, Precision::f16, 1.f, 1}}};
-  Pipeline p(prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16}, ManualLoader{}, UniformScorer{}, pred);
+  Pipeline p(prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16}, ManualLoader{},
+             UniformScorer{}, pred);
   p.resolve(p.route(ctx(0, 3), Route(4, {{0, 1}}).view()));
   p.end_layer(ctx(0, 3));
   CHECK(p.stats().prefetches_dropped == 3);
@@ -99,7 +101,8 @@ TEST_CASE("Prefetches of resident experts are redundant; invalid ones are droppe
 }
 
 TEST_CASE("preload places experts before any demand", "[core][pipeline]") {
-  presets::Baseline<ManualLoader> p(prefetch_shape, {.expert_budget_bytes = 2 * prefetch_f16}, ManualLoader{});
+  presets::Baseline<ManualLoader> p(prefetch_shape, {.expert_budget_bytes = 2 * prefetch_f16},
+                                    ManualLoader{});
   CHECK(p.preload({2, 3}, Precision::f16));
   CHECK(p.preload({2, 1}, Precision::f16));
   CHECK(p.stats().bytes_preloaded == 2 * prefetch_f16);
@@ -122,14 +125,17 @@ struct SkipSecond {  // skips every expert but the first demand
 };
 }  // namespace
 
-TEST_CASE("skip drops misses but runs resident experts, unless told otherwise", "[core][pipeline]") {
+TEST_CASE("skip drops misses but runs resident experts, unless told otherwise",
+          "[core][pipeline]") {
   for (bool always : {false, true}) {
     OffloadPipeline<SkipSecond, NoPredictor, LruPolicy, ManualLoader, OnDemandScheduler> p(
-        prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16, .skip_even_if_resident = always}, ManualLoader{});
+        prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16, .skip_even_if_resident = always},
+        ManualLoader{});
     REQUIRE(p.preload({0, 3}, Precision::f16));
     const auto& plan = p.route(ctx(0, 3), Route(4, {{0, 3}}).view());
-    const auto e3 = std::find_if(plan.experts.begin(), plan.experts.end(),
-                                 [](const ExpertPlan& e) { return e.key == ExpertKey{0, 3}; });
+    const auto e3 = std::find_if(plan.experts.begin(), plan.experts.end(), [](const ExpertPlan& e) {
+      return e.key == ExpertKey{0, 3};
+    });
     REQUIRE(e3 != plan.experts.end());
     CHECK(e3->placement == (always ? Placement::skipped : Placement::device));
     CHECK(e3->hit == !always);
@@ -157,17 +163,17 @@ TEST_CASE("A prefetch lies the distance it states ahead, within the pipeline's l
   CHECK(p.cache().resident({2, 1}));
 
   // A limit of one layer drops the distance-2 prefetch; the limit cannot exceed what is scored.
-  Pipeline near(prefetch_shape, {.expert_budget_bytes = 4 * prefetch_f16, .max_prefetch_distance = 1},
+  Pipeline near(prefetch_shape,
+                {.expert_budget_bytes = 4 * prefetch_f16, .max_prefetch_distance = 1},
                 ManualLoader{}, UniformScorer{}, pred);
   near.resolve(near.route(ctx(0, 3), Route(4, {{0, 1}}).view()));
   near.end_layer(ctx(0, 3));
   CHECK(near.stats().prefetches_dropped == 3);
-  CHECK_THROWS_WITH(
-      Pipeline(prefetch_shape,
-               {.expert_budget_bytes = 4 * prefetch_f16,
-                .max_prefetch_distance = max_prediction_distance + 1},
-               ManualLoader{}, UniformScorer{}, pred),
-      Catch::Contains("PipelineConfig.max_prefetch_distance must be <= 3"));
+  CHECK_THROWS_WITH(Pipeline(prefetch_shape,
+                             {.expert_budget_bytes = 4 * prefetch_f16,
+                              .max_prefetch_distance = max_prediction_distance + 1},
+                             ManualLoader{}, UniformScorer{}, pred),
+                    Catch::Contains("PipelineConfig.max_prefetch_distance must be <= 3"));
 }
 
 TEST_CASE("A queued preload is never withdrawn as a stale prefetch; finish_loads completes it",

@@ -32,7 +32,8 @@ TEST_CASE("presets registry: names are unique, found once, and visit the named s
   }
   CHECK(presets::entries.size() == 8);
   CHECK(presets::find("hobbbit") == nullptr);
-  CHECK(presets::names() == "baseline, hobbit, fate, edgemoe, mobile, fiddler, nextuse, nextuse-fit");
+  CHECK(presets::names() ==
+        "baseline, hobbit, fate, edgemoe, mobile, fiddler, nextuse, nextuse-fit");
   STATIC_REQUIRE(presets::index_of<presets::NextUseSpec> == 6);
   STATIC_REQUIRE(presets::is<presets::FateSpec>(presets::entry_of<presets::FateSpec>));
   STATIC_REQUIRE(

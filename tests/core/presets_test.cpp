@@ -56,8 +56,12 @@ constexpr auto PF = LoadPriority::prefetch;
 }  // namespace
 
 TEST_CASE("presets::Hobbit: T1/T2 precisions, stacked-gate prefetch, skip", "[preset][hobbit]") {
-  StackedGatePredictor pred({.router_weights = identity_routers, .n_layers = 3, .n_experts = 4,
-                             .hidden = 4, .top_k = 2, .lookahead = 2});
+  StackedGatePredictor pred({.router_weights = identity_routers,
+                             .n_layers = 3,
+                             .n_experts = 4,
+                             .hidden = 4,
+                             .top_k = 2,
+                             .lookahead = 2});
   presets::Hobbit<ManualLoader> p(shape, {.expert_budget_bytes = 4 * f16}, ManualLoader{},
                                   HobbitThresholdScorer{}, std::move(pred),
                                   MultiDimPolicy({.high_slot_fraction = 0.5}));
@@ -91,10 +95,9 @@ TEST_CASE("presets::Hobbit: T1/T2 precisions, stacked-gate prefetch, skip", "[pr
   p.resolve(c);
   p.end_layer(ctx(2, 3));
 
-  const std::vector<Load> expected{
-      {{0, 2}, Precision::f16, OD}, {{0, 0}, Precision::q4, OD},
-      {{1, 1}, Precision::f16, PF}, {{1, 3}, Precision::q4, PF},
-      {{2, 0}, Precision::f16, PF}, {{2, 3}, Precision::q4, PF}};
+  const std::vector<Load> expected{{{0, 2}, Precision::f16, OD}, {{0, 0}, Precision::q4, OD},
+                                   {{1, 1}, Precision::f16, PF}, {{1, 3}, Precision::q4, PF},
+                                   {{2, 0}, Precision::f16, PF}, {{2, 3}, Precision::q4, PF}};
   CHECK(loads(p.loader()) == expected);
   const auto s = p.stats();
   CHECK(s.misses == 2);
@@ -107,15 +110,16 @@ TEST_CASE("presets::Hobbit: T1/T2 precisions, stacked-gate prefetch, skip", "[pr
   CHECK(p.cache().pools().size() == 2);  // high and low pools
 }
 
-TEST_CASE("presets::Fiddler: popular experts placed, misses on the CPU in decode, copied in a "
-          "busy prefill", "[preset][fiddler]") {
+TEST_CASE(
+    "presets::Fiddler: popular experts placed, misses on the CPU in decode, copied in a "
+    "busy prefill",
+    "[preset][fiddler]") {
   // Popularity: layer 0 experts 1 and 3, layer 2 expert 0 are the three most popular.
   std::vector<double> counts{1, 9, 2, 8, 0, 1, 0, 0, 7, 3, 0, 0};
-  presets::Fiddler<ManualLoader> p(shape, {.expert_budget_bytes = 3 * f16}, ManualLoader{},
-                                   UniformScorer{}, NoPredictor{},
-                                   StaticPopularityPolicy({.counts = counts}),
-                                   FiddlerScheduler({.cpu_seconds_per_token = 7,
-                                                     .copy_seconds = 70}));
+  presets::Fiddler<ManualLoader> p(
+      shape, {.expert_budget_bytes = 3 * f16}, ManualLoader{}, UniformScorer{}, NoPredictor{},
+      StaticPopularityPolicy({.counts = counts}),
+      FiddlerScheduler({.cpu_seconds_per_token = 7, .copy_seconds = 70}));
   for (ExpertKey k : {ExpertKey{0, 1}, ExpertKey{0, 3}, ExpertKey{2, 0}})
     CHECK(p.preload(k, Precision::f16));
   CHECK_FALSE(p.preload({1, 1}, Precision::f16));  // not placed: never admitted
@@ -130,8 +134,18 @@ TEST_CASE("presets::Fiddler: popular experts placed, misses on the CPU in decode
   // Prefill, 12 tokens: experts 1 and 2 of layer 1 get 11 tokens each, 0 and 3 one each; none is
   // placed. Cost max(cpu, copies) over g copied (busiest first): g=0: 168, g=1: max(91, 70) = 91,
   // g=2: max(14, 140) = 140 → copy one (expert 1: ties go to the smaller id), the rest on the CPU.
-  Route busy(4, {{2, 0}, {2, 1}, {2, 1}, {2, 1}, {2, 1}, {2, 1}, {2, 1}, {2, 1}, {2, 1}, {2, 1},
-                 {2, 1}, {3, 1}});
+  Route busy(4, {{2, 0},
+                 {2, 1},
+                 {2, 1},
+                 {2, 1},
+                 {2, 1},
+                 {2, 1},
+                 {2, 1},
+                 {2, 1},
+                 {2, 1},
+                 {2, 1},
+                 {2, 1},
+                 {3, 1}});
   const auto& b = p.route(ctx(1, 3, 1, Phase::prefill, 12), busy.view());
   std::size_t copied = 0, cpu = 0;
   for (const auto& e : b.experts) {
@@ -147,8 +161,10 @@ TEST_CASE("presets::Fiddler: popular experts placed, misses on the CPU in decode
   p.end_layer(ctx(1, 3));
   CHECK(p.cache().resident_count() == 3);  // the placement is unchanged
   CHECK(p.stats().host_cpu_runs == 4);
-  const std::vector<Load> expected{{{0, 1}, Precision::f16, PF}, {{0, 3}, Precision::f16, PF},
-                                   {{2, 0}, Precision::f16, PF}, {{1, 1}, Precision::f16, OD}};
+  const std::vector<Load> expected{{{0, 1}, Precision::f16, PF},
+                                   {{0, 3}, Precision::f16, PF},
+                                   {{2, 0}, Precision::f16, PF},
+                                   {{1, 1}, Precision::f16, OD}};
   CHECK(loads(p.loader()) == expected);
 }
 
@@ -183,10 +199,12 @@ TEST_CASE("presets::Mobile: little pass with K/2, fallback prefetches every laye
   CHECK(p.stats().tokens_accepted == 1);
 }
 
-TEST_CASE("presets::Fate: q4 decode transfers, per-layer shallow-favoring pools, cross-layer "
-          "gate prefetch", "[preset][fate]") {
-  CrossLayerGatePredictor pred({.router_weights = identity_routers, .n_layers = 3,
-                                .n_experts = 4, .hidden = 4, .top_k = 2});
+TEST_CASE(
+    "presets::Fate: q4 decode transfers, per-layer shallow-favoring pools, cross-layer "
+    "gate prefetch",
+    "[preset][fate]") {
+  CrossLayerGatePredictor pred(
+      {.router_weights = identity_routers, .n_layers = 3, .n_experts = 4, .hidden = 4, .top_k = 2});
   // Budget of 6 q4 experts over 3 layers of 4: shallow layer 0 gets all 4, the rest 1 each.
   presets::Fate<ManualLoader> p(
       shape, {.expert_budget_bytes = 6 * q4, .sizing_precision = Precision::q4}, ManualLoader{},
@@ -206,7 +224,7 @@ TEST_CASE("presets::Fate: q4 decode transfers, per-layer shallow-favoring pools,
   p.end_layer(ctx(0, 3));
   // Layer 1 needs {1, 0}: its pool holds one expert, so the prefetched 1 hits and 0 is staged.
   const auto& b = p.route(ctx(1, 3), with_hidden(keep, Route(4, {{1, 0}}), {0, 0, 0, 0}));
-  CHECK(b.experts[0].hit);   // ready first
+  CHECK(b.experts[0].hit);  // ready first
   CHECK_FALSE(b.experts[1].hit);
   p.resolve(b);
   p.end_layer(ctx(1, 3));
@@ -229,8 +247,11 @@ TEST_CASE("presets::EdgeMoe: per-expert bit widths and activation-path preloadin
   presets::EdgeMoe<ManualLoader> p(
       shape, {.expert_budget_bytes = 6 * q4, .base_precision = Precision::q8}, ManualLoader{},
       StaticBitwidthScorer({.table = table}),
-      ActivationPathPredictor({.profile = profile, .max_preload = 1, .min_support = 1,
-                               .precisions = std::vector<Precision>(table.all().begin(), table.all().end())}));
+      ActivationPathPredictor(
+          {.profile = profile,
+           .max_preload = 1,
+           .min_support = 1,
+           .precisions = std::vector<Precision>(table.all().begin(), table.all().end())}));
   const auto& a = p.route(ctx(0, 3), Route(4, {{1}}, {{1.0f}}).view());
   CHECK(a.experts[0].precision == Precision::q8);
   p.resolve(a);
@@ -242,7 +263,8 @@ TEST_CASE("presets::EdgeMoe: per-expert bit widths and activation-path preloadin
   CHECK(b.prefetches[0].precision == Precision::q4);
 }
 
-TEST_CASE("presets::NextUse: T1/T2 precisions over the ExpectedNextUse cache", "[preset][nextuse]") {
+TEST_CASE("presets::NextUse: T1/T2 precisions over the ExpectedNextUse cache",
+          "[preset][nextuse]") {
   presets::NextUse<ManualLoader> p(shape, {.expert_budget_bytes = 3 * f16}, ManualLoader{});
   p.begin_sequence();
   const auto& a = p.route(ctx(0, 3), Route(4, {{2, 0}}, {{0.8f, 0.2f}}).view());
@@ -252,7 +274,8 @@ TEST_CASE("presets::NextUse: T1/T2 precisions over the ExpectedNextUse cache", "
   p.end_layer(ctx(0, 3));
   for (std::uint32_t t = 1; t < 20; ++t) {  // a stream that forces evictions
     for (std::uint32_t l = 0; l < 3; ++l) {
-      const auto& plan = p.route(ctx(l, 3, t), Route(4, {{t % 4, (t + l + 1) % 4}}, {{0.5f, 0.5f}}).view());
+      const auto& plan =
+          p.route(ctx(l, 3, t), Route(4, {{t % 4, (t + l + 1) % 4}}, {{0.5f, 0.5f}}).view());
       p.resolve(plan);
       p.end_layer(ctx(l, 3, t));
       p.cache().check_invariants();

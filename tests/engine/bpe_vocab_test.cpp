@@ -20,8 +20,8 @@
 #include "moekit/error.hpp"
 #include "moekit/io/gguf.hpp"
 
-#include "moekit/engine/bpe_vocab.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/bpe_vocab.hpp"
 #include "moekit/engine/tokenizer.hpp"
 
 namespace bpe_vocab_test {
@@ -45,11 +45,14 @@ nlohmann::json bpe_cases(const std::string& name) {
 // (what a GGUF vocabulary, which has none, must give; the same ids when the normalizer changes
 // nothing, and then the fixture omits them).
 std::vector<std::uint32_t> bpe_ids(const nlohmann::json& c, bool normalized = true) {
-  const char* key = !normalized && c.contains("ids_without_normalizer") ? "ids_without_normalizer" : "ids";
+  const char* key =
+      !normalized && c.contains("ids_without_normalizer") ? "ids_without_normalizer" : "ids";
   return c[key].get<std::vector<std::uint32_t>>();
 }
 std::string bpe_decoded(const nlohmann::json& c, bool normalized = true) {
-  const char* key = !normalized && c.contains("decoded_without_normalizer") ? "decoded_without_normalizer" : "decoded";
+  const char* key = !normalized && c.contains("decoded_without_normalizer")
+                        ? "decoded_without_normalizer"
+                        : "decoded";
   return c[key].get<std::string>();
 }
 
@@ -89,8 +92,8 @@ fs::path bpe_edited_json(const std::string& name, const std::string& case_name, 
 }
 
 // A copy of `name`.gguf with the bytes `from` replaced by `to` (same length) once.
-fs::path bpe_patched_gguf(const std::string& name, const std::string& case_name, const std::string& from,
-                          const std::string& to) {
+fs::path bpe_patched_gguf(const std::string& name, const std::string& case_name,
+                          const std::string& from, const std::string& to) {
   REQUIRE(from.size() == to.size());
   std::string bytes = bpe_read(bpe_data / (name + ".gguf"));
   const auto at = bytes.find(from);
@@ -129,7 +132,8 @@ TEST_CASE("bpe: GPT-2-style tokenizer.json encodes and decodes as HF tokenizers"
   bpe_check_against_hf(v, "gpt2");
 }
 
-TEST_CASE("bpe: the same vocabularies from GGUF (tokenizer.ggml.model gpt2) encode as HF", "[engine][bpe]") {
+TEST_CASE("bpe: the same vocabularies from GGUF (tokenizer.ggml.model gpt2) encode as HF",
+          "[engine][bpe]") {
   for (const std::string name : {"qwen2", "gpt2"}) {
     const moekit::io::GgufFile g((bpe_data / (name + ".gguf")).string());
     const BpeVocab v = BpeVocab::from_gguf(g);
@@ -139,21 +143,26 @@ TEST_CASE("bpe: the same vocabularies from GGUF (tokenizer.ggml.model gpt2) enco
   }
 }
 
-TEST_CASE("bpe: Tokenizer picks byte-level BPE for tokenizer.json dirs and gpt2 GGUF files", "[engine][bpe]") {
+TEST_CASE("bpe: Tokenizer picks byte-level BPE for tokenizer.json dirs and gpt2 GGUF files",
+          "[engine][bpe]") {
   const auto qwen_cases = bpe_cases("qwen2");
   const Tokenizer hf = Tokenizer::from_hf_dir(bpe_data / "qwen2");
-  const Tokenizer gg = Tokenizer::from_gguf(moekit::io::GgufFile((bpe_data / "qwen2.gguf").string()));
+  const Tokenizer gg =
+      Tokenizer::from_gguf(moekit::io::GgufFile((bpe_data / "qwen2.gguf").string()));
   const BpeVocab raw = BpeVocab::from_tokenizer_json(bpe_data / "qwen2/tokenizer.json");
   for (const Tokenizer* t : {&hf, &gg}) {
     CHECK(t->vocab_size() == raw.size());
     CHECK_FALSE(t->bos_id());  // Qwen2 has no BOS
     REQUIRE(t->eos_id());
-    CHECK(t->piece(*t->eos_id()) == "<|im_end|>");  // tokenizer_config.json / tokenizer.ggml.eos_token_id
+    CHECK(t->piece(*t->eos_id()) ==
+          "<|im_end|>");  // tokenizer_config.json / tokenizer.ggml.eos_token_id
     CHECK(t->decode(std::vector<std::uint32_t>{*t->eos_id()}) == "<|im_end|>");
-    for (const auto& c : qwen_cases) CHECK(t->encode(c["text"].get<std::string>(), false) == bpe_ids(c, t == &hf));
+    for (const auto& c : qwen_cases)
+      CHECK(t->encode(c["text"].get<std::string>(), false) == bpe_ids(c, t == &hf));
   }
   // GPT-2's GGUF names a BOS (= EOS = <|endoftext|>): encode(add_bos) puts it first.
-  const Tokenizer g2 = Tokenizer::from_gguf(moekit::io::GgufFile((bpe_data / "gpt2.gguf").string()));
+  const Tokenizer g2 =
+      Tokenizer::from_gguf(moekit::io::GgufFile((bpe_data / "gpt2.gguf").string()));
   REQUIRE(g2.bos_id());
   CHECK(g2.piece(*g2.bos_id()) == "<|endoftext|>");
   const auto ids = g2.encode("Hello", true);
@@ -162,9 +171,11 @@ TEST_CASE("bpe: Tokenizer picks byte-level BPE for tokenizer.json dirs and gpt2 
   CHECK(g2.decode(ids) == "<|endoftext|>Hello");
 }
 
-TEST_CASE("bpe: streaming detokenisation of multi-byte characters split over tokens", "[engine][bpe]") {
+TEST_CASE("bpe: streaming detokenisation of multi-byte characters split over tokens",
+          "[engine][bpe]") {
   const Tokenizer tok = Tokenizer::from_hf_dir(bpe_data / "qwen2");
-  for (const std::string& text : {std::string("你好，世界。🙂👍🏽 café"), std::string("안녕하세요 Привет мир 🇫🇷!")}) {
+  for (const std::string& text : {std::string("你好，世界。🙂👍🏽 café"),
+                                  std::string("안녕하세요 Привет мир 🇫🇷!")}) {
     const auto ids = tok.encode(text, false);
     REQUIRE(ids.size() > 4);
     // The first character's bytes are split over tokens: a context token before it ("x").
@@ -180,7 +191,8 @@ TEST_CASE("bpe: streaming detokenisation of multi-byte characters split over tok
   }
 }
 
-TEST_CASE("bpe: input that is not valid UTF-8 encodes byte by byte and decodes lossily", "[engine][bpe]") {
+TEST_CASE("bpe: input that is not valid UTF-8 encodes byte by byte and decodes lossily",
+          "[engine][bpe]") {
   const BpeVocab v = BpeVocab::from_tokenizer_json(bpe_data / "qwen2/tokenizer.json");
   const std::string text = "ab\xFF\xFE cd \xE4\xBD tail\xC3";
   std::vector<std::uint32_t> ids;
@@ -190,11 +202,13 @@ TEST_CASE("bpe: input that is not valid UTF-8 encodes byte by byte and decodes l
   CHECK(v.decode(ids) == "ab\xEF\xBF\xBD\xEF\xBF\xBD cd \xEF\xBF\xBD tail\xEF\xBF\xBD");
   // The valid text around the invalid bytes encodes as it does alone.
   const auto ab = v.encode("ab");
-  CHECK(std::vector<std::uint32_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(ab.size())) == ab);
+  CHECK(std::vector<std::uint32_t>(ids.begin(),
+                                   ids.begin() + static_cast<std::ptrdiff_t>(ab.size())) == ab);
 }
 
-TEST_CASE("bpe: tokenizer.json's NFC normalizer applies between the raw-matched added tokens, as HF",
-          "[engine][bpe]") {
+TEST_CASE(
+    "bpe: tokenizer.json's NFC normalizer applies between the raw-matched added tokens, as HF",
+    "[engine][bpe]") {
   const BpeVocab nfc = BpeVocab::from_tokenizer_json(bpe_data / "qwen2/tokenizer.json");
   CHECK(nfc.applies_nfc());
   CHECK_FALSE(BpeVocab::from_tokenizer_json(bpe_data / "gpt2/tokenizer.json").applies_nfc());
@@ -216,7 +230,8 @@ TEST_CASE("bpe: tokenizer.json's NFC normalizer applies between the raw-matched 
   const fs::path empty = bpe_edited_json("qwen2", "nfc_empty_sequence", [](json& j) {
     j["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array()}};
   });
-  const fs::path none = bpe_edited_json("qwen2", "nfc_none", [](json& j) { j["normalizer"] = nullptr; });
+  const fs::path none =
+      bpe_edited_json("qwen2", "nfc_none", [](json& j) { j["normalizer"] = nullptr; });
   const BpeVocab s = BpeVocab::from_tokenizer_json(seq), e = BpeVocab::from_tokenizer_json(empty),
                  n = BpeVocab::from_tokenizer_json(none);
   CHECK(s.applies_nfc());
@@ -233,22 +248,26 @@ TEST_CASE("bpe: tokenizer.json's NFC normalizer applies between the raw-matched 
     j["normalizer"] = {{"type", "Sequence"},
                        {"normalizers", json::array({{{"type", "NFC"}}, {{"type", "Lowercase"}}})}};
   });
-  CHECK_THAT(bpe_error_of([&] { (void)BpeVocab::from_tokenizer_json(other); }), Catch::Contains("'normalizer'"));
+  CHECK_THAT(bpe_error_of([&] { (void)BpeVocab::from_tokenizer_json(other); }),
+             Catch::Contains("'normalizer'"));
 }
 
-TEST_CASE("bpe: with NFC on, a stretch that is not valid UTF-8 is encoded unnormalized, never an error",
-          "[engine][bpe]") {
+TEST_CASE(
+    "bpe: with NFC on, a stretch that is not valid UTF-8 is encoded unnormalized, never an error",
+    "[engine][bpe]") {
   using nlohmann::json;
   const BpeVocab nfc = BpeVocab::from_tokenizer_json(bpe_data / "qwen2/tokenizer.json");
-  const BpeVocab raw =
-      BpeVocab::from_tokenizer_json(bpe_edited_json("qwen2", "nfc_off", [](json& j) { j["normalizer"] = nullptr; }));
+  const BpeVocab raw = BpeVocab::from_tokenizer_json(
+      bpe_edited_json("qwen2", "nfc_off", [](json& j) { j["normalizer"] = nullptr; }));
   REQUIRE(nfc.applies_nfc());
   const std::string e_acute = "e\xCC\x81";  // not NFC
   // Invalid per Rust's str (HF cannot be given them): stray continuation, truncated sequence,
   // overlong, surrogate, above U+10FFFF, 0xFF.
-  for (const std::string& bad : {std::string("\x81"), std::string("\xE2\x82"), std::string("\xC0\xAF"),
-                                std::string("\xED\xA0\x80"), std::string("\xF4\x90\x80\x80"), std::string("\xFF")}) {
-    for (const std::string& text : {e_acute + bad, bad + e_acute + "x", "a" + e_acute + bad + e_acute}) {
+  for (const std::string& bad :
+       {std::string("\x81"), std::string("\xE2\x82"), std::string("\xC0\xAF"),
+        std::string("\xED\xA0\x80"), std::string("\xF4\x90\x80\x80"), std::string("\xFF")}) {
+    for (const std::string& text :
+         {e_acute + bad, bad + e_acute + "x", "a" + e_acute + bad + e_acute}) {
       INFO("text bytes '" << text << "'");
       std::vector<std::uint32_t> ids;
       REQUIRE_NOTHROW(ids = nfc.encode(text));
@@ -275,13 +294,16 @@ TEST_CASE("bpe: with NFC on, a stretch that is not valid UTF-8 is encoded unnorm
 
 TEST_CASE("bpe: ids outside the vocabulary are errors naming the id", "[engine][bpe]") {
   const BpeVocab v = BpeVocab::from_tokenizer_json(bpe_data / "gpt2/tokenizer.json");
-  const std::string msg = bpe_error_of([&] { (void)v.decode(std::vector<std::uint32_t>{1, v.size()}); });
+  const std::string msg = bpe_error_of([&] {
+    (void)v.decode(std::vector<std::uint32_t>{1, v.size()});
+  });
   CHECK_THAT(msg, Catch::Contains("token id " + std::to_string(v.size())));
   CHECK_THAT(msg, Catch::Contains("gpt2/tokenizer.json"));
   CHECK_THROWS_AS(v.piece(v.size() + 5), moekit::Error);
 }
 
-TEST_CASE("bpe: malformed tokenizer.json files are errors naming the file and the field", "[engine][bpe]") {
+TEST_CASE("bpe: malformed tokenizer.json files are errors naming the file and the field",
+          "[engine][bpe]") {
   using nlohmann::json;
   struct Case {
     const char* name;
@@ -293,9 +315,12 @@ TEST_CASE("bpe: malformed tokenizer.json files are errors naming the file and th
       {"no_vocab", [](json& j) { j["model"].erase("vocab"); }, "'model.vocab' is missing"},
       {"no_model", [](json& j) { j.erase("model"); }, "'model' is missing"},
       {"unknown_merge_token",
-       [](json& j) { j["model"]["merges"].insert(j["model"]["merges"].begin(), json::array({"zzqq", "e"})); },
+       [](json& j) {
+         j["model"]["merges"].insert(j["model"]["merges"].begin(), json::array({"zzqq", "e"}));
+       },
        "model.merges entry 0 'zzqq e' names 'zzqq', which is not a token"},
-      {"merge_not_pair", [](json& j) { j["model"]["merges"].push_back(42); }, "'model.merges' entry"},
+      {"merge_not_pair", [](json& j) { j["model"]["merges"].push_back(42); },
+       "'model.merges' entry"},
       {"merge_result_unknown",
        [](json& j) {
          j["model"]["merges"].push_back(json::array({"\xC4\x80", "\xC4\x80"}));  // "ĀĀ" is no token
@@ -304,18 +329,35 @@ TEST_CASE("bpe: malformed tokenizer.json files are errors naming the file and th
       {"model_type", [](json& j) { j["model"]["type"] = "WordPiece"; }, "'model.type'"},
       {"vocab_id_type", [](json& j) { j["model"]["vocab"]["e"] = "five"; }, "'model.vocab'"},
       {"added_out_of_range",
-       [](json& j) { j["added_tokens"].push_back({{"id", -3}, {"content", "<x>"}, {"special", true}}); },
+       [](json& j) {
+         j["added_tokens"].push_back({{"id", -3}, {"content", "<x>"}, {"special", true}});
+       },
        "'added_tokens[5]'"},  // after the fixture's five
-      {"added_lstrip", [](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "'added_tokens[0].lstrip'"},
-      {"normalizer", [](json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, "'normalizer'"},
-      {"pre_tokenizer_missing", [](json& j) { j.erase("pre_tokenizer"); }, "'pre_tokenizer' is missing"},
-      {"pre_tokenizer_other", [](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }, "'pre_tokenizer'"},
+      {"added_lstrip", [](json& j) { j["added_tokens"][0]["lstrip"] = true; },
+       "'added_tokens[0].lstrip'"},
+      {"normalizer",
+       [](json& j) {
+         j["normalizer"] = {{"type", "Lowercase"}};
+       },
+       "'normalizer'"},
+      {"pre_tokenizer_missing", [](json& j) { j.erase("pre_tokenizer"); },
+       "'pre_tokenizer' is missing"},
+      {"pre_tokenizer_other",
+       [](json& j) {
+         j["pre_tokenizer"] = {{"type", "Whitespace"}};
+       },
+       "'pre_tokenizer'"},
       {"split_regex_broken",
        [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; },
        "pre-tokenizer regex '(unclosed' does not compile"},
       {"dropout", [](json& j) { j["model"]["dropout"] = 0.1; }, "'model.dropout'"},
-      {"decoder", [](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "'decoder'"},
-      {"wrong_json_type", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = 3; }, "tokenizer.json"},
+      {"decoder",
+       [](json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       "'decoder'"},
+      {"wrong_json_type", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = 3; },
+       "tokenizer.json"},
   };
   for (const Case& c : cases) {
     INFO("case " << c.name);
@@ -339,7 +381,8 @@ TEST_CASE("bpe: malformed tokenizer.json files are errors naming the file and th
              Catch::Contains("'eos_token' is '<|nope|>', which is not a token"));
 }
 
-TEST_CASE("bpe: malformed GGUF vocabularies are errors naming the file and the key", "[engine][bpe]") {
+TEST_CASE("bpe: malformed GGUF vocabularies are errors naming the file and the key",
+          "[engine][bpe]") {
   struct Case {
     const char* name;
     const char* from;
@@ -349,16 +392,20 @@ TEST_CASE("bpe: malformed GGUF vocabularies are errors naming the file and the k
   // Same-length byte patches of the fixture's metadata.
   const Case cases[] = {
       {"unknown_pre", "qwen2", "qwen9", "metadata 'tokenizer.ggml.pre' is 'qwen9'"},
-      {"no_merges", "tokenizer.ggml.merges", "tokenizer.ggml.mergez", "metadata 'tokenizer.ggml.merges' is missing"},
-      {"no_tokens", "tokenizer.ggml.tokens", "tokenizer.ggml.tokenz", "metadata 'tokenizer.ggml.tokens' is missing"},
+      {"no_merges", "tokenizer.ggml.merges", "tokenizer.ggml.mergez",
+       "metadata 'tokenizer.ggml.merges' is missing"},
+      {"no_tokens", "tokenizer.ggml.tokens", "tokenizer.ggml.tokenz",
+       "metadata 'tokenizer.ggml.tokens' is missing"},
   };
   for (const Case& c : cases) {
     INFO("case " << c.name);
     // "qwen2" first occurs as the value of tokenizer.ggml.pre only after the key; patch the value.
     std::string from = c.from, to = c.to;
     if (std::string(c.name) == "unknown_pre") {
-      from = std::string("tokenizer.ggml.pre") + std::string("\x08\0\0\0\x05\0\0\0\0\0\0\0", 12) + "qwen2";
-      to = std::string("tokenizer.ggml.pre") + std::string("\x08\0\0\0\x05\0\0\0\0\0\0\0", 12) + "qwen9";
+      from = std::string("tokenizer.ggml.pre") + std::string("\x08\0\0\0\x05\0\0\0\0\0\0\0", 12) +
+             "qwen2";
+      to = std::string("tokenizer.ggml.pre") + std::string("\x08\0\0\0\x05\0\0\0\0\0\0\0", 12) +
+           "qwen9";
     }
     const fs::path p = bpe_patched_gguf("qwen2", c.name, from, to);
     const moekit::io::GgufFile g(p.string());
@@ -377,6 +424,7 @@ TEST_CASE("bpe: malformed GGUF vocabularies are errors naming the file and the k
       s.source = "GGUF 'x.gguf'";
       (void)BpeVocab(std::move(s));
     });
-    CHECK_THAT(msg, Catch::Contains("GGUF 'x.gguf': metadata 'tokenizer.ggml.merges' entry 1 'a c' names 'c'"));
+    CHECK_THAT(msg, Catch::Contains(
+                        "GGUF 'x.gguf': metadata 'tokenizer.ggml.merges' entry 1 'a c' names 'c'"));
   }
 }

@@ -12,9 +12,9 @@
 
 #include "moekit/precision/thread_pool.hpp"
 
+#include "engine_test_support.hpp"
 #include "moekit/engine/cli.hpp"
 #include "moekit/engine/config.hpp"
-#include "engine_test_support.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/weights.hpp"
@@ -48,9 +48,10 @@ std::vector<float> run(const ModelConfig& cfg, const DenseWeights& dense, Pipeli
 
 TEST_CASE("chunked prefill equals one-forward prefill bit for bit", "[engine][ubatch]") {
   moekit::ThreadPool pool(2);
-  for (const auto& dir : {engine_test::data_dir() / "mixtral", engine_test::data_dir() / "mixtral_swa",
-                          engine_test::data_dir() / "qwen2_moe", engine_test::data_dir() / "olmoe",
-                          std::filesystem::path(MOEKIT_SOURCE_DIR) / "tests/engine/data/qwen2_moe_dense"}) {
+  for (const auto& dir :
+       {engine_test::data_dir() / "mixtral", engine_test::data_dir() / "mixtral_swa",
+        engine_test::data_dir() / "qwen2_moe", engine_test::data_dir() / "olmoe",
+        std::filesystem::path(MOEKIT_SOURCE_DIR) / "tests/engine/data/qwen2_moe_dense"}) {
     const std::string name = dir.filename().string();
     INFO(name);
     const ModelConfig cfg = load_config(dir);
@@ -60,19 +61,17 @@ TEST_CASE("chunked prefill equals one-forward prefill bit for bit", "[engine][ub
     for (std::size_t budget : {std::size_t{0}, minimum_expert_budget(s, Precision::f32)}) {
       const OffloadSettings o{budget, Precision::f32};
       for (bool all : {true, false}) {
-        const auto whole =
-            with_pipeline<moekit::presets::BaselineSpec>(s, o, w.experts, [&](auto& p) {
-              return run(cfg, w.dense, p, ref.prompt_ids, 0, all, 6, &pool);
-            });
+        const auto whole = with_pipeline<moekit::presets::BaselineSpec>(
+            s, o, w.experts,
+            [&](auto& p) { return run(cfg, w.dense, p, ref.prompt_ids, 0, all, 6, &pool); });
         const std::size_t row = all ? 0 : ref.prompt_ids.size() - 1;  // first row returned
         CHECK(engine_test::relative_error(whole.data(), ref.logits.data() + row * cfg.vocab_size,
                                           cfg.vocab_size) <= 1e-4);
         for (std::uint32_t ub : {1u, 2u, 3u, 7u, 8u, 19u, 20u, 512u}) {
           INFO("budget " << budget << ", ubatch " << ub << ", all logits " << all);
-          const auto chunked =
-              with_pipeline<moekit::presets::BaselineSpec>(s, o, w.experts, [&](auto& p) {
-                return run(cfg, w.dense, p, ref.prompt_ids, ub, all, 6, &pool);
-              });
+          const auto chunked = with_pipeline<moekit::presets::BaselineSpec>(
+              s, o, w.experts,
+              [&](auto& p) { return run(cfg, w.dense, p, ref.prompt_ids, ub, all, 6, &pool); });
           REQUIRE(chunked.size() == whole.size());
           CHECK(std::memcmp(chunked.data(), whole.data(), whole.size() * sizeof(float)) == 0);
         }
@@ -81,7 +80,8 @@ TEST_CASE("chunked prefill equals one-forward prefill bit for bit", "[engine][ub
   }
 }
 
-TEST_CASE("the prefill chunk flag (--ubatch-size, --ubatch) sets the chunk; 0 is refused", "[engine][ubatch][cli]") {
+TEST_CASE("the prefill chunk flag (--ubatch-size, --ubatch) sets the chunk; 0 is refused",
+          "[engine][ubatch][cli]") {
   auto parse = [](std::vector<const char*> args, std::string* err = nullptr) {
     args.insert(args.begin(), "moe-run");
     Cli cli;

@@ -30,7 +30,8 @@ Parsed parse(std::vector<const char*> args) {
 }
 
 // Each of `bad` given to `flag` is refused with an error naming the flag and the words it takes.
-void check_refused(const char* flag, std::initializer_list<const char*> bad, const std::string& words) {
+void check_refused(const char* flag, std::initializer_list<const char*> bad,
+                   const std::string& words) {
   for (const char* value : bad) {
     const auto p = parse({flag, value});
     INFO(flag << " " << value << ": " << p.err);
@@ -62,9 +63,27 @@ TEST_CASE("expert budgets parse with binary and decimal units", "[engine][cli]")
 }
 
 TEST_CASE("flags set the options", "[engine][cli]") {
-  const auto p = parse({"-m", "dir", "-p", "hi", "-n", "5", "-t", "2", "--temp", "0", "--top-p",
-                        "0.5", "--seed", "9", "--preset", "baseline", "--expert-budget", "1MiB",
-                        "--precision", "q4", "--json"});
+  const auto p = parse({"-m",
+                        "dir",
+                        "-p",
+                        "hi",
+                        "-n",
+                        "5",
+                        "-t",
+                        "2",
+                        "--temp",
+                        "0",
+                        "--top-p",
+                        "0.5",
+                        "--seed",
+                        "9",
+                        "--preset",
+                        "baseline",
+                        "--expert-budget",
+                        "1MiB",
+                        "--precision",
+                        "q4",
+                        "--json"});
   REQUIRE(p.rc == 0);
   CHECK(p.options.model == "dir");
   CHECK(p.options.prompt == "hi");
@@ -119,13 +138,15 @@ TEST_CASE("moe-run --activations parses auto, f32 and int8 and refuses the rest"
   check_refused("--activations", {"q8", "INT8", "", "fp32"}, "auto, f32, int8");
 }
 
-TEST_CASE("moe-run --dense-precision parses auto and the float and 8/4-bit formats, refuses the rest",
-          "[engine][cli]") {
+TEST_CASE(
+    "moe-run --dense-precision parses auto and the float and 8/4-bit formats, refuses the rest",
+    "[engine][cli]") {
   CHECK_FALSE(parse({}).options.dense_precision.has_value());
   CHECK_FALSE(parse({"--dense-precision", "auto"}).options.dense_precision.has_value());
   CHECK(parse({"--dense-precision", "bf16"}).options.dense_precision == moekit::Precision::bf16);
   CHECK(parse({"--dense-precision", "q8"}).options.dense_precision == moekit::Precision::q8);
-  check_refused("--dense-precision", {"q2", "skip", "", "fp16", "BF16"}, "auto, f32, bf16, f16, q8, q4");
+  check_refused("--dense-precision", {"q2", "skip", "", "fp16", "BF16"},
+                "auto, f32, bf16, f16, q8, q4");
 }
 
 TEST_CASE("moe-run --row-streaming parses auto and 1/2/4 with an optional p, refuses the rest",
@@ -138,14 +159,17 @@ TEST_CASE("moe-run --row-streaming parses auto and 1/2/4 with an optional p, ref
   check_refused("--row-streaming", {"3", "p", "2pp", "", "8p", "two"}, "auto, 1, 1p, 2, 2p, 4, 4p");
 }
 
-TEST_CASE("moe-run --expert-layout parses auto, rows, panels and blocked-panels and refuses the rest",
-          "[engine][cli]") {
+TEST_CASE(
+    "moe-run --expert-layout parses auto, rows, panels and blocked-panels and refuses the rest",
+    "[engine][cli]") {
   CHECK_FALSE(parse({}).options.expert_layout.has_value());
   CHECK_FALSE(parse({"--expert-layout", "auto"}).options.expert_layout.has_value());
   CHECK(parse({"--expert-layout", "rows"}).options.expert_layout == moekit::MatrixOrder::rows);
   CHECK(parse({"--expert-layout", "panels"}).options.expert_layout == moekit::MatrixOrder::panels4);
-  CHECK(parse({"--expert-layout", "blocked-panels"}).options.expert_layout == moekit::MatrixOrder::blocked_panels4);
-  check_refused("--expert-layout", {"panels4", "blocked_panels4", "ROWS", "", "columns"}, "auto, rows, panels, blocked-panels");
+  CHECK(parse({"--expert-layout", "blocked-panels"}).options.expert_layout ==
+        moekit::MatrixOrder::blocked_panels4);
+  check_refused("--expert-layout", {"panels4", "blocked_panels4", "ROWS", "", "columns"},
+                "auto, rows, panels, blocked-panels");
 }
 
 TEST_CASE("moe-run --activations resolves against the experts' precisions, width and the CPU",
@@ -179,7 +203,8 @@ TEST_CASE("moe-run --activations resolves against the experts' precisions, width
   CHECK(activations_name(false) == "f32");
 }
 
-TEST_CASE("moe-run --routing-trace takes a file and refuses --perplexity", "[engine][cli][replay]") {
+TEST_CASE("moe-run --routing-trace takes a file and refuses --perplexity",
+          "[engine][cli][replay]") {
   CHECK(parse({}).options.routing_trace.empty());
   const auto p = parse({"--routing-trace", "t.jsonl"});
   CHECK(p.rc == 0);

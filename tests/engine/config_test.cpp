@@ -6,8 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/config.hpp"
 
 using namespace moekit::engine;
 using nlohmann::json;
@@ -15,13 +15,11 @@ using nlohmann::json;
 namespace {
 
 json mixtral_json() {
-  return json{{"model_type", "mixtral"},       {"vocab_size", 320},
-              {"hidden_size", 32},             {"num_hidden_layers", 2},
-              {"num_attention_heads", 4},      {"num_key_value_heads", 2},
-              {"intermediate_size", 32},       {"num_local_experts", 4},
-              {"num_experts_per_tok", 2},      {"rms_norm_eps", 1e-5},
-              {"rope_theta", 50000.0},         {"sliding_window", nullptr},
-              {"eos_token_id", 2},             {"bos_token_id", 1}};
+  return json{{"model_type", "mixtral"}, {"vocab_size", 320},        {"hidden_size", 32},
+              {"num_hidden_layers", 2},  {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+              {"intermediate_size", 32}, {"num_local_experts", 4},   {"num_experts_per_tok", 2},
+              {"rms_norm_eps", 1e-5},    {"rope_theta", 50000.0},    {"sliding_window", nullptr},
+              {"eos_token_id", 2},       {"bos_token_id", 1}};
 }
 
 json qwen_json() {

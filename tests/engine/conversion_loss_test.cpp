@@ -1,8 +1,8 @@
-// engine/conversion_loss.hpp on a GGUF whose experts are K-quants (tests/engine/data/kquant_moe.gguf,
-// from scripts/make_gguf_transcode_fixture.py: gate/up Q4_K, down Q6_K, K-quant dense part): the
-// experts have no exact in-place path, are converted into a store, and the loss of each stored
-// precision is measured against the exact values, recorded beside the store and read back
-// without measuring again; skipping says so.
+// engine/conversion_loss.hpp on a GGUF whose experts are K-quants
+// (tests/engine/data/kquant_moe.gguf, from scripts/make_gguf_transcode_fixture.py: gate/up Q4_K,
+// down Q6_K, K-quant dense part): the experts have no exact in-place path, are converted into a
+// store, and the loss of each stored precision is measured against the exact values, recorded
+// beside the store and read back without measuring again; skipping says so.
 
 #include <catch2/catch.hpp>
 
@@ -28,7 +28,8 @@ namespace fs = std::filesystem;
 using namespace moekit::engine;
 using moekit::Precision;
 
-const fs::path kquant_model = fs::path(MOEKIT_SOURCE_DIR) / "tests" / "engine" / "data" / "kquant_moe.gguf";
+const fs::path kquant_model =
+    fs::path(MOEKIT_SOURCE_DIR) / "tests" / "engine" / "data" / "kquant_moe.gguf";
 const fs::path heldout = fs::path(MOEKIT_SOURCE_DIR) / "bench" / "quality" / "heldout.txt";
 
 ConversionLossRequest request(bool measure = true) {
@@ -44,8 +45,10 @@ ConversionLossRequest request(bool measure = true) {
 
 }  // namespace conversion_loss_test
 
-TEST_CASE("conversion loss of K-quant experts: measured against the exact values, recorded, "
-          "read back", "[engine][conversion_loss]") {
+TEST_CASE(
+    "conversion loss of K-quant experts: measured against the exact values, recorded, "
+    "read back",
+    "[engine][conversion_loss]") {
   using namespace conversion_loss_test;
   const moekit::io::GgufFile g(kquant_model.string());
   const ModelConfig cfg = gguf_config(g);
@@ -58,7 +61,8 @@ TEST_CASE("conversion loss of K-quant experts: measured against the exact values
   const Tokenizer tok = Tokenizer::from_gguf(g);
   moekit::ThreadPool pool(2);
 
-  const nlohmann::json first = store_conversion_loss(request(), cfg, w.dense, tok, g, st.store, &pool);
+  const nlohmann::json first =
+      store_conversion_loss(request(), cfg, w.dense, tok, g, st.store, &pool);
   INFO(first.dump(1));
   CHECK(first.at("measured") == true);
   CHECK(first.at("from_record") == false);
@@ -91,7 +95,8 @@ TEST_CASE("conversion loss of K-quant experts: measured against the exact values
   planted.erase("from_record");
   planted["precisions"][0]["kl_mean"] = 0.125;
   std::ofstream(record) << planted.dump();
-  const nlohmann::json second = store_conversion_loss(request(), cfg, w.dense, tok, g, st.store, &pool);
+  const nlohmann::json second =
+      store_conversion_loss(request(), cfg, w.dense, tok, g, st.store, &pool);
   CHECK(second.at("measured") == true);
   CHECK(second.at("from_record") == true);
   CHECK(second.at("precisions")[0].at("kl_mean") == 0.125);
@@ -100,7 +105,8 @@ TEST_CASE("conversion loss of K-quant experts: measured against the exact values
   // A record of another checkpoint (fingerprint) is measured again and replaced.
   planted["checkpoint_fingerprint"] = "another.gguf:1:2;";
   std::ofstream(record) << planted.dump();
-  const nlohmann::json third = store_conversion_loss(request(), cfg, w.dense, tok, g, st.store, &pool);
+  const nlohmann::json third =
+      store_conversion_loss(request(), cfg, w.dense, tok, g, st.store, &pool);
   CHECK(third.at("precisions")[0].at("kl_mean") == entries[0].at("kl_mean"));  // deterministic
 
   // Skipped: said, and nothing read or written.
@@ -118,8 +124,10 @@ TEST_CASE("conversion loss of K-quant experts: measured against the exact values
   CHECK_THAT(std::string(none.at("reason")), Catch::Contains("--conversion-loss-text"));
 }
 
-TEST_CASE("conversion loss: the exact reference reads the K-quant experts as gguf-py's f32 "
-          "values, and a store at f32 has no loss", "[engine][conversion_loss]") {
+TEST_CASE(
+    "conversion loss: the exact reference reads the K-quant experts as gguf-py's f32 "
+    "values, and a store at f32 has no loss",
+    "[engine][conversion_loss]") {
   using namespace conversion_loss_test;
   const moekit::io::GgufFile g(kquant_model.string());
   const ModelConfig cfg = gguf_config(g);

@@ -18,8 +18,8 @@
 #include "moekit/precision/thread_pool.hpp"
 #include "moekit/presets.hpp"
 
-#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/config.hpp"
 #include "moekit/engine/gguf_model.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
@@ -46,7 +46,8 @@ std::vector<float> forced_logits(const ModelConfig& cfg, const ModelWeights& w,
 
 TEST_CASE("auto dense storage keeps a bf16 checkpoint in bf16 with the f32 logits bit for bit",
           "[engine][dense]") {
-  const std::filesystem::path dir = std::filesystem::path(MOEKIT_SOURCE_DIR) / "models/moekit-tiny-moe";
+  const std::filesystem::path dir =
+      std::filesystem::path(MOEKIT_SOURCE_DIR) / "models/moekit-tiny-moe";
   if (!std::filesystem::exists(dir / "reference.json")) {
     WARN(dir.string() << "/reference.json not present (written when training finishes); skipped");
     return;
@@ -73,16 +74,18 @@ TEST_CASE("auto dense storage keeps a bf16 checkpoint in bf16 with the f32 logit
   CHECK(same);
 
   // q8 on trained weights: close to f32, same greedy choice almost everywhere.
-  const ModelWeights q8 = load_weights(cfg, dir, {Precision::f32}, DenseStorage{Precision::q8, cfg.shape().quant});
+  const ModelWeights q8 =
+      load_weights(cfg, dir, {Precision::f32}, DenseStorage{Precision::q8, cfg.shape().quant});
   CHECK(q8.dense.bytes() < f32.dense.bytes() * 0.3);
   const auto got = forced_logits(cfg, q8, seq, prompt, pool);
   const std::size_t V = cfg.vocab_size, n = want.size() / V;
   std::size_t agree = 0;
   for (std::size_t t = 0; t < n; ++t)
-    agree += engine_test::argmax(got.data() + t * V, V) == engine_test::argmax(want.data() + t * V, V);
+    agree +=
+        engine_test::argmax(got.data() + t * V, V) == engine_test::argmax(want.data() + t * V, V);
   const double err = engine_test::worst_relative_error(got, want, V);
   INFO("q8 dense: worst relative error " << err << ", same argmax at " << agree << "/" << n);
-  CHECK(err <= 4e-2);  // 1.0e-2 when this test was written
+  CHECK(err <= 4e-2);     // 1.0e-2 when this test was written
   CHECK(agree >= n - 1);  // 36/36 then
 
   // The same q8 dense part with int8 activations (moe-run's default on int8 CPUs): prefill (the
@@ -97,7 +100,8 @@ TEST_CASE("auto dense storage keeps a bf16 checkpoint in bf16 with the f32 logit
   const auto pre = model.prefill(std::span(seq).first(prompt), /*all_logits=*/true);
   std::vector<float> int8(pre.begin(), pre.end());
   const double pre_err8 = engine_test::worst_relative_error(
-      int8, std::vector<float>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(int8.size())), V);
+      int8, std::vector<float>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(int8.size())),
+      V);
   INFO("q8 dense, int8 activations: prefill worst relative error " << pre_err8);
   CHECK(pre_err8 > 0);  // prefill really ran the int8 GEMM
   CHECK(pre_err8 <= 4e-2);
@@ -107,7 +111,8 @@ TEST_CASE("auto dense storage keeps a bf16 checkpoint in bf16 with the f32 logit
   }
   std::size_t agree8 = 0;
   for (std::size_t t = 0; t < n; ++t)
-    agree8 += engine_test::argmax(int8.data() + t * V, V) == engine_test::argmax(got.data() + t * V, V);
+    agree8 +=
+        engine_test::argmax(int8.data() + t * V, V) == engine_test::argmax(got.data() + t * V, V);
   const double err8 = engine_test::worst_relative_error(int8, got, V);
   INFO("q8 dense, int8 activations: worst relative error " << err8 << ", same argmax at " << agree8
                                                            << "/" << n);
@@ -127,7 +132,9 @@ TEST_CASE("narrower dense precisions stay close to f32 on every architecture", "
   // so relative errors look large (the expert-precision test says the same); the q4 bound only
   // catches garbage, the ordering check carries the rest, and the trained default model's test
   // above bounds q8 tightly.
-  const Case cases[] = {{Precision::f16, 4e-3}, {Precision::bf16, 2.4e-2}, {Precision::q8, 0.34},
+  const Case cases[] = {{Precision::f16, 4e-3},
+                        {Precision::bf16, 2.4e-2},
+                        {Precision::q8, 0.34},
                         {Precision::q4, 1.5}};
   for (const auto& dir : engine_test::architecture_fixtures()) {
     if (!std::filesystem::exists(dir / "reference.json")) {
@@ -141,13 +148,15 @@ TEST_CASE("narrower dense precisions stay close to f32 on every architecture", "
     const ModelWeights f32 = load_weights(cfg, dir, {Precision::f32});
     const auto want = forced_logits(cfg, f32, seq, prompt, pool);
     // The fixtures are f32 checkpoints: auto changes nothing.
-    const ModelWeights as_stored = load_weights(cfg, dir, {Precision::f32}, DenseStorage{std::nullopt});
+    const ModelWeights as_stored =
+        load_weights(cfg, dir, {Precision::f32}, DenseStorage{std::nullopt});
     CHECK(as_stored.dense.precisions() == "f32");
     const bool same = forced_logits(cfg, as_stored, seq, prompt, pool) == want;
     CHECK(same);
     double prev = 0;
     for (const Case& c : cases) {
-      const ModelWeights w = load_weights(cfg, dir, {Precision::f32}, DenseStorage{c.p, cfg.shape().quant});
+      const ModelWeights w =
+          load_weights(cfg, dir, {Precision::f32}, DenseStorage{c.p, cfg.shape().quant});
       CHECK(w.dense.precisions() == moekit::name(c.p));
       const double err = engine_test::worst_relative_error(forced_logits(cfg, w, seq, prompt, pool),
                                                            want, cfg.vocab_size);
@@ -175,7 +184,8 @@ TEST_CASE("auto dense storage keeps a GGUF's Q8_0 dense tensors as stored, value
   CHECK(as_stored.dense.bytes() < plain.dense.bytes() / 3);  // 8.5 bits a weight, not 32
   // The same values: Q8_0 moved into moekit's q8 rows, not quantized again.
   std::vector<float> row(cfg.hidden);
-  for (std::size_t r : {std::size_t{0}, std::size_t{cfg.vocab_size / 2}, std::size_t{cfg.vocab_size - 1}}) {
+  for (std::size_t r :
+       {std::size_t{0}, std::size_t{cfg.vocab_size / 2}, std::size_t{cfg.vocab_size - 1}}) {
     as_stored.dense.embed.row(r, row.data());
     CHECK(std::equal(row.begin(), row.end(), plain.dense.embed.w.begin() + r * cfg.hidden));
   }

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <sys/wait.h>
+#include <nlohmann/json.hpp>
 
 #include "moekit/error.hpp"
 #include "moekit/precision/thread_pool.hpp"
@@ -148,8 +148,8 @@ template <class Pipeline>
 GreedyRun greedy(const moekit::engine::ModelConfig& cfg, const moekit::engine::DenseWeights& dense,
                  Pipeline& pipeline, std::span<const moekit::engine::Token> prompt, int steps,
                  moekit::ThreadPool* pool) {
-  moekit::engine::Model<Pipeline> model(cfg, dense, pipeline,
-                                 static_cast<std::uint32_t>(prompt.size() + steps + 1), pool);
+  moekit::engine::Model<Pipeline> model(
+      cfg, dense, pipeline, static_cast<std::uint32_t>(prompt.size() + steps + 1), pool);
   model.begin_sequence();
   const auto pre = model.prefill(prompt, /*all_logits=*/true);
   GreedyRun r;
@@ -171,13 +171,13 @@ GreedyRun greedy(const moekit::engine::ModelConfig& cfg, const moekit::engine::D
 /// decode step per further token; `int8_activations` as moe-run's --activations int8, `order`
 /// where the rows of the quantized expert blobs are (ExpertBacking::order).
 template <class Pipeline>
-std::vector<float> teacher_forced(const moekit::engine::ModelConfig& cfg, const moekit::engine::DenseWeights& dense,
-                                  Pipeline& pipeline, std::span<const moekit::engine::Token> seq,
-                                  std::size_t prompt, moekit::ThreadPool* pool,
-                                  bool int8_activations = false,
+std::vector<float> teacher_forced(const moekit::engine::ModelConfig& cfg,
+                                  const moekit::engine::DenseWeights& dense, Pipeline& pipeline,
+                                  std::span<const moekit::engine::Token> seq, std::size_t prompt,
+                                  moekit::ThreadPool* pool, bool int8_activations = false,
                                   moekit::MatrixOrder order = moekit::MatrixOrder::rows) {
-  moekit::engine::Model<Pipeline> model(cfg, dense, pipeline, static_cast<std::uint32_t>(seq.size() + 1),
-                                 pool);
+  moekit::engine::Model<Pipeline> model(cfg, dense, pipeline,
+                                        static_cast<std::uint32_t>(seq.size() + 1), pool);
   model.set_int8_expert_activations(int8_activations);
   model.set_expert_order(order);
   model.begin_sequence();
@@ -200,7 +200,8 @@ inline double worst_top_k_error(const std::vector<float>& rows, std::size_t voca
     double scale = 0;
     for (float v : top_logits.at(t)) scale = std::max(scale, double(std::abs(v)));
     for (std::size_t j = 0; j < top_ids[t].size(); ++j)
-      worst = std::max(worst, std::abs(rows.at(t * vocab + top_ids[t][j]) - top_logits[t].at(j)) / scale);
+      worst = std::max(worst,
+                       std::abs(rows.at(t * vocab + top_ids[t][j]) - top_logits[t].at(j)) / scale);
   }
   return worst;
 }

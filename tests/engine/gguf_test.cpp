@@ -22,8 +22,8 @@
 
 #include "io/gguf_builder.hpp"
 
-#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/config.hpp"
 #include "moekit/engine/expert_source.hpp"
 #include "moekit/engine/gguf_model.hpp"
 #include "moekit/engine/model.hpp"
@@ -56,11 +56,11 @@ engine_test::GreedyRun run_reference(const ModelConfig& cfg, const DenseWeights&
                                      const engine_test::Reference& ref, moekit::ThreadPool* pool) {
   const moekit::ModelShape s = cfg.shape();
   const OffloadSettings o{all_resident_budget(s, Precision::f32) / 2, Precision::f32};
-  return with_pipeline<moekit::presets::BaselineSpec>(s, o, backing.make_loader(), PresetInputs{},
-                                                      [&](auto& p) {
-    return engine_test::greedy(cfg, dense, p, ref.prompt_ids,
-                               static_cast<int>(ref.generated_ids.size()) - 1, pool);
-  });
+  return with_pipeline<moekit::presets::BaselineSpec>(
+      s, o, backing.make_loader(), PresetInputs{}, [&](auto& p) {
+        return engine_test::greedy(cfg, dense, p, ref.prompt_ids,
+                                   static_cast<int>(ref.generated_ids.size()) - 1, pool);
+      });
 }
 
 // A copy of `from` with the first occurrence of `a` replaced by `b` (same length).
@@ -239,8 +239,8 @@ TEST_CASE("GGUF model with experts from its store matches transformers and the s
   const ModelConfig st_cfg = load_config(dir);
   const ModelWeights st = load_weights(st_cfg, dir, {Precision::f32});
   const auto ref = engine_test::load_reference(dir);
-  const auto st_run = run_reference(st_cfg, st.dense, ExpertBacking{&st.experts, nullptr, {}}, ref,
-                                    &pool);
+  const auto st_run =
+      run_reference(st_cfg, st.dense, ExpertBacking{&st.experts, nullptr, {}}, ref, &pool);
   REQUIRE(st_run.tokens == std::vector<Token>(ref.generated_ids.begin(), ref.generated_ids.end()));
 
   SECTION("f32: same logits as the safetensors path, bit for bit") {
@@ -285,7 +285,8 @@ TEST_CASE("GGUF model with experts from its store matches transformers and the s
     const moekit::io::GgufFile g((dir / "model-f32.gguf").string());
     const ModelConfig cfg = gguf_config(g);
     const ModelWeights w = load_gguf_weights(cfg, g, {Precision::f32});
-    const auto run = run_reference(cfg, w.dense, ExpertBacking{&w.experts, nullptr, {}}, ref, &pool);
+    const auto run =
+        run_reference(cfg, w.dense, ExpertBacking{&w.experts, nullptr, {}}, ref, &pool);
     CHECK(run.tokens == std::vector<Token>(ref.generated_ids.begin(), ref.generated_ids.end()));
     CHECK(std::memcmp(run.logits.data(), st_run.logits.data(), run.logits.size() * 4) == 0);
   }
@@ -328,7 +329,8 @@ TEST_CASE("a qwen2moe GGUF without expert_feed_forward_length sizes experts as l
     const fs::path path = engine_test::scratch("engine", "gguf_expert_ffn") / (a + ".gguf");
     const auto bytes = b.bytes();
     std::ofstream(path, std::ios::binary)
-        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
     const moekit::io::GgufFile g(path.string());
     INFO(a);
     CHECK(gguf_config(g).expert_ffn == (a == "qwen2moe" ? 16u : 64u));

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <sentencepiece_processor.h>
+#include <nlohmann/json.hpp>
 
 #include "moekit/io/gguf.hpp"
 
@@ -25,7 +25,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path mixtral_tokenizer = fs::path(MOEKIT_SOURCE_DIR) / "models/moekit-tiny-moe/tokenizer.model";
+const fs::path mixtral_tokenizer =
+    fs::path(MOEKIT_SOURCE_DIR) / "models/moekit-tiny-moe/tokenizer.model";
 
 std::unique_ptr<sentencepiece::SentencePieceProcessor> load_sp(const fs::path& p) {
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
@@ -41,7 +42,7 @@ GgufVocab vocab_of(const sentencepiece::SentencePieceProcessor& sp) {
   for (int i = 0; i < sp.GetPieceSize(); ++i) {
     pieces.push_back(sp.IdToPiece(i));
     scores.push_back(sp.GetScore(i));
-    types.push_back(sp.IsUnknown(i) ? GgufVocab::Type::unknown
+    types.push_back(sp.IsUnknown(i)   ? GgufVocab::Type::unknown
                     : sp.IsControl(i) ? GgufVocab::Type::control
                     : sp.IsByte(i)    ? GgufVocab::Type::byte
                     : sp.IsUnused(i)  ? GgufVocab::Type::unused
@@ -72,10 +73,13 @@ std::string sp_decode(const sentencepiece::SentencePieceProcessor& sp,
 // characters, accented and non-Latin letters, emoji.
 std::vector<std::string> random_strings(std::uint32_t seed, int n) {
   static const std::vector<std::string> pool = {
-      "the", " ", "  ", "quick", "Brown", "fox", "jumps", "over", "lazy", "dog", "=", " = ",
-      "@-@", "1", "23", "4567", ".", ",", "!", "?", "\n", "\t", "\r\n", "é", "ï", "ß", "Ελλάδα",
-      "日本語", "中文", "한국어", "🙂", "👍🏽", "Мир", "عربى", "ab", "ing", "tion", "'s", "\"",
-      "(", ")", "<s>", "</s>", "▁", "\xE2\x80\x94", "Valkyria", "Chronicles", "1999", " III"};
+      "the",  " ",    "  ",     "quick",  "Brown",        "fox",      "jumps",      "over",
+      "lazy", "dog",  "=",      " = ",    "@-@",          "1",        "23",         "4567",
+      ".",    ",",    "!",      "?",      "\n",           "\t",       "\r\n",       "é",
+      "ï",    "ß",    "Ελλάδα", "日本語", "中文",         "한국어",   "🙂",       "👍🏽",
+      "Мир",  "عربى", "ab",     "ing",    "tion",         "'s",       "\"",         "(",
+      ")",    "<s>",  "</s>",   "▁",      "\xE2\x80\x94", "Valkyria", "Chronicles", "1999",
+      " III"};
   std::mt19937 rng(seed);
   std::uniform_int_distribution<std::size_t> pick(0, pool.size() - 1), len(1, 12);
   std::vector<std::string> out;
@@ -96,7 +100,8 @@ void compare_with_library(const GgufVocab& v, const sentencepiece::SentencePiece
     const auto text = c.at("text").get<std::string>();
     INFO("reference text: '" << text << "'");
     CHECK(v.encode(text) == c.at("ids").get<std::vector<std::uint32_t>>());
-    CHECK(v.decode(c.at("ids").get<std::vector<std::uint32_t>>()) == c.at("decoded").get<std::string>());
+    CHECK(v.decode(c.at("ids").get<std::vector<std::uint32_t>>()) ==
+          c.at("decoded").get<std::string>());
     texts.push_back(text);
   }
   const std::uint32_t seed = 20261122;
@@ -152,10 +157,12 @@ TEST_CASE("GGUF vocabulary: the fixture's embedded vocabulary encodes as Sentenc
   CHECK(streamed == streamed_lib);
   CHECK(streamed.size() > 10);
   CHECK(tok.decode(ref.prompt_ids) == "The quick brown fox");
-  CHECK_THROWS_WITH(tok.decode(std::vector<std::uint32_t>{320}), Catch::Contains("outside the vocabulary"));
+  CHECK_THROWS_WITH(tok.decode(std::vector<std::uint32_t>{320}),
+                    Catch::Contains("outside the vocabulary"));
 }
 
-TEST_CASE("GGUF vocabulary: Mixtral's 32000 pieces encode as SentencePiece", "[engine][tokenizer][gguf]") {
+TEST_CASE("GGUF vocabulary: Mixtral's 32000 pieces encode as SentencePiece",
+          "[engine][tokenizer][gguf]") {
   REQUIRE(fs::exists(mixtral_tokenizer));
   const auto sp = load_sp(mixtral_tokenizer);
   const GgufVocab v = vocab_of(*sp);

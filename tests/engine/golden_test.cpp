@@ -13,8 +13,8 @@
 #include "moekit/precision/thread_pool.hpp"
 #include "moekit/presets.hpp"
 
-#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/config.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/weights.hpp"
@@ -34,7 +34,8 @@ const std::vector<std::filesystem::path> golden_fixtures = {
 
 // Greedy run of the reference prompt for as many tokens as the reference generated.
 engine_test::GreedyRun greedy_reference(const engine_test::LoadedModel& m, Baseline& pipeline,
-                                     const engine_test::Reference& ref, moekit::ThreadPool* pool) {
+                                        const engine_test::Reference& ref,
+                                        moekit::ThreadPool* pool) {
   return engine_test::greedy(m.cfg, m.weights.dense, pipeline, ref.prompt_ids,
                              static_cast<int>(ref.generated_ids.size()) - 1, pool);
 }

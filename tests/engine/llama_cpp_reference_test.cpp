@@ -23,8 +23,8 @@
 #include "moekit/precision/thread_pool.hpp"
 #include "moekit/presets.hpp"
 
-#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/config.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/tokenizer.hpp"
@@ -93,7 +93,8 @@ TEST_CASE("moekit-tiny-moe matches llama.cpp's logits when its reference is pres
   const std::size_t P = ref.at("prompt_ids").size();
   REQUIRE(P >= 1);
   REQUIRE(seq.size() > P);
-  const auto rows = engine_test::teacher_forced(cfg, w.dense, pipeline, std::span<const std::uint32_t>(seq), P, &pool);
+  const auto rows = engine_test::teacher_forced(cfg, w.dense, pipeline,
+                                                std::span<const std::uint32_t>(seq), P, &pool);
   REQUIRE(rows.size() == seq.size() * V);
 
   const auto top_ids = ref.at("top_ids").get<std::vector<std::vector<std::uint32_t>>>();

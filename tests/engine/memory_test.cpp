@@ -20,8 +20,8 @@
 #include "moekit/pipeline.hpp"  // WeightView, used by moe_layer.hpp
 #include "moekit/precision/thread_pool.hpp"
 
-#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/config.hpp"
 #include "moekit/engine/expert_source.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
@@ -59,7 +59,8 @@ fs::path tiny_store(const ModelConfig& cfg, std::span<const Precision> ps) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool sanitized = true;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
 constexpr bool sanitized = true;
 #else
 constexpr bool sanitized = false;
@@ -89,7 +90,7 @@ TEST_CASE("store path: resident set stays under dense + KV + expert budget + ove
       moekit::io::ExpertStore::open(store_path.string(), s));
 
   const std::size_t before = resident_bytes();
-  const ModelWeights w = load_weights(cfg, tiny_model, {});  // dense part only
+  const ModelWeights w = load_weights(cfg, tiny_model, {});   // dense part only
   const OffloadSettings o{all_resident_budget(s, p) / 4, p};  // a quarter of the experts
   const ExpertBacking disk{nullptr, store, StoreIo{}};
   moekit::ThreadPool pool(2);
@@ -98,25 +99,26 @@ TEST_CASE("store path: resident set stays under dense + KV + expert budget + ove
   const std::uint32_t ctx = static_cast<std::uint32_t>(prompt.size() + steps + 1);
   std::size_t peak = 0, kv_bytes = 0, arena_limit = 0;
   moekit::PipelineStats stats{};
-  with_pipeline<moekit::presets::BaselineSpec>(s, o, disk.make_loader(), PresetInputs{},
-                                               [&](auto& pipeline) {
-    Model<std::remove_reference_t<decltype(pipeline)>> model(cfg, w.dense, pipeline, ctx, &pool);
-    model.begin_sequence();
-    auto logits = model.prefill(prompt);
-    peak = std::max(peak, resident_bytes());
-    for (int i = 0; i < steps; ++i) {
-      const auto next = static_cast<Token>(std::max_element(logits.begin(), logits.end()) -
-                                           logits.begin());
-      logits = model.decode(next);
-      peak = std::max(peak, resident_bytes());
-    }
-    kv_bytes = model.kv_cache().bytes();
-    // The pipeline's slot arena: budget + staging slots + one slot of slack.
-    const auto& c = pipeline.config();
-    arena_limit = c.expert_budget_bytes + (c.staging_slots + 1) * s.expert_bytes(p);
-    stats = pipeline.stats();
-    return 0;
-  });
+  with_pipeline<moekit::presets::BaselineSpec>(
+      s, o, disk.make_loader(), PresetInputs{}, [&](auto& pipeline) {
+        Model<std::remove_reference_t<decltype(pipeline)>> model(cfg, w.dense, pipeline, ctx,
+                                                                 &pool);
+        model.begin_sequence();
+        auto logits = model.prefill(prompt);
+        peak = std::max(peak, resident_bytes());
+        for (int i = 0; i < steps; ++i) {
+          const auto next =
+              static_cast<Token>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          logits = model.decode(next);
+          peak = std::max(peak, resident_bytes());
+        }
+        kv_bytes = model.kv_cache().bytes();
+        // The pipeline's slot arena: budget + staging slots + one slot of slack.
+        const auto& c = pipeline.config();
+        arena_limit = c.expert_budget_bytes + (c.staging_slots + 1) * s.expert_bytes(p);
+        stats = pipeline.stats();
+        return 0;
+      });
   const std::size_t grown = peak - std::min(peak, before);
   const std::size_t bound = w.dense.bytes() + kv_bytes + arena_limit + overhead_bytes;
   const std::size_t all_in_memory = w.dense.bytes() + kv_bytes + all_resident_budget(s, p);
@@ -143,7 +145,8 @@ TEST_CASE("an impossible budget is refused with the minimum, and the minimum run
   const fs::path d = fs::path(MOEKIT_BINARY_DIR) / "test-scratch" / "engine-memory-min";
   fs::remove_all(d);
   fs::create_directories(d);
-  build_store_from_checkpoint(cfg, dir, std::vector<Precision>{p, Precision::q4}, d / "m.moestore", {});
+  build_store_from_checkpoint(cfg, dir, std::vector<Precision>{p, Precision::q4}, d / "m.moestore",
+                              {});
   auto store = std::make_shared<moekit::io::ExpertStore>(
       moekit::io::ExpertStore::open((d / "m.moestore").string(), s));
   const ModelWeights w = load_weights(cfg, dir, {});
@@ -160,15 +163,16 @@ TEST_CASE("an impossible budget is refused with the minimum, and the minimum run
   for (const moekit::presets::PresetEntry& preset : moekit::presets::entries) {
     INFO(preset.name);
     const OffloadSettings at_min{min, p};
-    const std::uint64_t misses = with_pipeline(preset, s, at_min, disk.make_loader(), in,
-                                             [&](auto& pipeline) {
-      Model<std::remove_reference_t<decltype(pipeline)>> model(cfg, w.dense, pipeline, 64, &pool);
-      model.begin_sequence();
-      auto logits = model.prefill(ref.prompt_ids);
-      for (int i = 0; i < 8; ++i)
-        logits = model.decode(engine_test::argmax(logits.data(), logits.size()));
-      return pipeline.stats().misses;
-    });
+    const std::uint64_t misses =
+        with_pipeline(preset, s, at_min, disk.make_loader(), in, [&](auto& pipeline) {
+          Model<std::remove_reference_t<decltype(pipeline)>> model(cfg, w.dense, pipeline, 64,
+                                                                   &pool);
+          model.begin_sequence();
+          auto logits = model.prefill(ref.prompt_ids);
+          for (int i = 0; i < 8; ++i)
+            logits = model.decode(engine_test::argmax(logits.data(), logits.size()));
+          return pipeline.stats().misses;
+        });
     CHECK(misses > 0);
   }
 }

@@ -15,10 +15,10 @@
 
 #include "moekit/precision/thread_pool.hpp"
 
+#include "engine_test_support.hpp"
 #include "moekit/engine/calibration.hpp"
 #include "moekit/engine/cli.hpp"
 #include "moekit/engine/config.hpp"
-#include "engine_test_support.hpp"
 #include "moekit/engine/expert_source.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
@@ -55,8 +55,8 @@ TEST_CASE("every preset at full precision and exact routing equals baseline bit 
     const ModelConfig cfg = load_config(dir);
     const moekit::ModelShape s = cfg.shape();
     // Half the experts fit: every layer evicts.
-    const std::size_t budget =
-        std::max(all_resident_budget(s, Precision::f32) / 2, minimum_expert_budget(s, Precision::f32));
+    const std::size_t budget = std::max(all_resident_budget(s, Precision::f32) / 2,
+                                        minimum_expert_budget(s, Precision::f32));
     OffloadSettings o = exact_settings(budget, Precision::f32, s.top_k);
     const ModelWeights w = load_weights(cfg, dir, {Precision::f32, Precision::q4});
     const std::vector<float> routers = router_stack(cfg, w.dense);
@@ -74,8 +74,8 @@ TEST_CASE("every preset at full precision and exact routing equals baseline bit 
     for (double c : cal.counts) routed += c;
     CHECK(routed == double(cal.tokens) * s.n_layers * s.top_k);
 
-    const std::vector<float> base = with_pipeline<presets::BaselineSpec>(
-        s, o, backing.make_loader(), in, [&](auto& p) {
+    const std::vector<float> base =
+        with_pipeline<presets::BaselineSpec>(s, o, backing.make_loader(), in, [&](auto& p) {
           return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, steps, &pool).logits;
         });
     for (const presets::PresetEntry& preset : presets::entries) {
@@ -103,12 +103,12 @@ TEST_CASE("every preset at full precision and exact routing equals baseline bit 
     // The comparison has teeth: HOBBIT's default thresholds run some experts at q4 or skip them.
     OffloadSettings lossy = o;
     lossy.preset = PresetParams{};
-    const std::vector<float> hobbit = with_pipeline<presets::HobbitSpec>(
-        s, lossy, backing.make_loader(), in, [&](auto& p) {
+    const std::vector<float> hobbit =
+        with_pipeline<presets::HobbitSpec>(s, lossy, backing.make_loader(), in, [&](auto& p) {
           return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, steps, &pool).logits;
         });
-    CHECK(std::memcmp(hobbit.data(), base.data(), std::min(hobbit.size(), base.size()) *
-                                                      sizeof(float)) != 0);
+    CHECK(std::memcmp(hobbit.data(), base.data(),
+                      std::min(hobbit.size(), base.size()) * sizeof(float)) != 0);
   }
   CHECK(ran == 3);
 }
@@ -138,7 +138,8 @@ TEST_CASE("preset flags are checked against each other", "[engine][offload]") {
   CHECK_FALSE(startup_needs(fiddler, o).latencies);
 }
 
-TEST_CASE("preset and store flags parse, and bad values name their flag", "[engine][offload][cli]") {
+TEST_CASE("preset and store flags parse, and bad values name their flag",
+          "[engine][offload][cli]") {
   auto parse = [](std::vector<const char*> args, std::string* err = nullptr) {
     args.insert(args.begin(), "moe-run");
     Cli cli;
@@ -147,10 +148,30 @@ TEST_CASE("preset and store flags parse, and bad values name their flag", "[engi
     if (err) *err = e.str();
     return std::pair<int, Options>{rc, cli.options()};
   };
-  const auto [rc, o] = parse({"--preset", "hobbit", "--t1", "0.5", "--t2", "0.8", "--low-precision",
-                              "q2", "--lookahead", "3", "--gamma", "0.4", "--k-little", "1",
-                              "--shallow-layers", "2", "--store", "x.moestore", "--pread",
-                              "--no-direct", "--io-threads", "3", "--cpu-latency", "0.001"});
+  const auto [rc, o] = parse({"--preset",
+                              "hobbit",
+                              "--t1",
+                              "0.5",
+                              "--t2",
+                              "0.8",
+                              "--low-precision",
+                              "q2",
+                              "--lookahead",
+                              "3",
+                              "--gamma",
+                              "0.4",
+                              "--k-little",
+                              "1",
+                              "--shallow-layers",
+                              "2",
+                              "--store",
+                              "x.moestore",
+                              "--pread",
+                              "--no-direct",
+                              "--io-threads",
+                              "3",
+                              "--cpu-latency",
+                              "0.001"});
   REQUIRE(rc == 0);
   CHECK(&find_preset(o.preset) == &presets::entry_of<presets::HobbitSpec>);
   CHECK(o.preset_params.t1 == 0.5f);

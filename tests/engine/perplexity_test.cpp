@@ -16,8 +16,8 @@
 #include "moekit/precision/thread_pool.hpp"
 #include "moekit/presets.hpp"
 
-#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/config.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/perplexity.hpp"
@@ -32,10 +32,10 @@ namespace {
 
 const fs::path fixture = engine_test::data_dir() / "mixtral";
 
-
 // Scores `tokens` with experts at `p`; `meter` receives every position.
-PerplexityResult score(const engine_test::LoadedModel& m, Precision p, std::span<const Token> tokens,
-                       const PerplexitySettings& s, PerplexityMeter& meter) {
+PerplexityResult score(const engine_test::LoadedModel& m, Precision p,
+                       std::span<const Token> tokens, const PerplexitySettings& s,
+                       PerplexityMeter& meter) {
   moekit::ThreadPool pool(2);
   const auto shape = m.cfg.shape();
   Baseline pipeline(shape, pipeline_config(shape, {0, p}), host_loader(m.weights.experts),
@@ -109,8 +109,8 @@ TEST_CASE("perplexity chunks: every token scored once, each chunk after a BOS",
   CHECK(b.nll_sum != Approx(a.nll_sum).epsilon(1e-6));
   // Chunk 1 alone is the first 20 golden positions.
   PerplexityMeter first(m->cfg.vocab_size);
-  const auto f = score(*m, Precision::f32, std::span<const Token>(text).first(20), {20, 0, false},
-                       first);
+  const auto f =
+      score(*m, Precision::f32, std::span<const Token>(text).first(20), {20, 0, false}, first);
   double golden20 = 0;
   {
     const std::size_t V = ref.vocab;
@@ -214,10 +214,12 @@ TEST_CASE(".mklogp files: bad input is refused naming the flag and field", "[eng
   const fs::path tmp = engine_test::scratch("engine-perplexity", "case2");
   const fs::path p = tmp / "x.mklogp";
   auto write = [&](const std::string& bytes) {
-    std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(p, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   };
   write("not a logp file at all, really not it");
-  CHECK_THROWS_WITH(LogProbFile::load(p), Catch::Contains("--kl-reference") && Catch::Contains("magic"));
+  CHECK_THROWS_WITH(LogProbFile::load(p),
+                    Catch::Contains("--kl-reference") && Catch::Contains("magic"));
   CHECK_THROWS_WITH(LogProbFile::load(tmp / "missing.mklogp"), Catch::Contains("cannot open"));
 
   LogProbFile f(10, 2);
@@ -276,14 +278,16 @@ TEST_CASE(".mklogp v2 records the context size; v1 files still load with none re
   std::memcpy(bytes.data() + 8, &one, 4);
   std::memcpy(bytes.data() + 20, &zero, 4);
   const fs::path v1 = tmp / "v1.mklogp";
-  std::ofstream(v1, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(v1, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   const LogProbFile back = LogProbFile::load(v1);
   CHECK(back.context() == 0);
   CHECK(back.positions() == 1);
   // A version 1 file with the reserved field set is refused.
   const std::uint32_t seven = 7;
   std::memcpy(bytes.data() + 20, &seven, 4);
-  std::ofstream(v1, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(v1, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   CHECK_THROWS_WITH(LogProbFile::load(v1), Catch::Contains("reserved field is not 0"));
   // Devices are refused, not read without end.
   CHECK_THROWS_WITH(LogProbFile::load("/dev/zero"), Catch::Contains("is not a regular file"));

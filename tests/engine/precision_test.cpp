@@ -14,8 +14,8 @@
 #include "moekit/precision/thread_pool.hpp"
 #include "moekit/presets.hpp"
 
-#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/config.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/weights.hpp"
@@ -41,8 +41,11 @@ TEST_CASE("lower expert precisions stay close to the f32 reference", "[engine][p
   // Bounds: about 4x the error measured when this test was written (f16 3.5e-4, bf16 2.8e-3,
   // q8 7.5e-3, q4 0.31, q2 0.49 on this random-weight fixture, whose logits are small, so the
   // 4- and 2-bit bounds only catch garbage; the ordering check below carries the rest).
-  const Case cases[] = {{Precision::f16, 2e-3}, {Precision::bf16, 1.2e-2}, {Precision::q8, 3e-2},
-                        {Precision::q4, 1.2},   {Precision::q2, 2.0}};
+  const Case cases[] = {{Precision::f16, 2e-3},
+                        {Precision::bf16, 1.2e-2},
+                        {Precision::q8, 3e-2},
+                        {Precision::q4, 1.2},
+                        {Precision::q2, 2.0}};
   double prev = 0;
   for (const Case& c : cases) {
     const ModelWeights w = load_weights(cfg, dir, {c.p});
@@ -114,12 +117,16 @@ TEST_CASE("int8 expert activations stay close to f32 activations at q8 and q4",
       // Prefill runs the int8 GEMM (int8_gemm.hpp): the same rounding, the same bounds.
       const std::size_t prefill = n_prompt * V;
       const auto part = [](const std::vector<float>& v, std::size_t b, std::size_t e) {
-        return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(b), v.begin() + static_cast<std::ptrdiff_t>(e));
+        return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(b),
+                                  v.begin() + static_cast<std::ptrdiff_t>(e));
       };
-      const double pre_vs_f32 = engine_test::worst_relative_error(part(int8, 0, prefill), part(f32, 0, prefill), V);
-      const double pre_vs_ref = engine_test::worst_relative_error(part(int8, 0, prefill), part(ref.logits, 0, prefill), V);
-      INFO(dir.filename().string() << " " << moekit::name(c.p) << " prefill: int8 vs f32 activations "
-                                   << pre_vs_f32 << ", int8 vs transformers " << pre_vs_ref);
+      const double pre_vs_f32 =
+          engine_test::worst_relative_error(part(int8, 0, prefill), part(f32, 0, prefill), V);
+      const double pre_vs_ref = engine_test::worst_relative_error(part(int8, 0, prefill),
+                                                                  part(ref.logits, 0, prefill), V);
+      INFO(dir.filename().string()
+           << " " << moekit::name(c.p) << " prefill: int8 vs f32 activations " << pre_vs_f32
+           << ", int8 vs transformers " << pre_vs_ref);
       CHECK(pre_vs_f32 > 0);
       CHECK(pre_vs_f32 <= c.vs_f32);
       CHECK(pre_vs_ref <= c.vs_reference);
@@ -129,9 +136,9 @@ TEST_CASE("int8 expert activations stay close to f32 activations at q8 and q4",
       const double vs_f32 = engine_test::worst_relative_error(int8_dec, f32_dec, V);
       const double f32_vs_ref = engine_test::worst_relative_error(f32_dec, ref_dec, V);
       const double int8_vs_ref = engine_test::worst_relative_error(int8_dec, ref_dec, V);
-      INFO(dir.filename().string() << " " << moekit::name(c.p) << ": int8 vs f32 activations "
-                                   << vs_f32 << "; vs transformers: f32 " << f32_vs_ref
-                                   << ", int8 " << int8_vs_ref);
+      INFO(dir.filename().string()
+           << " " << moekit::name(c.p) << ": int8 vs f32 activations " << vs_f32
+           << "; vs transformers: f32 " << f32_vs_ref << ", int8 " << int8_vs_ref);
       CHECK(vs_f32 > 0);  // the int8 kernels really ran
       CHECK(vs_f32 <= c.vs_f32);
       CHECK(int8_vs_ref <= c.vs_reference);

@@ -6,9 +6,9 @@
 // that runs without an OOM kill, and a refusal before loading under a limit too small. The model
 // and every store the test makes are deleted at the end. Skipped, saying why, when the disk lacks
 // room or the generator cannot run (it installs gguf/numpy from PyPI into build/real-shape-venv).
-#include <catch2/catch.hpp>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -49,8 +49,10 @@ std::optional<fs::path> make_model(const fs::path& dir) {
           " --arch olmoe --layers 4 --format gguf-q4_0 --out " + quoted(model),
       dir);
   if (c.status != 0 || !fs::exists(model)) {
-    WARN("scripts/make_real_shape_model.sh failed (exit " << c.status << "); the real-shape test "
-         "is skipped:\n" << c.err);
+    WARN("scripts/make_real_shape_model.sh failed (exit " << c.status
+                                                          << "); the real-shape test "
+                                                             "is skipped:\n"
+                                                          << c.err);
     return std::nullopt;
   }
   return model;
@@ -59,10 +61,10 @@ std::optional<fs::path> make_model(const fs::path& dir) {
 // moe-run on `model` with `args` (greedy, JSON); the parsed JSON, after requiring exit status 0.
 nlohmann::json run_json(const fs::path& model, const std::string& args, const fs::path& dir,
                         const std::string& prefix = "") {
-  const Command c = engine_test::run_command(
-      prefix + quoted(moe_run) + " -m " + quoted(model) + " -p 'The capital of France is' --json " +
-          "--temp 0 " + args,
-      dir);
+  const Command c =
+      engine_test::run_command(prefix + quoted(moe_run) + " -m " + quoted(model) +
+                                   " -p 'The capital of France is' --json " + "--temp 0 " + args,
+                               dir);
   INFO("moe-run " << args << "\nstderr: " << c.err);
   REQUIRE(c.status == 0);
   return nlohmann::json::parse(c.out);
@@ -101,13 +103,13 @@ void check_in_place(const fs::path& model, const fs::path& dir) {
   const std::vector<fs::path> stores = stores_of(model);
   REQUIRE(stores.size() == 1);
   // <stem>-<hash>-<precisions>[-<layout>].moestore
-  const std::string precisions = stores.front().filename().string().substr(
-      model.stem().string().size() + 10);
+  const std::string precisions =
+      stores.front().filename().string().substr(model.stem().string().size() + 10);
   INFO("store " << stores.front());
   CHECK(precisions.starts_with("q2"));
   CHECK(precisions.find("q4") == std::string::npos);
-  CHECK(fs::file_size(stores.front()) <
-        std::uint64_t{shape.n_layers} * shape.n_experts * shape.expert_bytes(moekit::Precision::q4));
+  CHECK(fs::file_size(stores.front()) < std::uint64_t{shape.n_layers} * shape.n_experts *
+                                            shape.expert_bytes(moekit::Precision::q4));
   CHECK(std::string(h.at("expert_source")).starts_with("in place: "));
 }
 
@@ -117,17 +119,18 @@ void check_in_place_equals_converted(const fs::path& model, const fs::path& dir)
   std::ofstream(text) << "The quick brown fox jumps over the lazy dog. It was the best of times, "
                          "it was the worst of times, it was the age of wisdom.\n";
   const fs::path store = dir / "converted-q4.moestore";
-  const Command conv = engine_test::run_command(
-      quoted(moe_convert) + " -m " + quoted(model) + " -o " + quoted(store) +
-          " --precisions q4 --layout rows",
-      dir);
+  const Command conv =
+      engine_test::run_command(quoted(moe_convert) + " -m " + quoted(model) + " -o " +
+                                   quoted(store) + " --precisions q4 --layout rows",
+                               dir);
   INFO("moe-convert: " << conv.err);
   REQUIRE(conv.status == 0);
   const std::string ppl = " --perplexity " + quoted(text) + " -c 16 --expert-layout rows";
   const nlohmann::json a =
       run_json(model, ppl + " --save-logits " + quoted(dir / "in-place.mklogp"), dir);
   const nlohmann::json c = run_json(
-      model, ppl + " --store " + quoted(store) + " --kl-reference " + quoted(dir / "in-place.mklogp"),
+      model,
+      ppl + " --store " + quoted(store) + " --kl-reference " + quoted(dir / "in-place.mklogp"),
       dir);
   CHECK(std::string(a.at("expert_source")).starts_with("in place: "));
   CHECK(std::string(c.at("expert_source")).find("converted-q4.moestore") != std::string::npos);
@@ -143,9 +146,8 @@ void check_memory_limits(const fs::path& model, const fs::path& dir) {
   }
   const std::uint64_t limit = fs::file_size(model) / 2;
   const fs::path report = dir / "limit.json";
-  const std::string wrap = quoted(source_dir / "scripts" / "run-in-memory-limit.sh") +
-                           " --limit " + std::to_string(limit) + " --report " + quoted(report) +
-                           " -- ";
+  const std::string wrap = quoted(source_dir / "scripts" / "run-in-memory-limit.sh") + " --limit " +
+                           std::to_string(limit) + " --report " + quoted(report) + " -- ";
   const nlohmann::json j = run_json(model, "-n 8", dir, wrap);
   CHECK(j.at("generated_tokens") == 8);
   REQUIRE(j.contains("expert_budget_auto"));
@@ -161,13 +163,14 @@ void check_memory_limits(const fs::path& model, const fs::path& dir) {
       dir);
   INFO("stderr: " << refused.err);
   CHECK(refused.status == 1);
-  CHECK_THAT(refused.err, Catch::Contains("--expert-budget auto: ") &&
-                              Catch::Contains("of memory missing"));
+  CHECK_THAT(refused.err,
+             Catch::Contains("--expert-budget auto: ") && Catch::Contains("of memory missing"));
 }
 
-TEST_CASE("moe-run at a real layer shape: in place, dense as stored, extra precisions only, "
-          "inside a memory limit",
-          "[engine][real_shape][large]") {
+TEST_CASE(
+    "moe-run at a real layer shape: in place, dense as stored, extra precisions only, "
+    "inside a memory limit",
+    "[engine][real_shape][large]") {
   if (!fs::exists(moe_run) || !fs::exists(moe_convert)) {
     WARN("moe-run or moe-convert is not built; the real-shape test is skipped");
     return;

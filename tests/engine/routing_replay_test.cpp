@@ -21,9 +21,9 @@
 #include "moekit/sim/trace_binary.hpp"
 #include "moekit/sim/trace_file.hpp"
 
+#include "engine_test_support.hpp"
 #include "moekit/engine/calibration.hpp"
 #include "moekit/engine/config.hpp"
-#include "engine_test_support.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/routing_replay.hpp"
@@ -38,9 +38,9 @@ using moekit::sim::TraceDims;
 namespace fs = std::filesystem;
 namespace presets = moekit::presets;
 using Baseline = moekit::presets::Baseline<moekit::MemoryLoader>;
-using BigLittle =
-    moekit::OffloadPipeline<moekit::UniformScorer, moekit::NoPredictor, moekit::LruPolicy,
-                            moekit::MemoryLoader, moekit::OnDemandScheduler, moekit::BigLittlePolicy>;
+using BigLittle = moekit::OffloadPipeline<moekit::UniformScorer, moekit::NoPredictor,
+                                          moekit::LruPolicy, moekit::MemoryLoader,
+                                          moekit::OnDemandScheduler, moekit::BigLittlePolicy>;
 
 namespace {
 
@@ -61,9 +61,9 @@ RoutingTrace run(const engine_test::LoadedModel& m, P& pipeline, const Tokens& t
                  RoutingReplay* replay, moekit::ThreadPool& pool) {
   TraceRecorder rec(m.cfg, "seen");
   TracingPipeline<P> traced(pipeline, rec);
-  Model<TracingPipeline<P>> model(
-      m.cfg, m.weights.dense, traced,
-      static_cast<std::uint32_t>(t.prompt.size() + t.decode.size() + 1), &pool);
+  Model<TracingPipeline<P>> model(m.cfg, m.weights.dense, traced,
+                                  static_cast<std::uint32_t>(t.prompt.size() + t.decode.size() + 1),
+                                  &pool);
   model.set_routing_replay(replay);
   model.begin_sequence();
   model.prefill(t.prompt);
@@ -127,8 +127,8 @@ TEST_CASE("a replayed trace routes every layer to the recorded experts and weigh
   const auto m = engine_test::load_model(replay_fixture);
   REQUIRE(m);
   const auto ref = engine_test::load_reference(replay_fixture);
-  const Tokens original{ref.prompt_ids, {ref.sequence_ids.begin() + ref.prompt_ids.size(),
-                                         ref.sequence_ids.end()}};
+  const Tokens original{ref.prompt_ids,
+                        {ref.sequence_ids.begin() + ref.prompt_ids.size(), ref.sequence_ids.end()}};
   // Other inputs of the same lengths: the router routes them differently.
   Tokens other = original;
   for (Token& x : other.prompt) x = (x * 7 + 11) % m->cfg.vocab_size;
@@ -176,8 +176,8 @@ TEST_CASE("a replayed trace decides which experts are loaded", "[engine][replay]
   const auto m = engine_test::load_model(replay_fixture);
   REQUIRE(m);
   const auto ref = engine_test::load_reference(replay_fixture);
-  const Tokens tokens{ref.prompt_ids, {ref.sequence_ids.begin() + ref.prompt_ids.size(),
-                                       ref.sequence_ids.end()}};
+  const Tokens tokens{ref.prompt_ids,
+                      {ref.sequence_ids.begin() + ref.prompt_ids.size(), ref.sequence_ids.end()}};
   // Layer 0 always experts {3, 2}, layer 1 always {0, 1}, whatever the router says.
   RoutingTrace fixed(dims_of(m->cfg), "fixed", true);
   fixed.begin_sequence("s");
@@ -298,8 +298,7 @@ TEST_CASE("a missing record falls back to the router's own top-k and is counted"
   CHECK(numbered_token(seen, 0, 0) == 0);
 }
 
-TEST_CASE("a narrowed top-k replays the record's first experts, renormalised",
-          "[engine][replay]") {
+TEST_CASE("a narrowed top-k replays the record's first experts, renormalised", "[engine][replay]") {
   const ModelConfig cfg = load_config(replay_fixture);
   RoutingReplay replay(numbered_trace(cfg, 0, 2), cfg);
   std::vector<std::uint32_t> experts{9};
@@ -323,7 +322,8 @@ TEST_CASE("a trace for another model is refused naming the flag and both values"
     CHECK_THROWS_WITH(RoutingReplay(t, cfg, "--routing-trace 'x'"),
                       Catch::Contains("--routing-trace 'x'") && Catch::Contains(what));
   };
-  refused({.n_layers = 3, .n_experts = 4, .top_k = 2}, "n_layers (MoE layers) = 3, the model has 2");
+  refused({.n_layers = 3, .n_experts = 4, .top_k = 2},
+          "n_layers (MoE layers) = 3, the model has 2");
   refused({.n_layers = 2, .n_experts = 8, .top_k = 2}, "n_experts = 8, the model has 4");
   refused({.n_layers = 2, .n_experts = 4, .top_k = 1}, "top_k = 1, the model has 2");
   CHECK_THROWS_WITH(RoutingReplay(RoutingTrace(dims_of(cfg), "empty"), cfg),
@@ -403,8 +403,8 @@ TEST_CASE("every preset runs the replayed experts", "[engine][replay][presets]")
   const std::vector<float> routers = router_stack(cfg, m->weights.dense);
   PresetInputs in;
   in.routers = routers;
-  const Calibration cal = calibrate(cfg, m->weights.dense, o, backing, tokens.prompt, 2, &pool,
-                                    &replay);
+  const Calibration cal =
+      calibrate(cfg, m->weights.dense, o, backing, tokens.prompt, 2, &pool, &replay);
   CHECK(replay.tokens() == 0);  // rewound after calibration
   // The calibration counted the trace's experts: 4 prompt + 2 greedy tokens replay trace tokens
   // 0 1 2 3 4 0, of which 0, 3, 4 and 0 again hold expert 0.

@@ -29,8 +29,8 @@
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/sampler.hpp"
-#include "support/old_sampler.hpp"
 #include "moekit/engine/weights.hpp"
+#include "support/old_sampler.hpp"
 
 using namespace moekit::engine;
 

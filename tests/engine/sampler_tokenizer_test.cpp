@@ -29,7 +29,8 @@ TEST_CASE("top-p keeps the smallest nucleus; seeds reproduce", "[engine][sampler
   Sampler nucleus({.temperature = 1, .top_p = 0.5f, .seed = 7});
   for (int i = 0; i < 50; ++i) CHECK(nucleus.sample(l) == 2);
 
-  Sampler a({.temperature = 1, .top_p = 1, .seed = 123}), b({.temperature = 1, .top_p = 1, .seed = 123});
+  Sampler a({.temperature = 1, .top_p = 1, .seed = 123}),
+      b({.temperature = 1, .top_p = 1, .seed = 123});
   std::map<std::uint32_t, int> counts;
   for (int i = 0; i < 2000; ++i) {
     const auto x = a.sample(l);

@@ -12,8 +12,8 @@
 
 #include "moekit/precision/thread_pool.hpp"
 
-#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/config.hpp"
 #include "moekit/engine/kv_cache.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
@@ -46,7 +46,8 @@ TEST_CASE("KvCache: a windowed layer is a ring of W slots", "[engine][swa]") {
   CHECK(kv.size() == 9);
   kv.advance(1);
   // ... more is refused once the ring has wrapped: those positions' slots were reused.
-  CHECK_THROWS_WITH(kv.truncate(7), Catch::Contains("sliding-window") && Catch::Contains("4 positions") &&
+  CHECK_THROWS_WITH(kv.truncate(7), Catch::Contains("sliding-window") &&
+                                        Catch::Contains("4 positions") &&
                                         Catch::Contains("roll back 3"));
   CHECK(kv.size() == 10);
   KvCache unwrapped(2, 2, 16, window);
@@ -88,7 +89,8 @@ TEST_CASE("sliding window: a ring of W positions gives transformers' logits", "[
       for (std::size_t t = 0; t < ref.sequence_ids.size(); ++t) {
         const auto lg = t == 0 ? model.prefill(std::span(ref.sequence_ids.data(), 1))
                                : model.decode(ref.sequence_ids[t]);
-        worst = std::max(worst, engine_test::relative_error(lg.data(), ref.logits.data() + t * V, V));
+        worst =
+            std::max(worst, engine_test::relative_error(lg.data(), ref.logits.data() + t * V, V));
       }
       INFO("worst relative error " << worst);
       CHECK(worst <= 1e-4);
@@ -96,10 +98,9 @@ TEST_CASE("sliding window: a ring of W positions gives transformers' logits", "[
     });
   }
   SECTION("MoBiLE's fallback rolls the ring back one position: baseline's logits bit for bit") {
-    const auto base =
-        with_pipeline<moekit::presets::BaselineSpec>(shape, all, w.experts, [&](auto& p) {
-          return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, 24, &pool);
-        });
+    const auto base = with_pipeline<moekit::presets::BaselineSpec>(
+        shape, all, w.experts,
+        [&](auto& p) { return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, 24, &pool); });
     OffloadSettings o = all;
     o.preset.gamma = 1.0f;  // never confident: every token is recomputed with the full top-k
     o.preset.k_little = 1;

@@ -16,9 +16,9 @@
 #include "moekit/io/expert_store.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
+#include "engine_test_support.hpp"
 #include "moekit/engine/calibration.hpp"
 #include "moekit/engine/config.hpp"
-#include "engine_test_support.hpp"
 #include "moekit/engine/expert_source.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
@@ -32,7 +32,8 @@ namespace {
 
 fs::path scratch(const std::string& name) { return engine_test::scratch("engine-store", name); }
 
-std::vector<std::byte> read_blob(const moekit::io::ExpertStore& st, moekit::ExpertKey k, Precision p) {
+std::vector<std::byte> read_blob(const moekit::io::ExpertStore& st, moekit::ExpertKey k,
+                                 Precision p) {
   const auto& b = st.blob(k, p);
   std::vector<std::byte> out(b.bytes);
   moekit::io::PreadSource(st.path()).read({b.offset, b.bytes}, out);
@@ -41,8 +42,10 @@ std::vector<std::byte> read_blob(const moekit::io::ExpertStore& st, moekit::Expe
 
 }  // namespace
 
-TEST_CASE("store from a checkpoint holds the engine's expert blobs; store path equals the "
-          "in-memory path bit for bit", "[engine][store]") {
+TEST_CASE(
+    "store from a checkpoint holds the engine's expert blobs; store path equals the "
+    "in-memory path bit for bit",
+    "[engine][store]") {
   moekit::ThreadPool pool(2);
   for (const char* fixture : {"mixtral", "qwen2_moe", "olmoe"}) {
     INFO(fixture);
@@ -53,8 +56,10 @@ TEST_CASE("store from a checkpoint holds the engine's expert blobs; store path e
     const fs::path out = scratch(fixture) / "experts.moestore";
     const auto report = build_store_from_checkpoint(cfg, dir, ps, out, {});
     CHECK(report.blobs_encoded == 2 * s.expert_count());
-    auto store = std::make_shared<moekit::io::ExpertStore>(moekit::io::ExpertStore::open(out.string(), s));
-    CHECK(store->manifest().meta.at("checkpoint_dir") == fs::absolute(dir).lexically_normal().string());
+    auto store =
+        std::make_shared<moekit::io::ExpertStore>(moekit::io::ExpertStore::open(out.string(), s));
+    CHECK(store->manifest().meta.at("checkpoint_dir") ==
+          fs::absolute(dir).lexically_normal().string());
     CHECK(is_expert_store(out));
     CHECK_FALSE(is_expert_store(dir / "config.json"));
 
@@ -96,8 +101,9 @@ TEST_CASE("store from a checkpoint holds the engine's expert blobs; store path e
         return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, 8, &pool).logits;
       });
       for (bool uring : {true, false}) {
-        const ExpertBacking disk{nullptr, store, StoreIo{.direct = true, .uring = uring,
-                                                         .io_threads = 2, .verify_checksums = true}};
+        const ExpertBacking disk{
+            nullptr, store,
+            StoreIo{.direct = true, .uring = uring, .io_threads = 2, .verify_checksums = true}};
         const auto got = with_pipeline(*preset, s, o, disk.make_loader(), in, [&](auto& p) {
           kind = p.loader().kind();
           return engine_test::greedy(cfg, dense_only.dense, p, ref.prompt_ids, 8, &pool).logits;
@@ -132,8 +138,10 @@ TEST_CASE("store from a GGUF file equals the one from the same weights in safete
                     Catch::Contains("config.json"));
 }
 
-TEST_CASE("the default model's cached store: built once, reused, rebuilt when the checkpoint "
-          "changes", "[engine][store]") {
+TEST_CASE(
+    "the default model's cached store: built once, reused, rebuilt when the checkpoint "
+    "changes",
+    "[engine][store]") {
   // A copy of a fixture stands in for the default model (its files are never touched here).
   const fs::path d = scratch("cached");
   const fs::path model = d / "model";
@@ -160,12 +168,15 @@ TEST_CASE("the default model's cached store: built once, reused, rebuilt when th
   CHECK(e.built);
   CHECK(e.store->manifest().meta.at("checkpoint_fingerprint") == checkpoint_fingerprint(model));
   // Experts in panels: a cache file of their own beside the one in rows.
-  const auto f = cached_store(cfg, model, {Precision::f32}, cache, true, moekit::MatrixOrder::panels4);
+  const auto f =
+      cached_store(cfg, model, {Precision::f32}, cache, true, moekit::MatrixOrder::panels4);
   CHECK(f.built);
   CHECK(fs::path(f.store->path()).filename() == "model-f32-panels.moestore");
   CHECK(f.store->manifest().order == moekit::MatrixOrder::panels4);
-  CHECK_FALSE(cached_store(cfg, model, {Precision::f32}, cache, true, moekit::MatrixOrder::panels4).built);
-  const auto g = cached_store(cfg, model, {Precision::f32}, cache, true, moekit::MatrixOrder::blocked_panels4);
+  CHECK_FALSE(
+      cached_store(cfg, model, {Precision::f32}, cache, true, moekit::MatrixOrder::panels4).built);
+  const auto g =
+      cached_store(cfg, model, {Precision::f32}, cache, true, moekit::MatrixOrder::blocked_panels4);
   CHECK(g.built);
   CHECK(fs::path(g.store->path()).filename() == "model-f32-blocked-panels.moestore");
   CHECK(g.store->manifest().order == moekit::MatrixOrder::blocked_panels4);
@@ -173,8 +184,10 @@ TEST_CASE("the default model's cached store: built once, reused, rebuilt when th
   CHECK(fs::exists(engine_test::data_dir() / "mixtral" / "model.safetensors"));
 }
 
-TEST_CASE("experts in panels (a store, or host memory packed after loading) run the default "
-          "model as experts in rows, bit for bit", "[engine][store][panels]") {
+TEST_CASE(
+    "experts in panels (a store, or host memory packed after loading) run the default "
+    "model as experts in rows, bit for bit",
+    "[engine][store][panels]") {
   const fs::path dir = fs::path(MOEKIT_SOURCE_DIR) / "models/moekit-tiny-moe";
   if (!fs::exists(dir / "model.safetensors")) {
     WARN(dir.string() << " is missing; skipped");
@@ -188,10 +201,12 @@ TEST_CASE("experts in panels (a store, or host memory packed after loading) run 
   panels.order = moekit::MatrixOrder::panels4;
   build_store_from_checkpoint(cfg, dir, ps, d / "rows.moestore", {});
   build_store_from_checkpoint(cfg, dir, ps, d / "panels.moestore", panels);
-  const ExpertBacking rows{nullptr, std::make_shared<moekit::io::ExpertStore>(
-                                        moekit::io::ExpertStore::open((d / "rows.moestore").string(), s))};
-  const ExpertBacking in_panels{nullptr, std::make_shared<moekit::io::ExpertStore>(moekit::io::ExpertStore::open(
-                                             (d / "panels.moestore").string(), s))};
+  const ExpertBacking rows{nullptr,
+                           std::make_shared<moekit::io::ExpertStore>(
+                               moekit::io::ExpertStore::open((d / "rows.moestore").string(), s))};
+  const ExpertBacking in_panels{
+      nullptr, std::make_shared<moekit::io::ExpertStore>(
+                   moekit::io::ExpertStore::open((d / "panels.moestore").string(), s))};
   CHECK(rows.order() == moekit::MatrixOrder::rows);
   CHECK(in_panels.order() == moekit::MatrixOrder::panels4);
   // w2 (256 x 512) is one 512-column step per row: the panel kernel's step path runs, w1/w3
@@ -224,8 +239,9 @@ TEST_CASE("experts in panels (a store, or host memory packed after loading) run 
       auto run = [&](const ExpertBacking& b) {
         return with_pipeline<moekit::presets::BaselineSpec>(
             s, o, b.make_loader(), PresetInputs{}, [&](auto& pipe) {
-          return engine_test::teacher_forced(cfg, dense.dense, pipe, seq, 5, &pool, int8, b.order());
-        });
+              return engine_test::teacher_forced(cfg, dense.dense, pipe, seq, 5, &pool, int8,
+                                                 b.order());
+            });
       };
       const std::vector<float> a = run(rows), c = run(in_panels), h = run(host_panels);
       REQUIRE(a.size() == c.size());
@@ -241,10 +257,12 @@ TEST_CASE("Fiddler's latencies are measured through the run's loader", "[engine]
   const moekit::ModelShape s = cfg.shape();
   const fs::path out = scratch("latency") / "e.moestore";
   build_store_from_checkpoint(cfg, dir, std::vector<Precision>{Precision::f16}, out, {});
-  auto store = std::make_shared<moekit::io::ExpertStore>(moekit::io::ExpertStore::open(out.string(), s));
+  auto store =
+      std::make_shared<moekit::io::ExpertStore>(moekit::io::ExpertStore::open(out.string(), s));
   const ModelWeights w = load_weights(cfg, dir, {Precision::f16});
   moekit::ThreadPool pool(1);
-  for (const ExpertBacking& b : {ExpertBacking{&w.experts, nullptr, {}}, ExpertBacking{nullptr, store, {}}}) {
+  for (const ExpertBacking& b :
+       {ExpertBacking{&w.experts, nullptr, {}}, ExpertBacking{nullptr, store, {}}}) {
     const FiddlerLatencies l = measure_fiddler_latencies(s, Precision::f16, b, &pool, 5);
     CHECK(l.cpu_seconds_per_token > 0);
     CHECK(l.copy_seconds > 0);

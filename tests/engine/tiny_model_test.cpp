@@ -17,8 +17,8 @@
 #include "moekit/precision/thread_pool.hpp"
 #include "moekit/presets.hpp"
 
-#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/config.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/tokenizer.hpp"
@@ -59,7 +59,8 @@ TEST_CASE("moekit-tiny-moe matches transformers' reference", "[engine][golden][t
   const auto generated = ref.at("generated_ids").get<std::vector<std::uint32_t>>();
   const std::size_t V = cfg.vocab_size, P = prompt_ids.size();
   REQUIRE(seq.size() > P);
-  const auto rows = engine_test::teacher_forced(cfg, w.dense, pipeline, std::span<const std::uint32_t>(seq), P, &pool);
+  const auto rows = engine_test::teacher_forced(cfg, w.dense, pipeline,
+                                                std::span<const std::uint32_t>(seq), P, &pool);
   REQUIRE(rows.size() == seq.size() * V);
   REQUIRE(top_ids.size() == seq.size());
   const double worst = engine_test::worst_top_k_error(rows, V, top_ids, top_logits);

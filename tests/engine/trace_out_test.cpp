@@ -17,8 +17,8 @@
 #include "moekit/presets.hpp"
 #include "moekit/sim/trace_binary.hpp"
 
-#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/config.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/trace_recorder.hpp"
@@ -27,18 +27,17 @@
 using namespace moekit::engine;
 using moekit::Precision;
 using Baseline = moekit::presets::Baseline<moekit::MemoryLoader>;
-using BigLittle =
-    moekit::OffloadPipeline<moekit::UniformScorer, moekit::NoPredictor, moekit::LruPolicy,
-                            moekit::MemoryLoader, moekit::OnDemandScheduler, moekit::BigLittlePolicy>;
+using BigLittle = moekit::OffloadPipeline<moekit::UniformScorer, moekit::NoPredictor,
+                                          moekit::LruPolicy, moekit::MemoryLoader,
+                                          moekit::OnDemandScheduler, moekit::BigLittlePolicy>;
 namespace fs = std::filesystem;
 
 namespace {
 
-
 // Prefill of the reference prompt, then teacher-forced decode of the rest of sequence_ids.
 template <class P>
-void run(const engine_test::LoadedModel& m, P& pipeline, TraceRecorder& rec, const engine_test::Reference& ref,
-         moekit::ThreadPool& pool) {
+void run(const engine_test::LoadedModel& m, P& pipeline, TraceRecorder& rec,
+         const engine_test::Reference& ref, moekit::ThreadPool& pool) {
   TracingPipeline<P> traced(pipeline, rec);
   Model<TracingPipeline<P>> model(m.cfg, m.weights.dense, traced, 128, &pool);
   rec.name_next_sequence("golden");
@@ -86,8 +85,8 @@ TEST_CASE("moe-run --trace-out records the engine's routing, router logits and g
       TraceRecorder rec(m->cfg, name);
       run(*m, pipeline, rec, ref, pool);
       const auto& tr = rec.trace();
-      const std::size_t T = ref.sequence_ids.size(), L = m->cfg.n_moe_layers,
-                        E = m->cfg.n_experts, H = m->cfg.hidden, K = m->cfg.top_k;
+      const std::size_t T = ref.sequence_ids.size(), L = m->cfg.n_moe_layers, E = m->cfg.n_experts,
+                        H = m->cfg.hidden, K = m->cfg.top_k;
       REQUIRE(tr.sequence_count() == 1);
       CHECK(tr.sequence_name(0) == "golden");
       REQUIRE(tr.token_count() == T);
@@ -102,8 +101,8 @@ TEST_CASE("moe-run --trace-out records the engine's routing, router logits and g
       const auto routers = router_stack(m->cfg, m->weights.dense);
       double worst = 0;
       for (std::size_t t = 0; t < T; ++t) {
-        CHECK(tr.phase(t) == (t < ref.prompt_ids.size() ? moekit::Phase::prefill
-                                                         : moekit::Phase::decode));
+        CHECK(tr.phase(t) ==
+              (t < ref.prompt_ids.size() ? moekit::Phase::prefill : moekit::Phase::decode));
         for (std::uint32_t l = 0; l < L; ++l) {
           const auto g = std::span<const float>(golden).subspan((l * T + t) * E, E);
           worst = std::max(worst, engine_test::relative_error(tr.logits(t, l).data(), g.data(), E));
@@ -111,7 +110,8 @@ TEST_CASE("moe-run --trace-out records the engine's routing, router logits and g
           const auto got = tr.experts(t, l);
           INFO("token " << t << " layer " << l);
           CHECK(std::vector<std::uint32_t>(got.begin(), got.end()) == ids);
-          for (std::size_t j = 0; j < K; ++j) CHECK(tr.weights(t, l)[j] == Approx(w[j]).margin(1e-5));
+          for (std::size_t j = 0; j < K; ++j)
+            CHECK(tr.weights(t, l)[j] == Approx(w[j]).margin(1e-5));
           // The stored hidden state is the router's input: router · hidden = recorded logits.
           const auto h = tr.hidden(t, l);
           for (std::size_t e = 0; e < E; ++e) {
@@ -146,8 +146,8 @@ TEST_CASE("moe-run --trace-out keeps the accepted forward of a token and the mod
   const auto ref = engine_test::load_reference(dir);
   const auto shape = m->cfg.shape();
   const std::size_t T = ref.sequence_ids.size(), L = m->cfg.n_moe_layers;
-  const auto golden = engine_test::read_f32(dir / "router_logits.f32.bin",
-                                            L * T * m->cfg.n_experts);
+  const auto golden =
+      engine_test::read_f32(dir / "router_logits.f32.bin", L * T * m->cfg.n_experts);
 
   TraceRecorder full(m->cfg, "full");
   {
@@ -183,7 +183,8 @@ TEST_CASE("moe-run --trace-out keeps the accepted forward of a token and the mod
         const auto got = tr.experts(t, l);
         CHECK(std::vector<std::uint32_t>(got.begin(), got.end()) == ids);
         if (l > 0 && t >= ref.prompt_ids.size())
-          differs = differs || !std::equal(got.begin(), got.end(), full.trace().experts(t, l).begin());
+          differs =
+              differs || !std::equal(got.begin(), got.end(), full.trace().experts(t, l).begin());
         if (l == 0)  // layer 0's gate input does not depend on the little pass
           CHECK(std::equal(got.begin(), got.end(), full.trace().experts(t, 0).begin()));
       }

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "moekit/engine/config.hpp"
 #include "engine_test_support.hpp"
+#include "moekit/engine/config.hpp"
 #include "moekit/engine/weights.hpp"
 
 using namespace moekit::engine;

@@ -18,10 +18,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
   try {
     switch (data[0] % 4) {
-      case 0: (void)moekit::sim::parse_hardware_json(text, "fuzz.json"); break;
-      case 1: (void)moekit::sim::parse_npy(bytes, "fuzz.npy"); break;
-      case 2: (void)moekit::PrecisionTable::parse(text, "fuzz.bits"); break;
-      default: (void)moekit::ActivationPathProfile::parse(text, "fuzz.paths"); break;
+      case 0:
+        (void)moekit::sim::parse_hardware_json(text, "fuzz.json");
+        break;
+      case 1:
+        (void)moekit::sim::parse_npy(bytes, "fuzz.npy");
+        break;
+      case 2:
+        (void)moekit::PrecisionTable::parse(text, "fuzz.bits");
+        break;
+      default:
+        (void)moekit::ActivationPathProfile::parse(text, "fuzz.paths");
+        break;
     }
   } catch (const moekit::Error&) {
   }

@@ -17,7 +17,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   // The loader reads a file (and a tokenizer_config.json beside it, absent here).
   static const std::filesystem::path dir = [] {
-    auto d = std::filesystem::temp_directory_path() / ("moekit-fuzz-tokenizer-" + std::to_string(::getpid()));
+    auto d = std::filesystem::temp_directory_path() /
+             ("moekit-fuzz-tokenizer-" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
     return d;
   }();
@@ -29,7 +30,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   try {
     const auto vocab = moekit::engine::BpeVocab::from_tokenizer_json(file);
-    for (std::string_view s : {std::string_view("Hello world's 12 tokens\n\n  ok"), text.substr(0, 512)}) {
+    for (std::string_view s :
+         {std::string_view("Hello world's 12 tokens\n\n  ok"), text.substr(0, 512)}) {
       const auto ids = vocab.encode(s);
       (void)vocab.decode(ids);
     }

@@ -15,10 +15,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
   try {
     switch (data[0] % 4) {
-      case 0: (void)moekit::sim::parse_trace_binary(bytes, "fuzz.mktrace"); break;
-      case 1: (void)moekit::sim::parse_trace_jsonl(text, "fuzz.jsonl"); break;
-      case 2: (void)moekit::sim::parse_mixtral_decode_jsonl(text, "fuzz.decode.jsonl"); break;
-      default: (void)moekit::sim::parse_mixtral_raw_jsonl(text, "fuzz.raw.jsonl"); break;
+      case 0:
+        (void)moekit::sim::parse_trace_binary(bytes, "fuzz.mktrace");
+        break;
+      case 1:
+        (void)moekit::sim::parse_trace_jsonl(text, "fuzz.jsonl");
+        break;
+      case 2:
+        (void)moekit::sim::parse_mixtral_decode_jsonl(text, "fuzz.decode.jsonl");
+        break;
+      default:
+        (void)moekit::sim::parse_mixtral_raw_jsonl(text, "fuzz.raw.jsonl");
+        break;
     }
   } catch (const moekit::Error&) {
   }

@@ -12,7 +12,8 @@ int main(int argc, char** argv) {
   Catch::Session session;
   if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
   const Catch::ConfigData& c = session.configData();
-  const bool listing = c.listTests || c.listTestNamesOnly || c.listTags || c.listReporters || c.showHelp;
+  const bool listing =
+      c.listTests || c.listTestNamesOnly || c.listTags || c.listReporters || c.showHelp;
   if (!listing) {
     if (const auto reason = moekit::gpu_test::no_device_reason()) {
       std::cout << "SKIPPED: " << *reason << "\n";

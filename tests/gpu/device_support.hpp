@@ -51,18 +51,23 @@ inline std::string device_description() {
 
 inline void check_cuda(cudaError_t e, const std::string& what) {
   if (e != cudaSuccess)
-    throw std::runtime_error(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+    throw std::runtime_error(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                             ")");
 }
 
 /// cudaMalloc'ed bytes (256-byte aligned), freed on destruction.
 class DeviceBytes {
  public:
-  explicit DeviceBytes(std::size_t n) : n_(n) { check_cuda(cudaMalloc(&p_, std::max<std::size_t>(n, 1)), "cudaMalloc"); }
+  explicit DeviceBytes(std::size_t n) : n_(n) {
+    check_cuda(cudaMalloc(&p_, std::max<std::size_t>(n, 1)), "cudaMalloc");
+  }
   ~DeviceBytes() { (void)cudaFree(p_); }
   DeviceBytes(const DeviceBytes&) = delete;
   DeviceBytes& operator=(const DeviceBytes&) = delete;
 
-  [[nodiscard]] std::byte* data(std::size_t offset = 0) const { return static_cast<std::byte*>(p_) + offset; }
+  [[nodiscard]] std::byte* data(std::size_t offset = 0) const {
+    return static_cast<std::byte*>(p_) + offset;
+  }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
   /// Copies `src` to bytes [offset, offset + src.size()).
   void upload(std::span<const std::byte> src, std::size_t offset = 0) {
@@ -77,7 +82,8 @@ class DeviceBytes {
   template <class T>
   [[nodiscard]] std::vector<T> download(std::size_t count, std::size_t offset = 0) const {
     std::vector<T> out(count);
-    check_cuda(cudaMemcpy(out.data(), data(offset), count * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    check_cuda(cudaMemcpy(out.data(), data(offset), count * sizeof(T), cudaMemcpyDeviceToHost),
+               "download");
     return out;
   }
 
@@ -92,13 +98,14 @@ void parallel_for(std::size_t n, F&& f) {
   const std::size_t threads = std::max(1u, std::thread::hardware_concurrency());
   const std::size_t chunk = (n + threads - 1) / threads;
   std::vector<std::thread> pool;
-  for (std::size_t b = 0; b < n; b += chunk) pool.emplace_back([&f, b, e = std::min(n, b + chunk)] { f(b, e); });
+  for (std::size_t b = 0; b < n; b += chunk)
+    pool.emplace_back([&f, b, e = std::min(n, b + chunk)] { f(b, e); });
   for (auto& t : pool) t.join();
 }
 
 /// Row-major rows × cols matrix encoded in (p, s), rows encoded in parallel.
-inline std::vector<std::byte> encode_parallel(const std::vector<float>& w, std::size_t rows, std::size_t cols,
-                                              Precision p, QuantScheme s) {
+inline std::vector<std::byte> encode_parallel(const std::vector<float>& w, std::size_t rows,
+                                              std::size_t cols, Precision p, QuantScheme s) {
   const std::size_t stride = row_bytes(cols, p, s);
   std::vector<std::byte> out(rows * stride);
   parallel_for(rows, [&](std::size_t b, std::size_t e) {
@@ -121,13 +128,15 @@ inline std::vector<float> exact_activations(const std::vector<float>& normal) {
 }
 
 /// The activation vector as the kernel's element type, as bytes.
-inline std::vector<std::byte> activation_bytes(const std::vector<float>& x, cuda::ActivationType t) {
+inline std::vector<std::byte> activation_bytes(const std::vector<float>& x,
+                                               cuda::ActivationType t) {
   std::vector<std::byte> out(x.size() * (t == cuda::ActivationType::f32 ? 4 : 2));
   for (std::size_t i = 0; i < x.size(); ++i) {
     if (t == cuda::ActivationType::f32) {
       std::memcpy(out.data() + 4 * i, &x[i], 4);
     } else {
-      const std::uint16_t b = t == cuda::ActivationType::f16 ? float_to_half_bits(x[i]) : float_to_bf16_bits(x[i]);
+      const std::uint16_t b =
+          t == cuda::ActivationType::f16 ? float_to_half_bits(x[i]) : float_to_bf16_bits(x[i]);
       std::memcpy(out.data() + 2 * i, &b, 2);
     }
   }
@@ -137,8 +146,8 @@ inline std::vector<std::byte> activation_bytes(const std::vector<float>& x, cuda
 inline const char* name(cuda::ActivationType t) {
   return t == cuda::ActivationType::f16 ? "f16" : t == cuda::ActivationType::bf16 ? "bf16" : "f32";
 }
-inline constexpr cuda::ActivationType all_activations[] = {cuda::ActivationType::f16, cuda::ActivationType::bf16,
-                                                           cuda::ActivationType::f32};
+inline constexpr cuda::ActivationType all_activations[] = {
+    cuda::ActivationType::f16, cuda::ActivationType::bf16, cuda::ActivationType::f32};
 
 /// The formats of the device tests: q8/q4/q2 × group schemes (32 symmetric, 64 affine, 128
 /// symmetric) and channel schemes (one group per row, symmetric and affine).
@@ -151,7 +160,8 @@ inline std::vector<std::pair<Precision, QuantScheme>> all_formats() {
   return v;
 }
 inline std::string format_name(Precision p, QuantScheme s) {
-  return std::string(name(p)) + (s.group_size ? " g" + std::to_string(s.group_size) : std::string(" channel")) +
+  return std::string(name(p)) +
+         (s.group_size ? " g" + std::to_string(s.group_size) : std::string(" channel")) +
          (s.zero_point ? " affine" : " symmetric");
 }
 
@@ -167,7 +177,8 @@ struct RowReference {
   std::vector<double> dot, magnitude, propagated;
 };
 inline RowReference reference_rows(const MatrixView& w, const float* x, const double* e = nullptr) {
-  RowReference ref{std::vector<double>(w.rows), std::vector<double>(w.rows), std::vector<double>(w.rows)};
+  RowReference ref{std::vector<double>(w.rows), std::vector<double>(w.rows),
+                   std::vector<double>(w.rows)};
   const RowLayout l = w.layout();
   parallel_for(w.rows, [&](std::size_t b, std::size_t end) {
     for (std::size_t r = b; r < end; ++r) {

@@ -24,8 +24,11 @@ struct Shape {
 // Mixtral-8x7B's w1/w3 (ffn × hidden) and w2 (hidden × ffn); 200/203 columns: strides that are
 // not multiples of 16 (byte-wise loads) and a tail after the last whole chunk; 4160: more chunks
 // than lanes with a ragged last round.
-constexpr Shape gemv_shapes[] = {{14336, 4096, "Mixtral w1/w3"}, {4096, 14336, "Mixtral w2"},
-                                 {13, 200, "200 cols"}, {37, 203, "203 cols"}, {33, 4160, "4160 cols"}};
+constexpr Shape gemv_shapes[] = {{14336, 4096, "Mixtral w1/w3"},
+                                 {4096, 14336, "Mixtral w2"},
+                                 {13, 200, "200 cols"},
+                                 {37, 203, "203 cols"},
+                                 {33, 4160, "4160 cols"}};
 
 /// Runs y = 2 + 0.5·W·x on the device (accumulate into 2, scale 0.5: both epilogue flags) and
 /// returns the rows outside the bound, described.
@@ -35,7 +38,8 @@ std::string check_gemv(const DeviceMatrix& m, const std::vector<float>& x, cuda:
   DeviceBytes dx(xb.size() + x_offset), dy(m.view.rows * sizeof(float));
   dx.upload(xb, x_offset);
   dy.upload(std::vector<float>(m.view.rows, 2.f));
-  cuda::gemv(m.view, dx.data(x_offset), act, reinterpret_cast<float*>(dy.data()), 0.5f, true, nullptr);
+  cuda::gemv(m.view, dx.data(x_offset), act, reinterpret_cast<float*>(dy.data()), 0.5f, true,
+             nullptr);
   check_cuda(cudaDeviceSynchronize(), "gemv");
   const auto y = dy.download<float>(m.view.rows);
   std::ostringstream bad;
@@ -66,9 +70,11 @@ TEST_CASE("cuda::gemv matches the float64 reference on every format, activation 
       for (std::size_t offset : {0u, 4u}) {
         const DeviceMatrix m(bytes, host, offset);
         for (cuda::ActivationType act : all_activations) {
-          INFO(shape.what << " " << shape.rows << "x" << shape.cols << " " << format_name(p, s) << " "
-                          << name(act) << " at byte offset " << offset << " (row stride " << host.row_stride()
-                          << (host.row_stride() % 16 == 0 && offset == 0 ? ": 128-bit path)" : ": byte-wise)"));
+          INFO(shape.what << " " << shape.rows << "x" << shape.cols << " " << format_name(p, s)
+                          << " " << name(act) << " at byte offset " << offset << " (row stride "
+                          << host.row_stride()
+                          << (host.row_stride() % 16 == 0 && offset == 0 ? ": 128-bit path)"
+                                                                         : ": byte-wise)"));
           CHECK(check_gemv(m, x, act, offset, ref) == "");
         }
       }
@@ -76,7 +82,8 @@ TEST_CASE("cuda::gemv matches the float64 reference on every format, activation 
   }
 }
 
-TEST_CASE("cuda::dequantize_f16 is bit-exact with the host decode rounded to f16", "[gpu][dequantize]") {
+TEST_CASE("cuda::dequantize_f16 is bit-exact with the host decode rounded to f16",
+          "[gpu][dequantize]") {
   INFO("seed " << test::test_seed());
   for (const Shape& shape : {Shape{14336, 4096, "Mixtral w1/w3"}, Shape{37, 203, "203 cols"},
                              Shape{33, 4160, "4160 cols"}, Shape{5, 7, "7 cols"}}) {
@@ -97,7 +104,8 @@ TEST_CASE("cuda::dequantize_f16 is bit-exact with the host decode rounded to f16
         parallel_for(shape.rows, [&](std::size_t b, std::size_t e) {
           for (std::size_t r = b; r < e; ++r)
             for (std::size_t c = 0; c < shape.cols; ++c)
-              if (got[r * shape.cols + c] != float_to_half_bits(weight_at(host.row(r), l, p, c))) row_bad[r] = 1;
+              if (got[r * shape.cols + c] != float_to_half_bits(weight_at(host.row(r), l, p, c)))
+                row_bad[r] = 1;
         });
         const auto first = std::find(row_bad.begin(), row_bad.end(), 1);
         INFO("first row with a mismatch: " << (first - row_bad.begin()) << " of " << shape.rows);
@@ -111,7 +119,7 @@ TEST_CASE("cuda::gemv refuses what the kernels do not take, before any launch", 
   const std::vector<std::byte> f32_bytes(4 * 64);
   const MatrixView f32 = make_matrix_view(f32_bytes, 2, 32, Precision::f32);
   DeviceBytes dx(128), dy(8);
-  CHECK_THROWS_WITH(cuda::gemv(f32, dx.data(), cuda::ActivationType::f32, reinterpret_cast<float*>(dy.data()), 1.f,
-                               false, nullptr),
+  CHECK_THROWS_WITH(cuda::gemv(f32, dx.data(), cuda::ActivationType::f32,
+                               reinterpret_cast<float*>(dy.data()), 1.f, false, nullptr),
                     Catch::Contains("q8/q4/q2"));
 }

@@ -26,7 +26,8 @@ GemmReference host_gemm(const MatrixView& w, const std::vector<float>& x, std::s
   parallel_for(w.rows, [&](std::size_t b, std::size_t e) {
     for (std::size_t r = b; r < e; ++r)
       for (std::size_t c = 0; c < w.cols; ++c)
-        w16[r * w.cols + c] = half_bits_to_float(float_to_half_bits(weight_at(w.row(r), l, w.precision, c)));
+        w16[r * w.cols + c] =
+            half_bits_to_float(float_to_half_bits(weight_at(w.row(r), l, w.precision, c)));
   });
   GemmReference ref{std::vector<double>(n * w.rows), std::vector<double>(n * w.rows)};
   parallel_for(n * w.rows, [&](std::size_t b, std::size_t e) {
@@ -46,15 +47,17 @@ GemmReference host_gemm(const MatrixView& w, const std::vector<float>& x, std::s
 }
 
 /// Runs the GEMM with x at byte `x_offset` and y at byte `y_offset` of their allocations.
-std::string check_prefill(cuda::PrefillGemm& gemm, const DeviceMatrix& m, const std::vector<float>& x,
-                          std::size_t n, const GemmReference& ref, std::size_t x_offset, std::size_t y_offset) {
+std::string check_prefill(cuda::PrefillGemm& gemm, const DeviceMatrix& m,
+                          const std::vector<float>& x, std::size_t n, const GemmReference& ref,
+                          std::size_t x_offset, std::size_t y_offset) {
   const auto xb = activation_bytes(x, cuda::ActivationType::f16);
-  DeviceBytes dx(xb.size() + x_offset), dy(n * m.view.rows * 4 + y_offset), dw(m.view.rows * m.view.cols * 2);
+  DeviceBytes dx(xb.size() + x_offset), dy(n * m.view.rows * 4 + y_offset),
+      dw(m.view.rows * m.view.cols * 2);
   DeviceBytes workspace(32u << 20);  // cuBLASLt's recommended workspace on Hopper
   dx.upload(xb, x_offset);
   gemm.run(m.view, reinterpret_cast<const std::uint16_t*>(dx.data(x_offset)), n,
-           reinterpret_cast<float*>(dy.data(y_offset)), reinterpret_cast<std::uint16_t*>(dw.data()), workspace.data(),
-           workspace.size(), nullptr);
+           reinterpret_cast<float*>(dy.data(y_offset)), reinterpret_cast<std::uint16_t*>(dw.data()),
+           workspace.data(), workspace.size(), nullptr);
   check_cuda(cudaDeviceSynchronize(), "PrefillGemm::run");
   const auto y = dy.download<float>(n * m.view.rows, y_offset);
   std::ostringstream bad;
@@ -64,8 +67,8 @@ std::string check_prefill(cuda::PrefillGemm& gemm, const DeviceMatrix& m, const 
     // adds cost at most ~2^-23·sqrt(k)/8 of Σ|terms| at these k), stays far below 2^-16.
     const double tol = rel_tol * ref.magnitude[i] + 1e-6;
     if (!(std::fabs(y[i] - ref.y[i]) <= tol) && n_bad++ < 3)
-      bad << " token " << i / m.view.rows << " row " << i % m.view.rows << ": " << y[i] << " want " << ref.y[i]
-          << " tol " << tol << ";";
+      bad << " token " << i / m.view.rows << " row " << i % m.view.rows << ": " << y[i] << " want "
+          << ref.y[i] << " tol " << tol << ";";
   }
   if (n_bad) bad << " (" << n_bad << " outside)";
   return bad.str();
@@ -82,9 +85,11 @@ TEST_CASE("cuda::PrefillGemm matches the host GEMM on the f16 weights at n = 1, 
     QuantScheme s;
   };
   // One Mixtral w1 slice (1024 of its 14336 rows, all 4096 columns) and an odd shape.
-  for (const Case& c : {Case{1024, 4096, Precision::q4, {64, true}}, Case{1024, 4096, Precision::q8, {32, false}},
-                        Case{1024, 4096, Precision::q2, {0, true}}, Case{75, 203, Precision::q4, {32, false}}}) {
-    const auto bytes = encode_parallel(test::random_normal(c.rows * c.cols, c.cols + 11, 0.05f), c.rows, c.cols, c.p, c.s);
+  for (const Case& c :
+       {Case{1024, 4096, Precision::q4, {64, true}}, Case{1024, 4096, Precision::q8, {32, false}},
+        Case{1024, 4096, Precision::q2, {0, true}}, Case{75, 203, Precision::q4, {32, false}}}) {
+    const auto bytes = encode_parallel(test::random_normal(c.rows * c.cols, c.cols + 11, 0.05f),
+                                       c.rows, c.cols, c.p, c.s);
     const MatrixView host = make_matrix_view(bytes, c.rows, c.cols, c.p, c.s);
     const DeviceMatrix m(bytes, host, 0);
     cuda::PrefillGemm gemm;
@@ -94,9 +99,11 @@ TEST_CASE("cuda::PrefillGemm matches the host GEMM on the f16 weights at n = 1, 
       INFO(c.rows << "x" << c.cols << " " << format_name(c.p, c.s) << " n = " << n);
       const std::vector<float> xn(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n * c.cols));
       // The first n tokens of the reference are the reference of the first n tokens.
-      const GemmReference refn{std::vector<double>(ref.y.begin(), ref.y.begin() + static_cast<std::ptrdiff_t>(n * c.rows)),
-                               std::vector<double>(ref.magnitude.begin(),
-                                                   ref.magnitude.begin() + static_cast<std::ptrdiff_t>(n * c.rows))};
+      const GemmReference refn{
+          std::vector<double>(ref.y.begin(),
+                              ref.y.begin() + static_cast<std::ptrdiff_t>(n * c.rows)),
+          std::vector<double>(ref.magnitude.begin(),
+                              ref.magnitude.begin() + static_cast<std::ptrdiff_t>(n * c.rows))};
       CHECK(check_prefill(gemm, m, xn, n, refn, 0, 0) == "");
       if (n == 7) {
         INFO("x 16 bytes and y 4 bytes past 256-byte alignment");

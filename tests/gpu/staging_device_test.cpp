@@ -63,7 +63,8 @@ class OrderCheckingEngine {
     check_prefix("before synchronize");
     e_.synchronize();
     for (std::size_t k = 0; k < done_.size(); ++k)
-      if (cudaEventQuery(done_[k]) != cudaSuccess) violations << " synchronize() left copy " << k << " running;";
+      if (cudaEventQuery(done_[k]) != cudaSuccess)
+        violations << " synchronize() left copy " << k << " running;";
     (void)cudaGetLastError();
   }
 
@@ -78,7 +79,8 @@ class OrderCheckingEngine {
     bool later_done = false;
     for (std::size_t k = done_.size(); k-- > 0;) {
       const bool done = cudaEventQuery(done_[k]) == cudaSuccess;
-      if (later_done && !done) violations << " " << when << ": copy " << k << " running after a later one completed;";
+      if (later_done && !done)
+        violations << " " << when << ": copy " << k << " running after a later one completed;";
       later_done = later_done || done;
     }
     (void)cudaGetLastError();
@@ -102,7 +104,8 @@ TEST_CASE("StagingPipeline<CudaCopyEngine> moves experts host->device in order t
   const std::size_t expert_bytes = matrix_bytes(rows, cols, p, s);
   std::vector<std::byte> file;
   for (std::size_t e = 0; e < experts; ++e) {
-    const auto b = encode_parallel(test::random_normal(rows * cols, 100 + e, 0.05f), rows, cols, p, s);
+    const auto b =
+        encode_parallel(test::random_normal(rows * cols, 100 + e, 0.05f), rows, cols, p, s);
     file.insert(file.end(), b.begin(), b.end());
   }
   const io::MemorySource source(file, "experts");
@@ -123,22 +126,26 @@ TEST_CASE("StagingPipeline<CudaCopyEngine> moves experts host->device in order t
       pipeline.load(source, {e * expert_bytes, expert_bytes}, dst.back()->data());
       // On the copy stream, without waiting on the host: stream order must make the expert whole.
       const MatrixView v{dst.back()->data(), rows, cols, p, s};
-      cuda::gemv(v, dx.data(), cuda::ActivationType::f32, reinterpret_cast<float*>(y_staged.data(e * rows * 4)), 1.f,
-                 false, cuda_engine.stream());
+      cuda::gemv(v, dx.data(), cuda::ActivationType::f32,
+                 reinterpret_cast<float*>(y_staged.data(e * rows * 4)), 1.f, false,
+                 cuda_engine.stream());
     }
     pipeline.synchronize();
     check_cuda(cudaStreamSynchronize(cuda_engine.stream()), "gemv on the copy stream");
     CHECK(engine.violations.str() == "");
     CHECK(engine.copies == experts * ((expert_bytes + (64u << 10) - 1) / (64u << 10)));
-    if (slots < engine.copies) CHECK(engine.waits > 0);  // the slots were reused: the waits were exercised
+    if (slots < engine.copies)
+      CHECK(engine.waits > 0);  // the slots were reused: the waits were exercised
     for (std::size_t e = 0; e < experts; ++e) {
       INFO("expert " << e);
       const auto got = dst[e]->download<std::byte>(expert_bytes);
-      CHECK(std::equal(got.begin(), got.end(), file.begin() + static_cast<std::ptrdiff_t>(e * expert_bytes)));
-      const DeviceMatrix plain(std::span<const std::byte>(file).subspan(e * expert_bytes, expert_bytes),
-                               MatrixView{nullptr, rows, cols, p, s}, 0);
-      cuda::gemv(plain.view, dx.data(), cuda::ActivationType::f32, reinterpret_cast<float*>(y_plain.data(e * rows * 4)),
-                 1.f, false, nullptr);
+      CHECK(std::equal(got.begin(), got.end(),
+                       file.begin() + static_cast<std::ptrdiff_t>(e * expert_bytes)));
+      const DeviceMatrix plain(
+          std::span<const std::byte>(file).subspan(e * expert_bytes, expert_bytes),
+          MatrixView{nullptr, rows, cols, p, s}, 0);
+      cuda::gemv(plain.view, dx.data(), cuda::ActivationType::f32,
+                 reinterpret_cast<float*>(y_plain.data(e * rows * 4)), 1.f, false, nullptr);
     }
     check_cuda(cudaDeviceSynchronize(), "gemv on the plain upload");
     CHECK(y_staged.download<float>(experts * rows) == y_plain.download<float>(experts * rows));

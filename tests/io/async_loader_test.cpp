@@ -2,18 +2,18 @@
 
 #include <algorithm>
 #include <chrono>
-#include <memory>
-#include <thread>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "io/io_test_util.hpp"
 #include "io/store_test_util.hpp"
+#include "moekit/cache/lru.hpp"
 #include "moekit/io/async_loader.hpp"
 #include "moekit/io/byte_source.hpp"
 #include "moekit/io/expert_store.hpp"
-#include "moekit/cache/lru.hpp"
 #include "moekit/pipeline.hpp"
 #include "moekit/predict/none.hpp"
 #include "moekit/sched/on_demand.hpp"
@@ -38,7 +38,8 @@ class GatedSource {
     bool entered = false, open = false;
     std::vector<std::uint64_t> order;
   };
-  GatedSource(MemorySource inner, std::shared_ptr<Shared> shared) : inner_(std::move(inner)), s_(std::move(shared)) {}
+  GatedSource(MemorySource inner, std::shared_ptr<Shared> shared)
+      : inner_(std::move(inner)), s_(std::move(shared)) {}
   void read(BlobRange r, std::span<std::byte> dest) const {
     {
       std::unique_lock lock(s_->m);
@@ -63,7 +64,8 @@ struct Fixture {
   std::optional<ExpertStore> store;
   Fixture() {
     const std::vector<Precision> ps{Precision::f16, Precision::q4};
-    write_expert_store(path, tiny_shape, ps, [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); });
+    write_expert_store(path, tiny_shape, ps,
+                       [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); });
     file = moekit::test::read_file(path);
     store = ExpertStore::open(path);
   }
@@ -73,7 +75,9 @@ struct Fixture {
 
 TEST_CASE("loader: loads every expert from a pread source, checksums verified", "[io][loader]") {
   Fixture f;
-  AsyncLoader<PreadSource> loader(*f.store, PreadSource(f.path), {.io_threads = 2, .max_outstanding = 4, .verify_checksums = true});
+  AsyncLoader<PreadSource> loader(
+      *f.store, PreadSource(f.path),
+      {.io_threads = 2, .max_outstanding = 4, .verify_checksums = true});
   std::vector<std::vector<std::byte>> bufs;
   std::vector<LoadTicket> tickets;
   std::vector<std::pair<ExpertKey, Precision>> keys;
@@ -85,8 +89,9 @@ TEST_CASE("loader: loads every expert from a pread source, checksums verified", 
       }
   // More requests than slots: submit reclaims nothing (we wait on all), so wait as we go.
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    tickets.push_back(loader.submit({keys[i].first, keys[i].second,
-                                     i % 2 ? LoadPriority::prefetch : LoadPriority::on_demand, bufs[i]}));
+    tickets.push_back(
+        loader.submit({keys[i].first, keys[i].second,
+                       i % 2 ? LoadPriority::prefetch : LoadPriority::on_demand, bufs[i]}));
     CHECK(tickets.back().valid());
     if (tickets.size() >= 4) loader.wait(tickets[tickets.size() - 4]);
   }
@@ -95,17 +100,20 @@ TEST_CASE("loader: loads every expert from a pread source, checksums verified", 
     CHECK(loader.poll(tickets[i]));
     CHECK(bufs[i] == fake_expert(tiny_shape, keys[i].first, keys[i].second));
   }
-  CHECK(loader.bytes_loaded() == 6 * (tiny_shape.expert_bytes(Precision::f16) + tiny_shape.expert_bytes(Precision::q4)));
+  CHECK(loader.bytes_loaded() ==
+        6 * (tiny_shape.expert_bytes(Precision::f16) + tiny_shape.expert_bytes(Precision::q4)));
 }
 
-TEST_CASE("loader: on-demand requests go before queued prefetches; queued prefetches cancel", "[io][loader]") {
+TEST_CASE("loader: on-demand requests go before queued prefetches; queued prefetches cancel",
+          "[io][loader]") {
   Fixture f;
   auto shared = std::make_shared<GatedSource::Shared>();
-  AsyncLoader<GatedSource> loader(*f.store, GatedSource(MemorySource(f.file, "mem"), shared),
-                                  {.io_threads = 1, .max_outstanding = 8, .verify_checksums = true});
+  AsyncLoader<GatedSource> loader(
+      *f.store, GatedSource(MemorySource(f.file, "mem"), shared),
+      {.io_threads = 1, .max_outstanding = 8, .verify_checksums = true});
   auto buf = [](Precision p) { return std::vector<std::byte>(tiny_shape.expert_bytes(p)); };
-  auto b0 = buf(Precision::f16), b1 = buf(Precision::f16), b2 = buf(Precision::f16), b3 = buf(Precision::q4),
-       b4 = buf(Precision::q4);
+  auto b0 = buf(Precision::f16), b1 = buf(Precision::f16), b2 = buf(Precision::f16),
+       b3 = buf(Precision::q4), b4 = buf(Precision::q4);
   const auto blocker = loader.submit({{0, 0}, Precision::f16, LoadPriority::on_demand, b0});
   {
     std::unique_lock lock(shared->m);
@@ -116,9 +124,9 @@ TEST_CASE("loader: on-demand requests go before queued prefetches; queued prefet
   const auto d1 = loader.submit({{1, 0}, Precision::q4, LoadPriority::on_demand, b3});
   const auto p3 = loader.submit({{1, 1}, Precision::q4, LoadPriority::prefetch, b4});
   CHECK_FALSE(loader.poll(d1));
-  CHECK(loader.cancel(p2));          // queued prefetch: withdrawn
-  CHECK_FALSE(loader.cancel(p2));    // only once
-  CHECK_FALSE(loader.cancel(d1));    // on-demand loads are never cancelled
+  CHECK(loader.cancel(p2));        // queued prefetch: withdrawn
+  CHECK_FALSE(loader.cancel(p2));  // only once
+  CHECK_FALSE(loader.cancel(d1));  // on-demand loads are never cancelled
   CHECK_FALSE(loader.cancel(blocker));
   CHECK(loader.poll(p2));
   {
@@ -130,7 +138,7 @@ TEST_CASE("loader: on-demand requests go before queued prefetches; queued prefet
   loader.wait(d1);
   loader.wait(p1);
   loader.wait(p3);
-  loader.wait(p2);  // cancelled: returns at once
+  loader.wait(p2);                 // cancelled: returns at once
   CHECK_FALSE(loader.cancel(p1));  // finished
   const auto& s = *f.store;
   std::lock_guard lock(shared->m);
@@ -151,11 +159,13 @@ TEST_CASE("loader: load errors are rethrown by wait with file and offset", "[io]
       b.checksum ^= 1;
       return b;
     };
-    AsyncLoader<MemorySource> loader(MemorySource(f.file, "mem"), bad_locator, {.io_threads = 1, .verify_checksums = true});
+    AsyncLoader<MemorySource> loader(MemorySource(f.file, "mem"), bad_locator,
+                                     {.io_threads = 1, .verify_checksums = true});
     std::vector<std::byte> dest(tiny_shape.expert_bytes(Precision::q4));
     auto t = loader.submit({{1, 2}, Precision::q4, LoadPriority::on_demand, dest});
-    require_error([&] { loader.wait(t); }, ErrorKind::checksum,
-                  {"layer 1", "expert 2", "q4", std::to_string(f.store->blob({1, 2}, Precision::q4).offset)});
+    require_error(
+        [&] { loader.wait(t); }, ErrorKind::checksum,
+        {"layer 1", "expert 2", "q4", std::to_string(f.store->blob({1, 2}, Precision::q4).offset)});
     loader.wait(t);  // finished with: returns
   }
   SECTION("short file") {
@@ -168,37 +178,54 @@ TEST_CASE("loader: load errors are rethrown by wait with file and offset", "[io]
   SECTION("bad requests are refused at submit") {
     AsyncLoader<MemorySource> loader(*f.store, MemorySource(f.file, "mem"), {.io_threads = 1});
     std::vector<std::byte> small(10);
-    require_error([&] { (void)loader.submit({{0, 0}, Precision::f16, LoadPriority::on_demand, small}); },
-                  ErrorKind::invalid_argument, {"10 bytes", "needs"});
+    require_error(
+        [&] {
+          (void)loader.submit({{0, 0}, Precision::f16, LoadPriority::on_demand, small});
+        },
+        ErrorKind::invalid_argument, {"10 bytes", "needs"});
     std::vector<std::byte> dest(tiny_shape.expert_bytes(Precision::q8));
-    require_error([&] { (void)loader.submit({{0, 0}, Precision::q8, LoadPriority::on_demand, dest}); },
-                  ErrorKind::invalid_argument, {"q8"});
+    require_error(
+        [&] {
+          (void)loader.submit({{0, 0}, Precision::q8, LoadPriority::on_demand, dest});
+        },
+        ErrorKind::invalid_argument, {"q8"});
   }
 }
 
-TEST_CASE("loader: finished loads nobody waits on are reclaimed, so submit never starves", "[io][loader]") {
+TEST_CASE("loader: finished loads nobody waits on are reclaimed, so submit never starves",
+          "[io][loader]") {
   Fixture f;
-  AsyncLoader<MemorySource> loader(*f.store, MemorySource(f.file, "mem"), {.io_threads = 2, .max_outstanding = 2});
-  std::vector<std::vector<std::byte>> bufs(40, std::vector<std::byte>(tiny_shape.expert_bytes(Precision::q4)));
+  AsyncLoader<MemorySource> loader(*f.store, MemorySource(f.file, "mem"),
+                                   {.io_threads = 2, .max_outstanding = 2});
+  std::vector<std::vector<std::byte>> bufs(
+      40, std::vector<std::byte>(tiny_shape.expert_bytes(Precision::q4)));
   std::vector<LoadTicket> tickets;
   for (std::size_t i = 0; i < bufs.size(); ++i)
-    tickets.push_back(loader.submit({{static_cast<std::uint32_t>(i % 2), static_cast<std::uint32_t>(i % 3)},
-                                     Precision::q4, LoadPriority::prefetch, bufs[i]}));
+    tickets.push_back(
+        loader.submit({{static_cast<std::uint32_t>(i % 2), static_cast<std::uint32_t>(i % 3)},
+                       Precision::q4,
+                       LoadPriority::prefetch,
+                       bufs[i]}));
   for (auto t : tickets) loader.wait(t);  // old ones were reclaimed: wait returns at once
   for (std::size_t i = 0; i < bufs.size(); ++i)
-    CHECK(bufs[i] == fake_expert(tiny_shape, {static_cast<std::uint32_t>(i % 2), static_cast<std::uint32_t>(i % 3)}, Precision::q4));
+    CHECK(bufs[i] ==
+          fake_expert(tiny_shape,
+                      {static_cast<std::uint32_t>(i % 2), static_cast<std::uint32_t>(i % 3)},
+                      Precision::q4));
 }
 
 TEST_CASE("loader: many producers at once (run under TSan to check races)", "[io][loader]") {
   Fixture f;
-  AsyncLoader<MmapSource> loader(*f.store, MmapSource(f.path), {.io_threads = 2, .max_outstanding = 8, .verify_checksums = true});
+  AsyncLoader<MmapSource> loader(*f.store, MmapSource(f.path),
+                                 {.io_threads = 2, .max_outstanding = 8, .verify_checksums = true});
   std::vector<std::thread> producers;
   std::atomic<int> mismatches{0};
   for (int t = 0; t < 3; ++t)
     producers.emplace_back([&, t] {
       std::vector<std::byte> buf(tiny_shape.expert_bytes(Precision::f16));
       for (int i = 0; i < 30; ++i) {
-        const ExpertKey k{static_cast<std::uint32_t>(i % 2), static_cast<std::uint32_t>((i + t) % 3)};
+        const ExpertKey k{static_cast<std::uint32_t>(i % 2),
+                          static_cast<std::uint32_t>((i + t) % 3)};
         const auto pr = (i + t) % 3 == 0 ? LoadPriority::prefetch : LoadPriority::on_demand;
         auto ticket = loader.submit({k, Precision::f16, pr, buf});
         if (pr == LoadPriority::prefetch && loader.cancel(ticket)) continue;
@@ -214,7 +241,10 @@ TEST_CASE("loader: a bandwidth cap still delivers every byte", "[io][loader]") {
   Fixture f;
   // 64 MB/s: the 12 KiB blob passes in well under a millisecond; only correctness is checked here.
   AsyncLoader<MemorySource> loader(*f.store, MemorySource(f.file, "mem"),
-                                   {.io_threads = 1, .bandwidth_bytes_per_s = 64e6, .throttle_chunk = 4096, .verify_checksums = true});
+                                   {.io_threads = 1,
+                                    .bandwidth_bytes_per_s = 64e6,
+                                    .throttle_chunk = 4096,
+                                    .verify_checksums = true});
   std::vector<std::byte> dest(tiny_shape.expert_bytes(Precision::f16));
   auto t = loader.submit({{1, 1}, Precision::f16, LoadPriority::on_demand, dest});
   loader.wait(t);
@@ -239,11 +269,13 @@ TEST_CASE("loader: a pipeline destroyed with a load in flight frees its memory o
   // gate opens only once the pipeline is being destroyed, so the write lands during destruction.
   // Experts of 6 MiB: the arena maps them (io_memory.hpp), so a write after the unmap faults
   // even without a sanitizer.
-  constexpr ModelShape shape{.n_layers = 1, .n_experts = 2, .top_k = 2, .hidden = 1024, .ffn = 1024};
+  constexpr ModelShape shape{
+      .n_layers = 1, .n_experts = 2, .top_k = 2, .hidden = 1024, .ffn = 1024};
   TempDir dir;
   const std::string path = dir.file("big.moestore");
   const std::vector<Precision> f16{Precision::f16};
-  write_expert_store(path, shape, f16, [&](ExpertKey k, Precision p) { return fake_expert(shape, k, p); });
+  write_expert_store(path, shape, f16,
+                     [&](ExpertKey k, Precision p) { return fake_expert(shape, k, p); });
   const auto store = ExpertStore::open(path);
   const auto file = moekit::test::read_file(path);
   auto shared = std::make_shared<GatedSource::Shared>();

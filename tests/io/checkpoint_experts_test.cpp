@@ -146,16 +146,23 @@ TEST_CASE("checkpoint experts: an AsyncLoader serves them; wrong precisions and 
   files.emplace_back(f.path);
   using Source = CheckpointExpertSource<PreadSource>;
   auto src = std::make_shared<Source>(experts, std::move(files));
-  test::require_error([&] { (void)src->blob({0, 0}, Precision::q8); }, ErrorKind::unsupported,
-                      {"in place at q4", "not at q8"});
+  test::require_error(
+      [&] {
+        (void)src->blob({0, 0}, Precision::q8);
+      },
+      ErrorKind::unsupported, {"in place at q4", "not at q8"});
   AlignedBuffer dest(s.expert_bytes(Precision::q4));
-  test::require_error([&] { src->read({0, 100}, dest.span()); }, ErrorKind::invalid_argument,
-                      {"whole expert blobs"});
+  test::require_error(
+      [&] {
+        src->read({0, 100}, dest.span());
+      },
+      ErrorKind::invalid_argument, {"whole expert blobs"});
 
   AsyncLoader<Source> loader(*src, [src](ExpertKey k, Precision p) { return src->blob(k, p); },
                              {.io_threads = 2, .verify_checksums = false});
   for (std::uint32_t e = 0; e < s.n_experts; ++e) {
-    const LoadTicket t = loader.submit({{0, e}, Precision::q4, LoadPriority::on_demand, dest.span()});
+    const LoadTicket t =
+        loader.submit({{0, e}, Precision::q4, LoadPriority::on_demand, dest.span()});
     loader.wait(t);
     const Bytes want = expected_blob(f, e, Precision::q4, MatrixOrder::rows);
     CHECK(std::memcmp(dest.data(), want.data(), want.size()) == 0);
@@ -169,16 +176,18 @@ TEST_CASE("checkpoint experts: types without an exact path are refused naming th
   CHECK_FALSE(in_place_precision(DType::q4_0, {64, false}));
   CHECK_FALSE(in_place_precision(DType::q4_k, {}));
   test::TempDir dir;
-  const ModelShape s{.n_layers = 1, .n_experts = 2, .top_k = 1, .hidden = 64, .ffn = 96,
-                     .quant = {64, false}};
+  const ModelShape s{
+      .n_layers = 1, .n_experts = 2, .top_k = 1, .hidden = 64, .ffn = 96, .quant = {64, false}};
   const ExpertFile f = write_fixture(dir, DType::q4_0, s);
   const GgufFile g(f.path);
   test::require_error([&] { (void)locate(f, g); }, ErrorKind::unsupported,
                       {"blk.0.ffn_gate_exps.weight", "Q4_0", "no exact in-place path"});
 }
 
-TEST_CASE("checkpoint experts: read as f32, K-quant and mixed-type experts are their dequantized "
-          "slices", "[io][checkpoint_experts]") {
+TEST_CASE(
+    "checkpoint experts: read as f32, K-quant and mixed-type experts are their dequantized "
+    "slices",
+    "[io][checkpoint_experts]") {
   test::TempDir dir;
   const ModelShape s{.n_layers = 1, .n_experts = 3, .top_k = 1, .hidden = 512, .ffn = 256};
   // Gate, up and down in different types, as Q4_K_M files mix Q4_K with Q6_K.
@@ -186,8 +195,9 @@ TEST_CASE("checkpoint experts: read as f32, K-quant and mixed-type experts are t
                                                       {DType::q3_k, DType::q5_k, DType::q2_k},
                                                       {DType::q8_0, DType::f16, DType::q6_k}}};
   const std::map<DType, std::uint32_t> ggml = {
-      {DType::q2_k, ggml_type::q2_k}, {DType::q3_k, ggml_type::q3_k}, {DType::q4_k, ggml_type::q4_k},
-      {DType::q5_k, ggml_type::q5_k}, {DType::q6_k, ggml_type::q6_k}, {DType::q8_0, ggml_type::q8_0},
+      {DType::q2_k, ggml_type::q2_k}, {DType::q3_k, ggml_type::q3_k},
+      {DType::q4_k, ggml_type::q4_k}, {DType::q5_k, ggml_type::q5_k},
+      {DType::q6_k, ggml_type::q6_k}, {DType::q8_0, ggml_type::q8_0},
       {DType::f16, ggml_type::f16}};
   const char* names[] = {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight",
                          "blk.0.ffn_down_exps.weight"};
@@ -206,17 +216,21 @@ TEST_CASE("checkpoint experts: read as f32, K-quant and mixed-type experts are t
     const GgufFile g(path);
     const std::uint32_t layers[] = {0};
     if (types[0] == DType::q4_k)
-      test::require_error([&] { (void)CheckpointExperts::locate(g, Architecture::mixtral,
-                                                                TensorFormat::gguf, s, layers); },
-                          ErrorKind::unsupported, {"Q4_K", "no exact in-place path"});
-    auto experts = std::make_shared<const CheckpointExperts>(CheckpointExperts::locate_as_f32(
-        g, Architecture::mixtral, TensorFormat::gguf, s, layers));
+      test::require_error(
+          [&] {
+            (void)CheckpointExperts::locate(g, Architecture::mixtral, TensorFormat::gguf, s,
+                                            layers);
+          },
+          ErrorKind::unsupported, {"Q4_K", "no exact in-place path"});
+    auto experts = std::make_shared<const CheckpointExperts>(
+        CheckpointExperts::locate_as_f32(g, Architecture::mixtral, TensorFormat::gguf, s, layers));
     CHECK(experts->precision() == Precision::f32);
     CHECK(experts->dequantized());
     std::vector<PreadSource> files;
     files.emplace_back(path, PreadSource::Config{.direct = true});
     // 12 KiB of staging: several chunks per matrix.
-    CheckpointExpertSource<PreadSource> src(experts, std::move(files), {MatrixOrder::rows, 12u << 10});
+    CheckpointExpertSource<PreadSource> src(experts, std::move(files),
+                                            {MatrixOrder::rows, 12u << 10});
     for (std::uint32_t e = 0; e < s.n_experts; ++e) {
       const StoreBlob blob = src.blob({0, e}, Precision::f32);
       AlignedBuffer dest(blob.bytes);

@@ -59,7 +59,8 @@ class FakeCopyEngine {
     REQUIRE(n <= slot_bytes());
     std::lock_guard lock(m_);
     log.push_back("copy " + std::to_string(i));
-    queue_.push_back({++enqueued_, i, static_cast<std::byte*>(dst), n, xxh64(slots_[i].span().first(n))});
+    queue_.push_back(
+        {++enqueued_, i, static_cast<std::byte*>(dst), n, xxh64(slots_[i].span().first(n))});
     last_seq_[i] = enqueued_;
     max_in_flight = std::max(max_in_flight, queue_.size());
     cv_.notify_all();
@@ -119,7 +120,8 @@ class FakeCopyEngine {
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (stop_) return;
-      const auto delay = std::chrono::microseconds(std::uniform_int_distribution<int>(0, 300)(rng_));
+      const auto delay =
+          std::chrono::microseconds(std::uniform_int_distribution<int>(0, 300)(rng_));
       lock.unlock();
       std::this_thread::sleep_for(delay);  // the "DMA" takes a while; the host keeps going
       lock.lock();
@@ -174,13 +176,27 @@ TEST_CASE("staging_plan: slot-sized chunks, round robin from first_slot", "[io][
   // Three slots: consecutive chunks use 0, 1, 2, 0, ...
   const auto three = staging_plan({0, 7 * page}, page, 3);
   for (std::size_t i = 0; i < three.size(); ++i) CHECK(three[i].slot == i % 3);
-  require_error([] { (void)staging_plan({0, 1}, 1000, 2); }, ErrorKind::invalid_argument, {"slot_bytes", "4096"});
-  require_error([] { (void)staging_plan({0, 1}, page, 0); }, ErrorKind::invalid_argument, {"slots"});
-  require_error([] { (void)staging_plan({0, 1}, page, 2, 2); }, ErrorKind::invalid_argument, {"first_slot"});
+  require_error(
+      [] {
+        (void)staging_plan({0, 1}, 1000, 2);
+      },
+      ErrorKind::invalid_argument, {"slot_bytes", "4096"});
+  require_error(
+      [] {
+        (void)staging_plan({0, 1}, page, 0);
+      },
+      ErrorKind::invalid_argument, {"slots"});
+  require_error(
+      [] {
+        (void)staging_plan({0, 1}, page, 2, 2);
+      },
+      ErrorKind::invalid_argument, {"first_slot"});
 }
 
-TEST_CASE("StagingPipeline: reads chunk k+1 while chunk k's copy is pending, waits only for the slot it reuses",
-          "[io][staging]") {
+TEST_CASE(
+    "StagingPipeline: reads chunk k+1 while chunk k's copy is pending, waits only for the slot it "
+    "reuses",
+    "[io][staging]") {
   FakeCopyEngine engine(2, page, FakeCopyEngine::Mode::deferred);
   const auto src_bytes = pattern(3 * page, 7);
   LoggingSource src{MemorySource(src_bytes), &engine};
@@ -189,8 +205,8 @@ TEST_CASE("StagingPipeline: reads chunk k+1 while chunk k's copy is pending, wai
   pipe.load(src, {0, src_bytes.size()}, dst.data());
   CHECK(engine.in_flight() == 2);  // load returns with copies still queued: no full sync
   pipe.synchronize();
-  CHECK(engine.log == std::vector<std::string>{"read 0", "copy 0", "read 4096", "copy 1", "wait 0", "read 8192",
-                                               "copy 0", "sync"});
+  CHECK(engine.log == std::vector<std::string>{"read 0", "copy 0", "read 4096", "copy 1", "wait 0",
+                                               "read 8192", "copy 0", "sync"});
   CHECK(engine.max_in_flight == 2);
   CHECK(engine.hazards == 0);
   CHECK(dst == src_bytes);
@@ -204,8 +220,9 @@ TEST_CASE("StagingPipeline: reads chunk k+1 while chunk k's copy is pending, wai
   CHECK(engine.log == std::vector<std::string>{"read 4096", "copy 1", "read 0", "copy 0", "sync"});
 }
 
-TEST_CASE("StagingPipeline: every blob size arrives intact, deferred and threaded engines, 1 to 3 slots",
-          "[io][staging]") {
+TEST_CASE(
+    "StagingPipeline: every blob size arrives intact, deferred and threaded engines, 1 to 3 slots",
+    "[io][staging]") {
   const auto src_bytes = pattern(40 * page + 777, 11);
   MemorySource src(src_bytes);
   for (auto mode : {FakeCopyEngine::Mode::deferred, FakeCopyEngine::Mode::threaded})
@@ -216,7 +233,8 @@ TEST_CASE("StagingPipeline: every blob size arrives intact, deferred and threade
       std::vector<std::byte> dst(src_bytes.size());
       // Sizes around the slot size and the page, at page-aligned offsets (as in the store).
       std::uint64_t at = 0;
-      const std::vector<std::uint64_t> sizes{1, page - 1, page, 2 * page - 1, 2 * page, 2 * page + 1, 5 * page + 3, 0, 9 * page};
+      const std::vector<std::uint64_t> sizes{
+          1, page - 1, page, 2 * page - 1, 2 * page, 2 * page + 1, 5 * page + 3, 0, 9 * page};
       std::vector<std::pair<std::uint64_t, std::uint64_t>> blobs;
       for (std::uint64_t n : sizes) {
         blobs.push_back({at, n});
@@ -232,8 +250,9 @@ TEST_CASE("StagingPipeline: every blob size arrives intact, deferred and threade
     }
 }
 
-TEST_CASE("FakeCopyEngine: a slot refilled before its copy ran is caught (the checks above can fail)",
-          "[io][staging]") {
+TEST_CASE(
+    "FakeCopyEngine: a slot refilled before its copy ran is caught (the checks above can fail)",
+    "[io][staging]") {
   FakeCopyEngine engine(2, page, FakeCopyEngine::Mode::deferred);
   std::vector<std::byte> dst(page);
   std::memset(engine.slot(0).data(), 1, page);
@@ -244,16 +263,21 @@ TEST_CASE("FakeCopyEngine: a slot refilled before its copy ran is caught (the ch
   CHECK(dst[0] == std::byte{2});
 }
 
-TEST_CASE("StagingPipeline: a failed read waits for the enqueued copies, names the file and offset, "
-          "and leaves the pipeline usable", "[io][staging]") {
+TEST_CASE(
+    "StagingPipeline: a failed read waits for the enqueued copies, names the file and offset, "
+    "and leaves the pipeline usable",
+    "[io][staging]") {
   const auto src_bytes = pattern(5 * page, 3);
   MemorySource short_src(std::span<const std::byte>(src_bytes).first(2 * page + 10), "short.bin");
   MemorySource full(src_bytes);
   FakeCopyEngine engine(2, page, FakeCopyEngine::Mode::deferred);
   StagingPipeline pipe(engine);
   std::vector<std::byte> dst(src_bytes.size());
-  require_error([&] { pipe.load(short_src, {0, 5 * page}, dst.data()); }, ErrorKind::io,
-                {"short.bin", "offset 8192"});
+  require_error(
+      [&] {
+        pipe.load(short_src, {0, 5 * page}, dst.data());
+      },
+      ErrorKind::io, {"short.bin", "offset 8192"});
   CHECK(engine.in_flight() == 0);
   CHECK(std::memcmp(dst.data(), src_bytes.data(), 2 * page) == 0);  // the chunks before arrived
   CHECK(pipe.bytes_staged() == 0);
@@ -287,21 +311,28 @@ TEST_CASE("StagingPipeline: bad engines and destinations are refused", "[io][sta
     std::size_t slot_bytes() const { return 1000; }
   };
   OddEngine odd(2, page, FakeCopyEngine::Mode::deferred);
-  require_error([&] { StagingPipeline p(odd); }, ErrorKind::invalid_argument, {"slot_bytes (1000)", "4096"});
+  require_error([&] { StagingPipeline p(odd); }, ErrorKind::invalid_argument,
+                {"slot_bytes (1000)", "4096"});
   FakeCopyEngine ok(2, page, FakeCopyEngine::Mode::deferred);
   StagingPipeline p(ok);
   std::vector<std::byte> b(page);
   MemorySource src(b);
-  require_error([&] { p.load(src, {0, page}, nullptr); }, ErrorKind::invalid_argument, {"null destination"});
+  require_error(
+      [&] {
+        p.load(src, {0, page}, nullptr);
+      },
+      ErrorKind::invalid_argument, {"null destination"});
   p.load(src, {0, 0}, nullptr);  // nothing to copy: allowed
 }
 
-TEST_CASE("CudaCopyEngine: without CUDA it exists and says the build has no CUDA", "[io][staging]") {
+TEST_CASE("CudaCopyEngine: without CUDA it exists and says the build has no CUDA",
+          "[io][staging]") {
   if constexpr (!CudaCopyEngine::available) {
-    require_error([] { CudaCopyEngine e({.slots = 2, .slot_bytes = 1u << 20}); }, ErrorKind::unsupported,
-                  {"built without CUDA"});
+    require_error([] { CudaCopyEngine e({.slots = 2, .slot_bytes = 1u << 20}); },
+                  ErrorKind::unsupported, {"built without CUDA"});
   } else {
-    WARN("CudaCopyEngine is the CUDA one in this build; it needs a GPU and is not run by this test");
+    WARN(
+        "CudaCopyEngine is the CUDA one in this build; it needs a GPU and is not run by this test");
     SUCCEED();
   }
 }

@@ -20,8 +20,9 @@ namespace {
 const std::vector<Precision> f16_q4{Precision::f16, Precision::q4};
 
 ExpertStoreWriteReport write_tiny(const std::string& path, ExpertStoreWriteOptions opt = {}) {
-  return write_expert_store(path, tiny_shape, f16_q4,
-                            [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); }, opt);
+  return write_expert_store(
+      path, tiny_shape, f16_q4,
+      [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); }, opt);
 }
 
 void patch(const std::string& path, std::uint64_t offset, std::span<const std::byte> bytes) {
@@ -62,14 +63,19 @@ TEST_CASE("expert store: every blob is aligned, complete and matches the encoder
         CHECK(b.offset % 4096 == 0);
         CHECK(b.bytes == tiny_shape.expert_bytes(p));
         const auto want = fake_expert(tiny_shape, {l, e}, p);
-        CHECK(std::equal(want.begin(), want.end(), file.begin() + static_cast<std::ptrdiff_t>(b.offset)));
+        CHECK(std::equal(want.begin(), want.end(),
+                         file.begin() + static_cast<std::ptrdiff_t>(b.offset)));
         CHECK(b.checksum == xxh64(want));
         // zero padding up to the next 4 KiB boundary
         for (std::uint64_t i = b.offset + b.bytes; i < b.offset + b.padded_bytes(); ++i)
           REQUIRE(file[i] == std::byte{0});
       }
   CHECK(store.find({2, 0}, Precision::f16) == nullptr);
-  require_error([&] { (void)store.blob({0, 0}, Precision::q2); }, ErrorKind::invalid_argument, {"q2", "layer 0"});
+  require_error(
+      [&] {
+        (void)store.blob({0, 0}, Precision::q2);
+      },
+      ErrorKind::invalid_argument, {"q2", "layer 0"});
   REQUIRE_NOTHROW(store.verify());
 }
 
@@ -83,7 +89,8 @@ TEST_CASE("expert store: refuses to overwrite unless told", "[io][store]") {
   CHECK(write_tiny(path, opt).blobs_encoded == 12);
 }
 
-TEST_CASE("expert store: an interrupted write resumes, re-encoding only missing or damaged blobs", "[io][store]") {
+TEST_CASE("expert store: an interrupted write resumes, re-encoding only missing or damaged blobs",
+          "[io][store]") {
   TempDir dir;
   const auto path = dir.file("r.moestore");
   int calls = 0;
@@ -117,22 +124,27 @@ TEST_CASE("expert store: an interrupted write resumes, re-encoding only missing 
   calls = 0;
   CHECK_THROWS(write_expert_store(path, tiny_shape, f16_q4, failing));
   const std::vector<Precision> only_q8{Precision::q8};
-  auto rep2 = write_expert_store(path, tiny_shape, only_q8,
-                                 [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); });
+  auto rep2 = write_expert_store(path, tiny_shape, only_q8, [](ExpertKey k, Precision p) {
+    return fake_expert(tiny_shape, k, p);
+  });
   CHECK(rep2.blobs_resumed == 0);
   CHECK(rep2.blobs_encoded == 6);
 }
 
 TEST_CASE("expert store: writer rejects bad requests and encoders", "[io][store]") {
   TempDir dir;
-  require_error([&] {
-    write_expert_store(dir.file("a"), tiny_shape, f16_q4,
-                       [](ExpertKey, Precision) { return std::vector<std::byte>(7); });
-  }, ErrorKind::invalid_argument, {"7 bytes", "layer 0", "expert 0", "f16"});
+  require_error(
+      [&] {
+        write_expert_store(dir.file("a"), tiny_shape, f16_q4,
+                           [](ExpertKey, Precision) { return std::vector<std::byte>(7); });
+      },
+      ErrorKind::invalid_argument, {"7 bytes", "layer 0", "expert 0", "f16"});
   const std::vector<Precision> dup{Precision::q4, Precision::q4};
-  require_error([&] { write_expert_store(dir.file("b"), tiny_shape, dup, {}); }, ErrorKind::invalid_argument, {"twice"});
+  require_error([&] { write_expert_store(dir.file("b"), tiny_shape, dup, {}); },
+                ErrorKind::invalid_argument, {"twice"});
   const std::vector<Precision> skip{Precision::skip};
-  require_error([&] { write_expert_store(dir.file("c"), tiny_shape, skip, {}); }, ErrorKind::invalid_argument, {"skip"});
+  require_error([&] { write_expert_store(dir.file("c"), tiny_shape, skip, {}); },
+                ErrorKind::invalid_argument, {"skip"});
 }
 
 TEST_CASE("expert store: damaged files give typed errors", "[io][store]") {
@@ -145,25 +157,31 @@ TEST_CASE("expert store: damaged files give typed errors", "[io][store]") {
 
   SECTION("truncated") {
     std::filesystem::resize_file(path, good.size() - 10);
-    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::invalid_format, {path, "truncated"});
+    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::invalid_format,
+                  {path, "truncated"});
     std::filesystem::resize_file(path, 100);
-    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::invalid_format, {path, "truncated"});
+    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::invalid_format,
+                  {path, "truncated"});
   }
   SECTION("wrong magic") {
     patch(path, 0, std::vector<std::byte>(1, std::byte{'X'}));
-    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::invalid_format, {path, "magic"});
+    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::invalid_format,
+                  {path, "magic"});
   }
   SECTION("wrong version") {
     patch(path, 8, std::vector<std::byte>(1, std::byte{9}));
-    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::unsupported, {path, "version 9"});
+    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::unsupported,
+                  {path, "version 9"});
   }
   SECTION("damaged header") {
     patch(path, 20, std::vector<std::byte>(1, std::byte{1}));
-    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::checksum, {path, "header checksum"});
+    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::checksum,
+                  {path, "header checksum"});
   }
   SECTION("damaged manifest") {
     patch(path, store.header().manifest_offset + 3, std::vector<std::byte>(1, std::byte{'#'}));
-    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::checksum, {path, "manifest checksum"});
+    require_error([&] { (void)ExpertStore::open(path); }, ErrorKind::checksum,
+                  {path, "manifest checksum"});
   }
   SECTION("damaged blob: verify names the blob and offset") {
     patch(path, b0.offset + 17, std::vector<std::byte>(1, ~good[b0.offset + 17]));
@@ -174,7 +192,8 @@ TEST_CASE("expert store: damaged files give typed errors", "[io][store]") {
   SECTION("shape disagreement") {
     ModelShape other = tiny_shape;
     other.ffn = 64;
-    require_error([&] { (void)ExpertStore::open(path, other); }, ErrorKind::invalid_argument, {path, "expected"});
+    require_error([&] { (void)ExpertStore::open(path, other); }, ErrorKind::invalid_argument,
+                  {path, "expected"});
   }
 }
 
@@ -192,26 +211,58 @@ TEST_CASE("expert store: manifest validation catches offsets, overlaps and sizes
     change(k);
     return k.dump();
   };
-  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["blobs"][3]["offset"] = 1u << 30; }), data_end, "m"); },
-                ErrorKind::invalid_format, {"blob #3", "runs past"});
-  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["blobs"][3]["offset"] = 4097; }), data_end, "m"); },
-                ErrorKind::invalid_format, {"blob #3", "4096"});
-  require_error([&] {
-    (void)parse_store_manifest(edit([](auto& k) { k["blobs"][3]["offset"] = k["blobs"][2]["offset"]; }), data_end, "m");
-  }, ErrorKind::invalid_format, {"overlap"});
-  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["blobs"][0]["bytes"] = 5; }), data_end, "m"); },
-                ErrorKind::invalid_format, {"blob #0", "5 bytes"});
-  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["blobs"][1] = k["blobs"][0]; }), data_end, "m"); },
-                ErrorKind::invalid_format, {"twice"});
-  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["blobs"].erase(0); }), data_end, "m"); },
-                ErrorKind::invalid_format, {"'blobs' must list 12"});
-  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["shape"]["top_k"] = 9; }), data_end, "m"); },
-                ErrorKind::invalid_format, {"shape", "top_k"});
-  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["blobs"][0]["xxh64"] = "zz"; }), data_end, "m"); },
-                ErrorKind::invalid_format, {"xxh64"});
-  require_error([&] { (void)parse_store_manifest(edit([](auto& k) { k["version"] = 2; }), data_end, "m"); },
-                ErrorKind::unsupported, {"version"});
-  require_error([&] { (void)parse_store_manifest("[]", data_end, "m"); }, ErrorKind::invalid_format, {"not a JSON object"});
+  require_error(
+      [&] {
+        (void)parse_store_manifest(edit([](auto& k) { k["blobs"][3]["offset"] = 1u << 30; }),
+                                   data_end, "m");
+      },
+      ErrorKind::invalid_format, {"blob #3", "runs past"});
+  require_error(
+      [&] {
+        (void)parse_store_manifest(edit([](auto& k) { k["blobs"][3]["offset"] = 4097; }), data_end,
+                                   "m");
+      },
+      ErrorKind::invalid_format, {"blob #3", "4096"});
+  require_error(
+      [&] {
+        (void)parse_store_manifest(
+            edit([](auto& k) { k["blobs"][3]["offset"] = k["blobs"][2]["offset"]; }), data_end,
+            "m");
+      },
+      ErrorKind::invalid_format, {"overlap"});
+  require_error(
+      [&] {
+        (void)parse_store_manifest(edit([](auto& k) { k["blobs"][0]["bytes"] = 5; }), data_end,
+                                   "m");
+      },
+      ErrorKind::invalid_format, {"blob #0", "5 bytes"});
+  require_error(
+      [&] {
+        (void)parse_store_manifest(edit([](auto& k) { k["blobs"][1] = k["blobs"][0]; }), data_end,
+                                   "m");
+      },
+      ErrorKind::invalid_format, {"twice"});
+  require_error(
+      [&] {
+        (void)parse_store_manifest(edit([](auto& k) { k["blobs"].erase(0); }), data_end, "m");
+      },
+      ErrorKind::invalid_format, {"'blobs' must list 12"});
+  require_error(
+      [&] {
+        (void)parse_store_manifest(edit([](auto& k) { k["shape"]["top_k"] = 9; }), data_end, "m");
+      },
+      ErrorKind::invalid_format, {"shape", "top_k"});
+  require_error(
+      [&] {
+        (void)parse_store_manifest(edit([](auto& k) { k["blobs"][0]["xxh64"] = "zz"; }), data_end,
+                                   "m");
+      },
+      ErrorKind::invalid_format, {"xxh64"});
+  require_error(
+      [&] { (void)parse_store_manifest(edit([](auto& k) { k["version"] = 2; }), data_end, "m"); },
+      ErrorKind::unsupported, {"version"});
+  require_error([&] { (void)parse_store_manifest("[]", data_end, "m"); }, ErrorKind::invalid_format,
+                {"not a JSON object"});
 }
 
 namespace {
@@ -234,7 +285,8 @@ void check_store_in_panels(const std::string& path, const ModelShape& shape, Mat
     for (std::uint32_t e = 0; e < 3; ++e) {
       const auto& f16 = store.blob({l, e}, Precision::f16);
       const auto want16 = fake({l, e}, Precision::f16);
-      CHECK(std::equal(want16.begin(), want16.end(), file.begin() + static_cast<std::ptrdiff_t>(f16.offset)));
+      CHECK(std::equal(want16.begin(), want16.end(),
+                       file.begin() + static_cast<std::ptrdiff_t>(f16.offset)));
       const auto& q4 = store.blob({l, e}, Precision::q4);
       const auto rows = fake({l, e}, Precision::q4);
       const std::span<const std::byte> got(file.data() + q4.offset, q4.bytes);
@@ -242,7 +294,9 @@ void check_store_in_panels(const std::string& path, const ModelShape& shape, Mat
       std::vector<std::byte> back(q4.bytes);
       const struct {
         std::size_t at, r, c;
-      } parts[] = {{0, shape.ffn, shape.hidden}, {m13, shape.ffn, shape.hidden}, {2 * m13, shape.hidden, shape.ffn}};
+      } parts[] = {{0, shape.ffn, shape.hidden},
+                   {m13, shape.ffn, shape.hidden},
+                   {2 * m13, shape.hidden, shape.ffn}};
       for (const auto& m : parts) {
         const std::size_t n = matrix_bytes(m.r, m.c, Precision::q4, shape.quant);
         unpack_panels(MatrixView{got.data() + m.at, m.r, m.c, Precision::q4, shape.quant, order},
@@ -277,12 +331,13 @@ TEST_CASE("expert store: quantized blobs in panels, packed by the writer", "[io]
   k.erase("matrix_order");
   CHECK(parse_store_manifest(k.dump(), data_end, "p").order == MatrixOrder::rows);
   k["matrix_order"] = "columns";
-  require_error([&] { (void)parse_store_manifest(k.dump(), data_end, "p"); }, ErrorKind::invalid_format,
+  require_error([&] { (void)parse_store_manifest(k.dump(), data_end, "p"); },
+                ErrorKind::invalid_format,
                 {"'matrix_order'", "rows", "panels4", "blocked_panels4"});
   k = j;
   k["quant"]["group_size"] = 0;
-  require_error([&] { (void)parse_store_manifest(k.dump(), data_end, "p"); }, ErrorKind::invalid_format,
-                {"'matrix_order'", "group_size 0"});
+  require_error([&] { (void)parse_store_manifest(k.dump(), data_end, "p"); },
+                ErrorKind::invalid_format, {"'matrix_order'", "group_size 0"});
   // The writer refuses panels for a scheme they cannot take, before writing anything.
   ModelShape channel = shape;
   channel.quant.group_size = 0;
@@ -316,7 +371,8 @@ TEST_CASE("expert store: encoding on several threads writes the same file", "[io
   const auto path = dir.file("fail.moestore");
   std::atomic<int> calls{0};
   auto failing = [&](ExpertKey k, Precision p) {
-    if (k.layer == 1 && k.expert == 2 && p == Precision::q4) throw std::runtime_error("simulated crash");
+    if (k.layer == 1 && k.expert == 2 && p == Precision::q4)
+      throw std::runtime_error("simulated crash");
     ++calls;
     return fake_expert(tiny_shape, k, p);
   };
@@ -324,8 +380,9 @@ TEST_CASE("expert store: encoding on several threads writes the same file", "[io
   opt.encode_threads = 4;
   CHECK_THROWS_WITH(write_expert_store(path, tiny_shape, f16_q4, failing, opt), "simulated crash");
   CHECK_FALSE(std::filesystem::exists(path));
-  const auto rep = write_expert_store(path, tiny_shape, f16_q4,
-                                      [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); }, opt);
+  const auto rep = write_expert_store(
+      path, tiny_shape, f16_q4,
+      [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); }, opt);
   CHECK(rep.blobs_resumed + rep.blobs_encoded == 12);
   CHECK(rep.blobs_resumed > 0);
   CHECK(moekit::test::read_file(path) == want);

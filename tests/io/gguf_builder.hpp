@@ -104,7 +104,8 @@ class GgufBuilder {
       append(&nd, 4);
       for (auto d : t.ne) append(&d, 8);
       append(&t.type, 4);
-      const std::uint64_t o = t.offset_override >= 0 ? static_cast<std::uint64_t>(t.offset_override) : off;
+      const std::uint64_t o =
+          t.offset_override >= 0 ? static_cast<std::uint64_t>(t.offset_override) : off;
       append(&o, 8);
       offsets.push_back(o);
       off = (off + t.data.size() + alignment - 1) / alignment * alignment;
@@ -113,7 +114,8 @@ class GgufBuilder {
     const std::size_t data_start = out.size();
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       const auto& t = tensors_[i];
-      if (out.size() < data_start + offsets[i] + t.data.size()) out.resize(data_start + offsets[i] + t.data.size());
+      if (out.size() < data_start + offsets[i] + t.data.size())
+        out.resize(data_start + offsets[i] + t.data.size());
       std::memcpy(out.data() + data_start + offsets[i], t.data.data(), t.data.size());
     }
     return out;

@@ -32,7 +32,8 @@ std::vector<std::byte> f32_bytes(const std::vector<float>& v) {
   return b;
 }
 
-TensorView view_of(const std::vector<std::byte>& bytes, DType t, std::uint64_t rows, std::uint64_t cols) {
+TensorView view_of(const std::vector<std::byte>& bytes, DType t, std::uint64_t rows,
+                   std::uint64_t cols) {
   TensorView v;
   v.name = "hand";
   v.file = "memory";
@@ -50,7 +51,8 @@ TEST_CASE("gguf: header, metadata of all kinds, tensor infos and data offsets", 
   std::vector<float> w(4 * 8);
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f;
   std::vector<std::byte> h16(8 * 2);
-  for (int i = 0; i < 8; ++i) put_half(h16, 2 * static_cast<std::size_t>(i), static_cast<float>(i) - 3.0f);
+  for (int i = 0; i < 8; ++i)
+    put_half(h16, 2 * static_cast<std::size_t>(i), static_cast<float>(i) - 3.0f);
   GgufBuilder b;
   b.alignment = 64;
   b.write_alignment_key = true;
@@ -105,9 +107,12 @@ TEST_CASE("gguf: version 2 files read like version 3", "[io][gguf]") {
 TEST_CASE("gguf: Q8_0 and Q4_0 blocks dequantize as hand-computed", "[io][gguf][dequantize]") {
   std::vector<std::byte> q8(34);
   put_half(q8, 0, 0.5f);
-  for (int i = 0; i < 32; ++i) q8[2 + static_cast<std::size_t>(i)] = u8(static_cast<unsigned>(static_cast<std::int8_t>(i - 16)));
+  for (int i = 0; i < 32; ++i)
+    q8[2 + static_cast<std::size_t>(i)] =
+        u8(static_cast<unsigned>(static_cast<std::int8_t>(i - 16)));
   auto y = dequantize(view_of(q8, DType::q8_0, 1, 32));
-  for (int i = 0; i < 32; ++i) CHECK(y[static_cast<std::size_t>(i)] == 0.5f * static_cast<float>(i - 16));
+  for (int i = 0; i < 32; ++i)
+    CHECK(y[static_cast<std::size_t>(i)] == 0.5f * static_cast<float>(i - 16));
 
   std::vector<std::byte> q4(18);
   put_half(q4, 0, 2.0f);
@@ -119,15 +124,16 @@ TEST_CASE("gguf: Q8_0 and Q4_0 blocks dequantize as hand-computed", "[io][gguf][
   }
 }
 
-TEST_CASE("gguf: a hand-built Q4_K block dequantizes to d·sc·q − dmin·m", "[io][gguf][dequantize]") {
+TEST_CASE("gguf: a hand-built Q4_K block dequantizes to d·sc·q − dmin·m",
+          "[io][gguf][dequantize]") {
   // Eight sub-blocks of 32 weights with 6-bit scales and mins, packed as ggml does: bytes 0..3
   // hold sc[0..3] (low 6 bits) and sc[4..7]>>4 (top 2 bits); bytes 4..7 the same for the mins;
   // bytes 8..11 hold sc[4..7]&15 (low nibble) and m[4..7]&15 (high nibble).
   const unsigned sc[8] = {1, 2, 3, 4, 17, 33, 50, 63};
   const unsigned m[8] = {0, 1, 2, 3, 20, 40, 60, 5};
   std::vector<std::byte> b(144);
-  put_half(b, 0, 1.0f);   // d
-  put_half(b, 2, 0.5f);   // dmin
+  put_half(b, 0, 1.0f);  // d
+  put_half(b, 2, 0.5f);  // dmin
   for (unsigned j = 0; j < 4; ++j) {
     b[4 + j] = u8(sc[j] | ((sc[j + 4] >> 4) << 6));
     b[4 + j + 4] = u8(m[j] | ((m[j + 4] >> 4) << 6));
@@ -145,26 +151,29 @@ TEST_CASE("gguf: a hand-built Q4_K block dequantizes to d·sc·q − dmin·m", "
   }
 }
 
-TEST_CASE("gguf: a hand-built Q2_K block dequantizes to d·sc·q − dmin·m", "[io][gguf][dequantize]") {
+TEST_CASE("gguf: a hand-built Q2_K block dequantizes to d·sc·q − dmin·m",
+          "[io][gguf][dequantize]") {
   // Sixteen sub-blocks of 16 weights; scales[s] = sc | m << 4. Weight i lies in half h = i/128;
   // within it, run r = (i%128)/32 uses bits 2r..2r+1 of qs[32h + (i%32)].
   std::vector<std::byte> b(84);
   for (unsigned s = 0; s < 16; ++s) b[s] = u8((s % 16) | (((15 - s) % 16) << 4));
   for (unsigned k = 0; k < 64; ++k) b[16 + k] = u8(k * 37 + 11);
-  put_half(b, 80, 0.25f);  // d
-  put_half(b, 82, 0.125f); // dmin
+  put_half(b, 80, 0.25f);   // d
+  put_half(b, 82, 0.125f);  // dmin
   auto y = dequantize(view_of(b, DType::q2_k, 1, 256));
   for (unsigned i = 0; i < 256; ++i) {
     const unsigned s = i / 16, h = i / 128, r = (i % 128) / 32;
     const unsigned byte = ((32 * h + i % 32) * 37 + 11) & 0xFF;
     const unsigned q = (byte >> (2 * r)) & 3;
-    const float expect = 0.25f * static_cast<float>((s % 16) * q) - 0.125f * static_cast<float>(15 - s);
+    const float expect =
+        0.25f * static_cast<float>((s % 16) * q) - 0.125f * static_cast<float>(15 - s);
     INFO("weight " << i);
     CHECK(y[i] == expect);
   }
 }
 
-TEST_CASE("gguf: dequantization matches gguf-py on random blocks (committed fixture)", "[io][gguf][dequantize]") {
+TEST_CASE("gguf: dequantization matches gguf-py on random blocks (committed fixture)",
+          "[io][gguf][dequantize]") {
   GgufFile f(MOEKIT_SOURCE_DIR "/tests/io/data/quant_blocks.gguf");
   for (const char* name : {"q8_0", "q4_0", "q4_k", "q2_k"}) {
     INFO(name);
@@ -186,8 +195,10 @@ TEST_CASE("gguf: K-quants dequantize to gguf-py's values bit for bit (committed 
   // scripts/make_gguf_transcode_fixture.py: special f16 fields (zeros, subnormals, the largest
   // finite) with extreme code bytes, then random blocks; "<type>.expected" is gguf-py's output.
   GgufFile f(MOEKIT_SOURCE_DIR "/tests/io/data/gguf_kquants.gguf");
-  const std::pair<const char*, DType> types[] = {{"q2_k", DType::q2_k}, {"q3_k", DType::q3_k},
-                                                 {"q4_k", DType::q4_k}, {"q5_k", DType::q5_k},
+  const std::pair<const char*, DType> types[] = {{"q2_k", DType::q2_k},
+                                                 {"q3_k", DType::q3_k},
+                                                 {"q4_k", DType::q4_k},
+                                                 {"q5_k", DType::q5_k},
                                                  {"q6_k", DType::q6_k}};
   for (const auto& [tensor_name, dtype] : types) {
     INFO(tensor_name);
@@ -224,7 +235,8 @@ TEST_CASE("gguf: unsupported ggml types are listed and reported by tensor name",
   GgufBuilder c;
   c.tensor("weird", {32}, 99, std::vector<std::byte>(32));
   auto cb = c.bytes();
-  require_error([&] { (void)parse_gguf(cb, "w.gguf"); }, ErrorKind::unsupported, {"weird", "99", "w.gguf"});
+  require_error([&] { (void)parse_gguf(cb, "w.gguf"); }, ErrorKind::unsupported,
+                {"weird", "99", "w.gguf"});
 }
 
 TEST_CASE("gguf: malformed files give typed errors naming file, tensor and offset", "[io][gguf]") {
@@ -239,12 +251,14 @@ TEST_CASE("gguf: malformed files give typed errors naming file, tensor and offse
   SECTION("wrong magic") {
     auto b = ok;
     b[0] = std::byte{'X'};
-    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format, {file, "magic", "offset 0"});
+    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format,
+                  {file, "magic", "offset 0"});
   }
   SECTION("wrong or unsupported version") {
     auto b = ok;
     b[4] = std::byte{7};
-    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format, {file, "version 7"});
+    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format,
+                  {file, "version 7"});
     b[4] = std::byte{1};
     require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::unsupported, {file, "version 1"});
     b[4] = std::byte{0};
@@ -255,7 +269,8 @@ TEST_CASE("gguf: malformed files give typed errors naming file, tensor and offse
     for (std::size_t cut : {std::size_t{3}, std::size_t{20}, std::size_t{40}, ok.size() - 1}) {
       INFO("cut at " << cut);
       std::vector<std::byte> b(ok.begin(), ok.begin() + static_cast<std::ptrdiff_t>(cut));
-      require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format, {file, "offset"});
+      require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format,
+                    {file, "offset"});
     }
   }
   SECTION("tensor offset outside the file") {
@@ -263,32 +278,37 @@ TEST_CASE("gguf: malformed files give typed errors naming file, tensor and offse
     g.tensor("far", {32}, ggml_type::f32, std::vector<std::byte>(128), 4096);
     auto b = g.bytes();
     b.resize(b.size() - (4096 + 128 - 128));  // keep the header, drop the far data
-    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format, {file, "'far'", "runs past", "offset"});
+    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format,
+                  {file, "'far'", "runs past", "offset"});
   }
   SECTION("overlapping tensors") {
     GgufBuilder g;
     g.tensor("a", {64}, ggml_type::f32, std::vector<std::byte>(256), 0);
     g.tensor("b", {32}, ggml_type::f32, std::vector<std::byte>(128), 64);
     auto b = g.bytes();
-    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format, {file, "'a'", "'b'", "overlap"});
+    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format,
+                  {file, "'a'", "'b'", "overlap"});
   }
   SECTION("misaligned offset") {
     GgufBuilder g;
     g.tensor("a", {32}, ggml_type::f32, std::vector<std::byte>(128), 4);
     auto b = g.bytes();
-    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format, {"'a'", "alignment"});
+    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format,
+                  {"'a'", "alignment"});
   }
   SECTION("row not a whole number of blocks (shape/dtype mismatch)") {
     GgufBuilder g;
     g.tensor("q", {48}, ggml_type::q4_k, std::vector<std::byte>(144));
     auto b = g.bytes();
-    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format, {"'q'", "Q4_K", "block size 256"});
+    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format,
+                  {"'q'", "Q4_K", "block size 256"});
   }
   SECTION("absurd counts do not allocate") {
     auto b = ok;
     const std::uint64_t huge = ~std::uint64_t{0} / 2;
     std::memcpy(b.data() + 16, &huge, 8);  // metadata count
-    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format, {"metadata count"});
+    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format,
+                  {"metadata count"});
     b = ok;
     std::memcpy(b.data() + 8, &huge, 8);  // tensor count
     require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format, {"tensor count"});
@@ -298,6 +318,7 @@ TEST_CASE("gguf: malformed files give typed errors naming file, tensor and offse
     g.alignment = 48;
     g.write_alignment_key = true;
     auto b = g.bytes();
-    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format, {"general.alignment", "48"});
+    require_error([&] { (void)parse_gguf(b, file); }, ErrorKind::invalid_format,
+                  {"general.alignment", "48"});
   }
 }

@@ -100,7 +100,7 @@ TEST_CASE("HostReadRing keeps a layer call's bytes until the next call and reuse
   CHECK(loader.submits == 3);
   CHECK(holds(ring.bytes(loader, {1, 6}, Precision::f16), {1, 6}, Precision::f16));
   CHECK(holds(ring.bytes(loader, {1, 5}, Precision::f16), {1, 5}, Precision::f16));
-  CHECK(holds(second, {1, 5}, Precision::f16));  // the same buffer, untouched
+  CHECK(holds(second, {1, 5}, Precision::f16));       // the same buffer, untouched
   CHECK_FALSE(holds(first, {1, 0}, Precision::f16));  // its slot went to expert 6
   // A precision is part of the identity.
   ring.prepare(loader, {1, 5}, Precision::q4);

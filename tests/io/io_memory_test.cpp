@@ -31,8 +31,8 @@ std::string vm_flags_of(const void* p) {
     std::uintptr_t lo = 0, hi = 0;
     char dash = 0;
     std::istringstream range(line);
-    if (range >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(' ') != std::string::npos &&
-        line.find(':') > line.find(' ')) {
+    if (range >> std::hex >> lo >> dash >> hi && dash == '-' &&
+        line.find(' ') != std::string::npos && line.find(':') > line.find(' ')) {
       inside = a >= lo && a < hi;
       continue;
     }
@@ -41,7 +41,9 @@ std::string vm_flags_of(const void* p) {
   return "";
 }
 
-bool kernel_has_thp() { return std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled"); }
+bool kernel_has_thp() {
+  return std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled");
+}
 
 std::vector<std::byte> pseudo_random(std::size_t n) {
   std::vector<std::byte> v(n);
@@ -57,11 +59,13 @@ std::vector<std::byte> pseudo_random(std::size_t n) {
 
 using namespace io_memory_test;
 
-TEST_CASE("io memory: buffers of 2 MiB and more are huge-page aligned and marked for THP", "[io][memory]") {
+TEST_CASE("io memory: buffers of 2 MiB and more are huge-page aligned and marked for THP",
+          "[io][memory]") {
   AlignedBuffer big(5 * mib + 1);
   CHECK(big.size() == 5 * mib + 4096);
   CHECK(is_aligned(big.data(), io::detail::huge_page_bytes));
-  CHECK(std::all_of(big.data(), big.data() + big.size(), [](std::byte b) { return b == std::byte{0}; }));
+  CHECK(std::all_of(big.data(), big.data() + big.size(),
+                    [](std::byte b) { return b == std::byte{0}; }));
   if (kernel_has_thp()) CHECK(vm_flags_of(big.data()).find(" hg") != std::string::npos);
 
   // Below 2 MiB: the heap, 4 KiB alignment as before, no huge-page marking needed.
@@ -80,7 +84,8 @@ TEST_CASE("io memory: buffers of 2 MiB and more are huge-page aligned and marked
   CHECK(is_aligned(moved.data(), io::detail::huge_page_bytes));
 }
 
-TEST_CASE("io memory: O_DIRECT reads into huge-page buffers are exact (pread and io_uring)", "[io][memory]") {
+TEST_CASE("io memory: O_DIRECT reads into huge-page buffers are exact (pread and io_uring)",
+          "[io][memory]") {
   TempDir dir;
   const auto path = dir.file("big.bin");
   const std::size_t bytes = 7 * mib + 1234;  // several 4 MiB requests and a partial last page

@@ -49,7 +49,8 @@ TEST_CASE("write_text_atomically writes, refuses to overwrite, and replaces only
   const std::string f = d.file("out.csv");
   write_text_atomically(f, "one", false, "--out");
   CHECK(text_of(f) == "one");
-  require_error([&] { write_text_atomically(f, "two", false, "--out"); }, ErrorKind::invalid_argument,
+  require_error([&] { write_text_atomically(f, "two", false, "--out"); },
+                ErrorKind::invalid_argument,
                 {"--out: '", "out.csv' exists; refusing to overwrite it (pass --force)"});
   CHECK(text_of(f) == "one");
   write_text_atomically(f, "three", true, "--out");
@@ -115,18 +116,22 @@ TEST_CASE("the resume journal is tied to the source: another checkpoint never re
     o.meta["checkpoint_fingerprint"] = source;
     std::size_t n = 0;
     try {
-      write_expert_store(f, tiny_shape, ps, [&](ExpertKey k, Precision p) {
-        if (++n > 4) throw Error(ErrorKind::io, "interrupted");
-        return fake_expert(tiny_shape, k, p);
-      }, o);
+      write_expert_store(
+          f, tiny_shape, ps,
+          [&](ExpertKey k, Precision p) {
+            if (++n > 4) throw Error(ErrorKind::io, "interrupted");
+            return fake_expert(tiny_shape, k, p);
+          },
+          o);
     } catch (const Error&) {
     }
   };
   auto finish = [&](const std::string& source) {
     ExpertStoreWriteOptions o;
     o.meta["checkpoint_fingerprint"] = source;
-    return write_expert_store(f, tiny_shape, ps,
-                              [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); }, o);
+    return write_expert_store(
+        f, tiny_shape, ps, [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); },
+        o);
   };
   interrupted("checkpoint A");
   REQUIRE(std::filesystem::exists(f + ".partial"));
@@ -156,8 +161,9 @@ TEST_CASE("first_non_finite and require_finite_stored find NaN/Inf weights and n
   t.dims[0] = 3;
   t.dims[1] = 4;
   t.bytes = bytes;
-  require_error([&] { require_finite_stored(t); }, ErrorKind::invalid_format,
-                {"q_proj.weight' in 'm/model.safetensors'", "index 7 (row 1, column 3)", "not finite"});
+  require_error(
+      [&] { require_finite_stored(t); }, ErrorKind::invalid_format,
+      {"q_proj.weight' in 'm/model.safetensors'", "index 7 (row 1, column 3)", "not finite"});
 
   // bf16: exponent all ones is Inf/NaN; Q8_0: only the f16 block scale can be.
   std::vector<std::byte> bf(2 * 12, std::byte{0});
@@ -182,7 +188,8 @@ TEST_CASE("AsyncLoader verifies every blob by default and names store, layer, ex
   TempDir d;
   const std::string f = d.file("s.moestore");
   const std::vector<Precision> ps{Precision::f16, Precision::q4};
-  write_expert_store(f, tiny_shape, ps, [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); });
+  write_expert_store(f, tiny_shape, ps,
+                     [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); });
   const ExpertStore store = ExpertStore::open(f);
   auto bytes = moekit::test::read_file(f);
   const StoreBlob& b = store.blob({1, 2}, Precision::q4);

@@ -23,7 +23,8 @@ namespace {
 std::string make_store(const TempDir& dir) {
   const auto path = dir.file("src.moestore");
   const std::vector<Precision> ps{Precision::f16, Precision::q4};
-  write_expert_store(path, tiny_shape, ps, [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); });
+  write_expert_store(path, tiny_shape, ps,
+                     [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); });
   return path;
 }
 
@@ -44,7 +45,8 @@ void check_reads_all_blobs(const Source& source, const ExpertStore& store) {
 
 }  // namespace
 
-TEST_CASE("sources: memory, pread, pread+O_DIRECT and mmap read every blob exactly", "[io][sources]") {
+TEST_CASE("sources: memory, pread, pread+O_DIRECT and mmap read every blob exactly",
+          "[io][sources]") {
   TempDir dir;
   const auto path = make_store(dir);
   auto store = ExpertStore::open(path);
@@ -56,14 +58,19 @@ TEST_CASE("sources: memory, pread, pread+O_DIRECT and mmap read every blob exact
 }
 
 #if defined(MOEKIT_HAS_URING)
-TEST_CASE("sources: io_uring with and without O_DIRECT reads every blob exactly", "[io][sources][uring]") {
+TEST_CASE("sources: io_uring with and without O_DIRECT reads every blob exactly",
+          "[io][sources][uring]") {
   TempDir dir;
   const auto path = make_store(dir);
   auto store = ExpertStore::open(path);
   try {
     // Tiny chunks and depth so one blob takes several rounds of in-flight reads.
-    check_reads_all_blobs(UringSource(path, {.direct = true, .queue_depth = 2, .chunk_bytes = 4096, .rings = 2}), store);
-    check_reads_all_blobs(UringSource(path, {.direct = false, .queue_depth = 4, .chunk_bytes = 8192, .rings = 1}), store);
+    check_reads_all_blobs(
+        UringSource(path, {.direct = true, .queue_depth = 2, .chunk_bytes = 4096, .rings = 2}),
+        store);
+    check_reads_all_blobs(
+        UringSource(path, {.direct = false, .queue_depth = 4, .chunk_bytes = 8192, .rings = 1}),
+        store);
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::unsupported) throw;
     WARN("io_uring unavailable here, test not run: " << e.message());
@@ -82,15 +89,36 @@ TEST_CASE("sources: reads past the end or into small buffers give typed errors",
   const auto path = make_store(dir);
   const auto size = std::filesystem::file_size(path);
   std::vector<std::byte> buf(8192);
-  require_error([&] { PreadSource(path).read({size - 100, 200}, buf); }, ErrorKind::io, {path, "end of file", "offset"});
-  require_error([&] { MmapSource(path).read({size - 100, 200}, buf); }, ErrorKind::io, {path, "offset"});
-  require_error([&] { MemorySource(buf, "m").read({8000, 200}, buf); }, ErrorKind::io, {"'m'", "offset 8000"});
-  require_error([&] { PreadSource(path).read({0, 9000}, buf); }, ErrorKind::invalid_argument, {path, "9000"});
-  require_error([&] { PreadSource(path, {.direct = true}).read({100, 10}, buf); }, ErrorKind::invalid_argument, {"4096"});
+  require_error(
+      [&] {
+        PreadSource(path).read({size - 100, 200}, buf);
+      },
+      ErrorKind::io, {path, "end of file", "offset"});
+  require_error(
+      [&] {
+        MmapSource(path).read({size - 100, 200}, buf);
+      },
+      ErrorKind::io, {path, "offset"});
+  require_error(
+      [&] {
+        MemorySource(buf, "m").read({8000, 200}, buf);
+      },
+      ErrorKind::io, {"'m'", "offset 8000"});
+  require_error(
+      [&] {
+        PreadSource(path).read({0, 9000}, buf);
+      },
+      ErrorKind::invalid_argument, {path, "9000"});
+  require_error(
+      [&] {
+        PreadSource(path, {.direct = true}).read({100, 10}, buf);
+      },
+      ErrorKind::invalid_argument, {"4096"});
   require_error([&] { PreadSource(dir.file("absent")); }, ErrorKind::io, {"absent"});
 }
 
-TEST_CASE("sources: EINTR and short reads are retried; EIO and early EOF are typed errors", "[io][sources]") {
+TEST_CASE("sources: EINTR and short reads are retried; EIO and early EOF are typed errors",
+          "[io][sources]") {
   std::vector<std::byte> backing(10000);
   for (std::size_t i = 0; i < backing.size(); ++i) backing[i] = static_cast<std::byte>(i * 31);
   int calls = 0;
@@ -113,11 +141,11 @@ TEST_CASE("sources: EINTR and short reads are retried; EIO and early EOF are typ
     errno = EIO;
     return -1;
   };
-  require_error([&] { io::detail::read_retrying(eio, out, out.size(), 4096, "disk.bin"); }, ErrorKind::io,
-                {"disk.bin", "offset 4096", "Input/output error"});
+  require_error([&] { io::detail::read_retrying(eio, out, out.size(), 4096, "disk.bin"); },
+                ErrorKind::io, {"disk.bin", "offset 4096", "Input/output error"});
   io::detail::ReadCall eof = [](std::byte*, std::size_t, std::uint64_t) -> ssize_t { return 0; };
-  require_error([&] { io::detail::read_retrying(eof, out, out.size(), 77, "short.bin"); }, ErrorKind::io,
-                {"short.bin", "end of file", "offset 77"});
+  require_error([&] { io::detail::read_retrying(eof, out, out.size(), 77, "short.bin"); },
+                ErrorKind::io, {"short.bin", "end of file", "offset 77"});
 }
 
 TEST_CASE("aligned buffer: address and size are multiples of the alignment", "[io][sources]") {
@@ -130,11 +158,12 @@ TEST_CASE("aligned buffer: address and size are multiples of the alignment", "[i
   require_error([] { AlignedBuffer bad(10, 3); }, ErrorKind::invalid_argument, {"power of two"});
 }
 
-TEST_CASE("token bucket: paces bytes to the configured rate (clock injected, no sleeping)", "[io][sources]") {
+TEST_CASE("token bucket: paces bytes to the configured rate (clock injected, no sleeping)",
+          "[io][sources]") {
   using namespace std::chrono;
   const TokenBucket::Clock::time_point t0{};
-  TokenBucket b(1000.0, 500.0, t0);  // 1000 B/s, 500 B burst
-  CHECK(b.reserve(500, t0) == nanoseconds{0});            // the burst passes at once
+  TokenBucket b(1000.0, 500.0, t0);                          // 1000 B/s, 500 B burst
+  CHECK(b.reserve(500, t0) == nanoseconds{0});               // the burst passes at once
   CHECK(b.reserve(1000, t0) == nanoseconds{1'000'000'000});  // then 1000 B cost 1 s
   // Half a second later 500 tokens have accrued: the debt is 500, so 0.5 s for the next 0 bytes.
   CHECK(b.reserve(0, t0 + milliseconds(500)) == nanoseconds{500'000'000});

@@ -16,7 +16,9 @@ bool is_rne(float f, std::uint16_t h, float (*dec)(std::uint16_t), std::uint16_t
   const double v = f, got = dec(h);
   const std::uint16_t mag = h & 0x7fffu;
   // Neighbours on the same side of zero (the encoding is sign-magnitude).
-  auto err = [&](std::uint16_t m) { return std::fabs(v - dec(static_cast<std::uint16_t>((h & 0x8000u) | m))); };
+  auto err = [&](std::uint16_t m) {
+    return std::fabs(v - dec(static_cast<std::uint16_t>((h & 0x8000u) | m)));
+  };
   const double e = std::fabs(v - got);
   if (mag < max_bits && err(static_cast<std::uint16_t>(mag + 1)) < e) return false;
   if (mag > 0 && err(static_cast<std::uint16_t>(mag - 1)) < e) return false;
@@ -34,7 +36,8 @@ TEST_CASE("f16: every bit pattern decodes and re-encodes to itself", "[precision
       REQUIRE(std::isnan(f));
       REQUIRE(std::isnan(half_bits_to_float(float_to_half_bits(f))));
     } else {
-      if (float_to_half_bits(f) != h) FAIL("bits " << b << " re-encode as " << float_to_half_bits(f));
+      if (float_to_half_bits(f) != h)
+        FAIL("bits " << b << " re-encode as " << float_to_half_bits(f));
     }
   }
   CHECK(half_bits_to_float(0x3c00) == 1.0f);
@@ -47,12 +50,13 @@ TEST_CASE("f16: random floats round to nearest even, overflow to inf, NaN stays 
   INFO("seed " << test::test_seed());
   auto vals = test::random_normal(200000, 1, 1.f);
   auto wide = test::random_normal(20000, 2, 1.f);
-  for (std::size_t i = 0; i < wide.size(); ++i) vals.push_back(std::ldexp(wide[i], int(i % 60) - 40));
+  for (std::size_t i = 0; i < wide.size(); ++i)
+    vals.push_back(std::ldexp(wide[i], int(i % 60) - 40));
   // Exact ties: halfway between 1 and 1 + 2^-10 rounds to 1 (even); next tie rounds up.
   vals.push_back(1.0f + std::ldexp(1.0f, -11));
   vals.push_back(1.0f + 3 * std::ldexp(1.0f, -11));
-  vals.push_back(std::ldexp(1.0f, -25));       // tie to zero
-  vals.push_back(std::ldexp(3.0f, -26));       // above the tie: smallest subnormal
+  vals.push_back(std::ldexp(1.0f, -25));  // tie to zero
+  vals.push_back(std::ldexp(3.0f, -26));  // above the tie: smallest subnormal
   for (float f : vals) {
     const std::uint16_t h = float_to_half_bits(f);
     if (std::fabs(f) >= 65520.f) {

@@ -45,7 +45,8 @@ struct Gemm8Case {
   std::vector<std::byte> bytes;
   MatrixView view;
 };
-Gemm8Case gemm8_make(std::size_t rows, std::size_t cols, Precision p, QuantScheme s, std::uint64_t salt) {
+Gemm8Case gemm8_make(std::size_t rows, std::size_t cols, Precision p, QuantScheme s,
+                     std::uint64_t salt) {
   Gemm8Case c;
   const auto w = test::random_normal(rows * cols, salt, 0.05f);
   c.bytes = encode_matrix<float>(w, rows, cols, p, s);
@@ -76,7 +77,8 @@ TEST_CASE("int8 GEMM stays within the activation rounding bound on every path",
   // chunk; 13 rows (not a multiple of any tile or of the 16-row group); n not a multiple of T.
   for (std::size_t cols : {4096u + 32u, 1000u, 256u, 77u})
     for (Precision p : {Precision::q8, Precision::q4, Precision::q2})
-      for (QuantScheme s : {QuantScheme{32, false}, QuantScheme{64, true}, QuantScheme{128, false}}) {
+      for (QuantScheme s :
+           {QuantScheme{32, false}, QuantScheme{64, true}, QuantScheme{128, false}}) {
         const std::size_t rows = 13, n = 7;
         const Gemm8Case c = gemm8_make(rows, cols, p, s, cols * 3 + bits(p));
         auto x = test::random_normal(n * cols, cols + 41);
@@ -93,14 +95,16 @@ TEST_CASE("int8 GEMM stays within the activation rounding bound on every path",
               const float* xt = x.data() + t * cols;
               const double want = reference::dot_row(c.view, r, xt);
               const float got = y[t * rows + r];
-              INFO(path.name << " " << name(p) << " g" << s.group_size << " z" << s.zero_point << " cols "
-                             << cols << " token " << t << " row " << r << ": " << got << " want " << want);
+              INFO(path.name << " " << name(p) << " g" << s.group_size << " z" << s.zero_point
+                             << " cols " << cols << " token " << t << " row " << r << ": " << got
+                             << " want " << want);
               REQUIRE(std::fabs(got - want) <= gemm8_bound(c.view, r, xt));
               // The SIMD paths round x as their GEMV does: equal to it up to float accumulation.
               if (path.opts.isa != Isa::generic) {
                 std::vector<float> one(rows);
                 gemv(c.view, std::span<const float>(xt, cols), one, path.opts);
-                REQUIRE(std::fabs(got - one[r]) <= gemm8_rel_tol * test::dot_magnitude(c.view, r, xt) + 1e-6);
+                REQUIRE(std::fabs(got - one[r]) <=
+                        gemm8_rel_tol * test::dot_magnitude(c.view, r, xt) + 1e-6);
               }
             }
         }
@@ -160,7 +164,8 @@ TEST_CASE("int8 GEMM: a token's result does not depend on the batch, panels equa
     }
 }
 
-TEST_CASE("int8 GEMM leaves float rows and other group sizes to the float path", "[precision][gemm]") {
+TEST_CASE("int8 GEMM leaves float rows and other group sizes to the float path",
+          "[precision][gemm]") {
   // bf16 rows: int8_activations changes nothing; one group per row on a SIMD ISA: the float GEMM.
   const std::size_t rows = 9, cols = 288, n = 3;
   const auto x = test::random_normal(n * cols, 3);

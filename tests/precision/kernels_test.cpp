@@ -16,7 +16,8 @@ using namespace moekit;
 
 namespace {
 const QuantScheme kernel_schemes[] = {{32, false}, {64, true}, {128, false}, {0, false}, {0, true}};
-const RowStreaming all_streamings[] = {{1, false}, {1, true}, {2, false}, {2, true}, {4, false}, {4, true}};
+const RowStreaming all_streamings[] = {{1, false}, {1, true},  {2, false},
+                                       {2, true},  {4, false}, {4, true}};
 
 std::vector<Isa> isas() {
   std::vector<Isa> v;
@@ -49,7 +50,8 @@ double int8_bound(const MatrixView& w, std::size_t r, const std::vector<float>& 
   double bound = 0;
   for (std::size_t col = 0; col < w.cols / 32 * 32; ++col) {
     float amax = 0;
-    for (std::size_t i = col / 32 * 32; i < col / 32 * 32 + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    for (std::size_t i = col / 32 * 32; i < col / 32 * 32 + 32; ++i)
+      amax = std::max(amax, std::fabs(x[i]));
     bound += std::fabs(weight_at(w.row(r), l, w.precision, col)) * amax / 254.0;
   }
   return bound * 1.01 + rel_tol * test::dot_magnitude(w, r, x.data()) + 1e-6;
@@ -82,8 +84,8 @@ TEST_CASE("GEMV matches the float64 reference for every format, scheme and ISA",
           gemv(c.view, x, y, {isa, nullptr});
           check_close(c.view, x.data(), y.data(), want.data(),
                       std::string(name(p)) + " g" + std::to_string(s.group_size) + " z" +
-                          std::to_string(s.zero_point) + " " + std::string(name(isa)) +
-                          " cols " + std::to_string(cols));
+                          std::to_string(s.zero_point) + " " + std::string(name(isa)) + " cols " +
+                          std::to_string(cols));
         }
       }
 }
@@ -115,8 +117,8 @@ TEST_CASE("GEMM equals repeated GEMV and honours the epilogue", "[precision][ker
                                      << ": " << got[r] << " vs " << g1);
             }
             check_close(c.view, x.data() + b * cols, got.data(), want.data(),
-                        std::string("gemm ") + std::string(name(p)) + " " +
-                            std::string(name(isa)) + " n " + std::to_string(n));
+                        std::string("gemm ") + std::string(name(p)) + " " + std::string(name(isa)) +
+                            " n " + std::to_string(n));
           }
         }
       }
@@ -148,7 +150,8 @@ TEST_CASE("kernels reject mismatched shapes and unsupported requests", "[precisi
     KernelOptions o;
     o.int8_activations = true;
     o.streaming = RowStreaming{3, true};
-    CHECK_THROWS_WITH(gemv(c.view, x2, y2, o), Catch::Contains("streaming.streams must be 1, 2 or 4"));
+    CHECK_THROWS_WITH(gemv(c.view, x2, y2, o),
+                      Catch::Contains("streaming.streams must be 1, 2 or 4"));
   }
 }
 
@@ -186,9 +189,9 @@ TEST_CASE("fused expert FFN equals its composition and the reference", "[precisi
           // Composition: three GEMVs and the elementwise step, done by hand.
           std::vector<float> comp = base;
           for (std::size_t b = 0; b < n; ++b)
-            test::composed_ffn(w1.view, w3.view, w2.view,
-                               std::span<const float>(x.data() + b * hidden, hidden),
-                               std::span<float>(comp.data() + b * hidden, hidden), 0.7f, {isa, nullptr});
+            test::composed_ffn(
+                w1.view, w3.view, w2.view, std::span<const float>(x.data() + b * hidden, hidden),
+                std::span<float>(comp.data() + b * hidden, hidden), 0.7f, {isa, nullptr});
           for (std::size_t i = 0; i < n * hidden; ++i) {
             INFO(name(p) << " g" << s.group_size << " " << name(isa) << " n " << n << " i " << i);
             REQUIRE(out[i] == Approx(comp[i]).epsilon(1e-4).margin(1e-5));
@@ -263,15 +266,18 @@ TEST_CASE("int8-activation GEMV (AVX-512 VNNI) stays within the activation round
         KernelOptions os = o;
         os.streaming = rs;
         expert_ffn({w1.view, w3.view, w2.view}, x, 1, fused, 1.f, os);
-        INFO("hidden " << hidden << " ffn " << ffn << " streams " << rs.streams << " prefetch " << rs.prefetch);
+        INFO("hidden " << hidden << " ffn " << ffn << " streams " << rs.streams << " prefetch "
+                       << rs.prefetch);
         for (std::size_t i = 0; i < hidden; ++i)
           REQUIRE(fused[i] == Approx(comp[i]).epsilon(1e-4).margin(1e-6));
       }
     }
 }
 
-TEST_CASE("int8-activation GEMV on AVX2 (vpmaddubsw, and AVX-VNNI where the CPU has it) stays "
-          "within the activation rounding bound", "[precision][kernels]") {
+TEST_CASE(
+    "int8-activation GEMV on AVX2 (vpmaddubsw, and AVX-VNNI where the CPU has it) stays "
+    "within the activation rounding bound",
+    "[precision][kernels]") {
   if (!isa_supported(Isa::avx2)) {
     WARN("skipped: this CPU has no AVX2");
     return;
@@ -279,8 +285,10 @@ TEST_CASE("int8-activation GEMV on AVX2 (vpmaddubsw, and AVX-VNNI where the CPU 
   INFO("seed " << test::test_seed());
   ThreadPool pool(2);
   std::vector<bool> vnni{false};
-  if (has_avx_vnni()) vnni.push_back(true);
-  else WARN("this CPU has no AVX-VNNI: only the vpmaddubsw kernels are checked");
+  if (has_avx_vnni())
+    vnni.push_back(true);
+  else
+    WARN("this CPU has no AVX-VNNI: only the vpmaddubsw kernels are checked");
   // Whole blocks, chunks after the last block, columns after the last chunk; q8 codes reach 255
   // (the int16 pairs that vpmaddubsw would saturate without the sign trick).
   for (std::size_t cols : {4096u, 4096u + 32u, 1000u, 256u, 96u, 77u})
@@ -306,12 +314,13 @@ TEST_CASE("int8-activation GEMV on AVX2 (vpmaddubsw, and AVX-VNNI where the CPU 
           CHECK(yf != y);  // the int8 path really ran
           for (std::size_t r = 0; r < rows; ++r) {
             const double want = reference::dot_row(c.view, r, x.data());
-            INFO(name(p) << " g" << s.group_size << " z" << s.zero_point << " cols " << cols << " row " << r
-                         << " vnni " << v << ": " << y[r] << " want " << want);
+            INFO(name(p) << " g" << s.group_size << " z" << s.zero_point << " cols " << cols
+                         << " row " << r << " vnni " << v << ": " << y[r] << " want " << want);
             REQUIRE(std::fabs(y[r] - want) <= int8_bound(c.view, r, x));
             // The same int8 activation as the AVX-512 kernels: equal up to float accumulation.
             if (has_avx512_vnni())
-              REQUIRE(std::fabs(y[r] - y512[r]) <= rel_tol * test::dot_magnitude(c.view, r, x.data()) + 1e-6);
+              REQUIRE(std::fabs(y[r] - y512[r]) <=
+                      rel_tol * test::dot_magnitude(c.view, r, x.data()) + 1e-6);
           }
         }
       }

@@ -17,20 +17,25 @@ using namespace moekit;
 
 namespace {
 const QuantScheme quant_schemes[] = {{32, false}, {64, false}, {128, false}, {0, false},
-                               {32, true},  {64, true},  {128, true},  {0, true}};
+                                     {32, true},  {64, true},  {128, true},  {0, true}};
 
 // Error bound of one weight, stated per format (derivations in docs/formats.md §Error bounds):
-//  f32: exact. bf16: |w|·2^-8 (unit roundoff, 8-bit significand). f16: |w|·2^-11 + 2^-25 (subnormal spacing / 2).
-//  symmetric q_b: |extreme|/2^(b-1) · (1 + 2^(b-10)) · (1 + 2^-10): half a step inside the range,
+//  f32: exact. bf16: |w|·2^-8 (unit roundoff, 8-bit significand). f16: |w|·2^-11 + 2^-25 (subnormal
+//  spacing / 2). symmetric q_b: |extreme|/2^(b-1) · (1 + 2^(b-10)) · (1 + 2^-10): half a step
+//  inside the range,
 //    at most one step for the clamped end opposite the extreme (code 2^(b-1) does not exist).
 //  affine q_b: step · (0.5 + 2^(b-10)) · (1 + 2^-10), step = (max − min)/(2^b − 1): half a step
 //    plus the f16 rounding of zero point and scale at the clamped ends.
 double bound(Precision p, QuantScheme s, const float* group, std::size_t n, float w) {
   switch (p) {
-    case Precision::f32: return 0;
-    case Precision::bf16: return std::fabs(w) * std::ldexp(1.0, -8);
-    case Precision::f16: return std::fabs(w) * std::ldexp(1.0, -11) + std::ldexp(1.0, -25);
-    default: break;
+    case Precision::f32:
+      return 0;
+    case Precision::bf16:
+      return std::fabs(w) * std::ldexp(1.0, -8);
+    case Precision::f16:
+      return std::fabs(w) * std::ldexp(1.0, -11) + std::ldexp(1.0, -25);
+    default:
+      break;
   }
   const int b = static_cast<int>(bits(p));
   double lo = group[0], hi = group[0], amax = 0;
@@ -91,8 +96,8 @@ TEST_CASE("round trip error stays within the stated bound (float64 reference)",
             if (lim > 0) worst_ratio = std::max(worst_ratio, err / lim);
             if (err > lim)  // (checked by hand: a Catch assertion per weight is too slow)
               FAIL(name(p) << " g" << s.group_size << " z" << s.zero_point << " row " << r
-                           << " col " << c << " value " << want << " decoded "
-                           << back[r * cols + c] << " error " << err << " > bound " << lim);
+                           << " col " << c << " value " << want << " decoded " << back[r * cols + c]
+                           << " error " << err << " > bound " << lim);
           }
         // The bound must not be vacuous: errors reach a good part of it.
         if (is_quantized(p) || p == Precision::bf16 || p == Precision::f16) {
@@ -103,8 +108,7 @@ TEST_CASE("round trip error stays within the stated bound (float64 reference)",
   }
 }
 
-TEST_CASE("bf16 and f16 inputs encode like the same values given as f32",
-          "[precision][quantize]") {
+TEST_CASE("bf16 and f16 inputs encode like the same values given as f32", "[precision][quantize]") {
   INFO("seed " << test::test_seed());
   const std::size_t cols = 300;
   auto w = test::random_normal(cols, 11);

@@ -19,9 +19,12 @@ template <class Act>
 std::vector<Act> to_act(const std::vector<float>& v) {
   std::vector<Act> out(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) {
-    if constexpr (std::is_same_v<Act, Float16>) out[i] = to_f16(v[i]);
-    else if constexpr (std::is_same_v<Act, BFloat16>) out[i] = to_bf16(v[i]);
-    else out[i] = v[i];
+    if constexpr (std::is_same_v<Act, Float16>)
+      out[i] = to_f16(v[i]);
+    else if constexpr (std::is_same_v<Act, BFloat16>)
+      out[i] = to_bf16(v[i]);
+    else
+      out[i] = v[i];
   }
   return out;
 }
@@ -36,11 +39,13 @@ void check_gemv(std::size_t rows, std::size_t cols, QuantScheme s, const char* a
   std::vector<float> xf(cols);
   for (std::size_t c = 0; c < cols; ++c) xf[c] = to_float(act[c]);
   std::vector<float> y(rows, 2.f);
-  simt::GemvArgs<Act> a{bytes.data(), rows, m.row_stride(), m.layout(), act.data(), y.data(),
-                        0.5f, true};
+  simt::GemvArgs<Act> a{bytes.data(), rows,     m.row_stride(), m.layout(),
+                        act.data(),   y.data(), 0.5f,           true};
   const bool aligned = m.row_stride() % 16 == 0;
-  if (aligned) simt::emulate_gemv<Bits, Act, true>(a);
-  else simt::emulate_gemv<Bits, Act, false>(a);
+  if (aligned)
+    simt::emulate_gemv<Bits, Act, true>(a);
+  else
+    simt::emulate_gemv<Bits, Act, false>(a);
   for (std::size_t r = 0; r < rows; ++r) {
     const double want = 2.0 + 0.5 * reference::dot_row(m, r, xf.data());
     const double tol = 0.5 * test::dot_magnitude(m, r, xf.data()) / 65536 + 1e-6;
@@ -50,10 +55,12 @@ void check_gemv(std::size_t rows, std::size_t cols, QuantScheme s, const char* a
   }
   // The up/gate body: h = silu(w1·x) ⊙ w3·x with w1 = w3 = this matrix.
   std::vector<float> h(rows);
-  simt::UpGateArgs<Act> u{bytes.data(), bytes.data(), rows, m.row_stride(), m.layout(),
-                          act.data(), h.data()};
-  if (aligned) simt::emulate_up_gate<Bits, Act, true>(u);
-  else simt::emulate_up_gate<Bits, Act, false>(u);
+  simt::UpGateArgs<Act> u{bytes.data(), bytes.data(), rows,    m.row_stride(),
+                          m.layout(),   act.data(),   h.data()};
+  if (aligned)
+    simt::emulate_up_gate<Bits, Act, true>(u);
+  else
+    simt::emulate_up_gate<Bits, Act, false>(u);
   for (std::size_t r = 0; r < rows; ++r) {
     const double d = reference::dot_row(m, r, xf.data());
     const double want = reference::silu(d) * d;

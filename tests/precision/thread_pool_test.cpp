@@ -21,7 +21,8 @@ TEST_CASE("parallel_for covers every index exactly once", "[precision][thread_po
     CHECK(pool.size() == threads);
     for (std::size_t grain : {1u, 3u, 64u, 5000u}) {
       std::vector<std::atomic<int>> hits(1000);
-      std::atomic<bool> too_long{false};  // Catch assertions are not thread-safe: record, check after
+      std::atomic<bool> too_long{
+          false};  // Catch assertions are not thread-safe: record, check after
       pool.parallel_for(7, 1000, grain, [&](std::size_t b, std::size_t e) {
         if (e - b > grain) too_long = true;
         for (std::size_t i = b; i < e; ++i) hits[i].fetch_add(1);
@@ -83,8 +84,9 @@ TEST_CASE("an exception in the body reaches the caller and the pool stays usable
   CHECK_THROWS_AS(ThreadPool(0), Error);
 }
 
-TEST_CASE("StepChooser measures both modes, runs the faster and re-measures the slower now and then",
-          "[precision][thread_pool]") {
+TEST_CASE(
+    "StepChooser measures both modes, runs the faster and re-measures the slower now and then",
+    "[precision][thread_pool]") {
   using Chooser = ThreadPool::StepChooser;
   using std::chrono::microseconds;
   Chooser c;
@@ -172,6 +174,8 @@ TEST_CASE("the wait sink counts the caller's waits for other threads' chunks",
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   });
   pool.set_wait_sink(nullptr);
-  if (worker_in.load()) CHECK(waited >= 15'000'000);  // the worker took one of the two chunks
-  else CHECK(waited == 0);                            // the caller ran both
+  if (worker_in.load())
+    CHECK(waited >= 15'000'000);  // the worker took one of the two chunks
+  else
+    CHECK(waited == 0);  // the caller ran both
 }

@@ -42,7 +42,8 @@ TEST_CASE("ActivationPath: EdgeMoE's P(E3=5 | E1=3, E2=1) = 87.1% lookup", "[pre
   CHECK(p.probability(2, one(6), one(1), 5) == 0.0);  // unseen key
 }
 
-TEST_CASE("ActivationPath: probabilities of a key sum to k (random property)", "[predict][edgemoe]") {
+TEST_CASE("ActivationPath: probabilities of a key sum to k (random property)",
+          "[predict][edgemoe]") {
   const std::uint32_t L = 5, E = 8, k = 2, seed = 4242;
   INFO("seed " << seed);
   std::mt19937 g(seed);
@@ -126,7 +127,8 @@ TEST_CASE("ActivationPath: malformed profiles name the file, line and field",
         "prof.txt:3: field 'layer': expected a layer index below 3");
   CHECK(err(head + "path1 1 9 5 1:5\n") ==
         "prof.txt:3: field 'key': '9' is not a comma-separated set of expert ids < 4");
-  CHECK(err(head + "path2 1 1/2 5 1:5\n") == "prof.txt:3: field 'path2': layer 1 has no such history");
+  CHECK(err(head + "path2 1 1/2 5 1:5\n") ==
+        "prof.txt:3: field 'path2': layer 1 has no such history");
   CHECK(err(head + "path1 1 2 5 1:6\n") ==
         "prof.txt:3: field 'count': a count exceeds the key's total");
   CHECK(err(head + "path1 1 2 5 x\n") ==

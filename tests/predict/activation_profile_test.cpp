@@ -65,6 +65,7 @@ TEST_CASE("Activation profile: fit on prefill, measure on decode of a determinis
   CHECK(acc.by_source[0] == 24 * 2);  // layers 2, 3 from path2
   CHECK(acc.by_source[1] == 24);      // layer 1 from path1
   // with a budget of 1 only half the true experts can be covered
-  const auto one = tools::evaluate_activation_path(prof, t, {.prefill = false, .decode = true}, 1, 1);
+  const auto one =
+      tools::evaluate_activation_path(prof, t, {.prefill = false, .decode = true}, 1, 1);
   CHECK(one.recall() == 0.5);
 }

@@ -14,10 +14,14 @@ namespace {
 // The paper's uniform losses (Fig. 6 / §III-B): INT2 5.82 %, INT4 1.44 %, INT8 0.10 %, FP32 0.
 double uniform_loss(Precision p) {
   switch (p) {
-    case Precision::q2: return 5.82;
-    case Precision::q4: return 1.44;
-    case Precision::q8: return 0.10;
-    default: return 0.0;
+    case Precision::q2:
+      return 5.82;
+    case Precision::q4:
+      return 1.44;
+    case Precision::q8:
+      return 0.10;
+    default:
+      return 0.0;
   }
 }
 // Loss of a table whose experts are all at one precision, else a per-expert sum.

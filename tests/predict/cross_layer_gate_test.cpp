@@ -79,8 +79,8 @@ TEST_CASE("CrossLayerGate: identical routers predict the true routing exactly (p
   for (std::size_t i = 0; i < std::size_t{E} * d; ++i) w[i] = n(g);
   for (std::uint32_t l = 1; l < L; ++l)
     std::copy(w.begin(), w.begin() + std::ptrdiff_t(E * d), w.begin() + std::ptrdiff_t(l * E * d));
-  CrossLayerGatePredictor p({.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d,
-                             .top_k = 2});
+  CrossLayerGatePredictor p(
+      {.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d, .top_k = 2});
   ResidentSet none;
   for (int trial = 0; trial < 50; ++trial) {
     std::vector<float> x(d);
@@ -120,8 +120,12 @@ TEST_CASE("CrossLayerGate: prefill popularity order and int2 split", "[predict][
     const std::uint32_t second = t < 5 ? 2 : t < 7 ? 6 : 0;
     set(t, second, 1.0f);
   }
-  CrossLayerGatePredictor p({.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d,
-                             .top_k = 2, .int2_fraction = 0.5});
+  CrossLayerGatePredictor p({.router_weights = w,
+                             .n_layers = L,
+                             .n_experts = E,
+                             .hidden = d,
+                             .top_k = 2,
+                             .int2_fraction = 0.5});
   Route call(E, {{0, 1}, {0, 1}, {0, 1}, {0, 1}, {0, 1}, {0, 1}, {0, 1}, {0, 1}});
   call.hidden.assign(std::size_t{T} * d, 0.0f);
   for (std::uint32_t t = 0; t < T; ++t) call.hidden[t * d + t] = 1.0f;

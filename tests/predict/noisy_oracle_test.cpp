@@ -44,8 +44,8 @@ std::set<std::uint32_t> ids(const std::vector<std::pair<std::uint32_t, Precision
 }
 
 NoisyOraclePredictor make(double recall, std::uint64_t seed, std::vector<OracleCall> calls) {
-  return NoisyOraclePredictor({.calls = std::move(calls), .recall = recall, .seed = seed,
-                               .n_experts = E});
+  return NoisyOraclePredictor(
+      {.calls = std::move(calls), .recall = recall, .seed = seed, .n_experts = E});
 }
 }  // namespace
 
@@ -115,17 +115,16 @@ TEST_CASE("noisy oracle: deterministic per seed, realised recall near the config
   CHECK(a.predictions(7) == a.predictions(7));
 }
 
-TEST_CASE("noisy oracle: padding, precisions, skip and the non-resident cap",
-          "[predict][noisy]") {
+TEST_CASE("noisy oracle: padding, precisions, skip and the non-resident cap", "[predict][noisy]") {
   std::vector<OracleCall> calls{{0, {3, 1}}, {1, {5, 2}}};
-  NoisyOraclePredictor p({.calls = calls,
-                          .precisions = {{Precision::q4, Precision::f16},
-                                         {Precision::skip, Precision::q4}},
-                          .recall = 1.0,
-                          .set_size = 4,
-                          .n_experts = E,
-                          .max_nonresident = 2,
-                          .precision = Precision::q2});
+  NoisyOraclePredictor p(
+      {.calls = calls,
+       .precisions = {{Precision::q4, Precision::f16}, {Precision::skip, Precision::q4}},
+       .recall = 1.0,
+       .set_size = 4,
+       .n_experts = E,
+       .max_nonresident = 2,
+       .precision = Precision::q2});
   // Call 0 sorted: experts {1, 3} with precisions {f16, q4}; padded with two wrong q2 experts.
   const auto c0 = p.predictions(0);
   REQUIRE(c0.size() == 4);
@@ -181,8 +180,8 @@ TEST_CASE("noisy oracle in a replay: the pipeline measures the configured recall
                     OnDemandScheduler>
         p(shape, {.expert_budget_bytes = 16 * shape.expert_bytes(Precision::f16)},
           sim::SimLoader(shape, {.bandwidth_bytes_per_s = 1e9}), UniformScorer{},
-          NoisyOraclePredictor({.calls = tools::oracle_calls(t), .recall = r, .seed = 3,
-                                .n_experts = E}));
+          NoisyOraclePredictor(
+              {.calls = tools::oracle_calls(t), .recall = r, .seed = 3, .n_experts = E}));
     sim::ComputeModel cm;
     cm.device_expert_s.fill(1e-6);
     const auto rep = sim::replay(p, t, cm);

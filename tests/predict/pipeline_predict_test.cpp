@@ -84,8 +84,8 @@ TEST_CASE("MoBiLE through the pipeline: little pass, fallback, replayed prefetch
           "[predict][pipeline][mobile]") {
   constexpr ModelShape s3{.n_layers = 3, .n_experts = 4, .top_k = 2, .hidden = 64, .ffn = 64};
   const std::size_t b = s3.expert_bytes(Precision::f16);
-  OffloadPipeline<UniformScorer, RouterReplayPredictor, LruPolicy, ManualLoader,
-                  OnDemandScheduler, BigLittlePolicy>
+  OffloadPipeline<UniformScorer, RouterReplayPredictor, LruPolicy, ManualLoader, OnDemandScheduler,
+                  BigLittlePolicy>
       p(s3, {.expert_budget_bytes = 12 * b}, ManualLoader{}, UniformScorer{},
         RouterReplayPredictor({.top_k = 2}));
   p.begin_sequence();
@@ -138,8 +138,8 @@ TEST_CASE("Every predictor names valid experts of later layers only (random prop
   std::normal_distribution<float> n(0.0f, 1.0f);
   std::vector<float> w(std::size_t{L} * E * d);
   for (auto& v : w) v = n(g);
-  StackedGatePredictor stacked({.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d,
-                                .lookahead = 3});
+  StackedGatePredictor stacked(
+      {.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d, .lookahead = 3});
   CrossLayerGatePredictor cross({.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d});
   auto prof = std::make_shared<ActivationPathProfile>(L, E, 2);
   ActivationPathPredictor path({.profile = prof, .min_support = 1});
@@ -199,8 +199,12 @@ TEST_CASE("HOBBIT components through the pipeline: stacked gate predicts the nex
   // input e_0 predicts exactly that, with weights 0.7 / 0.3 (second expert low precision).
   test::DesignedRouters r(4, 8, 64);
   for (std::uint32_t l = 0; l < 4; ++l) r.route(l, {{l % 8, 0.7f}, {(l + 3) % 8, 0.3f}});
-  StackedGatePredictor pred({.router_weights = r.w, .n_layers = 4, .n_experts = 8, .hidden = 64,
-                             .top_k = 2, .lookahead = 2});
+  StackedGatePredictor pred({.router_weights = r.w,
+                             .n_layers = 4,
+                             .n_experts = 8,
+                             .hidden = 64,
+                             .top_k = 2,
+                             .lookahead = 2});
   OffloadPipeline<HobbitThresholdScorer, StackedGatePredictor, LruPolicy, ManualLoader,
                   OnDemandScheduler>
       p(shape, {.expert_budget_bytes = 16 * f16}, ManualLoader{}, HobbitThresholdScorer{},
@@ -246,8 +250,8 @@ TEST_CASE("EdgeMoE components through the pipeline: static bit widths and path p
     std::vector<std::span<const std::uint32_t>> v(path.begin(), path.end());
     for (int i = 0; i < 10; ++i) prof->add_path(v);
   }
-  ActivationPathPredictor pred({.profile = prof, .max_preload = 2,
-                                .precisions = {bits.all().begin(), bits.all().end()}});
+  ActivationPathPredictor pred(
+      {.profile = prof, .max_preload = 2, .precisions = {bits.all().begin(), bits.all().end()}});
   OffloadPipeline<StaticBitwidthScorer, ActivationPathPredictor, LruPolicy, ManualLoader,
                   OnDemandScheduler>
       p(shape, {.expert_budget_bytes = 16 * f16, .base_precision = Precision::q4}, ManualLoader{},

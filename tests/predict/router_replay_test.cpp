@@ -43,7 +43,8 @@ TEST_CASE("RouterReplay: a fallback pushes the top-K of every recorded layer",
   for (auto& pf : a.items()) keys.push_back(pf.key);
   CHECK(keys == std::vector<ExpertKey>{{0, 2}, {0, 1}, {1, 0}, {1, 3}, {2, 3}, {2, 0}});
   CHECK(a.items()[0].precision == Precision::f16);
-  // the big pass (K = 2) routes layer 0 as planned, layer 1 to {0, 2} (one miss), layer 2 as planned
+  // the big pass (K = 2) routes layer 0 as planned, layer 1 to {0, 2} (one miss), layer 2 as
+  // planned
   const Route b0(4, {{2, 1}}), b1(4, {{0, 2}}), b2(4, {{3, 0}});
   p.observe(ctx(0, 3, 7), b0.view());
   p.observe(ctx(1, 3, 7), b1.view());

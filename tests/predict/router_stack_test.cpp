@@ -58,7 +58,8 @@ TEST_CASE("RouterStack: every kernel path equals the double-precision product, o
     }
 }
 
-TEST_CASE("RouterStack: owns its packed copy; bad input names the field", "[predict][router_stack]") {
+TEST_CASE("RouterStack: owns its packed copy; bad input names the field",
+          "[predict][router_stack]") {
   const std::uint32_t L = 2, E = 8, d = 16;
   std::vector<float> w(std::size_t{L} * E * d, 0.0f);
   w[(std::size_t{1} * E + 3) * d + 5] = 2.0f;  // layer 1, expert 3, column 5

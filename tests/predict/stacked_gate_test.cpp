@@ -19,8 +19,12 @@ using test::Route;
 
 namespace {
 StackedGatePredictor make(const DesignedRouters& r, std::uint32_t p) {
-  return StackedGatePredictor({.router_weights = r.w, .n_layers = r.L, .n_experts = r.E,
-                               .hidden = r.d, .top_k = 2, .lookahead = p});
+  return StackedGatePredictor({.router_weights = r.w,
+                               .n_layers = r.L,
+                               .n_experts = r.E,
+                               .hidden = r.d,
+                               .top_k = 2,
+                               .lookahead = p});
 }
 Route with_hidden(Route r, std::vector<float> h) {
   r.hidden = std::move(h);
@@ -42,8 +46,12 @@ TEST_CASE("StackedGate: stacking p gates equals p sequential products (random pr
   std::vector<float> w(std::size_t{L} * E * d);
   for (auto& v : w) v = n(g);
   for (std::uint32_t p = 1; p <= 3; ++p) {
-    StackedGatePredictor pred({.router_weights = w, .n_layers = L, .n_experts = E, .hidden = d,
-                               .top_k = 2, .lookahead = p});
+    StackedGatePredictor pred({.router_weights = w,
+                               .n_layers = L,
+                               .n_experts = E,
+                               .hidden = d,
+                               .top_k = 2,
+                               .lookahead = p});
     const RouterStack bank(w, L, E, d, "test");
     for (int trial = 0; trial < 10; ++trial) {
       const std::uint32_t T = trial % 2 ? 3 : 1;  // one token (GEMV) and three (small GEMM)
@@ -182,12 +190,13 @@ TEST_CASE("StackedGate: prefill takes the union with the most demanding decision
 
 TEST_CASE("StackedGate: configuration and input errors name the field", "[predict][hobbit]") {
   std::vector<float> w(2 * 8 * 4);
-  CHECK_THROWS_WITH(StackedGatePredictor({.router_weights = w, .n_layers = 2, .n_experts = 8,
-                                          .hidden = 5}),
-                    Catch::Contains("Config.router_weights"));
-  CHECK_THROWS_WITH(StackedGatePredictor({.router_weights = w, .n_layers = 2, .n_experts = 8,
-                                          .hidden = 4, .lookahead = 4}),
-                    Catch::Contains("Config.lookahead"));
+  CHECK_THROWS_WITH(
+      StackedGatePredictor({.router_weights = w, .n_layers = 2, .n_experts = 8, .hidden = 5}),
+      Catch::Contains("Config.router_weights"));
+  CHECK_THROWS_WITH(
+      StackedGatePredictor(
+          {.router_weights = w, .n_layers = 2, .n_experts = 8, .hidden = 4, .lookahead = 4}),
+      Catch::Contains("Config.lookahead"));
   StackedGatePredictor p({.router_weights = w, .n_layers = 2, .n_experts = 8, .hidden = 4});
   ResidentSet none;
   OwnedList a;

@@ -33,8 +33,9 @@ int nan_tensor(const std::string& file, const std::string& name, std::uint64_t i
   const auto model = moekit::io::SafetensorsModel::open(file);
   const moekit::io::TensorView t = model.tensor(name);
   if (t.dtype != moekit::io::DType::f32 || index >= t.elements())
-    throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                        "nan-tensor: '" + name + "' is not f32 or has no index " + std::to_string(index));
+    throw moekit::Error(
+        moekit::ErrorKind::invalid_argument,
+        "nan-tensor: '" + name + "' is not f32 or has no index " + std::to_string(index));
   const float v = kind == "inf" ? std::numeric_limits<float>::infinity()
                                 : std::numeric_limits<float>::quiet_NaN();
   patch(file, t.file_offset + 4 * index, &v, 4);

@@ -20,7 +20,10 @@ double brute_force(const FiddlerScheduler& s, const std::vector<ExpertPlan>& mis
     double cpu = 0;
     std::size_t copies = 0;
     for (std::size_t i = 0; i < misses.size(); ++i)
-      if (mask & (1u << i)) ++copies; else cpu += misses[i].n_tokens;
+      if (mask & (1u << i))
+        ++copies;
+      else
+        cpu += misses[i].n_tokens;
     best = std::min(best, s.cost(cpu, copies));
   }
   return best;
@@ -48,7 +51,10 @@ TEST_CASE("Fiddler prefill partition equals the brute-force optimum", "[sched][f
   double cpu = 0;
   std::size_t copies = 0;
   for (const auto& p : plans) {
-    if (p.placement == Placement::device) ++copies; else cpu += p.n_tokens;
+    if (p.placement == Placement::device)
+      ++copies;
+    else
+      cpu += p.n_tokens;
   }
   CHECK(s.cost(cpu, copies) == Approx(optimum));
   CHECK(plans[0].key.expert == 1);  // busiest first
@@ -67,7 +73,10 @@ TEST_CASE("Fiddler prefill partition equals the brute-force optimum", "[sched][f
     double c = 0;
     std::size_t g = 0;
     for (const auto& p : r) {
-      if (p.placement == Placement::device) ++g; else c += p.n_tokens;
+      if (p.placement == Placement::device)
+        ++g;
+      else
+        c += p.n_tokens;
     }
     INFO("trial " << trial << " seed " << seed);
     CHECK(s.cost(c, g) == Approx(opt));

@@ -29,10 +29,16 @@ TEST_CASE("ReadyFirstScheduler reproduces Fate's Fig. 6 order", "[sched][fate]")
 TEST_CASE("ReadyFirstScheduler puts busy ready experts first and misses after in-flight ones",
           "[sched][fate]") {
   std::vector<ExpertPlan> plans(4);
-  plans[0].key = {0, 0}; plans[0].n_tokens = 9;                       // miss
-  plans[1].key = {0, 1}; plans[1].hit = true; plans[1].n_tokens = 2;  // ready
-  plans[2].key = {0, 2}; plans[2].hit = true; plans[2].n_tokens = 7;  // ready, busier
-  plans[3].key = {0, 3}; plans[3].placement = Placement::skipped;
+  plans[0].key = {0, 0};
+  plans[0].n_tokens = 9;  // miss
+  plans[1].key = {0, 1};
+  plans[1].hit = true;
+  plans[1].n_tokens = 2;  // ready
+  plans[2].key = {0, 2};
+  plans[2].hit = true;
+  plans[2].n_tokens = 7;  // ready, busier
+  plans[3].key = {0, 3};
+  plans[3].placement = Placement::skipped;
   ReadyFirstScheduler{}.schedule({}, plans);
   CHECK(plans[0].key.expert == 2);
   CHECK(plans[1].key.expert == 1);

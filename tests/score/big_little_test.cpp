@@ -23,8 +23,7 @@ TEST_CASE("BigLittlePolicy: little K/2 in decode, full K in prefill and recomput
   CHECK(little_prefill.active_top_k(ctx(0, 4, 0, Phase::prefill, 16), 8) == 4);
 }
 
-TEST_CASE("BigLittlePolicy: fallback exactly at gamma, never twice per token",
-          "[score][mobile]") {
+TEST_CASE("BigLittlePolicy: fallback exactly at gamma, never twice per token", "[score][mobile]") {
   // logits ln 7, ln 3: softmax max = 0.7 (as float, exactly 0.7f)
   const std::vector<float> at_gamma{std::log(7.0f), std::log(3.0f)};
   REQUIRE(BigLittlePolicy::max_probability(at_gamma) == 0.7f);

@@ -42,7 +42,8 @@ TEST_CASE("HOBBIT rule: the spec's worked examples (§7 1-8)", "[score][hobbit]"
   // 3. [0.95, 0.05]: 0.95 > 0.9 -> skip
   CHECK(decide(r, {0, 1}, {0.95f, 0.05f}) == std::vector<D>{D::high, D::skip});
   // 4. boundaries are inclusive
-  CHECK(decide(HobbitRule{0.75f, 0.9f}, {0, 1}, {0.75f, 0.25f}) == std::vector<D>{D::high, D::high});
+  CHECK(decide(HobbitRule{0.75f, 0.9f}, {0, 1}, {0.75f, 0.25f}) ==
+        std::vector<D>{D::high, D::high});
   CHECK(decide(HobbitRule{0.5f, 0.75f}, {0, 1}, {0.75f, 0.25f}) == std::vector<D>{D::high, D::low});
   // 5. top-1 always high
   CHECK(decide(HobbitRule{0.0f, 0.0f}, {0, 1}, {0.5f, 0.5f}) == std::vector<D>{D::high, D::skip});
@@ -78,13 +79,15 @@ TEST_CASE("HOBBIT rule: scores never decrease with rank (random property)", "[sc
     // sort by weight desc, id asc: decisions are non-increasing
     std::vector<std::size_t> o(k);
     for (std::size_t i = 0; i < k; ++i) o[i] = i;
-    std::sort(o.begin(), o.end(), [&](auto a, auto b) { return w[a] != w[b] ? w[a] > w[b] : ids[a] < ids[b]; });
+    std::sort(o.begin(), o.end(),
+              [&](auto a, auto b) { return w[a] != w[b] ? w[a] > w[b] : ids[a] < ids[b]; });
     CHECK(d[o[0]] == D::high);
     for (std::size_t i = 1; i < k; ++i) CHECK(d[o[i]] <= d[o[i - 1]]);
   }
 }
 
-TEST_CASE("HobbitThresholdScorer maps decisions to precisions, max over tokens", "[score][hobbit]") {
+TEST_CASE("HobbitThresholdScorer maps decisions to precisions, max over tokens",
+          "[score][hobbit]") {
   HobbitThresholdScorer s;
   CHECK(score(s, Route(8, {{4, 6}}, {{0.7f, 0.3f}})) ==
         std::vector<Precision>{Precision::f16, Precision::q4});

@@ -29,8 +29,9 @@ TEST_CASE("PrecisionTable text round trip and file I/O", "[score][edgemoe]") {
   t.set({2, 3}, Precision::q8);
   t.set({1, 0}, Precision::f32);
   const std::string text = t.to_text();
-  CHECK(text == "moekit-precision-table 1\nlayers 3 experts 4\nq4 q2 q4 q4\nf32 q4 q4 q4\n"
-                "q4 q4 q4 q8\n");
+  CHECK(text ==
+        "moekit-precision-table 1\nlayers 3 experts 4\nq4 q2 q4 q4\nf32 q4 q4 q4\n"
+        "q4 q4 q4 q8\n");
   CHECK(PrecisionTable::parse(text) == t);
   CHECK(PrecisionTable::parse("# comment\n  moekit-precision-table 1  \r\nlayers 1 experts 2 # x\n"
                               "\nq2 f16\n")

@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <string>
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include "moekit/core/model_shape.hpp"
 #include "moekit/sim/hardware.hpp"
@@ -45,8 +45,7 @@ TEST_CASE("presets reproduce the papers' reference costs", "[sim][hardware]") {
   SECTION("Fiddler Quadro RTX 6000: copy ~50 ms, GPU ~1/10 of it, CPU ~3 ms per token") {
     const HardwareModel h = quadro_rtx6000_pcie3();
     CHECK(h.transfer_s(f16) == Approx(0.050).epsilon(0.01));
-    CHECK(h.device.expert_s(m, Precision::f16, 1) / h.transfer_s(f16) ==
-          Approx(0.1).epsilon(0.05));
+    CHECK(h.device.expert_s(m, Precision::f16, 1) / h.transfer_s(f16) == Approx(0.1).epsilon(0.05));
     CHECK(h.cpu.expert_s(m, Precision::f16, 1) == Approx(3e-3).epsilon(0.15));
     // CPU cost grows with tokens, GPU cost barely (Fiddler App. B).
     CHECK(h.cpu.expert_s(m, Precision::f16, 32) > 1.5 * h.cpu.expert_s(m, Precision::f16, 1));
@@ -55,8 +54,8 @@ TEST_CASE("presets reproduce the papers' reference costs", "[sim][hardware]") {
   SECTION("HOBBIT Orin: loading dominates (paper: 94.5 % of a layer's time)") {
     const HardwareModel h = jetson_orin_ssd();
     const double load = 2 * h.transfer_s(m.expert_bytes(Precision::q8));
-    const double compute = 2 * h.device.expert_s(m, Precision::q8, 1) +
-                           h.dense_layer_s(mixtral_8x7b_dense(), 1);
+    const double compute =
+        2 * h.device.expert_s(m, Precision::q8, 1) + h.dense_layer_s(mixtral_8x7b_dense(), 1);
     CHECK(load / (load + compute) > 0.9);
   }
   SECTION("lower precision is cheaper to move and to run") {
@@ -100,11 +99,11 @@ TEST_CASE("this_machine JSON round-trips and is validated field by field", "[sim
   CHECK(back.layer_overhead_s == h.layer_overhead_s);
 
   const auto path = (std::filesystem::temp_directory_path() /
-                     ("moekit-hw-" + std::to_string(::getpid()) + ".json")).string();
+                     ("moekit-hw-" + std::to_string(::getpid()) + ".json"))
+                        .string();
   std::filesystem::remove(path);
   write_hardware_json(h, path);
-  CHECK(hardware_preset("this_machine", path).cpu.weight_bytes_per_s ==
-        h.cpu.weight_bytes_per_s);
+  CHECK(hardware_preset("this_machine", path).cpu.weight_bytes_per_s == h.cpu.weight_bytes_per_s);
   CHECK_THROWS_AS(write_hardware_json(h, path), Error);
   std::filesystem::remove(path);
   CHECK_THROWS_AS(read_hardware_json(path), Error);

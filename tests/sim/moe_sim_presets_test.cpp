@@ -145,7 +145,8 @@ TEST_CASE("moe-sim presets: substitutes behave as documented", "[sim][moe-sim]")
     const auto dec = sim::generate_synthetic_trace(
         "mixtral-8x7b", std::string(MOEKIT_SOURCE_DIR) + "/data/stats", c);
     const auto r = run_fiddler(rp, dec).report;
-    const std::size_t placed = rp.config.expert_budget_bytes / rp.shape.expert_bytes(Precision::f16);
+    const std::size_t placed =
+        rp.config.expert_budget_bytes / rp.shape.expert_bytes(Precision::f16);
     CHECK(r.pipeline.bytes_preloaded == placed * rp.shape.expert_bytes(Precision::f16));
     CHECK(r.loader.bytes >= r.pipeline.bytes_preloaded);
     CHECK(r.pipeline.host_cpu_runs > 0);
@@ -171,8 +172,10 @@ TEST_CASE("moe-sim presets: substitutes behave as documented", "[sim][moe-sim]")
   }
 }
 
-TEST_CASE("moe-sim presets: HOBBIT and Fate run their gate predictors with hidden states and "
-          "routers", "[sim][moe-sim]") {
+TEST_CASE(
+    "moe-sim presets: HOBBIT and Fate run their gate predictors with hidden states and "
+    "routers",
+    "[sim][moe-sim]") {
   // 4 layers × 4 experts, hidden 4, identity routers: the gate input of layer l is built so that
   // the router of layer l+1 scores layer l+1's true experts highest.
   const std::uint32_t L = 4, E = 4, H = 4;

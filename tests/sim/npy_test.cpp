@@ -20,7 +20,8 @@ std::vector<std::byte> npy(const std::string& dict, const std::vector<unsigned c
   const std::size_t pre = major == 1 ? 10 : 12;
   while ((pre + h.size() + 1) % 64) h += ' ';
   h += '\n';
-  std::vector<unsigned char> b = {0x93, 'N', 'U', 'M', 'P', 'Y', static_cast<unsigned char>(major), 0};
+  std::vector<unsigned char> b = {0x93, 'N', 'U', 'M', 'P', 'Y', static_cast<unsigned char>(major),
+                                  0};
   const auto n = h.size();
   b.push_back(n & 0xff);
   b.push_back((n >> 8) & 0xff);
@@ -74,11 +75,11 @@ TEST_CASE("npy reader parses the supported dtypes", "[sim][npy]") {
   CHECK(i2.data == std::vector<double>{-300, 7});
   auto u1 = parse_npy(npy("{'descr': '|u1', 'fortran_order': False, 'shape': (2,), }", {255, 3}));
   CHECK(u1.data == std::vector<double>{255, 3});
-  auto i8 = parse_npy(npy("{'descr': '<i8', 'fortran_order': False, 'shape': (1,), }",
-                          le<std::int64_t>({-5})));
+  auto i8 = parse_npy(
+      npy("{'descr': '<i8', 'fortran_order': False, 'shape': (1,), }", le<std::int64_t>({-5})));
   CHECK(i8.data[0] == -5);
-  auto scalar = parse_npy(npy("{'descr': '<f4', 'fortran_order': False, 'shape': (), }",
-                              le<float>({3})));
+  auto scalar =
+      parse_npy(npy("{'descr': '<f4', 'fortran_order': False, 'shape': (), }", le<float>({3})));
   CHECK(scalar.shape.empty());
   CHECK(scalar.data == std::vector<double>{3});
 }

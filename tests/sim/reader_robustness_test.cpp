@@ -33,10 +33,17 @@ void mutate_and_parse(std::vector<std::byte> good, Parse&& parse, std::uint64_t 
     for (int e = 0; e < edits && !b.empty(); ++e) {
       const std::size_t at = rng() % b.size();
       switch (rng() % 4) {
-        case 0: b[at] = std::byte(rng() & 0xff); break;                       // overwrite
-        case 1: b.resize(at); break;                                          // truncate
-        case 2: b.insert(b.begin() + std::ptrdiff_t(at), std::byte(rng() & 0xff)); break;
-        default: b[at] = std::byte(std::to_integer<unsigned>(b[at]) ^ (1u << (rng() % 8)));
+        case 0:
+          b[at] = std::byte(rng() & 0xff);
+          break;  // overwrite
+        case 1:
+          b.resize(at);
+          break;  // truncate
+        case 2:
+          b.insert(b.begin() + std::ptrdiff_t(at), std::byte(rng() & 0xff));
+          break;
+        default:
+          b[at] = std::byte(std::to_integer<unsigned>(b[at]) ^ (1u << (rng() % 8)));
       }
     }
     try {
@@ -77,13 +84,15 @@ RoutingTrace small_trace() {
 }  // namespace
 
 TEST_CASE("binary trace reader survives mutated input", "[sim][robustness]") {
-  mutate_and_parse(serialize_trace_binary(small_trace()),
-                   [](const auto& b) { (void)parse_trace_binary(b, "fuzz"); }, 1, 3000);
+  mutate_and_parse(
+      serialize_trace_binary(small_trace()),
+      [](const auto& b) { (void)parse_trace_binary(b, "fuzz"); }, 1, 3000);
 }
 
 TEST_CASE("JSONL trace readers survive mutated input", "[sim][robustness]") {
-  mutate_and_parse(bytes_of(serialize_trace_jsonl(small_trace())),
-                   [](const auto& b) { (void)parse_trace_jsonl(text_of(b), "fuzz"); }, 2, 1500);
+  mutate_and_parse(
+      bytes_of(serialize_trace_jsonl(small_trace())),
+      [](const auto& b) { (void)parse_trace_jsonl(text_of(b), "fuzz"); }, 2, 1500);
   const std::string mixtral =
       R"({"dataset": "toy", "problem_id": 0, "layer": 0, "token_pos": 0, "experts": [3, 0], "gating_probs": [0.75, 0.25]})"
       "\n"
@@ -92,20 +101,22 @@ TEST_CASE("JSONL trace readers survive mutated input", "[sim][robustness]") {
       R"({"dataset": "toy", "problem_id": 0, "layer": 0, "token_pos": 0, "experts": [1, 7], "gating_probs": [0.875, 0.125]})"
       "\n";
   const TraceDims dims{.n_layers = 2, .n_experts = 8, .top_k = 2};
-  mutate_and_parse(bytes_of(mixtral),
-                   [&](const auto& b) { (void)parse_mixtral_raw_jsonl(text_of(b), "fuzz", dims); },
-                   3, 1500);
+  mutate_and_parse(
+      bytes_of(mixtral),
+      [&](const auto& b) { (void)parse_mixtral_raw_jsonl(text_of(b), "fuzz", dims); }, 3, 1500);
   std::string decode = mixtral;
   for (std::size_t p; (p = decode.find("token_pos")) != std::string::npos;)
     decode.replace(p, 9, "token_idx");
-  mutate_and_parse(bytes_of(decode),
-                   [&](const auto& b) { (void)parse_mixtral_decode_jsonl(text_of(b), "fuzz", dims); },
-                   4, 1500);
+  mutate_and_parse(
+      bytes_of(decode),
+      [&](const auto& b) { (void)parse_mixtral_decode_jsonl(text_of(b), "fuzz", dims); }, 4, 1500);
 }
 
 TEST_CASE("npy and hardware JSON readers survive mutated input", "[sim][robustness]") {
   const auto npy = file_bytes(MOEKIT_SOURCE_DIR "/data/stats/mixtral-top1-transition.npy");
-  mutate_and_parse(npy, [](const auto& b) { (void)parse_npy(b, "fuzz"); }, 5, 2000);
-  mutate_and_parse(bytes_of(serialize_hardware_json(rtx4090_pcie4())),
-                   [](const auto& b) { (void)parse_hardware_json(text_of(b), "fuzz"); }, 6, 2000);
+  mutate_and_parse(
+      npy, [](const auto& b) { (void)parse_npy(b, "fuzz"); }, 5, 2000);
+  mutate_and_parse(
+      bytes_of(serialize_hardware_json(rtx4090_pcie4())),
+      [](const auto& b) { (void)parse_hardware_json(text_of(b), "fuzz"); }, 6, 2000);
 }

@@ -35,8 +35,8 @@ using BeladySim = OffloadPipeline<UniformScorer, NoPredictor, CallOrderedPolicy<
                                   SimLoader, OnDemandScheduler>;
 
 ModelShape shape_for(const TraceDims& d) {
-  return ModelShape{.n_layers = d.n_layers, .n_experts = d.n_experts, .top_k = d.top_k,
-                    .hidden = 32, .ffn = 32};
+  return ModelShape{
+      .n_layers = d.n_layers, .n_experts = d.n_experts, .top_k = d.top_k, .hidden = 32, .ffn = 32};
 }
 PipelineConfig config_slots(const ModelShape& s, std::size_t slots) {
   return PipelineConfig{.expert_budget_bytes = slots * s.expert_bytes(Precision::f16)};
@@ -121,8 +121,10 @@ std::uint64_t brute_misses(const std::vector<std::vector<ExpertKey>>& calls, std
     };
     std::vector<ExpertKey> miss;
     for (ExpertKey k : call) {
-      if (std::find(res.begin(), res.end(), k) != res.end()) pick.touch(k);
-      else miss.push_back(k);
+      if (std::find(res.begin(), res.end(), k) != res.end())
+        pick.touch(k);
+      else
+        miss.push_back(k);
     }
     for (ExpertKey k : miss) {
       ++misses;
@@ -190,7 +192,7 @@ TEST_CASE("replay: every expert fits -> only compulsory misses, none after warm-
   for (const auto& c : brute_calls(tr)) distinct.insert(c.begin(), c.end());
   CHECK(first.misses() == distinct.size());
   const ReplayReport second = replay(p, tr, zero_compute());  // warm cache
-  CHECK(second.misses() == first.misses());                    // counters are cumulative
+  CHECK(second.misses() == first.misses());                   // counters are cumulative
   CHECK(second.pipeline.hits > first.pipeline.hits);
   CHECK(second.bytes_moved() == first.bytes_moved());
 }
@@ -419,9 +421,9 @@ TEST_CASE("report writers: CSV quoting, JSON fields, SVG plot", "[sim][report]")
   CHECK(j["misses"].get<std::uint64_t>() == r.misses());
   CHECK(j["prediction"].size() == 3);
 
-  const std::string svg = svg_line_plot("t <1>", "x", "y",
-                                        {{"lru", {1, 2, 3}, {3, 2, 1}, false},
-                                         {"belady", {1, 2, 3}, {2, 1, 0}, true}});
+  const std::string svg =
+      svg_line_plot("t <1>", "x", "y",
+                    {{"lru", {1, 2, 3}, {3, 2, 1}, false}, {"belady", {1, 2, 3}, {2, 1, 0}, true}});
   CHECK(svg.find("<svg") == 0);
   CHECK(svg.find("t &lt;1&gt;") != std::string::npos);
   std::size_t lines = 0;

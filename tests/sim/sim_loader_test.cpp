@@ -88,8 +88,7 @@ TEST_CASE("SimLoader: on-demand loads overtake queued prefetches, not the runnin
   CHECK(l.stats().demand_bytes == 6144);
 }
 
-TEST_CASE("SimLoader: cancelling a queued prefetch frees its place in the queue",
-          "[sim][loader]") {
+TEST_CASE("SimLoader: cancelling a queued prefetch frees its place in the queue", "[sim][loader]") {
   SimLoader l(tiny, LinkModel{bw, 0.0});
   const LoadTicket p1 = l.submit(req(1, 0, LoadPriority::prefetch));
   const LoadTicket p2 = l.submit(req(1, 1, LoadPriority::prefetch));

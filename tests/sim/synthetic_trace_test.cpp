@@ -68,8 +68,9 @@ TEST_CASE("synthetic traces are deterministic per seed and well formed", "[sim][
     CHECK(back == a);
     CHECK(back.synthetic());
   }
-  CHECK(generate_synthetic_trace("deepseek-moe-16b", stats_dir, {}).name().find(
-            "synthetic-parametric:") == 0);
+  CHECK(generate_synthetic_trace("deepseek-moe-16b", stats_dir, {})
+            .name()
+            .find("synthetic-parametric:") == 0);
   CHECK_THROWS_AS(synthetic_model("gpt-5"), Error);
 }
 
@@ -118,7 +119,8 @@ TEST_CASE("lower ranks follow the popularity table (Mixtral, top-2, exact expect
           "[sim][synthetic]") {
   const SyntheticModel m = synthetic_model("mixtral-8x7b");
   const TransitionStats s = load_transition_stats(m, stats_dir);
-  const RoutingTrace t = generate_synthetic_trace(s, {.top_k = 2, .decode_tokens = 20000, .seed = 5});
+  const RoutingTrace t =
+      generate_synthetic_trace(s, {.top_k = 2, .decode_tokens = 20000, .seed = 5});
   const auto top1 = expert_shares(t, true);
   // Share of each expert at rank 1: Σ_i P(top1 = i) · pop(e) / (1 − pop(i)), i ≠ e.
   double worst = 0;

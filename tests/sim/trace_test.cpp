@@ -50,8 +50,8 @@ RoutingTrace random_trace(std::uint64_t seed, bool logits, std::uint32_t hidden)
 }
 
 std::string temp_path(const std::string& leaf) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("moekit-sim-test-" + std::to_string(::getpid()));
+  auto dir =
+      std::filesystem::temp_directory_path() / ("moekit-sim-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   auto p = dir / leaf;
   std::filesystem::remove(p);
@@ -279,23 +279,45 @@ TEST_CASE("JSONL reader rejects malformed input naming line and field", "[sim][t
   REQUIRE(parse_trace_jsonl(header + seq + tok(ok)).token_count() == 1);
   require_format_error([&] { (void)parse_trace_jsonl(""); }, "format");
   require_format_error([&] { (void)parse_trace_jsonl("{nope\n"); }, "invalid JSON");
-  require_format_error(
-      [&] { (void)parse_trace_jsonl(R"({"format":"other","version":1})"); }, "format");
+  require_format_error([&] { (void)parse_trace_jsonl(R"({"format":"other","version":1})"); },
+                       "format");
   require_format_error([&] { (void)parse_trace_jsonl(header + tok(ok)); }, "sequence");
-  require_format_error([&] { (void)parse_trace_jsonl(header + seq + tok(R"({"experts":[1,9],"weights":[0.75,0.25]})")); },
-                       "experts");
-  require_format_error([&] { (void)parse_trace_jsonl(header + seq + tok(R"({"experts":[1,1],"weights":[0.75,0.25]})")); },
-                       "experts");
-  require_format_error([&] { (void)parse_trace_jsonl(header + seq + tok(R"({"experts":[1,2],"weights":[0.25,0.75]})")); },
-                       "weights");
-  require_format_error([&] { (void)parse_trace_jsonl(header + seq + tok(R"({"experts":[1,2],"weights":[0.75,0.5]})")); },
-                       "weights");
-  require_format_error([&] { (void)parse_trace_jsonl(header + seq + tok(R"({"experts":[1,2],"weights":[0.75,0.25],"logits":[1,2,3,4]})")); },
-                       "logits");
-  require_format_error([&] { (void)parse_trace_jsonl(header + seq + R"({"phase":"decode","layers":[null]})" + "\n"); },
-                       "layers");
-  require_format_error([&] { (void)parse_trace_jsonl(header + seq + R"({"phase":"middle","layers":[null,null]})" + "\n"); },
-                       "phase");
+  require_format_error(
+      [&] {
+        (void)parse_trace_jsonl(header + seq + tok(R"({"experts":[1,9],"weights":[0.75,0.25]})"));
+      },
+      "experts");
+  require_format_error(
+      [&] {
+        (void)parse_trace_jsonl(header + seq + tok(R"({"experts":[1,1],"weights":[0.75,0.25]})"));
+      },
+      "experts");
+  require_format_error(
+      [&] {
+        (void)parse_trace_jsonl(header + seq + tok(R"({"experts":[1,2],"weights":[0.25,0.75]})"));
+      },
+      "weights");
+  require_format_error(
+      [&] {
+        (void)parse_trace_jsonl(header + seq + tok(R"({"experts":[1,2],"weights":[0.75,0.5]})"));
+      },
+      "weights");
+  require_format_error(
+      [&] {
+        (void)parse_trace_jsonl(
+            header + seq + tok(R"({"experts":[1,2],"weights":[0.75,0.25],"logits":[1,2,3,4]})"));
+      },
+      "logits");
+  require_format_error(
+      [&] {
+        (void)parse_trace_jsonl(header + seq + R"({"phase":"decode","layers":[null]})" + "\n");
+      },
+      "layers");
+  require_format_error(
+      [&] {
+        (void)parse_trace_jsonl(header + seq + R"({"phase":"middle","layers":[null,null]})" + "\n");
+      },
+      "phase");
   // Dimensions that would make one token line allocate gigabytes are refused up front.
   require_format_error(
       [&] {
@@ -315,8 +337,8 @@ TEST_CASE("JSONL reader rejects malformed input naming line and field", "[sim][t
 TEST_CASE("importer for the shared *.decode.jsonl format (hand-written snippet)",
           "[sim][trace][import]") {
   const TraceDims dims{.n_layers = 2, .n_experts = 8, .top_k = 2};
-  const RoutingTrace t = read_mixtral_decode_jsonl(
-      MOEKIT_TEST_DATA_DIR "/mixtral_decode_snippet.jsonl", dims);
+  const RoutingTrace t =
+      read_mixtral_decode_jsonl(MOEKIT_TEST_DATA_DIR "/mixtral_decode_snippet.jsonl", dims);
   REQUIRE(t.sequence_count() == 2);
   CHECK(t.sequence_name(0) == "toy/3");
   CHECK(t.sequence_name(1) == "toy/5");
@@ -375,8 +397,7 @@ TEST_CASE("importer for the shared *.prefill-decode.raw.jsonl format (hand-writt
                        "token_pos");
   const std::string huge_prompt =
       R"({"dataset":"d","problem_id":0,"layer":0,"token_pos":4000000000,"experts":[1,2],"gating_probs":[0.75,0.25]})";
-  require_format_error([&] { (void)parse_mixtral_raw_jsonl(huge_prompt, "m", dims); },
-                       "token_pos");
+  require_format_error([&] { (void)parse_mixtral_raw_jsonl(huge_prompt, "m", dims); }, "token_pos");
 }
 
 // ---- the real shared traces: read from ../shared/data beside the repository when present -------
@@ -413,7 +434,8 @@ TEST_CASE("real GSM8K decode trace reproduces the facts in data/README.md", "[si
 
 TEST_CASE("real HumanEval raw trace: 135-token prompt, 83 decode steps", "[sim][trace][real]") {
   if (!have("humaneval-p0.prefill-decode.raw.jsonl")) return;
-  const RoutingTrace t = read_mixtral_raw_jsonl(shared_traces + "humaneval-p0.prefill-decode.raw.jsonl");
+  const RoutingTrace t =
+      read_mixtral_raw_jsonl(shared_traces + "humaneval-p0.prefill-decode.raw.jsonl");
   REQUIRE(t.sequence_count() == 1);
   CHECK(t.prefill_length(0) == 135);
   CHECK(t.sequence_length(0) == 135 + 83);

@@ -1,7 +1,7 @@
 // expect: moekit::CachePolicy: missing member `std::optional<ExpertKey> victim
 // A cache policy that forgets `victim`: the pipeline must say so in words.
-#include "moekit/presets.hpp"
 #include "moekit/io/memory_loader.hpp"
+#include "moekit/presets.hpp"
 
 struct NoVictim {
   void on_hit(moekit::ExpertKey, const moekit::AccessInfo&) {}

@@ -1,7 +1,7 @@
 // expect: moekit::Hooks: the component defines on_verdict but does not declare it
 // A predictor whose on_verdict is not declared: the pipeline would never call it after a fallback.
-#include "moekit/presets.hpp"
 #include "moekit/io/memory_loader.hpp"
+#include "moekit/presets.hpp"
 
 struct Forgetful {
   void observe(const moekit::LayerContext&, const moekit::GateView&) {}

@@ -1,6 +1,6 @@
 // expect: moekit::Predictor: missing member `void observe
-#include "moekit/presets.hpp"
 #include "moekit/io/memory_loader.hpp"
+#include "moekit/presets.hpp"
 
 struct Blind {
   void predict(const moekit::LayerContext&, const moekit::GateView&, const moekit::ResidencyView&,

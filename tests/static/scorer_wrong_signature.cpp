@@ -1,6 +1,6 @@
 // expect: moekit::Scorer: missing member `void score
-#include "moekit/presets.hpp"
 #include "moekit/io/memory_loader.hpp"
+#include "moekit/presets.hpp"
 
 struct OldScorer {  // takes a single token's ids: not the Scorer interface
   void score(std::span<const std::uint32_t>, std::span<moekit::Precision>) {}

@@ -1,6 +1,6 @@
 // expect: moekit::TokenPolicy: missing member `TokenVerdict end_token
-#include "moekit/presets.hpp"
 #include "moekit/io/memory_loader.hpp"
+#include "moekit/presets.hpp"
 
 struct HalfPolicy {
   std::uint32_t active_top_k(const moekit::LayerContext&, std::uint32_t k) { return k; }

@@ -32,11 +32,10 @@ struct FittedNextUsePolicy : ExpectedNextUsePolicy {
 };
 
 /// All policies. ShallowFavoring<LruPolicy> checks the allocation wrapper with another inner.
-using AllPolicies =
-    std::tuple<LruPolicy, LfuPolicy, LhuPolicy, FldPolicy, MultiDimPolicy, ArcPolicy,
-               ShallowFavoringArcPolicy, ShallowFavoring<LruPolicy>, EdgeMoePolicy,
-               StaticPopularityPolicy, BeladyPolicy, CostAwareBeladyPolicy, ExpectedNextUsePolicy,
-               FittedNextUsePolicy>;
+using AllPolicies = std::tuple<LruPolicy, LfuPolicy, LhuPolicy, FldPolicy, MultiDimPolicy,
+                               ArcPolicy, ShallowFavoringArcPolicy, ShallowFavoring<LruPolicy>,
+                               EdgeMoePolicy, StaticPopularityPolicy, BeladyPolicy,
+                               CostAwareBeladyPolicy, ExpectedNextUsePolicy, FittedNextUsePolicy>;
 
 /// Per-(layer, expert) use counts of a demand sequence (a profile for the popularity policies).
 inline std::vector<double> counts_of(const ModelShape& shape,

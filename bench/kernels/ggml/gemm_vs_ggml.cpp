@@ -60,10 +60,12 @@ class GgmlGemm {
                             ggml_graph_overhead() + (1 << 20);
     ctx_ = ggml_init({mem, nullptr, false});
     if (!ctx_) throw std::runtime_error("ggml_init failed");
-    m_ = ggml_new_tensor_2d(ctx_, type, static_cast<std::int64_t>(cols), static_cast<std::int64_t>(rows));
+    m_ = ggml_new_tensor_2d(ctx_, type, static_cast<std::int64_t>(cols),
+                            static_cast<std::int64_t>(rows));
     ggml_quantize_chunk(type, w.data(), m_->data, 0, static_cast<std::int64_t>(rows),
                         static_cast<std::int64_t>(cols), nullptr);
-    x_ = ggml_new_tensor_2d(ctx_, GGML_TYPE_F32, static_cast<std::int64_t>(cols), static_cast<std::int64_t>(n));
+    x_ = ggml_new_tensor_2d(ctx_, GGML_TYPE_F32, static_cast<std::int64_t>(cols),
+                            static_cast<std::int64_t>(n));
     y_ = ggml_mul_mat(ctx_, m_, x_);
     graph_ = ggml_new_graph(ctx_);
     ggml_build_forward_expand(graph_, y_);
@@ -75,7 +77,9 @@ class GgmlGemm {
   GgmlGemm(const GgmlGemm&) = delete;
   GgmlGemm& operator=(const GgmlGemm&) = delete;
 
-  void set_x(const std::vector<float>& x) { std::memcpy(x_->data, x.data(), x.size() * sizeof(float)); }
+  void set_x(const std::vector<float>& x) {
+    std::memcpy(x_->data, x.data(), x.size() * sizeof(float));
+  }
   void run() {
     if (ggml_graph_compute(graph_, &plan_) != GGML_STATUS_SUCCESS)
       throw std::runtime_error("ggml_graph_compute failed");
@@ -98,16 +102,19 @@ class GgmlRepackedGemm {
   GgmlRepackedGemm(ggml_type type, const std::vector<float>& w, std::size_t rows, std::size_t cols,
                    std::size_t n, int threads) {
     ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    auto extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
-        ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts"));
+    auto extra =
+        reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(ggml_backend_reg_get_proc_address(
+            ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts"));
     ggml_backend_buffer_type_t* bufts = extra ? extra(dev) : nullptr;
     if (!bufts || !*bufts) throw std::runtime_error("ggml: no extra (repack) buffer type");
     buft_name_ = ggml_backend_buft_name(bufts[0]);
     const ggml_init_params meta{8 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true};
     wctx_ = ggml_init(meta);
     xctx_ = ggml_init(meta);
-    m_ = ggml_new_tensor_2d(wctx_, type, static_cast<std::int64_t>(cols), static_cast<std::int64_t>(rows));
-    x_ = ggml_new_tensor_2d(xctx_, GGML_TYPE_F32, static_cast<std::int64_t>(cols), static_cast<std::int64_t>(n));
+    m_ = ggml_new_tensor_2d(wctx_, type, static_cast<std::int64_t>(cols),
+                            static_cast<std::int64_t>(rows));
+    x_ = ggml_new_tensor_2d(xctx_, GGML_TYPE_F32, static_cast<std::int64_t>(cols),
+                            static_cast<std::int64_t>(n));
     y_ = ggml_mul_mat(xctx_, m_, x_);
     wbuf_ = ggml_backend_alloc_ctx_tensors_from_buft(wctx_, bufts[0]);
     xbuf_ = ggml_backend_alloc_ctx_tensors_from_buft(xctx_, ggml_backend_cpu_buffer_type());
@@ -116,7 +123,8 @@ class GgmlRepackedGemm {
     available_ = ggml_backend_dev_supports_op(dev, y_);
     if (!available_) return;
     std::vector<std::uint8_t> q(ggml_row_size(type, static_cast<std::int64_t>(cols)) * rows);
-    ggml_quantize_chunk(type, w.data(), q.data(), 0, static_cast<std::int64_t>(rows), static_cast<std::int64_t>(cols), nullptr);
+    ggml_quantize_chunk(type, w.data(), q.data(), 0, static_cast<std::int64_t>(rows),
+                        static_cast<std::int64_t>(cols), nullptr);
     ggml_backend_tensor_set(m_, q.data(), 0, q.size());  // repacks
     graph_ = ggml_new_graph(xctx_);
     ggml_build_forward_expand(graph_, y_);
@@ -134,7 +142,9 @@ class GgmlRepackedGemm {
   GgmlRepackedGemm(const GgmlRepackedGemm&) = delete;
   GgmlRepackedGemm& operator=(const GgmlRepackedGemm&) = delete;
 
-  void set_x(const std::vector<float>& x) { ggml_backend_tensor_set(x_, x.data(), 0, x.size() * sizeof(float)); }
+  void set_x(const std::vector<float>& x) {
+    ggml_backend_tensor_set(x_, x.data(), 0, x.size() * sizeof(float));
+  }
   void run() {
     if (ggml_backend_graph_compute(backend_, graph_) != GGML_STATUS_SUCCESS)
       throw std::runtime_error("ggml_backend_graph_compute failed");
@@ -174,8 +184,10 @@ int main(int argc, char** argv) {
   int reps = 3, threads = 1;
   std::optional<Isa> isa;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::max(1, std::atoi(argv[++i]));
+    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc && parse_isa(argv[i + 1]) &&
              isa_supported(*parse_isa(argv[i + 1])))
       isa = parse_isa(argv[++i]);
@@ -186,21 +198,24 @@ int main(int argc, char** argv) {
   }
   ggml_cpu_init();
   const Isa our = isa.value_or(detect_isa());
-  std::printf("moekit int8 GEMM vs ggml mul_mat, warm weights, %d thread(s), ISA %s%s, medians of %d "
-              "interleaved rounds; vs ggml = ggml time / moekit time (> 1: moekit faster)\n",
-              threads, std::string(name(our)).c_str(), our == Isa::avx512 && has_avx512_vnni() ? "+vnni" : "",
-              reps);
-  std::printf("ggml: plain = mul_mat on weights in a plain context (no repacking); repack = the CPU "
-              "backend with the weights in its extra buffer type, as llama.cpp runs them\n");
-  std::printf("%-5s %-11s %4s %9s %9s %9s %9s %9s %9s %8s %8s %7s %7s %7s\n", "type", "shape", "n", "moekit ms",
-              "GFLOP/s", "plain ms", "GFLOP/s", "repack ms", "GFLOP/s", "vs plain", "vs repk", "err", "pl err",
-              "rp err");
+  std::printf(
+      "moekit int8 GEMM vs ggml mul_mat, warm weights, %d thread(s), ISA %s%s, medians of %d "
+      "interleaved rounds; vs ggml = ggml time / moekit time (> 1: moekit faster)\n",
+      threads, std::string(name(our)).c_str(),
+      our == Isa::avx512 && has_avx512_vnni() ? "+vnni" : "", reps);
+  std::printf(
+      "ggml: plain = mul_mat on weights in a plain context (no repacking); repack = the CPU "
+      "backend with the weights in its extra buffer type, as llama.cpp runs them\n");
+  std::printf("%-5s %-11s %4s %9s %9s %9s %9s %9s %9s %8s %8s %7s %7s %7s\n", "type", "shape", "n",
+              "moekit ms", "GFLOP/s", "plain ms", "GFLOP/s", "repack ms", "GFLOP/s", "vs plain",
+              "vs repk", "err", "pl err", "rp err");
   struct Pair {
     Precision p;
     ggml_type gtype;
     const char* gname;
   };
-  const Pair pairs[] = {{Precision::q8, GGML_TYPE_Q8_0, "q8_0"}, {Precision::q4, GGML_TYPE_Q4_0, "q4_0"}};
+  const Pair pairs[] = {{Precision::q8, GGML_TYPE_Q8_0, "q8_0"},
+                        {Precision::q4, GGML_TYPE_Q4_0, "q4_0"}};
   const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
   ThreadPool pool(static_cast<unsigned>(threads));
   for (const Pair& f : pairs)
@@ -237,11 +252,15 @@ int main(int argc, char** argv) {
           const double p = gr.available() ? seconds([&] { gr.run(); }) : NAN;
           if (r >= 0) tm.push_back(a), tg.push_back(g), tr.push_back(p);
         }
-        const double mm = median(tm), mg = median(tg), mr = median(tr), flop = 2.0 * rows * cols * n;
-        std::printf("%-5s %5zux%-5zu %4zu %9.2f %9.1f %9.2f %9.1f %9.2f %9.1f %7.2fx %7.2fx %7.4f %7.4f %7.4f\n",
-                    f.gname, rows, cols, n, mm * 1e3, flop / mm / 1e9, mg * 1e3, flop / mg / 1e9, mr * 1e3,
-                    flop / mr / 1e9, mg / mm, mr / mm, rel_diff(y.data(), exact.data(), rows),
-                    rel_diff(gg.y(), exact.data(), rows), gr.available() ? rel_diff(gr.y(), exact.data(), rows) : NAN);
+        const double mm = median(tm), mg = median(tg), mr = median(tr),
+                     flop = 2.0 * rows * cols * n;
+        std::printf(
+            "%-5s %5zux%-5zu %4zu %9.2f %9.1f %9.2f %9.1f %9.2f %9.1f %7.2fx %7.2fx %7.4f %7.4f "
+            "%7.4f\n",
+            f.gname, rows, cols, n, mm * 1e3, flop / mm / 1e9, mg * 1e3, flop / mg / 1e9, mr * 1e3,
+            flop / mr / 1e9, mg / mm, mr / mm, rel_diff(y.data(), exact.data(), rows),
+            rel_diff(gg.y(), exact.data(), rows),
+            gr.available() ? rel_diff(gr.y(), exact.data(), rows) : NAN);
       }
     }
   return 0;

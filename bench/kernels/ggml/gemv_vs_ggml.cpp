@@ -8,12 +8,12 @@
 //
 // For each (format, shape, threads): medians over --reps rounds; each round runs moekit's float-
 // activation path, moekit's int8-activation path (VNNI) on the matrix in rows and in 4-row panels
-// (MatrixOrder::panels4) and in blocked panels (blocked_panels4; both must give the rows' result bit for bit), ggml, and the streaming read (twice: as
-// one stream and as four prefetched ones; the faster median is the bound), each on its own next
-// cold copy. The error columns compare both results with the exact product of the
-// unquantized weights (max abs error over max abs value), so both are known to compute the same
-// thing. Ratios are ggml time / moekit time (> 1: moekit faster) and moekit bytes/s
-// as a fraction of the read bandwidth of the same round set.
+// (MatrixOrder::panels4) and in blocked panels (blocked_panels4; both must give the rows' result
+// bit for bit), ggml, and the streaming read (twice: as one stream and as four prefetched ones; the
+// faster median is the bound), each on its own next cold copy. The error columns compare both
+// results with the exact product of the unquantized weights (max abs error over max abs value), so
+// both are known to compute the same thing. Ratios are ggml time / moekit time (> 1: moekit faster)
+// and moekit bytes/s as a fraction of the read bandwidth of the same round set.
 //
 // Usage: gemv_vs_ggml [--reps N] [--quick] [--only q8_0|q4_0|q2_K] [--threads N]
 #include <algorithm>
@@ -55,8 +55,9 @@ class GgmlGemv {
   GgmlGemv(ggml_type type, const std::vector<float>& w, std::size_t rows, std::size_t cols,
            std::size_t copies, int threads) {
     mat_bytes_ = ggml_row_size(type, static_cast<std::int64_t>(cols)) * rows;
-    const std::size_t mem = copies * (mat_bytes_ + 3 * ggml_tensor_overhead() + ggml_graph_overhead()) +
-                            (cols + rows) * sizeof(float) + (16u << 20);
+    const std::size_t mem =
+        copies * (mat_bytes_ + 3 * ggml_tensor_overhead() + ggml_graph_overhead()) +
+        (cols + rows) * sizeof(float) + (16u << 20);
     ctx_ = ggml_init({mem, nullptr, false});
     if (!ctx_) throw std::runtime_error("ggml_init failed");
     x_ = ggml_new_tensor_2d(ctx_, GGML_TYPE_F32, static_cast<std::int64_t>(cols), 1);
@@ -67,7 +68,8 @@ class GgmlGemv {
       if (c == 0)
         ggml_quantize_chunk(type, w.data(), m->data, 0, static_cast<std::int64_t>(rows),
                             static_cast<std::int64_t>(cols), nullptr);
-      else std::memcpy(m->data, mats_[0]->data, mat_bytes_);
+      else
+        std::memcpy(m->data, mats_[0]->data, mat_bytes_);
       mats_.push_back(m);
       ggml_tensor* y = ggml_mul_mat(ctx_, m, x_);
       ys_.push_back(y);
@@ -88,7 +90,9 @@ class GgmlGemv {
     if (ggml_graph_compute(graphs_[copy], &plan_) != GGML_STATUS_SUCCESS)
       throw std::runtime_error("ggml_graph_compute failed");
   }
-  void set_x(const std::vector<float>& x) { std::copy(x.begin(), x.end(), static_cast<float*>(x_->data)); }
+  void set_x(const std::vector<float>& x) {
+    std::copy(x.begin(), x.end(), static_cast<float*>(x_->data));
+  }
   const float* y(std::size_t copy) const { return static_cast<const float*>(ys_[copy]->data); }
   std::size_t bytes() const { return mat_bytes_; }
 
@@ -130,10 +134,14 @@ int main(int argc, char** argv) {
   int only_threads = 0;
   std::optional<Isa> isa;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--quick")) quick = true, reps = 7;
-    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) only_threads = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--quick"))
+      quick = true, reps = 7;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
+      only = argv[++i];
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      only_threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc && parse_isa(argv[i + 1]) &&
              isa_supported(*parse_isa(argv[i + 1])))
       isa = parse_isa(argv[++i]);
@@ -149,15 +157,17 @@ int main(int argc, char** argv) {
   // The int8 kernels: AVX-512 VNNI, else AVX2 (with AVX-VNNI where present).
   const Isa our = isa.value_or(detect_isa());
   const bool int8 = our != Isa::generic;
-  std::printf("moekit GEMV vs ggml mul_mat, n = 1, cold weights (rotation over %zu MiB each), "
-              "ISA %s%s, medians of %d interleaved rounds\n",
-              rotation_bytes >> 20, std::string(name(our)).c_str(),
-              our == Isa::avx512 && has_avx512_vnni() ? "+vnni" : "", reps);
-  std::printf("f32x: float activations; i8x: int8 activations (KernelOptions::int8_activations); "
-              "p8x: int8 activations, the matrix in 4-row panels (MatrixOrder::panels4); b8x: the same in "
-              "blocked panels (MatrixOrder::blocked_panels4)\n"
-              "vs ggml: ggml time / moekit time (> 1: moekit faster); of read: moekit bytes/s over a "
-              "streaming read of the same bytes (the faster of one stream and four prefetched ones)\n");
+  std::printf(
+      "moekit GEMV vs ggml mul_mat, n = 1, cold weights (rotation over %zu MiB each), "
+      "ISA %s%s, medians of %d interleaved rounds\n",
+      rotation_bytes >> 20, std::string(name(our)).c_str(),
+      our == Isa::avx512 && has_avx512_vnni() ? "+vnni" : "", reps);
+  std::printf(
+      "f32x: float activations; i8x: int8 activations (KernelOptions::int8_activations); "
+      "p8x: int8 activations, the matrix in 4-row panels (MatrixOrder::panels4); b8x: the same in "
+      "blocked panels (MatrixOrder::blocked_panels4)\n"
+      "vs ggml: ggml time / moekit time (> 1: moekit faster); of read: moekit bytes/s over a "
+      "streaming read of the same bytes (the faster of one stream and four prefetched ones)\n");
   const Pair pairs[] = {{"q8 g32 sym", Precision::q8, {32, false}, GGML_TYPE_Q8_0, "q8_0"},
                         {"q4 g32 sym", Precision::q4, {32, false}, GGML_TYPE_Q4_0, "q4_0"},
                         {"q2 g64 aff", Precision::q2, {64, true}, GGML_TYPE_Q2_K, "q2_K"}};
@@ -165,9 +175,12 @@ int main(int argc, char** argv) {
   for (int threads : {1, 2}) {
     if (only_threads && threads != only_threads) continue;
     ThreadPool pool(static_cast<unsigned>(threads));
-    std::printf("\n== %d thread(s)\n%-11s %-11s %6s %6s | %7s %7s %7s %7s %7s %7s | %7s %7s %7s %7s | %7s %7s %7s %7s | %5s %5s %5s\n",
-                threads, "format", "shape", "MiB", "gg MiB", "f32x ms", "i8x ms", "p8x ms", "b8x ms", "ggml ms", "read ms",
-                "f32x rd", "i8x rd", "p8x rd", "b8x rd", "f32x/gg", "i8x/gg", "p8x/gg", "b8x/gg", "f err", "i8err", "gg er");
+    std::printf(
+        "\n== %d thread(s)\n%-11s %-11s %6s %6s | %7s %7s %7s %7s %7s %7s | %7s %7s %7s %7s | %7s "
+        "%7s %7s %7s | %5s %5s %5s\n",
+        threads, "format", "shape", "MiB", "gg MiB", "f32x ms", "i8x ms", "p8x ms", "b8x ms",
+        "ggml ms", "read ms", "f32x rd", "i8x rd", "p8x rd", "b8x rd", "f32x/gg", "i8x/gg",
+        "p8x/gg", "b8x/gg", "f err", "i8err", "gg er");
     for (const Pair& f : pairs) {
       if (!only.empty() && only != f.gname) continue;
       for (const auto& shape : shapes) {
@@ -183,10 +196,12 @@ int main(int argc, char** argv) {
         std::vector<std::vector<std::byte>> mats(copies);
         mats[0] = encode_matrix<float>(w, rows, cols, f.p, f.s);
         for (std::size_t c = 1; c < copies; ++c) mats[c] = mats[0];
-        std::vector<std::vector<std::byte>> panels(copies, std::vector<std::byte>(bytes)), blocked = panels;
+        std::vector<std::vector<std::byte>> panels(copies, std::vector<std::byte>(bytes)),
+            blocked = panels;
         for (std::size_t c = 0; c < copies; ++c) {
           pack_panels(MatrixView{mats[0].data(), rows, cols, f.p, f.s}, panels[c]);
-          pack_panels(MatrixView{mats[0].data(), rows, cols, f.p, f.s}, blocked[c], MatrixOrder::blocked_panels4);
+          pack_panels(MatrixView{mats[0].data(), rows, cols, f.p, f.s}, blocked[c],
+                      MatrixOrder::blocked_panels4);
         }
         const std::size_t gbytes = ggml_row_size(f.gtype, static_cast<std::int64_t>(cols)) * rows;
         const std::size_t gcopies = std::max<std::size_t>(2, rotation_bytes / gbytes);
@@ -211,7 +226,8 @@ int main(int argc, char** argv) {
           gemv(MatrixView{panels[c].data(), rows, cols, f.p, f.s, MatrixOrder::panels4}, x, yp, o8);
         };
         auto ours_blocked = [&](std::size_t c) {
-          gemv(MatrixView{blocked[c].data(), rows, cols, f.p, f.s, MatrixOrder::blocked_panels4}, x, yb, o8);
+          gemv(MatrixView{blocked[c].data(), rows, cols, f.p, f.s, MatrixOrder::blocked_panels4}, x,
+               yb, o8);
         };
         std::vector<double> tf, t8, tp, tb, tg, tr, tr4;
         for (int r = -1; r < reps; ++r) {  // round -1 warms every copy (page faults, threads)
@@ -226,15 +242,17 @@ int main(int argc, char** argv) {
             const double s = seconds([&] { read(i % copies, false); });
             const double s4 = seconds([&] { read((i + 1) % copies, true); });
             if (r >= 0)
-              tf.push_back(a), t8.push_back(b), tp.push_back(pn), tb.push_back(bl), tg.push_back(g), tr.push_back(s),
-                  tr4.push_back(s4);
+              tf.push_back(a), t8.push_back(b), tp.push_back(pn), tb.push_back(bl), tg.push_back(g),
+                  tr.push_back(s), tr4.push_back(s4);
           }
         }
         // The bound: the faster of the two reads (one stream, four prefetched streams).
-        const double mf = median(tf), m8 = median(t8), mp = median(tp), mb = median(tb), mg = median(tg),
-                     mr = std::min(median(tr), median(tr4));
-        if (int8 && (yp != y8 || yb != y8)) {  // the panel kernel does the row kernel's operations in its order
-          std::fprintf(stderr, "%s %zux%zu: panels gave a different result from rows\n", f.gname, rows, cols);
+        const double mf = median(tf), m8 = median(t8), mp = median(tp), mb = median(tb),
+                     mg = median(tg), mr = std::min(median(tr), median(tr4));
+        if (int8 && (yp != y8 ||
+                     yb != y8)) {  // the panel kernel does the row kernel's operations in its order
+          std::fprintf(stderr, "%s %zux%zu: panels gave a different result from rows\n", f.gname,
+                       rows, cols);
           return 1;
         }
         // Same math: each result's error against the exact product of the unquantized weights.
@@ -242,11 +260,14 @@ int main(int argc, char** argv) {
         const double err_8 = rel_diff(y8.data(), exact.data(), rows);
         const double err_g = rel_diff(gg.y(0), exact.data(), rows);
         const double nan = NAN;
-        std::printf("%-4s/%-6s %5zux%-5zu %6.1f %6.1f | %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f | %6.0f%% %6.0f%% %6.0f%% %6.0f%% | %6.2fx %6.2fx %6.2fx %6.2fx | %5.3f %5.3f %5.3f\n",
-                    f.gname, f.label, rows, cols, bytes / 1048576.0, gbytes / 1048576.0, mf * 1e3, int8 ? m8 * 1e3 : nan,
-                    int8 ? mp * 1e3 : nan, int8 ? mb * 1e3 : nan, mg * 1e3, mr * 1e3, 100 * mr / mf,
-                    int8 ? 100 * mr / m8 : nan, int8 ? 100 * mr / mp : nan, int8 ? 100 * mr / mb : nan, mg / mf,
-                    int8 ? mg / m8 : nan, int8 ? mg / mp : nan, int8 ? mg / mb : nan, err_f, err_8, err_g);
+        std::printf(
+            "%-4s/%-6s %5zux%-5zu %6.1f %6.1f | %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f | %6.0f%% "
+            "%6.0f%% %6.0f%% %6.0f%% | %6.2fx %6.2fx %6.2fx %6.2fx | %5.3f %5.3f %5.3f\n",
+            f.gname, f.label, rows, cols, bytes / 1048576.0, gbytes / 1048576.0, mf * 1e3,
+            int8 ? m8 * 1e3 : nan, int8 ? mp * 1e3 : nan, int8 ? mb * 1e3 : nan, mg * 1e3, mr * 1e3,
+            100 * mr / mf, int8 ? 100 * mr / m8 : nan, int8 ? 100 * mr / mp : nan,
+            int8 ? 100 * mr / mb : nan, mg / mf, int8 ? mg / m8 : nan, int8 ? mg / mp : nan,
+            int8 ? mg / mb : nan, err_f, err_8, err_g);
       }
     }
   }

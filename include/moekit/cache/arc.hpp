@@ -145,8 +145,10 @@ class ArcPolicy {
     Node& n = nodes_[i];
     n.prefetched = false;
     n.prefetched_ghost = ArcList::none;
-    if (n.list == ArcList::t1) move_to_front(L, i, ArcList::b1);
-    else if (n.list == ArcList::t2) move_to_front(L, i, ArcList::b2);
+    if (n.list == ArcList::t1)
+      move_to_front(L, i, ArcList::b1);
+    else if (n.list == ArcList::t2)
+      move_to_front(L, i, ArcList::b2);
   }
 
   [[nodiscard]] std::optional<ExpertKey> victim(const EvictionQuery& q) noexcept {
@@ -195,8 +197,8 @@ class ArcPolicy {
   struct Node {
     std::uint32_t prev = none, next = none;
     ArcList list = ArcList::none;
-    bool prefetched = false;                     ///< inserted by a prefetch, not accessed since
-    ArcList prefetched_ghost = ArcList::none;   ///< ghost list it left when it was prefetched
+    bool prefetched = false;                   ///< inserted by a prefetch, not accessed since
+    ArcList prefetched_ghost = ArcList::none;  ///< ghost list it left when it was prefetched
   };
   struct Layer {
     std::uint32_t head[4] = {none, none, none, none};  ///< MRU ends
@@ -204,10 +206,10 @@ class ArcPolicy {
     std::size_t size[4] = {0, 0, 0, 0};
     double p = 0.0;
     std::uint32_t c = 0;
-    ExpertKey adapted_key{};      ///< the insertion whose ghost hit was already applied
+    ExpertKey adapted_key{};  ///< the insertion whose ghost hit was already applied
     std::uint64_t adapted_tick = 0;
     bool adapted = false;
-    ExpertKey pending_key{};      ///< the insertion announced by prepare_insert
+    ExpertKey pending_key{};  ///< the insertion announced by prepare_insert
     std::uint64_t pending_tick = 0;
     bool pending = false;
     bool pending_prefetch = false;
@@ -252,8 +254,14 @@ class ArcPolicy {
     Node& n = nodes_[i];
     if (n.list == ArcList::none) return;
     const std::size_t s = slot(n.list);
-    if (n.prev != none) nodes_[n.prev].next = n.next; else L.head[s] = n.next;
-    if (n.next != none) nodes_[n.next].prev = n.prev; else L.tail[s] = n.prev;
+    if (n.prev != none)
+      nodes_[n.prev].next = n.next;
+    else
+      L.head[s] = n.next;
+    if (n.next != none)
+      nodes_[n.next].prev = n.prev;
+    else
+      L.tail[s] = n.prev;
     --L.size[s];
     n.prev = n.next = none;
     n.list = ArcList::none;

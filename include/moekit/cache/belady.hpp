@@ -77,8 +77,8 @@ class FutureIndex {
       const std::uint64_t at = next_at_or_after(key, pos_);
       if (at == never)
         detail::fail(ErrorKind::invalid_argument,
-                     "offline cache policy: demand of expert (" + std::to_string(key.layer) +
-                         "," + std::to_string(key.expert) +
+                     "offline cache policy: demand of expert (" + std::to_string(key.layer) + "," +
+                         std::to_string(key.expert) +
                          ") is not in the rest of the future sequence it was given");
       pos_ = at;
     }
@@ -131,8 +131,8 @@ class BeladyPolicy {
 
   void on_hit(ExpertKey key, const AccessInfo&) { reschedule(key, future_.consume(key)); }
   void on_insert(ExpertKey key, const AccessInfo& a) {
-    reschedule(key, a.prefetch ? future_.next_at_or_after(key, future_.position())
-                               : future_.consume(key));
+    reschedule(
+        key, a.prefetch ? future_.next_at_or_after(key, future_.position()) : future_.consume(key));
   }
   void on_evict(ExpertKey key) noexcept {
     const std::uint32_t i = detail::dense_index(key, shape_.n_experts);
@@ -180,7 +180,8 @@ class BeladyPolicy {
 static_assert(CachePolicy<BeladyPolicy>);
 
 /// Offline reference for mixed precision: misses weighted by the bytes they load (see the file
-/// comment for what it guarantees). O(log n) per access; a victim costs O(classes + pinned · log n).
+/// comment for what it guarantees). O(log n) per access; a victim costs O(classes + pinned · log
+/// n).
 ///
 /// Indexing: the keep score (j − now + 1) · freed / cost changes with `now`, but for residents
 /// holding the same precision whose next demand wants the same precision (a *class*: freed and
@@ -232,7 +233,8 @@ class CostAwareBeladyPolicy {
       return q.evictable(detail::dense_key(j, shape_.n_experts));
     };
     // A copy that cannot serve again scores +inf: the smallest evictable key of them wins.
-    if (const auto d = classes_[dead].first(evictable)) return detail::dense_key(*d, shape_.n_experts);
+    if (const auto d = classes_[dead].first(evictable))
+      return detail::dense_key(*d, shape_.n_experts);
     std::optional<std::uint32_t> best;
     double best_s = 0.0;
     const double now = double(future_.position());

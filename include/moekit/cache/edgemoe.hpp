@@ -11,9 +11,9 @@
 /// counts layers *since* layer i ran, which protects the layer just computed and exposes the next
 /// one, the opposite of the paper's stated intent ("an expert in a layer that is going to be
 /// executed soon shall be endowed with a higher score for not being evicted"). moekit offers both:
-/// `EdgeMoeDistance::forward` (default) uses d = (i − I) mod S, the layers until layer i runs again;
-/// `as_printed` uses d = (I − i) mod S. **i == I** (d = 0, a division by zero as printed): the
-/// current layer's experts that are not in use are next needed one full pass later, so d := S.
+/// `EdgeMoeDistance::forward` (default) uses d = (i − I) mod S, the layers until layer i runs
+/// again; `as_printed` uses d = (I − i) mod S. **i == I** (d = 0, a division by zero as printed):
+/// the current layer's experts that are not in use are next needed one full pass later, so d := S.
 /// f = online uses (token-uses since the policy was created, never reset: EdgeMoE keeps counts
 /// across inferences) + prior_weight × the expert's share of its layer in an optional offline
 /// profile. Ties: larger d, then least recently used, then larger (layer, expert).
@@ -25,8 +25,8 @@
 #include <utility>
 #include <vector>
 
-#include "moekit/cache/detail/ranked_set.hpp"
 #include "moekit/cache/detail/dense_index.hpp"
+#include "moekit/cache/detail/ranked_set.hpp"
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/hooks.hpp"

@@ -108,8 +108,10 @@ class ExpectedNextUsePolicy {
 
   void on_hit(ExpertKey key, const AccessInfo& a) noexcept { demand(key, a); }
   void on_insert(ExpertKey key, const AccessInfo& a) noexcept {
-    if (a.prefetch) last_tick_[detail::dense_index(key, n_experts_)] = a.tick;
-    else demand(key, a);  // may fold the previous visit first
+    if (a.prefetch)
+      last_tick_[detail::dense_index(key, n_experts_)] = a.tick;
+    else
+      demand(key, a);  // may fold the previous visit first
     admit(key);
   }
   void on_evict(ExpertKey key) noexcept {
@@ -126,8 +128,10 @@ class ExpectedNextUsePolicy {
     m.pop_back();
     mg.pop_back();
     pos_[i] = none;
-    if (j == top_[l] || g >= next_g_[l]) refresh_top(l);  // the largest or the runner-up left
-    else if (top_[l] == moved) top_[l] = j;
+    if (j == top_[l] || g >= next_g_[l])
+      refresh_top(l);  // the largest or the runner-up left
+    else if (top_[l] == moved)
+      top_[l] = j;
   }
 
   /// The layer with the largest bound d + (largest g) is searched first; another layer is searched
@@ -157,9 +161,7 @@ class ExpectedNextUsePolicy {
  private:
   static constexpr std::uint32_t none = 0xffffffffu;
 
-  [[nodiscard]] double g_of(double p) const noexcept {
-    return double(n_layers_) * (1.0 / p - 1.0);
-  }
+  [[nodiscard]] double g_of(double p) const noexcept { return double(n_layers_) * (1.0 / p - 1.0); }
   [[nodiscard]] double estimate(std::uint32_t l, std::uint32_t e) const noexcept {
     return estimate(l, e, denominator(l));
   }
@@ -198,8 +200,8 @@ class ExpectedNextUsePolicy {
     const auto offer = [&](std::size_t j, double t) {
       const std::uint64_t tick = last_tick_[base + m[j]];
       const ExpertKey k{l, m[j]};
-      if (best.key && (t < best.t || (t == best.t && (tick > best.tick ||
-                                                       (tick == best.tick && k > *best.key)))))
+      if (best.key && (t < best.t ||
+                       (t == best.t && (tick > best.tick || (tick == best.tick && k > *best.key)))))
         return;
       if (q.evictable(k)) best = {k, t, tick};  // the predicate only for a would-be winner
     };
@@ -232,7 +234,8 @@ class ExpectedNextUsePolicy {
     if (!seen && visit_.size() < n_experts_) {
       visit_.push_back(key.expert);
       // Its transition row is summed when this visit is folded: start loading it now.
-      const std::int32_t* row = &trans_[std::size_t{detail::dense_index(key, n_experts_)} * n_experts_];
+      const std::int32_t* row =
+          &trans_[std::size_t{detail::dense_index(key, n_experts_)} * n_experts_];
       for (std::uint32_t e = 0; e < n_experts_; e += 16) __builtin_prefetch(row + e);
     }
     last_tick_[detail::dense_index(key, n_experts_)] = a.tick;
@@ -285,20 +288,23 @@ class ExpectedNextUsePolicy {
     const double k = last_[l].empty() ? double(top_k_) : double(last_[l].size());
     rows_.clear();
     for (const std::uint32_t a : last_[l]) rows_.push_back(&trans_[(base + a) * n_experts_]);
-    const RerankInputs in{&count_[base], k / double(n_experts_), visits_[l] + 1.0, cfg_.prior,
-                          rows_.data(), rows_.size(), n_experts_, members_[l].data(),
-                          members_[l].size(), denominator(l), double(n_layers_)};
+    const RerankInputs in{&count_[base],  k / double(n_experts_), visits_[l] + 1.0,
+                          cfg_.prior,     rows_.data(),           rows_.size(),
+                          n_experts_,     members_[l].data(),     members_[l].size(),
+                          denominator(l), double(n_layers_)};
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__AVX__)
-    if (rerank_avx_) rerank_avx(in, num_.data(), member_g_[l].data());
-    else rerank_values(in, num_.data(), member_g_[l].data());
+    if (rerank_avx_)
+      rerank_avx(in, num_.data(), member_g_[l].data());
+    else
+      rerank_values(in, num_.data(), member_g_[l].data());
 #else
     rerank_values(in, num_.data(), member_g_[l].data());
 #endif
     refresh_top(l);
   }
   struct RerankInputs {
-    const double* count;  ///< [expert] decayed counts of the layer
-    double ke, v1, prior;  ///< k / E, V(l) + 1, prior
+    const double* count;              ///< [expert] decayed counts of the layer
+    double ke, v1, prior;             ///< k / E, V(l) + 1, prior
     const std::int32_t* const* rows;  ///< transition rows of last(l)
     std::size_t n_rows;
     std::uint32_t n_experts;
@@ -376,7 +382,7 @@ class ExpectedNextUsePolicy {
     const __m128d eq01 = _mm_cmpeq_pd(h01, top), eq23 = _mm_cmpeq_pd(h23, top);
     const unsigned lanes = unsigned(_mm_movemask_pd(eq01)) | unsigned(_mm_movemask_pd(eq23)) << 2;
     const double value = _mm_cvtsd_f64(top);
-    double next = value;  // the largest in two lanes: a tie
+    double next = value;               // the largest in two lanes: a tie
     if ((lanes & (lanes - 1)) == 0) {  // one lane: its runner-up and the other lanes' largest
       const __m128d s01 = _mm_or_pd(_mm_and_pd(eq01, r01), _mm_andnot_pd(eq01, h01));
       const __m128d s23 = _mm_or_pd(_mm_and_pd(eq23, r23), _mm_andnot_pd(eq23, h23));
@@ -434,8 +440,8 @@ class ExpectedNextUsePolicy {
   /// [layer][from][to] transition counts between consecutive visits. Whole numbers: 32-bit
   /// counters halve the memory the estimate streams through (exact up to 2^31 − 1, then saturate).
   std::vector<std::int32_t> trans_;
-  std::vector<double> from_;   ///< [layer][from] visits that followed one where `from` was chosen
-  std::vector<double> count_;  ///< [layer][expert] decayed selection counts
+  std::vector<double> from_;    ///< [layer][from] visits that followed one where `from` was chosen
+  std::vector<double> count_;   ///< [layer][expert] decayed selection counts
   std::vector<double> visits_;  ///< [layer] decayed visit count
   std::vector<std::vector<std::uint32_t>> last_;  ///< [layer] experts chosen at its last visit
   std::vector<std::uint32_t> visit_;              ///< experts of the open visit
@@ -449,9 +455,9 @@ class ExpectedNextUsePolicy {
   std::vector<const std::int32_t*> rows_;  ///< rerank's scratch: transition rows of last(l)
   std::vector<double> num_;                ///< rerank's scratch: [expert] numerator of p
   bool rerank_avx_ = false;                ///< re-rank with the AVX passes (see bind)
-  std::vector<double> max_g_;   ///< [layer] largest g of its residents, −inf if none
+  std::vector<double> max_g_;              ///< [layer] largest g of its residents, −inf if none
   std::vector<double> next_g_;  ///< [layer] largest g of the others than top_ (= max_g_ on a tie)
-  std::vector<std::uint32_t> top_;  ///< [layer] index in members_ of a resident holding max_g_
+  std::vector<std::uint32_t> top_;     ///< [layer] index in members_ of a resident holding max_g_
   mutable std::vector<double> bound_;  ///< victim's scratch: [layer] largest E[t] of the layer
   std::vector<double> ramp_;  ///< [j] the layer distance j mod L as a double, L for 0; j < 2L
 };

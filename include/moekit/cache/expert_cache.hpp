@@ -13,9 +13,9 @@
 /// The cache owns the arena behind its slots (`ExpertArena`, when its owner keeps bytes): an
 /// entry that leaves the cache releases its slot's buffer.
 /// All per-access operations are O(1) plus the policy's own cost, and allocate nothing.
-/// Policy hooks are called only when the policy declares them (core/hooks.hpp): `prepare_insert(key,
-/// access)` is called by `insert` once the insertion is known to go ahead and before it asks for
-/// any victim.
+/// Policy hooks are called only when the policy declares them (core/hooks.hpp):
+/// `prepare_insert(key, access)` is called by `insert` once the insertion is known to go ahead and
+/// before it asks for any victim.
 
 #include <algorithm>
 #include <cstddef>
@@ -40,9 +40,9 @@ struct CacheStats {
   std::uint64_t misses = 0;
   std::uint64_t inserts = 0;
   std::uint64_t evictions = 0;
-  std::uint64_t insert_failures = 0;       ///< no evictable entry could make room
+  std::uint64_t insert_failures = 0;  ///< no evictable entry could make room
   std::uint64_t bytes_inserted = 0;
-  std::uint64_t wasted_prefetches = 0;     ///< prefetched, then evicted or erased unused
+  std::uint64_t wasted_prefetches = 0;  ///< prefetched, then evicted or erased unused
   std::uint64_t wasted_prefetch_bytes = 0;
 };
 
@@ -65,7 +65,7 @@ class ExpertCache {
     std::uint32_t slot = 0;
     std::uint32_t hard_pins = 0;
     std::uint32_t soft_pins = 0;
-    bool loading = false;           ///< its load has not been seen complete yet: unevictable
+    bool loading = false;            ///< its load has not been seen complete yet: unevictable
     bool prefetched_unused = false;  ///< inserted by a prefetch and not used since
     LoadTicket ticket{};
     std::size_t bytes = 0;
@@ -93,7 +93,9 @@ class ExpertCache {
   /// the pipeline's staging slots); a default arena holds none.
   ExpertCache(const ModelShape& shape, std::size_t budget_bytes, Precision sizing,
               Policy policy = Policy{}, ExpertArena arena = ExpertArena{})
-      : shape_(shape), policy_(std::move(policy)), arena_(std::move(arena)),
+      : shape_(shape),
+        policy_(std::move(policy)),
+        arena_(std::move(arena)),
         entries_(shape.expert_count()) {
     MOEKIT_EXPECTS(arena_.slots() == 0 || arena_.slots() >= shape.expert_count(),
                    "ExpertCache: the arena needs a buffer per cache slot (n_layers x n_experts)");
@@ -341,8 +343,8 @@ class ExpertCache {
            (s->allow_soft || e.soft_pins == 0);
   }
 
-  std::optional<ExpertKey> pick_victim(std::uint32_t pool, ExpertKey incoming,
-                                       const AccessInfo& a, bool allow_soft) {
+  std::optional<ExpertKey> pick_victim(std::uint32_t pool, ExpertKey incoming, const AccessInfo& a,
+                                       bool allow_soft) {
     const PredicateState state{this, pool, allow_soft};
     EvictionQuery q{.pool = pool,
                     .incoming = incoming,

@@ -79,8 +79,14 @@ class FldPolicy {
   }
   void unlink(std::uint32_t l, std::uint32_t i) noexcept {
     Link& n = links_[i];
-    if (n.prev != none) links_[n.prev].next = n.next; else head_[l] = n.next;
-    if (n.next != none) links_[n.next].prev = n.prev; else tail_[l] = n.prev;
+    if (n.prev != none)
+      links_[n.prev].next = n.next;
+    else
+      head_[l] = n.next;
+    if (n.next != none)
+      links_[n.next].prev = n.prev;
+    else
+      tail_[l] = n.prev;
     n = Link{};
   }
 

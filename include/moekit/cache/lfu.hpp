@@ -4,9 +4,9 @@
 /// Counts are per expert and survive eviction ("perfect" LFU over the scope). With
 /// `CountScope::sequence` they restart at each sequence: HOBBIT (Tang et al., 2024, §3.3) observes
 /// that load balancing evens out expert frequencies over a corpus but single sequences prefer
-/// particular experts, so only sequence-level counts carry signal. `CountScope::model` never resets.
-/// A use by a forward of n tokens counts n. A prefetch insertion is not a use.
-/// Victim: fewest uses, then least recently used (cache tick), then smallest (layer, expert).
+/// particular experts, so only sequence-level counts carry signal. `CountScope::model` never
+/// resets. A use by a forward of n tokens counts n. A prefetch insertion is not a use. Victim:
+/// fewest uses, then least recently used (cache tick), then smallest (layer, expert).
 
 #include <cstdint>
 #include <string_view>

@@ -2,7 +2,8 @@
 /// \file LruPolicy: evict the least recently used expert.
 ///
 /// An intrusive doubly linked list over the model's dense expert indices: hit, insert and evict are
-/// O(1); `victim` walks from the cold end past entries the query does not allow (pinned, other pool).
+/// O(1); `victim` walks from the cold end past entries the query does not allow (pinned, other
+/// pool).
 
 #include <cstdint>
 #include <optional>
@@ -64,8 +65,14 @@ class LruPolicy {
   }
   void unlink(std::uint32_t i) noexcept {
     Link& l = links_[i];
-    if (l.prev != none) links_[l.prev].next = l.next; else head_ = l.next;
-    if (l.next != none) links_[l.next].prev = l.prev; else tail_ = l.prev;
+    if (l.prev != none)
+      links_[l.prev].next = l.next;
+    else
+      head_ = l.next;
+    if (l.next != none)
+      links_[l.next].prev = l.prev;
+    else
+      tail_ = l.prev;
     l = Link{};
   }
 

@@ -25,8 +25,8 @@
 #include <string_view>
 #include <vector>
 
-#include "moekit/cache/detail/ranked_set.hpp"
 #include "moekit/cache/detail/dense_index.hpp"
+#include "moekit/cache/detail/ranked_set.hpp"
 #include "moekit/cache/detail/use_records.hpp"
 #include "moekit/cache/fld.hpp"
 #include "moekit/core/cache_events.hpp"
@@ -41,8 +41,8 @@ namespace moekit {
 class MultiDimPolicy {
  public:
   static constexpr std::string_view name = "multidim";
-  static constexpr Hooks hooks = Hook::bind | Hook::pool_capacities | Hook::pool_of |
-                                 Hook::begin_sequence | Hook::begin_token;
+  static constexpr Hooks hooks =
+      Hook::bind | Hook::pool_capacities | Hook::pool_of | Hook::begin_sequence | Hook::begin_token;
   /// Run-time knobs. The four weights must be >= 0 and sum to 1 (HOBBIT does not publish its
   /// tuned values; equal weights are moekit's default).
   struct Config {
@@ -129,8 +129,10 @@ class MultiDimPolicy {
   /// A prefetch landing is not a use: its records are updated when its layer runs.
   void on_insert(ExpertKey key, const AccessInfo& a) noexcept {
     const std::uint32_t i = detail::dense_index(key, n_experts_);
-    if (a.prefetch) records_.touch(i, a);
-    else records_.use(i, a, token_, cfg_.high);
+    if (a.prefetch)
+      records_.touch(i, a);
+    else
+      records_.use(i, a, token_, cfg_.high);
     set(pool_[i], key.layer).erase(key.expert);
     sync_min(pool_[i], key.layer);
     pool_[i] = static_cast<std::uint8_t>(pool_of(key, a.precision));
@@ -240,8 +242,8 @@ class MultiDimPolicy {
   std::uint32_t n_layers_ = 1;
   std::uint64_t token_ = 0;
   detail::UseRecords records_;
-  std::vector<std::uint8_t> pool_;  ///< pool of each resident
-  std::vector<double> fld_;         ///< [d] the FLD term of a layer d layers ahead
+  std::vector<std::uint8_t> pool_;     ///< pool of each resident
+  std::vector<double> fld_;            ///< [d] the FLD term of a layer d layers ahead
   mutable std::vector<double> bound_;  ///< victim's scratch: [layer] lowest priority in the pool
   /// [pool · n_layers + layer] lowest S of that heap, +inf if empty: the victim's first pass reads
   /// this one contiguous array instead of chasing every heap's storage.

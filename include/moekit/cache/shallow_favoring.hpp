@@ -3,13 +3,14 @@
 ///
 /// Fate (Fang et al., "Fate: Fast Edge Inference of Mixture-of-Experts Models via Cross-Layer
 /// Gate", 2025, §4.4, M4a/M4b) predicts the experts of shallow layers worst, so it caches them
-/// completely: with cache_total = floor(budget / bytes(sizing)) expert slots, the first L layers get
-/// all E experts while memory allows (filled in order when cache_total <= L·E), and the remaining
-/// layers share floor((cache_total − L·E)/(layers − L)) slots each; leftover slots go one each to
-/// the shallowest deep layers (moekit's choice for the floor remainder). Every layer is its own
-/// pool (`pool_of` = layer), managed by `Inner`; if `Inner` declares `set_layer_capacities(span)` it
-/// is told the slot counts (ArcPolicy needs them). `ShallowFavoring<ArcPolicy>` is Fate's cache.
-/// Inner's other hooks are forwarded; its own pools (`pool_capacities`, `pool_of`) are replaced.
+/// completely: with cache_total = floor(budget / bytes(sizing)) expert slots, the first L layers
+/// get all E experts while memory allows (filled in order when cache_total <= L·E), and the
+/// remaining layers share floor((cache_total − L·E)/(layers − L)) slots each; leftover slots go one
+/// each to the shallowest deep layers (moekit's choice for the floor remainder). Every layer is its
+/// own pool (`pool_of` = layer), managed by `Inner`; if `Inner` declares
+/// `set_layer_capacities(span)` it is told the slot counts (ArcPolicy needs them).
+/// `ShallowFavoring<ArcPolicy>` is Fate's cache. Inner's other hooks are forwarded; its own pools
+/// (`pool_capacities`, `pool_of`) are replaced.
 
 #include <algorithm>
 #include <array>
@@ -31,9 +32,10 @@ namespace moekit {
 /// Fate's shallow-favoring allocation: slots per layer for `cache_total` slots, `n_experts` per
 /// layer, `n_layers` layers, the first `shallow` of them favoured. Σ result <= cache_total and
 /// every entry <= n_experts.
-[[nodiscard]] inline std::vector<std::uint32_t> shallow_favoring_allocation(
-    std::size_t cache_total, std::uint32_t n_experts, std::uint32_t n_layers,
-    std::uint32_t shallow) {
+[[nodiscard]] inline std::vector<std::uint32_t> shallow_favoring_allocation(std::size_t cache_total,
+                                                                            std::uint32_t n_experts,
+                                                                            std::uint32_t n_layers,
+                                                                            std::uint32_t shallow) {
   std::vector<std::uint32_t> cap(n_layers, 0);
   const std::uint32_t L = std::min(shallow, n_layers);
   if (cache_total <= std::size_t{L} * n_experts) {  // memory limited: fill shallow layers in order
@@ -66,8 +68,10 @@ template <class Inner>
 struct ShallowFavoringName {
   static constexpr std::string_view prefix = "shallow-";
   static constexpr std::string_view inner = [] {
-    if constexpr (requires { std::string_view(Inner::name); }) return std::string_view(Inner::name);
-    else return std::string_view("favoring");
+    if constexpr (requires { std::string_view(Inner::name); })
+      return std::string_view(Inner::name);
+    else
+      return std::string_view("favoring");
   }();
   static constexpr std::array<char, prefix.size() + inner.size()> chars = [] {
     std::array<char, prefix.size() + inner.size()> a{};

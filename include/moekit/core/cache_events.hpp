@@ -33,8 +33,8 @@ class EvictablePredicate {
 
 /// The question a policy answers when a pool is full.
 struct EvictionQuery {
-  std::uint32_t pool = 0;                         ///< pool that needs room
-  ExpertKey incoming{};                           ///< expert about to be inserted
+  std::uint32_t pool = 0;  ///< pool that needs room
+  ExpertKey incoming{};    ///< expert about to be inserted
   Precision incoming_precision = Precision::f16;
   std::uint32_t layer = 0;  ///< layer being computed (FLD, EdgeMoE distance)
   std::uint32_t n_layers = 0;

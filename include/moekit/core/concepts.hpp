@@ -49,11 +49,17 @@ concept has_observe = requires(P& p, const LayerContext& ctx, const GateView& g)
   p.observe(ctx, g);
 };
 template <class C>
-concept has_on_hit = requires(C& c, ExpertKey k, const AccessInfo& a) { c.on_hit(k, a); };
+concept has_on_hit = requires(C& c, ExpertKey k, const AccessInfo& a) {
+  c.on_hit(k, a);
+};
 template <class C>
-concept has_on_insert = requires(C& c, ExpertKey k, const AccessInfo& a) { c.on_insert(k, a); };
+concept has_on_insert = requires(C& c, ExpertKey k, const AccessInfo& a) {
+  c.on_insert(k, a);
+};
 template <class C>
-concept has_on_evict = requires(C& c, ExpertKey k) { c.on_evict(k); };
+concept has_on_evict = requires(C& c, ExpertKey k) {
+  c.on_evict(k);
+};
 template <class C>
 concept has_victim = requires(C& c, const EvictionQuery& q) {
   { c.victim(q) } -> std::same_as<std::optional<ExpertKey>>;
@@ -67,7 +73,9 @@ concept has_poll = requires(L& l, LoadTicket t) {
   { l.poll(t) } -> std::same_as<bool>;
 };
 template <class L>
-concept has_wait = requires(L& l, LoadTicket t) { l.wait(t); };
+concept has_wait = requires(L& l, LoadTicket t) {
+  l.wait(t);
+};
 template <class L>
 concept has_cancel = requires(L& l, LoadTicket t) {
   { l.cancel(t) } -> std::same_as<bool>;
@@ -103,18 +111,17 @@ concept Predictor = detail::has_predict<P> && detail::has_observe<P>;
 /// **CachePolicy** — ranks resident experts and names victims; owns no memory.
 /// 1. `c.on_hit(key, access)`, 2. `c.on_insert(key, access)`, 3. `c.on_evict(key)`,
 /// 4. `c.victim(query)` → an evictable resident of `query.pool`, or `nullopt` if it knows none.
-/// Declared hooks (core/hooks.hpp): `bind(shape)` (called once by the cache, to size state); `pool_capacities(shape,
-/// budget_bytes, precision)` → per-pool byte capacities;
-/// `pool_of(key, precision)` → pool index; `begin_sequence()`; `begin_token(n)`;
-/// `prepare_insert(key, access)` (called before the victims of an insertion are asked for, so a
-/// policy can tell a prefetch from a demand: ARC adapts only on demands); `set_layer_capacities(span)`
-/// (called by ShallowFavoring); `end_layer_call()` (called by sim::replay). Wrappers forward their
-/// inner policy's hooks. Optional trait: `static constexpr bool needs_future` (offline policies fed
-/// the whole trace).
-/// Not checked: `victim` must return a key for which `query.evictable(key)` holds.
+/// Declared hooks (core/hooks.hpp): `bind(shape)` (called once by the cache, to size state);
+/// `pool_capacities(shape, budget_bytes, precision)` → per-pool byte capacities; `pool_of(key,
+/// precision)` → pool index; `begin_sequence()`; `begin_token(n)`; `prepare_insert(key, access)`
+/// (called before the victims of an insertion are asked for, so a policy can tell a prefetch from a
+/// demand: ARC adapts only on demands); `set_layer_capacities(span)` (called by ShallowFavoring);
+/// `end_layer_call()` (called by sim::replay). Wrappers forward their inner policy's hooks.
+/// Optional trait: `static constexpr bool needs_future` (offline policies fed the whole trace). Not
+/// checked: `victim` must return a key for which `query.evictable(key)` holds.
 template <class C>
 concept CachePolicy = detail::has_on_hit<C> && detail::has_on_insert<C> &&
-                      detail::has_on_evict<C> && detail::has_victim<C>;
+    detail::has_on_evict<C> && detail::has_victim<C>;
 
 /// **Loader** — moves expert bytes into cache memory asynchronously.
 /// 1. `l.submit(request)` → ticket, 2. `l.poll(ticket)` → done?, 3. `l.wait(ticket)` blocks until
@@ -190,8 +197,7 @@ consteval bool assert_loader() {
                 "moekit::Loader: missing member `LoadTicket submit(const LoadRequest&)`");
   static_assert(detail::has_poll<L>, "moekit::Loader: missing member `bool poll(LoadTicket)`");
   static_assert(detail::has_wait<L>, "moekit::Loader: missing member `void wait(LoadTicket)`");
-  static_assert(detail::has_cancel<L>,
-                "moekit::Loader: missing member `bool cancel(LoadTicket)`");
+  static_assert(detail::has_cancel<L>, "moekit::Loader: missing member `bool cancel(LoadTicket)`");
   static_assert(assert_hooks<L, loader_hooks>());
   return true;
 }

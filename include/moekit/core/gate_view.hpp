@@ -10,10 +10,10 @@ namespace moekit {
 
 /// The router's decision for one token at one layer.
 struct TokenRoute {
-  std::span<const float> logits{};        ///< all router logits [n_experts] (may be empty)
-  std::span<const std::uint32_t> experts{};///< selected experts, by descending weight
-  std::span<const float> weights{};        ///< their normalised weights (same order)
-  std::span<const float> hidden{};         ///< gate input hidden state [hidden] (may be empty)
+  std::span<const float> logits{};           ///< all router logits [n_experts] (may be empty)
+  std::span<const std::uint32_t> experts{};  ///< selected experts, by descending weight
+  std::span<const float> weights{};          ///< their normalised weights (same order)
+  std::span<const float> hidden{};           ///< gate input hidden state [hidden] (may be empty)
 };
 
 /// Router output for the `n_tokens` tokens of one forward at one layer, row-major per token:
@@ -54,7 +54,8 @@ struct GateView {
     MOEKIT_EXPECTS(k > 0 && k <= n_experts, "GateView.k must be in [1, n_experts]");
     MOEKIT_EXPECTS(experts.size() == std::size_t{n_tokens} * k,
                    "GateView.experts must hold n_tokens × k ids");
-    MOEKIT_EXPECTS(weights.size() == experts.size(), "GateView.weights must match GateView.experts");
+    MOEKIT_EXPECTS(weights.size() == experts.size(),
+                   "GateView.weights must match GateView.experts");
     MOEKIT_EXPECTS(logits.empty() || logits.size() == std::size_t{n_tokens} * n_experts,
                    "GateView.logits must be empty or hold n_tokens × n_experts values");
     MOEKIT_EXPECTS(hidden.empty() || hidden.size() % n_tokens == 0,

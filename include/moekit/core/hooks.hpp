@@ -84,11 +84,14 @@ constexpr Hooks operator|(Hook a, Hook b) noexcept { return Hooks(a) | Hooks(b);
 template <class C>
 inline constexpr Hooks hooks_of = [] {
   using T = std::remove_cvref_t<C>;
-  if constexpr (requires { { T::hooks } -> std::convertible_to<Hooks>; }) {
+  if constexpr (requires {
+                  { T::hooks } -> std::convertible_to<Hooks>;
+                }) {
     return Hooks(T::hooks);
   } else {
-    static_assert(!requires { T::hooks; },
-                  "moekit::Hooks: a component's `hooks` must be a `static constexpr moekit::Hooks`");
+    static_assert(
+        !requires { T::hooks; },
+        "moekit::Hooks: a component's `hooks` must be a `static constexpr moekit::Hooks`");
     return Hooks{};
   }
 }();
@@ -108,9 +111,12 @@ inline constexpr Hooks sequence_hooks = Hook::begin_sequence;  ///< scorer, sche
 inline constexpr Hooks loader_hooks = Hook::host_bytes | Hook::prepare_host_bytes;
 
 namespace detail {
-// ---- each hook's signature (the call its caller makes) -------------------------------------------
+// ---- each hook's signature (the call its caller makes)
+// -------------------------------------------
 template <class C>
-concept hook_bind = requires(C& c, const ModelShape& s) { c.bind(s); };
+concept hook_bind = requires(C& c, const ModelShape& s) {
+  c.bind(s);
+};
 template <class C>
 concept hook_pool_capacities = requires(C& c, const ModelShape& s, std::size_t b, Precision p) {
   { c.pool_capacities(s, b, p) } -> std::convertible_to<std::vector<std::size_t>>;
@@ -120,9 +126,13 @@ concept hook_pool_of = requires(const C& c, ExpertKey k, Precision p) {
   { c.pool_of(k, p) } -> std::convertible_to<std::uint32_t>;
 };
 template <class C>
-concept hook_begin_sequence = requires(C& c) { c.begin_sequence(); };
+concept hook_begin_sequence = requires(C& c) {
+  c.begin_sequence();
+};
 template <class C>
-concept hook_begin_token = requires(C& c, std::uint32_t n) { c.begin_token(n); };
+concept hook_begin_token = requires(C& c, std::uint32_t n) {
+  c.begin_token(n);
+};
 template <class C>
 concept hook_prepare_insert = requires(C& c, ExpertKey k, const AccessInfo& a) {
   c.prepare_insert(k, a);
@@ -132,9 +142,13 @@ concept hook_set_layer_capacities = requires(C& c, std::span<const std::uint32_t
   c.set_layer_capacities(slots);
 };
 template <class C>
-concept hook_end_layer_call = requires(C& c) { c.end_layer_call(); };
+concept hook_end_layer_call = requires(C& c) {
+  c.end_layer_call();
+};
 template <class C>
-concept hook_on_verdict = requires(C& c, TokenVerdict v, PrefetchList& out) { c.on_verdict(v, out); };
+concept hook_on_verdict = requires(C& c, TokenVerdict v, PrefetchList& out) {
+  c.on_verdict(v, out);
+};
 template <class C>
 concept hook_host_bytes = requires(C& c, ExpertKey k, Precision p) {
   { c.host_bytes(k, p) } -> std::convertible_to<std::span<const std::byte>>;
@@ -146,9 +160,11 @@ concept hook_prepare_host_bytes = requires(C& c, ExpertKey k, Precision p) {
 
 // ---- a member of the hook's name, whatever its signature ---------------------------------------
 // `&C::name` finds a single non-template member; the signature test finds overloaded ones.
-#define MOEKIT_DETAIL_NAMES_HOOK(name) \
-  template <class C>                   \
-  concept names_##name = hook_##name<C> || requires { &C::name; };
+#define MOEKIT_DETAIL_NAMES_HOOK(name)                \
+  template <class C>                                  \
+  concept names_##name = hook_##name<C> || requires { \
+    &C::name;                                         \
+  };
 MOEKIT_DETAIL_NAMES_HOOK(bind)
 MOEKIT_DETAIL_NAMES_HOOK(pool_capacities)
 MOEKIT_DETAIL_NAMES_HOOK(pool_of)
@@ -177,16 +193,17 @@ consteval Hooks hooks_to_forward() {
 
 /// The three rules for each hook; `called` = the hooks the caller plugging `C` in may call.
 /// One macro per hook keeps the hook's name in each message (static_assert takes only literals).
-#define MOEKIT_DETAIL_CHECK_HOOK(name, signature)                                                 \
+#define MOEKIT_DETAIL_CHECK_HOOK(name, signature)                                                \
   static_assert(!declares<C>(Hook::name) || detail::hook_##name<C>,                              \
                 "moekit::Hooks: the component declares " #name " but has no `" signature "`");   \
-  static_assert(!called.contains(Hook::name) || declares<C>(Hook::name) ||                        \
-                    !detail::names_##name<C>,                                                     \
-                "moekit::Hooks: the component defines " #name " but does not declare it (add "    \
-                "Hook::" #name " to its `static constexpr moekit::Hooks hooks`)");                \
+  static_assert(                                                                                 \
+      !called.contains(Hook::name) || declares<C>(Hook::name) || !detail::names_##name<C>,       \
+      "moekit::Hooks: the component defines " #name                                              \
+      " but does not declare it (add "                                                           \
+      "Hook::" #name " to its `static constexpr moekit::Hooks hooks`)");                         \
   static_assert(!detail::hooks_to_forward<C>().contains(Hook::name) || declares<C>(Hook::name),  \
-                "moekit::Hooks: the wrapper does not forward " #name                              \
-                ", which its wrapped component declares (declare and forward it, or list it in "  \
+                "moekit::Hooks: the wrapper does not forward " #name                             \
+                ", which its wrapped component declares (declare and forward it, or list it in " \
                 "`consumed_hooks`)");
 
 template <class C, Hooks called>

@@ -47,8 +47,7 @@ struct ModelShape {
   void validate() const {
     MOEKIT_EXPECTS(n_layers > 0, "ModelShape.n_layers must be > 0");
     MOEKIT_EXPECTS(n_experts > 0, "ModelShape.n_experts must be > 0");
-    MOEKIT_EXPECTS(top_k > 0 && top_k <= n_experts,
-                   "ModelShape.top_k must be in [1, n_experts]");
+    MOEKIT_EXPECTS(top_k > 0 && top_k <= n_experts, "ModelShape.top_k must be in [1, n_experts]");
     MOEKIT_EXPECTS(hidden > 0, "ModelShape.hidden must be > 0");
     MOEKIT_EXPECTS(ffn > 0, "ModelShape.ffn must be > 0");
     MOEKIT_EXPECTS(n_shared_experts == 0 || shared_ffn > 0,
@@ -61,7 +60,7 @@ struct ModelShape {
 };
 
 /// Mixtral-8x7B's routed part (32 layers, 8 experts, top-2, d = 4096, f = 14336).
-inline constexpr ModelShape mixtral_8x7b{.n_layers = 32, .n_experts = 8, .top_k = 2,
-                                         .hidden = 4096, .ffn = 14336};
+inline constexpr ModelShape mixtral_8x7b{
+    .n_layers = 32, .n_experts = 8, .top_k = 2, .hidden = 4096, .ffn = 14336};
 
 }  // namespace moekit

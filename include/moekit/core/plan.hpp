@@ -68,10 +68,10 @@ struct ExpertPlan {
   Precision precision = Precision::f16;  ///< precision it runs at (the scorer's, or better if a
                                          ///< more precise copy was resident)
   Placement placement = Placement::device;
-  bool hit = false;          ///< resident (or already in flight) before this layer asked for it
-  bool in_flight = false;    ///< a prefetch for it had been issued but had not completed
-  LoadTicket ticket{};       ///< load to wait on before running it (invalid when resident)
-  std::uint32_t slot = 0;    ///< cache slot holding it (placement == device)
+  bool hit = false;        ///< resident (or already in flight) before this layer asked for it
+  bool in_flight = false;  ///< a prefetch for it had been issued but had not completed
+  LoadTicket ticket{};     ///< load to wait on before running it (invalid when resident)
+  std::uint32_t slot = 0;  ///< cache slot holding it (placement == device)
   std::uint32_t n_tokens = 0;
   float weight_sum = 0.0f;
 };
@@ -80,8 +80,8 @@ struct ExpertPlan {
 /// the scheduler wants them run, plus the prefetches issued while planning.
 struct LayerPlan {
   std::uint32_t layer = 0;
-  std::vector<ExpertPlan> experts;     ///< capacity reserved at construction; reused every call
-  std::vector<Prefetch> prefetches;    ///< prefetches issued by this call (loads submitted)
+  std::vector<ExpertPlan> experts;   ///< capacity reserved at construction; reused every call
+  std::vector<Prefetch> prefetches;  ///< prefetches issued by this call (loads submitted)
 
   void clear() noexcept {
     experts.clear();

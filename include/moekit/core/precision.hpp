@@ -25,13 +25,19 @@ inline constexpr std::size_t precision_count = 6;
 /// Bits per weight of the format, excluding group metadata (0 for `skip`).
 MOEKIT_HOST_DEVICE constexpr unsigned bits(Precision p) noexcept {
   switch (p) {
-    case Precision::f32: return 32;
+    case Precision::f32:
+      return 32;
     case Precision::bf16:
-    case Precision::f16: return 16;
-    case Precision::q8: return 8;
-    case Precision::q4: return 4;
-    case Precision::q2: return 2;
-    case Precision::skip: return 0;
+    case Precision::f16:
+      return 16;
+    case Precision::q8:
+      return 8;
+    case Precision::q4:
+      return 4;
+    case Precision::q2:
+      return 2;
+    case Precision::skip:
+      return 0;
   }
   return 0;
 }
@@ -49,13 +55,20 @@ constexpr bool satisfies(Precision have, Precision want) noexcept {
 
 constexpr std::string_view name(Precision p) noexcept {
   switch (p) {
-    case Precision::f32: return "f32";
-    case Precision::bf16: return "bf16";
-    case Precision::f16: return "f16";
-    case Precision::q8: return "q8";
-    case Precision::q4: return "q4";
-    case Precision::q2: return "q2";
-    case Precision::skip: return "skip";
+    case Precision::f32:
+      return "f32";
+    case Precision::bf16:
+      return "bf16";
+    case Precision::f16:
+      return "f16";
+    case Precision::q8:
+      return "q8";
+    case Precision::q4:
+      return "q4";
+    case Precision::q2:
+      return "q2";
+    case Precision::skip:
+      return "skip";
   }
   return "?";
 }

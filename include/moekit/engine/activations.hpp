@@ -36,9 +36,12 @@ enum class ActivationMode { automatic, f32, int8 };
 
 constexpr std::string_view name(ActivationMode m) noexcept {
   switch (m) {
-    case ActivationMode::automatic: return "auto";
-    case ActivationMode::f32: return "f32";
-    case ActivationMode::int8: return "int8";
+    case ActivationMode::automatic:
+      return "auto";
+    case ActivationMode::f32:
+      return "f32";
+    case ActivationMode::int8:
+      return "int8";
   }
   return "?";
 }

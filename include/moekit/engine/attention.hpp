@@ -121,8 +121,10 @@ class Attention {
       }
     };
     const std::size_t jobs = std::size_t{n} * cfg_.n_kv_heads;
-    if (opts.pool) opts.pool->parallel_for(0, jobs, 1, body);
-    else body(0, jobs);
+    if (opts.pool)
+      opts.pool->parallel_for(0, jobs, 1, body);
+    else
+      body(0, jobs);
     // Into the cache: the last positions of this forward that the layer retains.
     const std::uint32_t keep = std::min(n, kv.slots(layer));
     for (std::uint32_t t = n - keep; t < n; ++t) {

@@ -110,8 +110,11 @@ class BpeVocab {
   };
 
   explicit BpeVocab(Spec spec)
-      : tokens_(std::move(spec.tokens)), special_(spec.special), ignore_merges_(spec.ignore_merges),
-        nfc_(spec.nfc), source_(std::move(spec.source)) {
+      : tokens_(std::move(spec.tokens)),
+        special_(spec.special),
+        ignore_merges_(spec.ignore_merges),
+        nfc_(spec.nfc),
+        source_(std::move(spec.source)) {
     const std::size_t n = tokens_.size();
     if (n == 0) fail(spec.tokens_field, "has no tokens");
     if (n > 0xffffffffu) fail(spec.tokens_field, "has too many tokens");
@@ -121,21 +124,24 @@ class BpeVocab {
     }
     for (const AddedToken& a : spec.added) {
       if (a.id >= n)
-        fail(spec.added_field, "names id " + std::to_string(a.id) + " ('" + a.content + "') outside the vocabulary of " +
-                                   std::to_string(n) + " tokens");
-      if (a.content.empty()) fail(spec.added_field, "has an empty token (id " + std::to_string(a.id) + ")");
+        fail(spec.added_field, "names id " + std::to_string(a.id) + " ('" + a.content +
+                                   "') outside the vocabulary of " + std::to_string(n) + " tokens");
+      if (a.content.empty())
+        fail(spec.added_field, "has an empty token (id " + std::to_string(a.id) + ")");
       if (!a.normalized) {
         raw_added_.push_back({a.id, a.content});
         continue;
       }
       normalized_added_.push_back({a.id, normalize(a.content)});
       // HF (0.23's normalized_cache) decodes such a token from its normalized form too.
-      if (normalized_added_.back().text != a.content) decode_as_.emplace(a.id, normalized_added_.back().text);
+      if (normalized_added_.back().text != a.content)
+        decode_as_.emplace(a.id, normalized_added_.back().text);
     }
     // Longest first, so the first match at a position is the longest.
     for (auto* list : {&raw_added_, &normalized_added_})
-      std::stable_sort(list->begin(), list->end(),
-                       [](const Pattern& x, const Pattern& y) { return x.text.size() > y.text.size(); });
+      std::stable_sort(list->begin(), list->end(), [](const Pattern& x, const Pattern& y) {
+        return x.text.size() > y.text.size();
+      });
     for (auto id : {special_.bos, special_.eos})
       if (id && (*id >= n || tokens_[*id].empty()))
         fail("bos/eos", "names id " + std::to_string(*id) + ", which is not a token");
@@ -157,21 +163,27 @@ class BpeVocab {
         fail(spec.merges_field, where + " is not two tokens separated by a space");
       const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
       const auto l = ids_.find(left), rt = ids_.find(right), lr = ids_.find(left + right);
-      if (l == ids_.end()) fail(spec.merges_field, where + " names '" + left + "', which is not a token");
-      if (rt == ids_.end()) fail(spec.merges_field, where + " names '" + right + "', which is not a token");
+      if (l == ids_.end())
+        fail(spec.merges_field, where + " names '" + left + "', which is not a token");
+      if (rt == ids_.end())
+        fail(spec.merges_field, where + " names '" + right + "', which is not a token");
       if (lr == ids_.end())
-        fail(spec.merges_field, where + " merges into '" + left + right + "', which is not a token");
-      merges_.emplace(pair_key(l->second, rt->second), Merge{static_cast<std::uint32_t>(r), lr->second});
+        fail(spec.merges_field,
+             where + " merges into '" + left + right + "', which is not a token");
+      merges_.emplace(pair_key(l->second, rt->second),
+                      Merge{static_cast<std::uint32_t>(r), lr->second});
     }
     // The pre-tokenizer.
     int err = 0;
     PCRE2_SIZE at = 0;
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(spec.regex.data()), spec.regex.size(),
-                                     PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, nullptr);
+    pcre2_code* code =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(spec.regex.data()), spec.regex.size(),
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, nullptr);
     if (!code) {
       std::array<PCRE2_UCHAR, 256> msg{};
       pcre2_get_error_message(err, msg.data(), msg.size());
-      fail("pre-tokenizer regex", "'" + spec.regex + "' does not compile at offset " + std::to_string(at) + ": " +
+      fail("pre-tokenizer regex", "'" + spec.regex + "' does not compile at offset " +
+                                      std::to_string(at) + ": " +
                                       reinterpret_cast<const char*>(msg.data()));
     }
     regex_.reset(code);
@@ -379,7 +391,8 @@ class BpeVocab {
   static BpeVocab from_gguf(const moekit::io::GgufFile& g) {
     const GgufTokenizerMetadata meta(g);
     if (const std::string model = meta.model(); model != "gpt2")
-      meta.fail("tokenizer.ggml.model", "is '" + model + "', not 'gpt2' (byte-level BPE)", moekit::ErrorKind::unsupported);
+      meta.fail("tokenizer.ggml.model", "is '" + model + "', not 'gpt2' (byte-level BPE)",
+                moekit::ErrorKind::unsupported);
     Spec s;
     s.source = meta.source();
     s.tokens_field = "metadata 'tokenizer.ggml.tokens'";
@@ -394,29 +407,36 @@ class BpeVocab {
     };
     s.tokens = strings("tokenizer.ggml.tokens");
     for (std::size_t i = 0; i < s.tokens.size(); ++i)
-      if (s.tokens[i].empty()) meta.fail("tokenizer.ggml.tokens", "has an empty token (id " + std::to_string(i) + ")");
+      if (s.tokens[i].empty())
+        meta.fail("tokenizer.ggml.tokens", "has an empty token (id " + std::to_string(i) + ")");
     s.merges = strings("tokenizer.ggml.merges");
     if (const auto t = meta.token_types()) {
       const auto& types = *t;
       if (types.size() != s.tokens.size())
-        meta.fail("tokenizer.ggml.token_type", "lists " + std::to_string(types.size()) + " types for " +
-                                             std::to_string(s.tokens.size()) + " tokens");
+        meta.fail("tokenizer.ggml.token_type", "lists " + std::to_string(types.size()) +
+                                                   " types for " + std::to_string(s.tokens.size()) +
+                                                   " tokens");
       for (std::size_t i = 0; i < types.size(); ++i)
-        if (types[i] == 3 || types[i] == 4)  // control, user-defined: matched verbatim in the raw text
+        if (types[i] == 3 ||
+            types[i] == 4)  // control, user-defined: matched verbatim in the raw text
           s.added.push_back({static_cast<std::uint32_t>(i), s.tokens[i], types[i] == 3, false});
     }
     std::string pre = "default";  // llama.cpp's assumption for files without the key
     if (const auto* p = g.metadata("tokenizer.ggml.pre")) pre = p->as_string("tokenizer.ggml.pre");
-    if (pre == "qwen2") s.regex = std::string(qwen2_regex);
-    else if (pre == "gpt2" || pre == "olmo" || pre == "default") s.regex = std::string(gpt2_regex);
+    if (pre == "qwen2")
+      s.regex = std::string(qwen2_regex);
+    else if (pre == "gpt2" || pre == "olmo" || pre == "default")
+      s.regex = std::string(gpt2_regex);
     else
-      meta.fail("tokenizer.ggml.pre", "is '" + pre + "'; moe-run knows the pre-tokenizers qwen2, gpt2, olmo and default",
-          moekit::ErrorKind::unsupported);
+      meta.fail("tokenizer.ggml.pre",
+                "is '" + pre + "'; moe-run knows the pre-tokenizers qwen2, gpt2, olmo and default",
+                moekit::ErrorKind::unsupported);
     auto id = [&](const char* key) -> std::optional<std::uint32_t> {
       const auto* v = g.metadata(key);
       if (!v) return std::nullopt;
       const std::uint64_t u = v->as_uint(key);
-      if (u >= s.tokens.size()) meta.fail(key, "is " + std::to_string(u) + ", outside the vocabulary");
+      if (u >= s.tokens.size())
+        meta.fail(key, "is " + std::to_string(u) + ", outside the vocabulary");
       return static_cast<std::uint32_t>(u);
     };
     s.special.bos = id("tokenizer.ggml.bos_token_id");
@@ -424,7 +444,9 @@ class BpeVocab {
     return BpeVocab(std::move(s));
   }
 
-  [[nodiscard]] std::uint32_t size() const noexcept { return static_cast<std::uint32_t>(tokens_.size()); }
+  [[nodiscard]] std::uint32_t size() const noexcept {
+    return static_cast<std::uint32_t>(tokens_.size());
+  }
   [[nodiscard]] const Special& special() const noexcept { return special_; }
   [[nodiscard]] const std::string& regex() const noexcept { return regex_text_; }
   /// Whether encode applies Unicode NFC (tokenizer.json's NFC normalizer; never for GGUF).
@@ -442,11 +464,13 @@ class BpeVocab {
     // normalized, then the normalized added tokens in it, then pre-tokenization and BPE.
     split_added(text, raw_added_, out, [&](std::string_view stretch) {
       if (!nfc_) {
-        split_added(stretch, normalized_added_, out, [&](std::string_view s) { encode_plain(s, out); });
+        split_added(stretch, normalized_added_, out,
+                    [&](std::string_view s) { encode_plain(s, out); });
         return;
       }
       const std::string normal = normalize(stretch);
-      split_added(normal, normalized_added_, out, [&](std::string_view s) { encode_plain(s, out); });
+      split_added(normal, normalized_added_, out,
+                  [&](std::string_view s) { encode_plain(s, out); });
     });
     return out;
   }
@@ -493,7 +517,9 @@ class BpeVocab {
   };
   struct Hash {
     using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+    std::size_t operator()(std::string_view s) const noexcept {
+      return std::hash<std::string_view>{}(s);
+    }
   };
 
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
@@ -524,15 +550,19 @@ class BpeVocab {
   // The regex of tokenizer.json's pre_tokenizer.
   template <class Bad>
   static std::string pre_tokenizer_regex(const nlohmann::json& p, Bad& bad) {
-    auto type = [](const nlohmann::json& x) { return x.is_object() ? x.value("type", std::string()) : std::string(); };
+    auto type = [](const nlohmann::json& x) {
+      return x.is_object() ? x.value("type", std::string()) : std::string();
+    };
     auto byte_level = [&](const nlohmann::json& b, const std::string& field) {
       if (b.contains("add_prefix_space") && b["add_prefix_space"] == true)
-        bad(field + ".add_prefix_space", "is true, which moe-run does not support", moekit::ErrorKind::unsupported);
+        bad(field + ".add_prefix_space", "is true, which moe-run does not support",
+            moekit::ErrorKind::unsupported);
       return !b.contains("use_regex") || b["use_regex"] != false;
     };
     if (type(p) == "ByteLevel") {
       if (!byte_level(p, "pre_tokenizer"))
-        bad("pre_tokenizer.use_regex", "is false with no Split before it", moekit::ErrorKind::unsupported);
+        bad("pre_tokenizer.use_regex", "is false with no Split before it",
+            moekit::ErrorKind::unsupported);
       return std::string(gpt2_regex);
     }
     if (type(p) == "Sequence" && p.contains("pretokenizers") && p["pretokenizers"].is_array() &&
@@ -542,17 +572,20 @@ class BpeVocab {
       const std::string f = "pre_tokenizer.pretokenizers[0]";
       if (type(split) == "Split" && type(bl) == "ByteLevel") {
         if (byte_level(bl, "pre_tokenizer.pretokenizers[1]"))
-          bad("pre_tokenizer.pretokenizers[1].use_regex", "is true after a Split", moekit::ErrorKind::unsupported);
+          bad("pre_tokenizer.pretokenizers[1].use_regex", "is true after a Split",
+              moekit::ErrorKind::unsupported);
         if (split.value("behavior", std::string()) != "Isolated" || split.value("invert", false))
           bad(f + ".behavior", "must be Isolated (invert false)", moekit::ErrorKind::unsupported);
-        if (!split.contains("pattern") || !split["pattern"].is_object() || !split["pattern"].contains("Regex") ||
-            !split["pattern"]["Regex"].is_string())
-          bad(f + ".pattern.Regex", "is missing (a String pattern is not supported)", moekit::ErrorKind::unsupported);
+        if (!split.contains("pattern") || !split["pattern"].is_object() ||
+            !split["pattern"].contains("Regex") || !split["pattern"]["Regex"].is_string())
+          bad(f + ".pattern.Regex", "is missing (a String pattern is not supported)",
+              moekit::ErrorKind::unsupported);
         return split["pattern"]["Regex"].get<std::string>();
       }
     }
-    bad("pre_tokenizer", "is " + p.dump().substr(0, 200) +
-                             "; moe-run supports ByteLevel and Sequence[Split(Regex), ByteLevel(use_regex=false)]",
+    bad("pre_tokenizer",
+        "is " + p.dump().substr(0, 200) +
+            "; moe-run supports ByteLevel and Sequence[Split(Regex), ByteLevel(use_regex=false)]",
         moekit::ErrorKind::unsupported);
     return {};
   }
@@ -587,21 +620,26 @@ class BpeVocab {
   // be given it, and unnormalized its invalid bytes are still encoded byte by byte.
   [[nodiscard]] std::string normalize(std::string_view text) const {
     const auto ascii = [](char c) { return static_cast<unsigned char>(c) < 0x80; };
-    if (!nfc_ || std::all_of(text.begin(), text.end(), ascii)) return std::string(text);  // ASCII is NFC
+    if (!nfc_ || std::all_of(text.begin(), text.end(), ascii))
+      return std::string(text);  // ASCII is NFC
     utf8proc_uint8_t* dst = nullptr;
-    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                                            static_cast<utf8proc_ssize_t>(text.size()), &dst,
-                                            static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-    const std::unique_ptr<utf8proc_uint8_t, MallocFree> owned(dst);  // malloc'd (utf8proc.h: free it)
+    const utf8proc_ssize_t n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                     static_cast<utf8proc_ssize_t>(text.size()), &dst,
+                     static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    const std::unique_ptr<utf8proc_uint8_t, MallocFree> owned(
+        dst);  // malloc'd (utf8proc.h: free it)
     if (n == UTF8PROC_ERROR_NOMEM) throw std::bad_alloc();
-    if (n < 0 || !dst) return std::string(text);  // invalid UTF-8 (or too long for utf8proc): unnormalized
+    if (n < 0 || !dst)
+      return std::string(text);  // invalid UTF-8 (or too long for utf8proc): unnormalized
     return {reinterpret_cast<const char*>(dst), static_cast<std::size_t>(n)};
   }
 
   // Pre-tokenizes `text` (no added tokens in it) and appends its BPE ids.
   void encode_plain(std::string_view text, std::vector<std::uint32_t>& out) const {
     if (text.empty()) return;
-    std::unique_ptr<pcre2_match_data, MatchDataFree> md(pcre2_match_data_create_from_pattern(regex_.get(), nullptr));
+    std::unique_ptr<pcre2_match_data, MatchDataFree> md(
+        pcre2_match_data_create_from_pattern(regex_.get(), nullptr));
     if (!md) throw std::bad_alloc();
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     std::size_t pos = 0, emitted = 0;
@@ -611,8 +649,9 @@ class BpeVocab {
       if (rc < 0) {
         std::array<PCRE2_UCHAR, 256> msg{};
         pcre2_get_error_message(rc, msg.data(), msg.size());
-        throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                            source_ + ": pre-tokenizer regex failed: " + reinterpret_cast<const char*>(msg.data()));
+        throw moekit::Error(
+            moekit::ErrorKind::invalid_argument,
+            source_ + ": pre-tokenizer regex failed: " + reinterpret_cast<const char*>(msg.data()));
       }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
       const std::size_t s = ov[0], e = ov[1];
@@ -647,8 +686,8 @@ class BpeVocab {
       const auto b = static_cast<unsigned char>(piece[i]);
       if (byte_id_[b] < 0)
         throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                            source_ + ": cannot encode byte 0x" + hex(b) + ": its symbol '" + byte_char_[b] +
-                                "' is not a token");
+                            source_ + ": cannot encode byte 0x" + hex(b) + ": its symbol '" +
+                                byte_char_[b] + "' is not a token");
       sym.push_back({static_cast<std::uint32_t>(byte_id_[b]), static_cast<std::int64_t>(i) - 1,
                      static_cast<std::int64_t>(i) + 1});
     }
@@ -658,14 +697,18 @@ class BpeVocab {
       std::size_t left;
       std::uint32_t a, b, id;
     };
-    auto later = [](const Cand& x, const Cand& y) { return x.rank != y.rank ? x.rank > y.rank : x.left > y.left; };
+    auto later = [](const Cand& x, const Cand& y) {
+      return x.rank != y.rank ? x.rank > y.rank : x.left > y.left;
+    };
     std::priority_queue<Cand, std::vector<Cand>, decltype(later)> queue(later);
     auto try_pair = [&](std::int64_t l) {
       if (l < 0 || sym[static_cast<std::size_t>(l)].next < 0) return;
       const std::uint32_t a = sym[static_cast<std::size_t>(l)].id;
-      const std::uint32_t b = sym[static_cast<std::size_t>(sym[static_cast<std::size_t>(l)].next)].id;
+      const std::uint32_t b =
+          sym[static_cast<std::size_t>(sym[static_cast<std::size_t>(l)].next)].id;
       const auto it = merges_.find(pair_key(a, b));
-      if (it != merges_.end()) queue.push({it->second.rank, static_cast<std::size_t>(l), a, b, it->second.id});
+      if (it != merges_.end())
+        queue.push({it->second.rank, static_cast<std::size_t>(l), a, b, it->second.id});
     };
     for (std::size_t i = 0; i + 1 < sym.size(); ++i) try_pair(static_cast<std::int64_t>(i));
     std::vector<bool> dead(sym.size(), false);
@@ -679,7 +722,8 @@ class BpeVocab {
       l.id = c.id;
       dead[ri] = true;
       l.next = sym[ri].next;
-      if (l.next >= 0) sym[static_cast<std::size_t>(l.next)].prev = static_cast<std::int64_t>(c.left);
+      if (l.next >= 0)
+        sym[static_cast<std::size_t>(l.next)].prev = static_cast<std::int64_t>(c.left);
       try_pair(l.prev);
       try_pair(static_cast<std::int64_t>(c.left));
     }
@@ -697,7 +741,8 @@ class BpeVocab {
     std::array<std::uint32_t, 256> t{};
     std::uint32_t k = 0;
     for (std::uint32_t b = 0; b < 256; ++b) {
-      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      const bool printable =
+          (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
       t[b] = printable ? b : 256 + k++;
     }
     return t;
@@ -719,7 +764,11 @@ class BpeVocab {
   // Length of the valid UTF-8 character at s[i], 0 when the bytes there are not one.
   static std::size_t utf8_char_length(std::string_view s, std::size_t i) noexcept {
     const auto c = static_cast<unsigned char>(s[i]);
-    const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    const std::size_t n = c < 0x80         ? 1
+                          : (c >> 5) == 6  ? 2
+                          : (c >> 4) == 14 ? 3
+                          : (c >> 3) == 30 ? 4
+                                           : 0;
     if (n == 0 || i + n > s.size()) return 0;
     for (std::size_t k = 1; k < n; ++k)
       if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 0;
@@ -728,7 +777,8 @@ class BpeVocab {
   static std::uint32_t decode_char(std::string_view s, std::size_t i, std::size_t n) noexcept {
     const auto c = static_cast<unsigned char>(s[i]);
     std::uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
-    for (std::size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    for (std::size_t k = 1; k < n; ++k)
+      cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
     return cp;
   }
   // Appends `bytes` to `out` with each maximal invalid UTF-8 subsequence as one U+FFFD (the
@@ -759,8 +809,10 @@ class BpeVocab {
         if (d < (k == 1 ? lo : 0x80u) || d > (k == 1 ? hi : 0xBFu)) break;
         ++k;
       }
-      if (n != 0 && k == n) out.append(b, i, n);
-      else out += "\xEF\xBF\xBD";
+      if (n != 0 && k == n)
+        out.append(b, i, n);
+      else
+        out += "\xEF\xBF\xBD";
       i += k;
     }
   }
@@ -771,9 +823,11 @@ class BpeVocab {
   bool nfc_ = false;
   std::string source_;
   std::unordered_map<std::string, std::uint32_t, Hash, std::equal_to<>> ids_;
-  std::vector<Pattern> raw_added_;         // matched in the raw text; longest first
-  std::vector<Pattern> normalized_added_;  // matched in the normalized text (content normalized); longest first
-  std::unordered_map<std::uint32_t, std::string> decode_as_;  // decode text of normalized added tokens NFC changed
+  std::vector<Pattern> raw_added_;  // matched in the raw text; longest first
+  std::vector<Pattern>
+      normalized_added_;  // matched in the normalized text (content normalized); longest first
+  std::unordered_map<std::uint32_t, std::string>
+      decode_as_;  // decode text of normalized added tokens NFC changed
   std::unordered_map<std::uint64_t, Merge> merges_;
   std::array<std::string, 256> byte_char_;
   std::array<std::int64_t, 256> byte_id_{};

@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <fstream>
 #include <memory>
-#include <string>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -39,8 +39,11 @@ template <class Pipeline>
 class RouteRecorder {
  public:
   RouteRecorder(Pipeline& inner, std::uint32_t n_layers, std::uint32_t n_experts)
-      : inner_(inner), n_layers_(n_layers), n_experts_(n_experts),
-        counts_(std::size_t{n_layers} * n_experts, 0.0), sets_(n_layers) {}
+      : inner_(inner),
+        n_layers_(n_layers),
+        n_experts_(n_experts),
+        counts_(std::size_t{n_layers} * n_experts, 0.0),
+        sets_(n_layers) {}
 
   void begin_sequence() {
     flush();
@@ -55,7 +58,9 @@ class RouteRecorder {
     for (std::uint32_t e : g.experts) counts_[std::size_t{c.layer} * n_experts_ + e] += 1;
     return inner_.route(c, g);
   }
-  std::span<const moekit::WeightView> resolve(const moekit::LayerPlan& p) { return inner_.resolve(p); }
+  std::span<const moekit::WeightView> resolve(const moekit::LayerPlan& p) {
+    return inner_.resolve(p);
+  }
   void end_layer(const moekit::LayerContext& c) { inner_.end_layer(c); }
   moekit::TokenVerdict end_token(std::span<const float> logits) { return inner_.end_token(logits); }
   [[nodiscard]] auto stats() const { return inner_.stats(); }
@@ -81,8 +86,10 @@ class RouteRecorder {
     for (std::uint32_t t = 0; t < n_tokens_; ++t) {
       bool complete = true;
       for (std::uint32_t l = 0; l < n_layers_; ++l) {
-        if (sets_[l].size() != std::size_t{n_tokens_} * k_) complete = false;
-        else tok[l].assign(sets_[l].begin() + t * k_, sets_[l].begin() + (t + 1) * k_);
+        if (sets_[l].size() != std::size_t{n_tokens_} * k_)
+          complete = false;
+        else
+          tok[l].assign(sets_[l].begin() + t * k_, sets_[l].begin() + (t + 1) * k_);
         view[l] = tok[l];
       }
       if (complete && k_ == profile_->top_k()) profile_->add_path(view);
@@ -103,7 +110,7 @@ class RouteRecorder {
 struct Calibration {
   std::vector<double> counts;  ///< [L × E] tokens per expert
   std::shared_ptr<const moekit::ActivationPathProfile> paths;
-  std::size_t tokens = 0;      ///< tokens routed (prompt + greedy continuation)
+  std::size_t tokens = 0;  ///< tokens routed (prompt + greedy continuation)
 };
 
 /// Runs `prompt` and then `extra` greedy tokens through the baseline preset (same experts, same
@@ -119,32 +126,33 @@ inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
   base.preset = {};
   return with_pipeline<moekit::presets::BaselineSpec>(
       s, base, experts.make_loader(), PresetInputs{}, [&](auto& p) {
-    RouteRecorder rec(p, s.n_layers, s.n_experts);
-    const auto ctx = static_cast<std::uint32_t>(prompt.size() + std::max(extra, 0) + 1);
-    Model<decltype(rec)> model(cfg, dense, rec, ctx, pool);
-    model.set_expert_order(experts.order());
-    model.set_routing_replay(replay);
-    model.begin_sequence();
-    auto logits = model.prefill(prompt);
-    for (int i = 0; i < extra; ++i) {
-      const auto next = static_cast<Token>(std::max_element(logits.begin(), logits.end()) -
-                                           logits.begin());
-      logits = model.decode(next);
-    }
-    if (replay) replay->rewind();
-    Calibration c;
-    c.counts = rec.counts();
-    c.paths = rec.paths();
-    c.tokens = prompt.size() + static_cast<std::size_t>(std::max(extra, 0));
-    return c;
-  });
+        RouteRecorder rec(p, s.n_layers, s.n_experts);
+        const auto ctx = static_cast<std::uint32_t>(prompt.size() + std::max(extra, 0) + 1);
+        Model<decltype(rec)> model(cfg, dense, rec, ctx, pool);
+        model.set_expert_order(experts.order());
+        model.set_routing_replay(replay);
+        model.begin_sequence();
+        auto logits = model.prefill(prompt);
+        for (int i = 0; i < extra; ++i) {
+          const auto next =
+              static_cast<Token>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          logits = model.decode(next);
+        }
+        if (replay) replay->rewind();
+        Calibration c;
+        c.counts = rec.counts();
+        c.paths = rec.paths();
+        c.tokens = prompt.size() + static_cast<std::size_t>(std::max(extra, 0));
+        return c;
+      });
 }
 
 /// Reads a popularity profile: JSON `[[tokens of layer 0's experts], [layer 1], ...]`, one row per
 /// MoE layer, one non-negative number per expert. Throws naming --popularity and the file.
 inline std::vector<double> load_popularity(const std::string& path, const moekit::ModelShape& s) {
   auto bad = [&](const std::string& why) {
-    moekit::detail::fail(moekit::ErrorKind::invalid_argument, "--popularity: '" + path + "' " + why);
+    moekit::detail::fail(moekit::ErrorKind::invalid_argument,
+                         "--popularity: '" + path + "' " + why);
   };
   std::ifstream in(path);
   if (!in) bad("cannot be opened");
@@ -179,8 +187,7 @@ struct FiddlerLatencies {
 /// different expert each repetition through a fresh loader of `experts` into a 4 KiB-aligned
 /// buffer followed by the same run. `int8_activations`: the experts run as the engine will run them
 /// (activations.hpp).
-inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s,
-                                                  moekit::Precision p,
+inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s, moekit::Precision p,
                                                   const ExpertBacking& experts,
                                                   moekit::ThreadPool* pool, int reps = 9,
                                                   bool int8_activations = false) {

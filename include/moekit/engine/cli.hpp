@@ -40,9 +40,12 @@ struct BudgetSpec {
   [[nodiscard]] std::size_t resolve(std::size_t all_bytes) const noexcept {
     switch (kind) {
       case Kind::all:
-      case Kind::automatic: return 0;
-      case Kind::bytes: return static_cast<std::size_t>(value);
-      case Kind::percent: return static_cast<std::size_t>(std::ceil(all_bytes * value / 100.0));
+      case Kind::automatic:
+        return 0;
+      case Kind::bytes:
+        return static_cast<std::size_t>(value);
+      case Kind::percent:
+        return static_cast<std::size_t>(std::ceil(all_bytes * value / 100.0));
     }
     return 0;
   }
@@ -80,11 +83,20 @@ inline BudgetSpec parse_budget(std::string_view s, std::string_view flag = "--ex
     std::string_view name;
     double factor;
   };
-  static constexpr Unit units[] = {
-      {"", 1},         {"b", 1},          {"k", 1024.0},      {"kib", 1024.0},
-      {"kb", 1e3},     {"m", 1048576.0},  {"mib", 1048576.0}, {"mb", 1e6},
-      {"g", 1073741824.0}, {"gib", 1073741824.0}, {"gb", 1e9}, {"t", 1099511627776.0},
-      {"tib", 1099511627776.0}, {"tb", 1e12}};
+  static constexpr Unit units[] = {{"", 1},
+                                   {"b", 1},
+                                   {"k", 1024.0},
+                                   {"kib", 1024.0},
+                                   {"kb", 1e3},
+                                   {"m", 1048576.0},
+                                   {"mib", 1048576.0},
+                                   {"mb", 1e6},
+                                   {"g", 1073741824.0},
+                                   {"gib", 1073741824.0},
+                                   {"gb", 1e9},
+                                   {"t", 1099511627776.0},
+                                   {"tib", 1099511627776.0},
+                                   {"tb", 1e12}};
   for (const Unit& u : units)
     if (unit == u.name) {
       const double bytes = v * u.factor;
@@ -126,34 +138,36 @@ struct Options {
   /// rows)
   std::optional<moekit::MatrixOrder> expert_layout;
   // Offloading (offload.hpp, expert_source.hpp, calibration.hpp).
-  PresetParams preset_params{};    ///< the presets' parameters (--t1, --gamma, ...)
-  std::string store;               ///< --store: expert store file ("" = per -m)
-  bool in_memory = false;          ///< --in-memory: experts from the checkpoint into host memory
-  bool lazy_load = false;          ///< --lazy-load: no loading of every expert before the prompt
+  PresetParams preset_params{};  ///< the presets' parameters (--t1, --gamma, ...)
+  std::string store;             ///< --store: expert store file ("" = per -m)
+  bool in_memory = false;        ///< --in-memory: experts from the checkpoint into host memory
+  bool lazy_load = false;        ///< --lazy-load: no loading of every expert before the prompt
   /// Measure the loss of experts converted into a store (conversion_loss.hpp); --no-conversion-loss
   bool conversion_loss = true;
   std::string conversion_loss_text;  ///< --conversion-loss-text ("" = moe-run's built-in default)
-  bool direct = true;              ///< O_DIRECT store reads (--no-direct: page cache)
-  bool uring = true;               ///< io_uring when available (--pread: never)
-  bool verify = true;              ///< XXH64 of every blob read from a store (--no-verify: off)
-  unsigned io_threads = 2;         ///< --io-threads: store loader threads
-  int calib_tokens = 16;           ///< --calib-tokens: greedy tokens after the prompt
-  std::uint32_t context = 0;  ///< 0 = prompt + n_predict
-  std::uint32_t ubatch = 512;  ///< --ubatch-size: most prompt tokens per prefill forward (llama.cpp's default)
+  bool direct = true;                ///< O_DIRECT store reads (--no-direct: page cache)
+  bool uring = true;                 ///< io_uring when available (--pread: never)
+  bool verify = true;                ///< XXH64 of every blob read from a store (--no-verify: off)
+  unsigned io_threads = 2;           ///< --io-threads: store loader threads
+  int calib_tokens = 16;             ///< --calib-tokens: greedy tokens after the prompt
+  std::uint32_t context = 0;         ///< 0 = prompt + n_predict
+  std::uint32_t ubatch =
+      512;  ///< --ubatch-size: most prompt tokens per prefill forward (llama.cpp's default)
   bool no_bos = false;
   bool json = false;
   bool profile = false;  ///< --profile: where each decode token's time goes (token_profile.hpp)
   // Quality and traces (perplexity.hpp, trace_recorder.hpp).
-  std::string perplexity;          ///< text file to score ("" = generate)
-  std::uint32_t chunks = 0;        ///< --chunks: score at most this many chunks (0 = all)
-  bool ppl_decode = false;         ///< score token by token through decode forwards
-  std::string save_logits;         ///< .mklogp file to write (top-K log-probs per position)
-  std::uint32_t logits_top_k = 32; ///< K of --save-logits
-  std::string kl_reference;        ///< .mklogp file to compare with (KL divergence)
-  std::string trace_out;           ///< .mktrace file to record the routing into
-  /// --routing-trace: trace whose experts and gate weights replace the router's (routing_replay.hpp)
+  std::string perplexity;           ///< text file to score ("" = generate)
+  std::uint32_t chunks = 0;         ///< --chunks: score at most this many chunks (0 = all)
+  bool ppl_decode = false;          ///< score token by token through decode forwards
+  std::string save_logits;          ///< .mklogp file to write (top-K log-probs per position)
+  std::uint32_t logits_top_k = 32;  ///< K of --save-logits
+  std::string kl_reference;         ///< .mklogp file to compare with (KL divergence)
+  std::string trace_out;            ///< .mktrace file to record the routing into
+  /// --routing-trace: trace whose experts and gate weights replace the router's
+  /// (routing_replay.hpp)
   std::string routing_trace;
-  bool force = false;              ///< overwrite --trace-out / --save-logits files
+  bool force = false;  ///< overwrite --trace-out / --save-logits files
 };
 
 /// The parser. `parse` returns 0 with `options()` filled, or the exit code after printing help
@@ -162,10 +176,11 @@ class Cli {
  public:
   Cli() : app_("moe-run: Mixture-of-Experts inference with expert offloading (moekit)") {
     app_.option_defaults()->always_capture_default();
-    app_.add_option("-m,--model", o_.model,
-                    "Hugging Face model directory (config.json, *.safetensors, tokenizer.model), a GGUF "
-                    "file (its experts go to an expert store built at first use), or an expert "
-                    "store made by moe-convert");
+    app_.add_option(
+        "-m,--model", o_.model,
+        "Hugging Face model directory (config.json, *.safetensors, tokenizer.model), a GGUF "
+        "file (its experts go to an expert store built at first use), or an expert "
+        "store made by moe-convert");
     app_.add_option("-p,--prompt", o_.prompt, "prompt text");
     app_.add_option("-n,--n-predict", o_.n_predict, "tokens to generate")
         ->check(CLI::Range(0, 1 << 20));
@@ -179,7 +194,8 @@ class Cli {
     app_.add_option("--seed", o_.seed, "sampling seed (0 .. 2^64-1)")
         ->check(CLI::Validator(
             [](const std::string& s) {  // "-1" would otherwise wrap to 2^64-1 silently
-              return !s.empty() && s.front() == '-' ? std::string("must not be negative") : std::string();
+              return !s.empty() && s.front() == '-' ? std::string("must not be negative")
+                                                    : std::string();
             },
             "NONNEGATIVE"));
     std::string presets;
@@ -253,7 +269,8 @@ class Cli {
 
  private:
   void finish() {
-    if (o_.preset.empty()) throw moekit::Error(moekit::ErrorKind::invalid_argument, "--preset: empty");
+    if (o_.preset.empty())
+      throw moekit::Error(moekit::ErrorKind::invalid_argument, "--preset: empty");
     find_preset(o_.preset);  // throws naming --preset and the known presets
     if (!(o_.top_p > 0))
       throw moekit::Error(moekit::ErrorKind::invalid_argument, "--top-p: must be in (0, 1]");
@@ -277,8 +294,9 @@ class Cli {
     }
     const auto a = parse_activation_mode(activations_text_);
     if (!a)
-      throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                          "--activations: '" + activations_text_ + "' is not one of auto, f32, int8");
+      throw moekit::Error(
+          moekit::ErrorKind::invalid_argument,
+          "--activations: '" + activations_text_ + "' is not one of auto, f32, int8");
     o_.activations = *a;
     if (expert_layout_text_ != "auto") {
       o_.expert_layout = parse_layout_word(expert_layout_text_);
@@ -311,8 +329,9 @@ class Cli {
                               std::string(flag) + ": only meaningful with --perplexity FILE");
     }
     // Output files are checked before any work: a run is not spent to find the file unwritable.
-    for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--trace-out", o_.trace_out},
-                                     {"--save-logits", o_.save_logits}})
+    for (const auto& [flag, path] :
+         {std::pair<const char*, const std::string&>{"--trace-out", o_.trace_out},
+          {"--save-logits", o_.save_logits}})
       if (!path.empty()) moekit::io::check_output_path(path, o_.force, flag);
   }
 
@@ -351,13 +370,15 @@ class Cli {
     PresetParams& q = o_.preset_params;
     app_.add_option("--t1", q.t1, "hobbit/nextuse: cumulative gate weight run at --precision")
         ->check(CLI::Range(0.0f, 1.0f));
-    app_.add_option("--t2", q.t2, "hobbit/nextuse: cumulative gate weight run at --low-precision "
-                                  "(the rest is skipped)")
+    app_.add_option("--t2", q.t2,
+                    "hobbit/nextuse: cumulative gate weight run at --low-precision "
+                    "(the rest is skipped)")
         ->check(CLI::Range(0.0f, 1.0f));
     app_.add_option("--low-precision", low_text_,
                     "hobbit/nextuse/fate: the low precision (auto, the default: q4, or q2 when the "
                     "experts run at q4 or narrower)");
-    app_.add_option("--lookahead", q.lookahead, "hobbit: stacked-gate layers predicted ahead (1..3)")
+    app_.add_option("--lookahead", q.lookahead,
+                    "hobbit: stacked-gate layers predicted ahead (1..3)")
         ->check(CLI::Range(1u, 3u));  // what StackedGatePredictor supports
     app_.add_option("--shallow-layers", q.shallow_layers, "fate: shallow layers cached in full")
         ->check(CLI::Range(0u, 1u << 16));
@@ -369,10 +390,12 @@ class Cli {
         ->check(CLI::Range(0.0, 0.999));
     app_.add_option("--gamma", q.gamma, "mobile: accept a token iff its max probability > gamma")
         ->check(CLI::Range(0.0f, 1.0f));
-    app_.add_option("--k-little", q.k_little, "mobile: experts per token in the little pass (0 = K/2)");
-    app_.add_option("--bitwidth-table", q.bitwidth_table,
-                    "edgemoe: per-expert precision table (JSON, score/static_bitwidth.hpp; default: "
-                    "every expert at --precision)");
+    app_.add_option("--k-little", q.k_little,
+                    "mobile: experts per token in the little pass (0 = K/2)");
+    app_.add_option(
+        "--bitwidth-table", q.bitwidth_table,
+        "edgemoe: per-expert precision table (JSON, score/static_bitwidth.hpp; default: "
+        "every expert at --precision)");
     app_.add_option("--popularity", q.popularity_file,
                     "fiddler: tokens per expert, JSON [[layer 0 counts], ...] (default: counted "
                     "from a calibration run of the prompt plus --calib-tokens greedy tokens)");
@@ -399,9 +422,10 @@ class Cli {
                   "experts converted into a store (GGUF K-quants): do not measure the loss (KL "
                   "against the exact values on a few hundred tokens, once per store; the output "
                   "then says it was not measured)");
-    app_.add_option("--conversion-loss-text", o_.conversion_loss_text,
-                    "text scored to measure a conversion's loss (default: bench/quality/heldout.txt "
-                    "of the source tree)");
+    app_.add_option(
+        "--conversion-loss-text", o_.conversion_loss_text,
+        "text scored to measure a conversion's loss (default: bench/quality/heldout.txt "
+        "of the source tree)");
     app_.add_flag("!--no-direct", o_.direct, "store reads through the page cache (no O_DIRECT)");
     app_.add_flag("!--pread", o_.uring, "store reads with pread(2), never io_uring");
     app_.add_flag("!--no-verify", o_.verify,
@@ -412,16 +436,19 @@ class Cli {
   }
 
   void finish_offload() {
-    for (const auto& [flag, v] : {std::pair<const char*, double>{"--cpu-latency", o_.preset_params.cpu_seconds_per_token},
-                                  {"--copy-latency", o_.preset_params.copy_seconds}})
+    for (const auto& [flag, v] :
+         {std::pair<const char*, double>{"--cpu-latency", o_.preset_params.cpu_seconds_per_token},
+          {"--copy-latency", o_.preset_params.copy_seconds}})
       if (!std::isfinite(v))  // CLI11's range check lets NaN through
-        throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                            std::string(flag) + ": must be a number of seconds, not " + std::to_string(v));
+        throw moekit::Error(
+            moekit::ErrorKind::invalid_argument,
+            std::string(flag) + ": must be a number of seconds, not " + std::to_string(v));
     o_.low_precision_auto = low_text_ == "auto";
     const auto low = moekit::parse_precision(o_.low_precision_auto ? "q4" : low_text_);
     if (!low || *low == moekit::Precision::skip)
-      throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                          "--low-precision: '" + low_text_ + "' is not one of f32, bf16, f16, q8, q4, q2");
+      throw moekit::Error(
+          moekit::ErrorKind::invalid_argument,
+          "--low-precision: '" + low_text_ + "' is not one of f32, bf16, f16, q8, q4, q2");
     o_.preset_params.low = *low;
     if (!o_.store.empty() && o_.in_memory)
       throw moekit::Error(moekit::ErrorKind::invalid_argument,

@@ -6,9 +6,10 @@
 ///   layout), optional sliding window on every layer, router = softmax over all logits, top-k,
 ///   always renormalised to sum 1; SwiGLU experts w1 (gate), w3 (up), w2 (down).
 /// - Qwen2-MoE ("qwen2_moe"): q/k/v biases (`qkv_bias`), softmax/top-k router renormalised only
-///   when `norm_topk_prob`; a shared SwiGLU expert added as sigmoid(shared_expert_gate·x)·shared(x);
-///   layers listed in `mlp_only_layers` or not on a `decoder_sparse_step` boundary are dense MLPs;
-///   sliding-window layers per `layer_types` (or `use_sliding_window`/`max_window_layers`).
+///   when `norm_topk_prob`; a shared SwiGLU expert added as
+///   sigmoid(shared_expert_gate·x)·shared(x); layers listed in `mlp_only_layers` or not on a
+///   `decoder_sparse_step` boundary are dense MLPs; sliding-window layers per `layer_types` (or
+///   `use_sliding_window`/`max_window_layers`).
 /// - OLMoE ("olmoe"): q_norm / k_norm, RMSNorms over the whole projected q (hidden_size) and k
 ///   (kv_heads·head_dim) before RoPE, optional `clip_qkv` clamp, `attention_bias` on all four
 ///   projections, router renormalised only when `norm_topk_prob`.
@@ -33,9 +34,12 @@ enum class Architecture { mixtral, qwen2_moe, olmoe };
 
 inline const char* name(Architecture a) noexcept {
   switch (a) {
-    case Architecture::mixtral: return "mixtral";
-    case Architecture::qwen2_moe: return "qwen2_moe";
-    case Architecture::olmoe: return "olmoe";
+    case Architecture::mixtral:
+      return "mixtral";
+    case Architecture::qwen2_moe:
+      return "qwen2_moe";
+    case Architecture::olmoe:
+      return "olmoe";
   }
   return "?";
 }
@@ -59,9 +63,9 @@ struct ModelConfig {
   /// p sees keys at positions > p − w (transformers' sliding_window_overlay).
   std::vector<std::uint32_t> window;
 
-  bool qkv_bias = false;  ///< biases on q/k/v (Qwen2-MoE, OLMoE attention_bias)
-  bool o_bias = false;    ///< bias on o_proj (OLMoE attention_bias)
-  bool qk_norm = false;   ///< OLMoE's q_norm / k_norm
+  bool qkv_bias = false;          ///< biases on q/k/v (Qwen2-MoE, OLMoE attention_bias)
+  bool o_bias = false;            ///< bias on o_proj (OLMoE attention_bias)
+  bool qk_norm = false;           ///< OLMoE's q_norm / k_norm
   std::optional<float> clip_qkv;  ///< OLMoE: clamp q, k, v to ±clip
 
   std::uint32_t n_experts = 0;
@@ -171,8 +175,8 @@ inline double read_rope_theta(const JsonFields& f, double default_theta) {
     if (!rp.is_object()) f.fail("rope_parameters", "must be an object");
     const auto type = rp.value("rope_type", std::string("default"));
     if (type != "default")
-      f.fail("rope_parameters.rope_type",
-             "is '" + type + "'; only the default RoPE is supported", moekit::ErrorKind::unsupported);
+      f.fail("rope_parameters.rope_type", "is '" + type + "'; only the default RoPE is supported",
+             moekit::ErrorKind::unsupported);
     if (rp.contains("partial_rotary_factor") && rp.at("partial_rotary_factor") != 1.0)
       f.fail("rope_parameters.partial_rotary_factor", "must be 1 (partial RoPE is not supported)",
              moekit::ErrorKind::unsupported);
@@ -228,7 +232,8 @@ inline void read_decoder(const JsonFields& f, ModelConfig& c) {
   c.eos_token_ids = f.uint_list_or_one("eos_token_id");
   for (std::uint32_t e : c.eos_token_ids)  // an id past the vocabulary would never end a text
     if (e >= c.vocab_size)
-      f.fail("eos_token_id", std::to_string(e) + " is not below vocab_size " + std::to_string(c.vocab_size));
+      f.fail("eos_token_id",
+             std::to_string(e) + " is not below vocab_size " + std::to_string(c.vocab_size));
 }
 
 inline void read_mixtral(const JsonFields& f, ModelConfig& c) {

@@ -54,9 +54,9 @@ namespace moekit::engine {
 
 /// How the loss is measured.
 struct ConversionLossSettings {
-  std::size_t tokens = 256;   ///< scored tokens: the first ones of the text
-  std::uint32_t ctx = 128;    ///< tokens per chunk, each scored after a BOS
-  std::uint32_t top_k = 1024; ///< reference tokens kept per position for the KL (rest: one bucket)
+  std::size_t tokens = 256;    ///< scored tokens: the first ones of the text
+  std::uint32_t ctx = 128;     ///< tokens per chunk, each scored after a BOS
+  std::uint32_t top_k = 1024;  ///< reference tokens kept per position for the KL (rest: one bucket)
   /// Expert cache of each pass in bytes, at most (0: every expert resident at the pass's
   /// precision); a pass never gets less than one token's experts.
   std::size_t expert_budget_bytes = 0;
@@ -123,7 +123,8 @@ struct ConversionLoss {
         const auto p = moekit::parse_precision(e.at("precision").get<std::string>());
         if (!p) bad("unknown precision '" + e.at("precision").get<std::string>() + "'");
         l.entries.push_back({*p, e.at("kl_mean").get<double>(), e.at("kl_max").get<double>(),
-                             e.at("top1_agreement").get<double>(), e.at("perplexity").get<double>()});
+                             e.at("top1_agreement").get<double>(),
+                             e.at("perplexity").get<double>()});
       }
     } catch (const nlohmann::json::exception& e) {
       bad(std::string("missing or mistyped field (") + e.what() + ")");
@@ -240,8 +241,8 @@ inline ConversionLoss measure_conversion_loss(
   ExpertBacking exact;
   exact.io = s.io;
   exact.checkpoint = reference;
-  const PerplexityResult r = detail::conversion_loss_pass(
-      cfg, dense, exact, moekit::Precision::f32, tokens, s, saver, pool);
+  const PerplexityResult r = detail::conversion_loss_pass(cfg, dense, exact, moekit::Precision::f32,
+                                                          tokens, s, saver, pool);
   out.tokens = r.tokens;
   out.reference_perplexity = r.perplexity();
 
@@ -267,9 +268,8 @@ inline std::string describe_conversion_loss(const ConversionLoss& l, bool measur
     std::snprintf(buf, sizeof buf,
                   "conversion loss: %s experts -> %s: mean KL %.6f nats/token (max %.4f), top-1 "
                   "agreement %.1f%%, perplexity %.3f vs %.3f exact; %zu tokens of %s%s\n",
-                  l.source_types.c_str(), std::string(moekit::name(e.precision)).c_str(),
-                  e.kl_mean, e.kl_max, 100 * e.top1_agreement, e.perplexity,
-                  l.reference_perplexity, l.tokens,
+                  l.source_types.c_str(), std::string(moekit::name(e.precision)).c_str(), e.kl_mean,
+                  e.kl_max, 100 * e.top1_agreement, e.perplexity, l.reference_perplexity, l.tokens,
                   std::filesystem::path(l.text).filename().c_str(),
                   measured_now ? "" : " (recorded beside the store)");
     out += buf;
@@ -279,10 +279,10 @@ inline std::string describe_conversion_loss(const ConversionLoss& l, bool measur
 
 /// What moe-run asks for a store it converted from a GGUF.
 struct ConversionLossRequest {
-  bool measure = true;               ///< false: --no-conversion-loss
-  std::filesystem::path text;        ///< the text scored
+  bool measure = true;         ///< false: --no-conversion-loss
+  std::filesystem::path text;  ///< the text scored
   ConversionLossSettings settings{};
-  bool quiet = false;                ///< --json: nothing on stderr
+  bool quiet = false;  ///< --json: nothing on stderr
 };
 
 /// The loss of `store`, converted from GGUF `gguf` whose experts `cfg` describes: read from the
@@ -296,14 +296,15 @@ inline nlohmann::json store_conversion_loss(const ConversionLossRequest& req,
   std::vector<std::uint32_t> layers(cfg.shape().n_layers);  // GGUF numbers MoE layers as blocks
   for (std::uint32_t l = 0; l < layers.size(); ++l) layers[l] = l;
   auto reference = std::make_shared<const moekit::io::CheckpointExperts>(
-      moekit::io::CheckpointExperts::locate_as_f32(gguf, io_architecture(cfg.arch),
-                                                   moekit::io::TensorFormat::gguf, cfg.shape(),
-                                                   layers));
+      moekit::io::CheckpointExperts::locate_as_f32(
+          gguf, io_architecture(cfg.arch), moekit::io::TensorFormat::gguf, cfg.shape(), layers));
   const auto& held = store->manifest().precisions;
   auto not_measured = [&](const std::string& why) {
     if (!req.quiet)
-      std::fprintf(stderr, "conversion loss: NOT measured (%s); the %s experts were converted to "
-                   "%s\n", why.c_str(), expert_types(*reference).c_str(),
+      std::fprintf(stderr,
+                   "conversion loss: NOT measured (%s); the %s experts were converted to "
+                   "%s\n",
+                   why.c_str(), expert_types(*reference).c_str(),
                    std::string(moekit::name(held.front())).c_str());
     return nlohmann::json{{"measured", false}, {"reason", why}};
   };
@@ -325,12 +326,13 @@ inline nlohmann::json store_conversion_loss(const ConversionLossRequest& req,
   text.resize(std::min(text.size(), 16 * req.settings.tokens));
   const std::vector<Token> tokens = tok.encode(text, false);
   if (!req.quiet)
-    std::fprintf(stderr, "conversion loss: measuring %s experts (exact, f32) against the store "
+    std::fprintf(stderr,
+                 "conversion loss: measuring %s experts (exact, f32) against the store "
                  "on %zu tokens of %s (once; --no-conversion-loss skips it)...\n",
                  expert_types(*reference).c_str(), std::min(tokens.size(), req.settings.tokens),
                  req.text.c_str());
-  const ConversionLoss l = measure_conversion_loss(cfg, dense, tokens, req.text.string(),
-                                                   reference, store, req.settings, pool);
+  const ConversionLoss l = measure_conversion_loss(cfg, dense, tokens, req.text.string(), reference,
+                                                   store, req.settings, pool);
   nlohmann::json j = l.to_json();
   j["measured"] = true;
   j["from_record"] = false;
@@ -338,7 +340,8 @@ inline nlohmann::json store_conversion_loss(const ConversionLossRequest& req,
     save_conversion_loss(record, l);
     j["record"] = record.string();
   } catch (const moekit::Error& e) {
-    if (!req.quiet) std::fprintf(stderr, "conversion loss: not recorded: %s\n", e.message().c_str());
+    if (!req.quiet)
+      std::fprintf(stderr, "conversion loss: not recorded: %s\n", e.message().c_str());
   }
   if (!req.quiet) std::fputs(describe_conversion_loss(l, true).c_str(), stderr);
   return j;

@@ -11,9 +11,12 @@ namespace moekit::engine {
 /// "rows", "panels" (MatrixOrder::panels4) or "blocked-panels" (MatrixOrder::blocked_panels4).
 constexpr const char* layout_word(moekit::MatrixOrder o) noexcept {
   switch (o) {
-    case moekit::MatrixOrder::panels4: return "panels";
-    case moekit::MatrixOrder::blocked_panels4: return "blocked-panels";
-    case moekit::MatrixOrder::rows: break;
+    case moekit::MatrixOrder::panels4:
+      return "panels";
+    case moekit::MatrixOrder::blocked_panels4:
+      return "blocked-panels";
+    case moekit::MatrixOrder::rows:
+      break;
   }
   return "rows";
 }

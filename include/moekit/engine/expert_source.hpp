@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -18,13 +18,13 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <variant>
-#include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/hooks.hpp"
@@ -32,11 +32,11 @@
 #include "moekit/core/plan.hpp"
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
-#include "moekit/io/expert_blob.hpp"
 #include "moekit/io/aligned_buffer.hpp"
 #include "moekit/io/async_loader.hpp"
 #include "moekit/io/byte_source.hpp"
 #include "moekit/io/checkpoint_experts.hpp"
+#include "moekit/io/expert_blob.hpp"
 #include "moekit/io/expert_store.hpp"
 #include "moekit/io/gguf.hpp"
 #include "moekit/io/host_read_ring.hpp"
@@ -48,18 +48,18 @@
 #endif
 
 #include "moekit/engine/config.hpp"
-#include "moekit/engine/memory_budget.hpp"
 #include "moekit/engine/expert_layout.hpp"
 #include "moekit/engine/gguf_model.hpp"
+#include "moekit/engine/memory_budget.hpp"
 #include "moekit/engine/weights.hpp"
 
 namespace moekit::engine {
 
 /// How the store is read.
 struct StoreIo {
-  bool direct = true;       ///< O_DIRECT (page cache bypassed)
-  bool uring = true;        ///< io_uring when available; pread otherwise
-  unsigned io_threads = 2;  ///< AsyncLoader threads
+  bool direct = true;            ///< O_DIRECT (page cache bypassed)
+  bool uring = true;             ///< io_uring when available; pread otherwise
+  unsigned io_threads = 2;       ///< AsyncLoader threads
   bool verify_checksums = true;  ///< XXH64 of every loaded blob (moe-run --no-verify: off)
 };
 
@@ -78,22 +78,27 @@ class DirectSource {
       }
     }
 #endif
-    src_.emplace<moekit::io::PreadSource>(path, moekit::io::PreadSource::Config{.direct = io.direct});
+    src_.emplace<moekit::io::PreadSource>(path,
+                                          moekit::io::PreadSource::Config{.direct = io.direct});
   }
   void read(moekit::io::BlobRange r, std::span<std::byte> dest) const {
-    std::visit([&](const auto& s) {
-      if constexpr (!std::is_same_v<std::decay_t<decltype(s)>, std::monostate>) s.read(r, dest);
-    }, src_);
+    std::visit(
+        [&](const auto& s) {
+          if constexpr (!std::is_same_v<std::decay_t<decltype(s)>, std::monostate>) s.read(r, dest);
+        },
+        src_);
   }
   [[nodiscard]] const std::string& name() const {
-    return std::visit([](const auto& s) -> const std::string& {
-      if constexpr (std::is_same_v<std::decay_t<decltype(s)>, std::monostate>) {
-        static const std::string none = "(none)";
-        return none;
-      } else {
-        return s.name();
-      }
-    }, src_);
+    return std::visit(
+        [](const auto& s) -> const std::string& {
+          if constexpr (std::is_same_v<std::decay_t<decltype(s)>, std::monostate>) {
+            static const std::string none = "(none)";
+            return none;
+          } else {
+            return s.name();
+          }
+        },
+        src_);
   }
   /// "io_uring" or "pread".
   [[nodiscard]] const char* kind() const noexcept {
@@ -179,9 +184,12 @@ class ExpertLoader {
     return is_file(t) ? file_reader_->poll(t) : reader_->poll(untag(t));
   }
   void wait(moekit::LoadTicket t) {
-    if (memory_) memory_->wait(t);
-    else if (is_file(t)) file_reader_->wait(t);
-    else reader_->wait(untag(t));
+    if (memory_)
+      memory_->wait(t);
+    else if (is_file(t))
+      file_reader_->wait(t);
+    else
+      reader_->wait(untag(t));
   }
   bool cancel(moekit::LoadTicket t) {
     if (memory_) return memory_->cancel(t);
@@ -229,8 +237,9 @@ class ExpertLoader {
       return DirectSource(path, io);
     } catch (const moekit::Error& e) {
       if (!io.direct) throw;
-      throw moekit::Error(e.kind(), e.message() + " (opened with O_DIRECT; a filesystem without "
-                                                  "it, such as tmpfs, needs --no-direct)");
+      throw moekit::Error(e.kind(), e.message() +
+                                        " (opened with O_DIRECT; a filesystem without "
+                                        "it, such as tmpfs, needs --no-direct)");
     }
   }
   void attach_store(std::shared_ptr<const moekit::io::ExpertStore> store, const StoreIo& io) {
@@ -356,9 +365,9 @@ inline std::string checkpoint_fingerprint(const std::filesystem::path& dir) {
     const auto n = e.path().filename().string();
     if (!e.is_regular_file() || (e.path().extension() != ".safetensors" && n != "config.json"))
       continue;
-    const auto t = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       e.last_write_time().time_since_epoch())
-                       .count();
+    const auto t =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(e.last_write_time().time_since_epoch())
+            .count();
     parts.push_back(n + ":" + std::to_string(e.file_size()) + ":" + std::to_string(t));
   }
   std::sort(parts.begin(), parts.end());
@@ -388,7 +397,8 @@ inline moekit::io::ExpertStoreWriteReport build_store_from_checkpoint(
   options.meta["checkpoint_dir"] = std::filesystem::absolute(dir).lexically_normal().string();
   options.meta["checkpoint_fingerprint"] = checkpoint_fingerprint(dir);
   options.meta["tool"] = "moe-run/moe-convert";
-  options.meta["blob_layout"] = "[w1 gate][w3 up][w2 down], precision/ formats, rows as matrix_order says";
+  options.meta["blob_layout"] =
+      "[w1 gate][w3 up][w2 down], precision/ formats, rows as matrix_order says";
   return moekit::io::write_expert_store(out.string(), shape, precisions, encode, options);
 }
 
@@ -418,7 +428,8 @@ inline void check_disk_space(const std::filesystem::path& out, std::uint64_t byt
   throw moekit::Error(moekit::ErrorKind::io,
                       "the expert store " + out.string() + " needs " + format_bytes(bytes) +
                           ", and the disk holding " + out.parent_path().string() + " has " +
-                          format_bytes(space.available) + " free (run at the checkpoint's own "
+                          format_bytes(space.available) +
+                          " free (run at the checkpoint's own "
                           "type, --precision auto, with a preset that needs no other precision, or "
                           "give --store FILE on a disk with room)");
 }
@@ -501,25 +512,26 @@ CachedStore cached_store_file(const moekit::ModelShape& shape, const std::string
   wo.encode_threads = store_encode_threads();
   if (!quiet && ::isatty(::fileno(stderr))) wo.progress = store_progress(bytes);
   build(std::span<const moekit::Precision>(need), out, wo);
-  return {std::make_shared<moekit::io::ExpertStore>(
-              moekit::io::ExpertStore::open(out.string(), shape)),
-          true};
+  return {
+      std::make_shared<moekit::io::ExpertStore>(moekit::io::ExpertStore::open(out.string(), shape)),
+      true};
 }
 
 }  // namespace detail
 
-/// The store of checkpoint `dir` in `cache_dir` holding `need` (one file per precision set, named `<model>-<precisions>.moestore`, precisions most precise first). Used
-/// as is when its recorded checkpoint fingerprint matches `dir`'s; built when missing; rebuilt
-/// (only this cache file is replaced) when the checkpoint changed or the file is unreadable.
+/// The store of checkpoint `dir` in `cache_dir` holding `need` (one file per precision set, named
+/// `<model>-<precisions>.moestore`, precisions most precise first). Used as is when its recorded
+/// checkpoint fingerprint matches `dir`'s; built when missing; rebuilt (only this cache file is
+/// replaced) when the checkpoint changed or the file is unreadable.
 inline CachedStore cached_store(const ModelConfig& cfg, const std::filesystem::path& dir,
                                 std::vector<moekit::Precision> need,
                                 const std::filesystem::path& cache_dir, bool quiet,
                                 moekit::MatrixOrder order = moekit::MatrixOrder::rows) {
-  return detail::cached_store_file(
-      cfg.shape(), dir.filename().string(), checkpoint_fingerprint(dir), std::move(need),
-      cache_dir, quiet, dir.string(), order, [&](auto ps, const auto& out, auto wo) {
-        build_store_from_checkpoint(cfg, dir, ps, out, wo);
-      });
+  return detail::cached_store_file(cfg.shape(), dir.filename().string(),
+                                   checkpoint_fingerprint(dir), std::move(need), cache_dir, quiet,
+                                   dir.string(), order, [&](auto ps, const auto& out, auto wo) {
+                                     build_store_from_checkpoint(cfg, dir, ps, out, wo);
+                                   });
 }
 
 /// A fingerprint of one file (name, size, modification time), as checkpoint_fingerprint.
@@ -534,7 +546,9 @@ inline std::string file_fingerprint(const std::filesystem::path& f) {
 /// The expert shape of a GGUF model: gguf_config's (one reading of the metadata, so the store
 /// built from a file always fits the model read from it; a second copy of these rules once lost
 /// Qwen2-MoE's shared expert). Throws `Error(invalid_format)` naming the key.
-inline moekit::ModelShape gguf_shape(const moekit::io::GgufFile& g) { return gguf_config(g).shape(); }
+inline moekit::ModelShape gguf_shape(const moekit::io::GgufFile& g) {
+  return gguf_config(g).shape();
+}
 
 /// Writes the expert store of GGUF file `path` (experts as the stacked `_exps` tensors or
 /// per-expert tensors; F32/F16/BF16/Q8_0/Q4_0 and the K-quants Q2_K..Q6_K) at `precisions` to
@@ -548,22 +562,24 @@ inline moekit::io::ExpertStoreWriteReport build_store_from_gguf(
   const moekit::ModelShape shape = gguf_shape(g);
   const auto arch = moekit::io::parse_architecture(g.architecture());
   if (!arch)
-    throw moekit::Error(moekit::ErrorKind::unsupported,
-                        "GGUF '" + g.path() + "': general.architecture '" + g.architecture() +
-                            "' is not an MoE architecture moekit reads (llama/mixtral, qwen2moe, olmoe)");
+    throw moekit::Error(
+        moekit::ErrorKind::unsupported,
+        "GGUF '" + g.path() + "': general.architecture '" + g.architecture() +
+            "' is not an MoE architecture moekit reads (llama/mixtral, qwen2moe, olmoe)");
   const ExpertBacking exact{nullptr, nullptr, StoreIo{.direct = false},
                             locate_checkpoint_experts(gguf_config(g), {}, &g),
                             moekit::MatrixOrder::rows};
   auto encode = [&](moekit::ExpertKey k, moekit::Precision p) {
     if (exact.checkpoint && exact.checkpoint->precision() == p) return exact.read_expert(k, p);
-    const ExpertF32 e = read_expert_f32(g, *arch, moekit::io::TensorFormat::gguf, k.layer,
-                                        k.expert, shape);
+    const ExpertF32 e =
+        read_expert_f32(g, *arch, moekit::io::TensorFormat::gguf, k.layer, k.expert, shape);
     return moekit::io::encode_expert_blob(shape, e.w1, e.w3, e.w2, p);
   };
   options.meta["gguf"] = std::filesystem::absolute(path).lexically_normal().string();
   options.meta["checkpoint_fingerprint"] = file_fingerprint(path);
   options.meta["tool"] = "moe-convert";
-  options.meta["blob_layout"] = "[w1 gate][w3 up][w2 down], precision/ formats, rows as matrix_order says";
+  options.meta["blob_layout"] =
+      "[w1 gate][w3 up][w2 down], precision/ formats, rows as matrix_order says";
   return moekit::io::write_expert_store(out.string(), shape, precisions, encode, options);
 }
 
@@ -580,9 +596,8 @@ inline CachedStore cached_gguf_store(const std::filesystem::path& path,
   const moekit::ModelShape shape = gguf_shape(moekit::io::GgufFile(path.string()));
   return detail::cached_store_file(
       shape, path.stem().string() + "-" + std::string(hash, 8), file_fingerprint(path),
-      std::move(need), cache_dir, quiet, path.string(), order, [&](auto ps, const auto& out, auto wo) {
-        build_store_from_gguf(path, ps, out, wo);
-      });
+      std::move(need), cache_dir, quiet, path.string(), order,
+      [&](auto ps, const auto& out, auto wo) { build_store_from_gguf(path, ps, out, wo); });
 }
 
 }  // namespace moekit::engine

@@ -14,8 +14,9 @@
 ///   NEOX RoPE (= rotate_half), so no permutation; every block is an MoE block.
 /// - "olmoe" — `attn_q_norm` / `attn_k_norm` over the whole q and k projections; NEOX RoPE.
 /// Top-k renormalisation: `<arch>.expert_weights_norm` when present, else llama.cpp's choice per
-/// architecture (llama: yes; qwen2moe, olmoe: no). Sliding window: `<arch>.attention.sliding_window`
-/// on every layer. Every error names the file and the key or tensor.
+/// architecture (llama: yes; qwen2moe, olmoe: no). Sliding window:
+/// `<arch>.attention.sliding_window` on every layer. Every error names the file and the key or
+/// tensor.
 
 #include <algorithm>
 #include <cstddef>

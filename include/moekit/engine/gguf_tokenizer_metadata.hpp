@@ -44,7 +44,8 @@ class GgufTokenizerMetadata {
       if (!v.is_integer()) fail("tokenizer.ggml.token_type", "holds a non-integer");
       const auto* i = std::get_if<std::int64_t>(&v.value);
       const std::int64_t x = i ? *i : static_cast<std::int64_t>(std::get<std::uint64_t>(v.value));
-      if (x < 1 || x > 6) fail("tokenizer.ggml.token_type", "holds type " + std::to_string(x) + " (1..6 allowed)");
+      if (x < 1 || x > 6)
+        fail("tokenizer.ggml.token_type", "holds type " + std::to_string(x) + " (1..6 allowed)");
       out.push_back(x);
     }
     return out;

@@ -42,7 +42,14 @@ namespace moekit::engine {
 class GgufVocab {
  public:
   /// Piece types, numbered as SentencePiece's ModelProto and llama.cpp's token_type.
-  enum class Type : std::int32_t { normal = 1, unknown = 2, control = 3, user_defined = 4, unused = 5, byte = 6 };
+  enum class Type : std::int32_t {
+    normal = 1,
+    unknown = 2,
+    control = 3,
+    user_defined = 4,
+    unused = 5,
+    byte = 6
+  };
 
   struct Special {
     std::optional<std::uint32_t> bos, eos, unk;
@@ -53,8 +60,11 @@ class GgufVocab {
   /// vocabulary in errors.
   GgufVocab(std::vector<std::string> pieces, std::vector<float> scores, std::vector<Type> types,
             Special special, std::string source)
-      : pieces_(std::move(pieces)), scores_(std::move(scores)), types_(std::move(types)),
-        special_(special), source_(std::move(source)) {
+      : pieces_(std::move(pieces)),
+        scores_(std::move(scores)),
+        types_(std::move(types)),
+        special_(special),
+        source_(std::move(source)) {
     const std::size_t n = pieces_.size();
     if (n == 0) fail("has no pieces");
     if (scores_.empty()) scores_.assign(n, 0.f);
@@ -63,7 +73,8 @@ class GgufVocab {
       fail("lists " + std::to_string(n) + " pieces but " + std::to_string(scores_.size()) +
            " scores and " + std::to_string(types_.size()) + " types");
     for (auto id : {special_.bos, special_.eos, special_.unk})
-      if (id && *id >= n) fail("names special id " + std::to_string(*id) + " outside the vocabulary");
+      if (id && *id >= n)
+        fail("names special id " + std::to_string(*id) + " outside the vocabulary");
     byte_id_.fill(-1);
     byte_value_.assign(n, 0);
     for (std::size_t i = 0; i < n; ++i) {
@@ -88,8 +99,11 @@ class GgufVocab {
     const GgufTokenizerMetadata meta(g);
     const std::string m = meta.model();
     if (m != "llama")
-      meta.fail("tokenizer.ggml.model", "is '" + m + "'; moe-run reads SentencePiece ('llama', GgufVocab) and "
-          "byte-level BPE ('gpt2', BpeVocab) vocabularies", moekit::ErrorKind::unsupported);
+      meta.fail("tokenizer.ggml.model",
+                "is '" + m +
+                    "'; moe-run reads SentencePiece ('llama', GgufVocab) and "
+                    "byte-level BPE ('gpt2', BpeVocab) vocabularies",
+                moekit::ErrorKind::unsupported);
     const auto* tokens = g.metadata("tokenizer.ggml.tokens");
     if (!tokens) meta.fail("tokenizer.ggml.tokens", "is missing");
     std::vector<std::string> pieces;
@@ -124,7 +138,9 @@ class GgufVocab {
     return GgufVocab(std::move(pieces), std::move(scores), std::move(types), sp, meta.source());
   }
 
-  [[nodiscard]] std::uint32_t size() const noexcept { return static_cast<std::uint32_t>(pieces_.size()); }
+  [[nodiscard]] std::uint32_t size() const noexcept {
+    return static_cast<std::uint32_t>(pieces_.size());
+  }
   [[nodiscard]] const Special& special() const noexcept { return special_; }
   [[nodiscard]] const std::string& piece(std::uint32_t id) const {
     check_id(id);
@@ -143,14 +159,17 @@ class GgufVocab {
     s.reserve(text.size() + 3);
     if (special_.add_space_prefix) s += space;
     for (char c : text) {
-      if (c == ' ') s += space;
-      else s += c;
+      if (c == ' ')
+        s += space;
+      else
+        s += c;
     }
     // Symbols: one per UTF-8 character, as a doubly linked list over `s`.
     std::vector<Symbol> sym;
     for (std::size_t i = 0; i < s.size();) {
       const std::size_t n = std::min(utf8_length(static_cast<unsigned char>(s[i])), s.size() - i);
-      sym.push_back({static_cast<std::int64_t>(sym.size()) - 1, static_cast<std::int64_t>(sym.size()) + 1, i, n});
+      sym.push_back({static_cast<std::int64_t>(sym.size()) - 1,
+                     static_cast<std::int64_t>(sym.size()) + 1, i, n});
       i += n;
     }
     sym.back().next = -1;
@@ -164,7 +183,8 @@ class GgufVocab {
       queue.push({scores_[it->second], static_cast<std::size_t>(l), piece.size()});
       if (types_[it->second] == Type::unused) rev_merge.insert_or_assign(piece, sym[l].len);
     };
-    for (std::size_t i = 1; i < sym.size(); ++i) try_pair(static_cast<std::int64_t>(i) - 1, static_cast<std::int64_t>(i));
+    for (std::size_t i = 1; i < sym.size(); ++i)
+      try_pair(static_cast<std::int64_t>(i) - 1, static_cast<std::int64_t>(i));
     while (!queue.empty()) {
       const Bigram b = queue.top();
       queue.pop();
@@ -175,7 +195,8 @@ class GgufVocab {
       l.len += r.len;
       r.len = 0;
       l.next = r.next;
-      if (r.next >= 0) sym[static_cast<std::size_t>(r.next)].prev = static_cast<std::int64_t>(b.left);
+      if (r.next >= 0)
+        sym[static_cast<std::size_t>(r.next)].prev = static_cast<std::int64_t>(b.left);
       try_pair(l.prev, static_cast<std::int64_t>(b.left));
       try_pair(static_cast<std::int64_t>(b.left), l.next);
     }
@@ -228,7 +249,9 @@ class GgufVocab {
 
   struct Hash {  // heterogeneous lookup by string_view
     using is_transparent = void;
-    std::size_t operator()(std::string_view v) const noexcept { return std::hash<std::string_view>{}(v); }
+    std::size_t operator()(std::string_view v) const noexcept {
+      return std::hash<std::string_view>{}(v);
+    }
   };
   using RevMerge = std::unordered_map<std::string_view, std::size_t>;
 
@@ -264,7 +287,11 @@ class GgufVocab {
   static void append_utf8_lossy(const std::string& bytes, std::string& out) {
     for (std::size_t i = 0; i < bytes.size();) {
       const auto c = static_cast<unsigned char>(bytes[i]);
-      std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+      std::size_t n = c < 0x80         ? 1
+                      : (c >> 5) == 6  ? 2
+                      : (c >> 4) == 14 ? 3
+                      : (c >> 3) == 30 ? 4
+                                       : 0;
       bool ok = n > 0 && i + n <= bytes.size();
       std::uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
       for (std::size_t k = 1; ok && k < n; ++k) {
@@ -287,7 +314,8 @@ class GgufVocab {
 
   // Emits the id of a final symbol: its piece, or (unused pieces) the two it was merged from,
   // or its bytes.
-  void resegment(std::string_view text, const RevMerge& rev, std::vector<std::uint32_t>& out) const {
+  void resegment(std::string_view text, const RevMerge& rev,
+                 std::vector<std::uint32_t>& out) const {
     const auto it = mergeable_.find(text);
     if (it != mergeable_.end() && types_[it->second] != Type::unused) {
       out.push_back(it->second);

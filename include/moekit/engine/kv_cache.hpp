@@ -27,7 +27,11 @@ class KvCache {
   /// `window[l]` > 0 makes layer l a ring of min(window, capacity) slots; empty = no window.
   KvCache(std::uint32_t n_layers, std::uint32_t kv_dim, std::uint32_t capacity,
           std::span<const std::uint32_t> window = {})
-      : kv_dim_(kv_dim), capacity_(capacity), slots_(n_layers, capacity), k_(n_layers), v_(n_layers) {
+      : kv_dim_(kv_dim),
+        capacity_(capacity),
+        slots_(n_layers, capacity),
+        k_(n_layers),
+        v_(n_layers) {
     MOEKIT_EXPECTS(capacity > 0, "KvCache: the context length must be > 0");
     MOEKIT_EXPECTS(window.empty() || window.size() == n_layers,
                    "KvCache: one window per layer (or none)");

@@ -24,10 +24,10 @@ namespace moekit::engine {
 
 /// What loader_read_rate measured.
 struct LoaderReadRate {
-  double bytes_per_s = 0;        ///< expert bytes at `precision` per second of wall time
-  std::uint32_t experts = 0;     ///< experts read (layer-major from layer 0, expert 0)
+  double bytes_per_s = 0;     ///< expert bytes at `precision` per second of wall time
+  std::uint32_t experts = 0;  ///< experts read (layer-major from layer 0, expert 0)
   moekit::Precision precision{};
-  std::string reader;            ///< "io_uring" or "pread"
+  std::string reader;  ///< "io_uring" or "pread"
 };
 
 /// Reads `n` experts of checkpoint `path` (a GGUF file or a Hugging Face directory) in place
@@ -56,14 +56,13 @@ inline LoaderReadRate loader_read_rate(const std::filesystem::path& path, std::u
   for (std::uint32_t i = 0; i < n; ++i) {
     if (tickets.size() >= depth) loader.wait(tickets[tickets.size() - depth]);
     const moekit::ExpertKey k{i / s.n_experts, i % s.n_experts};
-    tickets.push_back(loader.submit(
-        {k, p, moekit::LoadPriority::on_demand, bufs[i % depth].span()}));
+    tickets.push_back(
+        loader.submit({k, p, moekit::LoadPriority::on_demand, bufs[i % depth].span()}));
   }
   for (auto t : tickets) loader.wait(t);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {double(n) * double(s.expert_bytes(p)) / seconds, n, p,
-          loader.kind()};
+  return {double(n) * double(s.expert_bytes(p)) / seconds, n, p, loader.kind()};
 }
 
 }  // namespace moekit::engine

@@ -123,9 +123,9 @@ class Model {
         return logits;
       }
     }
-    moekit::detail::fail(moekit::ErrorKind::internal,
-                         "the token policy rejected a token " + std::to_string(max_fallbacks + 1) +
-                             " times in a row");
+    moekit::detail::fail(moekit::ErrorKind::internal, "the token policy rejected a token " +
+                                                          std::to_string(max_fallbacks + 1) +
+                                                          " times in a row");
   }
 
   /// Times the parts of each forward into `p` (token_profile.hpp), the pool's waits included;

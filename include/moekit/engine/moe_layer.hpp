@@ -118,15 +118,18 @@ class MoeLayer {
  private:
   // The pipeline's load-wait seconds so far (0 for a pipeline without statistics).
   double stall_seconds() const {
-    if constexpr (requires { pipeline_.stats().stall_seconds; }) return pipeline_.stats().stall_seconds;
-    else return 0;
+    if constexpr (requires { pipeline_.stats().stall_seconds; })
+      return pipeline_.stats().stall_seconds;
+    else
+      return 0;
   }
 
   // Router: logits, softmax, top-k (descending, ties to the lower id), optional renormalisation.
   std::uint32_t route(const LayerWeights& w, std::span<const float> x, std::uint32_t n,
                       std::uint32_t k, const moekit::KernelOptions& opts) {
     const std::uint32_t E = cfg_.n_experts;
-    MOEKIT_EXPECTS(k >= 1 && k <= E, "MoeLayer: the token policy's top-k is outside [1, n_experts]");
+    MOEKIT_EXPECTS(k >= 1 && k <= E,
+                   "MoeLayer: the token policy's top-k is outside [1, n_experts]");
     logits_.resize(std::size_t{n} * E);
     linear(w.router, x, n, logits_, opts, batched_);
     experts_.resize(std::size_t{n} * k);
@@ -176,7 +179,8 @@ class MoeLayer {
       res_.assign(m * H, 0.f);
       for (std::size_t r = 0; r < m; ++r)
         std::copy_n(x.data() + std::size_t{rows_[r] / k} * H, H, in_.data() + r * H);
-      ffn(moekit::io::expert_view(shape, v.bytes, v.precision, expert_order_), in_, m, res_, expert_opts);
+      ffn(moekit::io::expert_view(shape, v.bytes, v.precision, expert_order_), in_, m, res_,
+          expert_opts);
       for (std::size_t r = 0; r < m; ++r) {
         std::copy_n(res_.data() + r * H, H, y_.data() + std::size_t{rows_[r]} * H);
         ran_[rows_[r]] = 1;
@@ -221,9 +225,10 @@ class MoeLayer {
   // out += expert(x) for the n rows of x (through the batched kernel in prefill).
   void ffn(const moekit::ExpertWeights& e, std::span<const float> x, std::size_t n,
            std::span<float> out, const moekit::KernelOptions& opts) {
-    for_rows(x, n, out, batched_, [&](std::span<const float> xs, std::size_t m, std::span<float> ys) {
-      moekit::expert_ffn(e, xs, m, ys, 1.f, opts);
-    });
+    for_rows(x, n, out, batched_,
+             [&](std::span<const float> xs, std::size_t m, std::span<float> ys) {
+               moekit::expert_ffn(e, xs, m, ys, 1.f, opts);
+             });
   }
 
   const ModelConfig& cfg_;

@@ -73,18 +73,18 @@ inline void check_budget(const moekit::ModelShape& s, const OffloadSettings& o,
     moekit::detail::fail(moekit::ErrorKind::invalid_argument,
                          std::string(flag) + ": a budget of " + std::to_string(o.expert_budget) +
                              " bytes cannot run this model; the minimum at " +
-                             std::string(moekit::name(o.precision)) + " is " +
-                             std::to_string(min) + " bytes (top-k = " + std::to_string(s.top_k) +
-                             " experts of " + std::to_string(s.expert_bytes(o.precision)) +
-                             " bytes)");
+                             std::string(moekit::name(o.precision)) + " is " + std::to_string(min) +
+                             " bytes (top-k = " + std::to_string(s.top_k) + " experts of " +
+                             std::to_string(s.expert_bytes(o.precision)) + " bytes)");
 }
 
 inline moekit::PipelineConfig pipeline_config(const moekit::ModelShape& s,
                                               const OffloadSettings& o) {
   check_budget(s, o);
-  return moekit::PipelineConfig{
-      .expert_budget_bytes = o.expert_budget ? o.expert_budget : all_resident_budget(s, o.precision),
-      .base_precision = o.precision};
+  return moekit::PipelineConfig{.expert_budget_bytes = o.expert_budget
+                                                           ? o.expert_budget
+                                                           : all_resident_budget(s, o.precision),
+                                .base_precision = o.precision};
 }
 
 /// When the budget holds every routed expert at the base precision, loads them all now, layer

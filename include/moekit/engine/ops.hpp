@@ -90,8 +90,8 @@ class RopeTable {
   RopeTable(std::uint32_t dim, double theta) : dim_(dim) {
     inv_freq_.resize(dim / 2);
     for (std::uint32_t i = 0; i < dim / 2; ++i)  // as transformers: 1 / theta^(2i/dim) in f32
-      inv_freq_[i] = 1.f / static_cast<float>(std::pow(theta, static_cast<float>(2 * i) /
-                                                                  static_cast<float>(dim)));
+      inv_freq_[i] = 1.f / static_cast<float>(std::pow(
+                               theta, static_cast<float>(2 * i) / static_cast<float>(dim)));
   }
 
   /// Rotates the `n_heads` heads of `v` (n_heads × dim) for position `pos`.

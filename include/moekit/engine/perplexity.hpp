@@ -26,7 +26,8 @@
 /// | 16     | 4    | K (u32), 1 ≤ K ≤ vocab                                                  |
 /// | 20     | 4    | ctx (u32): tokens per scored chunk (--ctx-size), 0 = not recorded (v1)  |
 /// | 24     | 8    | positions (u64)                                                         |
-/// | 32     | …    | per position: u32 target token, f32 log p(target), u32 ids[K] (descending log-prob, ties → lower id), f32 log-probs[K] |
+/// | 32     | …    | per position: u32 target token, f32 log p(target), u32 ids[K] (descending
+/// log-prob, ties → lower id), f32 log-probs[K] |
 ///
 /// The file ends exactly after the last position.
 
@@ -224,8 +225,8 @@ class LogProbFile {
 struct PerplexityResult {
   std::size_t tokens = 0;  ///< scored tokens
   std::size_t chunks = 0;
-  double nll_sum = 0;      ///< Σ −log p(target), nats
-  bool has_kl = false;     ///< compared with a reference
+  double nll_sum = 0;   ///< Σ −log p(target), nats
+  bool has_kl = false;  ///< compared with a reference
   double kl_sum = 0, kl_max = 0;
   std::size_t top1_same = 0;  ///< positions whose most likely token equals the reference's
 
@@ -257,8 +258,9 @@ class PerplexityMeter {
 
   /// Scores the next position: `logits` (vocab) predict `target`.
   void add(std::span<const float> logits, std::uint32_t target) {
-    MOEKIT_EXPECTS(logits.size() == vocab_ && target < vocab_,
-                   "PerplexityMeter::add: logits are not one vocabulary row, or target out of range");
+    MOEKIT_EXPECTS(
+        logits.size() == vocab_ && target < vocab_,
+        "PerplexityMeter::add: logits are not one vocabulary row, or target out of range");
     const std::size_t i = r_.tokens;
     if (const auto bad = moekit::io::first_non_finite(logits))  // else perplexity nan, rc 0
       moekit::detail::fail(moekit::ErrorKind::invalid_format,
@@ -342,7 +344,7 @@ class PerplexityMeter {
 
 /// How a text is scored.
 struct PerplexitySettings {
-  std::uint32_t ctx = 512;      ///< tokens per chunk (each scored after a BOS)
+  std::uint32_t ctx = 512;       ///< tokens per chunk (each scored after a BOS)
   std::uint32_t max_chunks = 0;  ///< 0 = every chunk
   bool decode = false;           ///< token-by-token decode forwards instead of one prefill
 };

@@ -165,9 +165,9 @@ class RoutingReplay {
   }
 
   moekit::sim::RoutingTrace trace_;
-  std::array<Walk, 2> walks_;  ///< [0] the trace's prefill tokens, [1] its decode tokens
-  int current_ = -1;           ///< walk of the forward in flight (-1: none)
-  std::vector<std::size_t> rows_;     ///< trace token of each row of the forward in flight
+  std::array<Walk, 2> walks_;      ///< [0] the trace's prefill tokens, [1] its decode tokens
+  int current_ = -1;               ///< walk of the forward in flight (-1: none)
+  std::vector<std::size_t> rows_;  ///< trace token of each row of the forward in flight
   std::size_t pending_missing_ = 0, pending_replayed_ = 0;
   std::size_t missing_ = 0, replayed_ = 0, tokens_ = 0;
 };

@@ -107,7 +107,7 @@ inline SamplerScan scan(const float* l, std::size_t n, std::int32_t* lane_max) n
 }
 
 inline SamplerExpSums exp_weights(const float* l, std::size_t n, float top, float temp,
-                           const float* floors, float* w) noexcept {
+                                  const float* floors, float* w) noexcept {
   // Sums by lane, in blocks the compiler can vectorize.
   double total[kLanes] = {};
   float rung[sampler_exp_rungs][kLanes] = {};
@@ -164,7 +164,7 @@ MOEKIT_SAMPLER_AVX512 inline __m512i keys(__m512 v) noexcept {
 }
 
 MOEKIT_SAMPLER_AVX512 inline SamplerScan scan(const float* l, std::size_t n,
-                                             std::int32_t* lane_max) noexcept {
+                                              std::int32_t* lane_max) noexcept {
   __m512i mn = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::max());
   __m512i all = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
   std::size_t i = 0, out = 0;
@@ -205,8 +205,8 @@ MOEKIT_SAMPLER_AVX512 inline __m512 exp16(__m512 x) noexcept {
 }
 
 MOEKIT_SAMPLER_AVX512 inline SamplerExpSums exp_weights(const float* l, std::size_t n, float top,
-                                                 float temp, const float* floors,
-                                                 float* w) noexcept {
+                                                        float temp, const float* floors,
+                                                        float* w) noexcept {
   const __m512 t = _mm512_set1_ps(top), d = _mm512_set1_ps(temp);
   __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
   __m512 rung[sampler_exp_rungs];
@@ -253,7 +253,7 @@ MOEKIT_SAMPLER_AVX2 inline __m256i keys(__m256 v) noexcept {
 }
 
 MOEKIT_SAMPLER_AVX2 inline SamplerScan scan(const float* l, std::size_t n,
-                                           std::int32_t* lane_max) noexcept {
+                                            std::int32_t* lane_max) noexcept {
   const __m256i lowest = _mm256_set1_epi32(std::numeric_limits<std::int32_t>::min());
   __m256i mn = _mm256_set1_epi32(std::numeric_limits<std::int32_t>::max()), all = lowest;
   std::size_t i = 0, out = 0;
@@ -372,8 +372,7 @@ struct SamplerVectorPasses {
   SamplerExpSums exp_weights(const float* l, std::size_t n, float top, float temp,
                              const float* floors, float* w) const noexcept {
 #if defined(MOEKIT_SAMPLER_X86)
-    if (isa == moekit::Isa::avx512)
-      return detail::avx512::exp_weights(l, n, top, temp, floors, w);
+    if (isa == moekit::Isa::avx512) return detail::avx512::exp_weights(l, n, top, temp, floors, w);
     if (isa == moekit::Isa::avx2) return detail::avx2::exp_weights(l, n, top, temp, floors, w);
 #endif
     return detail::generic::exp_weights(l, n, top, temp, floors, w);

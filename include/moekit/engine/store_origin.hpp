@@ -25,8 +25,9 @@ inline std::string current_checkpoint_fingerprint(const std::filesystem::path& d
 /// Throws `Error(invalid_argument)` naming `flag` (how the store was given), the store, the
 /// checkpoint it records and the one given, unless `store` was built from the checkpoint at
 /// `dir`/`gguf` as it is now, or `force`.
-inline void check_store_origin(const moekit::io::ExpertStore& store, const std::filesystem::path& dir,
-                               const std::filesystem::path& gguf, bool force, const std::string& flag) {
+inline void check_store_origin(const moekit::io::ExpertStore& store,
+                               const std::filesystem::path& dir, const std::filesystem::path& gguf,
+                               bool force, const std::string& flag) {
   if (force) return;
   const auto& meta = store.manifest().meta;
   const std::string given = (gguf.empty() ? dir : gguf).string();
@@ -37,7 +38,8 @@ inline void check_store_origin(const moekit::io::ExpertStore& store, const std::
   if (recorded_fp.empty())
     throw moekit::Error(moekit::ErrorKind::invalid_argument,
                         head + "records no checkpoint fingerprint, so it cannot be matched with '" +
-                            given + "' (rebuild it with moe-convert, or pass --force to use it "
+                            given +
+                            "' (rebuild it with moe-convert, or pass --force to use it "
                             "anyway)");
   const std::string now = current_checkpoint_fingerprint(dir, gguf);
   if (now == recorded_fp) return;

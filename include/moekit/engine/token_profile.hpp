@@ -41,7 +41,7 @@ inline constexpr std::size_t token_part_count = 9;
 /// The part's name in moe-run's --json "profile" object and --profile table.
 constexpr std::string_view name(TokenPart p) noexcept {
   constexpr std::array<std::string_view, token_part_count> names{
-      "attention", "dense_matrices", "routing_pipeline", "experts",    "lm_head",
+      "attention", "dense_matrices", "routing_pipeline", "experts", "lm_head",
       "sampling",  "load_wait",      "thread_sync",      "other"};
   return names[static_cast<std::size_t>(p)];
 }

@@ -114,10 +114,9 @@ class TraceRecorder {
 
   /// Writes the trace as .mktrace; refuses to replace a file unless `overwrite`.
   /// Written to a temporary file renamed into place: a failed write leaves nothing behind.
-  void write(const std::string& path, bool overwrite,
-             std::string_view flag = "--trace-out") const {
-    moekit::io::write_file_atomically(path, moekit::sim::serialize_trace_binary(trace_),
-                                      overwrite, flag);
+  void write(const std::string& path, bool overwrite, std::string_view flag = "--trace-out") const {
+    moekit::io::write_file_atomically(path, moekit::sim::serialize_trace_binary(trace_), overwrite,
+                                      flag);
   }
 
  private:

@@ -21,10 +21,10 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/dequantize.hpp"
-#include "moekit/io/finite_check.hpp"
 #include "moekit/io/expert_blob.hpp"
-#include "moekit/io/gguf_transcode.hpp"
 #include "moekit/io/expert_store.hpp"
+#include "moekit/io/finite_check.hpp"
+#include "moekit/io/gguf_transcode.hpp"
 #include "moekit/io/safetensors.hpp"
 #include "moekit/io/tensor_names.hpp"
 #include "moekit/precision/expert_ffn.hpp"
@@ -40,10 +40,10 @@ namespace moekit::engine {
 /// checkpoint in f32 (`w`), then stored at the precision DenseStorage chooses (`narrow`: the
 /// weights move to `packed`); the kernels read either through view().
 struct Linear {
-  std::vector<float> w;            ///< f32 weights (empty once narrowed)
-  std::vector<std::byte> packed;   ///< the weights at `precision` in precision/'s row format
+  std::vector<float> w;           ///< f32 weights (empty once narrowed)
+  std::vector<std::byte> packed;  ///< the weights at `precision` in precision/'s row format
   moekit::Precision precision = moekit::Precision::f32;
-  moekit::QuantScheme scheme{};    ///< grouping of `packed` when quantized
+  moekit::QuantScheme scheme{};  ///< grouping of `packed` when quantized
   /// The checkpoint's own type of W (bf16/f16 when stored so; q8/q4 for GGUF Q8_0/Q4_0, read
   /// packed as stored with `scheme`; else f32): what DenseStorage's automatic choice keeps,
   /// losslessly.
@@ -73,8 +73,7 @@ struct Linear {
   /// Stores W at `p` (quantized ones grouped by `s`), freeing the f32 copy; f32 keeps it. W read
   /// already packed (a quantized GGUF tensor held as stored) is widened first when `p`/`s` differ.
   void narrow(moekit::Precision p, moekit::QuantScheme s) {
-    if (empty() || (w.empty() && p == precision && s == scheme))
-      return;
+    if (empty() || (w.empty() && p == precision && s == scheme)) return;
     widen();
     if (p == moekit::Precision::f32) return;
     packed = moekit::encode_matrix<float>(w, rows, cols, p, s);
@@ -125,8 +124,8 @@ struct LayerWeights {
   /// const or not.
   template <class Layer>
   static auto narrowable(Layer& l) noexcept {
-    return std::array{&l.q, &l.k, &l.v, &l.o, &l.shared.gate, &l.shared.up, &l.shared.down,
-                      &l.mlp.gate, &l.mlp.up, &l.mlp.down};
+    return std::array{&l.q,         &l.k,           &l.v,        &l.o,      &l.shared.gate,
+                      &l.shared.up, &l.shared.down, &l.mlp.gate, &l.mlp.up, &l.mlp.down};
   }
 };
 
@@ -158,7 +157,7 @@ inline moekit::Precision source_precision(moekit::io::DType t) noexcept {
 
 /// The dense part of the model.
 struct DenseWeights {
-  Linear embed;    ///< vocab × hidden
+  Linear embed;  ///< vocab × hidden
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;
   Linear lm_head;  ///< vocab × hidden; empty when tied to `embed`
@@ -203,9 +202,12 @@ struct DenseWeights {
 /// Architecture of moe-run's config in io/'s naming.
 inline moekit::io::Architecture io_architecture(Architecture a) {
   switch (a) {
-    case Architecture::mixtral: return moekit::io::Architecture::mixtral;
-    case Architecture::qwen2_moe: return moekit::io::Architecture::qwen2_moe;
-    case Architecture::olmoe: return moekit::io::Architecture::olmoe;
+    case Architecture::mixtral:
+      return moekit::io::Architecture::mixtral;
+    case Architecture::qwen2_moe:
+      return moekit::io::Architecture::qwen2_moe;
+    case Architecture::olmoe:
+      return moekit::io::Architecture::olmoe;
   }
   return moekit::io::Architecture::mixtral;
 }
@@ -253,8 +255,8 @@ class HostExperts {
     for (std::size_t i = 0; i < precisions_.size(); ++i) {
       const moekit::Precision p = precisions_[i];
       const std::size_t n = shape_.expert_bytes(p);
-      moekit::io::encode_expert_blob(shape_, w1, w3, w2, p,
-                         std::span<std::byte>(blobs_[i].data() + shape_.index(key) * n, n));
+      moekit::io::encode_expert_blob(
+          shape_, w1, w3, w2, p, std::span<std::byte>(blobs_[i].data() + shape_.index(key) * n, n));
     }
   }
 
@@ -266,9 +268,9 @@ class HostExperts {
         const std::size_t n = shape_.expert_bytes(p);
         return {blobs_[i].data() + shape_.index(key) * n, n};
       }
-    throw moekit::Error(moekit::ErrorKind::unsupported,
-                        "experts are held in host memory at " + held_names() + ", not at " +
-                            std::string(moekit::name(p)));
+    throw moekit::Error(moekit::ErrorKind::unsupported, "experts are held in host memory at " +
+                                                            held_names() + ", not at " +
+                                                            std::string(moekit::name(p)));
   }
 
   [[nodiscard]] const std::vector<moekit::Precision>& precisions() const noexcept {
@@ -346,7 +348,8 @@ class CheckedReader {
   /// A vector stored as [n] or [1, n] (GGUF keeps some gate vectors 1-D).
   std::vector<float> read_vector(const std::string& name, std::uint64_t n) const {
     const moekit::io::TensorView t = m_.tensor(name);
-    return read(name, t.rank == 1 ? std::vector<std::uint64_t>{n} : std::vector<std::uint64_t>{1, n});
+    return read(name,
+                t.rank == 1 ? std::vector<std::uint64_t>{n} : std::vector<std::uint64_t>{1, n});
   }
   Linear linear(const std::string& name, std::size_t rows, std::size_t cols,
                 bool bias = false) const {
@@ -376,13 +379,14 @@ class CheckedReader {
 
  private:
   /// Tensor `name`, checked to have exactly `shape` (the error names the tensor and both shapes).
-  moekit::io::TensorView checked(const std::string& name, const std::vector<std::uint64_t>& shape) const {
+  moekit::io::TensorView checked(const std::string& name,
+                                 const std::vector<std::uint64_t>& shape) const {
     const moekit::io::TensorView t = m_.tensor(name);
     const auto got = t.shape();
     if (!std::equal(got.begin(), got.end(), shape.begin(), shape.end()))
-      throw moekit::Error(moekit::ErrorKind::invalid_format,
-                          t.where() + " has shape " + dims(got) + ", expected " + dims(shape) +
-                              " from the config");
+      throw moekit::Error(
+          moekit::ErrorKind::invalid_format,
+          t.where() + " has shape " + dims(got) + ", expected " + dims(shape) + " from the config");
     return t;
   }
   static std::string dims(std::span<const std::uint64_t> d) {
@@ -465,7 +469,8 @@ inline std::vector<float> router_stack(const ModelConfig& cfg, const DenseWeight
   std::vector<float> out;
   out.reserve(std::size_t{cfg.n_moe_layers} * cfg.n_experts * cfg.hidden);
   for (std::uint32_t l = 0; l < cfg.n_layers; ++l)
-    if (cfg.moe_index[l] >= 0) out.insert(out.end(), d.layers[l].router.w.begin(), d.layers[l].router.w.end());
+    if (cfg.moe_index[l] >= 0)
+      out.insert(out.end(), d.layers[l].router.w.begin(), d.layers[l].router.w.end());
   MOEKIT_EXPECTS(out.size() == std::size_t{cfg.n_moe_layers} * cfg.n_experts * cfg.hidden,
                  "router_stack: router sizes differ from the config");
   return out;

@@ -30,7 +30,9 @@ class AlignedBuffer {
     }
   }
   AlignedBuffer(AlignedBuffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), alignment_(o.alignment_) {}
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        alignment_(o.alignment_) {}
   AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
     if (this != &o) {
       detail::free_io_memory(data_, size_);

@@ -57,11 +57,11 @@ class AsyncLoader {
  public:
   static constexpr std::string_view name = "async";
   struct Config {
-    unsigned io_threads = 2;              ///< I/O threads (≈ reads in flight across blobs)
-    std::size_t max_outstanding = 256;    ///< slots: loads submitted and not yet finished with
-    double bandwidth_bytes_per_s = 0;     ///< 0: no cap; else a token bucket paces the reads
+    unsigned io_threads = 2;                ///< I/O threads (≈ reads in flight across blobs)
+    std::size_t max_outstanding = 256;      ///< slots: loads submitted and not yet finished with
+    double bandwidth_bytes_per_s = 0;       ///< 0: no cap; else a token bucket paces the reads
     std::size_t throttle_chunk = 1u << 20;  ///< bytes per paced read (multiple of 4096)
-    bool verify_checksums = true;  ///< XXH64-check every loaded blob
+    bool verify_checksums = true;           ///< XXH64-check every loaded blob
     /// With verification, a blob is read in pieces of at most this many bytes (a multiple of
     /// 4096), each hashed on a thread of its own while the next is read. Pieces halve towards the
     /// end of the blob (down to 1 MiB): large reads keep the disk busy, and the check costs only
@@ -81,20 +81,24 @@ class AsyncLoader {
                    "AsyncLoader: max_outstanding must be in [1, 2^31)");
     MOEKIT_EXPECTS(config.throttle_chunk >= 4096 && config.throttle_chunk % 4096 == 0,
                    "AsyncLoader: throttle_chunk must be a positive multiple of 4096");
-    MOEKIT_EXPECTS(config.bandwidth_bytes_per_s >= 0, "AsyncLoader: bandwidth_bytes_per_s must be >= 0");
+    MOEKIT_EXPECTS(config.bandwidth_bytes_per_s >= 0,
+                   "AsyncLoader: bandwidth_bytes_per_s must be >= 0");
     MOEKIT_EXPECTS(config.verify_chunk >= 4096 && config.verify_chunk % 4096 == 0,
                    "AsyncLoader: verify_chunk must be a positive multiple of 4096");
     if (config.bandwidth_bytes_per_s > 0)
       bucket_.emplace(config.bandwidth_bytes_per_s, static_cast<double>(config.throttle_chunk));
     for (std::size_t i = slots_.size(); i-- > 0;) free_.push_back(static_cast<std::uint32_t>(i));
     if (config.verify_checksums)
-      for (unsigned t = 0; t < config.io_threads; ++t) hashers_.push_back(std::make_unique<ChunkHasher>());
+      for (unsigned t = 0; t < config.io_threads; ++t)
+        hashers_.push_back(std::make_unique<ChunkHasher>());
     for (unsigned t = 0; t < config.io_threads; ++t) threads_.emplace_back([this, t] { run(t); });
   }
 
   /// A loader over an expert store's blobs.
   AsyncLoader(const ExpertStore& store, Source source, Config config)
-      : AsyncLoader(std::move(source), [&store](ExpertKey k, Precision p) { return store.blob(k, p); }, config) {}
+      : AsyncLoader(
+            std::move(source), [&store](ExpertKey k, Precision p) { return store.blob(k, p); },
+            config) {}
 
   AsyncLoader(const AsyncLoader&) = delete;
   AsyncLoader& operator=(const AsyncLoader&) = delete;
@@ -115,10 +119,11 @@ class AsyncLoader {
   LoadTicket submit(const LoadRequest& r) {
     const StoreBlob blob = locate_(r.key, r.precision);
     if (r.dest.size() < blob.bytes)
-      throw Error(ErrorKind::invalid_argument,
-                  "AsyncLoader: destination of " + std::to_string(r.dest.size()) + " bytes for layer " +
-                      std::to_string(r.key.layer) + ", expert " + std::to_string(r.key.expert) + " at " +
-                      std::string(moekit::name(r.precision)) + " needs " + std::to_string(blob.bytes));
+      throw Error(
+          ErrorKind::invalid_argument,
+          "AsyncLoader: destination of " + std::to_string(r.dest.size()) + " bytes for layer " +
+              std::to_string(r.key.layer) + ", expert " + std::to_string(r.key.expert) + " at " +
+              std::string(moekit::name(r.precision)) + " needs " + std::to_string(blob.bytes));
     std::uint32_t idx;
     std::uint32_t gen;
     {
@@ -197,8 +202,8 @@ class AsyncLoader {
 
   struct Slot {
     std::atomic<std::uint32_t> state{free_state};
-    std::uint32_t generation = 0;  // guarded by m_
-    std::uint32_t waiters = 0;     // guarded by m_
+    std::uint32_t generation = 0;    // guarded by m_
+    std::uint32_t waiters = 0;       // guarded by m_
     std::uint64_t finished_seq = 0;  // guarded by m_: order of completion, for reclaiming
     LoadRequest request{};
     StoreBlob blob{};
@@ -291,8 +296,10 @@ class AsyncLoader {
       std::uint32_t q = queued;
       if (!s.state.compare_exchange_strong(q, running, std::memory_order_acq_rel)) {
         std::lock_guard lock(m_);  // cancelled while queued: free it now
-        if (s.waiters == 0) release_slot(s);
-        else finish_cancelled_later_.push_back(idx);
+        if (s.waiters == 0)
+          release_slot(s);
+        else
+          finish_cancelled_later_.push_back(idx);
         continue;
       }
       std::exception_ptr error;
@@ -333,7 +340,8 @@ class AsyncLoader {
   }
 
   // Reads [from, from + n) of blob `b` into `dest` at the same offset, paced when capped.
-  void read_range(const StoreBlob& b, std::span<std::byte> dest, std::uint64_t from, std::uint64_t n) {
+  void read_range(const StoreBlob& b, std::span<std::byte> dest, std::uint64_t from,
+                  std::uint64_t n) {
     if (!bucket_) {
       source_.read({b.offset + from, n}, dest.subspan(from));
       return;
@@ -377,7 +385,8 @@ class AsyncLoader {
   void load(const LoadRequest& r, const StoreBlob& b, unsigned thread_index) {
     std::span<std::byte> dest = r.dest;
     std::uint64_t got = 0;
-    if (!config_.verify_checksums) read_range(b, dest, 0, b.bytes);
+    if (!config_.verify_checksums)
+      read_range(b, dest, 0, b.bytes);
     else if (b.bytes <= (2u << 20)) {  // small: hashed after the read
       read_range(b, dest, 0, b.bytes);
       got = xxh64(dest.first(b.bytes));
@@ -388,10 +397,11 @@ class AsyncLoader {
     if (config_.verify_checksums) {
       if (got != b.checksum)
         throw Error(ErrorKind::checksum,
-                    "'" + std::string(source_.name()) + "': blob (layer " + std::to_string(r.key.layer) +
-                        ", expert " + std::to_string(r.key.expert) + ", " + std::string(moekit::name(r.precision)) +
-                        ") at offset " + std::to_string(b.offset) + " loaded with XXH64 " +
-                        detail::hex64(got) + ", expected " + detail::hex64(b.checksum) +
+                    "'" + std::string(source_.name()) + "': blob (layer " +
+                        std::to_string(r.key.layer) + ", expert " + std::to_string(r.key.expert) +
+                        ", " + std::string(moekit::name(r.precision)) + ") at offset " +
+                        std::to_string(b.offset) + " loaded with XXH64 " + detail::hex64(got) +
+                        ", expected " + detail::hex64(b.checksum) +
                         ": the file is damaged or changed since it was written (rebuild it)");
     }
   }

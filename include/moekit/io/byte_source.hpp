@@ -69,8 +69,8 @@ inline std::size_t read_retrying(const ReadCall& call, std::span<std::byte> dest
     }
     if (n == 0)
       throw Error(ErrorKind::io, "unexpected end of file '" + file + "' at offset " +
-                                     std::to_string(offset + done) + " (" + std::to_string(need - done) +
-                                     " more bytes expected)");
+                                     std::to_string(offset + done) + " (" +
+                                     std::to_string(need - done) + " more bytes expected)");
     done += static_cast<std::size_t>(n);
   }
   return done;
@@ -83,7 +83,8 @@ inline void read_direct(const ReadCall& call, BlobRange r, std::span<std::byte> 
   constexpr std::uint64_t page = 4096;
   if (r.offset % page != 0)
     throw Error(ErrorKind::invalid_argument, "O_DIRECT read of '" + file + "' at offset " +
-                                                 std::to_string(r.offset) + ", not a multiple of 4096");
+                                                 std::to_string(r.offset) +
+                                                 ", not a multiple of 4096");
   std::uint64_t done = 0;
   if (is_aligned(dest.data(), page)) {
     const std::uint64_t bulk = r.bytes / page * page;
@@ -92,7 +93,8 @@ inline void read_direct(const ReadCall& call, BlobRange r, std::span<std::byte> 
   }
   if (done < r.bytes) {
     constexpr std::uint64_t bounce_bytes = 4u << 20;
-    AlignedBuffer bounce(std::min<std::uint64_t>(bounce_bytes, (r.bytes - done + page - 1) / page * page));
+    AlignedBuffer bounce(
+        std::min<std::uint64_t>(bounce_bytes, (r.bytes - done + page - 1) / page * page));
     while (done < r.bytes) {
       const std::uint64_t want = std::min<std::uint64_t>(r.bytes - done, bounce.size());
       const std::uint64_t padded = (want + page - 1) / page * page;
@@ -113,12 +115,13 @@ class MemorySource {
 
   void read(BlobRange r, std::span<std::byte> dest) const {
     if (dest.size() < r.bytes)
-      throw Error(ErrorKind::invalid_argument, "read of " + std::to_string(r.bytes) + " bytes from '" + name_ +
-                                                   "' into a " + std::to_string(dest.size()) + "-byte buffer");
+      throw Error(ErrorKind::invalid_argument, "read of " + std::to_string(r.bytes) +
+                                                   " bytes from '" + name_ + "' into a " +
+                                                   std::to_string(dest.size()) + "-byte buffer");
     if (r.offset > bytes_.size() || r.bytes > bytes_.size() - r.offset)
       throw Error(ErrorKind::io, "read of " + std::to_string(r.bytes) + " bytes at offset " +
-                                     std::to_string(r.offset) + " runs past the end of '" + name_ + "' (" +
-                                     std::to_string(bytes_.size()) + " bytes)");
+                                     std::to_string(r.offset) + " runs past the end of '" + name_ +
+                                     "' (" + std::to_string(bytes_.size()) + " bytes)");
     std::memcpy(dest.data(), bytes_.data() + r.offset, r.bytes);
   }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
@@ -144,8 +147,9 @@ class PreadSource {
 
   void read(BlobRange r, std::span<std::byte> dest) const {
     if (dest.size() < r.bytes)
-      throw Error(ErrorKind::invalid_argument, "read of " + std::to_string(r.bytes) + " bytes from '" + path_ +
-                                                   "' into a " + std::to_string(dest.size()) + "-byte buffer");
+      throw Error(ErrorKind::invalid_argument, "read of " + std::to_string(r.bytes) +
+                                                   " bytes from '" + path_ + "' into a " +
+                                                   std::to_string(dest.size()) + "-byte buffer");
     const int fd = fd_->get();
     detail::ReadCall call = [fd](std::byte* p, std::size_t n, std::uint64_t off) {
       return ::pread(fd, p, n, static_cast<off_t>(off));
@@ -167,16 +171,19 @@ class PreadSource {
 /// Copies out of a read-only mapping of the whole file. Thread-safe. Movable.
 class MmapSource {
  public:
-  explicit MmapSource(std::string path) : map_(std::make_shared<detail::MappedFile>(std::move(path))) {}
+  explicit MmapSource(std::string path)
+      : map_(std::make_shared<detail::MappedFile>(std::move(path))) {}
 
   void read(BlobRange r, std::span<std::byte> dest) const {
     const auto bytes = map_->bytes();
     if (dest.size() < r.bytes)
-      throw Error(ErrorKind::invalid_argument, "read of " + std::to_string(r.bytes) + " bytes from '" + name() +
-                                                   "' into a " + std::to_string(dest.size()) + "-byte buffer");
+      throw Error(ErrorKind::invalid_argument, "read of " + std::to_string(r.bytes) +
+                                                   " bytes from '" + name() + "' into a " +
+                                                   std::to_string(dest.size()) + "-byte buffer");
     if (r.offset > bytes.size() || r.bytes > bytes.size() - r.offset)
       throw Error(ErrorKind::io, "read of " + std::to_string(r.bytes) + " bytes at offset " +
-                                     std::to_string(r.offset) + " runs past the end of '" + name() + "'");
+                                     std::to_string(r.offset) + " runs past the end of '" + name() +
+                                     "'");
     std::memcpy(dest.data(), bytes.data() + r.offset, r.bytes);
   }
   [[nodiscard]] const std::string& name() const noexcept { return map_->path(); }

@@ -53,9 +53,12 @@ namespace moekit::io {
 /// path exists. Q8_0/Q4_0 map onto q8/q4 only with the group-32 symmetric scheme.
 inline std::optional<Precision> in_place_precision(DType t, QuantScheme scheme) noexcept {
   switch (t) {
-    case DType::f32: return Precision::f32;
-    case DType::f16: return Precision::f16;
-    case DType::bf16: return Precision::bf16;
+    case DType::f32:
+      return Precision::f32;
+    case DType::f16:
+      return Precision::f16;
+    case DType::bf16:
+      return Precision::bf16;
     default:
       return scheme == gguf_exact_scheme ? exact_moekit_precision(t) : std::nullopt;
   }
@@ -102,7 +105,9 @@ class CheckpointExperts {
   /// True when read by `locate_as_f32`.
   [[nodiscard]] bool dequantized() const noexcept { return dequantized_; }
   [[nodiscard]] const std::vector<std::string>& files() const noexcept { return files_; }
-  [[nodiscard]] const Matrices& matrices(ExpertKey k) const { return matrices_.at(shape_.index(k)); }
+  [[nodiscard]] const Matrices& matrices(ExpertKey k) const {
+    return matrices_.at(shape_.index(k));
+  }
   /// Bytes of every expert matrix as the files store them.
   [[nodiscard]] std::uint64_t stored_bytes() const noexcept {
     std::uint64_t b = 0;
@@ -156,10 +161,10 @@ class CheckpointExperts {
       dtype_ = t.dtype;
       precision_ = *p;
     } else if (t.dtype != dtype_) {
-      throw Error(ErrorKind::unsupported,
-                  t.where() + ": type " + std::string(name(t.dtype)) + " differs from the " +
-                      std::string(name(dtype_)) + " of the first expert matrix; experts of mixed "
-                      "types are read through an expert store");
+      throw Error(ErrorKind::unsupported, t.where() + ": type " + std::string(name(t.dtype)) +
+                                              " differs from the " + std::string(name(dtype_)) +
+                                              " of the first expert matrix; experts of mixed "
+                                              "types are read through an expert store");
     }
   }
 
@@ -201,10 +206,9 @@ class CheckpointExpertSource {
   [[nodiscard]] StoreBlob blob(ExpertKey k, Precision p) const {
     const ModelShape& s = experts_->shape();
     if (p != experts_->precision())
-      throw Error(ErrorKind::unsupported,
-                  "checkpoint experts are read in place at " +
-                      std::string(moekit::name(experts_->precision())) + ", not at " +
-                      std::string(moekit::name(p)));
+      throw Error(ErrorKind::unsupported, "checkpoint experts are read in place at " +
+                                              std::string(moekit::name(experts_->precision())) +
+                                              ", not at " + std::string(moekit::name(p)));
     MOEKIT_EXPECTS(s.contains(k), "CheckpointExpertSource: expert key outside the model");
     return StoreBlob{k, p, s.index(k) * s.expert_bytes(p), s.expert_bytes(p), 0};
   }
@@ -212,8 +216,7 @@ class CheckpointExpertSource {
   void read(BlobRange r, std::span<std::byte> dest) const {
     const ModelShape& s = experts_->shape();
     const std::uint64_t n = s.expert_bytes(experts_->precision());
-    if (r.offset % n != 0 || r.bytes != n || r.offset / n >= s.expert_count() ||
-        dest.size() < n)
+    if (r.offset % n != 0 || r.bytes != n || r.offset / n >= s.expert_count() || dest.size() < n)
       throw Error(ErrorKind::invalid_argument,
                   "checkpoint expert source: reads whole expert blobs only (offset " +
                       std::to_string(r.offset) + ", " + std::to_string(r.bytes) + " bytes)");
@@ -237,8 +240,7 @@ class CheckpointExpertSource {
  private:
   static constexpr std::uint64_t page = 4096;
   /// Rows of one blocked_panels4 group, a whole number of panels4 panels.
-  static constexpr std::uint64_t rows_per_group =
-      PanelLayout::height * PanelLayout::blocked_group;
+  static constexpr std::uint64_t rows_per_group = PanelLayout::height * PanelLayout::blocked_group;
 
   // One matrix into `dest` in the blob's format and order, in chunks of whole rows through
   // staging. A chunk is a whole number of panel groups, whose bytes are the same contiguous
@@ -248,7 +250,8 @@ class CheckpointExpertSource {
     const std::uint64_t src_row = m.bytes / m.rows;
     const std::uint64_t dst_row = row_bytes(m.cols, p, experts_->shape().quant);
     const std::uint64_t rows_per_chunk = std::max<std::uint64_t>(
-        rows_per_group, (staging_bytes_ - std::min(staging_bytes_, 2 * page)) / src_row / rows_per_group * rows_per_group);
+        rows_per_group, (staging_bytes_ - std::min(staging_bytes_, 2 * page)) / src_row /
+                            rows_per_group * rows_per_group);
     for (std::uint64_t r0 = 0; r0 < m.rows; r0 += rows_per_chunk) {
       const std::uint64_t rows = std::min(rows_per_chunk, m.rows - r0);
       const std::span<const std::byte> src =

@@ -41,7 +41,8 @@ namespace moekit::io {
 
 /// **StagingCopyEngine** — pinned host slots and an ordered asynchronous copy queue.
 /// 1. `e.slot_count()` slots (>= 1), each `e.slot_bytes()` bytes (a multiple of 4096) and
-///    4096-aligned; `e.slot(i)` is slot i's memory (host-writable while no copy from it is pending).
+///    4096-aligned; `e.slot(i)` is slot i's memory (host-writable while no copy from it is
+///    pending).
 /// 2. `e.copy_async(i, dst, n)` enqueues a copy of the first n bytes of slot i to device address
 ///    `dst` and records slot i's completion marker behind it; copies run in submission order.
 /// 3. `e.wait_slot(i)` blocks until the last copy enqueued from slot i has finished.
@@ -73,17 +74,20 @@ struct StagingStep {
 /// reading chunk k+1 overlaps the copy of chunk k. Throws Error(invalid_argument) when
 /// `slot_bytes` is not a positive multiple of 4096 (O_DIRECT chunk offsets must stay aligned),
 /// `slots` is 0 or `first_slot >= slots`.
-inline std::vector<StagingStep> staging_plan(BlobRange range, std::size_t slot_bytes, std::size_t slots,
-                                             std::size_t first_slot = 0) {
+inline std::vector<StagingStep> staging_plan(BlobRange range, std::size_t slot_bytes,
+                                             std::size_t slots, std::size_t first_slot = 0) {
   MOEKIT_EXPECTS(slot_bytes > 0 && slot_bytes % 4096 == 0,
-                 "staging_plan: slot_bytes (" + std::to_string(slot_bytes) + ") must be a positive multiple of 4096");
-  MOEKIT_EXPECTS(slots >= 1 && first_slot < slots, "staging_plan: need slots >= 1 and first_slot < slots (got " +
-                                                       std::to_string(slots) + ", " + std::to_string(first_slot) + ")");
+                 "staging_plan: slot_bytes (" + std::to_string(slot_bytes) +
+                     ") must be a positive multiple of 4096");
+  MOEKIT_EXPECTS(slots >= 1 && first_slot < slots,
+                 "staging_plan: need slots >= 1 and first_slot < slots (got " +
+                     std::to_string(slots) + ", " + std::to_string(first_slot) + ")");
   std::vector<StagingStep> plan;
   plan.reserve(static_cast<std::size_t>((range.bytes + slot_bytes - 1) / slot_bytes));
   std::size_t slot = first_slot;
   for (std::uint64_t done = 0; done < range.bytes; done += slot_bytes) {
-    plan.push_back({slot, range.offset + done, done, std::min<std::uint64_t>(slot_bytes, range.bytes - done)});
+    plan.push_back(
+        {slot, range.offset + done, done, std::min<std::uint64_t>(slot_bytes, range.bytes - done)});
     slot = (slot + 1) % slots;
   }
   return plan;
@@ -111,7 +115,8 @@ class StagingPipeline {
   /// waited for, then the error is rethrown; the pipeline stays usable.
   template <ByteSource Source>
   void load(const Source& source, BlobRange range, void* device_dst) {
-    MOEKIT_EXPECTS(device_dst != nullptr || range.bytes == 0, "StagingPipeline::load: null destination");
+    MOEKIT_EXPECTS(device_dst != nullptr || range.bytes == 0,
+                   "StagingPipeline::load: null destination");
     const auto plan = staging_plan(range, engine_.slot_bytes(), engine_.slot_count(), next_slot_);
     try {
       for (const StagingStep& s : plan) {
@@ -151,9 +156,10 @@ class StagingPipeline {
 
 /// Run-time knobs of CudaCopyEngine.
 struct CudaCopyEngineConfig {
-  std::size_t slots = 2;             ///< pinned staging buffers (2 = double buffering)
-  std::size_t slot_bytes = 8u << 20;  ///< per slot, a multiple of 4096 (8 MiB: large O_DIRECT reads)
-  int device = -1;                   ///< CUDA device; -1: the calling thread's current device
+  std::size_t slots = 2;  ///< pinned staging buffers (2 = double buffering)
+  std::size_t slot_bytes =
+      8u << 20;     ///< per slot, a multiple of 4096 (8 MiB: large O_DIRECT reads)
+  int device = -1;  ///< CUDA device; -1: the calling thread's current device
 };
 
 #if MOEKIT_IO_HAS_CUDA_RUNTIME
@@ -175,7 +181,8 @@ class CudaCopyEngine {
                        ") must be a positive multiple of 4096");
     try {
       if (c.device >= 0) check(cudaSetDevice(c.device), "cudaSetDevice");
-      check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+            "cudaStreamCreateWithFlags");
       for (std::size_t i = 0; i < c.slots; ++i) {
         void* p = nullptr;
         // Portable: usable from any device's stream; page-aligned, so O_DIRECT reads land in place.
@@ -203,8 +210,10 @@ class CudaCopyEngine {
   }
   void copy_async(std::size_t i, void* device_dst, std::size_t bytes) {
     MOEKIT_EXPECTS(i < host_.size() && bytes <= config_.slot_bytes,
-                   "CudaCopyEngine::copy_async: slot " + std::to_string(i) + ", " + std::to_string(bytes) + " bytes");
-    check(cudaMemcpyAsync(device_dst, host_[i], bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+                   "CudaCopyEngine::copy_async: slot " + std::to_string(i) + ", " +
+                       std::to_string(bytes) + " bytes");
+    check(cudaMemcpyAsync(device_dst, host_[i], bytes, cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync");
     check(cudaEventRecord(events_[i], stream_), "cudaEventRecord");
   }
   void wait_slot(std::size_t i) {
@@ -218,8 +227,8 @@ class CudaCopyEngine {
  private:
   static void check(cudaError_t e, const char* what) {
     if (e != cudaSuccess)
-      throw Error(ErrorKind::io, std::string("CudaCopyEngine: ") + what + " failed: " + cudaGetErrorName(e) +
-                                     " (" + cudaGetErrorString(e) + ")");
+      throw Error(ErrorKind::io, std::string("CudaCopyEngine: ") + what + " failed: " +
+                                     cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
   }
   void release() noexcept {
     if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);

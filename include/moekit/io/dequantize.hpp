@@ -60,7 +60,9 @@ namespace detail {
 #endif
 
 // f16/bf16 decoding is moekit/precision/half.hpp's, the one the kernels and quantizers use.
-inline float half_at(const std::byte* p) noexcept { return half_bits_to_float(load_le<std::uint16_t>(p)); }
+inline float half_at(const std::byte* p) noexcept {
+  return half_bits_to_float(load_le<std::uint16_t>(p));
+}
 inline std::uint8_t u8_at(const std::byte* p) noexcept { return std::to_integer<std::uint8_t>(*p); }
 
 /// Unpacks the 6-bit scale and min of sub-block j (0..7) from Q4_K's 12 packed bytes:
@@ -78,7 +80,8 @@ inline void q4k_scale_min(int j, const std::byte* q, std::uint8_t& sc, std::uint
 
 inline void dequantize_q8_0(const std::byte* b, float* y) noexcept {
   const float d = half_at(b);
-  for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(static_cast<std::int8_t>(u8_at(b + 2 + i)));
+  for (int i = 0; i < 32; ++i)
+    y[i] = d * static_cast<float>(static_cast<std::int8_t>(u8_at(b + 2 + i)));
 }
 
 inline void dequantize_q4_0(const std::byte* b, float* y) noexcept {
@@ -103,8 +106,10 @@ inline void dequantize_q4_k(const std::byte* b, float* y) noexcept {
     q4k_scale_min(2 * chunk + 1, scales, sc, m);
     const float d2 = d * sc, m2 = dmin * m;
     const std::byte* q = qs + 32 * chunk;
-    for (int l = 0; l < 32; ++l) y[64 * chunk + l] = d1 * static_cast<float>(u8_at(q + l) & 0xF) - m1;
-    for (int l = 0; l < 32; ++l) y[64 * chunk + 32 + l] = d2 * static_cast<float>(u8_at(q + l) >> 4) - m2;
+    for (int l = 0; l < 32; ++l)
+      y[64 * chunk + l] = d1 * static_cast<float>(u8_at(q + l) & 0xF) - m1;
+    for (int l = 0; l < 32; ++l)
+      y[64 * chunk + 32 + l] = d2 * static_cast<float>(u8_at(q + l) >> 4) - m2;
   }
 }
 
@@ -197,24 +202,45 @@ inline void dequantize(const TensorView& t, std::span<float> out) {
                     t.where() + " has " + std::to_string(n) + " elements");
   const auto expect = tensor_bytes(t.dtype, n, t.cols());
   if (!expect || *expect != t.bytes.size())
-    throw Error(ErrorKind::invalid_format,
-                "dequantize: " + t.where() + " has " + std::to_string(t.bytes.size()) +
-                    " bytes, which does not match its shape and type " + std::string(name(t.dtype)));
+    throw Error(ErrorKind::invalid_format, "dequantize: " + t.where() + " has " +
+                                               std::to_string(t.bytes.size()) +
+                                               " bytes, which does not match its shape and type " +
+                                               std::string(name(t.dtype)));
   const std::byte* p = t.bytes.data();
   float* y = out.data();
   const std::uint64_t be = block_elements(t.dtype), bb = block_bytes(t.dtype);
   for (std::uint64_t i = 0; i < n / be; ++i, p += bb, y += be) {
     switch (t.dtype) {
-      case DType::f32: *y = detail::load_le<float>(p); break;
-      case DType::f16: *y = detail::half_at(p); break;
-      case DType::bf16: *y = bf16_bits_to_float(detail::load_le<std::uint16_t>(p)); break;
-      case DType::q8_0: detail::dequantize_q8_0(p, y); break;
-      case DType::q4_0: detail::dequantize_q4_0(p, y); break;
-      case DType::q4_k: detail::dequantize_q4_k(p, y); break;
-      case DType::q2_k: detail::dequantize_q2_k(p, y); break;
-      case DType::q3_k: detail::dequantize_q3_k(p, y); break;
-      case DType::q5_k: detail::dequantize_q5_k(p, y); break;
-      case DType::q6_k: detail::dequantize_q6_k(p, y); break;
+      case DType::f32:
+        *y = detail::load_le<float>(p);
+        break;
+      case DType::f16:
+        *y = detail::half_at(p);
+        break;
+      case DType::bf16:
+        *y = bf16_bits_to_float(detail::load_le<std::uint16_t>(p));
+        break;
+      case DType::q8_0:
+        detail::dequantize_q8_0(p, y);
+        break;
+      case DType::q4_0:
+        detail::dequantize_q4_0(p, y);
+        break;
+      case DType::q4_k:
+        detail::dequantize_q4_k(p, y);
+        break;
+      case DType::q2_k:
+        detail::dequantize_q2_k(p, y);
+        break;
+      case DType::q3_k:
+        detail::dequantize_q3_k(p, y);
+        break;
+      case DType::q5_k:
+        detail::dequantize_q5_k(p, y);
+        break;
+      case DType::q6_k:
+        detail::dequantize_q6_k(p, y);
+        break;
     }
   }
 }

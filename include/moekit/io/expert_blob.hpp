@@ -56,10 +56,10 @@ inline ExpertWeights expert_view(const ModelShape& s, std::span<const std::byte>
   const std::size_t m13 = matrix_bytes(s.ffn, s.hidden, p, s.quant);
   const std::size_t m2 = matrix_bytes(s.hidden, s.ffn, p, s.quant);
   MOEKIT_EXPECTS(b.size() == 2 * m13 + m2, "expert_view: blob size does not match the shape");
-  ExpertWeights e{make_matrix_view(b.subspan(0, m13), s.ffn, s.hidden, p, s.quant, "expert w1"),
-                  make_matrix_view(b.subspan(m13, m13), s.ffn, s.hidden, p, s.quant, "expert w3"),
-                  make_matrix_view(b.subspan(2 * m13, m2), s.hidden, s.ffn, p, s.quant,
-                                   "expert w2")};
+  ExpertWeights e{
+      make_matrix_view(b.subspan(0, m13), s.ffn, s.hidden, p, s.quant, "expert w1"),
+      make_matrix_view(b.subspan(m13, m13), s.ffn, s.hidden, p, s.quant, "expert w3"),
+      make_matrix_view(b.subspan(2 * m13, m2), s.hidden, s.ffn, p, s.quant, "expert w2")};
   if (is_quantized(p)) e.w1.order = e.w3.order = e.w2.order = order;
   return e;
 }

@@ -12,11 +12,12 @@
 ///                    and per blob {layer, expert, precision, offset, bytes, xxh64}
 /// A blob is an expert blob (io/expert_blob.hpp): the expert's three matrices back to back, gate
 /// (w1, ffn×hidden), up (w3, ffn×hidden), down (w2, hidden×ffn), each in the precision's format of
-/// `precision/`; its size is `ModelShape::expert_bytes(p)` exactly. The manifest's optional "matrix_order" says where the
-/// rows of the quantized blobs' matrices are: "rows" (the default, and what a store without the
-/// field holds), "panels4" (MatrixOrder::panels4, precision/panels.hpp: what the CPU's int8 GEMV
-/// reads fastest) or "blocked_panels4" (MatrixOrder::blocked_panels4: panels in column blocks for
-/// rows wider than 4096); f32/bf16/f16 blobs are always in rows.
+/// `precision/`; its size is `ModelShape::expert_bytes(p)` exactly. The manifest's optional
+/// "matrix_order" says where the rows of the quantized blobs' matrices are: "rows" (the default,
+/// and what a store without the field holds), "panels4" (MatrixOrder::panels4,
+/// precision/panels.hpp: what the CPU's int8 GEMV reads fastest) or "blocked_panels4"
+/// (MatrixOrder::blocked_panels4: panels in column blocks for rows wider than 4096); f32/bf16/f16
+/// blobs are always in rows.
 ///
 /// The writer takes already-encoded bytes from a callback, writes `<path>.partial` and renames it
 /// at the end; it refuses to replace an existing file unless asked; it resumes an interrupted run
@@ -29,8 +30,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <functional>
+#include <future>
 #include <map>
 #include <optional>
 #include <span>
@@ -45,11 +46,11 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/checksum.hpp"
-#include "moekit/io/file_lock.hpp"
-#include "moekit/io/output_file.hpp"
 #include "moekit/io/detail/bytes.hpp"
 #include "moekit/io/detail/posix_file.hpp"
 #include "moekit/io/expert_blob.hpp"
+#include "moekit/io/file_lock.hpp"
+#include "moekit/io/output_file.hpp"
 #include "moekit/precision/panels.hpp"
 
 namespace moekit::io {
@@ -89,7 +90,7 @@ struct StoreManifest {
   std::vector<Precision> precisions;
   std::vector<StoreBlob> blobs;
   nlohmann::json meta = nlohmann::json::object();  ///< free-form (source checkpoint, tool, ...)
-  MatrixOrder order = MatrixOrder::rows;  ///< of the quantized blobs' matrices
+  MatrixOrder order = MatrixOrder::rows;           ///< of the quantized blobs' matrices
 
   /// The order of the matrices of the blobs at `p` (f32/bf16/f16: always rows).
   [[nodiscard]] MatrixOrder order_of(Precision p) const noexcept {
@@ -111,9 +112,12 @@ struct StoreManifest {
 namespace detail {
 
 inline nlohmann::json shape_to_json(const ModelShape& s) {
-  return {{"n_layers", s.n_layers},   {"n_experts", s.n_experts},
-          {"top_k", s.top_k},         {"hidden", s.hidden},
-          {"ffn", s.ffn},             {"n_shared_experts", s.n_shared_experts},
+  return {{"n_layers", s.n_layers},
+          {"n_experts", s.n_experts},
+          {"top_k", s.top_k},
+          {"hidden", s.hidden},
+          {"ffn", s.ffn},
+          {"n_shared_experts", s.n_shared_experts},
           {"shared_ffn", s.shared_ffn}};
 }
 
@@ -136,9 +140,12 @@ inline std::uint64_t parse_hex64(const std::string& s, bool& ok) noexcept {
   std::uint64_t v = 0;
   for (char c : s) {
     v <<= 4;
-    if (c >= '0' && c <= '9') v |= static_cast<std::uint64_t>(c - '0');
-    else if (c >= 'a' && c <= 'f') v |= static_cast<std::uint64_t>(c - 'a' + 10);
-    else ok = false;
+    if (c >= '0' && c <= '9')
+      v |= static_cast<std::uint64_t>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      v |= static_cast<std::uint64_t>(c - 'a' + 10);
+    else
+      ok = false;
   }
   return v;
 }
@@ -193,31 +200,37 @@ inline StoreHeader parse_store_header(std::span<const std::byte> page, std::uint
     return Error(ErrorKind::invalid_format, "expert store '" + file + "': " + what);
   };
   if (page.size() < 56 || file_size < store_alignment)
-    throw bad("file is " + std::to_string(file_size) + " bytes, shorter than the 4096-byte header (truncated?)");
-  if (std::memcmp(page.data(), store_magic, 8) != 0) throw bad("bad magic at offset 0 (not an expert store)");
+    throw bad("file is " + std::to_string(file_size) +
+              " bytes, shorter than the 4096-byte header (truncated?)");
+  if (std::memcmp(page.data(), store_magic, 8) != 0)
+    throw bad("bad magic at offset 0 (not an expert store)");
   StoreHeader h;
   h.version = detail::load_le<std::uint32_t>(page.data() + 8);
   if (h.version != store_version)
-    throw Error(ErrorKind::unsupported, "expert store '" + file + "': format version " +
-                                            std::to_string(h.version) + " at offset 8; this build reads version " +
-                                            std::to_string(store_version));
+    throw Error(ErrorKind::unsupported,
+                "expert store '" + file + "': format version " + std::to_string(h.version) +
+                    " at offset 8; this build reads version " + std::to_string(store_version));
   if (detail::load_le<std::uint64_t>(page.data() + 48) != xxh64(page.first(48)))
-    throw Error(ErrorKind::checksum, "expert store '" + file + "': header checksum mismatch (offset 48)");
+    throw Error(ErrorKind::checksum,
+                "expert store '" + file + "': header checksum mismatch (offset 48)");
   h.alignment = detail::load_le<std::uint32_t>(page.data() + 12);
   h.manifest_offset = detail::load_le<std::uint64_t>(page.data() + 16);
   h.manifest_bytes = detail::load_le<std::uint64_t>(page.data() + 24);
   h.manifest_checksum = detail::load_le<std::uint64_t>(page.data() + 32);
   h.file_bytes = detail::load_le<std::uint64_t>(page.data() + 40);
   if (h.alignment != store_alignment)
-    throw bad("alignment " + std::to_string(h.alignment) + " at offset 12; version 1 requires 4096");
+    throw bad("alignment " + std::to_string(h.alignment) +
+              " at offset 12; version 1 requires 4096");
   if (h.file_bytes != file_size)
     throw bad("header records " + std::to_string(h.file_bytes) + " bytes but the file has " +
               std::to_string(file_size) + " (truncated or appended to?)");
   auto end = detail::checked_add(h.manifest_offset, h.manifest_bytes);
   if (h.manifest_offset < store_alignment || h.manifest_offset % store_alignment != 0 || !end ||
       *end != file_size)
-    throw bad("manifest [" + std::to_string(h.manifest_offset) + ", +" + std::to_string(h.manifest_bytes) +
-              ") must start on a 4096-byte boundary after the header and end at the end of the file");
+    throw bad(
+        "manifest [" + std::to_string(h.manifest_offset) + ", +" +
+        std::to_string(h.manifest_bytes) +
+        ") must start on a 4096-byte boundary after the header and end at the end of the file");
   return h;
 }
 
@@ -426,7 +439,8 @@ inline StoreManifest parse_store_manifest(std::string_view text, std::uint64_t d
 
 /// Reads `bytes` at `offset` of `fd` completely, retrying EINTR and short reads; a read that
 /// returns 0 early is an `Error(io)` "unexpected end of file" naming the file and offset.
-inline void pread_exact(int fd, std::span<std::byte> dest, std::uint64_t offset, const std::string& file) {
+inline void pread_exact(int fd, std::span<std::byte> dest, std::uint64_t offset,
+                        const std::string& file) {
   while (!dest.empty()) {
     const ssize_t n = ::pread(fd, dest.data(), dest.size(), static_cast<off_t>(offset));
     if (n < 0) {
@@ -434,8 +448,9 @@ inline void pread_exact(int fd, std::span<std::byte> dest, std::uint64_t offset,
       detail::fail_errno("read failed at offset " + std::to_string(offset) + " of", file, errno);
     }
     if (n == 0)
-      throw Error(ErrorKind::io, "unexpected end of file '" + file + "' at offset " + std::to_string(offset) +
-                                     " (" + std::to_string(dest.size()) + " bytes still expected)");
+      throw Error(ErrorKind::io, "unexpected end of file '" + file + "' at offset " +
+                                     std::to_string(offset) + " (" + std::to_string(dest.size()) +
+                                     " bytes still expected)");
     dest = dest.subspan(static_cast<std::size_t>(n));
     offset += static_cast<std::uint64_t>(n);
   }
@@ -443,7 +458,8 @@ inline void pread_exact(int fd, std::span<std::byte> dest, std::uint64_t offset,
 
 namespace detail {
 /// XXH64 of `bytes` bytes at `offset`, read in 4 MiB chunks.
-inline std::uint64_t checksum_range(int fd, std::uint64_t offset, std::uint64_t bytes, const std::string& file) {
+inline std::uint64_t checksum_range(int fd, std::uint64_t offset, std::uint64_t bytes,
+                                    const std::string& file) {
   std::vector<std::byte> buf(std::min<std::uint64_t>(bytes, 4u << 20));
   Xxh64 h;
   while (bytes > 0) {
@@ -463,7 +479,8 @@ class ExpertStore {
  public:
   /// Opens `path`, validates header and manifest, and (when `expect` is given) checks that the
   /// store holds a model of that shape.
-  static ExpertStore open(const std::string& path, const std::optional<ModelShape>& expect = std::nullopt) {
+  static ExpertStore open(const std::string& path,
+                          const std::optional<ModelShape>& expect = std::nullopt) {
     ExpertStore s;
     s.path_ = path;
     auto fd = detail::FileDescriptor::open(path, O_RDONLY);
@@ -474,7 +491,8 @@ class ExpertStore {
     std::string text(s.header_.manifest_bytes, '\0');
     pread_exact(fd.get(), std::as_writable_bytes(std::span(text)), s.header_.manifest_offset, path);
     if (xxh64(std::as_bytes(std::span(text))) != s.header_.manifest_checksum)
-      throw Error(ErrorKind::checksum, "expert store '" + path + "': manifest checksum mismatch (offset " +
+      throw Error(ErrorKind::checksum, "expert store '" + path +
+                                           "': manifest checksum mismatch (offset " +
                                            std::to_string(s.header_.manifest_offset) + ")");
     s.manifest_ = parse_store_manifest(text, s.header_.manifest_offset, path, expect);
     return s;
@@ -484,19 +502,26 @@ class ExpertStore {
   [[nodiscard]] const StoreHeader& header() const noexcept { return header_; }
   [[nodiscard]] const StoreManifest& manifest() const noexcept { return manifest_; }
   [[nodiscard]] const ModelShape& shape() const noexcept { return manifest_.shape; }
-  [[nodiscard]] std::span<const Precision> precisions() const noexcept { return manifest_.precisions; }
-  [[nodiscard]] bool has(Precision p) const noexcept { return manifest_.precision_index(p).has_value(); }
+  [[nodiscard]] std::span<const Precision> precisions() const noexcept {
+    return manifest_.precisions;
+  }
+  [[nodiscard]] bool has(Precision p) const noexcept {
+    return manifest_.precision_index(p).has_value();
+  }
 
   /// Where `key` at `p` lives, or nullptr when the store does not hold it.
-  [[nodiscard]] const StoreBlob* find(ExpertKey key, Precision p) const noexcept { return manifest_.find(key, p); }
+  [[nodiscard]] const StoreBlob* find(ExpertKey key, Precision p) const noexcept {
+    return manifest_.find(key, p);
+  }
 
   /// Where `key` at `p` lives; throws `Error(invalid_argument)` naming the store when absent.
   [[nodiscard]] const StoreBlob& blob(ExpertKey key, Precision p) const {
     const StoreBlob* b = find(key, p);
     if (b == nullptr)
       throw Error(ErrorKind::invalid_argument,
-                  "expert store '" + path_ + "' has no blob for layer " + std::to_string(key.layer) +
-                      ", expert " + std::to_string(key.expert) + " at " + std::string(name(p)));
+                  "expert store '" + path_ + "' has no blob for layer " +
+                      std::to_string(key.layer) + ", expert " + std::to_string(key.expert) +
+                      " at " + std::string(name(p)));
     return *b;
   }
 
@@ -516,9 +541,10 @@ class ExpertStore {
     const std::uint64_t got = detail::checksum_range(fd, b.offset, b.bytes, path_);
     if (got != b.checksum)
       throw Error(ErrorKind::checksum,
-                  "expert store '" + path_ + "': blob (layer " + std::to_string(b.key.layer) + ", expert " +
-                      std::to_string(b.key.expert) + ", " + std::string(name(b.precision)) + ") at offset " +
-                      std::to_string(b.offset) + " has XXH64 " + detail::hex64(got) + ", manifest says " +
+                  "expert store '" + path_ + "': blob (layer " + std::to_string(b.key.layer) +
+                      ", expert " + std::to_string(b.key.expert) + ", " +
+                      std::string(name(b.precision)) + ") at offset " + std::to_string(b.offset) +
+                      " has XXH64 " + detail::hex64(got) + ", manifest says " +
                       detail::hex64(b.checksum));
   }
 
@@ -704,7 +730,8 @@ inline std::uint64_t finish_store(FileDescriptor& fd, const std::string& tmp,
   fd.reset();
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) throw Error(ErrorKind::io, "cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+  if (ec)
+    throw Error(ErrorKind::io, "cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
   std::filesystem::remove(journal, ec);
   return h.file_bytes;
 }

@@ -40,20 +40,22 @@ class OutputLock {
         ::close(fd_);
         fd_ = -1;
         if (err == EWOULDBLOCK)
-          moekit::detail::fail(ErrorKind::io,
-                               pre + "another process is writing '" + path + "' (it holds '" +
-                                   lock_path_ + "'); refusing to write it concurrently");
-        moekit::detail::fail(ErrorKind::io, pre + "cannot lock '" + lock_path_ +
-                                                "': " + std::strerror(err));
+          moekit::detail::fail(ErrorKind::io, pre + "another process is writing '" + path +
+                                                  "' (it holds '" + lock_path_ +
+                                                  "'); refusing to write it concurrently");
+        moekit::detail::fail(ErrorKind::io,
+                             pre + "cannot lock '" + lock_path_ + "': " + std::strerror(err));
       }
-      struct stat held {}, now {};
+      struct stat held {
+      }, now{};
       if (::fstat(fd_, &held) == 0 && ::stat(lock_path_.c_str(), &now) == 0 &&
           held.st_ino == now.st_ino && held.st_dev == now.st_dev)
         return;
       ::close(fd_);
       fd_ = -1;
     }
-    moekit::detail::fail(ErrorKind::io, pre + "cannot lock '" + lock_path_ + "' (it keeps changing)");
+    moekit::detail::fail(ErrorKind::io,
+                         pre + "cannot lock '" + lock_path_ + "' (it keeps changing)");
   }
   OutputLock(OutputLock&& o) noexcept
       : lock_path_(std::move(o.lock_path_)), fd_(std::exchange(o.fd_, -1)) {}

@@ -59,7 +59,8 @@ inline std::optional<std::uint64_t> first_all_ones_u16(std::span<const std::byte
   std::string at = "index " + std::to_string(index);
   if (t.rank >= 2 && t.dims[t.rank - 1] > 0) {
     const std::uint64_t cols = t.dims[t.rank - 1];
-    at += " (row " + std::to_string(index / cols) + ", column " + std::to_string(index % cols) + ")";
+    at +=
+        " (row " + std::to_string(index / cols) + ", column " + std::to_string(index % cols) + ")";
   }
   moekit::detail::fail(ErrorKind::invalid_format,
                        t.where() + (context.empty() ? "" : " (" + std::string(context) + ")") +
@@ -88,8 +89,12 @@ inline void require_finite_stored(const TensorView& t, std::string_view context 
       }
       break;
     }
-    case DType::f16: bad = detail::first_all_ones_u16(t.bytes, 2, 0x7C00); break;
-    case DType::bf16: bad = detail::first_all_ones_u16(t.bytes, 2, 0x7F80); break;
+    case DType::f16:
+      bad = detail::first_all_ones_u16(t.bytes, 2, 0x7C00);
+      break;
+    case DType::bf16:
+      bad = detail::first_all_ones_u16(t.bytes, 2, 0x7F80);
+      break;
     case DType::q8_0:
     case DType::q4_0:
       per = block_elements(t.dtype);
@@ -99,7 +104,8 @@ inline void require_finite_stored(const TensorView& t, std::string_view context 
     case DType::q3_k:
     case DType::q4_k:
     case DType::q5_k:
-    case DType::q6_k: return;
+    case DType::q6_k:
+      return;
   }
   if (bad) detail::fail_non_finite(t, *bad * per, context, per > 1 ? "a block scale" : "a value");
 }

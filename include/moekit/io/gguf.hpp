@@ -16,9 +16,9 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
@@ -38,8 +38,19 @@ namespace moekit::io {
 
 /// Metadata value types, numbered as in the GGUF specification.
 enum class GgufValueType : std::uint32_t {
-  u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7, string = 8,
-  array = 9, u64 = 10, i64 = 11, f64 = 12,
+  u8 = 0,
+  i8 = 1,
+  u16 = 2,
+  i16 = 3,
+  u32 = 4,
+  i32 = 5,
+  f32 = 6,
+  boolean = 7,
+  string = 8,
+  array = 9,
+  u64 = 10,
+  i64 = 11,
+  f64 = 12,
 };
 
 /// ggml tensor types used in GGUF files (a subset of ggml_type, same numbers).
@@ -53,30 +64,37 @@ inline constexpr std::uint32_t f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 8, q2_k = 10, 
 struct GgufValue {
   GgufValueType type = GgufValueType::u8;
   GgufValueType element_type = GgufValueType::u8;
-  std::variant<std::uint64_t, std::int64_t, double, bool, std::string, std::vector<GgufValue>> value;
+  std::variant<std::uint64_t, std::int64_t, double, bool, std::string, std::vector<GgufValue>>
+      value;
 
   [[nodiscard]] bool is_integer() const noexcept {
-    return std::holds_alternative<std::uint64_t>(value) || std::holds_alternative<std::int64_t>(value);
+    return std::holds_alternative<std::uint64_t>(value) ||
+           std::holds_alternative<std::int64_t>(value);
   }
   /// The value as a non-negative integer; throws `Error(invalid_format)` otherwise.
   [[nodiscard]] std::uint64_t as_uint(std::string_view key) const {
     if (auto* u = std::get_if<std::uint64_t>(&value)) return *u;
-    if (auto* i = std::get_if<std::int64_t>(&value); i && *i >= 0) return static_cast<std::uint64_t>(*i);
-    throw Error(ErrorKind::invalid_format, "GGUF metadata '" + std::string(key) + "' is not a non-negative integer");
+    if (auto* i = std::get_if<std::int64_t>(&value); i && *i >= 0)
+      return static_cast<std::uint64_t>(*i);
+    throw Error(ErrorKind::invalid_format,
+                "GGUF metadata '" + std::string(key) + "' is not a non-negative integer");
   }
   [[nodiscard]] double as_double(std::string_view key) const {
     if (auto* d = std::get_if<double>(&value)) return *d;
     if (auto* u = std::get_if<std::uint64_t>(&value)) return static_cast<double>(*u);
     if (auto* i = std::get_if<std::int64_t>(&value)) return static_cast<double>(*i);
-    throw Error(ErrorKind::invalid_format, "GGUF metadata '" + std::string(key) + "' is not a number");
+    throw Error(ErrorKind::invalid_format,
+                "GGUF metadata '" + std::string(key) + "' is not a number");
   }
   [[nodiscard]] const std::string& as_string(std::string_view key) const {
     if (auto* s = std::get_if<std::string>(&value)) return *s;
-    throw Error(ErrorKind::invalid_format, "GGUF metadata '" + std::string(key) + "' is not a string");
+    throw Error(ErrorKind::invalid_format,
+                "GGUF metadata '" + std::string(key) + "' is not a string");
   }
   [[nodiscard]] const std::vector<GgufValue>& as_array(std::string_view key) const {
     if (auto* a = std::get_if<std::vector<GgufValue>>(&value)) return *a;
-    throw Error(ErrorKind::invalid_format, "GGUF metadata '" + std::string(key) + "' is not an array");
+    throw Error(ErrorKind::invalid_format,
+                "GGUF metadata '" + std::string(key) + "' is not an array");
   }
 };
 
@@ -84,7 +102,7 @@ struct GgufValue {
 struct GgufTensorInfo {
   std::string name;
   std::uint32_t ggml_type = 0;
-  std::optional<DType> dtype;  ///< set for the types moekit reads
+  std::optional<DType> dtype;                         ///< set for the types moekit reads
   std::array<std::uint64_t, max_tensor_rank> dims{};  ///< row-major (ne[] reversed)
   std::size_t rank = 0;
   std::uint64_t offset = 0;  ///< relative to the data section
@@ -110,54 +128,97 @@ struct GgmlTypeInfo {
 /// Block geometry of every ggml type whose size is fixed (ggml's type traits); nullopt otherwise.
 inline std::optional<GgmlTypeInfo> ggml_type_info(std::uint32_t t) noexcept {
   switch (t) {
-    case 0: return GgmlTypeInfo{1, 4, "F32"};
-    case 1: return GgmlTypeInfo{1, 2, "F16"};
-    case 2: return GgmlTypeInfo{32, 18, "Q4_0"};
-    case 3: return GgmlTypeInfo{32, 20, "Q4_1"};
-    case 6: return GgmlTypeInfo{32, 22, "Q5_0"};
-    case 7: return GgmlTypeInfo{32, 24, "Q5_1"};
-    case 8: return GgmlTypeInfo{32, 34, "Q8_0"};
-    case 9: return GgmlTypeInfo{32, 40, "Q8_1"};
-    case 10: return GgmlTypeInfo{256, 84, "Q2_K"};
-    case 11: return GgmlTypeInfo{256, 110, "Q3_K"};
-    case 12: return GgmlTypeInfo{256, 144, "Q4_K"};
-    case 13: return GgmlTypeInfo{256, 176, "Q5_K"};
-    case 14: return GgmlTypeInfo{256, 210, "Q6_K"};
-    case 15: return GgmlTypeInfo{256, 292, "Q8_K"};
-    case 16: return GgmlTypeInfo{256, 66, "IQ2_XXS"};
-    case 17: return GgmlTypeInfo{256, 74, "IQ2_XS"};
-    case 18: return GgmlTypeInfo{256, 98, "IQ3_XXS"};
-    case 19: return GgmlTypeInfo{256, 50, "IQ1_S"};
-    case 20: return GgmlTypeInfo{32, 18, "IQ4_NL"};
-    case 21: return GgmlTypeInfo{256, 110, "IQ3_S"};
-    case 22: return GgmlTypeInfo{256, 82, "IQ2_S"};
-    case 23: return GgmlTypeInfo{256, 136, "IQ4_XS"};
-    case 24: return GgmlTypeInfo{1, 1, "I8"};
-    case 25: return GgmlTypeInfo{1, 2, "I16"};
-    case 26: return GgmlTypeInfo{1, 4, "I32"};
-    case 27: return GgmlTypeInfo{1, 8, "I64"};
-    case 28: return GgmlTypeInfo{1, 8, "F64"};
-    case 29: return GgmlTypeInfo{256, 56, "IQ1_M"};
-    case 30: return GgmlTypeInfo{1, 2, "BF16"};
-    case 34: return GgmlTypeInfo{256, 54, "TQ1_0"};
-    case 35: return GgmlTypeInfo{256, 66, "TQ2_0"};
-    default: return std::nullopt;
+    case 0:
+      return GgmlTypeInfo{1, 4, "F32"};
+    case 1:
+      return GgmlTypeInfo{1, 2, "F16"};
+    case 2:
+      return GgmlTypeInfo{32, 18, "Q4_0"};
+    case 3:
+      return GgmlTypeInfo{32, 20, "Q4_1"};
+    case 6:
+      return GgmlTypeInfo{32, 22, "Q5_0"};
+    case 7:
+      return GgmlTypeInfo{32, 24, "Q5_1"};
+    case 8:
+      return GgmlTypeInfo{32, 34, "Q8_0"};
+    case 9:
+      return GgmlTypeInfo{32, 40, "Q8_1"};
+    case 10:
+      return GgmlTypeInfo{256, 84, "Q2_K"};
+    case 11:
+      return GgmlTypeInfo{256, 110, "Q3_K"};
+    case 12:
+      return GgmlTypeInfo{256, 144, "Q4_K"};
+    case 13:
+      return GgmlTypeInfo{256, 176, "Q5_K"};
+    case 14:
+      return GgmlTypeInfo{256, 210, "Q6_K"};
+    case 15:
+      return GgmlTypeInfo{256, 292, "Q8_K"};
+    case 16:
+      return GgmlTypeInfo{256, 66, "IQ2_XXS"};
+    case 17:
+      return GgmlTypeInfo{256, 74, "IQ2_XS"};
+    case 18:
+      return GgmlTypeInfo{256, 98, "IQ3_XXS"};
+    case 19:
+      return GgmlTypeInfo{256, 50, "IQ1_S"};
+    case 20:
+      return GgmlTypeInfo{32, 18, "IQ4_NL"};
+    case 21:
+      return GgmlTypeInfo{256, 110, "IQ3_S"};
+    case 22:
+      return GgmlTypeInfo{256, 82, "IQ2_S"};
+    case 23:
+      return GgmlTypeInfo{256, 136, "IQ4_XS"};
+    case 24:
+      return GgmlTypeInfo{1, 1, "I8"};
+    case 25:
+      return GgmlTypeInfo{1, 2, "I16"};
+    case 26:
+      return GgmlTypeInfo{1, 4, "I32"};
+    case 27:
+      return GgmlTypeInfo{1, 8, "I64"};
+    case 28:
+      return GgmlTypeInfo{1, 8, "F64"};
+    case 29:
+      return GgmlTypeInfo{256, 56, "IQ1_M"};
+    case 30:
+      return GgmlTypeInfo{1, 2, "BF16"};
+    case 34:
+      return GgmlTypeInfo{256, 54, "TQ1_0"};
+    case 35:
+      return GgmlTypeInfo{256, 66, "TQ2_0"};
+    default:
+      return std::nullopt;
   }
 }
 
 inline std::optional<DType> gguf_dtype(std::uint32_t t) noexcept {
   switch (t) {
-    case ggml_type::f32: return DType::f32;
-    case ggml_type::f16: return DType::f16;
-    case ggml_type::bf16: return DType::bf16;
-    case ggml_type::q8_0: return DType::q8_0;
-    case ggml_type::q4_0: return DType::q4_0;
-    case ggml_type::q4_k: return DType::q4_k;
-    case ggml_type::q2_k: return DType::q2_k;
-    case ggml_type::q3_k: return DType::q3_k;
-    case ggml_type::q5_k: return DType::q5_k;
-    case ggml_type::q6_k: return DType::q6_k;
-    default: return std::nullopt;
+    case ggml_type::f32:
+      return DType::f32;
+    case ggml_type::f16:
+      return DType::f16;
+    case ggml_type::bf16:
+      return DType::bf16;
+    case ggml_type::q8_0:
+      return DType::q8_0;
+    case ggml_type::q4_0:
+      return DType::q4_0;
+    case ggml_type::q4_k:
+      return DType::q4_k;
+    case ggml_type::q2_k:
+      return DType::q2_k;
+    case ggml_type::q3_k:
+      return DType::q3_k;
+    case ggml_type::q5_k:
+      return DType::q5_k;
+    case ggml_type::q6_k:
+      return DType::q6_k;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -204,17 +265,22 @@ inline std::uint64_t gguf_min_value_bytes(GgufValueType t) noexcept {
   switch (t) {
     case GgufValueType::u8:
     case GgufValueType::i8:
-    case GgufValueType::boolean: return 1;
+    case GgufValueType::boolean:
+      return 1;
     case GgufValueType::u16:
-    case GgufValueType::i16: return 2;
+    case GgufValueType::i16:
+      return 2;
     case GgufValueType::u32:
     case GgufValueType::i32:
-    case GgufValueType::f32: return 4;
+    case GgufValueType::f32:
+      return 4;
     case GgufValueType::u64:
     case GgufValueType::i64:
     case GgufValueType::f64:
-    case GgufValueType::string: return 8;
-    case GgufValueType::array: return 12;
+    case GgufValueType::string:
+      return 8;
+    case GgufValueType::array:
+      return 12;
   }
   return 1;
 }
@@ -222,26 +288,50 @@ inline std::uint64_t gguf_min_value_bytes(GgufValueType t) noexcept {
 inline GgufValue read_gguf_value(GgufCursor& c, std::uint32_t raw_type, const std::string& key,
                                  int depth) {
   GgufValue v;
-  if (raw_type > 12) c.fail("metadata '" + key + "' has unknown value type " + std::to_string(raw_type));
+  if (raw_type > 12)
+    c.fail("metadata '" + key + "' has unknown value type " + std::to_string(raw_type));
   v.type = static_cast<GgufValueType>(raw_type);
   switch (v.type) {
-    case GgufValueType::u8: v.value = std::uint64_t{c.get<std::uint8_t>("u8")}; break;
-    case GgufValueType::i8: v.value = std::int64_t{c.get<std::int8_t>("i8")}; break;
-    case GgufValueType::u16: v.value = std::uint64_t{c.get<std::uint16_t>("u16")}; break;
-    case GgufValueType::i16: v.value = std::int64_t{c.get<std::int16_t>("i16")}; break;
-    case GgufValueType::u32: v.value = std::uint64_t{c.get<std::uint32_t>("u32")}; break;
-    case GgufValueType::i32: v.value = std::int64_t{c.get<std::int32_t>("i32")}; break;
-    case GgufValueType::u64: v.value = c.get<std::uint64_t>("u64"); break;
-    case GgufValueType::i64: v.value = c.get<std::int64_t>("i64"); break;
-    case GgufValueType::f32: v.value = double{c.get<float>("f32")}; break;
-    case GgufValueType::f64: v.value = c.get<double>("f64"); break;
+    case GgufValueType::u8:
+      v.value = std::uint64_t{c.get<std::uint8_t>("u8")};
+      break;
+    case GgufValueType::i8:
+      v.value = std::int64_t{c.get<std::int8_t>("i8")};
+      break;
+    case GgufValueType::u16:
+      v.value = std::uint64_t{c.get<std::uint16_t>("u16")};
+      break;
+    case GgufValueType::i16:
+      v.value = std::int64_t{c.get<std::int16_t>("i16")};
+      break;
+    case GgufValueType::u32:
+      v.value = std::uint64_t{c.get<std::uint32_t>("u32")};
+      break;
+    case GgufValueType::i32:
+      v.value = std::int64_t{c.get<std::int32_t>("i32")};
+      break;
+    case GgufValueType::u64:
+      v.value = c.get<std::uint64_t>("u64");
+      break;
+    case GgufValueType::i64:
+      v.value = c.get<std::int64_t>("i64");
+      break;
+    case GgufValueType::f32:
+      v.value = double{c.get<float>("f32")};
+      break;
+    case GgufValueType::f64:
+      v.value = c.get<double>("f64");
+      break;
     case GgufValueType::boolean: {
       const auto b = c.get<std::uint8_t>("bool");
-      if (b > 1) c.fail_at("metadata '" + key + "' has bool value " + std::to_string(b), c.pos() - 1);
+      if (b > 1)
+        c.fail_at("metadata '" + key + "' has bool value " + std::to_string(b), c.pos() - 1);
       v.value = b == 1;
       break;
     }
-    case GgufValueType::string: v.value = c.string("string value"); break;
+    case GgufValueType::string:
+      v.value = c.string("string value");
+      break;
     case GgufValueType::array: {
       if (depth >= 4) c.fail("metadata '" + key + "' nests arrays more than 4 deep");
       const auto et = c.get<std::uint32_t>("array element type");
@@ -388,12 +478,15 @@ class GgufFile {
  public:
   explicit GgufFile(const std::string& path) : map_(path) {
     header_ = parse_gguf(map_.bytes(), map_.path());
-    for (std::size_t i = 0; i < header_.tensors.size(); ++i) index_.emplace(header_.tensors[i].name, i);
+    for (std::size_t i = 0; i < header_.tensors.size(); ++i)
+      index_.emplace(header_.tensors[i].name, i);
   }
 
   [[nodiscard]] const std::string& path() const noexcept { return map_.path(); }
   [[nodiscard]] const GgufHeader& header() const noexcept { return header_; }
-  [[nodiscard]] const std::vector<GgufTensorInfo>& tensors() const noexcept { return header_.tensors; }
+  [[nodiscard]] const std::vector<GgufTensorInfo>& tensors() const noexcept {
+    return header_.tensors;
+  }
   [[nodiscard]] std::span<const std::byte> mapped_bytes() const noexcept { return map_.bytes(); }
 
   /// Metadata value `key`, or nullptr.

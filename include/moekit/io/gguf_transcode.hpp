@@ -72,16 +72,22 @@ constexpr std::optional<Precision> exact_moekit_precision(std::uint32_t type) no
 /// map onto themselves.
 constexpr Precision nearest_moekit_precision(DType t) noexcept {
   switch (t) {
-    case DType::f32: return Precision::f32;
-    case DType::f16: return Precision::f16;
-    case DType::bf16: return Precision::bf16;
+    case DType::f32:
+      return Precision::f32;
+    case DType::f16:
+      return Precision::f16;
+    case DType::bf16:
+      return Precision::bf16;
     case DType::q8_0:
     case DType::q6_k:
-    case DType::q5_k: return Precision::q8;
+    case DType::q5_k:
+      return Precision::q8;
     case DType::q4_0:
     case DType::q4_k:
-    case DType::q3_k: return Precision::q4;
-    case DType::q2_k: return Precision::q2;
+    case DType::q3_k:
+      return Precision::q4;
+    case DType::q2_k:
+      return Precision::q2;
   }
   return Precision::q4;
 }

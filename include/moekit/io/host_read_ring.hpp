@@ -128,7 +128,7 @@ class HostReadRing {
 
   std::vector<Slot> slots_;
   std::function<std::size_t(Precision)> bytes_of_;
-  std::size_t next_ = 0;      ///< the slot the next staged expert takes
+  std::size_t next_ = 0;     ///< the slot the next staged expert takes
   bool handed_out_ = false;  ///< bytes were handed out since the last `prepare`
   std::uint64_t read_bytes_ = 0;
 };

@@ -58,8 +58,9 @@ inline void check_output_path(const std::filesystem::path& path, bool overwrite,
   if (fs::exists(st)) {
     if (fs::is_directory(st)) refuse("is a directory");
     if (!fs::is_regular_file(st))
-      refuse("exists and is not a regular file (a device, pipe or socket); refusing to replace it "
-             "even with --force");
+      refuse(
+          "exists and is not a regular file (a device, pipe or socket); refusing to replace it "
+          "even with --force");
     if (!overwrite) refuse("exists; refusing to overwrite it (" + std::string(force_hint) + ")");
   }
   const fs::path dir = detail::output_directory(path);
@@ -74,8 +75,9 @@ inline void check_output_path(const std::filesystem::path& path, bool overwrite,
 /// failure the temporary file is removed and `path` is as it was. Refusals as
 /// check_output_path's; `Error(io)` naming `flag`, the path and the system's reason on a failed
 /// write (e.g. "No space left on device").
-inline void write_file_atomically(const std::filesystem::path& path, std::span<const std::byte> data,
-                                  bool overwrite, std::string_view flag = "",
+inline void write_file_atomically(const std::filesystem::path& path,
+                                  std::span<const std::byte> data, bool overwrite,
+                                  std::string_view flag = "",
                                   std::string_view force_hint = "pass --force") {
   check_output_path(path, overwrite, flag, force_hint);
   const std::string pre = detail::output_prefix(flag), p = path.string();
@@ -122,11 +124,11 @@ inline void write_file_atomically(const std::filesystem::path& path, std::span<c
     const int err = errno;
     ::unlink(tmp.c_str());
     if (err == EEXIST)
-      moekit::detail::fail(ErrorKind::invalid_argument,
-                           pre + "'" + p + "' exists; refusing to overwrite it (" +
-                               std::string(force_hint) + ")");
-    moekit::detail::fail(ErrorKind::io, pre + "cannot rename '" + tmp + "' to '" + p +
-                                            "': " + std::strerror(err));
+      moekit::detail::fail(
+          ErrorKind::invalid_argument,
+          pre + "'" + p + "' exists; refusing to overwrite it (" + std::string(force_hint) + ")");
+    moekit::detail::fail(ErrorKind::io,
+                         pre + "cannot rename '" + tmp + "' to '" + p + "': " + std::strerror(err));
   }
 }
 

@@ -38,17 +38,17 @@ namespace moekit::io {
 /// One tensor entry of a safetensors header.
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype_name;          ///< as written in the file ("F16", "I64", ...)
-  std::optional<DType> dtype;      ///< set for F32, F16, BF16
+  std::string dtype_name;      ///< as written in the file ("F16", "I64", ...)
+  std::optional<DType> dtype;  ///< set for F32, F16, BF16
   std::vector<std::uint64_t> shape;
-  std::uint64_t begin = 0;         ///< relative to the data section
+  std::uint64_t begin = 0;  ///< relative to the data section
   std::uint64_t end = 0;
 };
 
 /// A parsed and validated safetensors header.
 struct SafetensorsHeader {
   std::uint64_t data_offset = 0;  ///< absolute offset of the data section (8 + header length)
-  std::vector<SafetensorsEntry> tensors;         ///< sorted by name
+  std::vector<SafetensorsEntry> tensors;        ///< sorted by name
   std::map<std::string, std::string> metadata;  ///< "__metadata__"
 };
 
@@ -72,10 +72,14 @@ inline std::optional<DType> safetensors_dtype(std::string_view d) noexcept {
 
 inline std::string_view safetensors_dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "F32";
-    case DType::f16: return "F16";
-    case DType::bf16: return "BF16";
-    default: break;
+    case DType::f32:
+      return "F32";
+    case DType::f16:
+      return "F16";
+    case DType::bf16:
+      return "BF16";
+    default:
+      break;
   }
   throw Error(ErrorKind::unsupported,
               "safetensors cannot store " + std::string(name(t)) + " tensors");
@@ -219,12 +223,15 @@ class SafetensorsFile {
   [[nodiscard]] const SafetensorsHeader& header() const noexcept { return header_; }
   /// The whole mapped file (views point into it).
   [[nodiscard]] std::span<const std::byte> mapped_bytes() const noexcept { return map_.bytes(); }
-  [[nodiscard]] const std::vector<SafetensorsEntry>& entries() const noexcept { return header_.tensors; }
+  [[nodiscard]] const std::vector<SafetensorsEntry>& entries() const noexcept {
+    return header_.tensors;
+  }
 
   /// The entry named `name`, or nullptr.
   [[nodiscard]] const SafetensorsEntry* entry(std::string_view name) const noexcept {
-    auto it = std::lower_bound(header_.tensors.begin(), header_.tensors.end(), name,
-                               [](const SafetensorsEntry& e, std::string_view n) { return e.name < n; });
+    auto it =
+        std::lower_bound(header_.tensors.begin(), header_.tensors.end(), name,
+                         [](const SafetensorsEntry& e, std::string_view n) { return e.name < n; });
     return it != header_.tensors.end() && it->name == name ? &*it : nullptr;
   }
 
@@ -349,8 +356,9 @@ class SafetensorsModel {
     for (auto it = wm->begin(); it != wm->end(); ++it) {
       if (!it.value().is_string()) throw bad("weight_map['" + it.key() + "'] is not a string");
       const std::string file = it.value().get<std::string>();
-      if (file.find('/') != std::string::npos || file == ".." )
-        throw bad("weight_map['" + it.key() + "'] names '" + file + "', not a file beside the index");
+      if (file.find('/') != std::string::npos || file == "..")
+        throw bad("weight_map['" + it.key() + "'] names '" + file +
+                  "', not a file beside the index");
       auto [s, inserted] = shard_of_file.emplace(file, 0);
       if (inserted) s->second = add_shard((index.parent_path() / file).string());
       weight_map_.emplace(it.key(), s->second);
@@ -376,7 +384,8 @@ class SafetensorsWriter {
                          std::span<const float> values) {
     std::uint64_t n = 1;
     for (auto d : shape) n *= d;
-    MOEKIT_EXPECTS(n == values.size(), "SafetensorsWriter::add: values do not match the shape of '" + name + "'");
+    MOEKIT_EXPECTS(n == values.size(),
+                   "SafetensorsWriter::add: values do not match the shape of '" + name + "'");
     std::vector<std::byte> bytes;
     const auto dn = detail::safetensors_dtype_name(dtype);
     bytes.resize(values.size() * (dtype == DType::f32 ? 4 : 2));
@@ -409,9 +418,8 @@ class SafetensorsWriter {
     if (!metadata_.empty()) h["__metadata__"] = metadata_;
     std::uint64_t off = 0;
     for (const auto& t : tensors_) {
-      h[t.name] = {{"dtype", t.dtype},
-                   {"shape", t.shape},
-                   {"data_offsets", {off, off + t.bytes.size()}}};
+      h[t.name] = {
+          {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
       off += t.bytes.size();
     }
     std::string text = h.dump();

@@ -26,14 +26,17 @@ constexpr std::uint64_t block_elements(DType t) noexcept {
   switch (t) {
     case DType::f32:
     case DType::f16:
-    case DType::bf16: return 1;
+    case DType::bf16:
+      return 1;
     case DType::q8_0:
-    case DType::q4_0: return 32;
+    case DType::q4_0:
+      return 32;
     case DType::q4_k:
     case DType::q2_k:
     case DType::q3_k:
     case DType::q5_k:
-    case DType::q6_k: return 256;
+    case DType::q6_k:
+      return 256;
   }
   return 1;
 }
@@ -41,32 +44,51 @@ constexpr std::uint64_t block_elements(DType t) noexcept {
 /// Bytes per block.
 constexpr std::uint64_t block_bytes(DType t) noexcept {
   switch (t) {
-    case DType::f32: return 4;
+    case DType::f32:
+      return 4;
     case DType::f16:
-    case DType::bf16: return 2;
-    case DType::q8_0: return 34;   // f16 d, int8 qs[32]
-    case DType::q4_0: return 18;   // f16 d, uint8 qs[16]
-    case DType::q4_k: return 144;  // f16 d, f16 dmin, uint8 scales[12], uint8 qs[128]
-    case DType::q2_k: return 84;   // uint8 scales[16], uint8 qs[64], f16 d, f16 dmin
-    case DType::q3_k: return 110;  // uint8 hmask[32], uint8 qs[64], uint8 scales[12], f16 d
-    case DType::q5_k: return 176;  // f16 d, f16 dmin, uint8 scales[12], uint8 qh[32], uint8 qs[128]
-    case DType::q6_k: return 210;  // uint8 ql[128], uint8 qh[64], int8 scales[16], f16 d
+    case DType::bf16:
+      return 2;
+    case DType::q8_0:
+      return 34;  // f16 d, int8 qs[32]
+    case DType::q4_0:
+      return 18;  // f16 d, uint8 qs[16]
+    case DType::q4_k:
+      return 144;  // f16 d, f16 dmin, uint8 scales[12], uint8 qs[128]
+    case DType::q2_k:
+      return 84;  // uint8 scales[16], uint8 qs[64], f16 d, f16 dmin
+    case DType::q3_k:
+      return 110;  // uint8 hmask[32], uint8 qs[64], uint8 scales[12], f16 d
+    case DType::q5_k:
+      return 176;  // f16 d, f16 dmin, uint8 scales[12], uint8 qh[32], uint8 qs[128]
+    case DType::q6_k:
+      return 210;  // uint8 ql[128], uint8 qh[64], int8 scales[16], f16 d
   }
   return 0;
 }
 
 constexpr std::string_view name(DType t) noexcept {
   switch (t) {
-    case DType::f32: return "F32";
-    case DType::f16: return "F16";
-    case DType::bf16: return "BF16";
-    case DType::q8_0: return "Q8_0";
-    case DType::q4_0: return "Q4_0";
-    case DType::q4_k: return "Q4_K";
-    case DType::q2_k: return "Q2_K";
-    case DType::q3_k: return "Q3_K";
-    case DType::q5_k: return "Q5_K";
-    case DType::q6_k: return "Q6_K";
+    case DType::f32:
+      return "F32";
+    case DType::f16:
+      return "F16";
+    case DType::bf16:
+      return "BF16";
+    case DType::q8_0:
+      return "Q8_0";
+    case DType::q4_0:
+      return "Q4_0";
+    case DType::q4_k:
+      return "Q4_K";
+    case DType::q2_k:
+      return "Q2_K";
+    case DType::q3_k:
+      return "Q3_K";
+    case DType::q5_k:
+      return "Q5_K";
+    case DType::q6_k:
+      return "Q6_K";
   }
   return "?";
 }
@@ -76,15 +98,17 @@ inline constexpr std::size_t max_tensor_rank = 4;
 
 /// A zero-copy view of one tensor in a mapped file. Valid while its reader lives.
 struct TensorView {
-  std::string_view name;                        ///< tensor name in the file
-  std::string_view file;                        ///< file it lives in (for error messages)
+  std::string_view name;  ///< tensor name in the file
+  std::string_view file;  ///< file it lives in (for error messages)
   DType dtype = DType::f32;
   std::array<std::uint64_t, max_tensor_rank> dims{};  ///< row-major, outermost first
   std::size_t rank = 0;
-  std::uint64_t file_offset = 0;                ///< absolute offset of bytes in the file
+  std::uint64_t file_offset = 0;  ///< absolute offset of bytes in the file
   std::span<const std::byte> bytes;
 
-  [[nodiscard]] std::span<const std::uint64_t> shape() const noexcept { return {dims.data(), rank}; }
+  [[nodiscard]] std::span<const std::uint64_t> shape() const noexcept {
+    return {dims.data(), rank};
+  }
   [[nodiscard]] std::uint64_t elements() const noexcept {
     std::uint64_t n = 1;
     for (std::size_t i = 0; i < rank; ++i) n *= dims[i];
@@ -115,10 +139,10 @@ inline std::optional<std::uint64_t> tensor_bytes(DType t, std::uint64_t elements
 /// stacked `[n_expert, rows, cols]` tensors) as a view of rank-1 dimensions.
 inline TensorView slice_outer(const TensorView& t, std::uint64_t index) {
   if (t.rank < 2 || index >= t.dims[0])
-    throw Error(ErrorKind::invalid_argument,
-                "cannot take slice " + std::to_string(index) + " of " + t.where() +
-                    " (rank " + std::to_string(t.rank) + ", outer dimension " +
-                    std::to_string(t.rank ? t.dims[0] : 0) + ")");
+    throw Error(ErrorKind::invalid_argument, "cannot take slice " + std::to_string(index) + " of " +
+                                                 t.where() + " (rank " + std::to_string(t.rank) +
+                                                 ", outer dimension " +
+                                                 std::to_string(t.rank ? t.dims[0] : 0) + ")");
   TensorView s = t;
   s.rank = t.rank - 1;
   for (std::size_t i = 0; i + 1 < t.rank; ++i) s.dims[i] = t.dims[i + 1];

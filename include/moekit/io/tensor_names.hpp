@@ -4,13 +4,17 @@
 ///
 /// | role | Mixtral (HF) | Qwen2-MoE, OLMoE (HF) | GGUF (llama/mixtral, qwen2moe, olmoe) |
 /// |---|---|---|---|
-/// | gate (w1) | `model.layers.L.block_sparse_moe.experts.E.w1.weight` | `model.layers.L.mlp.experts.E.gate_proj.weight` | `blk.L.ffn_gate_exps.weight` [E,ffn,hidden] or `blk.L.ffn_gate.E.weight` |
-/// | up (w3) | `...experts.E.w3.weight` | `...experts.E.up_proj.weight` | `blk.L.ffn_up_exps.weight` / `blk.L.ffn_up.E.weight` |
-/// | down (w2) | `...experts.E.w2.weight` | `...experts.E.down_proj.weight` | `blk.L.ffn_down_exps.weight` [E,hidden,ffn] / `blk.L.ffn_down.E.weight` |
-/// | router | `model.layers.L.block_sparse_moe.gate.weight` | `model.layers.L.mlp.gate.weight` | `blk.L.ffn_gate_inp.weight` |
-/// | shared expert (Qwen2-MoE) | — | `model.layers.L.mlp.shared_expert.{gate,up,down}_proj.weight` | `blk.L.ffn_{gate,up,down}_shexp.weight` |
-/// | shared-expert gate (Qwen2-MoE) | — | `model.layers.L.mlp.shared_expert_gate.weight` | `blk.L.ffn_gate_inp_shexp.weight` |
-/// Matrices are `[out, in]` row-major: gate/up `[ffn, hidden]`, down `[hidden, ffn]`.
+/// | gate (w1) | `model.layers.L.block_sparse_moe.experts.E.w1.weight` |
+/// `model.layers.L.mlp.experts.E.gate_proj.weight` | `blk.L.ffn_gate_exps.weight` [E,ffn,hidden] or
+/// `blk.L.ffn_gate.E.weight` | | up (w3) | `...experts.E.w3.weight` | `...experts.E.up_proj.weight`
+/// | `blk.L.ffn_up_exps.weight` / `blk.L.ffn_up.E.weight` | | down (w2) | `...experts.E.w2.weight`
+/// | `...experts.E.down_proj.weight` | `blk.L.ffn_down_exps.weight` [E,hidden,ffn] /
+/// `blk.L.ffn_down.E.weight` | | router | `model.layers.L.block_sparse_moe.gate.weight` |
+/// `model.layers.L.mlp.gate.weight` | `blk.L.ffn_gate_inp.weight` | | shared expert (Qwen2-MoE) | —
+/// | `model.layers.L.mlp.shared_expert.{gate,up,down}_proj.weight` |
+/// `blk.L.ffn_{gate,up,down}_shexp.weight` | | shared-expert gate (Qwen2-MoE) | — |
+/// `model.layers.L.mlp.shared_expert_gate.weight` | `blk.L.ffn_gate_inp_shexp.weight` | Matrices
+/// are `[out, in]` row-major: gate/up `[ffn, hidden]`, down `[hidden, ffn]`.
 
 #include <concepts>
 #include <cstdint>
@@ -35,7 +39,8 @@ enum class TensorFormat : std::uint8_t { hugging_face, gguf };
 /// One of an expert's three matrices (SwiGLU: down(silu(gate·x) ⊙ up·x)).
 enum class ExpertMatrix : std::uint8_t { gate, up, down };
 
-inline constexpr ExpertMatrix all_expert_matrices[] = {ExpertMatrix::gate, ExpertMatrix::up, ExpertMatrix::down};
+inline constexpr ExpertMatrix all_expert_matrices[] = {ExpertMatrix::gate, ExpertMatrix::up,
+                                                       ExpertMatrix::down};
 
 /// Parses a Hugging Face `model_type` ("mixtral", "qwen2_moe", "olmoe") or a GGUF
 /// `general.architecture` ("llama" as Mixtral GGUFs use, "mixtral", "qwen2moe", "olmoe").
@@ -48,9 +53,12 @@ constexpr std::optional<Architecture> parse_architecture(std::string_view s) noe
 
 constexpr std::string_view name(Architecture a) noexcept {
   switch (a) {
-    case Architecture::mixtral: return "mixtral";
-    case Architecture::qwen2_moe: return "qwen2_moe";
-    case Architecture::olmoe: return "olmoe";
+    case Architecture::mixtral:
+      return "mixtral";
+    case Architecture::qwen2_moe:
+      return "qwen2_moe";
+    case Architecture::olmoe:
+      return "olmoe";
   }
   return "?";
 }
@@ -75,7 +83,8 @@ inline std::string expert_tensor_name(Architecture a, TensorFormat f, ExpertKey 
     const char* w = m == ExpertMatrix::gate ? "w1" : m == ExpertMatrix::up ? "w3" : "w2";
     return detail::hf_layer(k.layer) + "block_sparse_moe.experts." + e + "." + w + ".weight";
   }
-  return detail::hf_layer(k.layer) + "mlp.experts." + e + "." + std::string(detail::hf_proj(m)) + ".weight";
+  return detail::hf_layer(k.layer) + "mlp.experts." + e + "." + std::string(detail::hf_proj(m)) +
+         ".weight";
 }
 
 /// GGUF's stacked 3-D tensor holding matrix `m` of every expert of `layer` (experts outermost).
@@ -86,19 +95,25 @@ inline std::string stacked_expert_tensor_name(std::uint32_t layer, ExpertMatrix 
 /// The router (gate network) weight of `layer`: `[n_experts, hidden]`.
 inline std::string router_tensor_name(Architecture a, TensorFormat f, std::uint32_t layer) {
   if (f == TensorFormat::gguf) return detail::gguf_layer(layer) + "ffn_gate_inp.weight";
-  return detail::hf_layer(layer) + (a == Architecture::mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+  return detail::hf_layer(layer) +
+         (a == Architecture::mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
 }
 
 /// Matrix `m` of the shared expert of `layer` (Qwen2-MoE); `Error(unsupported)` otherwise.
-inline std::string shared_expert_tensor_name(Architecture a, TensorFormat f, std::uint32_t layer, ExpertMatrix m) {
+inline std::string shared_expert_tensor_name(Architecture a, TensorFormat f, std::uint32_t layer,
+                                             ExpertMatrix m) {
   if (a != Architecture::qwen2_moe)
     throw Error(ErrorKind::unsupported, std::string(name(a)) + " has no shared expert");
-  if (f == TensorFormat::gguf) return detail::gguf_layer(layer) + std::string(detail::gguf_role(m)) + "_shexp.weight";
-  return detail::hf_layer(layer) + "mlp.shared_expert." + std::string(detail::hf_proj(m)) + ".weight";
+  if (f == TensorFormat::gguf)
+    return detail::gguf_layer(layer) + std::string(detail::gguf_role(m)) + "_shexp.weight";
+  return detail::hf_layer(layer) + "mlp.shared_expert." + std::string(detail::hf_proj(m)) +
+         ".weight";
 }
 
-/// The shared-expert gate of `layer` (Qwen2-MoE: a `[1, hidden]` sigmoid gate on the shared expert).
-inline std::string shared_expert_gate_tensor_name(Architecture a, TensorFormat f, std::uint32_t layer) {
+/// The shared-expert gate of `layer` (Qwen2-MoE: a `[1, hidden]` sigmoid gate on the shared
+/// expert).
+inline std::string shared_expert_gate_tensor_name(Architecture a, TensorFormat f,
+                                                  std::uint32_t layer) {
   if (a != Architecture::qwen2_moe)
     throw Error(ErrorKind::unsupported, std::string(name(a)) + " has no shared-expert gate");
   if (f == TensorFormat::gguf) return detail::gguf_layer(layer) + "ffn_gate_inp_shexp.weight";
@@ -133,7 +148,8 @@ inline void check_expert_shapes(const ExpertMatrices& m, const std::optional<Mod
   const std::uint64_t ffn = m.gate.rows(), hidden = m.gate.cols();
   if (m.up.rows() != ffn || m.up.cols() != hidden)
     fail(m.up, "shape [" + std::to_string(m.up.rows()) + ", " + std::to_string(m.up.cols()) +
-                   "] differs from the gate matrix's [" + std::to_string(ffn) + ", " + std::to_string(hidden) + "]");
+                   "] differs from the gate matrix's [" + std::to_string(ffn) + ", " +
+                   std::to_string(hidden) + "]");
   if (m.down.rows() != hidden || m.down.cols() != ffn)
     fail(m.down, "shape [" + std::to_string(m.down.rows()) + ", " + std::to_string(m.down.cols()) +
                      "] is not the transpose of the gate matrix's [" + std::to_string(ffn) + ", " +
@@ -157,18 +173,23 @@ ExpertMatrices find_expert_matrices(const R& reader, Architecture a, TensorForma
                                     const std::optional<ModelShape>& shape = std::nullopt) {
   ExpertMatrices out;
   for (ExpertMatrix m : all_expert_matrices) {
-    TensorView* slot = m == ExpertMatrix::gate ? &out.gate : m == ExpertMatrix::up ? &out.up : &out.down;
+    TensorView* slot = m == ExpertMatrix::gate ? &out.gate
+                       : m == ExpertMatrix::up ? &out.up
+                                               : &out.down;
     if (f == TensorFormat::gguf) {
       if (auto stacked = reader.find(stacked_expert_tensor_name(key.layer, m))) {
         if (stacked->rank != 3)
-          throw Error(ErrorKind::invalid_format, stacked->where() + ": stacked expert tensor has rank " +
-                                                     std::to_string(stacked->rank) + ", expected 3");
+          throw Error(ErrorKind::invalid_format,
+                      stacked->where() + ": stacked expert tensor has rank " +
+                          std::to_string(stacked->rank) + ", expected 3");
         if (shape && stacked->dims[0] != shape->n_experts)
-          throw Error(ErrorKind::invalid_format, stacked->where() + ": holds " + std::to_string(stacked->dims[0]) +
+          throw Error(ErrorKind::invalid_format, stacked->where() + ": holds " +
+                                                     std::to_string(stacked->dims[0]) +
                                                      " experts, the model description says " +
                                                      std::to_string(shape->n_experts));
         if (key.expert >= stacked->dims[0])
-          throw Error(ErrorKind::invalid_argument, stacked->where() + ": no expert " + std::to_string(key.expert));
+          throw Error(ErrorKind::invalid_argument,
+                      stacked->where() + ": no expert " + std::to_string(key.expert));
         *slot = slice_outer(*stacked, key.expert);
         continue;
       }
@@ -176,10 +197,12 @@ ExpertMatrices find_expert_matrices(const R& reader, Architecture a, TensorForma
     const std::string n = expert_tensor_name(a, f, key, m);
     auto t = reader.find(n);
     if (!t)
-      throw Error(ErrorKind::invalid_format,
-                  "checkpoint has no tensor '" + n + "'" +
-                      (f == TensorFormat::gguf ? " (nor '" + stacked_expert_tensor_name(key.layer, m) + "')" : std::string()) +
-                      " for layer " + std::to_string(key.layer) + ", expert " + std::to_string(key.expert));
+      throw Error(
+          ErrorKind::invalid_format,
+          "checkpoint has no tensor '" + n + "'" +
+              (f == TensorFormat::gguf ? " (nor '" + stacked_expert_tensor_name(key.layer, m) + "')"
+                                       : std::string()) +
+              " for layer " + std::to_string(key.layer) + ", expert " + std::to_string(key.expert));
     *slot = *t;
   }
   detail::check_expert_shapes(out, shape);
@@ -188,7 +211,8 @@ ExpertMatrices find_expert_matrices(const R& reader, Architecture a, TensorForma
 
 /// Finds the shared expert of `layer` (Qwen2-MoE), checked against `shape.shared_ffn` when given.
 template <TensorReader R>
-ExpertMatrices find_shared_expert_matrices(const R& reader, Architecture a, TensorFormat f, std::uint32_t layer,
+ExpertMatrices find_shared_expert_matrices(const R& reader, Architecture a, TensorFormat f,
+                                           std::uint32_t layer,
                                            const std::optional<ModelShape>& shape = std::nullopt) {
   ExpertMatrices out;
   for (ExpertMatrix m : all_expert_matrices) {

@@ -32,7 +32,8 @@ class TokenBucket {
   std::chrono::nanoseconds reserve(std::uint64_t bytes, Clock::time_point now) {
     std::lock_guard lock(m_);
     if (now > last_) {
-      tokens_ = std::min(burst_, tokens_ + rate_ * std::chrono::duration<double>(now - last_).count());
+      tokens_ =
+          std::min(burst_, tokens_ + rate_ * std::chrono::duration<double>(now - last_).count());
       last_ = now;
     }
     tokens_ -= static_cast<double>(bytes);

@@ -40,25 +40,28 @@ namespace moekit::io {
 class UringSource {
  public:
   struct Config {
-    bool direct = true;                  ///< open with O_DIRECT
-    unsigned queue_depth = 8;            ///< chunk reads in flight per blob
+    bool direct = true;        ///< open with O_DIRECT
+    unsigned queue_depth = 8;  ///< chunk reads in flight per blob
     /// Bytes per read request (multiple of 4096). 4 MiB: the largest request this machine's
     /// virtio disk takes (max_sectors_kb); with 8 in flight a q4 expert is one batch. Measured by
     /// bench/io/load_compute_overlap (2 GEMV threads busy, heavily loaded 2-core host): 1 MiB
     /// chunks kept 0.79 of the loading rate, 4 MiB 0.94 (pread 0.90-0.97); alone, both ~= raw.
     std::size_t chunk_bytes = 4u << 20;
-    unsigned rings = 2;                  ///< rings in the pool (≈ loader I/O threads)
+    unsigned rings = 2;  ///< rings in the pool (≈ loader I/O threads)
   };
 
   explicit UringSource(std::string path) : UringSource(std::move(path), Config{}) {}
   UringSource(std::string path, Config config) : state_(std::make_shared<State>()) {
-    MOEKIT_EXPECTS(config.queue_depth >= 1 && config.queue_depth <= 4096, "UringSource: queue_depth in [1, 4096]");
-    MOEKIT_EXPECTS(config.chunk_bytes >= 4096 && config.chunk_bytes % 4096 == 0 && config.chunk_bytes <= (1u << 30),
+    MOEKIT_EXPECTS(config.queue_depth >= 1 && config.queue_depth <= 4096,
+                   "UringSource: queue_depth in [1, 4096]");
+    MOEKIT_EXPECTS(config.chunk_bytes >= 4096 && config.chunk_bytes % 4096 == 0 &&
+                       config.chunk_bytes <= (1u << 30),
                    "UringSource: chunk_bytes must be a multiple of 4096 up to 1 GiB");
     MOEKIT_EXPECTS(config.rings >= 1, "UringSource: rings must be >= 1");
     state_->path = std::move(path);
     state_->config = config;
-    state_->fd = detail::FileDescriptor::open(state_->path, O_RDONLY | (config.direct ? O_DIRECT : 0));
+    state_->fd =
+        detail::FileDescriptor::open(state_->path, O_RDONLY | (config.direct ? O_DIRECT : 0));
     for (unsigned i = 0; i < config.rings; ++i) {
       auto r = std::make_unique<Ring>();
       const int rc = io_uring_queue_init(config.queue_depth, &r->ring, 0);
@@ -73,8 +76,9 @@ class UringSource {
   void read(BlobRange r, std::span<std::byte> dest) const {
     State& s = *state_;
     if (dest.size() < r.bytes)
-      throw Error(ErrorKind::invalid_argument, "read of " + std::to_string(r.bytes) + " bytes from '" + s.path +
-                                                   "' into a " + std::to_string(dest.size()) + "-byte buffer");
+      throw Error(ErrorKind::invalid_argument, "read of " + std::to_string(r.bytes) +
+                                                   " bytes from '" + s.path + "' into a " +
+                                                   std::to_string(dest.size()) + "-byte buffer");
     const int fd = s.fd.get();
     detail::ReadCall pread_call = [fd](std::byte* p, std::size_t n, std::uint64_t off) {
       return ::pread(fd, p, n, static_cast<off_t>(off));
@@ -91,11 +95,13 @@ class UringSource {
       Ring& ring = pick_ring();
       std::unique_lock lock(ring.m, std::adopt_lock);
       if (ring.broken)
-        throw Error(ErrorKind::io, "io_uring ring for '" + s.path + "' failed earlier and is unusable");
+        throw Error(ErrorKind::io,
+                    "io_uring ring for '" + s.path + "' failed earlier and is unusable");
       read_chunks(ring, dest.data(), bulk, r.offset);
     }
     if (bulk < r.bytes)
-      detail::read_direct(pread_call, {r.offset + bulk, r.bytes - bulk}, dest.subspan(bulk), s.path);
+      detail::read_direct(pread_call, {r.offset + bulk, r.bytes - bulk}, dest.subspan(bulk),
+                          s.path);
   }
 
   [[nodiscard]] const std::string& name() const noexcept { return state_->path; }
@@ -143,7 +149,8 @@ class UringSource {
     io_uring& ring = owner.ring;
     std::vector<Chunk> chunks;
     for (std::uint64_t done = 0; done < bytes; done += s.config.chunk_bytes) {
-      const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(s.config.chunk_bytes, bytes - done));
+      const auto n =
+          static_cast<std::uint32_t>(std::min<std::uint64_t>(s.config.chunk_bytes, bytes - done));
       chunks.push_back({offset + done, dest + done, n});
     }
     std::vector<std::size_t> pending;
@@ -183,7 +190,8 @@ class UringSource {
       if (rc < 0) {
         // Should not happen with in-flight reads; the ring is retired so that it is never reused.
         owner.broken = true;
-        throw Error(ErrorKind::io, "io_uring_wait_cqe failed for '" + s.path + "': " + std::strerror(-rc));
+        throw Error(ErrorKind::io,
+                    "io_uring_wait_cqe failed for '" + s.path + "': " + std::strerror(-rc));
       }
       // Reap every completion that is ready before refilling the queue: one wake-up per batch,
       // not per chunk, so a loader thread that is scheduled late still finds the queue busy.
@@ -194,16 +202,18 @@ class UringSource {
         --inflight;
         Chunk& c = chunks[idx];
         if (res == -EINTR || res == -EAGAIN) {
-          if (++retries > 1000 && error.empty()) error = "too many interrupted reads of '" + s.path + "'";
+          if (++retries > 1000 && error.empty())
+            error = "too many interrupted reads of '" + s.path + "'";
           pending.push_back(idx);
         } else if (res < 0) {
           if (error.empty())
-            error = "read of " + std::to_string(c.bytes) + " bytes failed at offset " + std::to_string(c.offset) +
-                    " of '" + s.path + "': " + std::strerror(-res);
+            error = "read of " + std::to_string(c.bytes) + " bytes failed at offset " +
+                    std::to_string(c.offset) + " of '" + s.path + "': " + std::strerror(-res);
         } else if (res == 0) {
           if (error.empty())
-            error = "unexpected end of file '" + s.path + "' at offset " + std::to_string(c.offset) + " (" +
-                    std::to_string(c.bytes) + " more bytes expected)";
+            error = "unexpected end of file '" + s.path + "' at offset " +
+                    std::to_string(c.offset) + " (" + std::to_string(c.bytes) +
+                    " more bytes expected)";
         } else if (static_cast<std::uint32_t>(res) < c.bytes) {  // short read: resubmit the rest
           c.offset += static_cast<std::uint32_t>(res);
           c.dest += res;

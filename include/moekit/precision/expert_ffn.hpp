@@ -80,19 +80,22 @@ inline void expert_ffn(const ExpertWeights& e, std::span<const float> x, std::si
         hp[r] = detail::silu(p1.dot(e.w1.row(r), scratch)) * p3.dot(e.w3.row(r), scratch);
       return;
     }
-    // Row i of w1 and w3 from each of `Parts` equal parts of [from, from + Parts·part), side by side.
+    // Row i of w1 and w3 from each of `Parts` equal parts of [from, from + Parts·part), side by
+    // side.
     auto pairs = [&]<std::size_t Parts>(std::size_t from, std::size_t part) {
       for (std::size_t i = 0; i < part; ++i) {
         const std::byte* rows[2 * Parts];
         const std::byte* next[2 * Parts];
         for (std::size_t k = 0; k < Parts; ++k) {
-          const std::size_t r = from + k * part + i, n = from + k * part + std::min(i + ahead, part - 1);
+          const std::size_t r = from + k * part + i,
+                            n = from + k * part + std::min(i + ahead, part - 1);
           rows[2 * k] = e.w1.row(r), rows[2 * k + 1] = e.w3.row(r);
           next[2 * k] = e.w1.row(n), next[2 * k + 1] = e.w3.row(n);
         }
         float g[2 * Parts];
         p1.dots<2 * Parts>(rows, scratch, g, ahead ? next : nullptr);
-        for (std::size_t k = 0; k < Parts; ++k) hp[from + k * part + i] = detail::silu(g[2 * k]) * g[2 * k + 1];
+        for (std::size_t k = 0; k < Parts; ++k)
+          hp[from + k * part + i] = detail::silu(g[2 * k]) * g[2 * k + 1];
       }
     };
     std::size_t r = r0;
@@ -103,8 +106,10 @@ inline void expert_ffn(const ExpertWeights& e, std::span<const float> x, std::si
     }
     pairs.template operator()<1>(r, r1 - r);  // all rows, or the last row of an odd range
   };
-  if (opts.pool) opts.pool->parallel_for(0, ffn, detail::row_grain(ffn, opts.pool), up_gate);
-  else up_gate(0, ffn);
+  if (opts.pool)
+    opts.pool->parallel_for(0, ffn, detail::row_grain(ffn, opts.pool), up_gate);
+  else
+    up_gate(0, ffn);
   gemv(e.w2, std::span<const float>(hp, ffn), out, opts, {scale, true});
 }
 

@@ -22,9 +22,9 @@ namespace moekit {
 
 /// Offsets of the parts of one stored row (all relative to the start of the row).
 struct RowLayout {
-  std::size_t cols = 0;           ///< weights in the row
-  std::size_t group_size = 0;     ///< effective group size (cols for channel-wise, 0 if not quantized)
-  std::size_t groups = 0;         ///< number of groups (0 if not quantized)
+  std::size_t cols = 0;        ///< weights in the row
+  std::size_t group_size = 0;  ///< effective group size (cols for channel-wise, 0 if not quantized)
+  std::size_t groups = 0;      ///< number of groups (0 if not quantized)
   std::size_t payload_bytes = 0;  ///< packed weights (all of the row for f32/bf16/f16)
   std::size_t scales_offset = 0;  ///< first f16 scale
   std::size_t zeros_offset = 0;   ///< first f16 zero point (== bytes when symmetric)

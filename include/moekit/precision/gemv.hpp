@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <array>
-#include <optional>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -62,8 +62,9 @@ using RowDecodeFn = const float* (*)(const std::byte*, const RowLayout&, float*)
 inline RowStreaming resolve_streaming(const KernelOptions& o, std::size_t cols) {
   const RowStreaming s = o.streaming.value_or(default_row_streaming(detect_core(), cols));
   if (!valid_streams(s.streams))
-    fail(ErrorKind::invalid_argument, "kernel: KernelOptions::streaming.streams must be 1, 2 or 4 (got " +
-                                          std::to_string(s.streams) + ")");
+    fail(ErrorKind::invalid_argument,
+         "kernel: KernelOptions::streaming.streams must be 1, 2 or 4 (got " +
+             std::to_string(s.streams) + ")");
   return s;
 }
 
@@ -92,29 +93,39 @@ const float* generic_row_decode(const std::byte* row, const RowLayout& l, float*
 template <Precision P>
 MOEKIT_TARGET_AVX512 float avx512_row_dot(const std::byte* row, const RowLayout& l,
                                           const PreparedActivation& a) noexcept {
-  if constexpr (is_quantized(P)) return avx512::quant_row_dot<bits(P)>(row, l, a);
-  else return avx512::float_row_dot<P>(row, l.cols, a.x);
+  if constexpr (is_quantized(P))
+    return avx512::quant_row_dot<bits(P)>(row, l, a);
+  else
+    return avx512::float_row_dot<P>(row, l.cols, a.x);
 }
 template <Precision P>
 MOEKIT_TARGET_AVX512 const float* avx512_row_decode(const std::byte* row, const RowLayout& l,
                                                     float* buf) noexcept {
-  if constexpr (P == Precision::f32) return reinterpret_cast<const float*>(row);
-  else if constexpr (is_quantized(P)) avx512::dequant_row<bits(P)>(row, l, buf);
-  else avx512::convert_row<P>(row, l.cols, buf);
+  if constexpr (P == Precision::f32)
+    return reinterpret_cast<const float*>(row);
+  else if constexpr (is_quantized(P))
+    avx512::dequant_row<bits(P)>(row, l, buf);
+  else
+    avx512::convert_row<P>(row, l.cols, buf);
   return buf;
 }
 template <Precision P>
 MOEKIT_TARGET_AVX2 float avx2_row_dot(const std::byte* row, const RowLayout& l,
                                       const PreparedActivation& a) noexcept {
-  if constexpr (is_quantized(P)) return avx2::quant_row_dot<bits(P)>(row, l, a);
-  else return avx2::float_row_dot<P>(row, l.cols, a.x);
+  if constexpr (is_quantized(P))
+    return avx2::quant_row_dot<bits(P)>(row, l, a);
+  else
+    return avx2::float_row_dot<P>(row, l.cols, a.x);
 }
 template <Precision P>
 MOEKIT_TARGET_AVX2 const float* avx2_row_decode(const std::byte* row, const RowLayout& l,
                                                 float* buf) noexcept {
-  if constexpr (P == Precision::f32) return reinterpret_cast<const float*>(row);
-  else if constexpr (is_quantized(P)) avx2::dequant_row<bits(P)>(row, l, buf);
-  else avx2::convert_row<P>(row, l.cols, buf);
+  if constexpr (P == Precision::f32)
+    return reinterpret_cast<const float*>(row);
+  else if constexpr (is_quantized(P))
+    avx2::dequant_row<bits(P)>(row, l, buf);
+  else
+    avx2::convert_row<P>(row, l.cols, buf);
   return buf;
 }
 #endif
@@ -148,13 +159,20 @@ struct RowKernels {
 inline RowKernels row_kernels(Precision p, Isa isa) {
   const bool perm = isa != Isa::generic && (p == Precision::q4 || p == Precision::q2);
   switch (p) {
-    case Precision::f32: return {row_dot_for<Precision::f32>(isa), row_decode_for<Precision::f32>(isa), perm};
-    case Precision::bf16: return {row_dot_for<Precision::bf16>(isa), row_decode_for<Precision::bf16>(isa), perm};
-    case Precision::f16: return {row_dot_for<Precision::f16>(isa), row_decode_for<Precision::f16>(isa), perm};
-    case Precision::q8: return {row_dot_for<Precision::q8>(isa), row_decode_for<Precision::q8>(isa), perm};
-    case Precision::q4: return {row_dot_for<Precision::q4>(isa), row_decode_for<Precision::q4>(isa), perm};
-    case Precision::q2: return {row_dot_for<Precision::q2>(isa), row_decode_for<Precision::q2>(isa), perm};
-    case Precision::skip: break;
+    case Precision::f32:
+      return {row_dot_for<Precision::f32>(isa), row_decode_for<Precision::f32>(isa), perm};
+    case Precision::bf16:
+      return {row_dot_for<Precision::bf16>(isa), row_decode_for<Precision::bf16>(isa), perm};
+    case Precision::f16:
+      return {row_dot_for<Precision::f16>(isa), row_decode_for<Precision::f16>(isa), perm};
+    case Precision::q8:
+      return {row_dot_for<Precision::q8>(isa), row_decode_for<Precision::q8>(isa), perm};
+    case Precision::q4:
+      return {row_dot_for<Precision::q4>(isa), row_decode_for<Precision::q4>(isa), perm};
+    case Precision::q2:
+      return {row_dot_for<Precision::q2>(isa), row_decode_for<Precision::q2>(isa), perm};
+    case Precision::skip:
+      break;
   }
   fail(ErrorKind::invalid_argument, "kernel: precision 'skip' cannot be run");
 }
@@ -176,9 +194,10 @@ inline void check_view(const MatrixView& w, const char* what) {
   MOEKIT_EXPECTS(w.data != nullptr && w.rows > 0 && w.cols > 0,
                  std::string(what) + ": empty weight matrix");
   if (in_panels(w.order) && !panels_supported(w.precision, w.scheme))
-    fail(ErrorKind::invalid_argument,
-         std::string(what) + ": a " + std::string(name(w.precision)) + " matrix with group_size " +
-             std::to_string(w.scheme.group_size) + " cannot be in panels (q8/q4/q2, groups of 32/64/128)");
+    fail(ErrorKind::invalid_argument, std::string(what) + ": a " + std::string(name(w.precision)) +
+                                          " matrix with group_size " +
+                                          std::to_string(w.scheme.group_size) +
+                                          " cannot be in panels (q8/q4/q2, groups of 32/64/128)");
 }
 
 /// Per-thread buffer of one row's bytes (stored_row of a matrix in panels).
@@ -235,13 +254,15 @@ struct GemvPlan {
   void dots(const std::byte* const* rows, float* scratch, float* out,
             const std::byte* const* next = nullptr) const noexcept {
 #if defined(MOEKIT_HAS_X86_KERNELS)
-    if (int8 == Int8Kernel::avx512_vnni) return with_int8_kernel([&]<unsigned Bits>() {
-      avx512_int8::row_dots<Bits, N>(rows, layout, act8, scratch, out, next);
-    });
-    if (int8 != Int8Kernel::none) return with_int8_kernel([&]<unsigned Bits, bool Vnni>() {
-      for (std::size_t n = 0; n < N; ++n)
-        out[n] = avx2_int8::row_dot<Bits, Vnni>(rows[n], layout, act8, scratch);
-    });
+    if (int8 == Int8Kernel::avx512_vnni)
+      return with_int8_kernel([&]<unsigned Bits>() {
+        avx512_int8::row_dots<Bits, N>(rows, layout, act8, scratch, out, next);
+      });
+    if (int8 != Int8Kernel::none)
+      return with_int8_kernel([&]<unsigned Bits, bool Vnni>() {
+        for (std::size_t n = 0; n < N; ++n)
+          out[n] = avx2_int8::row_dot<Bits, Vnni>(rows[n], layout, act8, scratch);
+      });
 #endif
     (void)scratch;
     (void)next;
@@ -253,12 +274,14 @@ struct GemvPlan {
   void panels_dots(const std::byte* group, std::size_t count, const PanelLayout& pl, float* scratch,
                    float* out) const noexcept {
 #if defined(MOEKIT_HAS_X86_KERNELS)
-    if (int8 == Int8Kernel::avx512_vnni) return with_int8_kernel([&]<unsigned Bits>() {
-      avx512_int8::panels_dots<Bits>(group, count, pl, act8, scratch, out);
-    });
-    if (int8 != Int8Kernel::none) return with_int8_kernel([&]<unsigned Bits, bool Vnni>() {
-      avx2_int8::panels_dots<Bits, Vnni>(group, count, pl, act8, scratch, out);
-    });
+    if (int8 == Int8Kernel::avx512_vnni)
+      return with_int8_kernel([&]<unsigned Bits>() {
+        avx512_int8::panels_dots<Bits>(group, count, pl, act8, scratch, out);
+      });
+    if (int8 != Int8Kernel::none)
+      return with_int8_kernel([&]<unsigned Bits, bool Vnni>() {
+        avx2_int8::panels_dots<Bits, Vnni>(group, count, pl, act8, scratch, out);
+      });
 #endif
     std::byte* row = row_buffer(layout.bytes);
     for (std::size_t k = 0; k < count; ++k)
@@ -274,14 +297,20 @@ struct GemvPlan {
   template <class F>
   void with_int8_kernel(F&& f) const noexcept {
     auto with = [&]<unsigned Bits>() {
-      if constexpr (requires { f.template operator()<Bits>(); }) f.template operator()<Bits>();
-      else if (int8 == Int8Kernel::avx_vnni) f.template operator()<Bits, true>();
-      else f.template operator()<Bits, false>();
+      if constexpr (requires { f.template operator()<Bits>(); })
+        f.template operator()<Bits>();
+      else if (int8 == Int8Kernel::avx_vnni)
+        f.template operator()<Bits, true>();
+      else
+        f.template operator()<Bits, false>();
     };
     switch (layout.bits) {
-      case 8: return with.template operator()<8>();
-      case 4: return with.template operator()<4>();
-      default: return with.template operator()<2>();
+      case 8:
+        return with.template operator()<8>();
+      case 4:
+        return with.template operator()<4>();
+      default:
+        return with.template operator()<2>();
     }
   }
 };
@@ -362,13 +391,17 @@ inline void gemv_rows(const MatrixView& w, const GemvPlan& plan, float* y, Epilo
       plan.dots<N>(rows, scratch, d, ahead ? next : nullptr);
       for (std::size_t n = 0; n < N; ++n) store(r0 + n * part + i, d[n]);
     }
-    for (std::size_t r = r0 + N * part; r < r1; ++r) store(r, plan.dot(w.data + r * stride, scratch));
+    for (std::size_t r = r0 + N * part; r < r1; ++r)
+      store(r, plan.dot(w.data + r * stride, scratch));
   };
   const std::size_t ahead = plan.streaming.prefetch ? prefetch_rows(stride) : 0;
   switch (plan.streaming.streams) {
-    case 1: return side_by_side.template operator()<1>(ahead);
-    case 4: return side_by_side.template operator()<4>(ahead);
-    default: return side_by_side.template operator()<2>(ahead);
+    case 1:
+      return side_by_side.template operator()<1>(ahead);
+    case 4:
+      return side_by_side.template operator()<4>(ahead);
+    default:
+      return side_by_side.template operator()<2>(ahead);
   }
 }
 
@@ -407,15 +440,19 @@ inline void gemv(const MatrixView& w, std::span<const float> x, std::span<float>
   // after the last panel, stored as rows, to detail::gemv_rows.
   const bool panels = in_panels(w.order);
   const std::size_t h = PanelLayout::height;
-  const std::size_t group = panels ? PanelLayout::of(w.cols, w.precision, w.scheme, w.order).group : 1;
+  const std::size_t group =
+      panels ? PanelLayout::of(w.cols, w.precision, w.scheme, w.order).group : 1;
   const std::size_t units = panels ? (w.rows / h + group - 1) / group : w.rows;
   auto body = [&](std::size_t b, std::size_t e) {
-    if (panels) detail::gemv_panels(w, plan, y.data(), ep, b, e);
-    else detail::gemv_rows(w, plan, y.data(), ep, b, e);
+    if (panels)
+      detail::gemv_panels(w, plan, y.data(), ep, b, e);
+    else
+      detail::gemv_rows(w, plan, y.data(), ep, b, e);
   };
   if (units > 0 && opts.pool)
     opts.pool->parallel_for(0, units, detail::row_grain(units, opts.pool, group > 1 ? 1 : 8), body);
-  else if (units > 0) body(0, units);
+  else if (units > 0)
+    body(0, units);
   if (panels && w.rows % h) detail::gemv_rows(w, plan, y.data(), ep, w.rows / h * h, w.rows);
 }
 
@@ -464,10 +501,13 @@ inline void gemm(const MatrixView& w, std::span<const float> x, std::size_t n, s
       if (row_buf.size() < w.cols) row_buf.resize(w.cols);
       std::array<float, tile> out{};
       for (std::size_t r = r0; r < r1; ++r) {
-        const float* wr = k.decode(stored_row(w, r, detail::row_buffer(l.bytes)), l, row_buf.data());
+        const float* wr =
+            k.decode(stored_row(w, r, detail::row_buffer(l.bytes)), l, row_buf.data());
 #if defined(MOEKIT_HAS_X86_KERNELS)
-        if (isa == Isa::avx512) detail::avx512::multi_dot(wr, w.cols, xs.data(), nb, out.data());
-        else if (isa == Isa::avx2) detail::avx2::multi_dot(wr, w.cols, xs.data(), nb, out.data());
+        if (isa == Isa::avx512)
+          detail::avx512::multi_dot(wr, w.cols, xs.data(), nb, out.data());
+        else if (isa == Isa::avx2)
+          detail::avx2::multi_dot(wr, w.cols, xs.data(), nb, out.data());
         else
 #endif
           for (std::size_t b = 0; b < nb; ++b) {
@@ -481,8 +521,10 @@ inline void gemm(const MatrixView& w, std::span<const float> x, std::size_t n, s
         }
       }
     };
-    if (opts.pool) opts.pool->parallel_for(0, w.rows, detail::row_grain(w.rows, opts.pool), body);
-    else body(0, w.rows);
+    if (opts.pool)
+      opts.pool->parallel_for(0, w.rows, detail::row_grain(w.rows, opts.pool), body);
+    else
+      body(0, w.rows);
   }
 }
 

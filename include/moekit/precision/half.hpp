@@ -94,7 +94,11 @@ MOEKIT_HOST_DEVICE inline std::uint16_t float_to_bf16_bits(float f) noexcept {
 MOEKIT_HOST_DEVICE inline float to_float(float v) noexcept { return v; }
 MOEKIT_HOST_DEVICE inline float to_float(Float16 v) noexcept { return half_bits_to_float(v.bits); }
 MOEKIT_HOST_DEVICE inline float to_float(BFloat16 v) noexcept { return bf16_bits_to_float(v.bits); }
-MOEKIT_HOST_DEVICE inline Float16 to_f16(float v) noexcept { return Float16{float_to_half_bits(v)}; }
-MOEKIT_HOST_DEVICE inline BFloat16 to_bf16(float v) noexcept { return BFloat16{float_to_bf16_bits(v)}; }
+MOEKIT_HOST_DEVICE inline Float16 to_f16(float v) noexcept {
+  return Float16{float_to_half_bits(v)};
+}
+MOEKIT_HOST_DEVICE inline BFloat16 to_bf16(float v) noexcept {
+  return BFloat16{float_to_bf16_bits(v)};
+}
 
 }  // namespace moekit

@@ -61,14 +61,22 @@ inline void prepare_tokens(const float* x, std::size_t n, const RowLayout& l, In
       std::int8_t* q = tk.q.data() + t * chunks * 32;
       float* f = tk.f.data() + t * 2 * chunks;
 #if defined(MOEKIT_HAS_X86_KERNELS)
-      if (path == Int8GemmPath::avx512_vnni) { tk.acts[t] = avx512_int8::prepare_into(xt, l.cols, l.bits, q, f); continue; }
-      if (path != Int8GemmPath::scalar) { tk.acts[t] = avx2_int8::prepare_into(xt, l.cols, l.bits, q, f); continue; }
+      if (path == Int8GemmPath::avx512_vnni) {
+        tk.acts[t] = avx512_int8::prepare_into(xt, l.cols, l.bits, q, f);
+        continue;
+      }
+      if (path != Int8GemmPath::scalar) {
+        tk.acts[t] = avx2_int8::prepare_into(xt, l.cols, l.bits, q, f);
+        continue;
+      }
 #endif
       tk.acts[t] = scalar_int8::prepare_into(xt, l.cols, q, f);
     }
   };
-  if (pool && n >= 8) pool->parallel_for(0, n, std::max<std::size_t>(1, n / (2 * pool->size())), body);
-  else body(0, n);
+  if (pool && n >= 8)
+    pool->parallel_for(0, n, std::max<std::size_t>(1, n / (2 * pool->size())), body);
+  else
+    body(0, n);
 }
 
 /// Rows per group: made once (gathered, scales converted) and reused for all tokens.
@@ -76,7 +84,8 @@ inline constexpr std::size_t int8_group_rows = 16;
 
 /// Tokens per slice: about 256 KiB of int8 activation (the slice and a group's rows stay in L2).
 inline std::size_t int8_slice_tokens(std::size_t cols, std::size_t tile) noexcept {
-  const std::size_t s = std::clamp<std::size_t>((256 * 1024) / std::max<std::size_t>(cols, 1), tile, 64);
+  const std::size_t s =
+      std::clamp<std::size_t>((256 * 1024) / std::max<std::size_t>(cols, 1), tile, 64);
   return s / tile * tile;
 }
 
@@ -135,9 +144,12 @@ void int8_row_groups(const MatrixView& w, const Int8Tokens& tk, std::size_t n, f
 template <class F>
 void with_bits(const RowLayout& l, F&& f) {
   switch (l.bits) {
-    case 8: return f.template operator()<8>();
-    case 4: return f.template operator()<4>();
-    default: return f.template operator()<2>();
+    case 8:
+      return f.template operator()<8>();
+    case 4:
+      return f.template operator()<4>();
+    default:
+      return f.template operator()<2>();
   }
 }
 
@@ -174,8 +186,10 @@ inline void int8_gemm(const MatrixView& w, const float* x, std::size_t n, float*
       run(TileFns<1, 1>{&scalar_int8::tile_dots<1, 1>}, &scalar_int8::chunk_scales);
     });
   };
-  if (pool) pool->parallel_for(0, groups, std::max<std::size_t>(1, groups / (4 * pool->size())), body);
-  else body(0, groups);
+  if (pool)
+    pool->parallel_for(0, groups, std::max<std::size_t>(1, groups / (4 * pool->size())), body);
+  else
+    body(0, groups);
 }
 
 }  // namespace moekit::detail

@@ -17,9 +17,12 @@ enum class Isa : std::uint8_t {
 
 constexpr std::string_view name(Isa isa) noexcept {
   switch (isa) {
-    case Isa::generic: return "generic";
-    case Isa::avx2: return "avx2";
-    case Isa::avx512: return "avx512";
+    case Isa::generic:
+      return "generic";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::avx512:
+      return "avx512";
   }
   return "?";
 }

@@ -48,20 +48,20 @@ namespace moekit {
 /// first byte). MatrixOrder::panels4 is groups of one panel read whole (one column block);
 /// MatrixOrder::blocked_panels4 groups 16 panels and splits their steps into column blocks.
 struct PanelLayout {
-  static constexpr std::size_t height = 4;       ///< rows per panel
-  static constexpr std::size_t step_cols = 512;  ///< columns per step (16 chunks of 32)
+  static constexpr std::size_t height = 4;            ///< rows per panel
+  static constexpr std::size_t step_cols = 512;       ///< columns per step (16 chunks of 32)
   static constexpr std::size_t blocked_group = 16;    ///< panels per group, blocked_panels4
   static constexpr std::size_t most_block_steps = 8;  ///< blocked_panels4: <= 4096 columns
 
-  RowLayout row{};               ///< one whole row, as MatrixOrder::rows stores it
-  RowLayout tail{};              ///< the columns after the last whole step, as a row of their own
-  std::size_t steps = 0;         ///< whole steps per row
-  std::size_t code_bytes = 0;    ///< codes of one row in one step
-  std::size_t value_bytes = 0;   ///< f16 scales (or zero points) of one row in one step
-  std::size_t step_bytes = 0;    ///< one step of the panel (all its rows)
-  std::size_t panel_bytes = 0;   ///< the whole panel: height rows
-  std::size_t group = 1;         ///< panels stored together (the last group may have fewer)
-  std::size_t block_steps = 0;   ///< steps per column block (the last block may have fewer)
+  RowLayout row{};              ///< one whole row, as MatrixOrder::rows stores it
+  RowLayout tail{};             ///< the columns after the last whole step, as a row of their own
+  std::size_t steps = 0;        ///< whole steps per row
+  std::size_t code_bytes = 0;   ///< codes of one row in one step
+  std::size_t value_bytes = 0;  ///< f16 scales (or zero points) of one row in one step
+  std::size_t step_bytes = 0;   ///< one step of the panel (all its rows)
+  std::size_t panel_bytes = 0;  ///< the whole panel: height rows
+  std::size_t group = 1;        ///< panels stored together (the last group may have fewer)
+  std::size_t block_steps = 0;  ///< steps per column block (the last block may have fewer)
 
   static constexpr PanelLayout of(std::size_t cols, Precision p, QuantScheme scheme,
                                   MatrixOrder order = MatrixOrder::panels4) noexcept {
@@ -188,10 +188,10 @@ inline void check_pack(const MatrixView& src, std::span<std::byte> dst, MatrixOr
                                           std::string(name(src.order)) + ", not " +
                                           std::string(name(from)));
   if (!panels_supported(src.precision, src.scheme))
-    fail(ErrorKind::unsupported,
-         std::string(what) + ": panels take q8/q4/q2 with groups of 32, 64 or 128, not " +
-             std::string(name(src.precision)) + " with group_size " +
-             std::to_string(src.scheme.group_size));
+    fail(ErrorKind::unsupported, std::string(what) +
+                                     ": panels take q8/q4/q2 with groups of 32, 64 or 128, not " +
+                                     std::string(name(src.precision)) + " with group_size " +
+                                     std::to_string(src.scheme.group_size));
   if (dst.size() != src.bytes())
     fail(ErrorKind::invalid_argument, std::string(what) + ": the destination has " +
                                           std::to_string(dst.size()) + " bytes, the matrix " +

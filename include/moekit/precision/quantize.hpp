@@ -2,8 +2,8 @@
 /// \file Encoders (f32/bf16/f16 input → any stored format) and decoders (stored row → float).
 ///
 /// Symmetric group quantization (ggml q4_0 style, extended to 8 and 2 bits): per group the value
-/// `e` of largest magnitude sets `scale = e / −2^(b−1)`, so `e` maps exactly to code 0 and the codes
-/// span the full range [−2^(b−1), 2^(b−1)−1] around an exact zero. Affine (min/max, as HQQ's
+/// `e` of largest magnitude sets `scale = e / −2^(b−1)`, so `e` maps exactly to code 0 and the
+/// codes span the full range [−2^(b−1), 2^(b−1)−1] around an exact zero. Affine (min/max, as HQQ's
 /// initialisation, Badri & Shaji 2023): `scale = (max − min)/(2^b − 1)`, `zero = −min/scale`.
 /// Scale and zero are rounded to f16 first and the codes computed with the rounded values, so the
 /// rounding error stays within half a step. EdgeMoE's channel-wise variant is `group_size = 0`.
@@ -29,8 +29,8 @@ namespace moekit {
 
 /// Element types the encoders accept.
 template <class T>
-concept WeightElement = std::same_as<T, float> || std::same_as<T, Float16> ||
-                        std::same_as<T, BFloat16>;
+concept WeightElement =
+    std::same_as<T, float> || std::same_as<T, Float16> || std::same_as<T, BFloat16>;
 
 /// Optional quantizer refinements.
 struct QuantizeOptions {
@@ -86,14 +86,14 @@ inline void write_code(std::byte* payload, std::size_t c, unsigned bits, unsigne
 
 [[noreturn]] inline void fail_value(std::size_t row, std::size_t col, float v, const char* why) {
   fail(ErrorKind::invalid_argument, "quantize: row " + std::to_string(row) + ", column " +
-                                        std::to_string(col) + ": value " + std::to_string(v) +
-                                        " " + why);
+                                        std::to_string(col) + ": value " + std::to_string(v) + " " +
+                                        why);
 }
 
 /// Codes + f16 scale (+ f16 zero) of one group `v[0..n)` into the row.
-inline void quantize_group(const float* v, std::size_t n, std::size_t first_col,
-                           const RowLayout& l, std::size_t group, std::byte* row,
-                           std::size_t row_index, const QuantizeOptions& opts) {
+inline void quantize_group(const float* v, std::size_t n, std::size_t first_col, const RowLayout& l,
+                           std::size_t group, std::byte* row, std::size_t row_index,
+                           const QuantizeOptions& opts) {
   const unsigned qmax = (1u << l.bits) - 1u;
   float scale = 0.f, zero = l.symmetric_zero;
   if (!l.affine) {
@@ -123,8 +123,7 @@ inline void quantize_group(const float* v, std::size_t n, std::size_t first_col,
   const float inv = scale == 0.f ? 0.f : 1.f / scale;
   for (std::size_t i = 0; i < n; ++i) {
     const float q = std::nearbyint(v[i] * inv + zero);
-    const unsigned code =
-        static_cast<unsigned>(std::clamp(q, 0.f, static_cast<float>(qmax)));
+    const unsigned code = static_cast<unsigned>(std::clamp(q, 0.f, static_cast<float>(qmax)));
     write_code(row, first_col + i, l.bits, code);
   }
 }
@@ -149,7 +148,9 @@ void encode_row(std::span<const T> src, Precision p, QuantScheme scheme, std::sp
   }
   std::byte* out = dst.data();
   switch (p) {
-    case Precision::f32: std::memcpy(out, v.data(), 4 * v.size()); return;
+    case Precision::f32:
+      std::memcpy(out, v.data(), 4 * v.size());
+      return;
     case Precision::bf16:
       for (std::size_t c = 0; c < v.size(); ++c) {
         const std::uint16_t b = float_to_bf16_bits(v[c]);
@@ -164,7 +165,8 @@ void encode_row(std::span<const T> src, Precision p, QuantScheme scheme, std::sp
         detail::store_u16(out + 2 * c, h);
       }
       return;
-    default: break;
+    default:
+      break;
   }
   std::memset(out, 0, l.bytes);
   for (std::size_t g = 0; g < l.groups; ++g) {
@@ -210,10 +212,14 @@ inline float weight_at(const std::byte* row, const RowLayout& l, Precision p,
       std::memcpy(&f, row + 4 * c, 4);
       return f;
     }
-    case Precision::bf16: return bf16_bits_to_float(detail::load_u16(row + 2 * c));
-    case Precision::f16: return half_bits_to_float(detail::load_u16(row + 2 * c));
-    case Precision::skip: return 0.f;
-    default: break;
+    case Precision::bf16:
+      return bf16_bits_to_float(detail::load_u16(row + 2 * c));
+    case Precision::f16:
+      return half_bits_to_float(detail::load_u16(row + 2 * c));
+    case Precision::skip:
+      return 0.f;
+    default:
+      break;
   }
   const std::size_t g = c / l.group_size;
   return group_scale(row, l, g) *
@@ -232,7 +238,8 @@ inline std::vector<float> decode_matrix(const MatrixView& m) {
   std::vector<float> out(m.rows * m.cols);
   std::vector<std::byte> row(m.row_stride());
   for (std::size_t r = 0; r < m.rows; ++r)
-    decode_row(stored_row(m, r, row.data()), m.cols, m.precision, m.scheme, out.data() + r * m.cols);
+    decode_row(stored_row(m, r, row.data()), m.cols, m.precision, m.scheme,
+               out.data() + r * m.cols);
   return out;
 }
 

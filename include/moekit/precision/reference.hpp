@@ -43,9 +43,9 @@ inline double silu(double a) noexcept { return a / (1.0 + std::exp(-a)); }
 /// w1, w3: ffn × hidden; w2: hidden × ffn.
 inline void expert_ffn(const MatrixView& w1, const MatrixView& w3, const MatrixView& w2,
                        const float* x, std::size_t n, float* out, float scale) {
-  MOEKIT_EXPECTS(w1.rows == w3.rows && w1.cols == w3.cols && w2.cols == w1.rows &&
-                     w2.rows == w1.cols,
-                 "reference::expert_ffn: w1/w3 must be ffn x hidden and w2 hidden x ffn");
+  MOEKIT_EXPECTS(
+      w1.rows == w3.rows && w1.cols == w3.cols && w2.cols == w1.rows && w2.rows == w1.cols,
+      "reference::expert_ffn: w1/w3 must be ffn x hidden and w2 hidden x ffn");
   std::vector<float> h(w1.rows);
   for (std::size_t b = 0; b < n; ++b) {
     const float* xb = x + b * w1.cols;

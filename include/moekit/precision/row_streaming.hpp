@@ -46,7 +46,8 @@ constexpr bool valid_streams(unsigned streams) noexcept {
 constexpr std::optional<RowStreaming> parse_row_streaming(std::string_view s) noexcept {
   const bool prefetch = !s.empty() && s.back() == 'p';
   if (prefetch) s.remove_suffix(1);
-  if (s.size() != 1 || s[0] < '0' || s[0] > '9' || !valid_streams(static_cast<unsigned>(s[0] - '0')))
+  if (s.size() != 1 || s[0] < '0' || s[0] > '9' ||
+      !valid_streams(static_cast<unsigned>(s[0] - '0')))
     return std::nullopt;
   return RowStreaming{static_cast<unsigned>(s[0] - '0'), prefetch};
 }
@@ -56,9 +57,12 @@ enum class CpuCore : std::uint8_t { other, zen4, zen5 };
 
 constexpr std::string_view name(CpuCore c) noexcept {
   switch (c) {
-    case CpuCore::zen4: return "zen4";
-    case CpuCore::zen5: return "zen5";
-    case CpuCore::other: return "other";
+    case CpuCore::zen4:
+      return "zen4";
+    case CpuCore::zen5:
+      return "zen5";
+    case CpuCore::other:
+      return "other";
   }
   return "?";
 }
@@ -88,13 +92,16 @@ inline CpuCore detect_core() noexcept {
 /// The measured best way for `core` to stream rows of `cols` columns.
 constexpr RowStreaming default_row_streaming(CpuCore core, std::size_t cols) noexcept {
   switch (core) {
-    case CpuCore::zen4: return {4, true};
+    case CpuCore::zen4:
+      return {4, true};
     // What decides is the width, not the row's bytes: rows of 4096 columns (Mixtral's w1/w3, 1280
     // to 4352 bytes) stream on the hardware prefetcher, rows of 14336 (w2) need the prefetch at
     // any precision (even q2's 4480-byte rows). Why is open; what was ruled out is in
     // bench/RESULTS.md, "Zen 5, rows".
-    case CpuCore::zen5: return {2, cols > 8192};
-    case CpuCore::other: break;
+    case CpuCore::zen5:
+      return {2, cols > 8192};
+    case CpuCore::other:
+      break;
   }
   return {2, true};
 }

@@ -63,8 +63,8 @@ inline void sleep_while(std::atomic<std::uint32_t>& a, std::uint32_t old,
 #if defined(__linux__)
   const timespec ts{static_cast<time_t>(timeout.count() / 1'000'000),
                     static_cast<long>(timeout.count() % 1'000'000) * 1000};
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&a), FUTEX_WAIT_PRIVATE, old, &ts,
-            nullptr, 0);
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&a), FUTEX_WAIT_PRIVATE, old, &ts, nullptr,
+            0);
 #else
   const auto until = std::chrono::steady_clock::now() + timeout;
   while (a.load(std::memory_order_seq_cst) == old && std::chrono::steady_clock::now() < until)
@@ -75,8 +75,8 @@ inline void sleep_while(std::atomic<std::uint32_t>& a, std::uint32_t old,
 /// Wakes one (or every) thread in `sleep_while` on `a`.
 inline void wake(std::atomic<std::uint32_t>& a, bool all) noexcept {
 #if defined(__linux__)
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&a), FUTEX_WAKE_PRIVATE, all ? INT32_MAX : 1,
-            nullptr, nullptr, 0);
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&a), FUTEX_WAKE_PRIVATE,
+            all ? INT32_MAX : 1, nullptr, nullptr, 0);
 #else
   (void)a, (void)all;
 #endif
@@ -289,7 +289,8 @@ class ThreadPool {
     for (;;) {
       // A stale tag (the job is over) or no chunk left; chunks_ may already be the next job's
       // then, which only ends this loop early or fails the compare-exchange below.
-      if (c >> 32 != job || static_cast<std::uint32_t>(c) >= chunks_.load(std::memory_order_relaxed))
+      if (c >> 32 != job ||
+          static_cast<std::uint32_t>(c) >= chunks_.load(std::memory_order_relaxed))
         return;
       if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel,
                                         std::memory_order_acquire))
@@ -305,7 +306,8 @@ class ThreadPool {
           failed_.store(true, std::memory_order_relaxed);
         }
       }
-      if (done_.fetch_add(1, std::memory_order_seq_cst) + 1 == chunks_.load(std::memory_order_relaxed) &&
+      if (done_.fetch_add(1, std::memory_order_seq_cst) + 1 ==
+              chunks_.load(std::memory_order_relaxed) &&
           caller_sleeps_.load(std::memory_order_seq_cst))
         pool_detail::wake(done_, /*all=*/false);
       c = claim_.load(std::memory_order_acquire);
@@ -383,8 +385,8 @@ class ThreadPool {
   alignas(64) std::atomic<std::uint32_t> done_{0};  ///< chunks of the current job finished
   std::atomic<bool> caller_sleeps_{false};
   alignas(64) std::atomic<std::uint32_t> generation_{0};  ///< number of the last job announced
-  std::atomic<unsigned> sleeping_{0};                      ///< workers in generation_.wait
-  std::atomic<unsigned> active_{0};                        ///< open Active regions
+  std::atomic<unsigned> sleeping_{0};                     ///< workers in generation_.wait
+  std::atomic<unsigned> active_{0};                       ///< open Active regions
   std::atomic<bool> solo_{false};  ///< this step's jobs run on the caller alone (StepChooser)
   StepChooser chooser_;            ///< used by the thread that opens adaptive Active regions
   std::atomic<std::int64_t> announced_ns_{0};  ///< when a job last woke sleeping workers

@@ -60,8 +60,12 @@ class ActivationPathProfile {
 
   ActivationPathProfile() = default;
   ActivationPathProfile(std::uint32_t n_layers, std::uint32_t n_experts, std::uint32_t top_k)
-      : n_layers_(n_layers), n_experts_(n_experts), top_k_(top_k), marginal_(n_layers),
-        path1_(n_layers), path2_(n_layers) {
+      : n_layers_(n_layers),
+        n_experts_(n_experts),
+        top_k_(top_k),
+        marginal_(n_layers),
+        path1_(n_layers),
+        path2_(n_layers) {
     MOEKIT_EXPECTS(n_layers > 0 && n_experts > 0 && top_k > 0 && top_k <= n_experts,
                    "ActivationPathProfile: need n_layers, n_experts > 0 and top_k in [1, "
                    "n_experts]");
@@ -100,9 +104,9 @@ class ActivationPathProfile {
 
   /// Adds every count of `other` (same dimensions).
   void merge(const ActivationPathProfile& other) {
-    MOEKIT_EXPECTS(other.n_layers_ == n_layers_ && other.n_experts_ == n_experts_ &&
-                       other.top_k_ == top_k_,
-                   "ActivationPathProfile::merge: profiles of different model shapes");
+    MOEKIT_EXPECTS(
+        other.n_layers_ == n_layers_ && other.n_experts_ == n_experts_ && other.top_k_ == top_k_,
+        "ActivationPathProfile::merge: profiles of different model shapes");
     for (std::uint32_t n = 0; n < n_layers_; ++n) {
       add(marginal_[n], other.marginal_[n]);
       for (const auto& [k, c] : other.path1_[n]) add(slot(path1_[n], k), c);
@@ -147,12 +151,14 @@ class ActivationPathProfile {
       key.push_back(separator);
       key.insert(key.end(), prev1.begin(), prev1.end());
       auto it = path2_[n].find(key);
-      if (it != path2_[n].end() && it->second.total >= min_support) c = &it->second, src = Source::path2;
+      if (it != path2_[n].end() && it->second.total >= min_support)
+        c = &it->second, src = Source::path2;
     }
     if (!c && n >= 1 && !prev1.empty()) {
       key.assign(prev1.begin(), prev1.end());
       auto it = path1_[n].find(key);
-      if (it != path1_[n].end() && it->second.total >= min_support) c = &it->second, src = Source::path1;
+      if (it != path1_[n].end() && it->second.total >= min_support)
+        c = &it->second, src = Source::path1;
     }
     if (!c && marginal_[n].total > 0) c = &marginal_[n], src = Source::marginal;
     if (!c) return Source::none;
@@ -204,8 +210,8 @@ class ActivationPathProfile {
     for (std::uint32_t n = 0; n < n_layers_; ++n)
       for (const auto& [k, c] : path2_[n]) {
         const auto sep = std::find(k.begin(), k.end(), separator);
-        o << "path2 " << n << " " << set_text(k.begin(), sep) << "/"
-          << set_text(sep + 1, k.end()) << counts_text(c) << "\n";
+        o << "path2 " << n << " " << set_text(k.begin(), sep) << "/" << set_text(sep + 1, k.end())
+          << counts_text(c) << "\n";
       }
     return o.str();
   }
@@ -384,8 +390,7 @@ class ActivationPathProfile {
       k.push_back(std::uint32_t(v));
       i = j + 1;
     }
-    if (!std::is_sorted(k.begin(), k.end()) ||
-        std::adjacent_find(k.begin(), k.end()) != k.end())
+    if (!std::is_sorted(k.begin(), k.end()) || std::adjacent_find(k.begin(), k.end()) != k.end())
       bad("field 'key': set '" + s + "' must be sorted and without duplicates");
     return k;
   }
@@ -414,9 +419,9 @@ class ActivationPathPredictor {
   static constexpr std::string_view name = "activation-path";
   struct Config {
     std::shared_ptr<const ActivationPathProfile> profile;  ///< required
-    std::uint32_t max_preload = 3;    ///< candidates per layer (paper: 1–3)
-    std::uint64_t min_support = 5;    ///< tokens a key needs before its table is trusted
-    float min_prob = 0.0f;            ///< candidates below this probability are not preloaded
+    std::uint32_t max_preload = 3;                         ///< candidates per layer (paper: 1–3)
+    std::uint64_t min_support = 5;        ///< tokens a key needs before its table is trusted
+    float min_prob = 0.0f;                ///< candidates below this probability are not preloaded
     Precision precision = Precision::q4;  ///< preload precision when `precisions` is empty
     /// Optional stored precision per expert, index layer·E + expert (EdgeMoE's bit-width table).
     std::vector<Precision> precisions{};
@@ -475,9 +480,9 @@ class ActivationPathPredictor {
     for (const auto& [e, prob] : ranked_) {
       if (taken == cfg_.max_preload || prob < cfg_.min_prob) break;
       const ExpertKey key{n, e};
-      const Precision prec =
-          cfg_.precisions.empty() ? cfg_.precision
-                                  : cfg_.precisions[std::size_t{n} * p.n_experts() + e];
+      const Precision prec = cfg_.precisions.empty()
+                                 ? cfg_.precision
+                                 : cfg_.precisions[std::size_t{n} * p.n_experts() + e];
       (void)residency;  // resident candidates are pushed too: the pipeline pins them for layer n
       out.push(Prefetch{key, prec, prob, 1});
       ++taken;

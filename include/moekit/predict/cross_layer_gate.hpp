@@ -42,23 +42,22 @@ class CrossLayerGatePredictor {
     std::uint32_t n_layers = 0;
     std::uint32_t n_experts = 0;
     std::uint32_t hidden = 0;
-    std::uint32_t top_k = 2;          ///< experts the model routes each token to
-    double percentile = 0.75;         ///< decode candidates: scores above this percentile
+    std::uint32_t top_k = 2;   ///< experts the model routes each token to
+    double percentile = 0.75;  ///< decode candidates: scores above this percentile
     /// Decode transfer budget n = floor(budget_time / expert_time), clamped to the candidate
     /// count; both in the same unit, measured offline (T = t_moe + t_attn + t_gate, t_expert at
     /// `decode_precision`). expert_time <= 0 means no cap (n = candidates).
     double budget_time = 0.0;
     double expert_time = 0.0;
     Precision decode_precision = Precision::q4;
-    double int2_fraction = 0.25;      ///< prefill: least popular share moved at `prefill_low`
+    double int2_fraction = 0.25;  ///< prefill: least popular share moved at `prefill_low`
     Precision prefill_high = Precision::q4;
     Precision prefill_low = Precision::q2;
   };
 
   explicit CrossLayerGatePredictor(Config c)
       : cfg_(c),
-        routers_(c.router_weights, c.n_layers, c.n_experts, c.hidden,
-                 "CrossLayerGatePredictor") {
+        routers_(c.router_weights, c.n_layers, c.n_experts, c.hidden, "CrossLayerGatePredictor") {
     MOEKIT_EXPECTS(cfg_.top_k > 0 && cfg_.top_k <= cfg_.n_experts,
                    "CrossLayerGatePredictor: Config.top_k must be in [1, n_experts]");
     MOEKIT_EXPECTS(cfg_.percentile >= 0.0 && cfg_.percentile < 1.0,
@@ -74,8 +73,8 @@ class CrossLayerGatePredictor {
     candidates_ = std::clamp<std::uint32_t>(candidates_, 1, cfg_.n_experts);
     transfers_ = candidates_;
     if (cfg_.expert_time > 0.0)
-      transfers_ = static_cast<std::uint32_t>(std::min<double>(
-          std::floor(cfg_.budget_time / cfg_.expert_time), double(candidates_)));
+      transfers_ = static_cast<std::uint32_t>(
+          std::min<double>(std::floor(cfg_.budget_time / cfg_.expert_time), double(candidates_)));
     order_.resize(cfg_.n_experts);
     pop_.resize(cfg_.n_experts);
     ids_.resize(cfg_.top_k);

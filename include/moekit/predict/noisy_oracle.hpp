@@ -51,14 +51,14 @@ class NoisyOraclePredictor {
  public:
   static constexpr std::string_view name = "noisy-oracle";
   struct Config {
-    std::vector<OracleCall> calls;       ///< every layer call, in the order `route` sees them
+    std::vector<OracleCall> calls;  ///< every layer call, in the order `route` sees them
     /// Optional: per call, the precision of each expert of `calls[c].experts` (same order).
     std::vector<std::vector<Precision>> precisions{};
-    double recall = 0.96;                ///< probability a true expert is predicted (HOBBIT: 0.96)
+    double recall = 0.96;  ///< probability a true expert is predicted (HOBBIT: 0.96)
     std::uint64_t seed = 0;
-    std::uint32_t distance = 1;  ///< layers ahead to predict (1..max_prediction_distance)
-    std::uint32_t set_size = 0;          ///< pad each predicted layer to this many (0: no pad)
-    std::uint32_t n_experts = 0;         ///< experts per layer (required: wrong guesses)
+    std::uint32_t distance = 1;   ///< layers ahead to predict (1..max_prediction_distance)
+    std::uint32_t set_size = 0;   ///< pad each predicted layer to this many (0: no pad)
+    std::uint32_t n_experts = 0;  ///< experts per layer (required: wrong guesses)
     /// Non-resident predictions pushed per predicted layer in decode (default: no cap).
     std::uint32_t max_nonresident = std::numeric_limits<std::uint32_t>::max();
     Precision precision = Precision::f16;

@@ -50,8 +50,8 @@ class OraclePredictor {
  public:
   static constexpr std::string_view name = "oracle";
   struct Config {
-    std::vector<OracleCall> calls;       ///< every layer call, in the order `route` sees them
-    std::uint32_t distance = 1;  ///< layers ahead to predict (1..max_prediction_distance)
+    std::vector<OracleCall> calls;  ///< every layer call, in the order `route` sees them
+    std::uint32_t distance = 1;     ///< layers ahead to predict (1..max_prediction_distance)
     Precision precision = Precision::f16;
   };
   explicit OraclePredictor(Config c) : cfg_(std::move(c)) {

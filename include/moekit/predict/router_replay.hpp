@@ -34,7 +34,7 @@ class RouterReplayPredictor {
   static constexpr std::string_view name = "router-replay";
   static constexpr Hooks hooks = Hook::begin_sequence | Hook::on_verdict;
   struct Config {
-    std::uint32_t top_k = 0;              ///< the model's K (required: the little pass uses K/2)
+    std::uint32_t top_k = 0;               ///< the model's K (required: the little pass uses K/2)
     Precision precision = Precision::f16;  ///< precision of the replayed prefetches
   };
   /// Agreement of the replayed plans with the big passes' own routing.
@@ -48,7 +48,8 @@ class RouterReplayPredictor {
   };
 
   explicit RouterReplayPredictor(Config c) : cfg_(c) {
-    MOEKIT_EXPECTS(cfg_.top_k > 0, "RouterReplayPredictor: Config.top_k (the model's K) must be > 0");
+    MOEKIT_EXPECTS(cfg_.top_k > 0,
+                   "RouterReplayPredictor: Config.top_k (the model's K) must be > 0");
     MOEKIT_EXPECTS(cfg_.precision != Precision::skip,
                    "RouterReplayPredictor: Config.precision must be a stored format");
   }
@@ -116,8 +117,9 @@ class RouterReplayPredictor {
   static constexpr std::uint64_t no_token = ~std::uint64_t{0};
 
   void bind(std::uint32_t n_layers, std::uint32_t n_experts) {
-    MOEKIT_EXPECTS(n_layers > 0 && n_experts > 0,
-                   "RouterReplayPredictor: LayerContext.n_layers and GateView.n_experts must be > 0");
+    MOEKIT_EXPECTS(
+        n_layers > 0 && n_experts > 0,
+        "RouterReplayPredictor: LayerContext.n_layers and GateView.n_experts must be > 0");
     n_layers_ = n_layers;
     n_experts_ = n_experts;
     trace_.assign(std::size_t{n_layers} * n_experts, 0.0f);
@@ -133,9 +135,9 @@ class RouterReplayPredictor {
   Config cfg_;
   std::uint32_t n_layers_ = 0;
   std::uint32_t n_experts_ = 0;
-  std::vector<float> trace_;               ///< [L × E] little-pass logits of the current token
-  std::vector<std::uint64_t> recorded_;    ///< token index each layer's row belongs to
-  std::vector<std::uint32_t> plan_;        ///< [L × K] replayed plan of the last fallback
+  std::vector<float> trace_;             ///< [L × E] little-pass logits of the current token
+  std::vector<std::uint64_t> recorded_;  ///< token index each layer's row belongs to
+  std::vector<std::uint32_t> plan_;      ///< [L × K] replayed plan of the last fallback
   std::uint64_t token_ = no_token;
   bool replaying_ = false;
   Stats stats_{};

@@ -6,12 +6,12 @@
 /// (residual stream), so layer l's gate input x_l, fed to the routers of layers l+1..l+p, predicts
 /// their experts (top-1 96 % at +1, ~90 % at +2/+3 on Mixtral). The p routers are stacked into one
 /// [p·E × d] matrix and applied to x_l in ONE product (RouterStack: consecutive packed panels,
-/// read in one sequential pass). Walking forward from l+1, each examined layer's predicted experts (top-k of the model's
-/// softmax routing) get HOBBIT's T1/T2 precision; they are pushed (the pipeline pins them, and
-/// prefetches those not resident). The walk stops at the first layer with a missing expert: only
-/// that layer is prefetched, so a wrong guess further ahead costs nothing. Skip-predicted experts
-/// are not pushed. Several tokens (prefill): per expert, the most demanding decision over tokens.
-/// No prediction past the last layer, none across tokens; p = 0 disables it.
+/// read in one sequential pass). Walking forward from l+1, each examined layer's predicted experts
+/// (top-k of the model's softmax routing) get HOBBIT's T1/T2 precision; they are pushed (the
+/// pipeline pins them, and prefetches those not resident). The walk stops at the first layer with a
+/// missing expert: only that layer is prefetched, so a wrong guess further ahead costs nothing.
+/// Skip-predicted experts are not pushed. Several tokens (prefill): per expert, the most demanding
+/// decision over tokens. No prediction past the last layer, none across tokens; p = 0 disables it.
 
 #include <algorithm>
 #include <array>
@@ -51,9 +51,9 @@ class StackedGatePredictor {
   explicit StackedGatePredictor(Config c)
       : cfg_(c),
         routers_(c.router_weights, c.n_layers, c.n_experts, c.hidden, "StackedGatePredictor") {
-    MOEKIT_EXPECTS(cfg_.top_k > 0 && cfg_.top_k <= cfg_.n_experts &&
-                       cfg_.top_k <= HobbitRule::max_k,
-                   "StackedGatePredictor: Config.top_k must be in [1, n_experts]");
+    MOEKIT_EXPECTS(
+        cfg_.top_k > 0 && cfg_.top_k <= cfg_.n_experts && cfg_.top_k <= HobbitRule::max_k,
+        "StackedGatePredictor: Config.top_k must be in [1, n_experts]");
     MOEKIT_EXPECTS(cfg_.lookahead <= max_prediction_distance,
                    "StackedGatePredictor: Config.lookahead must be <= " +
                        std::to_string(max_prediction_distance) +

@@ -5,10 +5,10 @@
 /// Experts Models", ICLR 2025). Per layer, resident experts run on the device; for the missing ones
 /// it minimises max(CPU time, transfer time) over partitions into CPU-run and copied experts, with
 /// CPU time linear in the expert's tokens (n_i · latency_cpu) and a copy costing latency_gpu
-/// whatever the tokens. The exact solver (spec §2.4): sort the misses by tokens, descending; copying
-/// the g busiest is optimal for each g; scan g = 0..m. In decode (n_i = 1) this gives Fiddler's
-/// decode rule — run every miss on the CPU — whenever k · latency_cpu ≤ latency_gpu.
-/// The latencies are measured, not hard-coded: `sim/` calibrates them, the engine measures them.
+/// whatever the tokens. The exact solver (spec §2.4): sort the misses by tokens, descending;
+/// copying the g busiest is optimal for each g; scan g = 0..m. In decode (n_i = 1) this gives
+/// Fiddler's decode rule — run every miss on the CPU — whenever k · latency_cpu ≤ latency_gpu. The
+/// latencies are measured, not hard-coded: `sim/` calibrates them, the engine measures them.
 
 #include <cstdint>
 #include <span>

@@ -32,10 +32,10 @@ enum class HobbitDecision : std::uint8_t { skip = 0, low = 1, high = 2 };
 
 /// The T1/T2 rule with its two precisions.
 struct HobbitRule {
-  float t1 = 0.6f;                     ///< cumulative weight up to which experts run high
-  float t2 = 0.9f;                     ///< cumulative weight up to which experts run low
-  Precision high = Precision::f16;     ///< the model's own precision (q8 for a q8 model)
-  Precision low = Precision::q4;       ///< the low-precision copy (q2 for a q8 model)
+  float t1 = 0.6f;                  ///< cumulative weight up to which experts run high
+  float t2 = 0.9f;                  ///< cumulative weight up to which experts run low
+  Precision high = Precision::f16;  ///< the model's own precision (q8 for a q8 model)
+  Precision low = Precision::q4;    ///< the low-precision copy (q2 for a q8 model)
 
   /// The rule for a model stored at q8: high = q8, low = q2 (the paper's Jetson setting).
   [[nodiscard]] static constexpr HobbitRule for_q8_model() noexcept {
@@ -112,7 +112,8 @@ class HobbitThresholdScorer {
     std::array<HobbitDecision, HobbitRule::max_k> dec{};
     for (std::uint32_t t = 0; t < gate.n_tokens; ++t) {
       const TokenRoute r = gate.token(t);
-      cfg_.rule.decide(r.experts, r.weights, std::span<HobbitDecision>(dec).first(r.experts.size()));
+      cfg_.rule.decide(r.experts, r.weights,
+                       std::span<HobbitDecision>(dec).first(r.experts.size()));
       for (std::size_t j = 0; j < r.experts.size(); ++j)
         best_[r.experts[j]] = std::max(best_[r.experts[j]], dec[j]);
     }

@@ -29,9 +29,9 @@ class PopularityScorer {
  public:
   static constexpr std::string_view name = "popularity";
   struct Config {
-    double int2_fraction = 0.25;               ///< least popular share of a prefill layer at `low`
-    Precision high = Precision::q4;            ///< precision of the popular prefill experts
-    Precision low = Precision::q2;             ///< precision of the least popular prefill experts
+    double int2_fraction = 0.25;     ///< least popular share of a prefill layer at `low`
+    Precision high = Precision::q4;  ///< precision of the popular prefill experts
+    Precision low = Precision::q2;   ///< precision of the least popular prefill experts
     Precision decode_precision = Precision::q4;  ///< every decode expert
   };
   PopularityScorer() = default;
@@ -52,7 +52,8 @@ class PopularityScorer {
     }
     const auto n_low = static_cast<std::size_t>(
         std::floor(cfg_.int2_fraction * static_cast<double>(demands.size())));
-    if (order_.capacity() < demands.size()) order_.reserve(std::max<std::size_t>(demands.size(), 64));
+    if (order_.capacity() < demands.size())
+      order_.reserve(std::max<std::size_t>(demands.size(), 64));
     order_.resize(demands.size());
     for (std::size_t i = 0; i < demands.size(); ++i) order_[i] = static_cast<std::uint32_t>(i);
     std::sort(order_.begin(), order_.end(), [&](std::uint32_t a, std::uint32_t b) {

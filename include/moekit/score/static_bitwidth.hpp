@@ -36,8 +36,7 @@ class PrecisionTable {
   PrecisionTable() = default;
   /// Every expert at `p`.
   PrecisionTable(std::uint32_t n_layers, std::uint32_t n_experts, Precision p = Precision::f16)
-      : n_layers_(n_layers), n_experts_(n_experts),
-        p_(std::size_t{n_layers} * n_experts, p) {
+      : n_layers_(n_layers), n_experts_(n_experts), p_(std::size_t{n_layers} * n_experts, p) {
     MOEKIT_EXPECTS(n_layers > 0 && n_experts > 0,
                    "PrecisionTable: n_layers and n_experts must be > 0");
     MOEKIT_EXPECTS(p != Precision::skip, "PrecisionTable: 'skip' is not a stored precision");
@@ -109,8 +108,8 @@ class PrecisionTable {
       for (std::uint32_t e = 0; e < ne; ++e) {
         const auto p = parse_precision(w[e]);
         if (!p || *p == Precision::skip)
-          bad(ln, "field 'layer " + std::to_string(l) + " expert " + std::to_string(e) +
-                      "': '" + w[e] + "' is not a stored precision (f32 bf16 f16 q8 q4 q2)");
+          bad(ln, "field 'layer " + std::to_string(l) + " expert " + std::to_string(e) + "': '" +
+                      w[e] + "' is not a stored precision (f32 bf16 f16 q8 q4 q2)");
         t.p_[std::size_t{l} * ne + e] = *p;
       }
     }

@@ -3,7 +3,8 @@
 /// into the cache, and how fast the device and the host CPU run an expert and a layer's dense part.
 ///
 /// Cost model (per call over n tokens, the form `ComputeModel` in replay.hpp uses):
-///   expert on a processor P at precision p:  P.call_overhead_s + bytes(p) / P.weight_bytes_per_s[p]
+///   expert on a processor P at precision p:  P.call_overhead_s + bytes(p) /
+///   P.weight_bytes_per_s[p]
 ///                                            + n · 2·params / P.flops_per_s
 ///   dense part of a layer (router + attention projections, on the device):
 ///                                            layer_overhead_s + dense bytes / device rate
@@ -59,10 +60,11 @@ struct ProcessorModel {
   void validate(std::string_view what) const {
     auto positive = [](double v) { return v > 0 && std::isfinite(v); };
     for (std::size_t i = 0; i < precision_count; ++i)
-      MOEKIT_EXPECTS(positive(weight_bytes_per_s[i]),
-                     std::string(what) + ".weight_bytes_per_s." +
-                         std::string(name(all_precisions[i])) + " must be finite and > 0");
-    MOEKIT_EXPECTS(positive(flops_per_s), std::string(what) + ".flops_per_s must be finite and > 0");
+      MOEKIT_EXPECTS(positive(weight_bytes_per_s[i]), std::string(what) + ".weight_bytes_per_s." +
+                                                          std::string(name(all_precisions[i])) +
+                                                          " must be finite and > 0");
+    MOEKIT_EXPECTS(positive(flops_per_s),
+                   std::string(what) + ".flops_per_s must be finite and > 0");
     MOEKIT_EXPECTS(call_overhead_s >= 0 && std::isfinite(call_overhead_s),
                    std::string(what) + ".call_overhead_s must be finite and >= 0");
   }
@@ -107,10 +109,10 @@ inline DenseLayerShape mixtral_8x7b_dense() {
 /// A machine: the link into the expert cache, the device and the host CPU.
 struct HardwareModel {
   std::string name;
-  std::string source;       ///< where the numbers come from
-  LinkModel link;           ///< slow tier → expert cache (PCIe, SSD, or disk → RAM)
-  ProcessorModel device;    ///< where cached experts and the dense part run
-  ProcessorModel cpu;       ///< host CPU (Fiddler's / HOBBIT's cooperative mode)
+  std::string source;           ///< where the numbers come from
+  LinkModel link;               ///< slow tier → expert cache (PCIe, SSD, or disk → RAM)
+  ProcessorModel device;        ///< where cached experts and the dense part run
+  ProcessorModel cpu;           ///< host CPU (Fiddler's / HOBBIT's cooperative mode)
   double layer_overhead_s = 0;  ///< fixed cost of a layer's dense part (launches, norms)
 
   void validate() const {
@@ -122,7 +124,9 @@ struct HardwareModel {
                    "HardwareModel.layer_overhead_s must be finite and >= 0");
   }
   /// Seconds to move `bytes` over the link.
-  [[nodiscard]] double transfer_s(std::size_t bytes) const noexcept { return link.transfer_s(bytes); }
+  [[nodiscard]] double transfer_s(std::size_t bytes) const noexcept {
+    return link.transfer_s(bytes);
+  }
   /// Seconds for the dense part of one layer over `n_tokens` tokens.
   [[nodiscard]] double dense_layer_s(const DenseLayerShape& dense,
                                      std::uint32_t n_tokens) const noexcept {
@@ -318,8 +322,8 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
       bad(path, allow_zero ? "must be finite and >= 0" : "must be finite and > 0");
     return x;
   };
-  object(j, "", {"format", "version", "name", "source", "link", "device", "cpu",
-                 "layer_overhead_s"});
+  object(j, "",
+         {"format", "version", "name", "source", "link", "device", "cpu", "layer_overhead_s"});
   if (!j["format"].is_string() || j["format"].get<std::string>() != hardware_json_format)
     bad("format", "must be \"moekit-hardware\"");
   if (!j["version"].is_number_integer() || j["version"].get<std::int64_t>() != 1)
@@ -365,8 +369,8 @@ inline void write_hardware_json(const HardwareModel& h, const std::string& path,
                                 bool overwrite = false) {
   h.validate();
   const std::string text = serialize_hardware_json(h);
-  detail::write_file_bytes(
-      path, std::as_bytes(std::span<const char>(text.data(), text.size())), overwrite);
+  detail::write_file_bytes(path, std::as_bytes(std::span<const char>(text.data(), text.size())),
+                           overwrite);
 }
 
 /// A preset by name; "this_machine" reads `this_machine_json` (written by the calibration
@@ -385,9 +389,9 @@ inline void write_hardware_json(const HardwareModel& h, const std::string& path,
   }
   std::string names;
   for (const auto& n : hardware_preset_names()) names += " " + n;
-  ::moekit::detail::fail(ErrorKind::invalid_argument, "unknown hardware preset '" +
-                                                          std::string(preset) + "'; known:" +
-                                                          names + " this_machine");
+  ::moekit::detail::fail(
+      ErrorKind::invalid_argument,
+      "unknown hardware preset '" + std::string(preset) + "'; known:" + names + " this_machine");
 }
 
 }  // namespace moekit::sim

@@ -50,8 +50,8 @@ struct NpyHeader {
 // Parses the header dict, e.g. {'descr': '<f4', 'fortran_order': False, 'shape': (24, 60, 60), }
 inline NpyHeader parse_npy_header(std::string_view h, std::string_view source) {
   auto bad = [&](const char* field, const std::string& why) {
-    ::moekit::detail::fail(ErrorKind::invalid_format, "npy '" + std::string(source) +
-                                                          "': field '" + field + "': " + why);
+    ::moekit::detail::fail(ErrorKind::invalid_format,
+                           "npy '" + std::string(source) + "': field '" + field + "': " + why);
   };
   auto value_of = [&](const char* key) -> std::string_view {
     const std::string k = std::string("'") + key + "'";
@@ -72,9 +72,12 @@ inline NpyHeader parse_npy_header(std::string_view h, std::string_view source) {
   if (dend == std::string_view::npos) bad("descr", "unterminated string");
   out.descr = std::string(d.substr(1, dend - 1));
   auto f = value_of("fortran_order");
-  if (f.starts_with("False")) out.fortran = false;
-  else if (f.starts_with("True")) out.fortran = true;
-  else bad("fortran_order", "must be True or False");
+  if (f.starts_with("False"))
+    out.fortran = false;
+  else if (f.starts_with("True"))
+    out.fortran = true;
+  else
+    bad("fortran_order", "must be True or False");
   auto s = value_of("shape");
   if (s.empty() || s[0] != '(') bad("shape", "must be a tuple");
   const auto send = s.find(')');
@@ -103,8 +106,8 @@ inline NpyHeader parse_npy_header(std::string_view h, std::string_view source) {
 [[nodiscard]] inline NpyArray parse_npy(std::span<const std::byte> bytes,
                                         std::string_view source = "<memory>") {
   auto bad = [&](const char* field, const std::string& why) {
-    ::moekit::detail::fail(ErrorKind::invalid_format, "npy '" + std::string(source) +
-                                                          "': field '" + field + "': " + why);
+    ::moekit::detail::fail(ErrorKind::invalid_format,
+                           "npy '" + std::string(source) + "': field '" + field + "': " + why);
   };
   static constexpr unsigned char magic[] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
   if (bytes.size() < 10 || std::memcmp(bytes.data(), magic, 6) != 0)
@@ -132,11 +135,16 @@ inline NpyHeader parse_npy_header(std::string_view h, std::string_view source) {
   const char order = h.descr[0], kind = h.descr[1];
   const std::string size_str = h.descr.substr(2);
   std::size_t item = 0;
-  if (size_str == "1") item = 1;
-  else if (size_str == "2") item = 2;
-  else if (size_str == "4") item = 4;
-  else if (size_str == "8") item = 8;
-  else bad("descr", "unsupported item size in '" + h.descr + "'");
+  if (size_str == "1")
+    item = 1;
+  else if (size_str == "2")
+    item = 2;
+  else if (size_str == "4")
+    item = 4;
+  else if (size_str == "8")
+    item = 8;
+  else
+    bad("descr", "unsupported item size in '" + h.descr + "'");
   if (!(order == '<' || (order == '|' && item == 1) || (order == '=' && item == 1)))
     bad("descr", "only little-endian arrays are supported, got '" + h.descr + "'");
   if (!((kind == 'f' && (item == 4 || item == 8)) || kind == 'i' || kind == 'u'))
@@ -159,7 +167,8 @@ inline NpyHeader parse_npy_header(std::string_view h, std::string_view source) {
   for (std::size_t i = 0; i < count; ++i, p += item) {
     // Assemble little-endian bytes explicitly so the reader is correct on any host.
     std::uint64_t bits = 0;
-    for (std::size_t b = 0; b < item; ++b) bits |= std::uint64_t(std::to_integer<unsigned>(p[b])) << (8 * b);
+    for (std::size_t b = 0; b < item; ++b)
+      bits |= std::uint64_t(std::to_integer<unsigned>(p[b])) << (8 * b);
     double v = 0;
     if (kind == 'f' && item == 4) {
       float f;

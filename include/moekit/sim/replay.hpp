@@ -203,8 +203,10 @@ class CallOrderedPolicy {
   }
   void on_hit(ExpertKey key, const AccessInfo& a) { pending_.push_back({key, a, false, 0}); }
   void on_insert(ExpertKey key, const AccessInfo& a) {
-    if (a.prefetch) inner_.on_insert(key, a);
-    else pending_.push_back({key, a, true, 0});
+    if (a.prefetch)
+      inner_.on_insert(key, a);
+    else
+      pending_.push_back({key, a, true, 0});
   }
   void on_evict(ExpertKey key) {
     for (std::size_t i = 0; i < pending_.size(); ++i)
@@ -231,8 +233,10 @@ class CallOrderedPolicy {
     std::stable_sort(pending_.begin(), pending_.end(),
                      [](const Pending& x, const Pending& y) { return x.order < y.order; });
     for (const Pending& p : pending_) {
-      if (p.insert) inner_.on_insert(p.key, p.access);
-      else inner_.on_hit(p.key, p.access);
+      if (p.insert)
+        inner_.on_insert(p.key, p.access);
+      else
+        inner_.on_hit(p.key, p.access);
     }
     pending_.clear();
   }
@@ -362,9 +366,9 @@ ReplayReport replay(Pipeline& pipeline, const RoutingTrace& trace, const Compute
                  "replay: trace '" + trace.name() + "' has " + std::to_string(d.n_layers) +
                      " layers × " + std::to_string(d.n_experts) + " experts, the model " +
                      std::to_string(shape.n_layers) + " × " + std::to_string(shape.n_experts));
-  MOEKIT_EXPECTS(d.top_k == shape.top_k,
-                 "replay: trace '" + trace.name() + "' records top-" + std::to_string(d.top_k) +
-                     ", the model selects top-" + std::to_string(shape.top_k));
+  MOEKIT_EXPECTS(d.top_k == shape.top_k, "replay: trace '" + trace.name() + "' records top-" +
+                                             std::to_string(d.top_k) + ", the model selects top-" +
+                                             std::to_string(shape.top_k));
 
   SimLoader& loader = pipeline.loader();
   VirtualClock& clock = loader.clock();

@@ -113,11 +113,16 @@ struct PlotSeries {
   auto esc = [](const std::string& s) {
     std::string o;
     for (char c : s) {
-      if (c == '<') o += "&lt;";
-      else if (c == '>') o += "&gt;";
-      else if (c == '&') o += "&amp;";
-      else if (c == '"') o += "&quot;";
-      else o += c;
+      if (c == '<')
+        o += "&lt;";
+      else if (c == '>')
+        o += "&gt;";
+      else if (c == '&')
+        o += "&amp;";
+      else if (c == '"')
+        o += "&quot;";
+      else
+        o += c;
     }
     return o;
   };
@@ -162,8 +167,8 @@ struct PlotSeries {
   }
   o << "<text x=\"" << L + pw / 2 << "\" y=\"" << H - 15 << "\" text-anchor=\"middle\">"
     << esc(x_label) << "</text>\n"
-    << "<text transform=\"translate(18," << T + ph / 2
-    << ") rotate(-90)\" text-anchor=\"middle\">" << esc(y_label) << "</text>\n";
+    << "<text transform=\"translate(18," << T + ph / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
+    << esc(y_label) << "</text>\n";
   for (std::size_t i = 0; i < series.size(); ++i) {
     const PlotSeries& s = series[i];
     const char* c = colors[i % std::size(colors)];
@@ -180,8 +185,8 @@ struct PlotSeries {
     const double ly = T + 14 + 20.0 * double(i);
     o << "\n<line x1=\"" << L + pw + 12 << "\" y1=\"" << ly << "\" x2=\"" << L + pw + 40
       << "\" y2=\"" << ly << "\" stroke=\"" << c << "\" stroke-width=\"2\""
-      << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << "/><text x=\"" << L + pw + 46
-      << "\" y=\"" << ly + 4 << "\">" << esc(s.name) << "</text>\n";
+      << (s.dashed ? " stroke-dasharray=\"6,4\"" : "") << "/><text x=\"" << L + pw + 46 << "\" y=\""
+      << ly + 4 << "\">" << esc(s.name) << "</text>\n";
   }
   o << "</svg>\n";
   return o.str();

@@ -45,16 +45,16 @@ struct LinkModel {
 
 /// Counters of a SimLoader.
 struct SimLoaderStats {
-  std::uint64_t loads = 0;              ///< transfers started (completed or in progress)
-  std::uint64_t bytes = 0;              ///< bytes of started transfers
+  std::uint64_t loads = 0;  ///< transfers started (completed or in progress)
+  std::uint64_t bytes = 0;  ///< bytes of started transfers
   std::uint64_t demand_bytes = 0;
   std::uint64_t prefetch_bytes = 0;
-  std::uint64_t cancelled = 0;          ///< queued prefetches withdrawn before they started
+  std::uint64_t cancelled = 0;  ///< queued prefetches withdrawn before they started
   std::uint64_t cancelled_bytes = 0;
-  std::uint64_t late_waits = 0;         ///< waits on a prefetch that had not completed yet
-  std::uint64_t late_bytes = 0;         ///< bytes of those prefetches
-  double late_stall_s = 0.0;            ///< stall spent in those waits
-  double busy_s = 0.0;                  ///< time the link spent transferring
+  std::uint64_t late_waits = 0;  ///< waits on a prefetch that had not completed yet
+  std::uint64_t late_bytes = 0;  ///< bytes of those prefetches
+  double late_stall_s = 0.0;     ///< stall spent in those waits
+  double busy_s = 0.0;           ///< time the link spent transferring
 };
 
 /// The simulator's Loader: see the file comment.
@@ -177,7 +177,8 @@ class SimLoader {
     }
     [[nodiscard]] std::size_t size(SimLoader& l) {
       std::size_t n = 0;
-      for (std::size_t i = head; i < ids.size(); ++i) n += l.records_[ids[i]].state == State::queued;
+      for (std::size_t i = head; i < ids.size(); ++i)
+        n += l.records_[ids[i]].state == State::queued;
       return n;
     }
   };
@@ -190,9 +191,9 @@ class SimLoader {
   // out-of-bounds copy (-Warray-bounds, a false positive).
   [[noreturn, gnu::cold, gnu::noinline]] static void unknown_ticket(LoadTicket t,
                                                                     const char* what) {
-    moekit::detail::fail(ErrorKind::invalid_argument,
-                         std::string("SimLoader::") + what + ": unknown ticket " +
-                             std::to_string(t.id));
+    moekit::detail::fail(
+        ErrorKind::invalid_argument,
+        std::string("SimLoader::") + what + ": unknown ticket " + std::to_string(t.id));
   }
 
   /// When the next queued request can start (link free and request submitted); +inf if none.

@@ -92,9 +92,9 @@ struct TransitionStats {
       MOEKIT_EXPECTS(std::isfinite(c) && c >= 0,
                      "TransitionStats: '" + s.origin + "' holds a negative or NaN count");
     if (pop) {
-      MOEKIT_EXPECTS(pop->shape.size() == 2 && pop->shape[0] == s.n_layers &&
-                         pop->shape[1] == s.n_experts,
-                     "TransitionStats: popularity of '" + s.origin + "' must be [L, E]");
+      MOEKIT_EXPECTS(
+          pop->shape.size() == 2 && pop->shape[0] == s.n_layers && pop->shape[1] == s.n_experts,
+          "TransitionStats: popularity of '" + s.origin + "' must be [L, E]");
       s.popularity.resize(pop->data.size());
       for (std::uint32_t l = 0; l < s.n_layers; ++l) {
         double sum = 0;
@@ -151,7 +151,8 @@ struct TransitionStats {
       double total = 0;
       for (std::uint32_t r = 0; r < n_experts; ++r) total += std::pow(r + 1.0, -zipf_s);
       double* pop = s.popularity.data() + std::size_t{l} * n_experts;
-      for (std::uint32_t r = 0; r < n_experts; ++r) pop[perm[r]] = std::pow(r + 1.0, -zipf_s) / total;
+      for (std::uint32_t r = 0; r < n_experts; ++r)
+        pop[perm[r]] = std::pow(r + 1.0, -zipf_s) / total;
       for (std::uint32_t i = 0; i < n_experts; ++i)
         for (std::uint32_t j = 0; j < n_experts; ++j)
           s.transitions[(std::size_t{l} * n_experts + i) * n_experts + j] =
@@ -175,10 +176,17 @@ struct SyntheticModel {
 /// experts, top-6; parametric, no statistics published).
 inline std::vector<SyntheticModel> synthetic_models() {
   return {
-      {"qwen1.5-moe", {.n_layers = 24, .n_experts = 60, .top_k = 4}, "qwen-top1-transition.npy", ""},
-      {"switch-base-128", {.n_layers = 6, .n_experts = 128, .top_k = 1},
-       "switch-top1-transition.npy", ""},
-      {"mixtral-8x7b", {.n_layers = 32, .n_experts = 8, .top_k = 2}, "mixtral-top1-transition.npy",
+      {"qwen1.5-moe",
+       {.n_layers = 24, .n_experts = 60, .top_k = 4},
+       "qwen-top1-transition.npy",
+       ""},
+      {"switch-base-128",
+       {.n_layers = 6, .n_experts = 128, .top_k = 1},
+       "switch-top1-transition.npy",
+       ""},
+      {"mixtral-8x7b",
+       {.n_layers = 32, .n_experts = 8, .top_k = 2},
+       "mixtral-top1-transition.npy",
        "expert_activation_counts.npy"},
       {"deepseek-moe-16b", {.n_layers = 27, .n_experts = 64, .top_k = 6}, "", ""},
   };
@@ -206,8 +214,8 @@ inline constexpr double deepseek_self_transition = 0.12;
 [[nodiscard]] inline TransitionStats load_transition_stats(const SyntheticModel& model,
                                                            const std::string& stats_dir) {
   if (model.transitions_file.empty())
-    return TransitionStats::parametric(model.dims.n_layers, model.dims.n_experts,
-                                       deepseek_zipf_s, deepseek_self_transition, 0x5eed);
+    return TransitionStats::parametric(model.dims.n_layers, model.dims.n_experts, deepseek_zipf_s,
+                                       deepseek_self_transition, 0x5eed);
   const std::string tpath = stats_dir + "/" + model.transitions_file;
   const NpyArray t = read_npy(tpath);
   NpyArray p;
@@ -222,13 +230,13 @@ inline constexpr double deepseek_self_transition = 0.12;
 
 /// What to generate.
 struct SyntheticConfig {
-  std::uint32_t top_k = 0;            ///< experts per token (≤ n_experts)
+  std::uint32_t top_k = 0;  ///< experts per token (≤ n_experts)
   std::size_t sequences = 1;
-  std::size_t prefill_tokens = 0;     ///< per sequence
-  std::size_t decode_tokens = 128;    ///< per sequence
+  std::size_t prefill_tokens = 0;   ///< per sequence
+  std::size_t decode_tokens = 128;  ///< per sequence
   std::uint64_t seed = 0;
-  double dirichlet_alpha = 1.0;       ///< concentration of the weight draw (1: flat Dirichlet)
-  std::string label = "trace";        ///< appended to the "synthetic:" name
+  double dirichlet_alpha = 1.0;  ///< concentration of the weight draw (1: flat Dirichlet)
+  std::string label = "trace";   ///< appended to the "synthetic:" name
 };
 
 namespace detail {
@@ -238,7 +246,7 @@ class SyntheticRng {
  public:
   explicit SyntheticRng(std::uint64_t seed) : g_(seed) {}
   double uniform() noexcept { return double(g_() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double uniform_open() noexcept {                                       // (0, 1)
+  double uniform_open() noexcept {                                      // (0, 1)
     double u;
     do u = uniform();
     while (u == 0.0);
@@ -291,9 +299,9 @@ class SyntheticRng {
                  "SyntheticConfig.dirichlet_alpha must be > 0");
   MOEKIT_EXPECTS(cfg.sequences > 0 && cfg.prefill_tokens + cfg.decode_tokens > 0,
                  "SyntheticConfig: nothing to generate");
-  const std::string name = std::string(stats.is_parametric ? "synthetic-parametric:" : "synthetic:") +
-                           cfg.label + " (seed " + std::to_string(cfg.seed) + ", from " +
-                           stats.origin + ")";
+  const std::string name =
+      std::string(stats.is_parametric ? "synthetic-parametric:" : "synthetic:") + cfg.label +
+      " (seed " + std::to_string(cfg.seed) + ", from " + stats.origin + ")";
   RoutingTrace trace(TraceDims{.n_layers = L, .n_experts = E, .top_k = k}, name, true);
   trace.reserve_tokens(cfg.sequences * (cfg.prefill_tokens + cfg.decode_tokens));
 

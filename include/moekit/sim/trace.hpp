@@ -169,7 +169,9 @@ class RoutingTrace {
   [[nodiscard]] std::size_t sequence_count() const noexcept { return seq_names_.size(); }
   /// Tokens over all sequences.
   [[nodiscard]] std::size_t token_count() const noexcept { return phases_.size(); }
-  [[nodiscard]] std::size_t record_count() const noexcept { return phases_.size() * dims_.n_layers; }
+  [[nodiscard]] std::size_t record_count() const noexcept {
+    return phases_.size() * dims_.n_layers;
+  }
   [[nodiscard]] const std::string& sequence_name(std::size_t s) const { return seq_names_.at(s); }
   [[nodiscard]] std::size_t sequence_length(std::size_t s) const {
     check_seq(s);
@@ -241,9 +243,9 @@ class RoutingTrace {
   std::size_t append_token(Phase p) {
     MOEKIT_EXPECTS(!seq_names_.empty(), "RoutingTrace: append_token before begin_sequence");
     const std::size_t first = seq_first_[seq_names_.size() - 1];
-    MOEKIT_EXPECTS(p == Phase::decode || phases_.size() == first ||
-                       phases_.back() == Phase::prefill,
-                   "RoutingTrace: a prefill token cannot follow a decode token in a sequence");
+    MOEKIT_EXPECTS(
+        p == Phase::decode || phases_.size() == first || phases_.back() == Phase::prefill,
+        "RoutingTrace: a prefill token cannot follow a decode token in a sequence");
     phases_.push_back(p);
     ++seq_first_.back();
     const std::size_t recs = std::size_t{dims_.n_layers};
@@ -272,8 +274,10 @@ class RoutingTrace {
     std::copy(ids.begin(), ids.end(), experts_.begin() + r * dims_.top_k);
     std::copy(w.begin(), w.end(), weights_.begin() + r * dims_.top_k);
     // Guarded: offsetting an empty vector's null begin() is undefined even by zero elements.
-    if (!logits.empty()) std::copy(logits.begin(), logits.end(), logits_.begin() + r * dims_.n_experts);
-    if (!hidden.empty()) std::copy(hidden.begin(), hidden.end(), hidden_.begin() + r * dims_.hidden);
+    if (!logits.empty())
+      std::copy(logits.begin(), logits.end(), logits_.begin() + r * dims_.n_experts);
+    if (!hidden.empty())
+      std::copy(hidden.begin(), hidden.end(), hidden_.begin() + r * dims_.hidden);
   }
   /// Marks a record missing again.
   void clear_route(std::size_t token, std::uint32_t layer) {
@@ -299,7 +303,8 @@ class RoutingTrace {
   /// Records that are present / missing.
   [[nodiscard]] std::size_t missing_count() const noexcept {
     std::size_t n = 0;
-    for (std::size_t r = 0; r < record_count(); ++r) n += experts_[r * dims_.top_k] == missing_expert;
+    for (std::size_t r = 0; r < record_count(); ++r)
+      n += experts_[r * dims_.top_k] == missing_expert;
     return n;
   }
 
@@ -312,10 +317,9 @@ class RoutingTrace {
              });
     };
     return a.dims_ == b.dims_ && a.name_ == b.name_ && a.synthetic_ == b.synthetic_ &&
-           a.seq_names_ == b.seq_names_ && a.seq_first_ == b.seq_first_ &&
-           a.phases_ == b.phases_ && a.experts_ == b.experts_ &&
-           same_floats(a.weights_, b.weights_) && same_floats(a.logits_, b.logits_) &&
-           same_floats(a.hidden_, b.hidden_);
+           a.seq_names_ == b.seq_names_ && a.seq_first_ == b.seq_first_ && a.phases_ == b.phases_ &&
+           a.experts_ == b.experts_ && same_floats(a.weights_, b.weights_) &&
+           same_floats(a.logits_, b.logits_) && same_floats(a.hidden_, b.hidden_);
   }
 
  private:

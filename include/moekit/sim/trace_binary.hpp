@@ -7,8 +7,8 @@
 /// |--------|------|--------------------------------------------------------------------|
 /// | 0      | 8    | magic "MOEKTRC\0"                                                  |
 /// | 8      | 4    | version (u32) = 1                                                  |
-/// | 12     | 4    | flags (u32): bit0 logits stored, bit1 hidden stored, bit2 synthetic; other bits 0 |
-/// | 16     | 4    | n_layers (u32)                                                     |
+/// | 12     | 4    | flags (u32): bit0 logits stored, bit1 hidden stored, bit2 synthetic; other
+/// bits 0 | | 16     | 4    | n_layers (u32)                                                     |
 /// | 20     | 4    | n_experts (u32)                                                    |
 /// | 24     | 4    | top_k (u32)                                                        |
 /// | 28     | 4    | hidden (u32; 0 unless bit1)                                        |
@@ -53,7 +53,8 @@ namespace detail {
 
 inline void require_little_endian(std::string_view what) {
   if constexpr (std::endian::native != std::endian::little)
-    ::moekit::detail::fail(ErrorKind::unsupported, std::string(what) + ": big-endian hosts are not supported");
+    ::moekit::detail::fail(ErrorKind::unsupported,
+                           std::string(what) + ": big-endian hosts are not supported");
 }
 
 class ByteWriter {
@@ -101,9 +102,9 @@ class ByteReader {
   }
   [[nodiscard]] std::size_t remaining() const noexcept { return bytes_.size() - pos_; }
   [[noreturn]] void bad(std::string_view field, std::string_view why) const {
-    ::moekit::detail::fail(ErrorKind::invalid_format,
-         "trace '" + std::string(source_) + "': field '" + std::string(field) + "': " +
-             std::string(why));
+    ::moekit::detail::fail(ErrorKind::invalid_format, "trace '" + std::string(source_) +
+                                                          "': field '" + std::string(field) +
+                                                          "': " + std::string(why));
   }
 
  private:
@@ -176,8 +177,8 @@ inline BinaryTraceHeader read_trace_header(ByteReader& r) {
   if (std::memcmp(magic, trace_magic, 8) != 0) r.bad("magic", "not a moekit trace (bad magic)");
   const auto version = r.get<std::uint32_t>("version");
   if (version != trace_format_version)
-    r.bad("version", "unsupported version " + std::to_string(version) + " (this reader: " +
-                         std::to_string(trace_format_version) + ")");
+    r.bad("version", "unsupported version " + std::to_string(version) +
+                         " (this reader: " + std::to_string(trace_format_version) + ")");
   BinaryTraceHeader h;
   h.flags = r.get<std::uint32_t>("flags");
   if (h.flags & ~(trace_flag_logits | trace_flag_hidden | trace_flag_synthetic))
@@ -241,8 +242,9 @@ inline TraceArrayCounts trace_array_counts(const ByteReader& r, const TraceDims&
     overflow |= c.slots > UINT64_MAX / 4 || c.logits > UINT64_MAX / 4 || c.hidden > UINT64_MAX / 4;
   }
   if (overflow || need != r.remaining())
-    r.bad("n_tokens", "counts imply " + (overflow ? std::string("an overflowing size")
-                                                  : std::to_string(need) + " bytes of arrays") +
+    r.bad("n_tokens", "counts imply " +
+                          (overflow ? std::string("an overflowing size")
+                                    : std::to_string(need) + " bytes of arrays") +
                           " but " + std::to_string(r.remaining()) + " bytes follow");
   return c;
 }

@@ -59,10 +59,14 @@ inline TraceFileFormat detect_trace_format(std::span<const std::byte> bytes,
                                                    std::string_view source = "<memory>") {
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   switch (detect_trace_format(bytes, source)) {
-    case TraceFileFormat::binary: return parse_trace_binary(bytes, source);
-    case TraceFileFormat::moekit_jsonl: return parse_trace_jsonl(text, source);
-    case TraceFileFormat::mixtral_decode: return parse_mixtral_decode_jsonl(text, source);
-    case TraceFileFormat::mixtral_raw: return parse_mixtral_raw_jsonl(text, source);
+    case TraceFileFormat::binary:
+      return parse_trace_binary(bytes, source);
+    case TraceFileFormat::moekit_jsonl:
+      return parse_trace_jsonl(text, source);
+    case TraceFileFormat::mixtral_decode:
+      return parse_mixtral_decode_jsonl(text, source);
+    case TraceFileFormat::mixtral_raw:
+      return parse_mixtral_raw_jsonl(text, source);
   }
   ::moekit::detail::fail(ErrorKind::internal, "parse_trace_file: unknown format");
 }

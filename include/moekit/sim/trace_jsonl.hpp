@@ -69,9 +69,9 @@ class JsonlContext {
   explicit JsonlContext(std::string_view source) : source_(source) {}
   void at_line(std::size_t n) noexcept { line_ = n; }
   [[noreturn]] void bad(std::string_view field, std::string_view why) const {
-    ::moekit::detail::fail(ErrorKind::invalid_format, "trace '" + std::string(source_) + "' line " +
-                                        std::to_string(line_) + ": field '" + std::string(field) +
-                                        "': " + std::string(why));
+    ::moekit::detail::fail(ErrorKind::invalid_format,
+                           "trace '" + std::string(source_) + "' line " + std::to_string(line_) +
+                               ": field '" + std::string(field) + "': " + std::string(why));
   }
   nlohmann::json parse(std::string_view line) const {
     try {
@@ -90,8 +90,8 @@ class JsonlContext {
   std::uint64_t get_uint(const nlohmann::json& obj, const char* key,
                          std::uint64_t max = UINT32_MAX) const {
     const auto& v = member(obj, key);
-    if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() &&
-                                   v.get<std::int64_t>() < 0))
+    if (!v.is_number_integer() ||
+        (v.is_number_integer() && !v.is_number_unsigned() && v.get<std::int64_t>() < 0))
       bad(key, "must be a non-negative integer");
     const auto x = v.get<std::uint64_t>();
     if (x > max) bad(key, "too large");
@@ -156,10 +156,10 @@ inline nlohmann::json floats_json(std::span<const float> v) {
 [[nodiscard]] inline std::string serialize_trace_jsonl(const RoutingTrace& trace) {
   const TraceDims& d = trace.dims();
   std::string out;
-  nlohmann::json h = {{"format", "moekit-trace"}, {"version", 1},
-                      {"name", trace.name()},     {"synthetic", trace.synthetic()},
-                      {"n_layers", d.n_layers},   {"n_experts", d.n_experts},
-                      {"top_k", d.top_k},         {"hidden", d.hidden},
+  nlohmann::json h = {{"format", "moekit-trace"},  {"version", 1},
+                      {"name", trace.name()},      {"synthetic", trace.synthetic()},
+                      {"n_layers", d.n_layers},    {"n_experts", d.n_experts},
+                      {"top_k", d.top_k},          {"hidden", d.hidden},
                       {"has_logits", d.has_logits}};
   out += h.dump() + '\n';
   for (std::size_t s = 0; s < trace.sequence_count(); ++s) {
@@ -173,8 +173,8 @@ inline nlohmann::json floats_json(std::span<const float> v) {
           continue;
         }
         nlohmann::json rec;
-        rec["experts"] = std::vector<std::uint32_t>(trace.experts(g, l).begin(),
-                                                    trace.experts(g, l).end());
+        rec["experts"] =
+            std::vector<std::uint32_t>(trace.experts(g, l).begin(), trace.experts(g, l).end());
         rec["weights"] = detail::floats_json(trace.weights(g, l));
         if (d.has_logits) rec["logits"] = detail::floats_json(trace.logits(g, l));
         if (d.hidden) rec["hidden"] = detail::floats_json(trace.hidden(g, l));
@@ -212,9 +212,9 @@ inline nlohmann::json floats_json(std::span<const float> v) {
       // A token line allocates its records before they are read: bound the values per token
       // (real models: 64 layers × (256 logits + 8192 hidden) ≈ 0.5 M) so that a hostile header
       // cannot request gigabytes.
-      const double per_token = double(d.n_layers) * (2.0 * d.top_k +
-                                                     (d.has_logits ? double(d.n_experts) : 0.0) +
-                                                     double(d.hidden));
+      const double per_token =
+          double(d.n_layers) *
+          (2.0 * d.top_k + (d.has_logits ? double(d.n_experts) : 0.0) + double(d.hidden));
       if (per_token > double(max_jsonl_values_per_token))
         cx.bad("n_layers", "dimensions imply more than 2^24 values per token");
       trace = RoutingTrace(d, cx.get_string(j, "name"), cx.get_bool(j, "synthetic"));
@@ -232,8 +232,7 @@ inline nlohmann::json floats_json(std::span<const float> v) {
     const Phase p = ph == "prefill" ? Phase::prefill : Phase::decode;
     const bool after_decode = trace.sequence_length(trace.sequence_count() - 1) > 0 &&
                               trace.phase(trace.token_count() - 1) == Phase::decode;
-    if (p == Phase::prefill && after_decode)
-      cx.bad("phase", "prefill token after a decode token");
+    if (p == Phase::prefill && after_decode) cx.bad("phase", "prefill token after a decode token");
     const auto& layers = cx.member(j, "layers");
     if (!layers.is_array() || layers.size() != d.n_layers)
       cx.bad("layers", "must be an array of n_layers entries");
@@ -274,8 +273,8 @@ inline nlohmann::json floats_json(std::span<const float> v) {
 inline void write_trace_jsonl(const RoutingTrace& trace, const std::string& path,
                               bool overwrite = false) {
   const std::string text = serialize_trace_jsonl(trace);
-  detail::write_file_bytes(
-      path, std::as_bytes(std::span<const char>(text.data(), text.size())), overwrite);
+  detail::write_file_bytes(path, std::as_bytes(std::span<const char>(text.data(), text.size())),
+                           overwrite);
 }
 
 // ---- importers for the shared Mixtral traces ----------------------------------------------------
@@ -326,9 +325,10 @@ inline MixtralRecord parse_mixtral_record(const JsonlContext& cx, std::string_vi
 /// order of first appearance, named "<dataset>/<problem_id>"). Records must appear with
 /// `token_idx` = 0, 1, 2, … within each (problem, layer). A sequence has as many tokens as its
 /// longest layer; shorter layers end in missing records (see the file comment for the drift).
-[[nodiscard]] inline RoutingTrace parse_mixtral_decode_jsonl(
-    std::string_view text, std::string_view source = "<memory>",
-    TraceDims dims = mixtral_trace_dims, std::string name = "") {
+[[nodiscard]] inline RoutingTrace parse_mixtral_decode_jsonl(std::string_view text,
+                                                             std::string_view source = "<memory>",
+                                                             TraceDims dims = mixtral_trace_dims,
+                                                             std::string name = "") {
   dims.validate();
   detail::JsonlContext cx(source);
   struct Seq {
@@ -347,8 +347,10 @@ inline MixtralRecord parse_mixtral_record(const JsonlContext& cx, std::string_vi
                          std::vector<std::vector<detail::MixtralRecord>>(dims.n_layers)});
     auto& layer = seqs[it->second].layers[r.layer];
     if (r.pos != layer.size())
-      cx.bad("token_idx", "expected " + std::to_string(layer.size()) + " (token_idx counts the "
-                          "records of each layer), got " + std::to_string(r.pos));
+      cx.bad("token_idx", "expected " + std::to_string(layer.size()) +
+                              " (token_idx counts the "
+                              "records of each layer), got " +
+                              std::to_string(r.pos));
     layer.push_back(std::move(r));
   });
   if (seqs.empty()) cx.bad("<file>", "no records");

@@ -36,9 +36,12 @@ struct PrecisionSplit {
       double s = 0;
       const auto w = trace.weights(g, l);
       for (std::uint32_t i = 0; i < d.top_k; ++i) {
-        if (i == 0 || s <= t1) ++high;
-        else if (s <= t2) ++low;
-        else ++skip;
+        if (i == 0 || s <= t1)
+          ++high;
+        else if (s <= t2)
+          ++low;
+        else
+          ++skip;
         s += w[i];
       }
     }
@@ -113,7 +116,8 @@ struct ReuseStats {
     double sum = 0;
     for (std::uint32_t e = 0; e < d.n_experts; ++e) sum += counts[std::size_t{l} * d.n_experts + e];
     if (sum > 0)
-      for (std::uint32_t e = 0; e < d.n_experts; ++e) counts[std::size_t{l} * d.n_experts + e] /= sum;
+      for (std::uint32_t e = 0; e < d.n_experts; ++e)
+        counts[std::size_t{l} * d.n_experts + e] /= sum;
   }
   return counts;
 }

@@ -21,9 +21,9 @@ class VirtualClock {
 
   /// Advances by `seconds` of work (compute). Throws on a negative or non-finite duration.
   void advance(double seconds) {
-    MOEKIT_EXPECTS(seconds >= 0 && seconds < 1e300,
-                   "VirtualClock::advance: duration must be finite and >= 0, got " +
-                       std::to_string(seconds));
+    MOEKIT_EXPECTS(
+        seconds >= 0 && seconds < 1e300,
+        "VirtualClock::advance: duration must be finite and >= 0, got " + std::to_string(seconds));
     now_ += seconds;
   }
   /// Advances to time `t` if it is later, counting the difference as stall (waiting for I/O).

@@ -26,8 +26,8 @@ using sim::TraceDims;
 
 /// Which tokens of a trace to use.
 struct TraceSelection {
-  bool prefill = false;  ///< include prefill tokens
-  bool decode = true;    ///< include decode tokens
+  bool prefill = false;         ///< include prefill tokens
+  bool decode = true;           ///< include decode tokens
   std::size_t first_token = 0;  ///< global token range [first_token, end_token)
   std::size_t end_token = std::numeric_limits<std::size_t>::max();
 
@@ -62,10 +62,10 @@ inline void add_trace(ActivationPathProfile& profile, const RoutingTrace& trace,
 
 /// How well the top-`budget` ranked experts cover the true experts of the next layer.
 struct ActivationPathAccuracy {
-  std::uint64_t queries = 0;  ///< (token, layer ≥ 1) with the layer and its history present
-  std::uint64_t truth = 0;    ///< true experts over those queries
-  std::uint64_t covered = 0;  ///< of which among the top-`budget` predictions
-  std::uint64_t top1_hits = 0;  ///< queries whose true top-1 expert was among the predictions
+  std::uint64_t queries = 0;        ///< (token, layer ≥ 1) with the layer and its history present
+  std::uint64_t truth = 0;          ///< true experts over those queries
+  std::uint64_t covered = 0;        ///< of which among the top-`budget` predictions
+  std::uint64_t top1_hits = 0;      ///< queries whose true top-1 expert was among the predictions
   std::uint64_t by_source[4] = {};  ///< answered by path2, path1, marginal, none
   [[nodiscard]] double recall() const noexcept {
     return truth ? double(covered) / double(truth) : 0.0;
@@ -100,8 +100,10 @@ struct ActivationPathAccuracy {
     for (std::uint32_t n = 1; n < d.n_layers; ++n) {
       if (!trace.valid(t, n) || !trace.valid(t, n - 1)) continue;
       sorted(t, n - 1, prev1);
-      if (n >= 2) sorted(t, n - 2, prev2);
-      else prev2.clear();
+      if (n >= 2)
+        sorted(t, n - 2, prev2);
+      else
+        prev2.clear();
       const auto src = profile.rank(n, prev2, prev1, min_support, ranked, key);
       ++acc.by_source[static_cast<int>(src)];
       ++acc.queries;

@@ -45,16 +45,16 @@ struct BitwidthSearchConfig {
 
 /// What the search decided, and what it measured on the way.
 struct BitwidthSearchResult {
-  PrecisionTable table;                  ///< the chosen precision per expert
-  Precision low = Precision::q2;         ///< b_lo
-  Precision high = Precision::q4;        ///< b_hi
-  std::vector<double> uniform_loss;      ///< loss with every expert at candidates[i]
-  std::vector<double> importance;        ///< per expert (layer·E + expert); empty if not needed
-  std::vector<ExpertKey> order;          ///< least important first
-  std::size_t k = 0;                     ///< experts at `low`
-  double loss = 0.0;                     ///< evaluated loss of `table`
-  std::size_t evaluations = 0;           ///< evaluator calls in total
-  std::size_t search_evaluations = 0;    ///< of which in the K search
+  PrecisionTable table;                ///< the chosen precision per expert
+  Precision low = Precision::q2;       ///< b_lo
+  Precision high = Precision::q4;      ///< b_hi
+  std::vector<double> uniform_loss;    ///< loss with every expert at candidates[i]
+  std::vector<double> importance;      ///< per expert (layer·E + expert); empty if not needed
+  std::vector<ExpertKey> order;        ///< least important first
+  std::size_t k = 0;                   ///< experts at `low`
+  double loss = 0.0;                   ///< evaluated loss of `table`
+  std::size_t evaluations = 0;         ///< evaluator calls in total
+  std::size_t search_evaluations = 0;  ///< of which in the K search
 };
 
 namespace detail {
@@ -147,7 +147,8 @@ void search_k(std::uint32_t n_layers, std::uint32_t n_experts, double loss_budge
     const double loss = eval(table_for(mid));
     if (loss <= loss_budget)
       good = mid, good_loss = loss;
-    else bad = mid;
+    else
+      bad = mid;
   }
   r.search_evaluations = r.evaluations - before;
   r.k = good;

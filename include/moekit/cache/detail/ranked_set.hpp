@@ -91,7 +91,7 @@ class RankedSet {
   template <class Pred>
   [[nodiscard]] std::optional<std::uint32_t> first(Pred&& pred) const {
     if (heap_.empty()) return std::nullopt;
-    if (pred(heap_[0])) return heap_[0];  // the usual case: the minimum is not pinned
+    if (pred(heap_[0])) return heap_[0];     // the usual case: the minimum is not pinned
     std::array<std::uint32_t, 64> frontier;  // heap positions still to look at
     std::size_t n = 0;
     frontier[n++] = 0;

@@ -49,8 +49,10 @@ class UseCountPolicy {
   }
   void on_insert(ExpertKey key, const AccessInfo& a) noexcept {
     const std::uint32_t i = dense_index(key, n_experts_);
-    if (a.prefetch) records_.touch(i, a);
-    else records_.use(i, a, a.token, high_);
+    if (a.prefetch)
+      records_.touch(i, a);
+    else
+      records_.use(i, a, a.token, high_);
     rerank(i);
   }
   void on_evict(ExpertKey key) noexcept { ranked_.erase(dense_index(key, n_experts_)); }

@@ -11,7 +11,8 @@
 
 namespace moekit::io::detail {
 
-/// Reads a little-endian unsigned integer of sizeof(T) bytes (host is little-endian: checked below).
+/// Reads a little-endian unsigned integer of sizeof(T) bytes (host is little-endian: checked
+/// below).
 template <class T>
 T load_le(const std::byte* p) noexcept {
   T v;

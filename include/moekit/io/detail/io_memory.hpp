@@ -28,17 +28,21 @@ namespace moekit::io::detail {
 inline constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
 
 /// True when a buffer of `bytes` is mapped on a huge-page boundary (and freed with munmap).
-[[nodiscard]] constexpr bool uses_huge_pages(std::size_t bytes) noexcept { return bytes >= huge_page_bytes; }
+[[nodiscard]] constexpr bool uses_huge_pages(std::size_t bytes) noexcept {
+  return bytes >= huge_page_bytes;
+}
 
 /// `bytes` (> 0) of uninitialised memory aligned to `alignment` (a power of two); from a fresh
 /// mapping, aligned to at least 2 MiB and MADV_HUGEPAGE-marked when `uses_huge_pages(bytes)`.
 /// Throws std::bad_alloc. Free with `free_io_memory(p, bytes)`.
 [[nodiscard]] inline std::byte* allocate_io_memory(std::size_t bytes, std::size_t alignment) {
-  MOEKIT_EXPECTS(bytes > 0 && alignment >= sizeof(void*) && (alignment & (alignment - 1)) == 0,
-                 "allocate_io_memory: bytes must be > 0 and alignment a power of two >= sizeof(void*)");
+  MOEKIT_EXPECTS(
+      bytes > 0 && alignment >= sizeof(void*) && (alignment & (alignment - 1)) == 0,
+      "allocate_io_memory: bytes must be > 0 and alignment a power of two >= sizeof(void*)");
   if (!uses_huge_pages(bytes)) {
     // aligned_alloc wants a size that is a multiple of the alignment.
-    auto* p = static_cast<std::byte*>(std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment));
+    auto* p = static_cast<std::byte*>(
+        std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment));
     if (p == nullptr) throw std::bad_alloc();
     return p;
   }
@@ -51,7 +55,8 @@ inline constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
   const auto base = reinterpret_cast<std::uintptr_t>(raw);
   const std::uintptr_t aligned = (base + align - 1) / align * align;
   if (aligned > base) ::munmap(raw, aligned - base);
-  if (base + total > aligned + len) ::munmap(reinterpret_cast<void*>(aligned + len), base + total - aligned - len);
+  if (base + total > aligned + len)
+    ::munmap(reinterpret_cast<void*>(aligned + len), base + total - aligned - len);
   // Only a hint: without THP (EINVAL) the buffer simply stays on 4 KiB pages.
   (void)::madvise(reinterpret_cast<void*>(aligned), len, MADV_HUGEPAGE);
   return reinterpret_cast<std::byte*>(aligned);

@@ -22,8 +22,7 @@ namespace moekit::io::detail {
 /// Throws `Error(io)` "<what> '<path>': <strerror(err)>".
 [[noreturn]] inline void fail_errno(std::string_view what, const std::string& path, int err,
                                     source_location where = source_location::current()) {
-  throw Error(ErrorKind::io,
-              std::string(what) + " '" + path + "': " + std::strerror(err), where);
+  throw Error(ErrorKind::io, std::string(what) + " '" + path + "': " + std::strerror(err), where);
 }
 
 /// An owned file descriptor; closes on destruction. Move-only.

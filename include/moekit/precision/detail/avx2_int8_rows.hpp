@@ -53,15 +53,17 @@ MOEKIT_TARGET_AVX2 inline Int8Activation prepare_into(const float* x, std::size_
   for (std::size_t c = 0; c < chunks; ++c) {
     __m256 v[4];
     for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 32 * c + 8 * i);
-    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-                                   _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+    const __m256 m =
+        _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                      _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
     const float d = amax / 127.f, inv = amax > 0 ? 127.f / amax : 0.f;
     __m256i q[4];
     for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
-    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    const __m256i sum =
+        _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
@@ -89,8 +91,11 @@ MOEKIT_TARGET_AVX2 inline Int8Activation prepare(const float* x, std::size_t col
 /// `vpmaddubsw` + `vpmaddwd` (exact while no int16 pair sum passes 32767).
 template <bool Vnni>
 MOEKIT_TARGET_AVX2_VNNI inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) noexcept {
-  if constexpr (Vnni) return _mm256_dpbusd_avx_epi32(acc, u, s);
-  else return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+  if constexpr (Vnni)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+  else
+    return _mm256_add_epi32(acc,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 
 /// Σ code·xq per int32 lane of 32 unsigned codes `u` by the int8 activation `s`: q8 codes without
@@ -126,13 +131,16 @@ MOEKIT_TARGET_AVX2_VNNI inline __m256i half_dot(__m256i v, const __m256i* act) n
     if constexpr (Vnni) {
       __m256i d = z;
       for (unsigned k = 0; k < planes; ++k)
-        d = _mm256_dpbusd_avx_epi32(d, _mm256_and_si256(_mm256_srli_epi16(v, static_cast<int>(k * Bits)), m), act[k]);
+        d = _mm256_dpbusd_avx_epi32(
+            d, _mm256_and_si256(_mm256_srli_epi16(v, static_cast<int>(k * Bits)), m), act[k]);
       return d;
     } else {  // the int16 products of all planes first: 4 · 2 · 3 · 127 and 2 · 2 · 15 · 127 fit
       __m256i s16 = z;
       for (unsigned k = 0; k < planes; ++k)
-        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(
-                                        _mm256_and_si256(_mm256_srli_epi16(v, static_cast<int>(k * Bits)), m), act[k]));
+        s16 = _mm256_add_epi16(
+            s16,
+            _mm256_maddubs_epi16(
+                _mm256_and_si256(_mm256_srli_epi16(v, static_cast<int>(k * Bits)), m), act[k]));
       return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
     }
   }
@@ -151,8 +159,9 @@ constexpr std::size_t prefetch_bytes = 8 * 1024;
 
 /// The f16 values (scales or zero points) at `v` of the groups of 8 chunks (groups of 2^shift
 /// chunks), one per chunk lane; exact-size loads never read past the row's values.
-MOEKIT_TARGET_AVX2 inline __m256 chunk_values(const std::byte* v, int shift, __m256i lane_group) noexcept {
-  const __m128i h = shift == 0 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(v))
+MOEKIT_TARGET_AVX2 inline __m256 chunk_values(const std::byte* v, int shift,
+                                              __m256i lane_group) noexcept {
+  const __m128i h = shift == 0   ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(v))
                     : shift == 1 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v))
                                  : _mm_loadu_si32(v);
   return _mm256_permutevar8x32_ps(_mm256_cvtph_ps(h), lane_group);
@@ -161,10 +170,13 @@ MOEKIT_TARGET_AVX2 inline __m256 chunk_values(const std::byte* v, int shift, __m
 /// The chunks' s·dx of half a block, one per int32 lane as half_dot lays them out.
 template <unsigned Bits>
 MOEKIT_TARGET_AVX2 inline __m256 half_scales(const float* sdx) noexcept {
-  if constexpr (Bits == 8) return _mm256_set1_ps(sdx[0]);
-  else if constexpr (Bits == 4) return _mm256_set_m128(_mm_set1_ps(sdx[1]), _mm_set1_ps(sdx[0]));
-  else return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sdx)),
-                                       _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+  if constexpr (Bits == 8)
+    return _mm256_set1_ps(sdx[0]);
+  else if constexpr (Bits == 4)
+    return _mm256_set_m128(_mm_set1_ps(sdx[1]), _mm_set1_ps(sdx[0]));
+  else
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sdx)),
+                                    _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
 }
 
 /// q8 without VNNI computes Σ(q − 128)·x: the zero point is then z − 128.
@@ -237,7 +249,8 @@ MOEKIT_TARGET_AVX2 inline void group_activation(const std::int8_t* xq, __m256i* 
 /// (as the AVX-512 kernel's chunk_sums16; per half block they were a conversion, a broadcast of
 /// its scales and an FMA).
 template <unsigned Bits, bool Vnni>
-MOEKIT_TARGET_AVX2_VNNI inline __m256i chunk_sums8(const std::byte* p, const __m256i* act) noexcept {
+MOEKIT_TARGET_AVX2_VNNI inline __m256i chunk_sums8(const std::byte* p,
+                                                   const __m256i* act) noexcept {
   constexpr unsigned planes = 8 / Bits;
   __m256i d[Bits];
   for (unsigned h = 0; h < Bits; ++h)
@@ -246,9 +259,11 @@ MOEKIT_TARGET_AVX2_VNNI inline __m256i chunk_sums8(const std::byte* p, const __m
   if constexpr (Bits == 8) {  // half h: chunk h in all lanes
     const __m256i u = add_halves(add_pairs(d[0], d[1]), add_pairs(d[2], d[3]));
     const __m256i w = add_halves(add_pairs(d[4], d[5]), add_pairs(d[6], d[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(u, w, 0x20), _mm256_permute2x128_si256(u, w, 0x31));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u, w, 0x20),
+                            _mm256_permute2x128_si256(u, w, 0x31));
   } else if constexpr (Bits == 4) {  // half h: chunk 2h in lanes 0-3, 2h+1 in 4-7
-    const __m256i s = add_halves(add_pairs(d[0], d[1]), add_pairs(d[2], d[3]));  // 0 2 4 6 | 1 3 5 7
+    const __m256i s =
+        add_halves(add_pairs(d[0], d[1]), add_pairs(d[2], d[3]));  // 0 2 4 6 | 1 3 5 7
     return _mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   } else {  // half h: chunk 4h + L/2 in lane L
     const __m256 f0 = _mm256_castsi256_ps(d[0]), f1 = _mm256_castsi256_ps(d[1]);
@@ -316,15 +331,18 @@ MOEKIT_TARGET_AVX2_VNNI inline float row_dot_from(const std::byte* row, const Ro
     block_into<Bits, Vnni>(row + c * chunk_bytes, act, sdx + c, st);
   }
   float total = hsum(_mm256_add_ps(st.acc0, st.acc1));
-  for (; c < chunks; ++c) {  // chunks after the last whole block: codes and activation in chunk order
-    const __m256i d = codes_dot<Bits, Vnni>(codes32<Bits>(row + c * chunk_bytes),
-                                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * c)));
+  for (; c < chunks;
+       ++c) {  // chunks after the last whole block: codes and activation in chunk order
+    const __m256i d =
+        codes_dot<Bits, Vnni>(codes32<Bits>(row + c * chunk_bytes),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * c)));
     total += sdx[c] * hsum(_mm256_cvtepi32_ps(d));
   }
   float tail = 0.f;  // columns after the last whole chunk, in floats
   for (std::size_t col = chunks * 32; col < l.cols; ++col) {
     const std::size_t g = col / l.group_size;
-    tail += group_scale(row, l, g) * (static_cast<float>(read_code(row, col, Bits)) - group_zero(row, l, g)) * a.x[col];
+    tail += group_scale(row, l, g) *
+            (static_cast<float>(read_code(row, col, Bits)) - group_zero(row, l, g)) * a.x[col];
   }
   return total - zero_term + tail;
 }
@@ -351,7 +369,7 @@ MOEKIT_TARGET_AVX2_VNNI inline void panel_step(const std::byte* step, const Pane
   const __m256i lane_group = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), shift);
   const std::byte* values = step + H * l.code_bytes;
   const std::size_t half = 2 * (8u >> shift);  // bytes of the f16 values of eight chunks
-  alignas(32) float sdx[H][16];                 // per row: s·dx of the step's chunks
+  alignas(32) float sdx[H][16];                // per row: s·dx of the step's chunks
   for (std::size_t n = 0; n < H; ++n) {
     const std::byte* sc = values + n * l.value_bytes;
     const std::byte* zp = values + (H + n) * l.value_bytes;
@@ -373,9 +391,9 @@ MOEKIT_TARGET_AVX2_VNNI inline void panel_step(const std::byte* step, const Pane
     group_activation<Bits>(a.xq + 32 * (c + g), act);
     for (std::size_t n = 0; n < H; ++n) {
       __m256& acc = g ? st[n].acc1 : st[n].acc0;
-      acc = _mm256_fmadd_ps(
-          _mm256_cvtepi32_ps(chunk_sums8<Bits, Vnni>(step + n * l.code_bytes + g * chunk_bytes, act)),
-          _mm256_loadu_ps(sdx[n] + g), acc);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(chunk_sums8<Bits, Vnni>(
+                                step + n * l.code_bytes + g * chunk_bytes, act)),
+                            _mm256_loadu_ps(sdx[n] + g), acc);
     }
   }
 }

@@ -55,7 +55,8 @@ MOEKIT_TARGET_AVX2 inline void chunk_scales(const std::byte* row, const RowLayou
 template <unsigned Bits, bool Vnni>
 MOEKIT_TARGET_AVX2 inline void code_planes(__m256i v, __m256i* out) noexcept {
   if constexpr (Bits == 8) {
-    out[0] = Vnni ? v : _mm256_abs_epi8(_mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))));
+    out[0] =
+        Vnni ? v : _mm256_abs_epi8(_mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))));
   } else {
     const __m256i m = _mm256_set1_epi8(static_cast<char>((1u << Bits) - 1u));
     for (unsigned k = 0; k < 8 / Bits; ++k)
@@ -66,18 +67,21 @@ MOEKIT_TARGET_AVX2 inline void code_planes(__m256i v, __m256i* out) noexcept {
 /// Σ code·xq per int32 lane of half a block: planes from code_planes, `v` the raw codes (q8
 /// without VNNI: the sign of q − 128), `x` the activation planes.
 template <unsigned Bits, bool Vnni>
-MOEKIT_TARGET_AVX2_VNNI inline __m256i plane_dot(const __m256i* code, __m256i v, const __m256i* x) noexcept {
+MOEKIT_TARGET_AVX2_VNNI inline __m256i plane_dot(const __m256i* code, __m256i v,
+                                                 const __m256i* x) noexcept {
   if constexpr (Bits == 8) {
     if constexpr (Vnni) return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), code[0], x[0]);
     const __m256i w = _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80)));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(code[0], _mm256_sign_epi8(x[0], w)), _mm256_set1_epi16(1));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(code[0], _mm256_sign_epi8(x[0], w)),
+                             _mm256_set1_epi16(1));
   } else if constexpr (Vnni) {
     __m256i d = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), code[0], x[0]);
     for (unsigned k = 1; k < 8 / Bits; ++k) d = _mm256_dpbusd_avx_epi32(d, code[k], x[k]);
     return d;
   } else {  // int16 sums of all planes first (fit: see half_dot)
     __m256i s16 = _mm256_maddubs_epi16(code[0], x[0]);
-    for (unsigned k = 1; k < 8 / Bits; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(code[k], x[k]));
+    for (unsigned k = 1; k < 8 / Bits; ++k)
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(code[k], x[k]));
     return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
   }
 }
@@ -91,14 +95,16 @@ MOEKIT_TARGET_AVX2_VNNI inline float tile_tail(const std::byte* row, const RowLa
   __m256 acc = _mm256_setzero_ps();
   float zero_term = 0.f;
   for (; c < chunks; ++c) {
-    const __m256i d = codes_dot<Bits, Vnni>(codes32<Bits>(row + c * 4 * Bits),
-                                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * c)));
+    const __m256i d =
+        codes_dot<Bits, Vnni>(codes32<Bits>(row + c * 4 * Bits),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * c)));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(s[c] * a.dx[c]), acc);
     zero_term += sz[c] * a.dx_sum[c];
   }
   float total = hsum(acc) - zero_term;
   constexpr Precision p = Bits == 8 ? Precision::q8 : Bits == 4 ? Precision::q4 : Precision::q2;
-  for (std::size_t col = chunks * 32; col < l.cols; ++col) total += weight_at(row, l, p, col) * a.x[col];
+  for (std::size_t col = chunks * 32; col < l.cols; ++col)
+    total += weight_at(row, l, p, col) * a.x[col];
   return total;
 }
 
@@ -112,7 +118,8 @@ MOEKIT_TARGET_AVX2_VNNI inline void tile_dots(const TileInput<R, TMax>& in, cons
   __m256 acc[R][T];
   for (std::size_t r = 0; r < R; ++r)
     for (std::size_t t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  // Half blocks: the half's chunks from `c`, its activation planes at 32·(block start) + 32·half + 64·k.
+  // Half blocks: the half's chunks from `c`, its activation planes at 32·(block start) + 32·half +
+  // 64·k.
   for (std::size_t c0 = 0; c0 < blocked; c0 += 8) {
     const std::size_t end = std::min(blocked, c0 + 8);
     for (std::size_t c = c0; c < end; c += per_half) {
@@ -144,9 +151,10 @@ MOEKIT_TARGET_AVX2_VNNI inline void tile_dots(const TileInput<R, TMax>& in, cons
   }
   for (std::size_t r = 0; r < R; ++r)
     for (std::size_t t = 0; t < T; ++t) {
-      const float tail = blocked < chunks || chunks * 32 < l.cols
-                             ? tile_tail<Bits, Vnni>(in.rows[r], l, in.s[r], in.sz[r], *in.acts[t], blocked)
-                             : 0.f;
+      const float tail =
+          blocked < chunks || chunks * 32 < l.cols
+              ? tile_tail<Bits, Vnni>(in.rows[r], l, in.s[r], in.sz[r], *in.acts[t], blocked)
+              : 0.f;
       out[r * T + t] = hsum(acc[r][t]) + tail;
     }
 }

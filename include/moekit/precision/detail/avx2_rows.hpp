@@ -152,7 +152,8 @@ MOEKIT_TARGET_AVX2 inline void dequant_row(const std::byte* row, const RowLayout
     for (std::size_t c = c0; c < c1; ++c) {
       __m256 q[4];
       chunk_codes<Bits>(row + c * chunk_bytes, q);
-      for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 32 * c + 8 * k, _mm256_fmsub_ps(q[k], s, sz));
+      for (int k = 0; k < 4; ++k)
+        _mm256_storeu_ps(out + 32 * c + 8 * k, _mm256_fmsub_ps(q[k], s, sz));
     }
   }
   for (std::size_t c = full * 32; c < l.cols; ++c) out[c] = weight_at(row, l, P, c);

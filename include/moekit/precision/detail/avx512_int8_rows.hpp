@@ -61,8 +61,8 @@ constexpr std::size_t block_position(unsigned bits, std::size_t j, std::size_t i
 /// the last whole block (`blocked` chunks), in the chunk's own 32 bytes in chunk_slot order.
 /// Shared by the AVX-512 and the AVX2 prepare, so both give the same layout.
 __attribute__((target("ssse3"))) inline void store_chunk_planes(std::int8_t* xq, std::size_t c,
-                                                                 std::size_t blocked, unsigned bits,
-                                                                 __m128i b0, __m128i b1) noexcept {
+                                                                std::size_t blocked, unsigned bits,
+                                                                __m128i b0, __m128i b1) noexcept {
   // Byte shuffles that split 16 activations by plane (q4: evens | odds; q2: i mod 4 = 0..3).
   const __m128i split4 = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   const __m128i split2 = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -83,7 +83,8 @@ __attribute__((target("ssse3"))) inline void store_chunk_planes(std::int8_t* xq,
     _mm_storel_epi64(reinterpret_cast<__m128i*>(base), p01);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(base + plane_stride), _mm_unpackhi_epi64(p01, p01));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(base + 2 * plane_stride), p23);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(base + 3 * plane_stride), _mm_unpackhi_epi64(p23, p23));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(base + 3 * plane_stride),
+                     _mm_unpackhi_epi64(p23, p23));
   }
 }
 
@@ -151,7 +152,8 @@ MOEKIT_TARGET_AVX512_VNNI inline void block_dots(const std::byte* const* p, std:
   const __m512i z = _mm512_setzero_si512();
   if constexpr (Bits == 8) {
     const __m512i x = _mm512_loadu_si512(xq);
-    for (std::size_t n = 0; n < N; ++n) d[n] = _mm512_dpbusd_epi32(z, _mm512_loadu_si512(p[n] + off), x);
+    for (std::size_t n = 0; n < N; ++n)
+      d[n] = _mm512_dpbusd_epi32(z, _mm512_loadu_si512(p[n] + off), x);
   } else if constexpr (Bits == 4) {
     const __m512i m = _mm512_set1_epi8(0x0f);
     const __m512i x0 = _mm512_loadu_si512(xq), x1 = _mm512_loadu_si512(xq + 64);
@@ -189,8 +191,9 @@ MOEKIT_TARGET_AVX512_VNNI inline __m512i block_dot(const std::byte* p,
 template <unsigned Bits>
 MOEKIT_TARGET_AVX512_VNNI inline __m512 block_scales(const float* sdx) noexcept {
   const __m512i lane_chunk = _mm512_srli_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      Bits == 8 ? 3 : Bits == 4 ? 2 : 1);
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), Bits == 8   ? 3
+                                                                              : Bits == 4 ? 2
+                                                                                          : 1);
   constexpr auto mask = static_cast<__mmask16>((1u << (16 / Bits)) - 1u);
   return _mm512_permutexvar_ps(lane_chunk, _mm512_maskz_loadu_ps(mask, sdx));
 }
@@ -214,7 +217,8 @@ MOEKIT_TARGET_AVX512_VNNI inline void chunk_sums16(const std::byte* const* p, st
   if constexpr (Bits == 8) {
     // Block k: lanes 0-7 chunk 2k, lanes 8-15 chunk 2k+1.
     __m512i d[8][N];
-    for (std::size_t k = 0; k < 8; ++k) block_dots<8, N>(p, off + k * block_bytes, xq + k * block_act, d[k]);
+    for (std::size_t k = 0; k < 8; ++k)
+      block_dots<8, N>(p, off + k * block_bytes, xq + k * block_act, d[k]);
     for (std::size_t n = 0; n < N; ++n) {
       const __m512i u0 = add_halves(add_pairs(d[0][n], d[1][n]), add_pairs(d[2][n], d[3][n]));
       const __m512i u1 = add_halves(add_pairs(d[4][n], d[5][n]), add_pairs(d[6][n], d[7][n]));
@@ -227,7 +231,8 @@ MOEKIT_TARGET_AVX512_VNNI inline void chunk_sums16(const std::byte* const* p, st
   } else if constexpr (Bits == 4) {
     // Block k: 128-bit lane j is chunk 4k+j.
     __m512i e[4][N];
-    for (std::size_t k = 0; k < 4; ++k) block_dots<4, N>(p, off + k * block_bytes, xq + k * block_act, e[k]);
+    for (std::size_t k = 0; k < 4; ++k)
+      block_dots<4, N>(p, off + k * block_bytes, xq + k * block_act, e[k]);
     for (std::size_t n = 0; n < N; ++n) {
       // 128-bit lane j: chunks j, 4+j, 8+j, 12+j
       const __m512i s = add_halves(add_pairs(e[0][n], e[1][n]), add_pairs(e[2][n], e[3][n]));
@@ -237,13 +242,14 @@ MOEKIT_TARGET_AVX512_VNNI inline void chunk_sums16(const std::byte* const* p, st
   } else {
     // Block k: lanes 2i, 2i+1 are chunk 8k+i.
     __m512i f[2][N];
-    for (std::size_t k = 0; k < 2; ++k) block_dots<2, N>(p, off + k * block_bytes, xq + k * block_act, f[k]);
+    for (std::size_t k = 0; k < 2; ++k)
+      block_dots<2, N>(p, off + k * block_bytes, xq + k * block_act, f[k]);
     for (std::size_t n = 0; n < N; ++n) {
       const __m512 f0 = _mm512_castsi512_ps(f[0][n]), f1 = _mm512_castsi512_ps(f[1][n]);
       // 128-bit lane j: chunks 2j, 2j+1, 8+2j, 9+2j
-      const __m512i s = _mm512_add_epi32(
-          _mm512_castps_si512(_mm512_shuffle_ps(f0, f1, _MM_SHUFFLE(2, 0, 2, 0))),
-          _mm512_castps_si512(_mm512_shuffle_ps(f0, f1, _MM_SHUFFLE(3, 1, 3, 1))));
+      const __m512i s =
+          _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(f0, f1, _MM_SHUFFLE(2, 0, 2, 0))),
+                           _mm512_castps_si512(_mm512_shuffle_ps(f0, f1, _MM_SHUFFLE(3, 1, 3, 1))));
       out[n] = _mm512_permutexvar_epi32(
           _mm512_set_epi32(15, 14, 11, 10, 7, 6, 3, 2, 13, 12, 9, 8, 5, 4, 1, 0), s);
     }
@@ -253,9 +259,12 @@ MOEKIT_TARGET_AVX512_VNNI inline void chunk_sums16(const std::byte* const* p, st
 /// The f16 values (scales or zero points) at `v` of the groups of the next `left` (<= 16) chunks,
 /// one per chunk lane (groups of 2^shift chunks); masked loads never read past the row's values.
 MOEKIT_TARGET_AVX512_VNNI inline __m512 per_chunk_values(const std::byte* v, unsigned shift,
-                                                         unsigned left, __m512i lane_group) noexcept {
-  const auto groups_mask = static_cast<__mmask16>((1u << ((left + (1u << shift) - 1u) >> shift)) - 1u);
-  return _mm512_permutexvar_ps(lane_group, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(groups_mask, v)));
+                                                         unsigned left,
+                                                         __m512i lane_group) noexcept {
+  const auto groups_mask =
+      static_cast<__mmask16>((1u << ((left + (1u << shift) - 1u) >> shift)) - 1u);
+  return _mm512_permutexvar_ps(lane_group,
+                               _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(groups_mask, v)));
 }
 
 /// The end of one row after the 16-chunk steps: chunks from `c` on (fewer than 16, or all of them
@@ -264,20 +273,23 @@ MOEKIT_TARGET_AVX512_VNNI inline __m512 per_chunk_values(const std::byte* v, uns
 /// products and zero-point terms.
 template <unsigned Bits>
 MOEKIT_TARGET_AVX512_VNNI inline float finish_row(const std::byte* row, const RowLayout& l,
-                                                  const Int8Activation& a, float* sdx, std::size_t c,
-                                                  __m512 acc0, __m512 zt) noexcept {
+                                                  const Int8Activation& a, float* sdx,
+                                                  std::size_t c, __m512 acc0, __m512 zt) noexcept {
   constexpr std::size_t chunk_bytes = 4 * Bits;
   const std::size_t chunks = l.cols / 32;
   const std::size_t per_group = l.group_size / 32;
   const bool grouped = per_group == 1 || per_group == 2 || per_group == 4;
-  if (grouped && c < chunks) {  // masked, not scalar: the tiny model's 256-column rows have 8 chunks
+  if (grouped &&
+      c < chunks) {  // masked, not scalar: the tiny model's 256-column rows have 8 chunks
     const unsigned shift = per_group == 1 ? 0 : per_group == 2 ? 1 : 2;
     const __m512i lane_group = _mm512_srli_epi32(
         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), shift);
     const auto left = static_cast<unsigned>(chunks - c);
     const auto lanes = static_cast<__mmask16>((1u << left) - 1u);
-    const __m512 s = per_chunk_values(row + l.scales_offset + 2 * (c >> shift), shift, left, lane_group);
-    const __m512 z = l.affine ? per_chunk_values(row + l.zeros_offset + 2 * (c >> shift), shift, left, lane_group)
+    const __m512 s =
+        per_chunk_values(row + l.scales_offset + 2 * (c >> shift), shift, left, lane_group);
+    const __m512 z = l.affine ? per_chunk_values(row + l.zeros_offset + 2 * (c >> shift), shift,
+                                                 left, lane_group)
                               : _mm512_set1_ps(l.symmetric_zero);
     _mm512_mask_storeu_ps(sdx + c, lanes, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(lanes, a.dx + c)));
     zt = _mm512_fmadd_ps(_mm512_mul_ps(s, z), _mm512_maskz_loadu_ps(lanes, a.dx_sum + c), zt);
@@ -286,7 +298,8 @@ MOEKIT_TARGET_AVX512_VNNI inline float finish_row(const std::byte* row, const Ro
   if (!grouped) {  // group by group (no division per chunk: it costs more than the chunk itself)
     for (std::size_t g = 0, k = 0; k < chunks; ++g) {
       const float s = avx512::half_to_float(row + l.scales_offset + 2 * g);
-      const float z = l.affine ? avx512::half_to_float(row + l.zeros_offset + 2 * g) : l.symmetric_zero;
+      const float z =
+          l.affine ? avx512::half_to_float(row + l.zeros_offset + 2 * g) : l.symmetric_zero;
       const std::size_t end = per_group ? std::min(chunks, (g + 1) * per_group) : chunks;
       for (; k < end; ++k) {
         sdx[k] = s * a.dx[k];
@@ -299,23 +312,26 @@ MOEKIT_TARGET_AVX512_VNNI inline float finish_row(const std::byte* row, const Ro
   __m512 acc1 = _mm512_setzero_ps();
   for (; c + 2 * per_block <= blocked; c += 2 * per_block) {  // two blocks: independent chains
     const std::size_t c1 = c + per_block;
-    acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_dot<Bits>(row + c * chunk_bytes, a.xq + 32 * c)),
-                           block_scales<Bits>(sdx + c), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_dot<Bits>(row + c1 * chunk_bytes, a.xq + 32 * c1)),
-                           block_scales<Bits>(sdx + c1), acc1);
+    acc0 =
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_dot<Bits>(row + c * chunk_bytes, a.xq + 32 * c)),
+                        block_scales<Bits>(sdx + c), acc0);
+    acc1 =
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_dot<Bits>(row + c1 * chunk_bytes, a.xq + 32 * c1)),
+                        block_scales<Bits>(sdx + c1), acc1);
   }
   if (c < blocked) {
-    acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_dot<Bits>(row + c * chunk_bytes, a.xq + 32 * c)),
-                           block_scales<Bits>(sdx + c), acc0);
+    acc0 =
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_dot<Bits>(row + c * chunk_bytes, a.xq + 32 * c)),
+                        block_scales<Bits>(sdx + c), acc0);
     c += per_block;
   }
   float total = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
   if (c < chunks) {  // chunks after the last whole block
     __m256 acc = _mm256_setzero_ps();
     for (; c < chunks; ++c) {
-      const __m256i d = _mm256_dpbusd_epi32(
-          _mm256_setzero_si256(), codes32<Bits>(row + c * chunk_bytes),
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * c)));
+      const __m256i d =
+          _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes32<Bits>(row + c * chunk_bytes),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * c)));
       acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(sdx[c]), acc);
     }
     const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
@@ -361,8 +377,10 @@ MOEKIT_TARGET_AVX512_VNNI inline void row_dots(const std::byte* const* rows, con
   // Bytes of `next` prefetched so far, and per 16-chunk step (whole lines, rounded up; the end
   // is clamped).
   std::size_t fetched = 0;
-  const std::size_t fetch_step = next && chunks ? ((16 * l.bytes + chunks - 1) / chunks + 63) / 64 * 64 : 0;
-  // Per chunk: the product scaled by s·dx; the zero-point term Σ s·z·dx·Σxq (subtracted at the end).
+  const std::size_t fetch_step =
+      next && chunks ? ((16 * l.bytes + chunks - 1) / chunks + 63) / 64 * 64 : 0;
+  // Per chunk: the product scaled by s·dx; the zero-point term Σ s·z·dx·Σxq (subtracted at the
+  // end).
   __m512 acc[N], zt[N];
   for (std::size_t n = 0; n < N; ++n) acc[n] = zt[n] = _mm512_setzero_ps();
   std::size_t c = 0;
@@ -383,14 +401,16 @@ MOEKIT_TARGET_AVX512_VNNI inline void row_dots(const std::byte* const* rows, con
       const std::size_t gs = 2 * (c >> shift);
       for (std::size_t n = 0; n < N; ++n) {
         const __m512 s = per_chunk_values(rows[n] + l.scales_offset + gs, shift, 16, lane_group);
-        const __m512 z = l.affine ? per_chunk_values(rows[n] + l.zeros_offset + gs, shift, 16, lane_group) : zs;
+        const __m512 z =
+            l.affine ? per_chunk_values(rows[n] + l.zeros_offset + gs, shift, 16, lane_group) : zs;
         acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q[n]), _mm512_mul_ps(s, dx), acc[n]);
         zt[n] = _mm512_fmadd_ps(_mm512_mul_ps(s, z), dxs, zt[n]);
       }
     }
   }
   if (next) prefetch_l2<N>(next, fetched, l.bytes);  // the rest (all of it when no steps ran)
-  for (std::size_t n = 0; n < N; ++n) out[n] = finish_row<Bits>(rows[n], l, a, sdx, c, acc[n], zt[n]);
+  for (std::size_t n = 0; n < N; ++n)
+    out[n] = finish_row<Bits>(rows[n], l, a, sdx, c, acc[n], zt[n]);
 }
 
 /// How far ahead of its loads panel_dots prefetches its stream, in bytes, into L1 (one stream
@@ -437,9 +457,9 @@ MOEKIT_TARGET_AVX512_VNNI inline void panel_steps(const std::byte* first, const 
     const std::byte* values = step + H * l.code_bytes;
     for (std::size_t n = 0; n < H; ++n) {
       const __m512 sc = per_chunk_values(values + n * l.value_bytes, shift, 16, lane_group);
-      const __m512 z = l.row.affine
-                           ? per_chunk_values(values + (H + n) * l.value_bytes, shift, 16, lane_group)
-                           : zs;
+      const __m512 z =
+          l.row.affine ? per_chunk_values(values + (H + n) * l.value_bytes, shift, 16, lane_group)
+                       : zs;
       acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q[n]), _mm512_mul_ps(sc, dx), acc[n]);
       zt[n] = _mm512_fmadd_ps(_mm512_mul_ps(sc, z), dxs, zt[n]);
     }

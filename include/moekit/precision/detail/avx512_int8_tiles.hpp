@@ -41,8 +41,9 @@ MOEKIT_TARGET_AVX512_VNNI inline void chunk_scales(const std::byte* row, const R
     const auto lanes = static_cast<__mmask16>((1u << left) - 1u);
     const std::size_t g = c >> shift;
     const __m512 sc = per_chunk_values(row + l.scales_offset + 2 * g, shift, left, lane_group);
-    const __m512 z = l.affine ? per_chunk_values(row + l.zeros_offset + 2 * g, shift, left, lane_group)
-                              : _mm512_set1_ps(l.symmetric_zero);
+    const __m512 z = l.affine
+                         ? per_chunk_values(row + l.zeros_offset + 2 * g, shift, left, lane_group)
+                         : _mm512_set1_ps(l.symmetric_zero);
     _mm512_mask_storeu_ps(s + c, lanes, sc);
     _mm512_mask_storeu_ps(sz + c, lanes, _mm512_mul_ps(sc, z));
   }
@@ -59,8 +60,9 @@ MOEKIT_TARGET_AVX512_VNNI inline float tile_tail(const std::byte* row, const Row
   __m256 acc = _mm256_setzero_ps();
   float zero_term = 0.f;
   for (; c < chunks; ++c) {
-    const __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes32<Bits>(row + c * 4 * Bits),
-                                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * c)));
+    const __m256i d =
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes32<Bits>(row + c * 4 * Bits),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + 32 * c)));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(s[c] * a.dx[c]), acc);
     zero_term += sz[c] * a.dx_sum[c];
   }
@@ -68,7 +70,8 @@ MOEKIT_TARGET_AVX512_VNNI inline float tile_tail(const std::byte* row, const Row
   const __m128 t = _mm_add_ps(h, _mm_movehl_ps(h, h));
   float total = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t))) - zero_term;
   constexpr Precision p = Bits == 8 ? Precision::q8 : Bits == 4 ? Precision::q4 : Precision::q2;
-  for (std::size_t col = chunks * 32; col < l.cols; ++col) total += weight_at(row, l, p, col) * a.x[col];
+  for (std::size_t col = chunks * 32; col < l.cols; ++col)
+    total += weight_at(row, l, p, col) * a.x[col];
   return total;
 }
 
@@ -92,7 +95,9 @@ MOEKIT_TARGET_AVX512_VNNI inline void tile_dots(const TileInput<R, TMax>& in, co
       for (std::size_t r = 0; r < R; ++r) {
         const __m512i v = _mm512_loadu_si512(in.rows[r] + c * 4 * Bits);
         for (std::size_t k = 0; k < planes; ++k)
-          code[r][k] = Bits == 8 ? v : _mm512_and_si512(_mm512_srli_epi16(v, static_cast<unsigned>(k * Bits)), mask);
+          code[r][k] = Bits == 8 ? v
+                                 : _mm512_and_si512(
+                                       _mm512_srli_epi16(v, static_cast<unsigned>(k * Bits)), mask);
         sl[r] = block_scales<Bits>(in.s[r] + c);
       }
       for (std::size_t t = 0; t < T; ++t) {
@@ -117,9 +122,10 @@ MOEKIT_TARGET_AVX512_VNNI inline void tile_dots(const TileInput<R, TMax>& in, co
   }
   for (std::size_t r = 0; r < R; ++r)
     for (std::size_t t = 0; t < T; ++t) {
-      const float tail = blocked < chunks || chunks * 32 < l.cols
-                             ? tile_tail<Bits>(in.rows[r], l, in.s[r], in.sz[r], *in.acts[t], blocked)
-                             : 0.f;
+      const float tail =
+          blocked < chunks || chunks * 32 < l.cols
+              ? tile_tail<Bits>(in.rows[r], l, in.s[r], in.sz[r], *in.acts[t], blocked)
+              : 0.f;
       out[r * T + t] = _mm512_reduce_add_ps(acc[r][t]) + tail;
     }
 }

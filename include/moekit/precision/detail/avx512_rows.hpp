@@ -42,8 +42,8 @@ MOEKIT_TARGET_AVX512 inline void chunk_fma(const std::byte* p, const float* xp, 
     const __m128i lo = _mm_and_si128(v, m);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
     a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), _mm512_loadu_ps(xp), a0);
-    a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), _mm512_loadu_ps(xp + 16),
-                         a1);
+    a1 =
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), _mm512_loadu_ps(xp + 16), a1);
   } else {
     static_assert(Bits == 2);
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
@@ -79,7 +79,8 @@ MOEKIT_TARGET_AVX512 inline float quant_row_dot(const std::byte* row, const RowL
     const std::size_t c0 = g * per_group;
     const std::size_t c1 = c0 + per_group < full ? c0 + per_group : full;
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    for (std::size_t c = c0; c < c1; ++c) chunk_fma<Bits>(row + c * chunk_bytes, a.xp + 32 * c, a0, a1);
+    for (std::size_t c = c0; c < c1; ++c)
+      chunk_fma<Bits>(row + c * chunk_bytes, a.xp + 32 * c, a0, a1);
     total = _mm512_fmadd_ps(_mm512_set1_ps(s), _mm512_add_ps(a0, a1), total);
     zero_term += s * z * a.group_sums[g];
   }
@@ -100,7 +101,8 @@ MOEKIT_TARGET_AVX512 inline __m512 load16(const std::byte* p) noexcept {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   } else {
     static_assert(P == Precision::bf16);
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i w =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
 }
@@ -149,16 +151,19 @@ MOEKIT_TARGET_AVX512 inline void dequant_row(const std::byte* row, const RowLayo
         q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
         q1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
       } else if constexpr (Bits == 4) {
-        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        const __m512i v =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
         q0 = _mm512_and_si512(v, m4);
         q1 = _mm512_srli_epi32(v, 4);
       } else {
         const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
         const __m512i v = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(b, b));  // bytes 0..7 twice
-        q0 = _mm512_and_si512(_mm512_srlv_epi32(v, _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0,
-                                                                    0, 0, 0, 0, 0, 0)), m2);
-        q1 = _mm512_and_si512(_mm512_srlv_epi32(v, _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4,
-                                                                    4, 4, 4, 4, 4, 4)), m2);
+        q0 = _mm512_and_si512(
+            _mm512_srlv_epi32(v, _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0)),
+            m2);
+        q1 = _mm512_and_si512(
+            _mm512_srlv_epi32(v, _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4)),
+            m2);
       }
       _mm512_storeu_ps(out + 32 * c, _mm512_fmsub_ps(_mm512_cvtepi32_ps(q0), s, sz));
       _mm512_storeu_ps(out + 32 * c + 16, _mm512_fmsub_ps(_mm512_cvtepi32_ps(q1), s, sz));
@@ -181,9 +186,8 @@ MOEKIT_TARGET_AVX512 inline void convert_row(const std::byte* row, std::size_t c
 
 /// y[b] = w · x[b] for the `n` activations `xs[b]` (all `cols` long), tiles of four activations
 /// sharing each weight load.
-MOEKIT_TARGET_AVX512 inline void multi_dot(const float* w, std::size_t cols,
-                                           const float* const* xs, std::size_t n,
-                                           float* y) noexcept {
+MOEKIT_TARGET_AVX512 inline void multi_dot(const float* w, std::size_t cols, const float* const* xs,
+                                           std::size_t n, float* y) noexcept {
   std::size_t b = 0;
   for (; b + 4 <= n; b += 4) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;

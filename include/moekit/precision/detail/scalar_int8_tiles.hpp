@@ -60,7 +60,8 @@ inline float row_token_dot(const std::byte* row, const RowLayout& l, const float
   }
   float total = acc - zero_term;
   const Precision p = l.bits == 8 ? Precision::q8 : l.bits == 4 ? Precision::q4 : Precision::q2;
-  for (std::size_t col = chunks * 32; col < l.cols; ++col) total += weight_at(row, l, p, col) * a.x[col];
+  for (std::size_t col = chunks * 32; col < l.cols; ++col)
+    total += weight_at(row, l, p, col) * a.x[col];
   return total;
 }
 

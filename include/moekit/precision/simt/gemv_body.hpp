@@ -24,8 +24,8 @@ namespace moekit::simt {
 
 /// Activation element types of the CUDA kernels.
 template <class T>
-concept KernelActivation = std::same_as<T, Float16> || std::same_as<T, BFloat16> ||
-                           std::same_as<T, float>;
+concept KernelActivation =
+    std::same_as<T, Float16> || std::same_as<T, BFloat16> || std::same_as<T, float>;
 
 /// Loads `N` consecutive activations starting at `x` as floats; 128-bit loads when the block is
 /// a multiple of 16 bytes and `Aligned`.
@@ -34,10 +34,10 @@ MOEKIT_HOST_DEVICE inline void load_activations(const Act* x, float (&out)[N]) n
   constexpr unsigned bytes = N * sizeof(Act);
   if constexpr (bytes % 16 == 0) {
     constexpr unsigned per = 16 / sizeof(Act);
-MOEKIT_PRAGMA_UNROLL
+    MOEKIT_PRAGMA_UNROLL
     for (unsigned v = 0; v < N / per; ++v) {
       const Vec128 raw = load128<Aligned>(x + v * per);
-MOEKIT_PRAGMA_UNROLL
+      MOEKIT_PRAGMA_UNROLL
       for (unsigned i = 0; i < per; ++i) {
         if constexpr (sizeof(Act) == 4) {
           out[v * per + i] = detail::bits_to_float(raw.w[i]);
@@ -48,7 +48,7 @@ MOEKIT_PRAGMA_UNROLL
       }
     }
   } else {
-MOEKIT_PRAGMA_UNROLL
+    MOEKIT_PRAGMA_UNROLL
     for (unsigned i = 0; i < N; ++i) out[i] = to_float(x[i]);
   }
 }
@@ -167,8 +167,8 @@ MOEKIT_HOST_DEVICE inline void dequant_thread(std::size_t t, const DequantArgs& 
   const RowLayout& l = a.layout;
   for (std::size_t c = c0; c < c0 + 8 && c < l.cols; ++c) {
     const std::size_t g = c / l.group_size;
-    const float v =
-        row_scale(row, l, g) * (static_cast<float>(read_code(row, c, l.bits)) - row_zero(row, l, g));
+    const float v = row_scale(row, l, g) *
+                    (static_cast<float>(read_code(row, c, l.bits)) - row_zero(row, l, g));
     a.out[r * l.cols + c] = float_to_half_bits(v);
   }
 }
