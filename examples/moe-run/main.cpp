@@ -615,6 +615,8 @@ PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const Mo
                    c.tokens, o.calib_tokens);
   }
   if (needs.bitwidths) in.bitwidths = bitwidth_table(shape, settings);
+  if (preset.needs.lookahead && setup.replay)  // not owned: the replay outlives the pipeline
+    in.lookahead = std::shared_ptr<moekit::RoutingLookahead>(std::shared_ptr<void>{}, setup.replay);
   in.cpu_seconds_per_token = o.preset_params.cpu_seconds_per_token;
   in.copy_seconds = o.preset_params.copy_seconds;
   if (needs.latencies) {
@@ -872,6 +874,10 @@ int run(Options o) {
   const auto in_place = o.in_memory ? nullptr : located;
   const std::size_t prompt_tokens = tok.encode(o.prompt, false).size() + 1;
   const PresetEntry& preset = find_preset(o.preset);
+  if (preset.needs.lookahead && !replay)
+    fail("--preset " + std::string(preset.name) +
+         ": needs --routing-trace FILE (its predictor is a noisy oracle over the replayed "
+         "routing)");
   OffloadSettings settings =
       offload_settings(o, m, preset, in_place.get(), located.get(), prompt_tokens, limits_at_start);
 

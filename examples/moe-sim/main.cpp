@@ -219,7 +219,8 @@ struct Options {
   bool json = false, compare = false, no_belady = false, list = false, synthetic = false;
   bool force = false;  // --force: replace the sweep's existing output files
   double t1 = RunParams{}.t1, t2 = RunParams{}.t2, gamma = RunParams{}.gamma;
-  double hobbit_recall = hobbit_paper_recall, fate_recall = fate_paper_recall;
+  std::vector<double> hobbit_recall = hobbit_paper_recall;
+  double fate_recall = fate_paper_recall;
   double fallback_ratio = mobile_paper_fallback_ratio;
   std::uint64_t seed = 1;
 };
@@ -595,7 +596,9 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--fallback-ratio", o.fallback_ratio,
                  "MoBiLE: share of decode tokens that fall back (default 0.1375, MoBiLE Table II)");
   app.add_option("--hobbit-recall", o.hobbit_recall,
-                 "noisy-oracle recall standing in for HOBBIT's stacked gate (default 0.96)");
+                 "noisy-oracle recall at +1[,+2[,+3]] layers standing in for HOBBIT's stacked "
+                 "gate (default 0.96,0.90,0.90: the paper's)")
+      ->delimiter(',');
   app.add_option("--fate-recall", o.fate_recall,
                  "noisy-oracle recall standing in for Fate's cross-layer gate (default 0.9715)");
   app.add_option("--seed", o.seed, "noisy-oracle seed (default 1)");
@@ -643,9 +646,12 @@ struct Setup {
 
 Setup setup_of(const Options& o) {
   for (auto [flag, v] :
-       {std::pair{"--hobbit-recall", o.hobbit_recall}, std::pair{"--fate-recall", o.fate_recall},
-        std::pair{"--fallback-ratio", o.fallback_ratio}})
+       {std::pair{"--fate-recall", o.fate_recall}, std::pair{"--fallback-ratio", o.fallback_ratio}})
     if (!(v >= 0 && v <= 1)) bad_flag(flag, "must be in [0, 1]");
+  if (o.hobbit_recall.empty() || o.hobbit_recall.size() > moekit::max_prediction_distance)
+    bad_flag("--hobbit-recall", "needs 1 to 3 figures (+1, +2, +3 layers ahead)");
+  for (double v : o.hobbit_recall)
+    if (!(v >= 0 && v <= 1)) bad_flag("--hobbit-recall", "every figure must be in [0, 1]");
   Setup s;
   s.o = o;
   if (!o.bitwidths.empty())

@@ -56,7 +56,9 @@
 namespace moe_sim {
 
 /// Paper defaults of the substitutes (see the file comment for sources).
-inline constexpr double hobbit_paper_recall = 0.96;  ///< HOBBIT Fig. 7, top-1 at distance 1
+/// HOBBIT Fig. 7: top-1 accuracy at +1, +2, +3 layers (the preset hobbit-oracle's figures).
+inline const std::vector<double> hobbit_paper_recall(moekit::presets::hobbit_paper_recall.begin(),
+                                                     moekit::presets::hobbit_paper_recall.end());
 inline constexpr double fate_paper_recall = 0.9715;  ///< Fate §4.2, 75th-percentile set, decode
 /// MoBiLE Table II at γ = 0.7: mean of the four fallback ratios 0.11, 0.11, 0.21, 0.12.
 inline constexpr double mobile_paper_fallback_ratio = 0.1375;
@@ -81,8 +83,9 @@ struct RunParams {
   double t2 = decimal(moekit::HobbitRule{}.t2);  ///< HOBBIT's low-precision threshold
   /// MoBiLE's fallback threshold (used only with output logits)
   double gamma = decimal(moekit::BigLittlePolicy::Config{}.gamma);
-  double hobbit_recall = hobbit_paper_recall;  ///< noisy-oracle recall standing in for HOBBIT's
-  double fate_recall = fate_paper_recall;      ///< ... and for Fate's cross-layer gate
+  /// noisy-oracle recall at +1, +2, +3 layers standing in for HOBBIT's stacked gate
+  std::vector<double> hobbit_recall = hobbit_paper_recall;
+  double fate_recall = fate_paper_recall;               ///< ... and for Fate's cross-layer gate
   double fallback_ratio = mobile_paper_fallback_ratio;  ///< MoBiLE without output logits
   std::uint64_t seed = 1;                               ///< noisy-oracle seed
   /// Router weights [n_layers · n_experts · hidden] f32 (`--routers`); null: none.
@@ -276,6 +279,16 @@ inline moekit::presets::PresetInputs gate_inputs(const RunParams& rp,
   return {.routers = *rp.routers, .router_hidden = tr.dims().hidden};
 }
 
+/// "0.96/0.9/0.9 at +1/+2/+3": a recall list as the output states it.
+inline std::string recall_text(const std::vector<double>& r) {
+  std::string v, at;
+  for (std::size_t d = 0; d < r.size(); ++d) {
+    v += (d ? "/" : "") + fmt_num(r[d]);
+    at += (d ? "/+" : "+") + std::to_string(d + 1);
+  }
+  return v + " at " + at;
+}
+
 /// HOBBIT: T1/T2 mixed precision, stacked-gate prefetch (or the noisy oracle), multidimensional
 /// cache with high/low pools.
 inline PresetResult run_hobbit(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
@@ -295,13 +308,14 @@ inline PresetResult run_hobbit(const RunParams& rp, const moekit::sim::RoutingTr
       p(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), HobbitSpec::scorer(cfg),
         NoisyOraclePredictor({.calls = std::move(s.calls),
                               .precisions = std::move(s.precisions),
-                              .recall = rp.hobbit_recall,
+                              .recall_by_distance = rp.hobbit_recall,
                               .seed = rp.seed,
-                              .distance = 1,
+                              .distance = cfg.lookahead,
                               .n_experts = rp.shape.n_experts}),
         HobbitSpec::cache(cfg));
   return {sim::replay(p, tr, rp.compute),
-          "hobbit (noisy-oracle predictor, recall " + fmt_num(rp.hobbit_recall) + ")",
+          "hobbit (noisy-oracle predictor, recall " + recall_text(rp.hobbit_recall) +
+              ", p = " + std::to_string(cfg.lookahead) + ")",
           "stacked-gate predictor not run: " + gap};
 }
 

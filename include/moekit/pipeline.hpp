@@ -416,26 +416,7 @@ class OffloadPipeline {
   }
 
   // Unique experts of the layer call, with token counts and weights, in first-seen order.
-  void build_demands(const GateView& gate) {
-    demands_.clear();
-    for (std::uint32_t t = 0; t < gate.n_tokens; ++t) {
-      const TokenRoute r = gate.token(t);
-      for (std::uint32_t j = 0; j < gate.k; ++j) {
-        const std::uint32_t e = r.experts[j];
-        int& slot = demand_slot_[e];
-        if (slot < 0) {
-          slot = static_cast<int>(demands_.size());
-          demands_.push_back(ExpertDemand{e, 0, 0.0f, 0.0f, j});
-        }
-        ExpertDemand& d = demands_[static_cast<std::size_t>(slot)];
-        ++d.n_tokens;
-        d.weight_sum += r.weights[j];
-        d.max_weight = std::max(d.max_weight, r.weights[j]);
-        d.best_rank = std::min(d.best_rank, j);
-      }
-    }
-    for (const ExpertDemand& d : demands_) demand_slot_[d.expert] = -1;
-  }
+  void build_demands(const GateView& gate) { collect_demands(gate, demand_slot_, demands_); }
 
   // Scores the predictions made for this layer (at every distance) against its true demand
   // (`truth_` marks the layer's demanded experts).

@@ -30,10 +30,11 @@ TEST_CASE("presets registry: names are unique, found once, and visit the named s
         presets::visit(e, []<class S>(std::type_identity<S>) { return std::string(S::name); });
     CHECK(visited == e.name);
   }
-  CHECK(presets::entries.size() == 8);
+  CHECK(presets::entries.size() == 10);
   CHECK(presets::find("hobbbit") == nullptr);
   CHECK(presets::names() ==
-        "baseline, hobbit, fate, edgemoe, mobile, fiddler, nextuse, nextuse-fit");
+        "baseline, hobbit, fate, edgemoe, mobile, fiddler, nextuse, nextuse-fit, hobbit-oracle, "
+        "fate-oracle");
   STATIC_REQUIRE(presets::index_of<presets::NextUseSpec> == 6);
   STATIC_REQUIRE(presets::is<presets::FateSpec>(presets::entry_of<presets::FateSpec>));
   STATIC_REQUIRE(
@@ -90,6 +91,33 @@ TEST_CASE("presets registry: needs and precisions are declared per preset", "[pr
   CHECK(presets::FiddlerSpec::needs.latencies);
   CHECK_FALSE(presets::NextUseSpec::needs.routers);
   CHECK_FALSE(presets::MobileSpec::needs.routers);
+  CHECK(presets::HobbitOracleSpec::needs.lookahead);
+  CHECK(presets::FateOracleSpec::needs.lookahead);
+  CHECK_FALSE(presets::HobbitOracleSpec::needs.routers);
+  CHECK_FALSE(presets::HobbitSpec::needs.lookahead);
+
+  // The oracle stand-ins: their recall defaults to the paper's, --oracle-recall is checked, and
+  // building one without the routing ahead names the flag it needs.
+  q = {};
+  CHECK(presets::HobbitOracleSpec::configure(reg_shape, Precision::q8, q).recall ==
+        std::vector<double>{0.96, 0.90, 0.90});
+  CHECK(presets::FateOracleSpec::configure(reg_shape, Precision::q8, q).recall ==
+        std::vector<double>{0.9715});
+  q.oracle_recall = {0.5, 0.25};
+  CHECK(presets::HobbitOracleSpec::configure(reg_shape, Precision::q8, q).recall ==
+        q.oracle_recall);
+  q.oracle_recall = {1.5};
+  CHECK_THROWS_WITH(presets::check(presets::entry_of<presets::HobbitOracleSpec>, Precision::q8, q),
+                    Catch::Contains("--oracle-recall"));
+  q.oracle_recall = {0.9, 0.9, 0.9, 0.9};
+  CHECK_THROWS_WITH(presets::check(presets::entry_of<presets::FateOracleSpec>, Precision::q8, q),
+                    Catch::Contains("--oracle-recall"));
+  q = {};
+  CHECK_THROWS_WITH(
+      presets::HobbitOracleSpec::predictor(
+          reg_shape, presets::HobbitOracleSpec::configure(reg_shape, Precision::q8, q),
+          presets::PresetInputs{}),
+      Catch::Contains("--routing-trace"));
 
   q = {};
   q.low = Precision::f16;

@@ -414,11 +414,18 @@ TEST_CASE("every preset runs the replayed experts", "[engine][replay][presets]")
   in.paths = cal.paths;
   in.cpu_seconds_per_token = 1e-6;
   in.copy_seconds = 1e-3;
+  // The oracle stand-ins read the replay ahead (not owned: it outlives the pipelines).
+  in.lookahead = std::shared_ptr<moekit::RoutingLookahead>(std::shared_ptr<void>{}, &replay);
   for (const presets::PresetEntry& preset : presets::entries) {
     INFO(preset.name);
     replay.rewind();
     with_pipeline(preset, s, o, backing.make_loader(), in, [&](auto& p) {
       const RoutingTrace seen = run(*m, p, tokens, &replay, pool);
+      if (preset.needs.lookahead) {  // the oracle predicted the replayed routing, mostly right
+        const auto d1 = p.stats().prediction[1];
+        CHECK(d1.true_positive > 0);
+        CHECK(d1.true_positive > d1.false_negative);
+      }
       REQUIRE(seen.token_count() == tokens.prompt.size() + tokens.decode.size());
       for (std::size_t t = 0; t < seen.token_count(); ++t)
         for (std::uint32_t l = 0; l < s.n_layers; ++l)

@@ -87,9 +87,12 @@ TEST_CASE("moe-sim presets: every preset and reference replays a synthetic trace
     check_sane(p->run(rp, tr), tr, std::string(p->name));
     if (p->reference != "belady") CHECK(find_reference(p->reference) != nullptr);
   }
-  // Every registered preset but NextUse, in registry order, each found from its registry entry.
-  CHECK(sim_presets().size() + 1 == presets::entries.size());
+  // Every registered preset but NextUse and the oracle stand-ins (moe-sim's HOBBIT and Fate are
+  // them on traces without hidden states), in registry order, found from its registry entry.
+  CHECK(sim_presets().size() + 3 == presets::entries.size());
   CHECK(sim_preset(presets::entry_of<presets::NextUseSpec>) == nullptr);
+  CHECK(sim_preset(presets::entry_of<presets::HobbitOracleSpec>) == nullptr);
+  CHECK(sim_preset(presets::entry_of<presets::FateOracleSpec>) == nullptr);
   for (const SimEntry& p : sim_presets()) {
     REQUIRE(p.preset != nullptr);
     CHECK(p.preset->name == p.name);
@@ -109,17 +112,26 @@ TEST_CASE("moe-sim presets: substitutes behave as documented", "[sim][moe-sim]")
   RunParams rp = mixtral_params();
 
   SECTION("hobbit's noisy oracle: recall 1 never mispredicts, recall 0 never predicts right") {
-    rp.hobbit_recall = 1.0;
+    rp.hobbit_recall = {1.0};
     const auto one = run_hobbit(rp, tr).report.pipeline.prediction[1];
     CHECK(one.true_positive > 0);
     CHECK(one.false_positive == 0);
-    rp.hobbit_recall = 0.0;
+    rp.hobbit_recall = {0.0};
     const auto zero = run_hobbit(rp, tr).report.pipeline.prediction[1];
     CHECK(zero.true_positive == 0);
     CHECK(zero.false_positive > 0);
   }
+  SECTION("hobbit's noisy oracle predicts p = 2 layers ahead, each distance at its own recall") {
+    rp.hobbit_recall = {1.0, 0.0};
+    const auto r = run_hobbit(rp, tr).report.pipeline;
+    CHECK(r.prediction[1].true_positive > 0);
+    CHECK(r.prediction[1].false_positive == 0);
+    CHECK(r.prediction[2].true_positive == 0);
+    CHECK(r.prediction[2].false_positive > 0);
+    CHECK(r.prediction[3].true_positive + r.prediction[3].false_positive == 0);
+  }
   SECTION("the noisy oracle is deterministic per seed") {
-    rp.hobbit_recall = 0.7;
+    rp.hobbit_recall = {0.7};
     const auto a = run_hobbit(rp, tr).report, b = run_hobbit(rp, tr).report;
     CHECK(a.pipeline.prediction[1].true_positive == b.pipeline.prediction[1].true_positive);
     CHECK(a.pipeline.misses == b.pipeline.misses);

@@ -1,12 +1,14 @@
 #pragma once
 /// \file The values components exchange: demands, plans, prefetches, load requests and tickets.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "moekit/core/expert_key.hpp"
+#include "moekit/core/gate_view.hpp"
 #include "moekit/core/precision.hpp"
 
 namespace moekit {
@@ -19,6 +21,30 @@ struct ExpertDemand {
   float max_weight = 0.0f;      ///< its largest normalised weight
   std::uint32_t best_rank = 0;  ///< best (smallest) rank among the tokens' selections, 0 = top-1
 };
+
+/// The distinct experts of a layer call with their token counts and weights, in first-seen order,
+/// into `out` (cleared). `slot` is scratch of n_experts entries, all -1, and is left so.
+inline void collect_demands(const GateView& gate, std::vector<int>& slot,
+                            std::vector<ExpertDemand>& out) {
+  out.clear();
+  for (std::uint32_t t = 0; t < gate.n_tokens; ++t) {
+    const TokenRoute r = gate.token(t);
+    for (std::uint32_t j = 0; j < gate.k; ++j) {
+      const std::uint32_t e = r.experts[j];
+      int& s = slot[e];
+      if (s < 0) {
+        s = static_cast<int>(out.size());
+        out.push_back(ExpertDemand{e, 0, 0.0f, 0.0f, j});
+      }
+      ExpertDemand& d = out[static_cast<std::size_t>(s)];
+      ++d.n_tokens;
+      d.weight_sum += r.weights[j];
+      d.max_weight = std::max(d.max_weight, r.weights[j]);
+      d.best_rank = std::min(d.best_rank, j);
+    }
+  }
+  for (const ExpertDemand& d : out) slot[d.expert] = -1;
+}
 
 /// Where a planned expert runs.
 enum class Placement : std::uint8_t {

@@ -392,6 +392,10 @@ class Cli {
         ->check(CLI::Range(0.0f, 1.0f));
     app_.add_option("--k-little", q.k_little,
                     "mobile: experts per token in the little pass (0 = K/2)");
+    app_.add_option("--oracle-recall", q.oracle_recall,
+                    "hobbit-oracle, fate-oracle: the noisy oracle's recall at +1[,+2[,+3]] layers "
+                    "(default: the paper's figures)")
+        ->delimiter(',');
     app_.add_option(
         "--bitwidth-table", q.bitwidth_table,
         "edgemoe: per-expert precision table (JSON, score/static_bitwidth.hpp; default: "

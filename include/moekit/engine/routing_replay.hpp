@@ -27,6 +27,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,6 +36,7 @@
 
 #include "moekit/core/layer_context.hpp"
 #include "moekit/error.hpp"
+#include "moekit/predict/lookahead_oracle.hpp"
 #include "moekit/sim/trace.hpp"
 #include "moekit/sim/trace_file.hpp"
 
@@ -43,7 +45,7 @@
 namespace moekit::engine {
 
 /// Replaces the router's selection with a trace's, token by token (see the file comment).
-class RoutingReplay {
+class RoutingReplay : public moekit::RoutingLookahead {
  public:
   /// Replays `trace` on a model of `cfg`. Throws `Error(invalid_argument)` starting with
   /// `origin` (moe-run: the flag and the file) and giving both values when the trace's MoE
@@ -136,6 +138,30 @@ class RoutingReplay {
     }
   }
 
+  /// The trace's routing of the forward in flight at MoE layer `layer`, at the full top-k
+  /// (LookaheadOraclePredictor's source: the experts `apply` will put there). Rows whose record
+  /// is missing are left out (the router's own choice, unknown ahead); nullopt when no forward is
+  /// under way or every row's record is missing.
+  std::optional<moekit::GateView> routing_at(std::uint32_t layer) override {
+    if (current_ < 0 || layer >= trace_.dims().n_layers) return std::nullopt;
+    const std::uint32_t k = trace_.dims().top_k;
+    ahead_experts_.clear();
+    ahead_weights_.clear();
+    for (std::size_t t : rows_) {
+      if (!trace_.valid(t, layer)) continue;
+      const auto ids = trace_.experts(t, layer);
+      const auto w = trace_.weights(t, layer);
+      ahead_experts_.insert(ahead_experts_.end(), ids.begin(), ids.begin() + k);
+      ahead_weights_.insert(ahead_weights_.end(), w.begin(), w.begin() + k);
+    }
+    if (ahead_experts_.empty()) return std::nullopt;
+    return moekit::GateView{.n_tokens = static_cast<std::uint32_t>(ahead_experts_.size() / k),
+                            .k = k,
+                            .n_experts = trace_.dims().n_experts,
+                            .experts = ahead_experts_,
+                            .weights = ahead_weights_};
+  }
+
  private:
   struct Walk {
     std::vector<std::size_t> tokens;  ///< global trace tokens, in order
@@ -170,6 +196,8 @@ class RoutingReplay {
   std::vector<std::size_t> rows_;  ///< trace token of each row of the forward in flight
   std::size_t pending_missing_ = 0, pending_replayed_ = 0;
   std::size_t missing_ = 0, replayed_ = 0, tokens_ = 0;
+  std::vector<std::uint32_t> ahead_experts_;  ///< routing_at's view
+  std::vector<float> ahead_weights_;
 };
 
 }  // namespace moekit::engine

@@ -10,18 +10,10 @@
 ///
 /// Algorithm. The predictor is given the script of layer calls (as OraclePredictor: each call's
 /// layer and distinct experts, in `route` order). At each call it takes the following calls of the
-/// same forward within `distance` layers and, for each true expert e of such a call, keeps e with
-/// probability `recall`, otherwise predicts a uniformly random expert of that layer that the call
-/// does not use (and that is not already predicted): a wrong guess costs a transfer, exactly as a
-/// real predictor's error does. `set_size` > 0 pads each predicted layer with further random wrong
-/// experts up to that many predictions (Fate's percentile rule predicts ceil((1 − q)·E) experts,
-/// more than the k it needs). When a layer has no wrong expert left (every expert is used), a
-/// dropped expert is simply not predicted.
-///
-/// Randomness: every decision is a hash of (seed, call index, expert position), not a draw from a
-/// stream, so the predictions of a call do not depend on how often `predict` ran before it and a
-/// seed always gives the same predictions. recall = 1 reproduces OraclePredictor's predictions;
-/// recall = 0 never predicts a used expert while a wrong one exists.
+/// same forward within `distance` layers and predicts each through RecallNoise
+/// (predict/recall_noise.hpp): a true expert kept with the recall at that distance, otherwise a
+/// random wrong expert of its layer, padded to `set_size`. The random numbers are a hash of
+/// (seed, call index, expert position). recall = 1 reproduces OraclePredictor's predictions.
 ///
 /// Precision of a prediction: `Config::precisions[call][i]` (parallel to `calls[call].experts`)
 /// when given, e.g. the precision the run's scorer will ask for that demand, else
@@ -43,6 +35,7 @@
 #include "moekit/core/concepts.hpp"
 #include "moekit/error.hpp"
 #include "moekit/predict/oracle.hpp"
+#include "moekit/predict/recall_noise.hpp"
 
 namespace moekit {
 
@@ -55,6 +48,11 @@ class NoisyOraclePredictor {
     /// Optional: per call, the precision of each expert of `calls[c].experts` (same order).
     std::vector<std::vector<Precision>> precisions{};
     double recall = 0.96;  ///< probability a true expert is predicted (HOBBIT: 0.96)
+    /// Optional: the recall at 1, 2, 3 layers ahead (the last entry serves farther distances);
+    /// replaces `recall` when given. A call is drawn with the same random numbers at every
+    /// distance, so an expert predicted from farther away stays predicted as the call nears
+    /// whenever the recall does not fall with distance.
+    std::vector<double> recall_by_distance{};
     std::uint64_t seed = 0;
     std::uint32_t distance = 1;   ///< layers ahead to predict (1..max_prediction_distance)
     std::uint32_t set_size = 0;   ///< pad each predicted layer to this many (0: no pad)
@@ -64,9 +62,13 @@ class NoisyOraclePredictor {
     Precision precision = Precision::f16;
   };
 
-  explicit NoisyOraclePredictor(Config c) : cfg_(std::move(c)) {
+  explicit NoisyOraclePredictor(Config c)
+      : cfg_(std::move(c)), noise_(cfg_.seed, std::max(cfg_.n_experts, 1u)) {
     MOEKIT_EXPECTS(cfg_.recall >= 0.0 && cfg_.recall <= 1.0,
                    "NoisyOraclePredictor: Config.recall must be in [0, 1]");
+    for (double r : cfg_.recall_by_distance)
+      MOEKIT_EXPECTS(r >= 0.0 && r <= 1.0,
+                     "NoisyOraclePredictor: Config.recall_by_distance entries must be in [0, 1]");
     MOEKIT_EXPECTS(cfg_.distance >= 1 && cfg_.distance <= max_prediction_distance,
                    "NoisyOraclePredictor: Config.distance must be in [1, " +
                        std::to_string(max_prediction_distance) + "]");
@@ -97,7 +99,6 @@ class NoisyOraclePredictor {
       std::sort(z.begin(), z.end(), [](auto& a, auto& b) { return a.first < b.first; });
       for (std::size_t j = 0; j < z.size(); ++j) call.experts[j] = z[j].first, p[j] = z[j].second;
     }
-    used_.assign(cfg_.n_experts, 0);
   }
 
   /// Checks the call against the script and advances.
@@ -129,60 +130,23 @@ class NoisyOraclePredictor {
   [[nodiscard]] const Config& config() const noexcept { return cfg_; }
 
  private:
-  // splitmix64 finaliser: a well-mixed 64-bit hash.
-  static std::uint64_t mix(std::uint64_t x) noexcept {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-  }
-  [[nodiscard]] std::uint64_t hash(std::size_t call, std::uint64_t j, std::uint64_t salt) const {
-    return mix(mix(mix(cfg_.seed ^ salt) ^ call) ^ j);
-  }
-  static double unit(std::uint64_t h) noexcept { return double(h >> 11) * 0x1.0p-53; }
-
-  // A random expert of the layer not marked in used_ (marks it); n_experts if none is left.
-  std::uint32_t wrong(std::size_t call, std::uint64_t j, std::uint32_t& free_left) {
-    if (free_left == 0) return cfg_.n_experts;
-    std::uint64_t r = hash(call, j, 0x77726f6e67ull) % free_left;
-    for (std::uint32_t e = 0; e < cfg_.n_experts; ++e) {
-      if (used_[e]) continue;
-      if (r-- == 0) {
-        used_[e] = 1;
-        --free_left;
-        return e;
-      }
-    }
-    return cfg_.n_experts;  // unreachable: free_left counts the unmarked experts
+  // The recall at `distance` layers ahead.
+  [[nodiscard]] double recall_at(std::uint32_t distance) const noexcept {
+    const std::vector<double>& r = cfg_.recall_by_distance;
+    return r.empty() ? cfg_.recall : r[std::min<std::size_t>(distance, r.size()) - 1];
   }
 
-  // Fills picks_ with call i's predictions.
-  void draw(std::size_t i) {
+  // Fills picks_ with call i's predictions at `distance` layers ahead.
+  void draw(std::size_t i, std::uint32_t distance = 1) {
     const OracleCall& c = cfg_.calls[i];
-    picks_.clear();
-    std::uint32_t free_left = cfg_.n_experts;
-    for (std::uint32_t e : c.experts) used_[e] = 1, --free_left;
-    for (std::size_t j = 0; j < c.experts.size(); ++j) {
-      const Precision p = cfg_.precisions.empty() ? cfg_.precision : cfg_.precisions[i][j];
-      // recall 1 keeps all (unit() < 1), recall 0 none (unit() >= 0).
-      if (unit(hash(i, j, 0x6b656570ull)) < cfg_.recall) {
-        picks_.push_back({c.experts[j], p});
-        continue;
-      }
-      const std::uint32_t w = wrong(i, j, free_left);
-      if (w < cfg_.n_experts) picks_.push_back({w, p});
-    }
-    for (std::uint64_t j = c.experts.size(); picks_.size() < cfg_.set_size; ++j) {
-      const std::uint32_t w = wrong(i, j, free_left);
-      if (w == cfg_.n_experts) break;
-      picks_.push_back({w, cfg_.precision});
-    }
-    std::fill(used_.begin(), used_.end(), std::uint8_t{0});
+    prec_.assign(c.experts.size(), cfg_.precision);
+    if (!cfg_.precisions.empty()) prec_ = cfg_.precisions[i];
+    picks_ = noise_.draw(i, c.experts, prec_, recall_at(distance), cfg_.set_size, cfg_.precision);
   }
 
   void predict_call(std::size_t i, std::uint32_t dist, bool decode, const ResidencyView& residency,
                     PrefetchList& out) {
-    draw(i);
+    draw(i, dist);
     const std::uint32_t layer = cfg_.calls[i].layer;
     std::uint32_t nonresident = 0;
     for (const auto& [e, p] : picks_) {
@@ -192,14 +156,15 @@ class NoisyOraclePredictor {
         if (decode && nonresident >= cfg_.max_nonresident) continue;
         ++nonresident;
       }
-      out.push(Prefetch{key, p, float(cfg_.recall), dist});
+      out.push(Prefetch{key, p, float(recall_at(dist)), dist});
     }
   }
 
   Config cfg_;
   std::size_t cursor_ = 0;
   std::vector<std::uint32_t> seen_;
-  std::vector<std::uint8_t> used_;
+  RecallNoise noise_;
+  std::vector<Precision> prec_;
   std::vector<std::pair<std::uint32_t, Precision>> picks_;
 };
 static_assert(Predictor<NoisyOraclePredictor>);

@@ -35,6 +35,7 @@
 #include "moekit/pipeline.hpp"
 #include "moekit/predict/activation_path.hpp"
 #include "moekit/predict/cross_layer_gate.hpp"
+#include "moekit/predict/lookahead_oracle.hpp"
 #include "moekit/predict/stacked_gate.hpp"
 #include "moekit/score/big_little.hpp"
 #include "moekit/score/hobbit_threshold.hpp"
@@ -59,6 +60,8 @@ struct PresetParams {
   // MoBiLE
   float gamma = BigLittlePolicy::Config{}.gamma;                ///< --gamma
   std::uint32_t k_little = BigLittlePolicy::Config{}.k_little;  ///< --k-little (0 = K/2)
+  // the oracle stand-ins (hobbit-oracle, fate-oracle)
+  std::vector<double> oracle_recall{};  ///< --oracle-recall: at +1, +2, +3 (empty: the paper's)
 };
 
 /// What a preset takes from the model and the machine beyond its knobs (the `PresetInputs` field
@@ -72,6 +75,9 @@ struct PresetNeeds {
   /// Runs experts on the CPU from the loader's `host_bytes`: free when the experts are in host
   /// memory, else a read outside the cache that the run's memory must hold (io/host_read_ring.hpp).
   bool host_bytes = false;
+  /// `lookahead`: the routing of later layers, known ahead (a replayed trace: the oracle
+  /// stand-ins of the gate predictors).
+  bool lookahead = false;
 };
 
 /// The inputs of `PresetNeeds`, as plain data (filled by the engine, the simulator or a test).
@@ -83,8 +89,9 @@ struct PresetInputs {
   std::vector<double> popularity{};
   std::shared_ptr<const ActivationPathProfile> paths{};  ///< activation paths
   std::shared_ptr<const PrecisionTable> bitwidths{};     ///< per-expert precisions (null: uniform)
-  double cpu_seconds_per_token = 0;  ///< one token through one expert on the CPU
-  double copy_seconds = 0;           ///< load one expert into the cache and run it
+  double cpu_seconds_per_token = 0;               ///< one token through one expert on the CPU
+  double copy_seconds = 0;                        ///< load one expert into the cache and run it
+  std::shared_ptr<RoutingLookahead> lookahead{};  ///< the routing ahead (oracle stand-ins)
 };
 
 /// What a spec that does not define a member gets.
@@ -114,6 +121,11 @@ inline void check_params(const PresetParams& q) {
   if (!(q.fate_percentile >= 0 && q.fate_percentile < 1))
     bad("--fate-percentile: must be in [0, 1)");
   if (!(q.gamma >= 0 && q.gamma <= 1)) bad("--gamma: must be in [0, 1]");
+  if (q.oracle_recall.size() > max_prediction_distance)
+    bad("--oracle-recall: at most " + std::to_string(max_prediction_distance) +
+        " figures (+1, +2, +3 layers ahead)");
+  for (double r : q.oracle_recall)
+    if (!(r >= 0 && r <= 1)) bad("--oracle-recall: every figure must be in [0, 1]");
 }
 
 /// For presets that read `low`: it must not be more precise than the base precision.
@@ -137,6 +149,17 @@ inline std::uint32_t router_width(std::string_view preset, const ModelShape& s,
     moekit::detail::fail(ErrorKind::internal, "--preset " + std::string(preset) +
                                                   ": the router weights were not provided");
   return h;
+}
+
+/// The routing ahead that an oracle stand-in reads, after checking it was provided.
+inline std::shared_ptr<RoutingLookahead> lookahead_of(std::string_view preset,
+                                                      const PresetInputs& in) {
+  if (!in.lookahead)
+    moekit::detail::fail(ErrorKind::invalid_argument,
+                         "--preset " + std::string(preset) +
+                             ": needs the routing ahead (moe-run --routing-trace FILE): its "
+                             "predictor is a noisy oracle over the replayed routing");
+  return in.lookahead;
 }
 
 // ---- the concept -----------------------------------------------------------------------------

@@ -30,8 +30,10 @@
 #include "moekit/presets/baseline.hpp"
 #include "moekit/presets/edgemoe.hpp"
 #include "moekit/presets/fate.hpp"
+#include "moekit/presets/fate_oracle.hpp"
 #include "moekit/presets/fiddler.hpp"
 #include "moekit/presets/hobbit.hpp"
+#include "moekit/presets/hobbit_oracle.hpp"
 #include "moekit/presets/mobile.hpp"
 #include "moekit/presets/nextuse.hpp"
 #include "moekit/presets/nextuse_fit.hpp"
@@ -56,7 +58,9 @@ using Registered = PresetList<
     MobileSpec,
     FiddlerSpec,
     NextUseSpec,
-    NextUseFitSpec>;
+    NextUseFitSpec,
+    HobbitOracleSpec,
+    FateOracleSpec>;
 // clang-format on
 
 /// A registered preset as a run-time value: what does not depend on the loader type.

@@ -1,0 +1,75 @@
+#pragma once
+/// \file fate-oracle: Fate with its cross-layer gate replaced by a noisy oracle over a routing
+/// known ahead (moe-run --routing-trace), for the reason hobbit_oracle.hpp gives: the oracle
+/// predicts the next layer's replayed routing with the paper's recall and pads the prediction to
+/// the percentile rule's ceil((1 − q)·E) experts, under the same decode cap. Everything else is
+/// Fate's.
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "moekit/predict/lookahead_oracle.hpp"
+#include "moekit/presets/fate.hpp"
+#include "moekit/presets/hobbit_oracle.hpp"
+
+namespace moekit::presets {
+
+/// The recall of Fate's cross-layer gate at the next layer: 97.15 % in decode with the
+/// 75th-percentile candidate set (Fang et al., 2025, §4.2; paper). Fate predicts one layer ahead.
+inline constexpr std::array<double, 1> fate_paper_recall{0.9715};
+
+struct FateOracleSpec : FateSpec {
+  static constexpr std::string_view name = "fate-oracle";
+  static constexpr std::string_view summary =
+      "Fate with a noisy oracle over --routing-trace instead of its cross-layer gate (recall "
+      "--oracle-recall, default the paper's 0.9715 at the next layer)";
+  static constexpr PresetNeeds needs{.lookahead = true};
+
+  using Predictor = LookaheadOraclePredictor<PopularityScorer>;
+  template <class Loader>
+  using Pipeline =
+      OffloadPipeline<PopularityScorer, Predictor, Cache, Loader, ReadyFirstScheduler>;
+
+  struct Config : FateSpec::Config {
+    std::vector<double> recall{fate_paper_recall.begin(), fate_paper_recall.end()};
+  };
+  static Config configure(const ModelShape& s, Precision base, const PresetParams& q) {
+    Config c{FateSpec::configure(s, base, q)};
+    c.recall = oracle_recall(q.oracle_recall, fate_paper_recall);
+    return c;
+  }
+
+  /// The decode cap n = floor(T / t_expert) of `c` (no cap without both times).
+  static std::uint32_t decode_cap(const Config& c) {
+    if (c.budget_time <= 0 || c.expert_time <= 0) return std::numeric_limits<std::uint32_t>::max();
+    return static_cast<std::uint32_t>(std::floor(c.budget_time / c.expert_time));
+  }
+
+  static Predictor predictor(const ModelShape& s, const Config& c, const PresetInputs& in) {
+    const auto set = static_cast<std::uint32_t>(std::ceil((1.0 - c.percentile) * s.n_experts));
+    return Predictor({.recall_by_distance = c.recall,
+                      .distance = 1,
+                      .set_size = std::min(set, s.n_experts),
+                      .n_layers = s.n_layers,
+                      .n_experts = s.n_experts,
+                      .max_nonresident = decode_cap(c),
+                      .pad_precision = c.scorer.decode_precision},
+                     lookahead_of(name, in), scorer(c));
+  }
+
+  template <class Loader>
+  static std::unique_ptr<Pipeline<Loader>> build(const ModelShape& s, const PipelineConfig& pc,
+                                                 Loader loader, const Config& c,
+                                                 const PresetInputs& in) {
+    return std::make_unique<Pipeline<Loader>>(s, pipeline_config(pc, c), std::move(loader),
+                                              scorer(c), predictor(s, c, in), cache(c));
+  }
+};
+
+}  // namespace moekit::presets
