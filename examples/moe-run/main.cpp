@@ -595,7 +595,7 @@ ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const Mo
   return {std::move(c.store), std::move(in_place), c.built};
 }
 
-// The calibration run's routing (calibration is not evaluation): the first --calib-tokens (512)
+// The calibration run's routing (calibration is not evaluation): the first --calib-tokens (128)
 // tokens of --calib-text (default: the built-in WikiText-2 slice beside heldout.txt, when the
 // source tree is there), or with --calib-text prompt the prompt plus --calib-tokens (16) greedy
 // tokens. With --routing-trace the run replays the trace's first tokens, which the measured run
@@ -620,7 +620,7 @@ Calibration calibration_run(const Options& o, const ModelConfig& cfg, const Mode
                (o.perplexity.empty() ? ": the start of the generated text itself" : "");
   } else {
     const CalibrationText t = calibration_text(
-        file, tok, bos, o.calib_tokens < 0 ? 512 : std::size_t(o.calib_tokens), o.perplexity);
+        file, tok, bos, o.calib_tokens < 0 ? 128 : std::size_t(o.calib_tokens), o.perplexity);
     c = calibrate(cfg, w.dense, settings, backing, t.tokens, 0, &pool, setup.replay);
     c.source = t.source;
   }

@@ -1,7 +1,8 @@
 #pragma once
 /// \file How moe-sim replays the presets of the registry (moekit/presets/registry.hpp): one
-/// adapter per preset, `SimPreset<Spec>`, builds the preset through its spec where the trace
-/// allows it, and says what it substituted where it does not (the run's `label` and `note`); the
+/// adapter per preset, `SimPreset<Spec>`, builds the preset through its spec, and says what it
+/// substituted (the run's `label` and `note`; every substitution is listed below and, against
+/// each paper, in docs/presets.md: none of these runs is its paper's whole mechanism); the
 /// references (Belady, cost-aware Belady) run beside them. A registered preset without an adapter
 /// is not replayed (NextUse; nextuse-fit, its fitted variant, is). Tests call the same functions
 /// (tests/sim/moe_sim_presets_test.cpp), so what they check is what moe-sim runs.
@@ -18,9 +19,11 @@
 ///    other half).
 ///  * mobile: traces store no output logits, so BigLittlePolicy falls back on a fixed share of
 ///    tokens (MoBiLE Table II); router replay needs the router logits in the trace, otherwise the
-///    fallback's experts load on demand (LRU, no replay). The little pass uses the first K/2 of
-///    each record's experts (what the router picks from the same logits).
-///  * fiddler: popularity profiled on the calibration trace (as edgemoe's profile).
+///    fallback's experts load on demand (LRU, no replay). The replay is built from the big pass's
+///    own logits, so it is always right (the paper reports > 80 %). The little pass uses the first
+///    K/2 of each record's experts (what the router picks from the same logits).
+///  * fiddler: popularity profiled on the calibration trace (as edgemoe's profile); latencies
+///    from the hardware model; CPU work and copies are added, not overlapped as in the paper.
 ///
 /// Fate runs at its paper's precisions (the spec's Config defaults: q4, prefill tail q2) whatever
 /// the base precision.

@@ -273,7 +273,7 @@ TEST_CASE("--group-size, --calib-text and --calib-tokens parse", "[engine][offlo
   REQUIRE(rc0 == 0);
   CHECK_FALSE(none.group_size.has_value());  // auto: the preset's codec
   CHECK(none.calib_text.empty());            // moe-run's built-in calibration text
-  CHECK(none.calib_tokens == -1);            // 512 text tokens, or 16 greedy after the prompt
+  CHECK(none.calib_tokens == -1);            // 128 text tokens, or 16 greedy after the prompt
   const auto [rc1, o] =
       parse({"--group-size", "0", "--calib-text", "prompt", "--calib-tokens", "8"});
   REQUIRE(rc1 == 0);

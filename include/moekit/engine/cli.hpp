@@ -153,7 +153,7 @@ struct Options {
   bool verify = true;                ///< XXH64 of every blob read from a store (--no-verify: off)
   unsigned io_threads = 2;           ///< --io-threads: store loader threads
   /// --calib-tokens: tokens of the calibration text, or greedy tokens after the prompt with
-  /// --calib-text prompt (-1: 512 / 16)
+  /// --calib-text prompt (-1: 128 / 16)
   int calib_tokens = -1;
   std::string calib_text;     ///< --calib-text: file, "prompt", or "" = moe-run's built-in default
   std::uint32_t context = 0;  ///< 0 = prompt + n_predict
@@ -423,7 +423,7 @@ class Cli {
                     "from the evaluated heldout.txt; 'prompt': the prompt plus --calib-tokens "
                     "greedy tokens, which is the evaluated text when generating)");
     app_.add_option("--calib-tokens", o_.calib_tokens,
-                    "edgemoe/fiddler: tokens of --calib-text in the calibration run (default 512), "
+                    "edgemoe/fiddler: tokens of --calib-text in the calibration run (default 128), "
                     "or greedy tokens after the prompt with --calib-text prompt (default 16)")
         ->check(CLI::Range(0, 4096));
     app_.add_option("--store", o_.store,
