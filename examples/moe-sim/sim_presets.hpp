@@ -364,6 +364,12 @@ inline PresetResult run_fate(const RunParams& rp, const moekit::sim::RoutingTrac
           "cross-layer gate not run: " + gap};
 }
 
+/// `rp` with the experts' byte sizes of EdgeMoE's codec (per output channel).
+inline RunParams edgemoe_params(RunParams rp) {
+  rp.shape.quant.group_size = moekit::presets::EdgeMoeSpec::quant_group_size;
+  return rp;
+}
+
 /// EdgeMoE's bit-width table for this run (given, or uniform q4) and its most common precision.
 inline moekit::PrecisionTable edgemoe_table(const RunParams& rp, moekit::Precision* common) {
   using namespace moekit;
@@ -444,9 +450,10 @@ inline const moekit::sim::RoutingTrace& calibration_of(const RunParams& rp,
 /// EdgeMoE: static bit widths, activation-path preloading (profile from the calibration trace's
 /// decode tokens), EdgeMoE eviction score with the calibration's prior, the buffer filled with
 /// the highest-prior experts before the clock starts; the cache sized at the table's most common
-/// precision.
-inline PresetResult run_edgemoe(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
+/// precision; experts sized per output channel (EdgeMoE's codec).
+inline PresetResult run_edgemoe(const RunParams& given, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
+  const RunParams rp = edgemoe_params(given);
   using presets::EdgeMoeSpec;
   Precision common = Precision::q4;
   PrecisionTable table = edgemoe_table(rp, &common);
@@ -552,9 +559,10 @@ inline PresetResult run_belady_cost_fate(const RunParams& rp, const moekit::sim:
   return run_cost_aware(rp, tr, FateSpec::scorer(cfg), FateSpec::pipeline_config(rp.config, cfg),
                         "cost-aware belady with Fate's precisions (q4, prefill tail q2)");
 }
-inline PresetResult run_belady_cost_edgemoe(const RunParams& rp,
+inline PresetResult run_belady_cost_edgemoe(const RunParams& given,
                                             const moekit::sim::RoutingTrace& tr) {
   using moekit::presets::EdgeMoeSpec;
+  const RunParams rp = edgemoe_params(given);
   moekit::Precision common = moekit::Precision::q4;
   const moekit::PrecisionTable t = edgemoe_table(rp, &common);
   return run_cost_aware(rp, tr, EdgeMoeSpec::scorer(t),
