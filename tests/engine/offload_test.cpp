@@ -261,7 +261,8 @@ TEST_CASE("the warm start leaves EdgeMoE's placed experts at their stored widths
   CHECK(p->cache().entry({1, 3}).precision == Precision::q8);
 }
 
-TEST_CASE("--group-size, --calib-text and --calib-tokens parse", "[engine][offload][cli]") {
+TEST_CASE("moe-run parses --group-size, --calib-text and --calib-tokens",
+          "[engine][offload][cli]") {
   auto parse = [](std::vector<const char*> args) {
     args.insert(args.begin(), "moe-run");
     Cli cli;
