@@ -44,6 +44,9 @@
 #ifndef MOE_RUN_LOSS_TEXT
 #define MOE_RUN_LOSS_TEXT "bench/quality/heldout.txt"
 #endif
+#ifndef MOE_RUN_CALIB_TEXT
+#define MOE_RUN_CALIB_TEXT "bench/quality/calibration.txt"
+#endif
 #ifndef MOE_RUN_STORE_DIR
 #define MOE_RUN_STORE_DIR "build/moe-run-stores"
 #endif
@@ -592,27 +595,58 @@ ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const Mo
   return {std::move(c.store), std::move(in_place), c.built};
 }
 
+// The calibration run's routing (calibration is not evaluation): the first --calib-tokens (128)
+// tokens of --calib-text (default: the built-in WikiText-2 slice beside heldout.txt, when the
+// source tree is there), or with --calib-text prompt the prompt plus --calib-tokens (16) greedy
+// tokens. With --routing-trace the run replays the trace's first tokens, which the measured run
+// replays again: the source says so.
+Calibration calibration_run(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
+                            const Tokenizer& tok, const OffloadSettings& settings,
+                            const ExpertBacking& backing, moekit::ThreadPool& pool,
+                            const ModelSetup& setup) {
+  const std::optional<Token> bos = o.no_bos ? std::nullopt : std::optional<Token>(cfg.bos_token_id);
+  std::string file = o.calib_text.empty() ? MOE_RUN_CALIB_TEXT : o.calib_text;
+  std::string fallback;
+  if (o.calib_text.empty() && !std::filesystem::exists(file))
+    fallback = " (" + file + " not found)", file = "prompt";
+  Calibration c;
+  if (file == "prompt") {
+    std::vector<Token> prompt = tok.encode(o.prompt, false);
+    if (bos) prompt.insert(prompt.begin(), *bos);
+    if (prompt.empty()) fail("-p: the prompt encodes to no tokens (calibration run)");
+    const int extra = o.calib_tokens < 0 ? 16 : o.calib_tokens;
+    c = calibrate(cfg, w.dense, settings, backing, prompt, extra, &pool, setup.replay);
+    c.source = "the prompt plus " + std::to_string(extra) + " greedy tokens" + fallback +
+               (o.perplexity.empty() ? ": the start of the generated text itself" : "");
+  } else {
+    const CalibrationText t = calibration_text(
+        file, tok, bos, o.calib_tokens < 0 ? 128 : std::size_t(o.calib_tokens), o.perplexity);
+    c = calibrate(cfg, w.dense, settings, backing, t.tokens, 0, &pool, setup.replay);
+    c.source = t.source;
+  }
+  if (setup.replay)
+    c.source += ", routed by --routing-trace's first " + std::to_string(c.tokens) +
+                " tokens, which the measured run replays too (not held out)";
+  if (!o.json) std::fprintf(stderr, "calibration: routing of %s counted\n", c.source.c_str());
+  return c;
+}
+
 // Router weights, calibration routing and measured latencies, for the presets that need them.
 PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const ModelConfig& cfg,
                            const ModelWeights& w, const Tokenizer& tok,
                            const OffloadSettings& settings, const ExpertBacking& backing,
-                           moekit::ThreadPool& pool, const ModelSetup& setup) {
+                           moekit::ThreadPool& pool, const ModelSetup& setup,
+                           nlohmann::json& notes) {
   const StartupNeeds needs = startup_needs(preset, settings);
   const moekit::ModelShape shape = cfg.shape();
   PresetInputs in;
   if (!o.preset_params.popularity_file.empty())
     in.popularity = load_popularity(o.preset_params.popularity_file, shape);
   if (needs.calibration) {
-    std::vector<Token> prompt = tok.encode(o.prompt, false);
-    if (!o.no_bos && cfg.bos_token_id) prompt.insert(prompt.begin(), *cfg.bos_token_id);
-    if (prompt.empty()) fail("-p: the prompt encodes to no tokens (calibration run)");
-    const Calibration c =
-        calibrate(cfg, w.dense, settings, backing, prompt, o.calib_tokens, &pool, setup.replay);
+    const Calibration c = calibration_run(o, cfg, w, tok, settings, backing, pool, setup);
     if (in.popularity.empty()) in.popularity = c.counts;
     in.paths = c.paths;
-    if (!o.json)
-      std::fprintf(stderr, "calibration: routing of %zu tokens (prompt + %d greedy) counted\n",
-                   c.tokens, o.calib_tokens);
+    notes["calibration"] = c.source;
   }
   if (needs.bitwidths) in.bitwidths = bitwidth_table(shape, settings);
   if (preset.needs.lookahead && setup.replay)  // not owned: the replay outlives the pipeline
@@ -851,6 +885,36 @@ std::string resolve_auto_budget(const Options& o, const ModelConfig& cfg,
   return b.explanation;
 }
 
+// --group-size: the codec of the experts moekit quantizes itself (from an HF checkpoint, in
+// memory or into a store it builds); auto is the preset's (EdgeMoE: per output channel). GGUF
+// experts and a --store keep their own grouping (GGUF's blocks of 32; the store's manifest).
+moekit::QuantScheme expert_codec(const Options& o, const ModelSource& src, bool gguf,
+                                 const PresetEntry& preset) {
+  const moekit::QuantScheme fixed{};
+  if (gguf || !src.store.empty()) {
+    if (o.group_size && *o.group_size != fixed.group_size)
+      fail("--group-size " + std::to_string(*o.group_size) + ": the experts of " +
+           (gguf ? std::string("a GGUF file") : "--store " + src.store) + " are grouped by " +
+           std::to_string(fixed.group_size) + " (convert an HF checkpoint instead)");
+    return fixed;
+  }
+  return {.group_size = o.group_size.value_or(preset.quant_group_size), .zero_point = false};
+}
+
+// The experts' codec in the JSON and on stderr, and the `notes` that are not null in the JSON.
+void report_codec(nlohmann::json& stats, const Options& o, const moekit::ModelShape& shape,
+                  const std::vector<moekit::Precision>& needed, const nlohmann::json& notes) {
+  stats["expert_group_size"] = shape.quant.group_size;
+  for (const auto& [key, value] : notes.items())
+    if (!value.is_null()) stats[key] = value;
+  if (o.json || std::none_of(needed.begin(), needed.end(), moekit::is_quantized)) return;
+  const std::string codec = shape.quant.group_size == 0
+                                ? std::string("per output channel")
+                                : "groups of " + std::to_string(shape.quant.group_size);
+  std::fprintf(stderr, "experts: quantized in %s%s\n", codec.c_str(),
+               o.group_size ? "" : " (--group-size auto: the preset's codec)");
+}
+
 int run(Options o) {
   // Before anything is loaded: the dense part, KV cache and buffers are then counted once each.
   const moekit::io::MemoryLimits limits_at_start = moekit::io::read_memory_limits();
@@ -858,6 +922,8 @@ int run(Options o) {
   const ModelPath& mp = m.src.model;
   if (!mp.gguf.empty()) m.gguf.emplace(mp.gguf.string());
   const ModelConfig& cfg = m.cfg = m.gguf ? gguf_config(*m.gguf) : load_config(mp.dir);
+  const PresetEntry& preset = find_preset(o.preset);
+  m.cfg.expert_quant = expert_codec(o, m.src, m.gguf.has_value(), preset);
   const Tokenizer tok = load_tokenizer(mp, m.gguf ? &*m.gguf : nullptr);
   if (tok.vocab_size() > cfg.vocab_size)
     fail("-m: the tokenizer has " + std::to_string(tok.vocab_size()) +
@@ -873,7 +939,6 @@ int run(Options o) {
                            : nullptr;
   const auto in_place = o.in_memory ? nullptr : located;
   const std::size_t prompt_tokens = tok.encode(o.prompt, false).size() + 1;
-  const PresetEntry& preset = find_preset(o.preset);
   if (preset.needs.lookahead && !replay)
     fail("--preset " + std::string(preset.name) +
          ": needs --routing-trace FILE (its predictor is a noisy oracle over the replayed "
@@ -911,9 +976,10 @@ int run(Options o) {
       int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
       backing.order(), replay ? &*replay : nullptr};
   moekit::ThreadPool pool(o.threads);
-  const nlohmann::json loss =
+  nlohmann::json notes;  // conversion_loss and calibration, added to the stats when not null
+  notes["conversion_loss"] =
       conversion_loss(o, m, located != nullptr, where, settings, backing.io, w, tok, pool);
-  PresetInputs in = preset_inputs(o, preset, cfg, w, tok, settings, backing, pool, setup);
+  PresetInputs in = preset_inputs(o, preset, cfg, w, tok, settings, backing, pool, setup, notes);
   std::vector<float> routers;
   if (preset.needs.routers) {
     routers = router_stack(cfg, w.dense);
@@ -929,7 +995,7 @@ int run(Options o) {
         j["experts_load_seconds"] = warm.seconds;
         return j;
       });
-  if (!loss.is_null()) stats["conversion_loss"] = loss;
+  report_codec(stats, o, shape, needed, notes);
   report_source(stats, o, where, loader_kind, backing.order(), budget_note);
   return 0;
 }

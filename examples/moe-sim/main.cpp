@@ -808,17 +808,25 @@ Row row_of(const Setup& s, const RoutingTrace& tr, const std::string& v, const P
 /// is listed in `unavailable` instead.
 std::vector<Row> run_all(const Setup& s, const Traces& t,
                          const std::vector<const SimEntry*>& chosen,
-                         std::vector<std::string>& unavailable) {
+                         std::vector<std::string>& unavailable,
+                         std::vector<std::string>& calibration) {
   const std::vector<std::string> values = s.sweep ? s.sweep->values : std::vector<std::string>{""};
   const std::size_t total = t.list.size() * values.size() * chosen.size();
   ProgressBar bar(stderr, total, isatty(2) != 0 && !s.o.json);
   std::vector<Row> rows;
   std::size_t done = 0;
-  for (const RoutingTrace& tr : t.list) {
+  for (const RoutingTrace& whole : t.list) {
+    // Calibration is not evaluation: every run replays the second half of the trace; the first
+    // half calibrates the presets that profile routing (edgemoe, fiddler).
+    CalibrationSplit split = split_for_calibration(whole);
+    const RoutingTrace& tr = split.evaluation;
+    const auto cal = std::make_shared<const RoutingTrace>(std::move(split.calibration));
+    calibration.push_back(tr.name() + ": " + split.text);
     const ModelShape shape = shape_for(tr, s.o, t.dims);
     const ComputeModel compute = s.hw.compute_model(shape, dense_for(shape));
     for (const std::string& v : values) {
-      const Point pt = point_of(s, tr, shape, compute, t.dims, v);
+      Point pt = point_of(s, tr, shape, compute, t.dims, v);
+      pt.rp.calibration = cal;
       for (const SimEntry* p : chosen) {
         bar.update(done, tr.name().substr(tr.name().find_last_of('/') + 1) + " " +
                              std::string(p->name) + " " + v);
@@ -885,6 +893,7 @@ std::vector<std::string> write_sweep(const Setup& s, const std::vector<RoutingTr
 struct Outcome {
   std::vector<Row> rows;
   std::vector<std::string> unavailable, written;
+  std::vector<std::string> calibration;  ///< per trace: which part calibrated, which replayed
   bool with_belady = false;
 };
 
@@ -907,6 +916,7 @@ void print_json(const Setup& s, const Traces& t, const Outcome& out) {
   }
   j["unavailable"] = out.unavailable;
   if (!out.with_belady) j["unavailable"].push_back("belady: left out");
+  j["calibration"] = out.calibration;
   j["notes"] = t.notes;
   j["files"] = out.written;
   std::cout << j.dump(2) << "\n";
@@ -939,6 +949,7 @@ void print_text(const Setup& s, const Traces& t, const Outcome& out, double wall
   for (const RoutingTrace& tr : t.list)
     if (tr.synthetic()) std::printf("note: %s is SYNTHETIC routing\n", tr.name().c_str());
   for (const auto& u : out.unavailable) std::printf("%s\n", u.c_str());
+  for (const auto& c : out.calibration) std::printf("calibration: %s\n", c.c_str());
   for (const auto& n : t.notes) std::printf("note: %s\n", n.c_str());
   for (const auto& w : out.written) std::printf("wrote %s\n", w.c_str());
 }
@@ -972,7 +983,7 @@ int run(int argc, char** argv) {
   const std::vector<const SimEntry*> chosen =
       chosen_runs(o.compare ? "all" : o.preset, s.sweep, o.no_belady, out.with_belady);
   const auto t_wall = std::chrono::steady_clock::now();
-  out.rows = run_all(s, t, chosen, out.unavailable);
+  out.rows = run_all(s, t, chosen, out.unavailable, out.calibration);
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wall).count();
   if (s.sweep) out.written = write_sweep(s, t.list, chosen, out.rows);

@@ -1,7 +1,8 @@
 #pragma once
 /// \file How moe-sim replays the presets of the registry (moekit/presets/registry.hpp): one
-/// adapter per preset, `SimPreset<Spec>`, builds the preset through its spec where the trace
-/// allows it, and says what it substituted where it does not (the run's `label` and `note`); the
+/// adapter per preset, `SimPreset<Spec>`, builds the preset through its spec, and says what it
+/// substituted (the run's `label` and `note`; every substitution is listed below and, against
+/// each paper, in docs/presets.md: none of these runs is its paper's whole mechanism); the
 /// references (Belady, cost-aware Belady) run beside them. A registered preset without an adapter
 /// is not replayed (NextUse; nextuse-fit, its fitted variant, is). Tests call the same functions
 /// (tests/sim/moe_sim_presets_test.cpp), so what they check is what moe-sim runs.
@@ -13,13 +14,16 @@
 ///    0.96 top-1 at distance 1, Fig. 7; Fate 0.9715 with the 75th-percentile set, §4.2), otherwise
 ///    replaced by a random wrong expert (design spec fate.md §3).
 ///  * edgemoe: bit widths uniform q4 unless a table is given (`--bitwidths`); the activation-path
-///    profile is built from the first half of the trace (its sequences, or its decode tokens when
-///    it has one sequence), and the whole trace is replayed (the second half is unseen by it).
+///    profile and the eviction prior come from the calibration trace (`RunParams::calibration`:
+///    moe-sim's first half of each trace, `split_for_calibration`; the replayed trace is the
+///    other half).
 ///  * mobile: traces store no output logits, so BigLittlePolicy falls back on a fixed share of
 ///    tokens (MoBiLE Table II); router replay needs the router logits in the trace, otherwise the
-///    fallback's experts load on demand (LRU, no replay). The little pass uses the first K/2 of
-///    each record's experts (what the router picks from the same logits).
-///  * fiddler: popularity profiled on the replayed trace itself (optimistic).
+///    fallback's experts load on demand (LRU, no replay). The replay is built from the big pass's
+///    own logits, so it is always right (the paper reports > 80 %). The little pass uses the first
+///    K/2 of each record's experts (what the router picks from the same logits).
+///  * fiddler: popularity profiled on the calibration trace (as edgemoe's profile); latencies
+///    from the hardware model; CPU work and copies are added, not overlapped as in the paper.
 ///
 /// Fate runs at its paper's precisions (the spec's Config defaults: q4, prefill tail q2) whatever
 /// the base precision.
@@ -92,6 +96,9 @@ struct RunParams {
   std::shared_ptr<const std::vector<float>> routers{};
   /// EdgeMoE bit widths (`--bitwidths`); null: every expert at q4.
   std::shared_ptr<const moekit::PrecisionTable> bitwidths{};
+  /// Routing that calibrates EdgeMoE's profile and prior and Fiddler's popularity, never the
+  /// replayed one (moe-sim: `split_for_calibration`); null: those presets refuse to run.
+  std::shared_ptr<const moekit::sim::RoutingTrace> calibration{};
 };
 
 /// One replay: the report and what actually ran.
@@ -371,6 +378,12 @@ inline PresetResult run_fate(const RunParams& rp, const moekit::sim::RoutingTrac
           "cross-layer gate not run: " + gap};
 }
 
+/// `rp` with the experts' byte sizes of EdgeMoE's codec (per output channel).
+inline RunParams edgemoe_params(RunParams rp) {
+  rp.shape.quant.group_size = moekit::presets::EdgeMoeSpec::quant_group_size;
+  return rp;
+}
+
 /// EdgeMoE's bit-width table for this run (given, or uniform q4) and its most common precision.
 inline moekit::PrecisionTable edgemoe_table(const RunParams& rp, moekit::Precision* common) {
   using namespace moekit;
@@ -388,45 +401,102 @@ inline moekit::PrecisionTable edgemoe_table(const RunParams& rp, moekit::Precisi
   return t;
 }
 
-/// The profile's share of the trace: the first half of its sequences, or of its decode tokens
-/// when it has a single sequence (decode tokens only: EdgeMoE profiles decoding).
-inline moekit::tools::TraceSelection edgemoe_profile_selection(
-    const moekit::sim::RoutingTrace& tr) {
-  moekit::tools::TraceSelection sel;
-  const std::size_t n = tr.sequence_count();
-  if (n >= 2) {
-    sel.end_token = tr.global_token(n / 2, 0);
-  } else if (n == 1) {
-    const std::size_t pre = tr.prefill_length(0), len = tr.sequence_length(0);
-    sel.end_token = pre + (len - pre) / 2;
+/// A trace cut in two: the first part calibrates, the second is replayed (calibration is not
+/// evaluation).
+struct CalibrationSplit {
+  moekit::sim::RoutingTrace calibration, evaluation;
+  std::string text;  ///< what each part holds, for the output
+};
+
+/// Appends tokens [first, end) of `in` (global indices, one sequence) to `out` as a sequence.
+inline void copy_tokens(moekit::sim::RoutingTrace& out, const moekit::sim::RoutingTrace& in,
+                        const std::string& seq_name, std::size_t first, std::size_t end) {
+  out.begin_sequence(seq_name);
+  for (std::size_t g = first; g < end; ++g) {
+    const std::size_t t = out.append_token(in.phase(g));
+    for (std::uint32_t l = 0; l < in.dims().n_layers; ++l)
+      if (in.valid(g, l))
+        out.set_route(t, l, in.experts(g, l), in.weights(g, l), in.logits(g, l), in.hidden(g, l));
   }
-  return sel;
 }
 
-/// EdgeMoE: static bit widths, activation-path preloading (profile from the first half of the
-/// trace), EdgeMoE eviction score; the cache sized at the table's most common precision.
-inline PresetResult run_edgemoe(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
+/// The first half of `tr`'s sequences calibrates and the second half is replayed; a trace of one
+/// sequence is cut inside its decode tokens (calibration: the prefill and the first half of the
+/// decode tokens; replayed: the other decode tokens, without a prefill).
+inline CalibrationSplit split_for_calibration(const moekit::sim::RoutingTrace& tr) {
+  using moekit::sim::RoutingTrace;
+  CalibrationSplit s{RoutingTrace(tr.dims(), tr.name() + " (calibration half)", tr.synthetic()),
+                     RoutingTrace(tr.dims(), tr.name(), tr.synthetic()),
+                     {}};
+  const std::size_t n = tr.sequence_count();
+  auto seq_end = [&](std::size_t q) { return tr.global_token(q, 0) + tr.sequence_length(q); };
+  if (n >= 2) {
+    for (std::size_t q = 0; q < n; ++q)
+      copy_tokens(q < n / 2 ? s.calibration : s.evaluation, tr, tr.sequence_name(q),
+                  tr.global_token(q, 0), seq_end(q));
+    s.text = "calibration: sequences 1-" + std::to_string(n / 2) + " of " + std::to_string(n) +
+             ", replayed: sequences " + std::to_string(n / 2 + 1) + "-" + std::to_string(n);
+    return s;
+  }
+  const std::size_t pre = n ? tr.prefill_length(0) : 0, len = n ? tr.sequence_length(0) : 0;
+  MOEKIT_EXPECTS(len >= pre + 2, "trace '" + tr.name() +
+                                     "': calibration needs two sequences or two decode tokens "
+                                     "(the first part calibrates, the rest is replayed)");
+  const std::size_t cut = pre + (len - pre) / 2;
+  copy_tokens(s.calibration, tr, tr.sequence_name(0), 0, cut);
+  copy_tokens(s.evaluation, tr, tr.sequence_name(0), cut, len);
+  s.text = "calibration: the prefill and decode tokens 1-" + std::to_string(cut - pre) + " of " +
+           std::to_string(len - pre) + ", replayed: decode tokens " +
+           std::to_string(cut - pre + 1) + "-" + std::to_string(len - pre) + " (no prefill)";
+  return s;
+}
+
+/// `rp.calibration`, or an error naming `preset`.
+inline const moekit::sim::RoutingTrace& calibration_of(const RunParams& rp,
+                                                       std::string_view preset) {
+  MOEKIT_EXPECTS(rp.calibration != nullptr,
+                 std::string(preset) +
+                     ": no calibration trace (RunParams::calibration; moe-sim "
+                     "calibrates on the first half of each trace)");
+  return *rp.calibration;
+}
+
+/// EdgeMoE: static bit widths, activation-path preloading (profile from the calibration trace's
+/// decode tokens), EdgeMoE eviction score with the calibration's prior, the buffer filled with
+/// the highest-prior experts before the clock starts; the cache sized at the table's most common
+/// precision; experts sized per output channel (EdgeMoE's codec).
+inline PresetResult run_edgemoe(const RunParams& given, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
+  const RunParams rp = edgemoe_params(given);
   using presets::EdgeMoeSpec;
   Precision common = Precision::q4;
   PrecisionTable table = edgemoe_table(rp, &common);
-  const tools::TraceSelection sel = edgemoe_profile_selection(tr);
-  auto profile = std::make_shared<ActivationPathProfile>(tools::build_activation_profile(tr, sel));
+  const sim::RoutingTrace& cal = calibration_of(rp, "edgemoe");
+  auto profile = std::make_shared<ActivationPathProfile>(tools::build_activation_profile(cal));
   std::size_t profiled = 0;
-  for (std::size_t g = 0; g < tr.token_count(); ++g) profiled += sel.takes(tr, g);
-  MOEKIT_EXPECTS(profiled > 0, "edgemoe: the first half of trace '" + tr.name() +
+  for (std::size_t g = 0; g < cal.token_count(); ++g) profiled += cal.phase(g) == Phase::decode;
+  MOEKIT_EXPECTS(profiled > 0, "edgemoe: the calibration part of trace '" + tr.name() +
                                    "' has no decode token to build the activation-path profile");
   const std::string what = table.count(Precision::q4) == table.size() && !rp.bitwidths
                                ? "uniform q4 bit widths"
                                : "bit widths from --bitwidths";
   const presets::PresetInputs in{
-      .paths = profile, .bitwidths = std::make_shared<const PrecisionTable>(std::move(table))};
+      .popularity = sim::expert_shares(cal),
+      .paths = profile,
+      .bitwidths = std::make_shared<const PrecisionTable>(std::move(table))};
   auto p = EdgeMoeSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
                               {.sizing = common}, in);
+  const std::size_t placed = EdgeMoeSpec::place(*p, in);
+  sim::SimLoader& loader = p->loader();  // the buffer is filled before the clock starts
+  while (loader.queued() > 0) loader.clock().stall_until(loader.link_free_at());
+  loader.clock().stall_until(loader.link_free_at());
   return {sim::replay(*p, tr, rp.compute),
-          "edgemoe (" + what + ", activation-path profile from the first half: " +
-              std::to_string(profiled) + " decode tokens)",
-          "the profile comes from the first half of the trace and the whole trace is replayed"};
+          "edgemoe (" + what + ", activation-path profile from " + std::to_string(profiled) +
+              " calibration decode tokens, " + std::to_string(p->predictor().config().max_preload) +
+              " preloads per layer after the capacity guard)",
+          "profile and prior from the calibration half, not the replayed one; buffer "
+          "initialised with " +
+              std::to_string(placed) + " experts before the clock starts"};
 }
 
 /// MoBiLE: big-little token policy (fixed fallback share without output logits), router replay
@@ -455,15 +525,15 @@ inline PresetResult run_mobile(const RunParams& rp, const moekit::sim::RoutingTr
           "fallback on a fixed share of tokens"};
 }
 
-/// Fiddler: static popularity placement profiled on the replayed trace itself (an optimistic
-/// profile: Fiddler profiles a calibration set), and the CPU-vs-copy scheduler with latencies
+/// Fiddler: static popularity placement profiled on the calibration trace (Fiddler profiles a
+/// calibration set), and the CPU-vs-copy scheduler with latencies
 /// from the hardware model (CPU: one token through one expert; copy: transfer + device run).
 inline PresetResult run_fiddler(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
   using presets::FiddlerSpec;
   const Precision base = rp.config.base_precision;
   const presets::PresetInputs in{
-      .popularity = sim::expert_shares(tr),
+      .popularity = sim::expert_shares(calibration_of(rp, "fiddler")),
       .cpu_seconds_per_token = rp.compute.cpu(base, 1),
       .copy_seconds = rp.link.transfer_s(rp.shape.expert_bytes(base)) + rp.compute.device(base, 1)};
   auto p = FiddlerSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
@@ -476,7 +546,7 @@ inline PresetResult run_fiddler(const RunParams& rp, const moekit::sim::RoutingT
   loader.clock().stall_until(loader.link_free_at());
   const std::uint64_t bytes = p->stats().bytes_preloaded;
   return {sim::replay(*p, tr, rp.compute), std::string(FiddlerSpec::name),
-          "popularity profiled on the replayed trace itself; start-up placement of " +
+          "popularity profiled on the calibration half; start-up placement of " +
               std::to_string(placed) + " experts (" + fmt_num(double(bytes) / 1e9) +
               " GB, counted in bytes moved) completes before the clock starts"};
 }
@@ -503,9 +573,10 @@ inline PresetResult run_belady_cost_fate(const RunParams& rp, const moekit::sim:
   return run_cost_aware(rp, tr, FateSpec::scorer(cfg), FateSpec::pipeline_config(rp.config, cfg),
                         "cost-aware belady with Fate's precisions (q4, prefill tail q2)");
 }
-inline PresetResult run_belady_cost_edgemoe(const RunParams& rp,
+inline PresetResult run_belady_cost_edgemoe(const RunParams& given,
                                             const moekit::sim::RoutingTrace& tr) {
   using moekit::presets::EdgeMoeSpec;
+  const RunParams rp = edgemoe_params(given);
   moekit::Precision common = moekit::Precision::q4;
   const moekit::PrecisionTable t = edgemoe_table(rp, &common);
   return run_cost_aware(rp, tr, EdgeMoeSpec::scorer(t),
@@ -565,7 +636,8 @@ struct SimPreset<moekit::presets::EdgeMoeSpec> {
   static constexpr bool replayed = true;
   static constexpr SimEntry entry{"",
                                   "EdgeMoE: static bit widths, activation-path preload (profile: "
-                                  "first half of the trace), distance-aware eviction",
+                                  "the calibration half), distance-aware eviction, buffer "
+                                  "filled at start",
                                   &run_edgemoe,
                                   false,
                                   false,

@@ -2,9 +2,10 @@
 /// \file The papers' combinations: the preset registry (`presets/registry.hpp`, one header per
 /// preset in `presets/`) and each preset's pipeline as a one-line alias over a loader type.
 ///
-/// A preset names components; their `Config` defaults are the papers' parameters
-/// (`../design/papers` in the project notes, summarised per header), and the engine overrides any
-/// of them by passing configured components to the pipeline's constructor:
+/// A preset names components; their `Config` defaults are each the paper's value, the authors'
+/// code's, or moekit's choice where the paper gives none (docs/presets.md marks which, and lists
+/// what each preset runs and what stands in), and the engine overrides any of them by passing
+/// configured components to the pipeline's constructor:
 ///
 ///     presets::Hobbit<MyLoader> p(shape, {.expert_budget_bytes = b}, loader,
 ///                                 HobbitThresholdScorer({.rule = {.t1 = 0.5f}}),

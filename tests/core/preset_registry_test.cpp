@@ -87,6 +87,9 @@ TEST_CASE("presets registry: needs and precisions are declared per preset", "[pr
   CHECK(presets::FateSpec::needs.routers);
   CHECK(presets::EdgeMoeSpec::needs.paths);
   CHECK(presets::EdgeMoeSpec::needs.bitwidths);
+  // EdgeMoE's codec is per output channel (group size 0); every other preset groups by 32.
+  for (const presets::PresetEntry& e : presets::entries)
+    CHECK(e.quant_group_size == (presets::is<presets::EdgeMoeSpec>(e) ? 0u : 32u));
   CHECK(presets::FiddlerSpec::needs.popularity);
   CHECK(presets::FiddlerSpec::needs.latencies);
   CHECK_FALSE(presets::NextUseSpec::needs.routers);

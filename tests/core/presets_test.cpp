@@ -284,3 +284,66 @@ TEST_CASE("presets::NextUse: T1/T2 precisions over the ExpectedNextUse cache",
   CHECK(p.stats().cache.evictions > 0);
   CHECK(p.cache().used_bytes() <= 3 * f16);
 }
+
+namespace {
+// EdgeMoE through its spec: a profile where every layer uses expert `e` of each token.
+presets::PresetInputs edgemoe_inputs(std::vector<double> popularity,
+                                     std::shared_ptr<const PrecisionTable> table = nullptr) {
+  auto profile = std::make_shared<ActivationPathProfile>(3, 4, 2);
+  for (int i = 0; i < 10; ++i) {
+    const std::uint32_t e[] = {0, 1};
+    const std::span<const std::uint32_t> path[] = {e, e, e};
+    profile->add_path(path);
+  }
+  return {.popularity = std::move(popularity), .paths = profile, .bitwidths = std::move(table)};
+}
+}  // namespace
+
+TEST_CASE("presets::EdgeMoe: the capacity guard lowers the preloads to what the buffer holds",
+          "[preset][edgemoe]") {
+  using S = presets::EdgeMoeSpec;
+  const auto in = edgemoe_inputs({});
+  const auto preloads = [&](std::size_t experts) {
+    auto p = S::build(shape, {.expert_budget_bytes = experts * q4, .base_precision = Precision::q4},
+                      ManualLoader{}, S::Config{}, in);
+    return p->predictor().config().max_preload;
+  };
+  CHECK(preloads(2 + 3) == 3);  // k + max_preload experts: the paper's three preloads
+  CHECK(preloads(2 + 1) == 1);  // room for one preload beside the k on-demand experts
+  CHECK(preloads(2) == 0);
+  // Fewer than k experts at the widest stored precision: refused, naming the preset and flag.
+  auto table = std::make_shared<PrecisionTable>(3, 4, Precision::q4);
+  table->set({2, 3}, Precision::q8);  // widest: q8, so 2 q8 experts need more than 3 q4 slots
+  const std::size_t q8 = shape.expert_bytes(Precision::q8);
+  CHECK_THROWS_WITH(
+      S::build(shape, {.expert_budget_bytes = 2 * q8 - 1, .base_precision = Precision::q4},
+               ManualLoader{}, S::Config{}, edgemoe_inputs({}, table)),
+      Catch::Contains("capacity guard") && Catch::Contains("--expert-budget"));
+}
+
+TEST_CASE("presets::EdgeMoe: the buffer starts with the highest-prior experts at their widths",
+          "[preset][edgemoe]") {
+  using S = presets::EdgeMoeSpec;
+  auto table = std::make_shared<PrecisionTable>(3, 4, Precision::q4);
+  table->set({1, 2}, Precision::q2);
+  // Shares of their layer: (1,2) 0.7, (0,0) 0.5, (0,1) 0.4 = (2,3), then (2,0) 0.2 ...
+  std::vector<double> pop = {5, 4, 1, 0, /**/ 1, 1, 7, 1, /**/ 2, 2, 2, 4};
+  const std::size_t q2 = shape.expert_bytes(Precision::q2);
+  auto p = presets::make_pipeline<S>(
+      shape, {.expert_budget_bytes = q2 + 3 * q4, .base_precision = Precision::q4}, {},
+      ManualLoader{}, edgemoe_inputs(pop, table));
+  CHECK(p->cache().resident_at({1, 2}, Precision::q2));
+  CHECK_FALSE(p->cache().resident_at({1, 2}, Precision::q4));  // at its stored width
+  CHECK(p->cache().resident({0, 0}));
+  CHECK(p->cache().resident({0, 1}));  // share 0.4, tied with (2, 3): the smaller layer first
+  CHECK(p->cache().resident({2, 3}));
+  CHECK(p->cache().used_bytes() == q2 + 3 * q4);
+  CHECK(p->stats().bytes_preloaded == q2 + 3 * q4);
+  // The buffer is full: the next expert by prior, (0, 2) or (1, x), is not resident.
+  CHECK_FALSE(p->cache().resident({2, 0}));
+  // Without a prior nothing is placed.
+  auto q = presets::make_pipeline<S>(
+      shape, {.expert_budget_bytes = 8 * q4, .base_precision = Precision::q4}, {}, ManualLoader{},
+      edgemoe_inputs({}));
+  CHECK(q->cache().used_bytes() == 0);
+}

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -199,4 +200,88 @@ TEST_CASE("preset and store flags parse, and bad values name their flag",
   CHECK_THAT(err, Catch::Contains("--in-memory"));
   CHECK(parse({"--preset", "fidler"}, &err).first != 0);
   CHECK_THAT(err, Catch::Contains("--preset"));
+}
+
+namespace {
+// One token per byte: enough to count what calibration_text reads.
+struct ByteTokenizer {
+  std::vector<Token> encode(const std::string& s, bool) const {
+    return std::vector<Token>(s.begin(), s.end());
+  }
+};
+}  // namespace
+
+TEST_CASE("the calibration text is the first tokens of a file, never the evaluated one",
+          "[engine][offload][calibration]") {
+  const auto dir = std::filesystem::temp_directory_path() / "moekit_calibration_text_test";
+  std::filesystem::create_directories(dir);
+  const std::string cal = (dir / "cal.txt").string(), eval = (dir / "eval.txt").string();
+  std::ofstream(cal) << "abcdefgh";
+  std::ofstream(eval) << "xyz";
+  const CalibrationText t = calibration_text(cal, ByteTokenizer{}, Token{1}, 5, eval);
+  CHECK(t.tokens == std::vector<Token>{1, 'a', 'b', 'c', 'd', 'e'});
+  CHECK(t.source == "the first 5 tokens of " + cal);
+  CHECK(calibration_text(cal, ByteTokenizer{}, std::nullopt, 100).tokens.size() == 8);
+  // The evaluated text (moe-run --perplexity) is refused, also under another spelling.
+  CHECK_THROWS_WITH(calibration_text(eval, ByteTokenizer{}, Token{1}, 5, eval),
+                    Catch::Contains("--calib-text") && Catch::Contains("evaluated text"));
+  CHECK_THROWS_WITH(
+      calibration_text((dir / "." / "eval.txt").string(), ByteTokenizer{}, Token{1}, 5, eval),
+      Catch::Contains("evaluated text"));
+  CHECK_THROWS_WITH(calibration_text((dir / "none.txt").string(), ByteTokenizer{}, Token{1}, 5),
+                    Catch::Contains("cannot be opened"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the warm start leaves EdgeMoE's placed experts at their stored widths",
+          "[engine][offload][edgemoe]") {
+  // Every expert fits at the base precision, so the warm start runs; EdgeMoE's placement has
+  // already put each expert in at its table's width (q2 here), which a q8 warm start would
+  // replace (then every expert ran at q8 whatever the table said).
+  const moekit::ModelShape s{.n_layers = 2, .n_experts = 4, .top_k = 2, .hidden = 32, .ffn = 64};
+  auto table = std::make_shared<moekit::PrecisionTable>(2, 4, Precision::q2);
+  table->set({1, 3}, Precision::q8);
+  auto paths = std::make_shared<moekit::ActivationPathProfile>(2, 4, 2);
+  const std::uint32_t e01[] = {0, 1};
+  const std::span<const std::uint32_t> path[] = {e01, e01};
+  paths->add_path(path);
+  const PresetInputs in{
+      .popularity = std::vector<double>(8, 1.0), .paths = paths, .bitwidths = table};
+  moekit::MemoryLoader loader([&](moekit::ExpertKey, Precision p) {
+    static std::vector<std::byte> bytes(1 << 20);
+    return std::span<const std::byte>(bytes.data(), s.expert_bytes(p));
+  });
+  auto p = presets::make_pipeline<presets::EdgeMoeSpec>(
+      s,
+      {.expert_budget_bytes = all_resident_budget(s, Precision::q8),
+       .base_precision = Precision::q8},
+      {}, std::move(loader), in);
+  CHECK(load_all_experts(*p) == 0);  // the placement holds every expert already
+  CHECK(p->cache().entry({0, 0}).precision == Precision::q2);
+  CHECK(p->cache().entry({1, 2}).precision == Precision::q2);
+  CHECK(p->cache().entry({1, 3}).precision == Precision::q8);
+}
+
+TEST_CASE("moe-run parses --group-size, --calib-text and --calib-tokens",
+          "[engine][offload][cli]") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "moe-run");
+    Cli cli;
+    std::ostringstream out, err;
+    const int rc = cli.parse(static_cast<int>(args.size()), args.data(), out, err);
+    return std::pair<int, Options>{rc, cli.options()};
+  };
+  const auto [rc0, none] = parse({});
+  REQUIRE(rc0 == 0);
+  CHECK_FALSE(none.group_size.has_value());  // auto: the preset's codec
+  CHECK(none.calib_text.empty());            // moe-run's built-in calibration text
+  CHECK(none.calib_tokens == -1);            // 128 text tokens, or 16 greedy after the prompt
+  const auto [rc1, o] =
+      parse({"--group-size", "0", "--calib-text", "prompt", "--calib-tokens", "8"});
+  REQUIRE(rc1 == 0);
+  CHECK(o.group_size == 0u);
+  CHECK(o.calib_text == "prompt");
+  CHECK(o.calib_tokens == 8);
+  CHECK(parse({"--group-size", "32"}).second.group_size == 32u);
+  CHECK(parse({"--group-size", "16"}).first != 0);  // not a codec moekit has
 }

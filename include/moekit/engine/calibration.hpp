@@ -1,7 +1,8 @@
 #pragma once
 /// \file Start-up measurements some presets need: a calibration run that records the routing of
-/// the prompt (plus a few greedy tokens) — per-(layer, expert) token counts for Fiddler's
-/// placement and EdgeMoE's prior, and per-token activation paths for EdgeMoE's preloading — and
+/// a calibration text (moe-run: a WikiText-2 slice distinct from the evaluated text, or the prompt
+/// plus a few greedy tokens) — per-(layer, expert) token counts for Fiddler's placement and
+/// EdgeMoE's prior, and per-token activation paths for EdgeMoE's preloading — and
 /// Fiddler's two latencies (one token through one expert on the CPU; one expert loaded through the
 /// run's loader and run), timed on this machine rather than taken from the paper.
 
@@ -9,10 +10,14 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <span>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -111,7 +116,45 @@ struct Calibration {
   std::vector<double> counts;  ///< [L × E] tokens per expert
   std::shared_ptr<const moekit::ActivationPathProfile> paths;
   std::size_t tokens = 0;  ///< tokens routed (prompt + greedy continuation)
+  std::string source;      ///< what calibrated, for the output (set by the caller)
 };
+
+/// The tokens a calibration run routes: the first `max_tokens` of a text file (after the BOS),
+/// with `source` saying which.
+struct CalibrationText {
+  std::vector<Token> tokens;
+  std::string source;
+};
+
+/// Reads the calibration text `path` and encodes its first `max_tokens` tokens after `bos` (if
+/// any). Refuses a text that is the evaluated one (`evaluated`, e.g. --perplexity's file):
+/// calibration is not evaluation. Errors name `flag` and the file.
+template <class Tokenizer>
+CalibrationText calibration_text(const std::string& path, const Tokenizer& tok,
+                                 std::optional<Token> bos, std::size_t max_tokens,
+                                 const std::string& evaluated = {},
+                                 std::string_view flag = "--calib-text") {
+  namespace fs = std::filesystem;
+  auto bad = [&](const std::string& why) {
+    moekit::detail::fail(moekit::ErrorKind::invalid_argument,
+                         std::string(flag) + ": '" + path + "' " + why);
+  };
+  std::error_code ec;
+  if (!evaluated.empty() && fs::equivalent(path, evaluated, ec))
+    bad("is the evaluated text (--perplexity): calibrate on a different text");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) bad("cannot be opened");
+  std::ostringstream text;
+  text << in.rdbuf();
+  CalibrationText c;
+  if (bos) c.tokens.push_back(*bos);
+  const std::vector<Token> body = tok.encode(text.str(), false);
+  c.tokens.insert(c.tokens.end(), body.begin(),
+                  body.begin() + std::ptrdiff_t(std::min(body.size(), max_tokens)));
+  if (c.tokens.size() < 2 + (bos ? 1u : 0u)) bad("holds fewer than 2 tokens");
+  c.source = "the first " + std::to_string(c.tokens.size() - (bos ? 1 : 0)) + " tokens of " + path;
+  return c;
+}
 
 /// Runs `prompt` and then `extra` greedy tokens through the baseline preset (same experts, same
 /// budget) and records the routing. With `replay` (moe-run --routing-trace) the run replays the

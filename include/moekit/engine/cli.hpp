@@ -137,6 +137,9 @@ struct Options {
   /// or opens (nullopt = auto: blocked panels when the experts run with int8 activations, else
   /// rows)
   std::optional<moekit::MatrixOrder> expert_layout;
+  /// --group-size: weights per scale of the experts moekit quantizes, 0 = per output channel
+  /// (nullopt = auto: the preset's codec, e.g. EdgeMoE's per channel)
+  std::optional<std::uint32_t> group_size;
   // Offloading (offload.hpp, expert_source.hpp, calibration.hpp).
   PresetParams preset_params{};  ///< the presets' parameters (--t1, --gamma, ...)
   std::string store;             ///< --store: expert store file ("" = per -m)
@@ -149,8 +152,11 @@ struct Options {
   bool uring = true;                 ///< io_uring when available (--pread: never)
   bool verify = true;                ///< XXH64 of every blob read from a store (--no-verify: off)
   unsigned io_threads = 2;           ///< --io-threads: store loader threads
-  int calib_tokens = 16;             ///< --calib-tokens: greedy tokens after the prompt
-  std::uint32_t context = 0;         ///< 0 = prompt + n_predict
+  /// --calib-tokens: tokens of the calibration text, or greedy tokens after the prompt with
+  /// --calib-text prompt (-1: 128 / 16)
+  int calib_tokens = -1;
+  std::string calib_text;     ///< --calib-text: file, "prompt", or "" = moe-run's built-in default
+  std::uint32_t context = 0;  ///< 0 = prompt + n_predict
   std::uint32_t ubatch =
       512;  ///< --ubatch-size: most prompt tokens per prefill forward (llama.cpp's default)
   bool no_bos = false;
@@ -214,6 +220,11 @@ class Cli {
                     "experts) are held and run at: auto (the checkpoint's own float type: bf16 "
                     "or f16 where stored so, else f32; lossless), f32, bf16, f16, q8, q4 "
                     "(grouped as the experts); routers and norms stay f32");
+    app_.add_option("--group-size", group_size_text_,
+                    "weights per f16 scale of the experts moekit quantizes: auto (default: the "
+                    "preset's codec, per channel for edgemoe, else 32; experts read in place at "
+                    "a quantized type keep theirs), 0 (per output channel), 32, 64, 128")
+        ->check(CLI::IsMember({"auto", "0", "32", "64", "128"}));
     app_.add_option("--activations", activations_text_,
                     "activations of quantized experts and dense matrices, decode and prefill: f32, "
                     "int8 (rounded per 32 values, VNNI kernels, like ggml's q8_0), auto (int8 on "
@@ -292,6 +303,7 @@ class Cli {
                                 "' is not one of auto, f32, bf16, f16, q8, q4");
       o_.dense_precision = d;
     }
+    if (group_size_text_ != "auto") o_.group_size = std::uint32_t(std::stoul(group_size_text_));
     const auto a = parse_activation_mode(activations_text_);
     if (!a)
       throw moekit::Error(
@@ -402,15 +414,21 @@ class Cli {
         "every expert at --precision)");
     app_.add_option("--popularity", q.popularity_file,
                     "fiddler: tokens per expert, JSON [[layer 0 counts], ...] (default: counted "
-                    "from a calibration run of the prompt plus --calib-tokens greedy tokens)");
+                    "in the calibration run, --calib-text)");
     app_.add_option("--cpu-latency", q.cpu_seconds_per_token,
                     "fiddler: seconds per token per expert on the CPU (0 = measured at start-up)")
         ->check(CLI::Range(0.0, 1e6));
     app_.add_option("--copy-latency", q.copy_seconds,
                     "fiddler: seconds to load one expert and run it (0 = measured at start-up)")
         ->check(CLI::Range(0.0, 1e6));
+    app_.add_option("--calib-text", o_.calib_text,
+                    "edgemoe/fiddler: text whose routing calibrates them (default: "
+                    "bench/quality/calibration.txt of the source tree, a WikiText-2 slice apart "
+                    "from the evaluated heldout.txt; 'prompt': the prompt plus --calib-tokens "
+                    "greedy tokens, which is the evaluated text when generating)");
     app_.add_option("--calib-tokens", o_.calib_tokens,
-                    "edgemoe/fiddler: greedy tokens after the prompt in the calibration run")
+                    "edgemoe/fiddler: tokens of --calib-text in the calibration run (default 128), "
+                    "or greedy tokens after the prompt with --calib-text prompt (default 16)")
         ->check(CLI::Range(0, 4096));
     app_.add_option("--store", o_.store,
                     "expert store (moe-convert) to read experts from with O_DIRECT; -m is the "
@@ -466,6 +484,7 @@ class Cli {
   std::string dense_precision_text_ = "auto";
   std::string row_streaming_text_ = "auto";
   std::string expert_layout_text_ = "auto";
+  std::string group_size_text_ = "auto";
   bool stop_ = false;
   std::string low_text_ = "auto";
 };

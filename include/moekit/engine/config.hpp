@@ -81,6 +81,9 @@ struct ModelConfig {
 
   bool tie_word_embeddings = false;
   std::optional<std::uint32_t> bos_token_id;
+  /// Grouping of the experts moekit quantizes: not from config.json, the run's codec
+  /// (moe-run --group-size; EdgeMoE's default is per channel).
+  moekit::QuantScheme expert_quant{};
   std::vector<std::uint32_t> eos_token_ids;
 
   [[nodiscard]] std::uint32_t q_dim() const noexcept { return n_heads * head_dim; }
@@ -94,7 +97,8 @@ struct ModelConfig {
                               .hidden = hidden,
                               .ffn = expert_ffn,
                               .n_shared_experts = shared_ffn ? 1u : 0u,
-                              .shared_ffn = shared_ffn};
+                              .shared_ffn = shared_ffn,
+                              .quant = expert_quant};
   }
 };
 

@@ -484,7 +484,12 @@ CachedStore cached_store_file(const moekit::ModelShape& shape, const std::string
     if (!list.empty()) list += ',';
     list += moekit::name(p);
   }
-  const std::string suffix = moekit::in_panels(order) ? std::string("-") + layout_word(order) : "";
+  std::string suffix = moekit::in_panels(order) ? std::string("-") + layout_word(order) : "";
+  // A codec other than the default (EdgeMoE's per-channel one) gets a file of its own.
+  if (shape.quant != moekit::QuantScheme{})
+    suffix += (shape.quant.group_size ? "-g" + std::to_string(shape.quant.group_size)
+                                      : std::string("-channel")) +
+              (shape.quant.zero_point ? "z" : "");
   const fs::path out = cache_dir / (stem + tag + suffix + ".moestore");
   bool stale = false;
   if (fs::exists(out)) {

@@ -90,8 +90,9 @@ inline moekit::PipelineConfig pipeline_config(const moekit::ModelShape& s,
 /// When the budget holds every routed expert at the base precision, loads them all now, layer
 /// after layer, and waits: the first token then finds a warm cache, as llama.cpp's does once it
 /// has read its file. Returns the bytes this loaded (0 when not every expert fits, or when a
-/// start-up placement already holds them). The loads are `preload`s: neither demands nor
-/// prefetches in the statistics.
+/// start-up placement already holds them; an expert a placement holds stays at its precision, as
+/// EdgeMoE's buffer holds each expert at its stored bit width). The loads are `preload`s: neither
+/// demands nor prefetches in the statistics.
 template <class Pipeline>
 std::uint64_t load_all_experts(Pipeline& p) {
   const moekit::ModelShape& s = p.shape();
@@ -99,8 +100,8 @@ std::uint64_t load_all_experts(Pipeline& p) {
   if (p.config().expert_budget_bytes < all_resident_budget(s, base)) return 0;
   const std::uint64_t before = p.stats().bytes_preloaded;
   for (std::uint32_t l = 0; l < s.n_layers; ++l)
-    for (std::uint32_t e = 0; e < s.n_experts; ++e)
-      if (!p.preload({l, e}, base)) break;
+    for (std::uint32_t e = 0; e < s.n_experts; ++e)  // a placed expert keeps its precision
+      if (!p.cache().resident({l, e}) && !p.preload({l, e}, base)) break;
   p.finish_loads();
   return p.stats().bytes_preloaded - before;
 }

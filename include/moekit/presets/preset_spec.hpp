@@ -3,10 +3,11 @@
 ///
 ///  * `name` (as `--preset` spells it) and a one-line `summary`;
 ///  * `Pipeline<Loader>`, the `OffloadPipeline` it combines;
-///  * `Config`, its components' Configs, defaulted to theirs (the papers' values are written once,
-///    in each component), and `configure(shape, base, params)`, which fills them from the shared
-///    knobs (`PresetParams`);
+///  * `Config`, its components' Configs, defaulted to theirs (each default is written once, in
+///    its component; docs/presets.md marks it paper / authors' code / moekit), and
+///    `configure(shape, base, params)`, which fills them from the shared knobs (`PresetParams`);
 ///  * `needs`, what it takes from the model and the machine beyond the knobs (`PresetInputs`);
+///  * `quant_group_size`, the codec of the experts an engine quantizes for it (0: per channel);
 ///  * `precisions(...)`, the stored precisions it reads;
 ///  * `check(base, params)`, its own checks of the knobs;
 ///  * `build(shape, pipeline_config, loader, config, inputs)`, its pipeline;
@@ -97,6 +98,8 @@ struct PresetInputs {
 /// What a spec that does not define a member gets.
 struct PresetDefaults {
   static constexpr PresetNeeds needs{};
+  /// Group size of the experts the engine quantizes (0 = per output channel).
+  static constexpr std::uint32_t quant_group_size = QuantScheme{}.group_size;
   static void check(Precision, const PresetParams&) {}
   static std::vector<Precision> precisions(const ModelShape&, Precision base, const PresetParams&,
                                            const PresetInputs&) {

@@ -68,6 +68,7 @@ struct PresetEntry {
   std::string_view name;
   std::string_view summary;
   PresetNeeds needs;
+  std::uint32_t quant_group_size;                      ///< its experts' codec (0: per channel)
   std::size_t index;                                   ///< position in `Registered`
   void (*check)(Precision base, const PresetParams&);  ///< the spec's own checks
   std::vector<Precision> (*precisions)(const ModelShape&, Precision base, const PresetParams&,
@@ -77,7 +78,7 @@ struct PresetEntry {
 namespace registry_detail {
 template <class S>
 constexpr PresetEntry entry(std::size_t index) {
-  return {S::name, S::summary, S::needs, index, &S::check, &S::precisions};
+  return {S::name, S::summary, S::needs, S::quant_group_size, index, &S::check, &S::precisions};
 }
 template <class... S, std::size_t... I>
 constexpr auto entries(PresetList<S...>, std::index_sequence<I...>) {
