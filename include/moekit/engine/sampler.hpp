@@ -110,20 +110,26 @@ class RankedCandidates {
 
   /// The sum of all the weights.
   [[nodiscard]] double held() const noexcept {
-    double m = 0;
-    for (std::size_t b = 0; b < kBuckets; ++b) m += bucket_mass(b);
-    return m;
+    double m[4] = {};  // four chains of adds, not one
+    for (std::size_t b = 0; b < kBuckets; b += 4)
+      for (std::size_t j = 0; j < 4; ++j) m[j] += bucket_mass(std::uint32_t(b + j));
+    return (m[0] + m[1]) + (m[2] + m[3]);
   }
   [[nodiscard]] std::size_t size() const noexcept { return bucket_.size(); }
-  /// The weights of the buckets wholly nearer to the largest logit than `distance` (the last
-  /// bucket, which holds everything beyond the span, never counts): a lower bound on the mass of
-  /// the candidates within that distance.
-  [[nodiscard]] double mass_nearer(float distance) const noexcept {
-    const float whole = distance * scale_;
-    const auto buckets = whole >= float(kBuckets - 1) ? kBuckets - 1 : std::uint32_t(whole);
+  /// The first of k ascending distances to the largest logit within which the candidates have a
+  /// mass of at least `target`, or k: the mass counted is the buckets' wholly nearer (the last
+  /// bucket, which holds everything beyond the span, never counts), a lower bound.
+  [[nodiscard]] std::size_t first_holding(const float* distance, std::size_t k,
+                                          double target) const noexcept {
     double m = 0;
-    for (std::uint32_t b = 0; b < buckets; ++b) m += bucket_mass(b);
-    return m;
+    std::uint32_t b = 0;
+    for (std::size_t r = 0; r < k; ++r) {
+      const float whole = distance[r] * scale_;
+      const auto end = whole >= float(kBuckets - 1) ? kBuckets - 1 : std::uint32_t(whole);
+      for (; b < end; ++b) m += bucket_mass(b);
+      if (m >= target) return r;
+    }
+    return k;
   }
 
   /// The first rank below `limit` (<= the candidates) whose running sum reaches `target`, or
@@ -268,8 +274,8 @@ class Sampler {
  private:
   /// Distances below the largest logit, in units of the temperature, of the floors above which
   /// candidates are collected: a floor whose candidates hold the nucleus bounds them.
-  static constexpr std::array<float, 14> kRungNats = {1,   1.5, 2, 2.5, 3, 3.5, 4,
-                                                      4.5, 5,   6, 7,   8, 10,  13};
+  static constexpr std::array<float, 17> kRungNats = {1, 1.5, 2, 2.5, 3,  3.5, 4,  4.5, 5,
+                                                      6, 7,   8, 9,   10, 11,  12, 13};
   static constexpr std::size_t kRungs = kRungNats.size();
   /// The next sample starts at the lowest of the floors that the last kRungMemory samples each
   /// needed: the highest holding p + kRungRoom (1 - p) of their mass. A rung that proves too high
@@ -475,7 +481,9 @@ class Sampler {
   /// Records that `ranked_`, collected at rung r, held this sample's nucleus, and which rung
   /// would have held `room`; the next sample starts at the lowest of the last few.
   void learn_first_rung(std::size_t r, double room) {
-    while (r > 0 && ranked_.mass_nearer(kRungNats[r - 1] * cfg_.temperature) >= room) --r;
+    std::array<float, kRungs> distance;
+    for (std::size_t i = 0; i < r; ++i) distance[i] = kRungNats[i] * cfg_.temperature;
+    r = ranked_.first_holding(distance.data(), r, room);
     needed_rungs_[samples_gathered_++ % kRungMemory] = r;
     first_rung_ = *std::max_element(needed_rungs_.begin(), needed_rungs_.end());
   }
