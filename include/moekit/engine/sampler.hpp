@@ -8,10 +8,12 @@
 /// sort the whole vocabulary, weights expf((l - max) / T) summed in that order, cut where the
 /// running probability reaches top_p, std::discrete_distribution over the kept weights), but
 /// without sorting the vocabulary:
-///  1. vector passes find the largest logit, then every weight with a fast exp and their sum;
-///  2. the logits above a floor that holds the nucleus are collected and bucketed by value, so a
-///     running sum in descending order is found by adding whole buckets and sorting only the
-///     bucket where it crosses the cut (then the draw);
+///  1. vector passes find the largest logit, then every weight with a fast exp and their sum,
+///     collecting on the way the logits above a floor (a rung of distance below the largest) that
+///     held the last few samples' nuclei;
+///  2. those candidates, or those above a lower floor when they prove not to hold the nucleus,
+///     are bucketed by value, so a running sum in descending order is found by adding whole
+///     buckets and sorting only the bucket where it crosses the cut (then the draw);
 ///  3. the original's sums differ from these by order and by expf's rounding, within `margin`: a
 ///     decision (where the cut is, which kept token the uniform number falls on) is taken only
 ///     when it holds by more than that. Otherwise the sample is redone with expf weights for the
@@ -27,11 +29,13 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moekit/error.hpp"
@@ -75,8 +79,10 @@ class RankedCandidates {
   void assign(const float* l, const float* w, const std::uint32_t* token, std::size_t c, float top,
               float span) {
     const float scale = span > 0 && std::isfinite(kBuckets / span) ? kBuckets / span : 0.0f;
+    scale_ = scale;
     l_ = l;
     token_ = token;
+    members_of_ = kBuckets;
     bucket_.resize(c);
     weight_.resize(c);
     std::fill(&count_[0][0], &count_[0][0] + kWays * kBuckets, 0u);
@@ -97,17 +103,34 @@ class RankedCandidates {
   template <class WeightOf>
   void reweigh(WeightOf weight_of) {
     std::fill(&mass_[0][0], &mass_[0][0] + kWays * kBuckets, 0.0);
+    members_of_ = kBuckets;
     for (std::size_t i = 0; i < bucket_.size(); ++i)
       mass_[i % kWays][bucket_[i]] += weight_[i] = weight_of(l_[token_[i]]);
   }
 
   /// The sum of all the weights.
   [[nodiscard]] double held() const noexcept {
-    double m = 0;
-    for (std::size_t b = 0; b < kBuckets; ++b) m += bucket_mass(b);
-    return m;
+    double m[4] = {};  // four chains of adds, not one
+    for (std::size_t b = 0; b < kBuckets; b += 4)
+      for (std::size_t j = 0; j < 4; ++j) m[j] += bucket_mass(std::uint32_t(b + j));
+    return (m[0] + m[1]) + (m[2] + m[3]);
   }
   [[nodiscard]] std::size_t size() const noexcept { return bucket_.size(); }
+  /// The first of k ascending distances to the largest logit within which the candidates have a
+  /// mass of at least `target`, or k: the mass counted is the buckets' wholly nearer (the last
+  /// bucket, which holds everything beyond the span, never counts), a lower bound.
+  [[nodiscard]] std::size_t first_holding(const float* distance, std::size_t k,
+                                          double target) const noexcept {
+    double m = 0;
+    std::uint32_t b = 0;
+    for (std::size_t r = 0; r < k; ++r) {
+      const float whole = distance[r] * scale_;
+      const auto end = whole >= float(kBuckets - 1) ? kBuckets - 1 : std::uint32_t(whole);
+      for (; b < end; ++b) m += bucket_mass(b);
+      if (m >= target) return r;
+    }
+    return k;
+  }
 
   /// The first rank below `limit` (<= the candidates) whose running sum reaches `target`, or
   /// limit - 1 when none does.
@@ -145,9 +168,24 @@ class RankedCandidates {
   }
   /// Bucket b's candidates in descending order of logit (ties: ascending token).
   std::span<const Entry> members(std::uint32_t b) {
+    if (members_of_ == b) return members_;  // the draw often lands in the cut's bucket
+    members_of_ = b;
     members_.clear();
-    for (std::size_t i = 0; i < bucket_.size(); ++i)
+    const auto take = [&](std::size_t i) {
       if (bucket_[i] == b) members_.push_back({l_[token_[i]], token_[i], weight_[i]});
+    };
+    // Eight bucket numbers at a time: most words hold none of b's (a word has a zero byte after
+    // the xor exactly when it holds b).
+    const std::uint64_t ones = 0x0101010101010101u, spread = b * ones;
+    std::size_t i = 0;
+    for (; i + 8 <= bucket_.size(); i += 8) {
+      std::uint64_t word;
+      std::memcpy(&word, bucket_.data() + i, 8);
+      word ^= spread;
+      if (((word - ones) & ~word & (ones << 7)) != 0)
+        for (std::size_t j = i; j < i + 8; ++j) take(j);
+    }
+    for (; i < bucket_.size(); ++i) take(i);
     std::sort(members_.begin(), members_.end(), [](const Entry& x, const Entry& y) {
       return x.logit > y.logit || (x.logit == y.logit && x.token < y.token);
     });
@@ -160,11 +198,13 @@ class RankedCandidates {
 
   const float* l_ = nullptr;
   const std::uint32_t* token_ = nullptr;
+  float scale_ = 0;
   std::vector<std::uint8_t> bucket_;
   std::vector<float> weight_;
   std::uint32_t count_[kWays][kBuckets] = {};
   double mass_[kWays][kBuckets] = {};
   std::vector<Entry> members_;
+  std::uint32_t members_of_ = kBuckets;  ///< the bucket members_ holds (kBuckets: none)
 };
 
 /// Sorts `v` by the high 32 bits of each value, ascending and stable (LSD radix sort, three
@@ -232,9 +272,18 @@ class Sampler {
   [[nodiscard]] const PathCounts& paths() const noexcept { return paths_; }
 
  private:
-  /// Distances below the largest logit, in units of the temperature, of the floors whose masses
-  /// the weight pass sums: the highest floor holding the nucleus bounds the candidates.
-  static constexpr std::array<float, sampler_exp_rungs> kRungNats = {1, 2, 3, 4, 6, 8, 10, 13};
+  /// Distances below the largest logit, in units of the temperature, of the floors above which
+  /// candidates are collected: a floor whose candidates hold the nucleus bounds them.
+  static constexpr std::array<float, 17> kRungNats = {1, 1.5, 2, 2.5, 3,  3.5, 4,  4.5, 5,
+                                                      6, 7,   8, 9,   10, 11,  12, 13};
+  static constexpr std::size_t kRungs = kRungNats.size();
+  /// The next sample starts at the lowest of the floors that the last kRungMemory samples each
+  /// needed: the highest holding p + kRungRoom (1 - p) of their mass. A rung that proves too high
+  /// costs a second pass over the logits, one too low only more candidates; consecutive tokens'
+  /// nuclei differ much (bench/RESULTS.md, "Sampler cost", has the choice of these two).
+  static constexpr double kRungRoom = 0.8;
+  static constexpr std::size_t kRungMemory = 4;
+  static constexpr std::size_t kNotCollected = std::numeric_limits<std::size_t>::max();
 
   /// The generator as one sample sees it: draws are recorded, and each attempt, after `rewind`,
   /// gets the same numbers, so the generator ends where the deciding attempt leaves it.
@@ -334,36 +383,42 @@ class Sampler {
   /// Bound on the difference between the reference's running probabilities (and its draw's
   /// cumulative ones) and ours, relative to them, when a share of our total comes from weights
   /// within `approx` (relative) of e^x: expf is within one ulp (2^-23) of e^x; sums of up to n + 2
-  /// double terms in other orders on each side (gamma); the weights below e^-87 (ours: e^-87) as
-  /// an absolute n 2^-125 beside a total >= 1. Doubled, for safety.
-  static double margin(double approx_share, std::size_t n) noexcept {
-    const double k = approx_share * (sampler_exp_approx_error + 0x1p-23 + 0x1p-45);
+  /// double terms in other orders on each side (gamma), and a share of our total from the weight
+  /// pass's float sums; the weights below e^-87 (ours: e^-87) as an absolute n 2^-125 beside a
+  /// total >= 1. Doubled, for safety.
+  static double margin(double approx_share, std::size_t n, double pass_sum_share = 0) noexcept {
+    const double k = approx_share * (sampler_exp_approx_error + 0x1p-23 + 0x1p-45) +
+                     pass_sum_share * sampler_exp_sum_error;
     const double u = static_cast<double>(n + 2) * 0x1p-53, gamma = u / (1 - u);
     return 2 * (2 * k / (1 - k) + 9 * gamma + static_cast<double>(n) * 0x1p-125);
   }
 
-  /// First attempt: the fast exp's weights for the whole vocabulary.
+  /// First attempt: the fast exp's weights for the whole vocabulary, collecting the logits above
+  /// the rung the last sample found enough.
   Pick approximate(std::span<const float> l, float top, Draws& draws) {
     const std::size_t n = l.size();
     weights_.resize(n);
+    cand_idx_.resize(n + 16);
     const auto floors = rung_floors(top);
-    const auto sums =
-        passes_.exp_weights(l.data(), n, top, cfg_.temperature, floors.data(), weights_.data());
-    approx_total_ = sums.total;
-    const double eps = margin(1, n);
-    if (gather(l, top, floors, sums, eps) == 0) return {Verdict::unsure};
-    return decide(n, sums.total, eps, eps, draws);
+    const float floor = first_rung_ < kRungs ? floors[first_rung_] : -inf_;
+    const auto sums = passes_.exp_weights(l.data(), n, top, cfg_.temperature, floor,
+                                          weights_.data(), cand_idx_.data());
+    const double eps = margin(1, n, 1);  // the draw's sums come from the weights alone
+    if (gather(l, top, floors, sums.total, eps, first_rung_, sums.collected) == 0)
+      return {Verdict::unsure};
+    return decide(n, sums.total, eps, margin(1, n), draws);
   }
 
   /// Second: expf's weights for the candidates of the first; the total is off by at most the
-  /// rest's share of the fast exp's error.
+  /// rest's share of the fast exp's error (the first attempt's weights summed again in double:
+  /// its total has the float sums' error, sampler_exp_sum_error, of the whole).
   Pick exact_candidates(std::span<const float> l, float top, Draws& draws) {
     const std::size_t n = l.size();
     if (ranked_.size() == 0) return {Verdict::unsure};
-    const double approx_held = ranked_.held();
+    const double approx_total = double_sum(weights_), approx_held = ranked_.held();
     ranked_.reweigh([&](float logit) { return std::exp((logit - top) / cfg_.temperature); });
-    const double held = ranked_.held(), rest = std::max(0.0, approx_total_ - approx_held);
-    const double total = held + rest, eps = margin(rest / approx_total_, n);
+    const double held = ranked_.held(), rest = std::max(0.0, approx_total - approx_held);
+    const double total = held + rest, eps = margin(rest / approx_total, n);
     if (!(held / total * (1 - eps) >= cfg_.top_p) && ranked_.size() < n) return {Verdict::unsure};
     return decide(n, total, eps, margin(0, n), draws);
   }
@@ -371,46 +426,66 @@ class Sampler {
   /// Third: expf's weights for the whole vocabulary.
   Pick exact_all(std::span<const float> l, float top, Draws& draws) {
     const std::size_t n = l.size();
-    const auto floors = rung_floors(top);
-    SamplerExpSums sums;
     weights_.resize(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      sums.total += weights_[i] = std::exp((l[i] - top) / cfg_.temperature);
-      for (std::size_t r = 0; r < sampler_exp_rungs; ++r)
-        sums.rung[r] += l[i] >= floors[r] ? weights_[i] : 0.0f;
-    }
+    double total = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      total += weights_[i] = std::exp((l[i] - top) / cfg_.temperature);
     const double eps = margin(0, n);
-    if (gather(l, top, floors, sums, eps) == 0) return {Verdict::unsure};
-    return decide(n, sums.total, eps, eps, draws);
+    if (gather(l, top, rung_floors(top), total, eps, first_rung_, kNotCollected) == 0)
+      return {Verdict::unsure};
+    return decide(n, total, eps, eps, draws);
   }
 
-  std::array<float, sampler_exp_rungs> rung_floors(float top) const noexcept {
-    std::array<float, sampler_exp_rungs> f;
-    for (std::size_t r = 0; r < sampler_exp_rungs; ++r)
-      f[r] = top - kRungNats[r] * cfg_.temperature;
+  /// The sum of w in double, in eight interleaved parts (one chain of adds would take longer).
+  static double double_sum(std::span<const float> w) noexcept {
+    double part[8] = {};
+    std::size_t i = 0;
+    for (; i + 8 <= w.size(); i += 8)
+      for (std::size_t j = 0; j < 8; ++j) part[j] += w[i + j];
+    for (; i < w.size(); ++i) part[0] += w[i];
+    return ((part[0] + part[1]) + (part[2] + part[3])) +
+           ((part[4] + part[5]) + (part[6] + part[7]));
+  }
+
+  std::array<float, kRungs> rung_floors(float top) const noexcept {
+    std::array<float, kRungs> f;
+    for (std::size_t r = 0; r < kRungs; ++r) f[r] = top - kRungNats[r] * cfg_.temperature;
     return f;
   }
 
-  /// Collects the candidates (the logits above the highest floor that holds the nucleus with
-  /// room to spare) into `ranked_`; returns how many, 0 when none proves to hold it.
-  std::size_t gather(std::span<const float> l, float top,
-                     const std::array<float, sampler_exp_rungs>& floors, const SamplerExpSums& sums,
-                     double eps) {
+  /// Collects the candidates (the logits above the first floor, from rung r down, whose weights
+  /// hold the nucleus with room to spare) into `ranked_`; returns how many, 0 when none proves
+  /// to hold it. `collected`: cand_idx_ already holds rung r's logits, that many.
+  std::size_t gather(std::span<const float> l, float top, const std::array<float, kRungs>& floors,
+                     double total, double eps, std::size_t r, std::size_t collected) {
     const std::size_t n = l.size();
     const double p = cfg_.top_p;
-    std::size_t r = 0;
-    while (r < sampler_exp_rungs && !(sums.rung[r] >= (p * (1 + 1e-5) + 2 * eps) * sums.total)) ++r;
     cand_idx_.resize(n + 16);
     for (;; ++r) {
-      const bool all = r >= sampler_exp_rungs;
-      const float floor = all ? -std::numeric_limits<float>::infinity() : floors[r];
-      const std::size_t c = passes_.collect(l.data(), n, floor, cand_idx_.data());
+      const bool all = r >= kRungs;
+      const float floor = all ? -inf_ : floors[r];
+      const std::size_t c = collected != kNotCollected
+                                ? std::exchange(collected, kNotCollected)
+                                : passes_.collect(l.data(), n, floor, cand_idx_.data());
       paths_.candidates += c;
       ranked_.assign(l.data(), weights_.data(), cand_idx_.data(), c, top,
                      all ? 2 * kRungNats.back() * cfg_.temperature : top - floor);
-      if (c == n || ranked_.held() / sums.total * (1 - eps) >= p) return c;
+      if (c == n || ranked_.held() / total * (1 - eps) >= p) {
+        learn_first_rung(std::min(r, kRungs), (p + kRungRoom * (1 - p)) * total);
+        return c;
+      }
       if (all) return 0;
     }
+  }
+
+  /// Records that `ranked_`, collected at rung r, held this sample's nucleus, and which rung
+  /// would have held `room`; the next sample starts at the lowest of the last few.
+  void learn_first_rung(std::size_t r, double room) {
+    std::array<float, kRungs> distance;
+    for (std::size_t i = 0; i < r; ++i) distance[i] = kRungNats[i] * cfg_.temperature;
+    r = ranked_.first_holding(distance.data(), r, room);
+    needed_rungs_[samples_gathered_++ % kRungMemory] = r;
+    first_rung_ = *std::max_element(needed_rungs_.begin(), needed_rungs_.end());
   }
 
   /// Where the reference cuts and which kept token it draws, from the candidates in `ranked_`,
@@ -546,7 +621,10 @@ class Sampler {
   std::vector<std::uint64_t> packed_, scratch_;
   std::vector<double> probs_;
   detail::RankedCandidates ranked_;
-  double approx_total_ = 0;  ///< the fast exp's total, for the second attempt
+  std::size_t first_rung_ = 6;  ///< where the next sample's first attempt collects (kRungs: all)
+  std::array<std::size_t, kRungMemory> needed_rungs_{};  ///< of the last samples, cyclically
+  std::size_t samples_gathered_ = 0;
+  static constexpr float inf_ = std::numeric_limits<float>::infinity();
 };
 
 }  // namespace moekit::engine

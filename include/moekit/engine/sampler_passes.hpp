@@ -1,10 +1,11 @@
 #pragma once
 /// \file The sampler's passes over the whole vocabulary (sampler.hpp): checking the logits and
-/// finding the largest, softmax weights with a fast exp and their sums, and collecting the logits
-/// above a floor. Each pass has an AVX-512, an AVX2 and a portable version, chosen at run time
-/// (isa.hpp); the SIMD ones are compiled with function target attributes, so the header needs no
-/// global -m flags. The versions agree exactly except for the fast exp, which each computes to
-/// within `sampler_exp_approx_error` (the sampler's margins allow for any of them).
+/// finding the largest, softmax weights with a fast exp and their sum (collecting the logits above
+/// a floor on the way), and collecting the logits above a floor. Each pass has an AVX-512, an AVX2
+/// and a portable version, chosen at run time (isa.hpp); the SIMD ones are compiled with function
+/// target attributes, so the header needs no global -m flags. The versions agree exactly except for
+/// the fast exp, which each computes to within `sampler_exp_approx_error` (the sampler's margins
+/// allow for any of them).
 
 #include <algorithm>
 #include <bit>
@@ -28,10 +29,12 @@ inline constexpr std::size_t kGroup = 256;  ///< logits per group of `scan`
 inline constexpr std::size_t kLanes = 16;   ///< lanes per group (each lane a disjoint set)
 }  // namespace detail
 
-/// Floors whose masses `SamplerVectorPasses::exp_weights` also sums.
-inline constexpr std::size_t sampler_exp_rungs = 8;
 /// Bound on |exp_approx(x) - e^x| / e^x for x in [-87, 0], every version (the tests measure it).
 inline constexpr double sampler_exp_approx_error = 0x1p-22;
+/// Bound on the relative error of the total of `exp_weights` beyond its double sums: the AVX-512
+/// version adds four vectors of weights in float, in a tree, before converting (two roundings of
+/// at most 2^-24 each).
+inline constexpr double sampler_exp_sum_error = 0x1.0001p-23;
 
 /// Sets of logits whose maxima `scan` reports (the size of its `lane_max`): lane j of each whole
 /// group, then each tail logit.
@@ -45,10 +48,10 @@ struct SamplerScan {
   std::int32_t min_key;
 };
 
-/// Sums of `exp_weights`: all weights, and the weights of the logits >= each floor.
+/// What `exp_weights` found: the sum of all weights, and how many logits reached the floor.
 struct SamplerExpSums {
   double total = 0;
-  float rung[sampler_exp_rungs] = {};
+  std::size_t collected = 0;
 };
 
 namespace detail {
@@ -106,35 +109,6 @@ inline SamplerScan scan(const float* l, std::size_t n, std::int32_t* lane_max) n
   return {mx, mn};
 }
 
-inline SamplerExpSums exp_weights(const float* l, std::size_t n, float top, float temp,
-                                  const float* floors, float* w) noexcept {
-  // Sums by lane, in blocks the compiler can vectorize.
-  double total[kLanes] = {};
-  float rung[sampler_exp_rungs][kLanes] = {};
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (std::size_t j = 0; j < kLanes; ++j) w[i + j] = exp_approx((l[i + j] - top) / temp);
-    for (std::size_t j = 0; j < kLanes; ++j) total[j] += w[i + j];
-    for (std::size_t r = 0; r < sampler_exp_rungs; ++r)
-      for (std::size_t j = 0; j < kLanes; ++j)
-        rung[r][j] += l[i + j] >= floors[r] ? w[i + j] : 0.0f;
-  }
-  SamplerExpSums s;
-  const float* lt = l + i;  // the tail, counted from 0 (GCC then sees no wrap-around)
-  float* wt = w + i;
-  for (std::size_t j = 0; j < n - i; ++j) {
-    wt[j] = exp_approx((lt[j] - top) / temp);
-    s.total += wt[j];
-    for (std::size_t r = 0; r < sampler_exp_rungs; ++r)
-      s.rung[r] += lt[j] >= floors[r] ? wt[j] : 0.0f;
-  }
-  for (std::size_t j = 0; j < kLanes; ++j) {
-    s.total += total[j];
-    for (std::size_t r = 0; r < sampler_exp_rungs; ++r) s.rung[r] += rung[r][j];
-  }
-  return s;
-}
-
 inline std::size_t collect(const float* l, std::size_t n, float floor, std::uint32_t* idx,
                            std::uint32_t first = 0) noexcept {
   std::size_t c = 0;
@@ -143,6 +117,23 @@ inline std::size_t collect(const float* l, std::size_t n, float floor, std::uint
     c += l[i] >= floor;
   }
   return c;
+}
+
+inline SamplerExpSums exp_weights(const float* l, std::size_t n, float top, float temp, float floor,
+                                  float* w, std::uint32_t* idx, std::uint32_t first = 0) noexcept {
+  double total[kLanes] = {};  // sums by lane, in blocks the compiler can vectorize
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (std::size_t j = 0; j < kLanes; ++j) w[i + j] = exp_approx((l[i + j] - top) / temp);
+    for (std::size_t j = 0; j < kLanes; ++j) total[j] += w[i + j];
+  }
+  SamplerExpSums s;
+  const float* lt = l + i;  // the tail, counted from 0 (GCC then sees no wrap-around)
+  float* wt = w + i;
+  for (std::size_t j = 0; j < n - i; ++j) s.total += wt[j] = exp_approx((lt[j] - top) / temp);
+  for (std::size_t j = 0; j < kLanes; ++j) s.total += total[j];
+  s.collected = collect(l, n, floor, idx, first);
+  return s;
 }
 
 }  // namespace generic
@@ -204,27 +195,50 @@ MOEKIT_SAMPLER_AVX512 inline __m512 exp16(__m512 x) noexcept {
   return _mm512_scalef_ps(p, n);
 }
 
+/// exp_weights' work on 16 logits at i: stores the weights, collects those >= f into idx + c
+/// (whose count it adds to c) and returns the weights.
+MOEKIT_SAMPLER_AVX512 inline __m512 exp_weights16(const float* l, std::size_t i, __m512 t, __m512 d,
+                                                  __m512 f, float* w, std::uint32_t* idx,
+                                                  std::size_t& c) noexcept {
+  const __m512 v = _mm512_loadu_ps(l + i);
+  const __m512 a = exp16(_mm512_div_ps(_mm512_sub_ps(v, t), d));
+  _mm512_storeu_ps(w + i, a);
+  // collect's loop, fused: the logits are in registers already.
+  const __m512i at =
+      _mm512_add_epi32(_mm512_set1_epi32(static_cast<std::int32_t>(i)),
+                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __mmask16 m = _mm512_cmp_ps_mask(v, f, _CMP_GE_OQ);
+  _mm512_storeu_si512(idx + c, _mm512_maskz_compress_epi32(m, at));
+  c += static_cast<std::size_t>(__builtin_popcount(m));
+  return a;
+}
+
+/// Adds the 16 floats of a to the doubles of lo (first 8) and hi (last 8).
+MOEKIT_SAMPLER_AVX512 inline void add_pd16(__m512d& lo, __m512d& hi, __m512 a) noexcept {
+  lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(a)));
+  hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1)));
+}
+
 MOEKIT_SAMPLER_AVX512 inline SamplerExpSums exp_weights(const float* l, std::size_t n, float top,
-                                                        float temp, const float* floors,
-                                                        float* w) noexcept {
-  const __m512 t = _mm512_set1_ps(top), d = _mm512_set1_ps(temp);
+                                                        float temp, float floor, float* w,
+                                                        std::uint32_t* idx) noexcept {
+  const __m512 t = _mm512_set1_ps(top), d = _mm512_set1_ps(temp), f = _mm512_set1_ps(floor);
   __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
-  __m512 rung[sampler_exp_rungs];
-  for (auto& r : rung) r = _mm512_setzero_ps();
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(l + i);
-    const __m512 a = exp16(_mm512_div_ps(_mm512_sub_ps(v, t), d));
-    _mm512_storeu_ps(w + i, a);
-    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(a)));
-    hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1)));
-    for (std::size_t r = 0; r < sampler_exp_rungs; ++r)
-      rung[r] = _mm512_mask_add_ps(
-          rung[r], _mm512_cmp_ps_mask(v, _mm512_set1_ps(floors[r]), _CMP_GE_OQ), rung[r], a);
+  std::size_t i = 0, c = 0;
+  // Four vectors added in float (sampler_exp_sum_error), then in double: the conversions and
+  // double adds are much of this loop's work.
+  for (; i + 64 <= n; i += 64) {
+    const __m512 a0 = exp_weights16(l, i, t, d, f, w, idx, c);
+    const __m512 a1 = exp_weights16(l, i + 16, t, d, f, w, idx, c);
+    const __m512 a2 = exp_weights16(l, i + 32, t, d, f, w, idx, c);
+    const __m512 a3 = exp_weights16(l, i + 48, t, d, f, w, idx, c);
+    add_pd16(lo, hi, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
   }
-  SamplerExpSums s = generic::exp_weights(l + i, n - i, top, temp, floors, w + i);
+  for (; i + 16 <= n; i += 16) add_pd16(lo, hi, exp_weights16(l, i, t, d, f, w, idx, c));
+  SamplerExpSums s = generic::exp_weights(l + i, n - i, top, temp, floor, w + i, idx + c,
+                                          static_cast<std::uint32_t>(i));
   s.total += _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
-  for (std::size_t r = 0; r < sampler_exp_rungs; ++r) s.rung[r] += _mm512_reduce_add_ps(rung[r]);
+  s.collected += c;
   return s;
 }
 
@@ -306,35 +320,25 @@ MOEKIT_SAMPLER_AVX2 inline double sum_pd(__m256d v) noexcept {
   _mm256_store_pd(a, v);
   return (a[0] + a[1]) + (a[2] + a[3]);
 }
-MOEKIT_SAMPLER_AVX2 inline float sum_ps(__m256 v) noexcept {
-  alignas(32) float a[8];
-  _mm256_store_ps(a, v);
-  float s = 0;
-  for (float x : a) s += x;
-  return s;
-}
-
 MOEKIT_SAMPLER_AVX2 inline SamplerExpSums exp_weights(const float* l, std::size_t n, float top,
-                                                      float temp, const float* floors,
-                                                      float* w) noexcept {
-  const __m256 t = _mm256_set1_ps(top), d = _mm256_set1_ps(temp);
+                                                      float temp, float floor, float* w,
+                                                      std::uint32_t* idx) noexcept {
+  const __m256 t = _mm256_set1_ps(top), d = _mm256_set1_ps(temp), f = _mm256_set1_ps(floor);
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-  __m256 rung[sampler_exp_rungs];
-  for (auto& r : rung) r = _mm256_setzero_ps();
-  std::size_t i = 0;
+  std::size_t i = 0, c = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(l + i);
     const __m256 a = exp8(_mm256_div_ps(_mm256_sub_ps(v, t), d));
     _mm256_storeu_ps(w + i, a);
     lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(a)));
     hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)));
-    for (std::size_t r = 0; r < sampler_exp_rungs; ++r)
-      rung[r] = _mm256_add_ps(
-          rung[r], _mm256_and_ps(_mm256_cmp_ps(v, _mm256_set1_ps(floors[r]), _CMP_GE_OQ), a));
+    auto m = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, f, _CMP_GE_OQ)));
+    for (; m; m &= m - 1) idx[c++] = static_cast<std::uint32_t>(i + std::size_t(__builtin_ctz(m)));
   }
-  SamplerExpSums s = generic::exp_weights(l + i, n - i, top, temp, floors, w + i);
+  SamplerExpSums s = generic::exp_weights(l + i, n - i, top, temp, floor, w + i, idx + c,
+                                          static_cast<std::uint32_t>(i));
   s.total += sum_pd(_mm256_add_pd(lo, hi));
-  for (std::size_t r = 0; r < sampler_exp_rungs; ++r) s.rung[r] += sum_ps(rung[r]);
+  s.collected += c;
   return s;
 }
 
@@ -368,14 +372,16 @@ struct SamplerVectorPasses {
 #endif
     return detail::generic::scan(l, n, lane_max);
   }
-  /// w[i] = exp_approx((l[i] - top) / temp) (n entries), with their sums.
-  SamplerExpSums exp_weights(const float* l, std::size_t n, float top, float temp,
-                             const float* floors, float* w) const noexcept {
+  /// w[i] = exp_approx((l[i] - top) / temp) (n entries) and their sum; also collects, as
+  /// `collect` does, the indices of the logits >= floor into `idx` (room for n + 16).
+  SamplerExpSums exp_weights(const float* l, std::size_t n, float top, float temp, float floor,
+                             float* w, std::uint32_t* idx) const noexcept {
 #if defined(MOEKIT_SAMPLER_X86)
-    if (isa == moekit::Isa::avx512) return detail::avx512::exp_weights(l, n, top, temp, floors, w);
-    if (isa == moekit::Isa::avx2) return detail::avx2::exp_weights(l, n, top, temp, floors, w);
+    if (isa == moekit::Isa::avx512)
+      return detail::avx512::exp_weights(l, n, top, temp, floor, w, idx);
+    if (isa == moekit::Isa::avx2) return detail::avx2::exp_weights(l, n, top, temp, floor, w, idx);
 #endif
-    return detail::generic::exp_weights(l, n, top, temp, floors, w);
+    return detail::generic::exp_weights(l, n, top, temp, floor, w, idx);
   }
   /// The indices i with l[i] >= floor, ascending; `idx` needs room for n + 16. Returns how many.
   std::size_t collect(const float* l, std::size_t n, float floor,
