@@ -12,6 +12,10 @@
 /// - Zen 5 (EPYC 9005): two streams; prefetched in software only on rows of 14336 columns (on
 ///   rows of 4096 the prefetch instructions cost more than they saved).
 /// - Other cores are not measured: two prefetched streams, the middle of both.
+/// The float-row kernels (f32/bf16/f16 rows, float or bf16 activations) have their own column
+/// (`default_float_row_streaming`): they do less work per byte, and on Zen 5 four streams on the
+/// hardware prefetcher alone beat every other way on both shapes ("bf16/f16 experts" in
+/// bench/RESULTS.md, `moekit_bench_float_gemv`).
 /// A matrix in panels (MatrixOrder::panels4, panels.hpp) is one stream per thread whatever the
 /// core, and reads closer to the streaming bound than any row streaming on w2. The measurements:
 /// bench/RESULTS.md, "Zen 5, rows", "Zen 4" and "Panels".
@@ -104,6 +108,15 @@ constexpr RowStreaming default_row_streaming(CpuCore core, std::size_t cols) noe
       break;
   }
   return {2, true};
+}
+
+/// The measured best way for `core` to stream rows of a float format (f32/bf16/f16). Measured on
+/// Zen 5 only (four streams, no software prefetch, whatever the width); other cores get the
+/// same until a `moekit_bench_float_gemv` run on them says otherwise.
+constexpr RowStreaming default_float_row_streaming(CpuCore core, std::size_t cols) noexcept {
+  (void)core;
+  (void)cols;
+  return {4, false};
 }
 
 }  // namespace moekit
