@@ -81,7 +81,8 @@ bool measure(Precision p, std::size_t rows, std::size_t cols, ThreadPool& pool, 
   const std::size_t bytes = enc.size(),
                     copies = std::max<std::size_t>(2, bench::rotation_bytes / bytes);
   std::vector<std::vector<std::byte>> mats(copies, enc);
-  const bool bf16x = p == Precision::bf16 && has_avx512_bf16() && a.isa.value_or(detect_isa()) == Isa::avx512;
+  const bool bf16x =
+      p == Precision::bf16 && has_avx512_bf16() && a.isa.value_or(detect_isa()) == Isa::avx512;
   const RowStreaming chosen = default_float_row_streaming(detect_core(), cols);
   std::vector<float> y(rows), y0(rows), yb(rows);
   bench::ColdRead read(pool, bytes, copies);
@@ -146,8 +147,8 @@ int main(int argc, char** argv) {
       "thread); f32x: float activations, S = streams per thread, p = prefetched, * = this core's "
       "default; bf16x: bf16 activations, vdpbf16ps, default streaming; err: max |y - exact| / "
       "max |exact| (f32x, bf16x)\n",
-      bench::rotation_bytes >> 20, std::string(name(isa)).c_str(),
-      has_avx512_bf16() ? "+bf16" : "", std::string(name(detect_core())).c_str(), a->reps);
+      bench::rotation_bytes >> 20, std::string(name(isa)).c_str(), has_avx512_bf16() ? "+bf16" : "",
+      std::string(name(detect_core())).c_str(), a->reps);
   const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
   for (int threads : {1, 2}) {
     if (a->threads && threads != a->threads) continue;
