@@ -4,7 +4,10 @@
 // without the software prefetch; * = this core's default, row_streaming.hpp) with the activation
 // in floats (f32x, the widening kernels), and for bf16 rows the activation rounded to bf16 and
 // dotted with vdpbf16ps (bf16x, KernelOptions::bf16_activations; where the CPU has AVX512_BF16).
-// Every f32x way must give the same result bit for bit.
+// Every f32x way must give the same result bit for bit. Each fraction is the median of per-round
+// ratios (the read's time in a round, the faster of its two, over the kernel's): on a machine
+// shared with builds the bandwidth moved 3x within a run, over seconds, and the calls of one round
+// (tens of ms) see the same machine.
 //
 // Usage: moekit_bench_float_gemv [--reps N] [--threads N] [--isa avx2|avx512]
 #include <algorithm>
@@ -114,14 +117,22 @@ bool measure(Precision p, std::size_t rows, std::size_t cols, ThreadPool& pool, 
           return false;
         }
       }
-  const double bound = std::min(bench::median(t[n_ways + 1]), bench::median(t[n_ways + 2]));
+  std::vector<double> tread(t[n_ways + 1].size());
+  for (std::size_t i = 0; i < tread.size(); ++i)
+    tread[i] = std::min(t[n_ways + 1][i], t[n_ways + 2][i]);
+  auto of_read = [&](std::size_t v) {
+    std::vector<double> q(tread.size());
+    for (std::size_t i = 0; i < q.size(); ++i) q[i] = tread[i] / t[v][i];
+    return bench::median(q);
+  };
+  const double bound = bench::median(tread);
   std::printf("%-5s %5zux%-5zu %6.1f    |", std::string(name(p)).c_str(), rows, cols,
               bytes / bound / 1e9);
   for (std::size_t v = 0; v < n_ways; ++v)
-    std::printf(" %4.0f%%%s", 100 * bound / bench::median(t[v]), ways[v] == chosen ? "*" : " ");
+    std::printf(" %4.0f%%%s", 100 * of_read(v), ways[v] == chosen ? "*" : " ");
   if (bf16x)
-    std::printf(" | %5.0f%%  | %.1e %.1e\n", 100 * bound / bench::median(t[n_ways]),
-                rel_diff(y0, exact), rel_diff(yb, exact));
+    std::printf(" | %5.0f%%  | %.1e %.1e\n", 100 * of_read(n_ways), rel_diff(y0, exact),
+                rel_diff(yb, exact));
   else
     std::printf(" |     -   | %.1e       -\n", rel_diff(y0, exact));
   return true;
@@ -142,8 +153,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf(
-      "float-row GEMV, cold weights (rotation over %zu MiB), ISA %s%s, CPU core %s; medians of %d "
-      "rounds; %% of the streaming read (the faster of one and four prefetched streams per "
+      "float-row GEMV, cold weights (rotation over %zu MiB), ISA %s%s, CPU core %s; %d rounds; "
+      "%% of the streaming read (median of per-round ratios) (the faster of one and four "
+      "prefetched streams per "
       "thread); f32x: float activations, S = streams per thread, p = prefetched, * = this core's "
       "default; bf16x: bf16 activations, vdpbf16ps, default streaming; err: max |y - exact| / "
       "max |exact| (f32x, bf16x)\n",

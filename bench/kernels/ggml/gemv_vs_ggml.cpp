@@ -170,21 +170,33 @@ void run_float(Precision p, ggml_type gtype, std::size_t rows, std::size_t cols,
         tf.push_back(a), tb.push_back(b), tg.push_back(g), tr.push_back(s), tr4.push_back(s4);
     }
   }
-  const double mf = median(tf), mb = median(tb), mg = median(tg),
-               mr = std::min(median(tr), median(tr4)), nan = NAN;
+  // Per-round ratios, then their median: on a machine shared with builds the bandwidth moved 3x
+  // within a run, over seconds; calls of one round (tens of ms) see the same machine.
+  auto ratio = [&](const std::vector<double>& num, const std::vector<double>& den) {
+    std::vector<double> q(num.size());
+    for (std::size_t i = 0; i < q.size(); ++i) q[i] = num[i] / den[i];
+    return median(q);
+  };
+  std::vector<double> tread(tr.size());
+  for (std::size_t i = 0; i < tr.size(); ++i) tread[i] = std::min(tr[i], tr4[i]);
+  const double mf = median(tf), mb = median(tb), mg = median(tg), mr = median(tread), nan = NAN;
+  const double rf = ratio(tread, tf), rb = bf16x ? ratio(tread, tb) : nan, rg = ratio(tread, tg),
+               gf = ratio(tg, tf), gb = bf16x ? ratio(tg, tb) : nan;
   std::printf(
       "%-5s %5zux%-5zu %6.1f | %7.3f %7.3f %7.3f %7.3f | %6.0f%% %6.0f%% %6.0f%% | %6.2fx %6.2fx | "
       "%7.1e %7.1e %7.1e\n",
       std::string(name(p)).c_str(), rows, cols, bytes / 1048576.0, mf * 1e3, bf16x ? mb * 1e3 : nan,
-      mg * 1e3, mr * 1e3, 100 * mr / mf, bf16x ? 100 * mr / mb : nan, 100 * mr / mg, mg / mf,
-      bf16x ? mg / mb : nan, rel_diff(y.data(), exact.data(), rows),
-      bf16x ? rel_diff(yb.data(), exact.data(), rows) : nan, rel_diff(gg.y(0), exact.data(), rows));
+      mg * 1e3, mr * 1e3, 100 * rf, 100 * rb, 100 * rg, gf, gb,
+      rel_diff(y.data(), exact.data(), rows), bf16x ? rel_diff(yb.data(), exact.data(), rows) : nan,
+      rel_diff(gg.y(0), exact.data(), rows));
 }
 
 /// --float: f16 and bf16 against ggml's F16 and BF16 mul_mat.
 void run_floats(int reps, bool quick, int only_threads, std::optional<Isa> isa) {
   std::printf(
-      "f32x: float activations (the widening kernels); bf16x: the activation rounded to bf16, "
+      "--float: ms are medians; rd and /gg are medians of per-round ratios (the calls of one round "
+      "see the same machine; the read is the faster of its two in the round); f32x: float "
+      "activations (the widening kernels); bf16x: the activation rounded to bf16, "
       "vdpbf16ps (KernelOptions::bf16_activations; bf16 rows on AVX512_BF16 only); ggml rounds the "
       "activation to the weights' type; rd: the read's time / the kernel's; /gg: ggml time / "
       "moekit time; err: max |y - exact| / max |exact|\n");
