@@ -180,22 +180,26 @@ void run_float(Precision p, ggml_type gtype, std::size_t rows, std::size_t cols,
   std::vector<double> tread(tr.size());
   for (std::size_t i = 0; i < tr.size(); ++i) tread[i] = std::min(tr[i], tr4[i]);
   const double mf = median(tf), mb = median(tb), mg = median(tg), mr = median(tread), nan = NAN;
+  auto best = [](const std::vector<double>& t) { return *std::min_element(t.begin(), t.end()); };
   const double rf = ratio(tread, tf), rb = bf16x ? ratio(tread, tb) : nan, rg = ratio(tread, tg),
                gf = ratio(tg, tf), gb = bf16x ? ratio(tg, tb) : nan;
   std::printf(
       "%-5s %5zux%-5zu %6.1f | %7.3f %7.3f %7.3f %7.3f | %6.0f%% %6.0f%% %6.0f%% | %6.2fx %6.2fx | "
-      "%7.1e %7.1e %7.1e\n",
+      "%7.1e %7.1e %7.1e | %4.0f%% %4.0f%% %4.0f%%\n",
       std::string(name(p)).c_str(), rows, cols, bytes / 1048576.0, mf * 1e3, bf16x ? mb * 1e3 : nan,
       mg * 1e3, mr * 1e3, 100 * rf, 100 * rb, 100 * rg, gf, gb,
       rel_diff(y.data(), exact.data(), rows), bf16x ? rel_diff(yb.data(), exact.data(), rows) : nan,
-      rel_diff(gg.y(0), exact.data(), rows));
+      rel_diff(gg.y(0), exact.data(), rows), 100 * best(tread) / best(tf),
+      bf16x ? 100 * best(tread) / best(tb) : nan, 100 * best(tread) / best(tg));
 }
 
 /// --float: f16 and bf16 against ggml's F16 and BF16 mul_mat.
 void run_floats(int reps, bool quick, int only_threads, std::optional<Isa> isa) {
   std::printf(
       "--float: ms are medians; rd and /gg are medians of per-round ratios (the calls of one round "
-      "see the same machine; the read is the faster of its two in the round); f32x: float "
+      "see the same machine; the read is the faster of its two in the round); best: each one's "
+      "fastest "
+      "round against the read's fastest; f32x: float "
       "activations (the widening kernels); bf16x: the activation rounded to bf16, "
       "vdpbf16ps (KernelOptions::bf16_activations; bf16 rows on AVX512_BF16 only); ggml rounds the "
       "activation to the weights' type; rd: the read's time / the kernel's; /gg: ggml time / "
@@ -206,7 +210,7 @@ void run_floats(int reps, bool quick, int only_threads, std::optional<Isa> isa) 
     ThreadPool pool(static_cast<unsigned>(threads));
     std::printf(
         "\n== %d thread(s)\n%-5s %-11s %6s | %7s %7s %7s %7s | %7s %7s %7s | %7s %7s | %7s %7s "
-        "%7s\n",
+        "%7s | best: f32x bf16x ggml\n",
         threads, "fmt", "shape", "MiB", "f32x ms", "bf16x", "ggml ms", "read ms", "f32x rd",
         "bf16x rd", "ggml rd", "f32x/gg", "bf16x/gg", "f err", "b err", "gg err");
     for (auto [p, gtype] :
