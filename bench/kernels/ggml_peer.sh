@@ -4,8 +4,11 @@
 # the same bytes: all timed rep by rep in ONE process (bench/kernels/ggml/gemv_vs_ggml.cpp), so the
 # ratios hold on a loaded machine.
 #
-#   bench/kernels/ggml_peer.sh [--avx2] [--reps N | --quick]
+#   bench/kernels/ggml_peer.sh [--avx2] [--reps N | --quick] [--float]
 #   bench/kernels/ggml_peer.sh [--avx2] --gemm [--reps N] [--threads N]
+#
+# --float: f16 and bf16 rows (Hugging Face checkpoints' experts) against ggml's F16 and BF16
+# mul_mat instead: moekit's float-activation GEMV and, for bf16 on AVX512_BF16, its vdpbf16ps path.
 #
 # --gemm: the prefill GEMM instead (bench/kernels/ggml/gemm_vs_ggml.cpp): moekit's int8 GEMM
 # against ggml's mul_mat with n = 8, 32, 128, 512 tokens, q8_0 and q4_0, warm weights.

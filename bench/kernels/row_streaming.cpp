@@ -4,7 +4,10 @@
 // in moekit/precision/row_streaming.hpp was filled, and how to check it on another CPU: the
 // column marked * is what this CPU gets by default. The last two columns are the same matrix in
 // 4-row panels (MatrixOrder::panels4: one stream per thread, whatever the core) and in blocked
-// panels (MatrixOrder::blocked_panels4), same rounds.
+// panels (MatrixOrder::blocked_panels4), same rounds. At the end it prints what
+// `moe-run --expert-layout auto` picks on this CPU (the per-core table of
+// moekit/engine/expert_layout.hpp) and in how many cells this run's rows (at the default streaming)
+// or blocked panels were closer to the read: how that table is filled for a new core.
 //
 // Usage: moekit_bench_row_streaming [--reps N] [--threads N]
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "moekit/engine/expert_layout.hpp"
 #include "moekit/precision/gemv.hpp"
 #include "moekit/precision/quantize.hpp"
 #include "moekit/precision/thread_pool.hpp"
@@ -55,6 +59,7 @@ int main(int argc, char** argv) {
   const std::pair<Precision, QuantScheme> formats[] = {
       {Precision::q8, {32, false}}, {Precision::q4, {32, false}}, {Precision::q2, {64, true}}};
   const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
+  int rows_ahead = 0, blocked_ahead = 0;  // cells where rows (default streaming) / blocked won
   for (int threads : {1, 2}) {
     if (only_threads && threads != only_threads) continue;
     ThreadPool pool(static_cast<unsigned>(threads));
@@ -117,6 +122,9 @@ int main(int argc, char** argv) {
               if (r >= 0) t[v].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
             }
         const double bound = std::min(bench::median(t[n_ways]), bench::median(t[n_ways + 1]));
+        for (std::size_t v = 0; v < n_ways; ++v)
+          if (ways[v] == chosen)
+            ++(bench::median(t[v]) < bench::median(t[n_ways + 3]) ? rows_ahead : blocked_ahead);
         std::printf("%-6s %5zux%-5zu %6.1f    |", std::string(name(p)).c_str(), rows, cols,
                     bytes / bound / 1e9);
         for (std::size_t v = 0; v < n_ways; ++v)
@@ -126,5 +134,12 @@ int main(int argc, char** argv) {
                     100 * bound / bench::median(t[n_ways + 3]));
       }
   }
+  const MatrixOrder pick = engine::auto_expert_order(detect_core(), true);
+  std::printf(
+      "\n--expert-layout auto on this CPU (core %s, int8 activations): %s (engine/"
+      "expert_layout.hpp); in this run rows at the default streaming were ahead of blocked panels "
+      "in %d of %d cells, blocked panels in %d\n",
+      std::string(name(detect_core())).c_str(), engine::layout_word(pick), rows_ahead,
+      rows_ahead + blocked_ahead, blocked_ahead);
   return 0;
 }

@@ -826,17 +826,16 @@ ExpertWarmStart warm_start(const Options& o, Pipeline& pipeline) {
   return w;
 }
 
-// --expert-layout (auto: blocked panels with int8 activations). Panels pay off where the int8
-// kernels (AVX-512 VNNI and AVX2) read them, one stream per thread; the float paths would gather
-// every row.
+// --expert-layout (auto: the per-core table of engine/expert_layout.hpp, rows or blocked panels
+// with int8 activations, rows with float ones: the float paths would gather every panel row).
 moekit::MatrixOrder expert_order(const Options& o, const moekit::ModelShape& shape, bool int8) {
   const bool panels_fit = moekit::panels_supported(shape.quant);
   if (o.expert_layout && moekit::in_panels(*o.expert_layout) && !panels_fit)
     fail(std::string("--expert-layout ") + layout_word(*o.expert_layout) +
          ": the experts' group size " + std::to_string(shape.quant.group_size) +
          " cannot be in panels (32, 64 or 128)");
-  return o.expert_layout.value_or(int8 && panels_fit ? moekit::MatrixOrder::blocked_panels4
-                                                     : moekit::MatrixOrder::rows);
+  return o.expert_layout.value_or(panels_fit ? auto_expert_order(moekit::detect_core(), int8)
+                                             : moekit::MatrixOrder::rows);
 }
 
 // --routing-trace: the trace read and checked against the model (nullopt without the flag).

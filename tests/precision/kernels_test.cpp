@@ -325,3 +325,92 @@ TEST_CASE(
         }
       }
 }
+
+TEST_CASE("float rows: every streaming and thread count gives the one-row result bit for bit",
+          "[precision][kernels]") {
+  INFO("seed " << test::test_seed());
+  ThreadPool pool(2);
+  for (Precision p : {Precision::f32, Precision::bf16, Precision::f16})
+    for (std::size_t cols : {4096u + 40u, 77u}) {
+      const std::size_t rows = 37;  // ranges that do not split evenly into 2 or 4 streams
+      const Case c = make(rows, cols, p, {}, 600 + cols);
+      const auto x = test::random_normal(cols, 601 + cols);
+      for (Isa isa : isas()) {
+        std::vector<float> one(rows);
+        for (std::size_t r = 0; r < rows; ++r) {  // rows one by one
+          KernelOptions o{isa, nullptr};
+          o.streaming = RowStreaming{1, false};
+          const MatrixView v{c.view.row(r), 1, cols, p, {}};
+          gemv(v, x, std::span<float>(&one[r], 1), o);
+        }
+        for (RowStreaming s : all_streamings)
+          for (ThreadPool* tp : {static_cast<ThreadPool*>(nullptr), &pool}) {
+            KernelOptions o{isa, tp};
+            o.streaming = s;
+            std::vector<float> y(rows, 99.f);
+            gemv(c.view, x, y, o);
+            INFO(name(p) << " " << name(isa) << " cols " << cols << " S" << s.streams
+                         << (s.prefetch ? "p" : "") << (tp ? " pool" : ""));
+            CHECK(y == one);
+          }
+      }
+    }
+  STATIC_REQUIRE(default_float_row_streaming(CpuCore::zen5, 4096) == RowStreaming{4, false});
+  STATIC_REQUIRE(default_float_row_streaming(CpuCore::zen5, 14336) == RowStreaming{4, false});
+}
+
+// Bound of a bf16-activation result of row r against the exact product with x: each activation
+// moves by at most 2⁻⁸·|x| (rounding to nearest even to 8 significant bits), so the product moves
+// by at most 2⁻⁸·Σ|w·x|; the float accumulation of Σ w·x̃ adds rel_tol of its magnitude, at most
+// (1 + 2⁻⁸)·Σ|w·x|.
+static double bf16_activation_bound(const MatrixView& w, std::size_t r, const float* x) {
+  constexpr double u = 1.0 / 256;
+  return (u + rel_tol * (1 + u)) * test::dot_magnitude(w, r, x) + 1e-6;
+}
+
+TEST_CASE("bf16-activation GEMV (vdpbf16ps) stays within the activation rounding bound",
+          "[precision][kernels]") {
+  INFO("seed " << test::test_seed());
+  ThreadPool pool(2);
+  for (std::size_t cols : {4096u + 40u, 512u, 77u}) {
+    const std::size_t rows = 37;
+    const Case c = make(rows, cols, Precision::bf16, {}, 700 + cols);
+    const auto x = test::random_normal(cols, 701 + cols);
+    std::vector<float> xr(cols);  // x rounded to bf16, as the kernel rounds it
+    for (std::size_t i = 0; i < cols; ++i) xr[i] = bf16_bits_to_float(float_to_bf16_bits(x[i]));
+    for (Isa isa : isas())
+      for (RowStreaming s : {RowStreaming{1, false}, RowStreaming{4, true}}) {
+        KernelOptions o{isa, &pool};
+        o.bf16_activations = true;
+        o.streaming = s;
+        std::vector<float> y(rows, 99.f), plain(rows);
+        gemv(c.view, x, y, o);
+        o.bf16_activations = false;
+        gemv(c.view, x, plain, o);
+        INFO(name(isa) << " cols " << cols << " S" << s.streams);
+        if (isa != Isa::avx512 || !has_avx512_bf16()) {
+          CHECK(y == plain);  // no vdpbf16ps here: the float path, x exact
+          continue;
+        }
+        for (std::size_t r = 0; r < rows; ++r) {
+          // The same sum as the float path of x̃ up to accumulation order (tight: a wrong pair
+          // moves it by about one term), and within the derived bound of the exact product.
+          const double with_rounded = reference::dot_row(c.view, r, xr.data());
+          const double exact = reference::dot_row(c.view, r, x.data());
+          INFO("row " << r << " got " << y[r] << " x̃ " << with_rounded << " exact " << exact);
+          CHECK(std::fabs(y[r] - with_rounded) <=
+                rel_tol * test::dot_magnitude(c.view, r, xr.data()) + 1e-6);
+          CHECK(std::fabs(y[r] - exact) <= bf16_activation_bound(c.view, r, x.data()));
+        }
+      }
+  }
+  // Other float formats ignore the option (f16 weights are not bf16 pairs).
+  const Case h = make(9, 300, Precision::f16, {}, 720);
+  const auto x = test::random_normal(300, 721);
+  KernelOptions o;
+  std::vector<float> a(9), b(9);
+  gemv(h.view, x, a, o);
+  o.bf16_activations = true;
+  gemv(h.view, x, b, o);
+  CHECK(a == b);
+}

@@ -15,7 +15,12 @@
 // both are known to compute the same thing. Ratios are ggml time / moekit time (> 1: moekit faster)
 // and moekit bytes/s as a fraction of the read bandwidth of the same round set.
 //
-// Usage: gemv_vs_ggml [--reps N] [--quick] [--only q8_0|q4_0|q2_K] [--threads N]
+// --float: the float formats instead (issue 23 point 2): f16 and bf16 rows against ggml's F16 and
+// BF16 mul_mat (which round the activation to f16 / bf16), moekit with float activations (f32x,
+// the widening kernels) and, for bf16 where the CPU has AVX512_BF16, with the activation rounded
+// to bf16 and dotted with vdpbf16ps (bf16x, KernelOptions::bf16_activations).
+//
+// Usage: gemv_vs_ggml [--reps N] [--quick] [--only q8_0|q4_0|q2_K] [--threads N] [--float]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +29,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moekit/precision/gemv.hpp"
@@ -124,6 +130,98 @@ double rel_diff(const float* a, const float* b, std::size_t n) {
   return r > 0 ? d / r : d;
 }
 
+/// One float-format line of --float: f32x, bf16x (bf16 with AVX512_BF16), ggml, the two reads.
+void run_float(Precision p, ggml_type gtype, std::size_t rows, std::size_t cols, ThreadPool& pool,
+               int threads, int reps, std::optional<Isa> isa) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d(0.f, 0.02f);
+  std::vector<float> w(rows * cols);
+  for (auto& v : w) v = d(rng);
+  const std::size_t bytes = matrix_bytes(rows, cols, p, {});
+  const std::size_t copies = std::max<std::size_t>(2, rotation_bytes / bytes);
+  std::vector<std::vector<std::byte>> mats(copies, encode_matrix<float>(w, rows, cols, p, {}));
+  GgmlGemv gg(gtype, w, rows, cols, copies, threads);
+  std::vector<float> x(cols), y(rows), yb(rows), exact(rows);
+  for (auto& v : x) v = d(rng) * 50.f;
+  gg.set_x(x);
+  for (std::size_t r = 0; r < rows; ++r) {
+    double acc = 0;
+    for (std::size_t c = 0; c < cols; ++c) acc += double(w[r * cols + c]) * x[c];
+    exact[r] = static_cast<float>(acc);
+  }
+  const bool bf16x =
+      p == Precision::bf16 && isa.value_or(detect_isa()) == Isa::avx512 && has_avx512_bf16();
+  KernelOptions of{isa, &pool}, ob{isa, &pool};
+  ob.bf16_activations = true;
+  bench::ColdRead read(pool, bytes, copies);
+  std::vector<double> tf, tb, tg, tr, tr4;
+  for (int r = -1; r < reps; ++r) {  // round -1 warms every copy (page faults, threads)
+    for (std::size_t k = 0; k < (r < 0 ? copies : 1); ++k) {
+      const std::size_t i = r < 0 ? k : static_cast<std::size_t>(r);
+      auto view = [&](std::size_t c) {
+        return MatrixView{mats[c % copies].data(), rows, cols, p, {}};
+      };
+      const double a = seconds([&] { gemv(view(i), x, y, of); });
+      const double b = bf16x ? seconds([&] { gemv(view(i + 1), x, yb, ob); }) : 0.0;
+      const double g = seconds([&] { gg.run((i + 2) % copies); });
+      const double s = seconds([&] { read(i % copies, false); });
+      const double s4 = seconds([&] { read((i + 1) % copies, true); });
+      if (r >= 0)
+        tf.push_back(a), tb.push_back(b), tg.push_back(g), tr.push_back(s), tr4.push_back(s4);
+    }
+  }
+  // Per-round ratios, then their median: on a machine shared with builds the bandwidth moved 3x
+  // within a run, over seconds; calls of one round (tens of ms) see the same machine.
+  auto ratio = [&](const std::vector<double>& num, const std::vector<double>& den) {
+    std::vector<double> q(num.size());
+    for (std::size_t i = 0; i < q.size(); ++i) q[i] = num[i] / den[i];
+    return median(q);
+  };
+  std::vector<double> tread(tr.size());
+  for (std::size_t i = 0; i < tr.size(); ++i) tread[i] = std::min(tr[i], tr4[i]);
+  const double mf = median(tf), mb = median(tb), mg = median(tg), mr = median(tread), nan = NAN;
+  auto best = [](const std::vector<double>& t) { return *std::min_element(t.begin(), t.end()); };
+  const double rf = ratio(tread, tf), rb = bf16x ? ratio(tread, tb) : nan, rg = ratio(tread, tg),
+               gf = ratio(tg, tf), gb = bf16x ? ratio(tg, tb) : nan;
+  std::printf(
+      "%-5s %5zux%-5zu %6.1f | %7.3f %7.3f %7.3f %7.3f | %6.0f%% %6.0f%% %6.0f%% | %6.2fx %6.2fx | "
+      "%7.1e %7.1e %7.1e | %4.0f%% %4.0f%% %4.0f%%\n",
+      std::string(name(p)).c_str(), rows, cols, bytes / 1048576.0, mf * 1e3, bf16x ? mb * 1e3 : nan,
+      mg * 1e3, mr * 1e3, 100 * rf, 100 * rb, 100 * rg, gf, gb,
+      rel_diff(y.data(), exact.data(), rows), bf16x ? rel_diff(yb.data(), exact.data(), rows) : nan,
+      rel_diff(gg.y(0), exact.data(), rows), 100 * best(tread) / best(tf),
+      bf16x ? 100 * best(tread) / best(tb) : nan, 100 * best(tread) / best(tg));
+}
+
+/// --float: f16 and bf16 against ggml's F16 and BF16 mul_mat.
+void run_floats(int reps, bool quick, int only_threads, std::optional<Isa> isa) {
+  std::printf(
+      "--float: ms are medians; rd and /gg are medians of per-round ratios (the calls of one round "
+      "see the same machine; the read is the faster of its two in the round); best: each one's "
+      "fastest "
+      "round against the read's fastest; f32x: float "
+      "activations (the widening kernels); bf16x: the activation rounded to bf16, "
+      "vdpbf16ps (KernelOptions::bf16_activations; bf16 rows on AVX512_BF16 only); ggml rounds the "
+      "activation to the weights' type; rd: the read's time / the kernel's; /gg: ggml time / "
+      "moekit time; err: max |y - exact| / max |exact|\n");
+  const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
+  for (int threads : {1, 2}) {
+    if (only_threads && threads != only_threads) continue;
+    ThreadPool pool(static_cast<unsigned>(threads));
+    std::printf(
+        "\n== %d thread(s)\n%-5s %-11s %6s | %7s %7s %7s %7s | %7s %7s %7s | %7s %7s | %7s %7s "
+        "%7s | best: f32x bf16x ggml\n",
+        threads, "fmt", "shape", "MiB", "f32x ms", "bf16x", "ggml ms", "read ms", "f32x rd",
+        "bf16x rd", "ggml rd", "f32x/gg", "bf16x/gg", "f err", "b err", "gg err");
+    for (auto [p, gtype] :
+         {std::pair{Precision::bf16, GGML_TYPE_BF16}, std::pair{Precision::f16, GGML_TYPE_F16}})
+      for (const auto& shape : shapes) {
+        if (quick && shape[0] != 14336) continue;
+        run_float(p, gtype, shape[0], shape[1], pool, threads, reps, isa);
+      }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -133,11 +231,14 @@ int main(int argc, char** argv) {
   std::string only;
   int only_threads = 0;
   std::optional<Isa> isa;
+  bool floats = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
       reps = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--quick"))
       quick = true, reps = 7;
+    else if (!std::strcmp(argv[i], "--float"))
+      floats = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
       only = argv[++i];
     else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -147,7 +248,7 @@ int main(int argc, char** argv) {
       isa = parse_isa(argv[++i]);
     else {
       std::fprintf(stderr,
-                   "usage: %s [--reps N] [--quick] [--only q8_0|q4_0|q2_K] [--threads N] "
+                   "usage: %s [--reps N] [--quick] [--only q8_0|q4_0|q2_K] [--threads N] [--float] "
                    "[--isa avx2|avx512 (moekit's path; must be supported)]\n",
                    argv[0]);
       return 2;
@@ -162,6 +263,10 @@ int main(int argc, char** argv) {
       "ISA %s%s, medians of %d interleaved rounds\n",
       rotation_bytes >> 20, std::string(name(our)).c_str(),
       our == Isa::avx512 && has_avx512_vnni() ? "+vnni" : "", reps);
+  if (floats) {
+    run_floats(reps, quick, only_threads, isa);
+    return 0;
+  }
   std::printf(
       "f32x: float activations; i8x: int8 activations (KernelOptions::int8_activations); "
       "p8x: int8 activations, the matrix in 4-row panels (MatrixOrder::panels4); b8x: the same in "

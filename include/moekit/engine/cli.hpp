@@ -134,8 +134,8 @@ struct Options {
   /// --row-streaming: how the int8 kernels stream rows (nullopt = this CPU core's table)
   std::optional<moekit::RowStreaming> row_streaming;
   /// --expert-layout: rows or (blocked) panels for the quantized experts of a store moe-run builds
-  /// or opens (nullopt = auto: blocked panels when the experts run with int8 activations, else
-  /// rows)
+  /// or opens (nullopt = auto: with int8 activations, rows or blocked panels as the per-core
+  /// table of expert_layout.hpp says; rows with float activations)
   std::optional<moekit::MatrixOrder> expert_layout;
   /// --group-size: weights per scale of the experts moekit quantizes, 0 = per output channel
   /// (nullopt = auto: the preset's codec, e.g. EdgeMoE's per channel)
@@ -238,8 +238,9 @@ class Cli {
         "where the rows of quantized experts are in the expert store: rows, panels "
         "(four rows interleaved every 512 columns, one stream per thread for the int8 "
         "kernels), blocked-panels (panels in groups of 16 in column blocks of at most "
-        "4096 columns; docs/formats.md), auto (blocked-panels when the experts run with "
-        "int8 activations, else rows); a store given with --store or -m keeps "
+        "4096 columns; docs/formats.md), auto (with int8 activations what this CPU core "
+        "streams fastest, from a table: rows on Ice Lake server, blocked-panels elsewhere; "
+        "rows with f32 activations); a store given with --store or -m keeps "
         "its own, and must match an explicit choice; experts in host memory are packed "
         "after loading");
     add_offload_options();

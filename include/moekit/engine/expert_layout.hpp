@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "moekit/precision/format.hpp"
+#include "moekit/precision/row_streaming.hpp"
 
 namespace moekit::engine {
 
@@ -27,6 +28,32 @@ constexpr std::optional<moekit::MatrixOrder> parse_layout_word(std::string_view 
                  moekit::MatrixOrder::blocked_panels4})
     if (w == layout_word(o)) return o;
   return std::nullopt;
+}
+
+/// Where `--expert-layout auto` puts the rows of quantized experts run with int8 activations, per
+/// CPU core: which order the int8 kernels read closer to the streaming bound there, filled from
+/// `moekit_bench_row_streaming` runs (its rows and blocked-panels columns, which also print this
+/// choice) and `bench/kernels/ggml_peer.sh` (bench/RESULTS.md, "Expert layout per CPU core"):
+/// - Zen 5: blocked panels (2-5 points ahead of panels on q4/q2 w2, level on q8; on the AVX2
+///   path up to 40 points ahead of rows).
+/// - Ice Lake server (Xeon, family 6 model 106): rows, ahead of blocked panels in most cells
+///   (q8/q4 at one thread by 7-14 points of the read).
+/// - Zen 4 and other cores: not measured in both orders; blocked panels, as before the table
+///   (the AVX2 int8 kernels, what CPUs without AVX-512 VNNI run, read them 10-40 points closer
+///   to the bound than rows on Zen 5).
+/// Float activations read rows only (a float row kernel would gather every panel row), so there
+/// auto is always rows.
+constexpr moekit::MatrixOrder auto_expert_order(moekit::CpuCore core, bool int8) noexcept {
+  if (!int8) return moekit::MatrixOrder::rows;
+  switch (core) {
+    case moekit::CpuCore::icelake_server:
+      return moekit::MatrixOrder::rows;
+    case moekit::CpuCore::zen4:
+    case moekit::CpuCore::zen5:
+    case moekit::CpuCore::other:
+      break;
+  }
+  return moekit::MatrixOrder::blocked_panels4;
 }
 
 /// The words, for error messages and help texts.

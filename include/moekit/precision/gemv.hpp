@@ -18,6 +18,7 @@
 #include "moekit/error.hpp"
 #include "moekit/precision/detail/avx2_int8_rows.hpp"
 #include "moekit/precision/detail/avx2_rows.hpp"
+#include "moekit/precision/detail/avx512_bf16_rows.hpp"
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
 #include "moekit/precision/detail/avx512_rows.hpp"
 #include "moekit/precision/detail/prepared_activation.hpp"
@@ -41,10 +42,16 @@ struct KernelOptions {
   /// has it). Ignored for f32/bf16/f16 rows, and by the GEMV on the generic path (float
   /// activations); gemm with n >= 2 runs the int8 GEMM (int8_gemm.hpp), scalar there.
   bool int8_activations = false;
+  /// GEMV of bf16 rows with the activation rounded to bf16 (round to nearest even: error
+  /// ≤ 2⁻⁸·|x| per element), dotted with `vdpbf16ps` where the CPU has AVX512_BF16
+  /// (avx512_bf16_rows.hpp). Elsewhere, for other formats and in gemm with n >= 2 it is ignored:
+  /// the float path runs, with the activation exact.
+  bool bf16_activations = false;
   /// The AVX2 int8 kernels use AVX-VNNI when the CPU has it; false forces vpmaddubsw (tests).
   bool avx_vnni = true;
-  /// How the int8-activation kernels stream rows (streams 1, 2 or 4); default: the table for
-  /// this CPU's core (`default_row_streaming`).
+  /// How the int8-activation kernels and the float-row kernels (f32/bf16/f16) stream rows
+  /// (streams 1, 2 or 4); default: the table for this CPU's core (`default_row_streaming`,
+  /// `default_float_row_streaming`).
   std::optional<RowStreaming> streaming = std::nullopt;
 };
 
@@ -59,8 +66,13 @@ namespace detail {
 using RowDotFn = float (*)(const std::byte*, const RowLayout&, const PreparedActivation&);
 using RowDecodeFn = const float* (*)(const std::byte*, const RowLayout&, float*);
 
-inline RowStreaming resolve_streaming(const KernelOptions& o, std::size_t cols) {
-  const RowStreaming s = o.streaming.value_or(default_row_streaming(detect_core(), cols));
+/// The streaming `o` asks for, else the table's for this core: the int8 kernels' column, or
+/// (`float_rows`) the float-row kernels'.
+inline RowStreaming resolve_streaming(const KernelOptions& o, std::size_t cols,
+                                      bool float_rows = false) {
+  const RowStreaming s =
+      o.streaming.value_or(float_rows ? default_float_row_streaming(detect_core(), cols)
+                                      : default_row_streaming(detect_core(), cols));
   if (!valid_streams(s.streams))
     fail(ErrorKind::invalid_argument,
          "kernel: KernelOptions::streaming.streams must be 1, 2 or 4 (got " +
@@ -218,6 +230,7 @@ inline PreparedActivation prepare_for(const MatrixView& w, const RowKernels& k, 
 struct PlanStorage {
   std::vector<float> f;
   std::vector<std::int8_t> q;
+  std::vector<std::uint16_t> b;  ///< the activation in bf16 (bf16_activations)
 };
 
 /// Which kernel runs a GEMV with int8 activations (none: float activations).
@@ -235,7 +248,12 @@ struct GemvPlan {
   RowKernels kernels{};
   PreparedActivation act{};
   Int8Kernel int8 = Int8Kernel::none;
-  RowStreaming streaming{2, false};  ///< how gemv_rows reads rows (int8 path: per KernelOptions)
+  /// Float rows (f32/bf16/f16) on the AVX-512 / AVX2 path: dots<N> runs their multi-row kernel.
+  Isa float_rows = Isa::generic;
+  Precision precision = Precision::f32;
+  /// How gemv_rows reads rows (the int8 and float-row paths: per KernelOptions)
+  RowStreaming streaming{2, false};
+  const std::uint16_t* xb = nullptr;  ///< the activation in bf16 (the vdpbf16ps kernel), or null
 #if defined(MOEKIT_HAS_X86_KERNELS)
   Int8Activation act8{};
 #endif
@@ -247,13 +265,16 @@ struct GemvPlan {
     return out;
   }
 
-  /// N rows of this layout · x into out[0..N); the int8 path loads the activation once for all
-  /// of them (faster than N dot calls on rows in cache) and prefetches `next` (rows
-  /// further down each row's stream, optional) into L2 as it goes; the others take them one by one.
+  /// N rows of this layout · x into out[0..N); the int8, float-row and bf16 paths load the
+  /// activation once for all of them (faster than N dot calls on rows in cache) and prefetch
+  /// `next` (rows further down each row's stream, optional) into L2 as they go; the generic
+  /// path takes them one by one.
   template <std::size_t N>
   void dots(const std::byte* const* rows, float* scratch, float* out,
             const std::byte* const* next = nullptr) const noexcept {
 #if defined(MOEKIT_HAS_X86_KERNELS)
+    if (xb) return avx512_bf16::row_dots<N>(rows, layout.cols, xb, out, next);
+    if (float_rows != Isa::generic) return float_dots<N>(rows, out, next);
     if (int8 == Int8Kernel::avx512_vnni)
       return with_int8_kernel([&]<unsigned Bits>() {
         avx512_int8::row_dots<Bits, N>(rows, layout, act8, scratch, out, next);
@@ -292,6 +313,23 @@ struct GemvPlan {
   }
 
  private:
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  /// dots<N> of float rows: the AVX-512 or AVX2 multi-row kernel for this plan's precision.
+  template <std::size_t N>
+  void float_dots(const std::byte* const* rows, float* out,
+                  const std::byte* const* next) const noexcept {
+    auto with = [&]<Precision P>() {
+      if (float_rows == Isa::avx512)
+        avx512::float_row_dots<P, N>(rows, layout.cols, act.x, out, next);
+      else
+        avx2::float_row_dots<P, N>(rows, layout.cols, act.x, out, next);
+    };
+    if (precision == Precision::bf16) return with.template operator()<Precision::bf16>();
+    if (precision == Precision::f16) return with.template operator()<Precision::f16>();
+    with.template operator()<Precision::f32>();
+  }
+#endif
+
   /// Calls f.template operator()<Bits>() (the AVX-512 kernel) or, for the AVX2 kernels,
   /// f.template operator()<Bits, Vnni>(), for this plan's code width and int8 kernel.
   template <class F>
@@ -332,6 +370,15 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
     p.int8 = o.avx_vnni && has_avx_vnni() ? Int8Kernel::avx_vnni : Int8Kernel::avx2;
     p.act8 = avx2_int8::prepare(x, w.cols, p.layout.bits, st.q, st.f);
     return p;
+  }
+  if (!is_quantized(w.precision) && isa != Isa::generic) {
+    // Float rows stream as the table for this core says (their own column).
+    p.float_rows = isa;
+    p.precision = w.precision;
+    p.streaming = resolve_streaming(o, w.cols, true);
+    if (o.bf16_activations && w.precision == Precision::bf16 && isa == Isa::avx512 &&
+        has_avx512_bf16())
+      p.xb = avx512_bf16::prepare(x, w.cols, st.b);
   }
 #endif
   p.act = prepare_for(w, p.kernels, x, st.f);

@@ -62,6 +62,17 @@ inline bool has_avx512_vnni() noexcept {
 #endif
 }
 
+/// True when the CPU has AVX512_BF16 (`vdpbf16ps`: pairs of bf16 products summed into floats),
+/// used by the GEMV of bf16 rows with bf16 activations (KernelOptions::bf16_activations).
+inline bool has_avx512_bf16() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool yes = detect_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16");
+  return yes;
+#else
+  return false;
+#endif
+}
+
 /// True when the CPU has AVX-VNNI (256-bit `vpdpbusd` without AVX-512), used by the AVX2 int8
 /// kernels when present.
 inline bool has_avx_vnni() noexcept {

@@ -11,7 +11,12 @@
 ///   prefetcher alone fell behind the loop).
 /// - Zen 5 (EPYC 9005): two streams; prefetched in software only on rows of 14336 columns (on
 ///   rows of 4096 the prefetch instructions cost more than they saved).
-/// - Other cores are not measured: two prefetched streams, the middle of both.
+/// - Other cores (Ice Lake server included: its figures in bench/RESULTS.md ran the default) are
+///   not measured: two prefetched streams, the middle of both.
+/// The float-row kernels (f32/bf16/f16 rows, float or bf16 activations) have their own column
+/// (`default_float_row_streaming`): they do less work per byte, and on Zen 5 four streams on the
+/// hardware prefetcher alone beat every other way on both shapes ("bf16/f16 experts" in
+/// bench/RESULTS.md, `moekit_bench_float_gemv`).
 /// A matrix in panels (MatrixOrder::panels4, panels.hpp) is one stream per thread whatever the
 /// core, and reads closer to the streaming bound than any row streaming on w2. The measurements:
 /// bench/RESULTS.md, "Zen 5, rows", "Zen 4" and "Panels".
@@ -52,8 +57,9 @@ constexpr std::optional<RowStreaming> parse_row_streaming(std::string_view s) no
   return RowStreaming{static_cast<unsigned>(s[0] - '0'), prefetch};
 }
 
-/// The CPU cores the streaming table distinguishes.
-enum class CpuCore : std::uint8_t { other, zen4, zen5 };
+/// The CPU cores the per-core tables distinguish (this one, and the expert layout's in
+/// engine/expert_layout.hpp).
+enum class CpuCore : std::uint8_t { other, zen4, zen5, icelake_server };
 
 constexpr std::string_view name(CpuCore c) noexcept {
   switch (c) {
@@ -61,24 +67,32 @@ constexpr std::string_view name(CpuCore c) noexcept {
       return "zen4";
     case CpuCore::zen5:
       return "zen5";
+    case CpuCore::icelake_server:
+      return "icelake-server";
     case CpuCore::other:
       return "other";
   }
   return "?";
 }
 
-/// This CPU's core (CPUID vendor and family, read once): AMD family 0x19 with AVX-512 is Zen 4
-/// (Zen 3 shares the family but has no AVX-512, so never runs the int8 kernels), 0x1A is Zen 5.
+/// This CPU's core (CPUID vendor, family and model, read once): AMD family 0x19 with AVX-512 is
+/// Zen 4 (Zen 3 shares the family but has no AVX-512, so never runs the int8 kernels), 0x1A is
+/// Zen 5; Intel family 6 model 0x6A or 0x6C (Xeon 3rd gen., Ice Lake server) is icelake_server.
 inline CpuCore detect_core() noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const CpuCore core = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid(0, &a, &b, &c, &d)) return CpuCore::other;
-    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
-    if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return CpuCore::other;
+    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;    // "AuthenticAMD"
+    const bool intel = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "GenuineIntel"
+    if ((!amd && !intel) || !__get_cpuid(1, &a, &b, &c, &d)) return CpuCore::other;
     const unsigned base = (a >> 8) & 0xfu;
     const unsigned family = base == 0xfu ? base + ((a >> 20) & 0xffu) : base;
+    const unsigned model = (a >> 4 & 0xfu) | (base == 6 || base == 0xf ? (a >> 12 & 0xf0u) : 0u);
     __builtin_cpu_init();
+    if (intel)
+      return family == 6 && (model == 0x6a || model == 0x6c) ? CpuCore::icelake_server
+                                                             : CpuCore::other;
     if (family == 0x19 && __builtin_cpu_supports("avx512f")) return CpuCore::zen4;
     if (family == 0x1a) return CpuCore::zen5;
     return CpuCore::other;
@@ -100,10 +114,20 @@ constexpr RowStreaming default_row_streaming(CpuCore core, std::size_t cols) noe
     // bench/RESULTS.md, "Zen 5, rows".
     case CpuCore::zen5:
       return {2, cols > 8192};
+    case CpuCore::icelake_server:  // streaming not measured there: as other cores
     case CpuCore::other:
       break;
   }
   return {2, true};
+}
+
+/// The measured best way for `core` to stream rows of a float format (f32/bf16/f16). Measured on
+/// Zen 5 only (four streams, no software prefetch, whatever the width); other cores get the
+/// same until a `moekit_bench_float_gemv` run on them says otherwise.
+constexpr RowStreaming default_float_row_streaming(CpuCore core, std::size_t cols) noexcept {
+  (void)core;
+  (void)cols;
+  return {4, false};
 }
 
 }  // namespace moekit

@@ -113,25 +113,52 @@ MOEKIT_TARGET_AVX2 inline __m256 load8(const std::byte* p) noexcept {
   }
 }
 
-/// Float-format row · x.
+/// N float-format rows · x into out[0..N), each with float_row_dot's four accumulators and
+/// order (the result does not depend on N), sharing the activation loads; `next` (optional): a
+/// row further down each row's stream, prefetched into L2 as this call reads its own rows.
+template <Precision P, std::size_t N>
+MOEKIT_TARGET_AVX2 inline void float_row_dots(const std::byte* const* rows, std::size_t cols,
+                                              const float* x, float* out,
+                                              const std::byte* const* next) noexcept {
+  constexpr std::size_t eb = moekit::bits(P) / 8;
+  __m256 a[N][4];
+  for (std::size_t n = 0; n < N; ++n)
+    for (auto& v : a[n]) v = _mm256_setzero_ps();
+  std::size_t c = 0;
+  for (; c + 32 <= cols; c += 32) {
+    if (next)
+      for (std::size_t n = 0; n < N; ++n)
+        for (std::size_t o = eb * c; o < eb * (c + 32); o += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(next[n] + o), _MM_HINT_T1);
+    const __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8),
+                 x2 = _mm256_loadu_ps(x + c + 16), x3 = _mm256_loadu_ps(x + c + 24);
+    for (std::size_t n = 0; n < N; ++n) {
+      const std::byte* r = rows[n] + eb * c;
+      a[n][0] = _mm256_fmadd_ps(load8<P>(r), x0, a[n][0]);
+      a[n][1] = _mm256_fmadd_ps(load8<P>(r + eb * 8), x1, a[n][1]);
+      a[n][2] = _mm256_fmadd_ps(load8<P>(r + eb * 16), x2, a[n][2]);
+      a[n][3] = _mm256_fmadd_ps(load8<P>(r + eb * 24), x3, a[n][3]);
+    }
+  }
+  const RowLayout l = RowLayout::of(cols, P, {});
+  for (std::size_t n = 0; n < N; ++n) {
+    std::size_t k = c;
+    for (; k + 8 <= cols; k += 8)
+      a[n][0] = _mm256_fmadd_ps(load8<P>(rows[n] + eb * k), _mm256_loadu_ps(x + k), a[n][0]);
+    float tail = 0.f;
+    for (; k < cols; ++k) tail += weight_at(rows[n], l, P, k) * x[k];
+    out[n] = hsum(_mm256_add_ps(_mm256_add_ps(a[n][0], a[n][1]), _mm256_add_ps(a[n][2], a[n][3]))) +
+             tail;
+  }
+}
+
+/// Float-format row · x (float_row_dots of one row).
 template <Precision P>
 MOEKIT_TARGET_AVX2 inline float float_row_dot(const std::byte* row, std::size_t cols,
                                               const float* x) noexcept {
-  constexpr std::size_t eb = moekit::bits(P) / 8;
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  std::size_t c = 0;
-  for (; c + 32 <= cols; c += 32) {
-    a0 = _mm256_fmadd_ps(load8<P>(row + eb * c), _mm256_loadu_ps(x + c), a0);
-    a1 = _mm256_fmadd_ps(load8<P>(row + eb * (c + 8)), _mm256_loadu_ps(x + c + 8), a1);
-    a2 = _mm256_fmadd_ps(load8<P>(row + eb * (c + 16)), _mm256_loadu_ps(x + c + 16), a2);
-    a3 = _mm256_fmadd_ps(load8<P>(row + eb * (c + 24)), _mm256_loadu_ps(x + c + 24), a3);
-  }
-  for (; c + 8 <= cols; c += 8)
-    a0 = _mm256_fmadd_ps(load8<P>(row + eb * c), _mm256_loadu_ps(x + c), a0);
-  float tail = 0.f;
-  const RowLayout l = RowLayout::of(cols, P, {});
-  for (; c < cols; ++c) tail += weight_at(row, l, P, c) * x[c];
-  return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail;
+  float out;
+  float_row_dots<P, 1>(&row, cols, x, &out, nullptr);
+  return out;
 }
 
 /// Quantized row dequantized into `out` in decode order.

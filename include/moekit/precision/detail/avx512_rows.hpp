@@ -107,25 +107,62 @@ MOEKIT_TARGET_AVX512 inline __m512 load16(const std::byte* p) noexcept {
   }
 }
 
-/// Float-format row · x, four independent accumulators.
+/// Prefetches bytes [lo, hi) of each of N rows into L2, a cache line at a time.
+template <std::size_t N>
+inline void prefetch_rows_l2(const std::byte* const* rows, std::size_t lo,
+                             std::size_t hi) noexcept {
+  for (std::size_t n = 0; n < N; ++n)
+    for (std::size_t o = lo; o < hi; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(rows[n] + o), _MM_HINT_T1);
+}
+
+/// N float-format rows · x into out[0..N), each row with four independent accumulators. The rows
+/// share every activation load (x of 14336 floats is 56 KiB, more than L1: each pass over it
+/// comes from L2), and each row's sums are the ones float_row_dot makes, in the same order, so
+/// the result does not depend on N. `next` (optional): for each row, a row further down its
+/// stream, prefetched into L2 in step with this call's progress through its own row.
+template <Precision P, std::size_t N>
+MOEKIT_TARGET_AVX512 inline void float_row_dots(const std::byte* const* rows, std::size_t cols,
+                                                const float* x, float* out,
+                                                const std::byte* const* next) noexcept {
+  constexpr std::size_t eb = moekit::bits(P) / 8;
+  __m512 a[N][4];
+  for (std::size_t n = 0; n < N; ++n)
+    for (auto& v : a[n]) v = _mm512_setzero_ps();
+  std::size_t c = 0;
+  for (; c + 64 <= cols; c += 64) {
+    if (next) prefetch_rows_l2<N>(next, eb * c, eb * (c + 64));
+    const __m512 x0 = _mm512_loadu_ps(x + c), x1 = _mm512_loadu_ps(x + c + 16),
+                 x2 = _mm512_loadu_ps(x + c + 32), x3 = _mm512_loadu_ps(x + c + 48);
+    for (std::size_t n = 0; n < N; ++n) {
+      const std::byte* r = rows[n] + eb * c;
+      a[n][0] = _mm512_fmadd_ps(load16<P>(r), x0, a[n][0]);
+      a[n][1] = _mm512_fmadd_ps(load16<P>(r + eb * 16), x1, a[n][1]);
+      a[n][2] = _mm512_fmadd_ps(load16<P>(r + eb * 32), x2, a[n][2]);
+      a[n][3] = _mm512_fmadd_ps(load16<P>(r + eb * 48), x3, a[n][3]);
+    }
+  }
+  if (next) prefetch_rows_l2<N>(next, eb * c, eb * cols);
+  const RowLayout l = RowLayout::of(cols, P, {});
+  for (std::size_t n = 0; n < N; ++n) {
+    std::size_t k = c;
+    for (; k + 16 <= cols; k += 16)
+      a[n][0] = _mm512_fmadd_ps(load16<P>(rows[n] + eb * k), _mm512_loadu_ps(x + k), a[n][0]);
+    float tail = 0.f;
+    for (; k < cols; ++k) tail += weight_at(rows[n], l, P, k) * x[k];
+    out[n] = _mm512_reduce_add_ps(
+                 _mm512_add_ps(_mm512_add_ps(a[n][0], a[n][1]), _mm512_add_ps(a[n][2], a[n][3]))) +
+             tail;
+  }
+}
+
+/// Float-format row · x (float_row_dots of one row).
 template <Precision P>
 MOEKIT_TARGET_AVX512 inline float float_row_dot(const std::byte* row, std::size_t cols,
                                                 const float* x) noexcept {
-  constexpr std::size_t eb = moekit::bits(P) / 8;
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  std::size_t c = 0;
-  for (; c + 64 <= cols; c += 64) {
-    a0 = _mm512_fmadd_ps(load16<P>(row + eb * c), _mm512_loadu_ps(x + c), a0);
-    a1 = _mm512_fmadd_ps(load16<P>(row + eb * (c + 16)), _mm512_loadu_ps(x + c + 16), a1);
-    a2 = _mm512_fmadd_ps(load16<P>(row + eb * (c + 32)), _mm512_loadu_ps(x + c + 32), a2);
-    a3 = _mm512_fmadd_ps(load16<P>(row + eb * (c + 48)), _mm512_loadu_ps(x + c + 48), a3);
-  }
-  for (; c + 16 <= cols; c += 16)
-    a0 = _mm512_fmadd_ps(load16<P>(row + eb * c), _mm512_loadu_ps(x + c), a0);
-  float tail = 0.f;
-  const RowLayout l = RowLayout::of(cols, P, {});
-  for (; c < cols; ++c) tail += weight_at(row, l, P, c) * x[c];
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) + tail;
+  float out;
+  float_row_dots<P, 1>(&row, cols, x, &out, nullptr);
+  return out;
 }
 
 /// Dequantizes a quantized row into `out[0..cols)` in decode order (chunks permuted as
