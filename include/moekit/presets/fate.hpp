@@ -39,6 +39,9 @@ struct FateSpec : PresetDefaults {
     double budget_time = 0;  ///< decode prefetch cap n = floor(budget_time / expert_time)
     double expert_time = 0;  ///< (<= 0: no cap)
     Cache::Config cache{};
+    /// Prefetch staging slots, taken from the budget (0: one per expert of a layer, the spec's
+    /// max(E, n) since n <= E). Prefetches wait there, outside the ARC caches.
+    std::uint32_t staging_slots = 0;
   };
 
   static Config configure(const ModelShape& s, Precision base, const PresetParams& q) {
@@ -63,6 +66,12 @@ struct FateSpec : PresetDefaults {
     pc.sizing_precision = c.scorer.decode_precision;
     return pc;
   }
+  /// The same, and prefetches staged outside the cache in `staging_slots` slots of the budget.
+  static PipelineConfig pipeline_config(const ModelShape& s, PipelineConfig pc, const Config& c) {
+    pc = pipeline_config(pc, c);
+    pc.prefetch_staging_slots = c.staging_slots ? c.staging_slots : s.n_experts;
+    return pc;
+  }
   static PopularityScorer scorer(const Config& c) { return PopularityScorer(c.scorer); }
   static Cache cache(const Config& c) { return Cache(c.cache); }
   static CrossLayerGatePredictor predictor(const ModelShape& s, const Config& c,
@@ -85,7 +94,7 @@ struct FateSpec : PresetDefaults {
   static std::unique_ptr<Pipeline<Loader>> build(const ModelShape& s, const PipelineConfig& pc,
                                                  Loader loader, const Config& c,
                                                  const PresetInputs& in) {
-    return std::make_unique<Pipeline<Loader>>(s, pipeline_config(pc, c), std::move(loader),
+    return std::make_unique<Pipeline<Loader>>(s, pipeline_config(s, pc, c), std::move(loader),
                                               scorer(c), predictor(s, c, in), cache(c));
   }
 };
