@@ -334,7 +334,11 @@ inline PresetResult run_fate(const RunParams& rp, const moekit::sim::RoutingTrac
                              gate_inputs(rp, tr));
     return {sim::replay(*p, tr, rp.compute), "fate (cross-layer gate, " + cap_text + ")", ""};
   }
-  ScoredScript s = scored_script(tr, FateSpec::scorer(cfg));
+  // The stand-in prefetches at the decode precision: the script's precisions ignore the on-demand
+  // one (a miss's load precision).
+  FateSpec::Config script_cfg = cfg;
+  script_cfg.scorer.on_demand_precision = Precision::skip;
+  ScoredScript s = scored_script(tr, FateSpec::scorer(script_cfg));
   // The percentile rule predicts ceil((1 - percentile)·E) experts per layer: pad to that many.
   const auto set =
       static_cast<std::uint32_t>(std::ceil((1.0 - cfg.percentile) * rp.shape.n_experts));
@@ -489,7 +493,8 @@ inline PresetResult run_belady_cost_hobbit(const RunParams& rp,
 }
 inline PresetResult run_belady_cost_fate(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using moekit::presets::FateSpec;
-  const FateSpec::Config cfg;
+  FateSpec::Config cfg;
+  cfg.scorer.on_demand_precision = moekit::Precision::skip;  // transfer precisions only, no upgrade
   return run_cost_aware(rp, tr, FateSpec::scorer(cfg), FateSpec::pipeline_config(rp.config, cfg),
                         "cost-aware belady with Fate's precisions (q4, prefill tail q2)");
 }

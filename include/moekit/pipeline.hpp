@@ -31,6 +31,7 @@
 
 #include "moekit/cache/expert_arena.hpp"
 #include "moekit/cache/expert_cache.hpp"
+#include "moekit/cache/lazy_upgrade.hpp"
 #include "moekit/cache/prefetch_staging.hpp"
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/gate_view.hpp"
@@ -63,6 +64,10 @@ struct PipelineConfig {
   /// cache/prefetch_staging.hpp), whose bytes at `sizing_precision` come out of
   /// `expert_budget_bytes`; the cache never sees a prefetch. 0: prefetches enter the cache.
   std::uint32_t prefetch_staging_slots = 0;
+  /// Not `skip`: a demand admitted to the cache below this precision is re-fetched at it in the
+  /// background, once no other load is pending, and replaced in place (Fate's lazy int2 → int4;
+  /// cache/lazy_upgrade.hpp). `skip`: no upgrades.
+  Precision upgrade_precision = Precision::skip;
 };
 
 /// Precision and recall of prefetches, per distance (layers ahead).
@@ -99,6 +104,9 @@ struct PipelineStats {
   std::uint64_t prefetches_cancelled = 0;
   std::uint64_t prefetches_unused = 0;     ///< staged, not asked for, load not withdrawn in time
   std::uint64_t staged_prefetch_hits = 0;  ///< demands served from prefetch staging
+  std::uint64_t upgrades = 0;              ///< cache entries raised to `upgrade_precision`
+  std::uint64_t upgrades_dropped = 0;      ///< re-fetched, but the entry could not take it
+  std::uint64_t bytes_upgraded = 0;        ///< bytes of the re-fetches
   std::uint64_t bytes_demand_loaded = 0;
   std::uint64_t bytes_prefetched = 0;
   std::uint64_t bytes_preloaded = 0;  ///< start-up placement (`preload`)
@@ -116,7 +124,7 @@ struct PipelineStats {
     return n ? double(hits) / double(n) : 0.0;
   }
   [[nodiscard]] std::uint64_t bytes_loaded() const noexcept {
-    return bytes_demand_loaded + bytes_prefetched;
+    return bytes_demand_loaded + bytes_prefetched + bytes_upgraded;
   }
 };
 
@@ -170,7 +178,11 @@ class OffloadPipeline {
         scheduler_(std::move(scheduler)),
         token_policy_(std::move(token_policy)),
         staging_(cfg_.prefetch_staging_slots,
-                 static_cast<std::uint32_t>(shape_.expert_count() + cfg_.staging_slots)) {
+                 static_cast<std::uint32_t>(shape_.expert_count() + cfg_.staging_slots)),
+        upgrade_(cfg_.upgrade_precision,
+                 static_cast<std::uint32_t>(shape_.expert_count() + cfg_.staging_slots +
+                                            cfg_.prefetch_staging_slots),
+                 cfg_.upgrade_precision == Precision::skip ? 0 : shape_.expert_count()) {
     const std::size_t E = shape_.n_experts;
     const std::size_t N = shape_.expert_count();
     demand_slot_.assign(E, -1);
@@ -403,7 +415,8 @@ class OffloadPipeline {
   static ExpertArena make_arena(const ModelShape& shape, const PipelineConfig& cfg) {
     if constexpr (!keeps_bytes) return ExpertArena{};
     const std::size_t max_bytes = shape.expert_bytes(cfg.base_precision);
-    const std::size_t transient = std::size_t{cfg.staging_slots} + cfg.prefetch_staging_slots;
+    const std::size_t transient = std::size_t{cfg.staging_slots} + cfg.prefetch_staging_slots +
+                                  (cfg.upgrade_precision != Precision::skip);
     return ExpertArena(shape.expert_count() + transient,
                        cfg.expert_budget_bytes + transient * max_bytes + max_bytes);
   }
@@ -533,6 +546,7 @@ class OffloadPipeline {
       p.slot = r.slot;
       p.ticket = start_load(p.key, p.precision, LoadPriority::on_demand, r.slot);
       cache_.pin_hard(p.key);  // layer pin (released by end_layer)
+      if (upgrade_.below_target(p.precision)) upgrade_.request(p.key);
     } else {
       if (staging_used_ >= cfg_.staging_slots)
         detail::fail(ErrorKind::invalid_argument,
@@ -649,6 +663,45 @@ class OffloadPipeline {
       loader_.wait(s.ticket);
       free_staging_slot(i);
     }
+    advance_upgrades(wait_all);
+  }
+
+  // Lazy upgrades (cfg_.upgrade_precision): a finished re-fetch replaces its entry's copy in place
+  // (its buffer handed to the entry's slot); the next starts only while no other load is pending.
+  void advance_upgrades(bool wait_all) {
+    if (!upgrade_.enabled()) return;
+    if (upgrade_.busy()) {
+      if (!wait_all && !loader_.poll(upgrade_.ticket())) return;
+      loader_.wait(upgrade_.ticket());
+      upgrade_.finish();
+      const ExpertKey k = upgrade_.key();
+      const std::uint32_t slot = cache_.entry(k).slot;
+      if (cache_.upgrade(k, cache_.access(upgrade_.target(), k.layer))) {
+        if constexpr (keeps_bytes) cache_.arena().swap(slot, upgrade_.slot());
+        ++stats_.upgrades;
+      } else {
+        ++stats_.upgrades_dropped;
+      }
+      if constexpr (keeps_bytes) cache_.arena().release(upgrade_.slot());
+    }
+    if (wait_all || !in_flight_.empty() || staging_loading()) return;  // the link is busy
+    while (const auto k = upgrade_.next()) {
+      const auto& e = cache_.entry(*k);
+      if (!e.resident() || !upgrade_.below_target(e.precision) || e.loading) continue;
+      const std::size_t bytes = bytes_of(upgrade_.target());
+      upgrade_.start(*k,
+                     submit(*k, upgrade_.target(), LoadPriority::prefetch, upgrade_.slot(), bytes));
+      stats_.bytes_upgraded += bytes;
+      return;
+    }
+  }
+  [[nodiscard]] bool staging_loading() {
+    for (std::size_t i = 0; i < staging_.capacity(); ++i) {
+      const PrefetchStaging::Slot& s = staging_[i];
+      if (s.state != PrefetchStaging::State::free && s.ticket.valid() && !loader_.poll(s.ticket))
+        return true;
+    }
+    return false;
   }
 
   // Queued prefetches for this layer that it does not need (`truth_` unmarked) and no one uses
@@ -723,6 +776,7 @@ class OffloadPipeline {
     cache_.pin_hard(p.key);
     p.slot = r.slot;
     staging_.free(i);
+    if (upgrade_.below_target(p.precision)) upgrade_.request(p.key);
   }
 
   // Staged prefetches for `layer` it does not need (`truth_` unmarked), and any for earlier layers,
@@ -775,6 +829,7 @@ class OffloadPipeline {
   [[no_unique_address]] SchedulerT scheduler_;
   [[no_unique_address]] TokenPolicyT token_policy_;
   PrefetchStaging staging_;  // empty unless cfg_.prefetch_staging_slots > 0
+  LazyUpgrade upgrade_;      // disabled unless cfg_.upgrade_precision is a format
 
   PipelineStats stats_{};
   LayerPlan plan_;

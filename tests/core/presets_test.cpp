@@ -2,6 +2,7 @@
 // plans — which experts load at which precision, which are evicted, which are prefetched.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -323,6 +324,65 @@ TEST_CASE("presets::Fate: prefetches do not churn the cache; ARC admits only use
   const auto views = p->resolve(c);
   CHECK(std::to_integer<int>(views[0].bytes[0]) == ManualLoader::pattern({2, 3}));
   p->end_layer(ctx(2, 3, 2));
+  p->cache().check_invariants();
+}
+
+TEST_CASE("presets::Fate: a decode miss loads at int2, serves, and is upgraded to int4 when idle",
+          "[preset][fate][upgrade]") {
+  // The paper's precisions (q4 cache and prefetches, q2 on-demand loads), built as moe-sim builds
+  // them; 6 q4 experts with 2 staging slots leave layer 0 four slots.
+  presets::FateSpec::Config c;
+  c.cache.shallow_layers = 1;
+  c.staging_slots = 2;
+  presets::PresetInputs in;
+  in.routers = identity_routers;
+  auto p = presets::FateSpec::build(
+      shape, {.expert_budget_bytes = 6 * q4, .base_precision = Precision::q4}, ManualLoader{}, c,
+      in);
+  Route keep(4, {{0}});
+  auto layer = [&](std::uint32_t l, std::uint64_t t, Route r) -> const LayerPlan& {
+    const auto& plan = p->route(ctx(l, 3, t), with_hidden(keep, std::move(r), {0, 0, 0, 0}));
+    p->resolve(plan);
+    p->end_layer(ctx(l, 3, t));
+    return plan;
+  };
+  // Layer 0 misses {1, 2}: on-demand loads at q2, which serve this request and enter layer 0's
+  // pool as they are.
+  const auto& a = p->route(ctx(0, 3), with_hidden(keep, Route(4, {{1, 2}}), {0, 0, 0, 0}));
+  CHECK(a.experts[0].precision == Precision::q2);
+  CHECK(p->resolve(a)[0].bytes.size() == shape.expert_bytes(Precision::q2));
+  p->end_layer(ctx(0, 3));
+  const std::vector<Load> first = loads(p->loader());
+  REQUIRE(first.size() >= 2);
+  CHECK(first[0] == Load{{0, 1}, Precision::q2, OD});
+  CHECK(first[1] == Load{{0, 2}, Precision::q2, OD});
+  CHECK(p->cache().entry({0, 1}).precision == Precision::q2);
+  // The prediction for layer 1 moves at q4 (decode prefetches are int4).
+  REQUIRE(first.size() == 3);
+  CHECK(first[2].precision == Precision::q4);
+  CHECK(first[2].priority == PF);
+  // Nothing is pending when layer 1 routes: the first upgrade, q4 of (0, 1), starts.
+  layer(1, 0, Route(4, {{0, 3}}));
+  const auto after = loads(p->loader());
+  CHECK(std::find(after.begin(), after.end(), Load{{0, 1}, Precision::q4, PF}) != after.end());
+  layer(2, 0, Route(4, {{0, 3}}));  // it has completed: (0, 1) is q4 now; (0, 2)'s starts
+  CHECK(p->cache().entry({0, 1}).precision == Precision::q4);
+  CHECK(p->cache().entry({0, 2}).precision == Precision::q2);
+  // Token 1, layer 0 uses {2, 1}: (0, 2)'s upgrade completed as the layer began routing, so both
+  // are q4 hits now, served from the upgraded slots.
+  const auto& b = p->route(ctx(0, 3, 1), with_hidden(keep, Route(4, {{2, 1}}), {0, 0, 0, 0}));
+  CHECK(b.experts[0].hit);
+  CHECK(b.experts[1].hit);
+  CHECK(b.experts[0].precision == Precision::q4);
+  CHECK(b.experts[1].precision == Precision::q4);
+  for (const WeightView& v : p->resolve(b)) {
+    CHECK(v.bytes.size() == q4);
+    CHECK(std::to_integer<int>(v.bytes[0]) == ManualLoader::pattern(v.key));
+  }
+  p->end_layer(ctx(0, 3, 1));
+  const auto st = p->stats();
+  CHECK(st.upgrades == 2);
+  CHECK(st.bytes_upgraded == 2 * q4);
   p->cache().check_invariants();
 }
 

@@ -21,7 +21,8 @@ constexpr std::uint32_t ranked_E = 8;
 std::vector<OracleCall> ranked_one_expert_calls() {
   std::mt19937 g(4);
   std::vector<OracleCall> calls;
-  for (std::uint32_t i = 0; i < 800; ++i) calls.push_back({i % 2, {static_cast<std::uint32_t>(g() % ranked_E)}});
+  for (std::uint32_t i = 0; i < 800; ++i)
+    calls.push_back({i % 2, {static_cast<std::uint32_t>(g() % ranked_E)}});
   return calls;
 }
 
@@ -64,8 +65,8 @@ TEST_CASE("score-ranked cap: the decode cap does not favour the true experts",
   const auto calls = ranked_one_expert_calls();
   auto bare = ranked_oracle(calls, 1);  // the oracle's own cap: list order, true first
   CHECK(ranked_true_share(bare, calls) == 1.0);
-  ScoreRankedCap<NoisyOraclePredictor> ranked(ranked_oracle(calls, 1000),
-                                              {.max_nonresident = 1, .seed = 3, .n_experts = ranked_E});
+  ScoreRankedCap<NoisyOraclePredictor> ranked(
+      ranked_oracle(calls, 1000), {.max_nonresident = 1, .seed = 3, .n_experts = ranked_E});
   const double share = ranked_true_share(ranked, calls);
   CHECK(share > 0.15);  // 1 of 4 predictions is true: 0.25 expected, 400 draws
   CHECK(share < 0.35);

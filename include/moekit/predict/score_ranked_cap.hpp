@@ -4,13 +4,13 @@
 ///
 /// Fate's decode moves at most n = floor(T / t_expert) non-resident candidates per layer, in
 /// descending predicted score (fate.md §2.2, A3). A stand-in predictor built from the true routing
-/// (NoisyOraclePredictor) lists its true picks before its wrong ones, so a cap applied in list order
-/// spends itself on the true experts first, which no real predictor can. This wrapper gives every
-/// prediction of a layer a score that ignores whether it is true (a hash of the seed, the predict
-/// call and the expert: uniform in [0, 1)), orders each predicted layer by it (descending), and
-/// applies the cap in that order. Resident predictions are always passed on (they cost nothing).
-/// The score replaces `Prefetch::confidence`. Outside decode the cap does not apply and the inner
-/// predictions pass unchanged.
+/// (NoisyOraclePredictor) lists its true picks before its wrong ones, so a cap applied in list
+/// order spends itself on the true experts first, which no real predictor can. This wrapper gives
+/// every prediction of a layer a score that ignores whether it is true (a hash of the seed, the
+/// predict call and the expert: uniform in [0, 1)), orders each predicted layer by it (descending),
+/// and applies the cap in that order. Resident predictions are always passed on (they cost
+/// nothing). The score replaces `Prefetch::confidence`. Outside decode the cap does not apply and
+/// the inner predictions pass unchanged.
 ///
 /// The uniform score is a stated stand-in: the real gate ranks its true experts higher than its
 /// wrong ones on average (Fate's top-k recall 78.8 % vs 97.2 % for the 75th-percentile set), so
@@ -93,8 +93,8 @@ class ScoreRankedCap {
   }
   // Uniform in [0, 1): a hash of (seed, call, expert); the truth is not an input.
   [[nodiscard]] double score(ExpertKey k) const noexcept {
-    const std::uint64_t h =
-        mix(mix(mix(cfg_.seed ^ 0x73636f7265ull) ^ calls_) ^ (std::uint64_t{k.layer} << 32 | k.expert));
+    const std::uint64_t h = mix(mix(mix(cfg_.seed ^ 0x73636f7265ull) ^ calls_) ^
+                                (std::uint64_t{k.layer} << 32 | k.expert));
     return double(h >> 11) * 0x1.0p-53;
   }
 

@@ -24,7 +24,7 @@ struct FateSpec : PresetDefaults {
   static constexpr std::string_view summary =
       "Fate: cross-layer gate prefetch (--fate-percentile), shallow-favoring ARC "
       "(--shallow-layers), prefill's least popular --fate-low-fraction at --low-precision";
-  static constexpr PresetNeeds needs{.routers = true};
+  static constexpr PresetNeeds needs{.routers = true, .decode_timing = true};
 
   using Cache = ShallowFavoring<ArcPolicy>;
   template <class Loader>
@@ -34,10 +34,13 @@ struct FateSpec : PresetDefaults {
   /// The predictor moves what the scorer asks for: its decode and prefill precisions and its
   /// low-precision share are the scorer's. The cache is sized at the decode precision.
   struct Config {
-    PopularityScorer::Config scorer{};
+    /// Decode misses (wrong prefetches) load at int2 (Fate §5.3) and are upgraded to int4 later.
+    PopularityScorer::Config scorer{.on_demand_precision = Precision::q2};
     double percentile = CrossLayerGatePredictor::Config{}.percentile;
-    double budget_time = 0;  ///< decode prefetch cap n = floor(budget_time / expert_time)
-    double expert_time = 0;  ///< (<= 0: no cap)
+    /// Decode prefetch cap n = floor(budget_time / expert_time); expert_time <= 0: taken from
+    /// the inputs' measured `layer_seconds` / `expert_load_seconds` when given, else no cap.
+    double budget_time = 0;
+    double expert_time = 0;
     Cache::Config cache{};
     /// Prefetch staging slots, taken from the budget (0: one per expert of a layer, the spec's
     /// max(E, n) since n <= E). Prefetches wait there, outside the ARC caches.
@@ -49,7 +52,8 @@ struct FateSpec : PresetDefaults {
     return {.scorer = {.int2_fraction = q.fate_low_fraction,
                        .high = base,
                        .low = low,
-                       .decode_precision = base},
+                       .decode_precision = base,
+                       .on_demand_precision = low},
             .percentile = q.fate_percentile,
             .cache = {.shallow_layers = std::min(q.shallow_layers, s.n_layers)}};
   }
@@ -66,28 +70,34 @@ struct FateSpec : PresetDefaults {
     pc.sizing_precision = c.scorer.decode_precision;
     return pc;
   }
-  /// The same, and prefetches staged outside the cache in `staging_slots` slots of the budget.
+  /// The same, prefetches staged outside the cache in `staging_slots` slots of the budget, and
+  /// on-demand copies below the decode precision upgraded to it in the background.
   static PipelineConfig pipeline_config(const ModelShape& s, PipelineConfig pc, const Config& c) {
     pc = pipeline_config(pc, c);
     pc.prefetch_staging_slots = c.staging_slots ? c.staging_slots : s.n_experts;
+    const Precision od = c.scorer.on_demand_precision;
+    if (od != Precision::skip && bits(od) < bits(c.scorer.decode_precision))
+      pc.upgrade_precision = c.scorer.decode_precision;  // low on-demand copies: lazy upgrade
     return pc;
   }
   static PopularityScorer scorer(const Config& c) { return PopularityScorer(c.scorer); }
   static Cache cache(const Config& c) { return Cache(c.cache); }
   static CrossLayerGatePredictor predictor(const ModelShape& s, const Config& c,
                                            const PresetInputs& in) {
-    return CrossLayerGatePredictor({.router_weights = in.routers,
-                                    .n_layers = s.n_layers,
-                                    .n_experts = s.n_experts,
-                                    .hidden = router_width(name, s, in),
-                                    .top_k = s.top_k,
-                                    .percentile = c.percentile,
-                                    .budget_time = c.budget_time,
-                                    .expert_time = c.expert_time,
-                                    .decode_precision = c.scorer.decode_precision,
-                                    .int2_fraction = c.scorer.int2_fraction,
-                                    .prefill_high = c.scorer.high,
-                                    .prefill_low = c.scorer.low});
+    const bool measured = !(c.expert_time > 0) && in.expert_load_seconds > 0;
+    return CrossLayerGatePredictor(
+        {.router_weights = in.routers,
+         .n_layers = s.n_layers,
+         .n_experts = s.n_experts,
+         .hidden = router_width(name, s, in),
+         .top_k = s.top_k,
+         .percentile = c.percentile,
+         .budget_time = measured ? in.layer_seconds : c.budget_time,
+         .expert_time = measured ? in.expert_load_seconds : c.expert_time,
+         .decode_precision = c.scorer.decode_precision,
+         .int2_fraction = c.scorer.int2_fraction,
+         .prefill_high = c.scorer.high,
+         .prefill_low = c.scorer.low});
   }
 
   template <class Loader>
