@@ -779,15 +779,17 @@ class OffloadPipeline {
     if (upgrade_.below_target(p.precision)) upgrade_.request(p.key);
   }
 
-  // Staged prefetches for `layer` it does not need (`truth_` unmarked), and any for earlier layers,
-  // are freed: withdrawn if queued, else freed now or, while loading, once complete. `none_layer`
-  // frees every waiting one (a new sequence).
+  // Staged prefetches for `layer` it does not need (`truth_` unmarked), any for earlier layers and,
+  // at layer 0 (a new forward), any left from the last forward are freed: withdrawn if queued, else
+  // freed now or, while loading, once complete. `none_layer` frees every waiting one (a new
+  // sequence).
   void free_unused_staged(std::uint32_t layer) {
     for (std::size_t i = 0; i < staging_.capacity(); ++i) {
       PrefetchStaging::Slot& s = staging_[i];
       if (s.state != PrefetchStaging::State::waiting) continue;
       const bool stale = layer == none_layer || s.key.layer < layer ||
-                         (s.key.layer == layer && !truth_[s.key.expert]);
+                         (s.key.layer == layer && !truth_[s.key.expert]) ||
+                         (layer == 0 && s.key.layer > 0);
       if (!stale) continue;
       if (s.ticket.valid() && loader_.cancel(s.ticket)) {
         stats_.bytes_prefetched -= s.bytes;
