@@ -4,6 +4,8 @@
 /// ready-first scheduling.
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string_view>
 #include <utility>
@@ -43,7 +45,8 @@ struct FateSpec : PresetDefaults {
     double expert_time = 0;
     Cache::Config cache{};
     /// Prefetch staging slots, taken from the budget (0: one per expert of a layer, the spec's
-    /// max(E, n) since n <= E). Prefetches wait there, outside the ARC caches.
+    /// max(E, n) since n <= E), at most half the budget's slots. Prefetches wait there, outside
+    /// the ARC caches.
     std::uint32_t staging_slots = 0;
   };
 
@@ -74,7 +77,11 @@ struct FateSpec : PresetDefaults {
   /// on-demand copies below the decode precision upgraded to it in the background.
   static PipelineConfig pipeline_config(const ModelShape& s, PipelineConfig pc, const Config& c) {
     pc = pipeline_config(pc, c);
-    pc.prefetch_staging_slots = c.staging_slots ? c.staging_slots : s.n_experts;
+    // At most half the budget's slots, so that the cache keeps the other half (the minimum
+    // budget, top_k experts, still runs).
+    const std::size_t slots = pc.expert_budget_bytes / s.expert_bytes(pc.sizing_precision);
+    pc.prefetch_staging_slots = static_cast<std::uint32_t>(std::min<std::size_t>(
+        c.staging_slots ? c.staging_slots : s.n_experts, std::max<std::size_t>(1, slots / 2)));
     const Precision od = c.scorer.on_demand_precision;
     if (od != Precision::skip && bits(od) < bits(c.scorer.decode_precision))
       pc.upgrade_precision = c.scorer.decode_precision;  // low on-demand copies: lazy upgrade
