@@ -9,12 +9,16 @@
 // expert resident (no reads), the other bound; "serial bound" = 1 / (1/compute + 1/I/O), the rate
 // with no overlap of reads and compute (a fraction above 1 means reads overlapped compute).
 // Fiddler's CPU-executed misses read expert bytes
-// through a mapping of the store (page cache), not counted as loads — noted in its row.
+// through a mapping of the store (page cache), not counted as loads — noted in its row. Bytes read
+// per token are split into prefetched and on-demand loads (the pipeline's own attribution); Fate's
+// decode prefetch cap n = floor(T / t_expert) is measured here as moe-run measures it
+// (engine/decode_timing.hpp) and shown in its row.
 //
 //   moekit_bench_decode_offload [model_dir] [decode_tokens]     (default: the tiny model, 48)
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -28,6 +32,7 @@
 // moe-run's components (quoted includes resolve inside examples/moe-run).
 #include "moekit/engine/calibration.hpp"
 #include "moekit/engine/config.hpp"
+#include "moekit/engine/decode_timing.hpp"
 #include "moekit/engine/expert_source.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
@@ -65,7 +70,7 @@ double measure_bandwidth(const ExpertBacking& b, const moekit::ModelShape& s, mo
 
 struct Row {
   std::string preset;
-  double tok_s = 0, bytes_per_token = 0, hit_rate = 0;
+  double tok_s = 0, bytes_per_token = 0, prefetch_per_token = 0, hit_rate = 0;
   std::uint64_t host_cpu_runs = 0, fallbacks = 0;
 };
 
@@ -123,6 +128,7 @@ int main(int argc, char** argv) try {
       r.preset = preset.name;
       r.tok_s = steps / t;
       r.bytes_per_token = double(after.bytes_loaded() - before.bytes_loaded()) / steps;
+      r.prefetch_per_token = double(after.bytes_prefetched - before.bytes_prefetched) / steps;
       const auto h = after.hits - before.hits, m = after.misses - before.misses;
       r.hit_rate = h + m ? double(h) / double(h + m) : 0.0;
       r.host_cpu_runs = after.host_cpu_runs - before.host_cpu_runs;
@@ -135,8 +141,27 @@ int main(int argc, char** argv) try {
                                  OffloadSettings{0, p}, PresetInputs{});
   std::printf("compute bound (every expert resident, no reads): %.1f tokens/s\n\n", compute.tok_s);
   std::printf(
-      "| preset | decode tok/s | bytes read / token | I/O bound tok/s | fraction of I/O bound | "
-      "fraction of serial bound | hit rate | notes |\n|---|---|---|---|---|---|---|---|\n");
+      "| preset | decode tok/s | bytes read / token | of which prefetched | I/O bound tok/s | "
+      "fraction of I/O bound | fraction of serial bound | hit rate | notes |\n"
+      "|---|---|---|---|---|---|---|---|---|\n");
+  auto print_row = [&](const std::string& name, const Row& r, const char* timing) {
+    const double io_bound = r.bytes_per_token > 0 ? bw / r.bytes_per_token : 0;
+    char note[128];
+    std::snprintf(note, sizeof note, "%s", timing);
+    if (r.host_cpu_runs)
+      std::snprintf(note, sizeof note, "%llu misses run on the CPU from the mapped store",
+                    static_cast<unsigned long long>(r.host_cpu_runs));
+    if (r.fallbacks)
+      std::snprintf(note, sizeof note, "%llu fallbacks (tokens recomputed)",
+                    static_cast<unsigned long long>(r.fallbacks));
+    if (io_bound > 0)
+      std::printf("| %s | %.1f | %.0f | %.0f | %.1f | %.3f | %.3f | %.1f%% | %s |\n", name.c_str(),
+                  r.tok_s, r.bytes_per_token, r.prefetch_per_token, io_bound, r.tok_s / io_bound,
+                  r.tok_s * (1 / compute.tok_s + 1 / io_bound), 100 * r.hit_rate, note);
+    else
+      std::printf("| %s | %.1f | 0 | 0 | - | - (no reads) | %.3f | %.1f%% | %s |\n", name.c_str(),
+                  r.tok_s, r.tok_s / compute.tok_s, 100 * r.hit_rate, note);
+  };
   const OffloadSettings half{all_resident_budget(s, p) / 2, p};
   for (const PresetEntry& preset : moekit::presets::entries) {
     if (preset.needs.lookahead) continue;  // oracle stand-ins: only under a replayed trace
@@ -154,22 +179,20 @@ int main(int argc, char** argv) try {
       in.cpu_seconds_per_token = l.cpu_seconds_per_token;
       in.copy_seconds = l.copy_seconds;
     }
-    const Row r = decode_run(preset, half, in);
-    const double io_bound = r.bytes_per_token > 0 ? bw / r.bytes_per_token : 0;
     char note[128] = "";
-    if (r.host_cpu_runs)
-      std::snprintf(note, sizeof note, "%llu misses run on the CPU from the mapped store",
-                    static_cast<unsigned long long>(r.host_cpu_runs));
-    if (r.fallbacks)
-      std::snprintf(note, sizeof note, "%llu fallbacks (tokens recomputed)",
-                    static_cast<unsigned long long>(r.fallbacks));
-    if (io_bound > 0)
-      std::printf("| %s | %.1f | %.0f | %.1f | %.3f | %.3f | %.1f%% | %s |\n", name.c_str(),
-                  r.tok_s, r.bytes_per_token, io_bound, r.tok_s / io_bound,
-                  r.tok_s * (1 / compute.tok_s + 1 / io_bound), 100 * r.hit_rate, note);
-    else
-      std::printf("| %s | %.1f | 0 | - | - (no reads) | %.3f | %.1f%% | %s |\n", name.c_str(),
-                  r.tok_s, r.tok_s / compute.tok_s, 100 * r.hit_rate, note);
+    if (needs.decode_timing) {
+      const DecodeTiming t = measure_decode_timing(cfg, w.dense, half, disk, prompt, 8, p, &pool);
+      in.layer_seconds = t.layer_seconds;
+      in.expert_load_seconds = t.expert_load_seconds;
+      std::snprintf(note, sizeof note, "decode cap n = floor(%.3f ms / %.3f ms) = %.0f",
+                    1e3 * t.layer_seconds, 1e3 * t.expert_load_seconds,
+                    std::floor(t.layer_seconds / t.expert_load_seconds));
+    }
+    print_row(name, decode_run(preset, half, in), note);
+    if (needs.decode_timing) {  // the same without the cap: every candidate moves
+      in.layer_seconds = in.expert_load_seconds = 0;
+      print_row(name + " (no decode cap)", decode_run(preset, half, in), "");
+    }
   }
   fs::remove(store_path);
   return 0;

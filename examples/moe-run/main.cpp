@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -27,6 +28,7 @@
 #include "moekit/engine/cli.hpp"
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/conversion_loss.hpp"
+#include "moekit/engine/decode_timing.hpp"
 #include "moekit/engine/expert_source.hpp"
 #include "moekit/engine/gguf_model.hpp"
 #include "moekit/engine/memory_budget.hpp"
@@ -631,6 +633,27 @@ Calibration calibration_run(const Options& o, const ModelConfig& cfg, const Mode
   return c;
 }
 
+// Fate's decode cap n = floor(T / t_expert) from this machine's decode compute per layer (T) and
+// one expert's load at the decode prefetch precision (t_expert); engine/decode_timing.hpp.
+void measure_fate_timing(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
+                         const Tokenizer& tok, const OffloadSettings& settings,
+                         const ExpertBacking& backing, moekit::ThreadPool& pool, PresetInputs& in) {
+  std::vector<Token> prompt = tok.encode(o.prompt, false);
+  if (!o.no_bos && cfg.bos_token_id) prompt.insert(prompt.begin(), *cfg.bos_token_id);
+  if (prompt.empty()) fail("-p: the prompt encodes to no tokens (decode timing run)");
+  const DecodeTiming t = measure_decode_timing(cfg, w.dense, settings, backing, prompt,
+                                               /*decode_tokens=*/8, o.precision, &pool);
+  in.layer_seconds = t.layer_seconds;
+  in.expert_load_seconds = t.expert_load_seconds;
+  if (!o.json)
+    std::fprintf(stderr,
+                 "fate: measured T = %.3f ms of decode compute per layer (median of %zu), "
+                 "t_expert = %.3f ms per %s expert load: decode prefetch cap n = %.0f\n",
+                 1e3 * t.layer_seconds, t.layer_samples, 1e3 * t.expert_load_seconds,
+                 std::string(moekit::name(o.precision)).c_str(),
+                 std::floor(t.layer_seconds / t.expert_load_seconds));
+}
+
 // Router weights, calibration routing and measured latencies, for the presets that need them.
 PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const ModelConfig& cfg,
                            const ModelWeights& w, const Tokenizer& tok,
@@ -651,6 +674,7 @@ PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const Mo
   if (needs.bitwidths) in.bitwidths = bitwidth_table(shape, settings);
   if (preset.needs.lookahead && setup.replay)  // not owned: the replay outlives the pipeline
     in.lookahead = std::shared_ptr<moekit::RoutingLookahead>(std::shared_ptr<void>{}, setup.replay);
+  if (needs.decode_timing) measure_fate_timing(o, cfg, w, tok, settings, backing, pool, in);
   in.cpu_seconds_per_token = o.preset_params.cpu_seconds_per_token;
   in.copy_seconds = o.preset_params.copy_seconds;
   if (needs.latencies) {

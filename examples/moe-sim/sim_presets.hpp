@@ -47,6 +47,7 @@
 #include "moekit/pipeline.hpp"
 #include "moekit/predict/noisy_oracle.hpp"
 #include "moekit/predict/none.hpp"
+#include "moekit/predict/score_ranked_cap.hpp"
 #include "moekit/presets/registry.hpp"
 #include "moekit/sched/on_demand.hpp"
 #include "moekit/score/uniform.hpp"
@@ -354,27 +355,34 @@ inline PresetResult run_fate(const RunParams& rp, const moekit::sim::RoutingTrac
                              gate_inputs(rp, tr));
     return {sim::replay(*p, tr, rp.compute), "fate (cross-layer gate, " + cap_text + ")", ""};
   }
-  ScoredScript s = scored_script(tr, FateSpec::scorer(cfg));
+  // The stand-in prefetches at the decode precision: the script's precisions ignore the on-demand
+  // one (a miss's load precision).
+  FateSpec::Config script_cfg = cfg;
+  script_cfg.scorer.on_demand_precision = Precision::skip;
+  ScoredScript s = scored_script(tr, FateSpec::scorer(script_cfg));
   // The percentile rule predicts ceil((1 - percentile)·E) experts per layer: pad to that many.
   const auto set =
       static_cast<std::uint32_t>(std::ceil((1.0 - cfg.percentile) * rp.shape.n_experts));
-  OffloadPipeline<PopularityScorer, NoisyOraclePredictor, FateSpec::Cache, sim::SimLoader,
-                  ReadyFirstScheduler>
-      p(rp.shape, FateSpec::pipeline_config(rp.config, cfg), sim::SimLoader(rp.shape, rp.link),
-        FateSpec::scorer(cfg),
-        NoisyOraclePredictor({.calls = std::move(s.calls),
-                              .precisions = std::move(s.precisions),
-                              .recall = rp.fate_recall,
-                              .seed = rp.seed,
-                              .distance = 1,
-                              .set_size = set,
-                              .n_experts = rp.shape.n_experts,
-                              .max_nonresident = cap,
-                              .precision = cfg.scorer.decode_precision}),
+  // The cap is spent in the order of a score blind to which predictions are true (the oracle lists
+  // its true picks first).
+  using StandIn = ScoreRankedCap<NoisyOraclePredictor>;
+  OffloadPipeline<PopularityScorer, StandIn, FateSpec::Cache, sim::SimLoader, ReadyFirstScheduler>
+      p(rp.shape, FateSpec::pipeline_config(rp.shape, rp.config, cfg),
+        sim::SimLoader(rp.shape, rp.link), FateSpec::scorer(cfg),
+        StandIn(NoisyOraclePredictor({.calls = std::move(s.calls),
+                                      .precisions = std::move(s.precisions),
+                                      .recall = rp.fate_recall,
+                                      .seed = rp.seed,
+                                      .distance = 1,
+                                      .set_size = set,
+                                      .n_experts = rp.shape.n_experts,
+                                      .precision = cfg.scorer.decode_precision}),
+                {.max_nonresident = cap, .seed = rp.seed, .n_experts = rp.shape.n_experts}),
         FateSpec::cache(cfg), ReadyFirstScheduler{});
   return {sim::replay(p, tr, rp.compute),
           "fate (noisy-oracle predictor, recall " + fmt_num(rp.fate_recall, 4) + ", " +
-              std::to_string(set) + " predicted per layer, " + cap_text + ")",
+              std::to_string(set) + " predicted per layer, ranked by a score blind to the truth, " +
+              cap_text + ")",
           "cross-layer gate not run: " + gap};
 }
 
@@ -569,7 +577,8 @@ inline PresetResult run_belady_cost_hobbit(const RunParams& rp,
 }
 inline PresetResult run_belady_cost_fate(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using moekit::presets::FateSpec;
-  const FateSpec::Config cfg;
+  FateSpec::Config cfg;
+  cfg.scorer.on_demand_precision = moekit::Precision::skip;  // transfer precisions only, no upgrade
   return run_cost_aware(rp, tr, FateSpec::scorer(cfg), FateSpec::pipeline_config(rp.config, cfg),
                         "cost-aware belady with Fate's precisions (q4, prefill tail q2)");
 }

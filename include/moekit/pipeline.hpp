@@ -31,6 +31,8 @@
 
 #include "moekit/cache/expert_arena.hpp"
 #include "moekit/cache/expert_cache.hpp"
+#include "moekit/cache/lazy_upgrade.hpp"
+#include "moekit/cache/prefetch_staging.hpp"
 #include "moekit/core/concepts.hpp"
 #include "moekit/core/gate_view.hpp"
 #include "moekit/core/hooks.hpp"
@@ -58,6 +60,14 @@ struct PipelineConfig {
   std::uint32_t max_prefetch_distance = max_prediction_distance;
   /// A `skip` from the scorer drops only misses by default; true drops resident experts too.
   bool skip_even_if_resident = false;
+  /// > 0: prefetches wait in this many staging slots outside the cache (Fate; see
+  /// cache/prefetch_staging.hpp), whose bytes at `sizing_precision` come out of
+  /// `expert_budget_bytes`; the cache never sees a prefetch. 0: prefetches enter the cache.
+  std::uint32_t prefetch_staging_slots = 0;
+  /// Not `skip`: a demand admitted to the cache below this precision is re-fetched at it in the
+  /// background, once no other load is pending, and replaced in place (Fate's lazy int2 → int4;
+  /// cache/lazy_upgrade.hpp). `skip`: no upgrades.
+  Precision upgrade_precision = Precision::skip;
 };
 
 /// Precision and recall of prefetches, per distance (layers ahead).
@@ -92,6 +102,11 @@ struct PipelineStats {
   std::uint64_t prefetches_redundant = 0;  ///< predicted, already resident
   std::uint64_t prefetches_dropped = 0;    ///< no room, or outside the model / distance limit
   std::uint64_t prefetches_cancelled = 0;
+  std::uint64_t prefetches_unused = 0;     ///< staged, not asked for, load not withdrawn in time
+  std::uint64_t staged_prefetch_hits = 0;  ///< demands served from prefetch staging
+  std::uint64_t upgrades = 0;              ///< cache entries raised to `upgrade_precision`
+  std::uint64_t upgrades_dropped = 0;      ///< re-fetched, but the entry could not take it
+  std::uint64_t bytes_upgraded = 0;        ///< bytes of the re-fetches
   std::uint64_t bytes_demand_loaded = 0;
   std::uint64_t bytes_prefetched = 0;
   std::uint64_t bytes_preloaded = 0;  ///< start-up placement (`preload`)
@@ -109,7 +124,7 @@ struct PipelineStats {
     return n ? double(hits) / double(n) : 0.0;
   }
   [[nodiscard]] std::uint64_t bytes_loaded() const noexcept {
-    return bytes_demand_loaded + bytes_prefetched;
+    return bytes_demand_loaded + bytes_prefetched + bytes_upgraded;
   }
 };
 
@@ -155,13 +170,19 @@ class OffloadPipeline {
                   TokenPolicyT token_policy = TokenPolicyT{})
       : shape_(validated(shape, config)),
         cfg_(normalised(config, shape)),
-        cache_(shape_, cfg_.expert_budget_bytes, cfg_.sizing_precision, std::move(policy),
-               make_arena(shape_, cfg_)),
+        cache_(shape_, cfg_.expert_budget_bytes - staging_bytes(shape_, cfg_),
+               cfg_.sizing_precision, std::move(policy), make_arena(shape_, cfg_)),
         scorer_(std::move(scorer)),
         predictor_(std::move(predictor)),
         loader_(std::move(loader)),
         scheduler_(std::move(scheduler)),
-        token_policy_(std::move(token_policy)) {
+        token_policy_(std::move(token_policy)),
+        staging_(cfg_.prefetch_staging_slots,
+                 static_cast<std::uint32_t>(shape_.expert_count() + cfg_.staging_slots)),
+        upgrade_(cfg_.upgrade_precision,
+                 static_cast<std::uint32_t>(shape_.expert_count() + cfg_.staging_slots +
+                                            cfg_.prefetch_staging_slots),
+                 cfg_.upgrade_precision == Precision::skip ? 0 : shape_.expert_count()) {
     const std::size_t E = shape_.n_experts;
     const std::size_t N = shape_.expert_count();
     demand_slot_.assign(E, -1);
@@ -193,6 +214,7 @@ class OffloadPipeline {
     call_begin_sequence(scheduler_);
     call_begin_sequence(token_policy_);
     for (std::uint32_t l = 0; l < shape_.n_layers; ++l) release_soft_pins(l);
+    free_unused_staged(none_layer);
     for (auto& p : predicted_) std::fill(p.begin(), p.end(), std::uint8_t{0});
     for (auto& p : pending_predictions_) std::fill(p.begin(), p.end(), 0u);
   }
@@ -236,6 +258,7 @@ class OffloadPipeline {
     for (const ExpertDemand& d : demands_) truth_[d.expert] = 1;  // read by the next two steps
     score_predictions(ctx.layer);
     cancel_stale_prefetches(ctx.layer);
+    free_unused_staged(ctx.layer);
     for (const ExpertDemand& d : demands_) truth_[d.expert] = 0;
 
     plan_.clear();
@@ -313,6 +336,7 @@ class OffloadPipeline {
       }
     }
     release_soft_pins(ctx.layer);
+    release_served_staging(ctx.layer);
   }
 
   /// The token's forward is complete; `output_logits` are the model's output for it. On
@@ -391,8 +415,23 @@ class OffloadPipeline {
   static ExpertArena make_arena(const ModelShape& shape, const PipelineConfig& cfg) {
     if constexpr (!keeps_bytes) return ExpertArena{};
     const std::size_t max_bytes = shape.expert_bytes(cfg.base_precision);
-    return ExpertArena(shape.expert_count() + cfg.staging_slots,
-                       cfg.expert_budget_bytes + cfg.staging_slots * max_bytes + max_bytes);
+    const std::size_t transient = std::size_t{cfg.staging_slots} + cfg.prefetch_staging_slots +
+                                  (cfg.upgrade_precision != Precision::skip);
+    return ExpertArena(shape.expert_count() + transient,
+                       cfg.expert_budget_bytes + transient * max_bytes + max_bytes);
+  }
+  // The budget's share held by prefetch staging (the cache gets the rest).
+  static std::size_t staging_bytes(const ModelShape& shape, const PipelineConfig& cfg) {
+    const std::size_t b =
+        std::size_t{cfg.prefetch_staging_slots} * shape.expert_bytes(cfg.sizing_precision);
+    if (b > cfg.expert_budget_bytes)
+      detail::fail(
+          ErrorKind::invalid_argument,
+          "PipelineConfig.prefetch_staging_slots: " + std::to_string(cfg.prefetch_staging_slots) +
+              " slots of " + std::to_string(shape.expert_bytes(cfg.sizing_precision)) +
+              " bytes exceed the expert budget of " + std::to_string(cfg.expert_budget_bytes) +
+              " bytes");
+    return b;
   }
   [[nodiscard]] std::size_t prefetch_capacity() const noexcept {
     return std::size_t{shape_.n_experts} * (cfg_.max_prefetch_distance + 1) +
@@ -412,7 +451,9 @@ class OffloadPipeline {
 
   static bool resident_fn(const void* self, ExpertKey key, Precision want) noexcept {
     const auto* p = static_cast<const OffloadPipeline*>(self);
-    return p->shape_.contains(key) && p->cache_.resident_at(key, want);
+    if (!p->shape_.contains(key)) return false;
+    return p->cache_.resident_at(key, want) ||
+           (p->staging_.enabled() && p->staging_.find(key, want) != PrefetchStaging::none);
   }
 
   // Unique experts of the layer call, with token counts and weights, in first-seen order.
@@ -473,6 +514,8 @@ class OffloadPipeline {
                     cache_.access(skip ? p.precision : precisions_[i], ctx.layer, d.n_tokens));
       cache_.pin_hard(p.key);
       ++stats_.hits;
+    } else if (staging_.enabled()) {
+      serve_from_staging(ctx, p, want);
     }
     return p;
   }
@@ -484,6 +527,7 @@ class OffloadPipeline {
       p.slot = r.slot;
       p.ticket = start_load(p.key, p.precision, LoadPriority::on_demand, r.slot);
       cache_.pin_hard(p.key);  // layer pin (released by end_layer)
+      if (upgrade_.below_target(p.precision)) upgrade_.request(p.key);
     } else {
       if (staging_used_ >= cfg_.staging_slots)
         detail::fail(ErrorKind::invalid_argument,
@@ -542,6 +586,10 @@ class OffloadPipeline {
         soft_pin(pf.key);
         continue;
       }
+      if (staging_.enabled()) {
+        stage_prefetch(pf);
+        continue;
+      }
       if (cache_.pinned(pf.key)) {  // a lower-precision copy is in use: do not replace it
         ++stats_.prefetches_dropped;
         continue;
@@ -589,6 +637,52 @@ class OffloadPipeline {
       in_flight_[w++] = f;
     }
     in_flight_.resize(w);
+    for (std::size_t i = 0; i < staging_.capacity(); ++i) {
+      const PrefetchStaging::Slot& s = staging_[i];
+      if (s.state != PrefetchStaging::State::orphan) continue;
+      if (!wait_all && !loader_.poll(s.ticket)) continue;
+      loader_.wait(s.ticket);
+      free_staging_slot(i);
+    }
+    advance_upgrades(wait_all);
+  }
+
+  // Lazy upgrades (cfg_.upgrade_precision): a finished re-fetch replaces its entry's copy in place
+  // (its buffer handed to the entry's slot); the next starts only while no other load is pending.
+  void advance_upgrades(bool wait_all) {
+    if (!upgrade_.enabled()) return;
+    if (upgrade_.busy()) {
+      if (!wait_all && !loader_.poll(upgrade_.ticket())) return;
+      loader_.wait(upgrade_.ticket());
+      upgrade_.finish();
+      const ExpertKey k = upgrade_.key();
+      const std::uint32_t slot = cache_.entry(k).slot;
+      if (cache_.upgrade(k, cache_.access(upgrade_.target(), k.layer))) {
+        if constexpr (keeps_bytes) cache_.arena().swap(slot, upgrade_.slot());
+        ++stats_.upgrades;
+      } else {
+        ++stats_.upgrades_dropped;
+      }
+      if constexpr (keeps_bytes) cache_.arena().release(upgrade_.slot());
+    }
+    if (wait_all || !in_flight_.empty() || staging_loading()) return;  // the link is busy
+    while (const auto k = upgrade_.next()) {
+      const auto& e = cache_.entry(*k);
+      if (!e.resident() || !upgrade_.below_target(e.precision) || e.loading) continue;
+      const std::size_t bytes = bytes_of(upgrade_.target());
+      upgrade_.start(*k,
+                     submit(*k, upgrade_.target(), LoadPriority::prefetch, upgrade_.slot(), bytes));
+      stats_.bytes_upgraded += bytes;
+      return;
+    }
+  }
+  [[nodiscard]] bool staging_loading() {
+    for (std::size_t i = 0; i < staging_.capacity(); ++i) {
+      const PrefetchStaging::Slot& s = staging_[i];
+      if (s.state != PrefetchStaging::State::free && s.ticket.valid() && !loader_.poll(s.ticket))
+        return true;
+    }
+    return false;
   }
 
   // Queued prefetches for this layer that it does not need (`truth_` unmarked) and no one uses
@@ -610,6 +704,101 @@ class OffloadPipeline {
     in_flight_.resize(w);
   }
 
+  // ---- prefetch staging (cfg_.prefetch_staging_slots > 0; cache/prefetch_staging.hpp) ----------
+  // A prefetch waits in a free staging slot (dropped when none is free); the cache is not touched.
+  void stage_prefetch(const Prefetch& pf) {
+    if (staging_.find(pf.key, pf.precision) != PrefetchStaging::none) {
+      ++stats_.prefetches_redundant;
+      return;
+    }
+    const std::size_t i = staging_.free_slot();
+    if (i == PrefetchStaging::none) {
+      ++stats_.prefetches_dropped;
+      return;
+    }
+    const std::size_t bytes = bytes_of(pf.precision);
+    const LoadTicket t =
+        submit(pf.key, pf.precision, LoadPriority::prefetch, staging_.slot_id(i), bytes);
+    staging_.stage(i, pf.key, pf.precision, t, bytes);
+    ++stats_.prefetches_issued;
+    stats_.bytes_prefetched += bytes;
+    plan_.prefetches.push_back(pf);
+  }
+
+  // A demand not in the cache that waits in staging is a hit: it is admitted to the cache as a
+  // demand miss would be (the policy sees a demand), its buffer handed to the cache slot; when the
+  // cache cannot admit it (no slot in its layer, or all pinned) it serves from staging.
+  void serve_from_staging(const LayerContext& ctx, ExpertPlan& p, Precision want) {
+    const std::size_t i = staging_.find(p.key, want);
+    if (i == PrefetchStaging::none) return;
+    PrefetchStaging::Slot& s = staging_[i];
+    if (s.ticket.valid() && loader_.poll(s.ticket)) {
+      loader_.wait(s.ticket);  // complete: rethrows the load's error, if any
+      s.ticket = {};
+    }
+    p.hit = true;
+    p.precision = s.precision;
+    p.ticket = s.ticket;
+    p.in_flight = s.ticket.valid();
+    stats_.late_prefetches += p.in_flight;
+    ++stats_.hits;
+    ++stats_.staged_prefetch_hits;
+    const auto r = cache_.insert(p.key, cache_.access(s.precision, ctx.layer, p.n_tokens));
+    if (!r.ok()) {
+      p.slot = staging_.slot_id(i);
+      s.state = PrefetchStaging::State::serving;
+      return;
+    }
+    if constexpr (keeps_bytes) cache_.arena().swap(r.slot, staging_.slot_id(i));
+    if (s.ticket.valid()) {
+      cache_.mark_loading(p.key, s.ticket);
+      in_flight_.push_back({p.key, s.ticket});
+    }
+    cache_.pin_hard(p.key);
+    p.slot = r.slot;
+    staging_.free(i);
+    if (upgrade_.below_target(p.precision)) upgrade_.request(p.key);
+  }
+
+  // Staged prefetches for `layer` it does not need (`truth_` unmarked), any for earlier layers and,
+  // at layer 0 (a new forward), any left from the last forward are freed: withdrawn if queued, else
+  // freed now or, while loading, once complete. `none_layer` frees every waiting one (a new
+  // sequence).
+  void free_unused_staged(std::uint32_t layer) {
+    for (std::size_t i = 0; i < staging_.capacity(); ++i) {
+      PrefetchStaging::Slot& s = staging_[i];
+      if (s.state != PrefetchStaging::State::waiting) continue;
+      const bool stale = layer == none_layer || s.key.layer < layer ||
+                         (s.key.layer == layer && !truth_[s.key.expert]) ||
+                         (layer == 0 && s.key.layer > 0);
+      if (!stale) continue;
+      if (s.ticket.valid() && loader_.cancel(s.ticket)) {
+        stats_.bytes_prefetched -= s.bytes;
+        ++stats_.prefetches_cancelled;
+        free_staging_slot(i);
+        continue;
+      }
+      ++stats_.prefetches_unused;
+      if (s.ticket.valid() && !loader_.poll(s.ticket)) {
+        s.state = PrefetchStaging::State::orphan;  // collect_completed_loads frees it
+        continue;
+      }
+      if (s.ticket.valid()) loader_.wait(s.ticket);
+      free_staging_slot(i);
+    }
+  }
+
+  // The layer's experts served from staging have run (resolve waited for their loads).
+  void release_served_staging(std::uint32_t layer) noexcept {
+    for (std::size_t i = 0; i < staging_.capacity(); ++i)
+      if (staging_[i].state == PrefetchStaging::State::serving && staging_[i].key.layer == layer)
+        free_staging_slot(i);
+  }
+  void free_staging_slot(std::size_t i) noexcept {
+    if constexpr (keeps_bytes) cache_.arena().release(staging_.slot_id(i));
+    staging_.free(i);
+  }
+
   ModelShape shape_;
   PipelineConfig cfg_;
   // Declared before the loader so that the cache's arena is destroyed after it: the loader's
@@ -622,6 +811,8 @@ class OffloadPipeline {
   LoaderT loader_;
   [[no_unique_address]] SchedulerT scheduler_;
   [[no_unique_address]] TokenPolicyT token_policy_;
+  PrefetchStaging staging_;  // empty unless cfg_.prefetch_staging_slots > 0
+  LazyUpgrade upgrade_;      // disabled unless cfg_.upgrade_precision is a format
 
   PipelineStats stats_{};
   LayerPlan plan_;

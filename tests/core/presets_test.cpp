@@ -2,6 +2,7 @@
 // plans — which experts load at which precision, which are evicted, which are prefetched.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -230,6 +231,159 @@ TEST_CASE(
   p.end_layer(ctx(1, 3));
   CHECK(p.stats().staged == 1);
   p.cache().check_invariants();
+}
+
+// Fate's preset pipeline over `budget` bytes, shallow layers `L`, `staging` prefetch staging slots.
+std::unique_ptr<presets::Fate<ManualLoader>> fate_pipeline(std::size_t budget, std::uint32_t L,
+                                                           std::uint32_t staging) {
+  presets::PresetParams q;
+  q.shallow_layers = L;
+  auto c = presets::FateSpec::configure(shape, Precision::q4, q);
+  c.staging_slots = staging;
+  presets::PresetInputs in;
+  in.routers = identity_routers;
+  return presets::FateSpec::build(shape,
+                                  {.expert_budget_bytes = budget, .base_precision = Precision::q4},
+                                  ManualLoader{}, c, in);
+}
+
+TEST_CASE("presets::Fate: a prefetch for a layer with no cache slot is served from staging",
+          "[preset][fate][staging]") {
+  // 6 q4 experts: 2 staging slots, the cache the other 4, all in shallow layer 0: layers 1 and 2
+  // have no slot. (Before staging, a prefetch into such a layer was dropped.)
+  auto p = fate_pipeline(6 * q4, 1, 2);
+  CHECK(p->cache().policy().layer_slots() == std::vector<std::uint32_t>{4, 0, 0});
+  Route keep(4, {{0}});
+  // Layer 0's gate input [0, 5, 0, 4] predicts layer 1's expert 1 (above the 75th percentile).
+  const auto& a = p->route(ctx(0, 3), with_hidden(keep, Route(4, {{1, 2}}), {0, 5, 0, 4}));
+  REQUIRE(a.prefetches.size() == 1);
+  CHECK(a.prefetches[0].key == ExpertKey{1, 1});
+  CHECK_FALSE(p->cache().resident({1, 1}));  // it waits outside the cache
+  p->resolve(a);
+  p->end_layer(ctx(0, 3));
+  const auto& b = p->route(ctx(1, 3), with_hidden(keep, Route(4, {{1, 0}}), {0, 0, 0, 0}));
+  REQUIRE(b.experts.size() == 2);
+  CHECK(b.experts[0].key == ExpertKey{1, 1});
+  CHECK(b.experts[0].hit);  // served from staging
+  CHECK_FALSE(b.experts[1].hit);
+  const auto views = p->resolve(b);
+  CHECK(std::to_integer<int>(views[0].bytes[0]) == ManualLoader::pattern({1, 1}));
+  p->end_layer(ctx(1, 3));
+  const auto st = p->stats();
+  CHECK(st.prefetches_dropped == 0);
+  CHECK(st.hits == 1);
+  CHECK(st.staged_prefetch_hits == 1);
+  // (1, 1) and layer 1's guess for layer 2, (2, 0): attributed to prefetching.
+  CHECK(st.bytes_prefetched == 2 * q4);
+  CHECK(st.bytes_demand_loaded == 3 * q4);  // layer 0's two and layer 1's expert 0
+  CHECK_FALSE(p->cache().resident({1, 1}));
+  p->cache().check_invariants();
+}
+
+TEST_CASE("presets::Fate: prefetches do not churn the cache; ARC admits only used ones",
+          "[preset][fate][staging]") {
+  // 7 q4 experts, 2 staging slots, no shallow layer: 5 cache slots over 3 layers = 2, 2, 1 (the
+  // floor remainder to the first layers), so layer 2 holds one expert.
+  auto p = fate_pipeline(7 * q4, 0, 2);
+  REQUIRE(p->cache().policy().layer_slots() == std::vector<std::uint32_t>{2, 2, 1});
+  const ArcPolicy& arc = p->cache().policy().inner();
+  Route keep(4, {{0}});
+  auto layer = [&](std::uint32_t l, std::uint64_t t, Route r, std::vector<float> hidden) {
+    const auto& plan = p->route(ctx(l, 3, t), with_hidden(keep, std::move(r), std::move(hidden)));
+    p->resolve(plan);
+    p->end_layer(ctx(l, 3, t));
+  };
+  // Token 0: layer 1 predicts layer 2's expert 2, which layer 2 uses with expert 1: 2 is served
+  // from staging and takes the layer's one slot (1 runs from a transient slot).
+  layer(0, 0, Route(4, {{0, 1}}), {0, 0, 0, 0});
+  layer(1, 0, Route(4, {{0, 1}}), {0, 0, 5, 0});
+  layer(2, 0, Route(4, {{2, 1}}), {0, 0, 0, 0});
+  REQUIRE(p->cache().resident({2, 2}));
+  CHECK(arc.list_of({2, 2}) == ArcList::t1);
+  // Token 1: layer 1's gate input predicts layer 2's expert 3, which layer 2 does not use.
+  layer(0, 1, Route(4, {{0, 1}}), {0, 0, 0, 0});
+  layer(1, 1, Route(4, {{0, 1}}), {0, 0, 0, 5});
+  CHECK(p->cache().resident({2, 2}));  // not evicted for a guess
+  CHECK(arc.list_of({2, 3}) == ArcList::none);
+  layer(2, 1, Route(4, {{2, 1}}), {0, 0, 0, 0});
+  CHECK(p->cache().resident({2, 2}));
+  CHECK(arc.list_of({2, 3}) == ArcList::none);  // ARC never saw the guess
+  CHECK(p->stats().prefetches_unused == 1);     // freed (ManualLoader completes at once)
+  CHECK(p->stats().cache.wasted_prefetches == 0);
+  // Token 2: the same prediction, and now layer 2 uses expert 3: served from staging, then
+  // admitted as a demand (ARC evicts expert 2 for it, as for any miss).
+  layer(0, 2, Route(4, {{0, 1}}), {0, 0, 0, 0});
+  layer(1, 2, Route(4, {{0, 1}}), {0, 0, 0, 5});
+  const auto& c = p->route(ctx(2, 3, 2), with_hidden(keep, Route(4, {{3, 1}}), {0, 0, 0, 0}));
+  REQUIRE(c.experts.size() == 2);
+  CHECK(c.experts[0].key == ExpertKey{2, 3});
+  CHECK(c.experts[0].hit);
+  CHECK(p->cache().resident({2, 3}));
+  CHECK(arc.list_of({2, 3}) == ArcList::t1);
+  CHECK_FALSE(p->cache().resident({2, 2}));
+  const auto views = p->resolve(c);
+  CHECK(std::to_integer<int>(views[0].bytes[0]) == ManualLoader::pattern({2, 3}));
+  p->end_layer(ctx(2, 3, 2));
+  p->cache().check_invariants();
+}
+
+TEST_CASE("presets::Fate: a decode miss loads at int2, serves, and is upgraded to int4 when idle",
+          "[preset][fate][upgrade]") {
+  // The paper's precisions (q4 cache and prefetches, q2 on-demand loads), built as moe-sim builds
+  // them; 6 q4 experts with 2 staging slots leave layer 0 four slots.
+  presets::FateSpec::Config c;
+  c.cache.shallow_layers = 1;
+  c.staging_slots = 2;
+  presets::PresetInputs in;
+  in.routers = identity_routers;
+  auto p = presets::FateSpec::build(
+      shape, {.expert_budget_bytes = 6 * q4, .base_precision = Precision::q4}, ManualLoader{}, c,
+      in);
+  Route keep(4, {{0}});
+  auto layer = [&](std::uint32_t l, std::uint64_t t, Route r) -> const LayerPlan& {
+    const auto& plan = p->route(ctx(l, 3, t), with_hidden(keep, std::move(r), {0, 0, 0, 0}));
+    p->resolve(plan);
+    p->end_layer(ctx(l, 3, t));
+    return plan;
+  };
+  // Layer 0 misses {1, 2}: on-demand loads at q2, which serve this request and enter layer 0's
+  // pool as they are.
+  const auto& a = p->route(ctx(0, 3), with_hidden(keep, Route(4, {{1, 2}}), {0, 0, 0, 0}));
+  CHECK(a.experts[0].precision == Precision::q2);
+  CHECK(p->resolve(a)[0].bytes.size() == shape.expert_bytes(Precision::q2));
+  p->end_layer(ctx(0, 3));
+  const std::vector<Load> first = loads(p->loader());
+  REQUIRE(first.size() >= 2);
+  CHECK(first[0] == Load{{0, 1}, Precision::q2, OD});
+  CHECK(first[1] == Load{{0, 2}, Precision::q2, OD});
+  CHECK(p->cache().entry({0, 1}).precision == Precision::q2);
+  // The prediction for layer 1 moves at q4 (decode prefetches are int4).
+  REQUIRE(first.size() == 3);
+  CHECK(first[2].precision == Precision::q4);
+  CHECK(first[2].priority == PF);
+  // Nothing is pending when layer 1 routes: the first upgrade, q4 of (0, 1), starts.
+  layer(1, 0, Route(4, {{0, 3}}));
+  const auto after = loads(p->loader());
+  CHECK(std::find(after.begin(), after.end(), Load{{0, 1}, Precision::q4, PF}) != after.end());
+  layer(2, 0, Route(4, {{0, 3}}));  // it has completed: (0, 1) is q4 now; (0, 2)'s starts
+  CHECK(p->cache().entry({0, 1}).precision == Precision::q4);
+  CHECK(p->cache().entry({0, 2}).precision == Precision::q2);
+  // Token 1, layer 0 uses {2, 1}: (0, 2)'s upgrade completed as the layer began routing, so both
+  // are q4 hits now, served from the upgraded slots.
+  const auto& b = p->route(ctx(0, 3, 1), with_hidden(keep, Route(4, {{2, 1}}), {0, 0, 0, 0}));
+  CHECK(b.experts[0].hit);
+  CHECK(b.experts[1].hit);
+  CHECK(b.experts[0].precision == Precision::q4);
+  CHECK(b.experts[1].precision == Precision::q4);
+  for (const WeightView& v : p->resolve(b)) {
+    CHECK(v.bytes.size() == q4);
+    CHECK(std::to_integer<int>(v.bytes[0]) == ManualLoader::pattern(v.key));
+  }
+  p->end_layer(ctx(0, 3, 1));
+  const auto st = p->stats();
+  CHECK(st.upgrades == 2);
+  CHECK(st.bytes_upgraded == 2 * q4);
+  p->cache().check_invariants();
 }
 
 TEST_CASE("presets::EdgeMoe: per-expert bit widths and activation-path preloading",

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "moekit/io/detail/io_memory.hpp"
@@ -50,6 +51,9 @@ class ExpertArena {
     b.live = false;
     if (held_ > limit_) reset(b);
   }
+  /// Slots `a` and `b` exchange their buffers (a staged expert handed to a cache slot, no copy);
+  /// a load writing into either keeps writing into the same memory.
+  void swap(std::uint32_t a, std::uint32_t b) noexcept { std::swap(buffers_[a], buffers_[b]); }
   [[nodiscard]] std::span<std::byte> bytes(std::uint32_t slot, std::size_t n) const noexcept {
     return {buffers_[slot].data.get(), n};
   }

@@ -240,6 +240,37 @@ class ExpertCache {
     return {InsertStatus::inserted, e.slot};
   }
 
+  /// Raises resident `key` (neither hard-pinned nor loading) to the more precise `a.precision` in
+  /// place, its slot kept: a lazy upgrade (cache/lazy_upgrade.hpp), not an access, so the policy
+  /// is told only of the evictions that make room in its pool. Returns false, changing nothing,
+  /// when no room can be made or the new precision belongs to another pool.
+  bool upgrade(ExpertKey key, const AccessInfo& a) {
+    Entry& e = at(key);
+    if (!e.resident() || e.hard_pins > 0 || e.loading || !satisfies(a.precision, e.precision) ||
+        pool_of(key, a.precision) != e.pool)
+      return false;
+    const std::size_t bytes = shape_.expert_bytes(a.precision);
+    Pool& p = pools_[e.pool];
+    if (bytes - e.bytes > p.capacity_bytes - std::min(p.capacity_bytes, p.used_bytes)) {
+      ++e.hard_pins;  // not its own victim
+      while (p.used_bytes - e.bytes + bytes > p.capacity_bytes) {
+        std::optional<ExpertKey> v = pick_victim(e.pool, key, a, /*allow_soft=*/false);
+        if (!v) v = pick_victim(e.pool, key, a, /*allow_soft=*/true);
+        if (!v) {
+          --e.hard_pins;
+          return false;
+        }
+        evict(*v);
+      }
+      --e.hard_pins;
+    }
+    p.used_bytes += bytes - e.bytes;
+    stats_.bytes_inserted += bytes - e.bytes;
+    e.bytes = bytes;
+    e.precision = a.precision;
+    return true;
+  }
+
   /// Removes `key` (it must be neither hard-pinned nor loading). Used for evictions and upgrades;
   /// a prefetched copy never used counts as wasted.
   void evict(ExpertKey key) { remove(key, /*count_unused_prefetch=*/true); }

@@ -139,10 +139,11 @@ inline std::shared_ptr<const moekit::PrecisionTable> bitwidth_table(const moekit
 
 /// What moe-run does at start-up for preset `p` beyond loading the model.
 struct StartupNeeds {
-  bool routers = false;      ///< stack the router weights (`router_stack`)
-  bool calibration = false;  ///< a calibration run (routing counts, activation paths)
-  bool latencies = false;    ///< measure CPU vs load latencies (no --cpu-latency/--copy-latency)
-  bool bitwidths = false;    ///< load --bitwidth-table
+  bool routers = false;        ///< stack the router weights (`router_stack`)
+  bool calibration = false;    ///< a calibration run (routing counts, activation paths)
+  bool latencies = false;      ///< measure CPU vs load latencies (no --cpu-latency/--copy-latency)
+  bool bitwidths = false;      ///< load --bitwidth-table
+  bool decode_timing = false;  ///< measure decode compute per layer and one expert's load (Fate)
 };
 
 inline StartupNeeds startup_needs(const PresetEntry& p, const OffloadSettings& o) {
@@ -151,7 +152,8 @@ inline StartupNeeds startup_needs(const PresetEntry& p, const OffloadSettings& o
           .calibration = n.paths || (n.popularity && o.preset.popularity_file.empty()),
           .latencies =
               n.latencies && (o.preset.cpu_seconds_per_token <= 0 || o.preset.copy_seconds <= 0),
-          .bitwidths = n.bitwidths && !o.preset.bitwidth_table.empty()};
+          .bitwidths = n.bitwidths && !o.preset.bitwidth_table.empty(),
+          .decode_timing = n.decode_timing};
 }
 
 /// Stored precisions preset `p` reads (the expert source must hold every one).

@@ -4,6 +4,8 @@
 /// ready-first scheduling.
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string_view>
 #include <utility>
@@ -24,7 +26,7 @@ struct FateSpec : PresetDefaults {
   static constexpr std::string_view summary =
       "Fate: cross-layer gate prefetch (--fate-percentile), shallow-favoring ARC "
       "(--shallow-layers), prefill's least popular --fate-low-fraction at --low-precision";
-  static constexpr PresetNeeds needs{.routers = true};
+  static constexpr PresetNeeds needs{.routers = true, .decode_timing = true};
 
   using Cache = ShallowFavoring<ArcPolicy>;
   template <class Loader>
@@ -34,11 +36,18 @@ struct FateSpec : PresetDefaults {
   /// The predictor moves what the scorer asks for: its decode and prefill precisions and its
   /// low-precision share are the scorer's. The cache is sized at the decode precision.
   struct Config {
-    PopularityScorer::Config scorer{};
+    /// Decode misses (wrong prefetches) load at int2 (Fate §5.3) and are upgraded to int4 later.
+    PopularityScorer::Config scorer{.on_demand_precision = Precision::q2};
     double percentile = CrossLayerGatePredictor::Config{}.percentile;
-    double budget_time = 0;  ///< decode prefetch cap n = floor(budget_time / expert_time)
-    double expert_time = 0;  ///< (<= 0: no cap)
+    /// Decode prefetch cap n = floor(budget_time / expert_time); expert_time <= 0: taken from
+    /// the inputs' measured `layer_seconds` / `expert_load_seconds` when given, else no cap.
+    double budget_time = 0;
+    double expert_time = 0;
     Cache::Config cache{};
+    /// Prefetch staging slots, taken from the budget (0: one per expert of a layer, the spec's
+    /// max(E, n) since n <= E), at most half the budget's slots. Prefetches wait there, outside
+    /// the ARC caches.
+    std::uint32_t staging_slots = 0;
   };
 
   static Config configure(const ModelShape& s, Precision base, const PresetParams& q) {
@@ -46,7 +55,8 @@ struct FateSpec : PresetDefaults {
     return {.scorer = {.int2_fraction = q.fate_low_fraction,
                        .high = base,
                        .low = low,
-                       .decode_precision = base},
+                       .decode_precision = base,
+                       .on_demand_precision = low},
             .percentile = q.fate_percentile,
             .cache = {.shallow_layers = std::min(q.shallow_layers, s.n_layers)}};
   }
@@ -63,29 +73,45 @@ struct FateSpec : PresetDefaults {
     pc.sizing_precision = c.scorer.decode_precision;
     return pc;
   }
+  /// The same, prefetches staged outside the cache in `staging_slots` slots of the budget, and
+  /// on-demand copies below the decode precision upgraded to it in the background.
+  static PipelineConfig pipeline_config(const ModelShape& s, PipelineConfig pc, const Config& c) {
+    pc = pipeline_config(pc, c);
+    // At most half the budget's slots, so that the cache keeps the other half (the minimum
+    // budget, top_k experts, still runs).
+    const std::size_t slots = pc.expert_budget_bytes / s.expert_bytes(pc.sizing_precision);
+    pc.prefetch_staging_slots = static_cast<std::uint32_t>(std::min<std::size_t>(
+        c.staging_slots ? c.staging_slots : s.n_experts, std::max<std::size_t>(1, slots / 2)));
+    const Precision od = c.scorer.on_demand_precision;
+    if (od != Precision::skip && bits(od) < bits(c.scorer.decode_precision))
+      pc.upgrade_precision = c.scorer.decode_precision;  // low on-demand copies: lazy upgrade
+    return pc;
+  }
   static PopularityScorer scorer(const Config& c) { return PopularityScorer(c.scorer); }
   static Cache cache(const Config& c) { return Cache(c.cache); }
   static CrossLayerGatePredictor predictor(const ModelShape& s, const Config& c,
                                            const PresetInputs& in) {
-    return CrossLayerGatePredictor({.router_weights = in.routers,
-                                    .n_layers = s.n_layers,
-                                    .n_experts = s.n_experts,
-                                    .hidden = router_width(name, s, in),
-                                    .top_k = s.top_k,
-                                    .percentile = c.percentile,
-                                    .budget_time = c.budget_time,
-                                    .expert_time = c.expert_time,
-                                    .decode_precision = c.scorer.decode_precision,
-                                    .int2_fraction = c.scorer.int2_fraction,
-                                    .prefill_high = c.scorer.high,
-                                    .prefill_low = c.scorer.low});
+    const bool measured = !(c.expert_time > 0) && in.expert_load_seconds > 0;
+    return CrossLayerGatePredictor(
+        {.router_weights = in.routers,
+         .n_layers = s.n_layers,
+         .n_experts = s.n_experts,
+         .hidden = router_width(name, s, in),
+         .top_k = s.top_k,
+         .percentile = c.percentile,
+         .budget_time = measured ? in.layer_seconds : c.budget_time,
+         .expert_time = measured ? in.expert_load_seconds : c.expert_time,
+         .decode_precision = c.scorer.decode_precision,
+         .int2_fraction = c.scorer.int2_fraction,
+         .prefill_high = c.scorer.high,
+         .prefill_low = c.scorer.low});
   }
 
   template <class Loader>
   static std::unique_ptr<Pipeline<Loader>> build(const ModelShape& s, const PipelineConfig& pc,
                                                  Loader loader, const Config& c,
                                                  const PresetInputs& in) {
-    return std::make_unique<Pipeline<Loader>>(s, pipeline_config(pc, c), std::move(loader),
+    return std::make_unique<Pipeline<Loader>>(s, pipeline_config(s, pc, c), std::move(loader),
                                               scorer(c), predictor(s, c, in), cache(c));
   }
 };

@@ -2,8 +2,9 @@
 /// \file fate-oracle: Fate with its cross-layer gate replaced by a noisy oracle over a routing
 /// known ahead (moe-run --routing-trace), for the reason hobbit_oracle.hpp gives: the oracle
 /// predicts the next layer's replayed routing with the paper's recall and pads the prediction to
-/// the percentile rule's ceil((1 − q)·E) experts, under the same decode cap. Everything else is
-/// Fate's.
+/// the percentile rule's ceil((1 − q)·E) experts, under the same decode cap, spent in the order of
+/// a score blind to which predictions are true (ScoreRankedCap, as moe-sim's Fate stand-in).
+/// Everything else is Fate's.
 
 #include <array>
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "moekit/predict/lookahead_oracle.hpp"
+#include "moekit/predict/score_ranked_cap.hpp"
 #include "moekit/presets/fate.hpp"
 #include "moekit/presets/hobbit_oracle.hpp"
 
@@ -29,9 +31,9 @@ struct FateOracleSpec : FateSpec {
   static constexpr std::string_view summary =
       "Fate with a noisy oracle over --routing-trace instead of its cross-layer gate (recall "
       "--oracle-recall, default the paper's 0.9715 at the next layer)";
-  static constexpr PresetNeeds needs{.lookahead = true};
+  static constexpr PresetNeeds needs{.decode_timing = true, .lookahead = true};
 
-  using Predictor = LookaheadOraclePredictor<PopularityScorer>;
+  using Predictor = ScoreRankedCap<LookaheadOraclePredictor<PopularityScorer>>;
   template <class Loader>
   using Pipeline =
       OffloadPipeline<PopularityScorer, Predictor, Cache, Loader, ReadyFirstScheduler>;
@@ -45,29 +47,35 @@ struct FateOracleSpec : FateSpec {
     return c;
   }
 
-  /// The decode cap n = floor(T / t_expert) of `c` (no cap without both times).
-  static std::uint32_t decode_cap(const Config& c) {
-    if (c.budget_time <= 0 || c.expert_time <= 0) return std::numeric_limits<std::uint32_t>::max();
-    return static_cast<std::uint32_t>(std::floor(c.budget_time / c.expert_time));
+  /// The decode cap n = floor(T / t_expert): `c`'s times, else the measured inputs (as
+  /// FateSpec::predictor), else no cap.
+  static std::uint32_t decode_cap(const Config& c, const PresetInputs& in) {
+    const bool measured = !(c.expert_time > 0) && in.expert_load_seconds > 0;
+    const double T = measured ? in.layer_seconds : c.budget_time;
+    const double t = measured ? in.expert_load_seconds : c.expert_time;
+    if (!(T > 0) || !(t > 0)) return std::numeric_limits<std::uint32_t>::max();
+    return static_cast<std::uint32_t>(std::floor(T / t));
   }
 
   static Predictor predictor(const ModelShape& s, const Config& c, const PresetInputs& in) {
     const auto set = static_cast<std::uint32_t>(std::ceil((1.0 - c.percentile) * s.n_experts));
-    return Predictor({.recall_by_distance = c.recall,
-                      .distance = 1,
-                      .set_size = std::min(set, s.n_experts),
-                      .n_layers = s.n_layers,
-                      .n_experts = s.n_experts,
-                      .max_nonresident = decode_cap(c),
-                      .pad_precision = c.scorer.decode_precision},
-                     lookahead_of(name, in), scorer(c));
+    LookaheadOraclePredictor<PopularityScorer> oracle(
+        {.recall_by_distance = c.recall,
+         .distance = 1,
+         .set_size = std::min(set, s.n_experts),
+         .n_layers = s.n_layers,
+         .n_experts = s.n_experts,
+         .pad_precision = c.scorer.decode_precision},
+        lookahead_of(name, in), scorer(c));
+    return Predictor(std::move(oracle),
+                     {.max_nonresident = decode_cap(c, in), .n_experts = s.n_experts});
   }
 
   template <class Loader>
   static std::unique_ptr<Pipeline<Loader>> build(const ModelShape& s, const PipelineConfig& pc,
                                                  Loader loader, const Config& c,
                                                  const PresetInputs& in) {
-    return std::make_unique<Pipeline<Loader>>(s, pipeline_config(pc, c), std::move(loader),
+    return std::make_unique<Pipeline<Loader>>(s, pipeline_config(s, pc, c), std::move(loader),
                                               scorer(c), predictor(s, c, in), cache(c));
   }
 };

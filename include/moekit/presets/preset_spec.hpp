@@ -73,6 +73,8 @@ struct PresetNeeds {
   bool paths = false;       ///< `paths`: activation paths of a calibration run
   bool latencies = false;   ///< `cpu_seconds_per_token`, `copy_seconds`: CPU vs load latencies
   bool bitwidths = false;   ///< `bitwidths`: a per-expert bit-width table (null: uniform)
+  /// `layer_seconds`, `expert_load_seconds`: decode compute per layer and one expert's load
+  bool decode_timing = false;
   /// Runs experts on the CPU from the loader's `host_bytes`: free when the experts are in host
   /// memory, else a read outside the cache that the run's memory must hold (io/host_read_ring.hpp).
   bool host_bytes = false;
@@ -93,6 +95,9 @@ struct PresetInputs {
   double cpu_seconds_per_token = 0;               ///< one token through one expert on the CPU
   double copy_seconds = 0;                        ///< load one expert into the cache and run it
   std::shared_ptr<RoutingLookahead> lookahead{};  ///< the routing ahead (oracle stand-ins)
+  /// Decode compute between consecutive layers' routing (Fate's T; engine/decode_timing.hpp).
+  double layer_seconds = 0;
+  double expert_load_seconds = 0;  ///< one expert's load at the prefetch precision (t_expert)
 };
 
 /// What a spec that does not define a member gets.

@@ -33,6 +33,10 @@ class PopularityScorer {
     Precision high = Precision::q4;  ///< precision of the popular prefill experts
     Precision low = Precision::q2;   ///< precision of the least popular prefill experts
     Precision decode_precision = Precision::q4;  ///< every decode expert
+    /// Not `skip`: what a decode expert asks for instead, so that a resident or prefetched copy
+    /// at `decode_precision` serves it and a miss loads at this one (Fate §5.3: int2 for
+    /// mispredictions).
+    Precision on_demand_precision = Precision::skip;
   };
   PopularityScorer() = default;
   explicit PopularityScorer(Config c) : cfg_(c) {
@@ -47,7 +51,9 @@ class PopularityScorer {
   void score(const LayerContext& ctx, const GateView&, std::span<const ExpertDemand> demands,
              std::span<Precision> out) noexcept {
     if (ctx.phase == Phase::decode) {  // a multi-request decode batch too (Fate §6 A23)
-      for (std::size_t i = 0; i < demands.size(); ++i) out[i] = cfg_.decode_precision;
+      const Precision p = cfg_.on_demand_precision == Precision::skip ? cfg_.decode_precision
+                                                                      : cfg_.on_demand_precision;
+      for (std::size_t i = 0; i < demands.size(); ++i) out[i] = p;
       return;
     }
     const auto n_low = static_cast<std::size_t>(
