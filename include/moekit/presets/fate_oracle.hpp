@@ -59,6 +59,10 @@ struct FateOracleSpec : FateSpec {
 
   static Predictor predictor(const ModelShape& s, const Config& c, const PresetInputs& in) {
     const auto set = static_cast<std::uint32_t>(std::ceil((1.0 - c.percentile) * s.n_experts));
+    // Prefetches move at the decode precision: the oracle's scorer ignores the on-demand one (a
+    // miss's load precision), as moe-sim's Fate stand-in does.
+    PopularityScorer::Config sc = c.scorer;
+    sc.on_demand_precision = Precision::skip;
     LookaheadOraclePredictor<PopularityScorer> oracle(
         {.recall_by_distance = c.recall,
          .distance = 1,
@@ -66,7 +70,7 @@ struct FateOracleSpec : FateSpec {
          .n_layers = s.n_layers,
          .n_experts = s.n_experts,
          .pad_precision = c.scorer.decode_precision},
-        lookahead_of(name, in), scorer(c));
+        lookahead_of(name, in), PopularityScorer(sc));
     return Predictor(std::move(oracle),
                      {.max_nonresident = decode_cap(c, in), .n_experts = s.n_experts});
   }
