@@ -167,8 +167,25 @@ struct Options {
   /// --routing-trace: trace whose experts and gate weights replace the router's
   /// (routing_replay.hpp)
   std::string routing_trace;
-  bool force = false;  ///< overwrite --trace-out / --save-logits files
+  bool force = false;                 ///< overwrite --trace-out / --save-logits files
+  bool shallow_layers_given = false;  ///< --shallow-layers was on the command line
 };
+
+/// Refuses preset flags beyond the model's shape, once it is known (the presets would clamp them
+/// silently): --k-little above top-k, --shallow-layers above the MoE layers.
+inline void check_shape_flags(const Options& o, const moekit::ModelShape& shape) {
+  const PresetParams& q = o.preset_params;
+  if (q.k_little > shape.top_k)
+    throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                        "--k-little: " + std::to_string(q.k_little) +
+                            " experts in the little pass is more than the model's top-k (" +
+                            std::to_string(shape.top_k) + ")");
+  if (o.shallow_layers_given && q.shallow_layers > shape.n_layers)
+    throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                        "--shallow-layers: " + std::to_string(q.shallow_layers) +
+                            " is more than the model's " + std::to_string(shape.n_layers) +
+                            " MoE layers");
+}
 
 /// The parser. `parse` returns 0 with `options()` filled, or the exit code after printing help
 /// or an error (which names the flag) to the given streams.
@@ -328,6 +345,13 @@ class Cli {
           throw moekit::Error(moekit::ErrorKind::invalid_argument,
                               std::string(flag) + ": only meaningful with --perplexity FILE");
     }
+    o_.shallow_layers_given = app_.count("--shallow-layers") > 0;
+    // A file flag given an empty path ("--trace-out ''") would be taken as not given at all.
+    for (const char* flag : {"--trace-out", "--save-logits", "--kl-reference", "--perplexity",
+                             "--routing-trace", "--store", "--popularity", "--bitwidth-table"})
+      if (app_.count(flag) > 0 && app_.get_option(flag)->as<std::string>().empty())
+        throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                            std::string(flag) + ": an empty path");
     // Output files are checked before any work: a run is not spent to find the file unwritable.
     for (const auto& [flag, path] :
          {std::pair<const char*, const std::string&>{"--trace-out", o_.trace_out},
