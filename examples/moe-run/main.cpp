@@ -797,7 +797,9 @@ void report_source(nlohmann::json& stats, const Options& o, const ExpertPlacemen
                  stats["expert_layout"].get<std::string>().c_str(),
                  where.built ? " [built now]" : "");
   if (o.json)
-    std::cout << stats.dump(1) << "\n";
+    // Generated text may end inside a UTF-8 sequence (bytes of byte-fallback tokens): replaced
+    // by U+FFFD rather than thrown as json type_error.316 after the whole run.
+    std::cout << stats.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   else if (!o.perplexity.empty())
     print_perplexity(stats);
   else

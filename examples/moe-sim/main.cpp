@@ -646,6 +646,12 @@ Setup setup_of(const Options& o) {
        {std::pair{"--hobbit-recall", o.hobbit_recall}, std::pair{"--fate-recall", o.fate_recall},
         std::pair{"--fallback-ratio", o.fallback_ratio}})
     if (!(v >= 0 && v <= 1)) bad_flag(flag, "must be in [0, 1]");
+  for (auto [flag, path] :
+       {std::pair<const char*, const std::string&>{"--hardware-file", o.hardware_file},
+        {"--routers", o.routers},
+        {"--bitwidths", o.bitwidths}})  // /dev/zero would be read without end
+    if (!path.empty() && fs::exists(path) && !fs::is_regular_file(path))
+      bad_flag(flag, "'" + path + "' is not a regular file (a directory, device or pipe)");
   Setup s;
   s.o = o;
   if (!o.bitwidths.empty())

@@ -212,6 +212,21 @@ case_unbounded_inputs() {  # a device where a text file is expected: refused, no
     limited "$moe_run" -m m --in-memory --perplexity text.txt --kl-reference /dev/zero
 }
 
+case_input_files_not_regular() {  # every other input file flag: a device or a directory, named
+  model_copy m
+  mkdir d
+  local flag
+  for flag in --bitwidth-table --popularity --store; do
+    expect_refusal "$flag: '/dev/zero' is not a regular file" \
+      limited "$moe_run" -m m "${run_args[@]}" "$flag" /dev/zero
+    expect_refusal "$flag: 'd' is not a regular file" limited "$moe_run" -m m "${run_args[@]}" "$flag" d
+  done
+  for flag in --bitwidths --routers --hardware-file; do
+    expect_refusal "$flag: '/dev/zero' is not a regular file" \
+      limited "$moe_sim" --synthetic "$flag" /dev/zero
+  done
+}
+
 # ---- resources and small validations ---------------------------------------------------------
 
 case_context_beyond_the_model() {  # -c beyond max_position_embeddings: refused before the KV cache

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -345,13 +346,7 @@ class Cli {
           throw moekit::Error(moekit::ErrorKind::invalid_argument,
                               std::string(flag) + ": only meaningful with --perplexity FILE");
     }
-    o_.shallow_layers_given = app_.count("--shallow-layers") > 0;
-    // A file flag given an empty path ("--trace-out ''") would be taken as not given at all.
-    for (const char* flag : {"--trace-out", "--save-logits", "--kl-reference", "--perplexity",
-                             "--routing-trace", "--store", "--popularity", "--bitwidth-table"})
-      if (app_.count(flag) > 0 && app_.get_option(flag)->as<std::string>().empty())
-        throw moekit::Error(moekit::ErrorKind::invalid_argument,
-                            std::string(flag) + ": an empty path");
+    check_file_flags();
     // Output files are checked before any work: a run is not spent to find the file unwritable.
     for (const auto& [flag, path] :
          {std::pair<const char*, const std::string&>{"--trace-out", o_.trace_out},
@@ -459,7 +454,32 @@ class Cli {
         ->check(CLI::Range(1u, 64u));
   }
 
+  // File flags: an empty path, or an input that is not a regular file, refused naming the flag.
+  void check_file_flags() {
+    // A file flag given an empty path ("--trace-out ''") would be taken as not given at all.
+    for (const char* flag : {"--trace-out", "--save-logits", "--kl-reference", "--perplexity",
+                             "--routing-trace", "--store", "--popularity", "--bitwidth-table"})
+      if (app_.count(flag) > 0 && app_.get_option(flag)->as<std::string>().empty())
+        throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                            std::string(flag) + ": an empty path");
+    // Input files are regular files: /dev/zero would be read without end, a directory fails
+    // with the stream's own message (basic_filebuf::underflow) naming neither flag nor file.
+    for (const auto& [flag, path] :
+         {std::pair<const char*, const std::string&>{"--store", o_.store},
+          {"--popularity", o_.preset_params.popularity_file},
+          {"--bitwidth-table", o_.preset_params.bitwidth_table},
+          {"--conversion-loss-text", o_.conversion_loss_text}}) {
+      std::error_code ec;
+      const auto st = std::filesystem::status(path, ec);
+      if (!path.empty() && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+        throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                            std::string(flag) + ": '" + path +
+                                "' is not a regular file (a directory, device or pipe)");
+    }
+  }
+
   void finish_offload() {
+    o_.shallow_layers_given = app_.count("--shallow-layers") > 0;
     for (const auto& [flag, v] :
          {std::pair<const char*, double>{"--cpu-latency", o_.preset_params.cpu_seconds_per_token},
           {"--copy-latency", o_.preset_params.copy_seconds}})
