@@ -16,6 +16,7 @@
 // "cpu" gets the same numbers as "device"; layer_overhead_s = the call overhead [choice].
 
 #include <fcntl.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,7 @@
 
 #include "moekit/core/precision.hpp"
 #include "moekit/engine/loader_read_rate.hpp"
+#include "moekit/engine/memory_budget.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/aligned_buffer.hpp"
 #include "moekit/io/output_file.hpp"
@@ -180,11 +182,26 @@ struct DiskResult {
   double bandwidth = 0, latency = 0;
 };
 
+/// The read chunk of the disk measurement: --disk-size is a whole number of them.
+constexpr std::size_t disk_chunk = 4u << 20;
+
+/// Refuses a --disk-dir in memory (tmpfs, ramfs): newer kernels accept O_DIRECT there, and the
+/// "disk" measured would be RAM.
+void check_disk_dir(const std::string& dir) {
+  struct statfs s {};
+  if (::statfs(dir.c_str(), &s) != 0)
+    bad_flag("--disk-dir", "cannot use '" + dir + "': " + std::strerror(errno));
+  constexpr long tmpfs_magic = 0x01021994, ramfs_magic = static_cast<long>(0x858458f6);
+  if (static_cast<long>(s.f_type) == tmpfs_magic || static_cast<long>(s.f_type) == ramfs_magic)
+    bad_flag("--disk-dir", "'" + dir +
+                               "' is in memory (tmpfs/ramfs), not on a disk: use a directory on "
+                               "the disk the expert store lives on");
+}
+
 DiskResult disk_read(const fs::path& dir, std::size_t size) {
-  constexpr std::size_t align = 4096, chunk = 4u << 20;
-  size = std::max(chunk, size / chunk * chunk);
+  constexpr std::size_t align = 4096, chunk = disk_chunk;
   TempFile f(dir);
-  std::printf("disk: writing %.2f GiB to %s ...\n", double(size) / 1073741824.0, f.path().c_str());
+  std::printf("disk: writing %s to %s ...\n", engine::format_bytes(size).c_str(), f.path().c_str());
   std::fflush(stdout);
   f.fill(size);
   const int fd = ::open(f.path().c_str(), O_RDONLY | O_DIRECT);
@@ -337,7 +354,12 @@ int run(int argc, char** argv) {
     bad_flag("--hidden/--ffn", "must be multiples of 32 (q4/q2 groups)");
   if (o.threads == 0 || o.threads > 1024) bad_flag("--threads", "must be in [1, 1024]");
   if (o.reps < 1) bad_flag("--reps", "must be >= 1");
-  const std::size_t dsize = parse_size("--disk-size", o.disk_size);
+  const std::size_t asked = parse_size("--disk-size", o.disk_size);
+  if (asked < disk_chunk)
+    bad_flag("--disk-size",
+             "'" + o.disk_size + "' is below the 4MiB read chunk of the measurement");
+  const std::size_t dsize = asked / disk_chunk * disk_chunk;  // whole chunks: what is measured
+  check_disk_dir(o.disk_dir);
   // Before any measurement: the directory exists and is writable, the target is not a directory
   // or device, and an existing file is replaced only with --force (written atomically at the end).
   moekit::io::check_output_path(o.out, o.force, "--out");
@@ -375,8 +397,8 @@ int run(int argc, char** argv) {
     std::snprintf(link, sizeof link, "moe-run's loader reading %u experts of '%s' in place",
                   in_place->experts, o.checkpoint.c_str());
   else
-    std::snprintf(link, sizeof link, "O_DIRECT read of a %.2f GiB file in '%s'",
-                  double(dsize) / 1073741824.0, o.disk_dir.c_str());
+    std::snprintf(link, sizeof link, "O_DIRECT read of a %s file in '%s'",
+                  engine::format_bytes(dsize).c_str(), o.disk_dir.c_str());
   char src[1024];
   std::snprintf(src, sizeof src,
                 "moe-calibrate: link = %s [measured]; "

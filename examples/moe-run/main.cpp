@@ -239,12 +239,18 @@ void require_finite_logits(std::span<const float> logits, std::size_t position) 
 
 // -c beyond the model's max_position_embeddings: refused before the KV cache is allocated (-c
 // 100000000 once zero-filled ~77 GB until the kernel killed the process).
-void check_context(std::uint32_t ctx, const ModelConfig& cfg) {
-  if (ctx > cfg.max_positions)
-    fail("-c: context length " + std::to_string(ctx) +
-         " exceeds the model's "
-         "max_position_embeddings (" +
-         std::to_string(cfg.max_positions) + ")");
+// Without -c, the context is the prompt plus -n: a prompt beyond the model's positions is refused
+// naming -p before the prefill (a 25 k-token prompt used to run on for minutes past them).
+void check_context(std::size_t ctx, const ModelConfig& cfg, bool from_prompt = false) {
+  if (ctx <= cfg.max_positions) return;
+  if (from_prompt)
+    fail("-p: the prompt and -n need " + std::to_string(ctx) +
+         " positions, more than the model's max_position_embeddings (" +
+         std::to_string(cfg.max_positions) + "); shorten the prompt or -n");
+  fail("-c: context length " + std::to_string(ctx) +
+       " exceeds the model's "
+       "max_position_embeddings (" +
+       std::to_string(cfg.max_positions) + ")");
 }
 
 template <class Pipeline>
@@ -260,7 +266,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   if (prompt.size() + o.n_predict > ctx)
     fail("-c: context length " + std::to_string(ctx) + " is shorter than the prompt (" +
          std::to_string(prompt.size()) + " tokens) plus -n " + std::to_string(o.n_predict));
-  if (o.context) check_context(ctx, cfg);
+  check_context(ctx, cfg, o.context == 0);
 
   Model<Pipeline> model(cfg, w.dense, pipeline, ctx, &pool);
   model.set_ubatch(o.ubatch);
@@ -729,9 +735,11 @@ moekit::Precision most_precise(std::span<const moekit::Precision> held) {
   });
 }
 
-// Bytes of KV cache at context `ctx` (an upper bound: sliding-window layers keep less).
+// Bytes of KV cache at context `ctx` (an upper bound: sliding-window layers keep less);
+// saturates at SIZE_MAX rather than wrap for absurd sizes.
 std::size_t kv_cache_bytes(const ModelConfig& cfg, std::size_t ctx) {
-  return std::size_t{cfg.n_layers} * 2 * ctx * cfg.kv_dim() * sizeof(float);
+  const long double bytes = static_cast<long double>(cfg.n_layers) * 2 * ctx * cfg.kv_dim() * 4;
+  return bytes < 0x1p64L ? static_cast<std::size_t>(bytes) : SIZE_MAX;
 }
 
 // --expert-budget auto: what the memory this process may use leaves for the expert cache after
@@ -774,6 +782,28 @@ std::size_t dense_file_bytes(const ModelPath& m, const moekit::io::CheckpointExp
   return total - std::min<std::size_t>(total, e.stored_bytes());
 }
 
+// The run's large allocations against the memory this process may use, before any is made
+// (memory_budget.hpp's require_memory_fit; --expert-budget auto has its own check). `located`:
+// the checkpoint's experts, whose file gives the dense part's size (a lower bound of its memory).
+void check_memory_fit(const Options& o, const ModelConfig& cfg, const ModelPath& model,
+                      const moekit::io::CheckpointExperts* located, const OffloadSettings& settings,
+                      std::size_t prompt_tokens, const moekit::io::MemoryLimits& limits) {
+  if (o.budget.kind == BudgetSpec::Kind::automatic) return;
+  const moekit::ModelShape shape = cfg.shape();
+  const std::size_t all = all_resident_budget(shape, settings.precision);
+  const std::size_t budget = settings.expert_budget ? std::min(settings.expert_budget, all) : all;
+  const std::size_t ctx = std::max<std::size_t>(o.context ? o.context : prompt_tokens + o.n_predict,
+                                                o.perplexity.empty() ? 0 : 512);
+  const std::string ctx_words =
+      o.context ? "-c " + std::to_string(ctx) : std::to_string(ctx) + " tokens (prompt + -n)";
+  moekit::engine::require_memory_fit(
+      limits.usable_bytes(), limits.source(),
+      {{kv_cache_bytes(cfg, ctx), "KV cache at " + ctx_words, o.context ? "-c" : "-p"},
+       {located ? dense_file_bytes(model, *located) : 0, "dense weights", "--dense-precision"},
+       {budget, "expert cache", "--expert-budget"},
+       {o.in_memory ? all : 0, "experts in host memory", "--in-memory"}});
+}
+
 struct OpenModel {
   ModelSource src;
   std::optional<moekit::io::GgufFile> gguf;
@@ -800,6 +830,12 @@ OffloadSettings offload_settings(Options& o, const OpenModel& m, const PresetEnt
     (void)auto_budget(o, m.cfg, limits, dense_file_bytes(m.src.model, *in_place), prompt_tokens, 0);
   check_budget(shape, settings);
   check_preset_params(preset, settings);
+  moekit::engine::check_shape_flags(o, shape);
+  if (o.perplexity.empty() && o.routing_trace.empty())  // the prompt's positions, before loading
+    check_context(
+        o.context ? o.context : prompt_tokens - 1 + (!o.no_bos && m.cfg.bos_token_id) + o.n_predict,
+        m.cfg, o.context == 0);
+  check_memory_fit(o, m.cfg, m.src.model, located, settings, prompt_tokens, limits);
   return settings;
 }
 
@@ -821,7 +857,9 @@ void report_source(nlohmann::json& stats, const Options& o, const ExpertPlacemen
                  stats["expert_layout"].get<std::string>().c_str(),
                  where.built ? " [built now]" : "");
   if (o.json)
-    std::cout << stats.dump(1) << "\n";
+    // Generated text may end inside a UTF-8 sequence (bytes of byte-fallback tokens): replaced
+    // by U+FFFD rather than thrown as json type_error.316 after the whole run.
+    std::cout << stats.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   else if (!o.perplexity.empty())
     print_perplexity(stats);
   else
@@ -938,13 +976,33 @@ void report_codec(nlohmann::json& stats, const Options& o, const moekit::ModelSh
                o.group_size ? "" : " (--group-size auto: the preset's codec)");
 }
 
+// The config of the model `m` names (opening its GGUF), its layer and expert counts checked
+// against the tensors present before anything is sized by them.
+const ModelConfig& open_config(OpenModel& m) {
+  const ModelPath& mp = m.src.model;
+  if (!mp.gguf.empty()) m.gguf.emplace(mp.gguf.string());
+  m.cfg = m.gguf ? gguf_config(*m.gguf) : load_config(mp.dir);  // GGUF: checked as it is read
+  if (!m.gguf)
+    moekit::engine::check_tensor_census(m.cfg, moekit::io::SafetensorsModel::open(mp.dir).names(),
+                                        mp.dir.string());
+  return m.cfg;
+}
+
+// -t's threads; a failure to create them (ulimit -u / -v) names the flag.
+moekit::ThreadPool thread_pool(unsigned threads) {
+  try {
+    return moekit::ThreadPool(threads);
+  } catch (const moekit::Error& e) {
+    fail("-t " + std::to_string(threads) + ": " + e.message());
+  }
+}
+
 int run(Options o) {
   // Before anything is loaded: the dense part, KV cache and buffers are then counted once each.
   const moekit::io::MemoryLimits limits_at_start = moekit::io::read_memory_limits();
   OpenModel m{resolve_model(o), std::nullopt, {}};
   const ModelPath& mp = m.src.model;
-  if (!mp.gguf.empty()) m.gguf.emplace(mp.gguf.string());
-  const ModelConfig& cfg = m.cfg = m.gguf ? gguf_config(*m.gguf) : load_config(mp.dir);
+  const ModelConfig& cfg = open_config(m);
   const PresetEntry& preset = find_preset(o.preset);
   m.cfg.expert_quant = expert_codec(o, m.src, m.gguf.has_value(), preset);
   const Tokenizer tok = load_tokenizer(mp, m.gguf ? &*m.gguf : nullptr);
@@ -998,7 +1056,7 @@ int run(Options o) {
   const ModelSetup setup{
       int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
       backing.order(), replay ? &*replay : nullptr};
-  moekit::ThreadPool pool(o.threads);
+  moekit::ThreadPool pool = thread_pool(o.threads);
   nlohmann::json notes;  // conversion_loss and calibration, added to the stats when not null
   notes["conversion_loss"] =
       conversion_loss(o, m, located != nullptr, where, settings, backing.io, w, tok, pool);

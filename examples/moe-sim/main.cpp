@@ -652,6 +652,12 @@ Setup setup_of(const Options& o) {
     bad_flag("--hobbit-recall", "needs 1 to 3 figures (+1, +2, +3 layers ahead)");
   for (double v : o.hobbit_recall)
     if (!(v >= 0 && v <= 1)) bad_flag("--hobbit-recall", "every figure must be in [0, 1]");
+  for (auto [flag, path] :
+       {std::pair<const char*, const std::string&>{"--hardware-file", o.hardware_file},
+        {"--routers", o.routers},
+        {"--bitwidths", o.bitwidths}})  // /dev/zero would be read without end
+    if (!path.empty() && fs::exists(path) && !fs::is_regular_file(path))
+      bad_flag(flag, "'" + path + "' is not a regular file (a directory, device or pipe)");
   Setup s;
   s.o = o;
   if (!o.bitwidths.empty())

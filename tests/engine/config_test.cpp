@@ -8,6 +8,7 @@
 
 #include "engine_test_support.hpp"
 #include "moekit/engine/config.hpp"
+#include "moekit/engine/tensor_census.hpp"
 
 using namespace moekit::engine;
 using nlohmann::json;
@@ -133,6 +134,15 @@ TEST_CASE("config errors name the file and the field", "[engine][config]") {
   j = qwen_json();
   j["mlp_only_layers"] = {0, 1, 2, 3};
   fails_with(j, "mlp_only_layers");
+  j = mixtral_json();
+  j["num_hidden_layers"] = 1000000000;  // bounded before any per-layer table is sized
+  fails_with(j, "'num_hidden_layers' is 1000000000, more than moekit reads");
+  j = mixtral_json();
+  j["num_local_experts"] = 1000000000;
+  fails_with(j, "'num_local_experts' is 1000000000, more than moekit reads");
+  j = mixtral_json();
+  j["head_dim"] = 0;
+  fails_with(j, "'head_dim' must be > 0");
   j = qwen_json();
   j["layer_types"] = {"full_attention", "chunked_attention", "full_attention", "full_attention"};
   fails_with(j, "layer_types");
@@ -154,4 +164,45 @@ TEST_CASE("the fixtures' config.json files parse", "[engine][config]") {
     CHECK(c.qk_norm == (std::string(name) == "olmoe"));
     CHECK((c.window[0] == 8) == (std::string(name) == "mixtral_swa"));
   }
+}
+
+TEST_CASE("tensor census: layer and expert counts against the tensors present",
+          "[engine][config]") {
+  ModelConfig c = parse_config(mixtral_json(), "dir/config.json");
+  std::vector<std::string> names{"model.embed_tokens.weight", "lm_head.weight"};
+  for (std::uint32_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    names.push_back(p + "self_attn.q_proj.weight");
+    for (std::uint32_t e = 0; e < c.n_experts; ++e)
+      names.push_back(p + "block_sparse_moe.experts." + std::to_string(e) + ".w1.weight");
+  }
+  moekit::engine::check_tensor_census(c, names, "dir");  // agrees
+  auto refused = [&](const ModelConfig& cfg, const std::vector<std::string>& n,
+                     const std::string& want) {
+    const std::string msg = error_of([&] { moekit::engine::check_tensor_census(cfg, n, "dir"); });
+    INFO(msg);
+    CHECK(msg.find("dir/config.json") != std::string::npos);
+    CHECK(msg.find(want) != std::string::npos);
+  };
+  ModelConfig fewer = c;
+  fewer.n_layers = c.n_layers - 1;
+  refused(fewer, names,
+          "'num_hidden_layers' is " + std::to_string(fewer.n_layers) +
+              " but the checkpoint 'dir' holds tensors of " + std::to_string(c.n_layers) +
+              " layers");
+  ModelConfig more = c;
+  more.n_layers = c.n_layers + 1;
+  more.moe_index.push_back(static_cast<std::int32_t>(c.n_layers));
+  refused(more, names, "has no tensor of layer " + std::to_string(c.n_layers));
+  ModelConfig fewer_experts = c;
+  fewer_experts.n_experts = c.n_experts - 1;
+  refused(fewer_experts, names, "would be unused");
+  ModelConfig more_experts = c;
+  more_experts.n_experts = c.n_experts + 1;
+  refused(more_experts, names, "has no tensor of expert " + std::to_string(c.n_experts));
+  // The dense part alone (experts in a store): no expert named, none checked.
+  std::vector<std::string> dense;
+  for (const auto& n : names)
+    if (n.find("experts.") == std::string::npos) dense.push_back(n);
+  moekit::engine::check_tensor_census(c, dense, "dir");
 }

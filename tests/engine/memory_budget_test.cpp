@@ -198,3 +198,34 @@ TEST_CASE("auto budget: byte sizes for people", "[engine][memory_budget]") {
 }
 
 }  // namespace memory_budget_test
+
+namespace memory_budget_test {
+
+TEST_CASE("memory fit: the large allocations against the usable memory, before any is made",
+          "[engine][memory_budget]") {
+  using moekit::engine::require_memory_fit;
+  require_memory_fit(8 * gib, "MemAvailable",
+                     {{4 * gib, "KV cache at -c 1000", "-c"}, {2 * gib, "dense weights", ""}});
+  require_memory_fit(std::nullopt, "unknown", {{100 * gib, "KV cache at -c 1000", "-c"}});
+  const std::string alone = error_of([] {
+                              require_memory_fit(8 * gib, "MemAvailable",
+                                                 {{77 * gib, "KV cache at -c 100000000", "-c"},
+                                                  {1 * gib, "dense weights", ""}});
+                            }).message();
+  INFO(alone);
+  CHECK(alone.find("-c: the KV cache at -c 100000000 (77.0 GiB) does not fit in the 8.0 GiB") !=
+        std::string::npos);
+  CHECK(alone.find("(MemAvailable)") != std::string::npos);
+  CHECK(alone.find("needs at least 78.0 GiB") != std::string::npos);
+  CHECK(alone.find("70.0 GiB more") != std::string::npos);
+  const std::string together = error_of([] {
+                                 require_memory_fit(8 * gib, "ulimit -v (RLIMIT_AS)",
+                                                    {{5 * gib, "expert cache", "--expert-budget"},
+                                                     {4 * gib, "KV cache at -c 9000", "-c"}});
+                               }).message();
+  INFO(together);
+  CHECK(together.find("--expert-budget: the expert cache (5.0 GiB) with the rest does not fit") !=
+        std::string::npos);
+}
+
+}  // namespace memory_budget_test

@@ -385,4 +385,21 @@ TEST_CASE("memory limits: this machine's files are consistent", "[io][memory_lim
   CHECK(m.source() != "unknown");
 }
 
+TEST_CASE("memory limits: ulimit -v bounds what is usable, less the address space in use",
+          "[io][memory_limit]") {
+  FakeRoot fs;
+  fs.meminfo(16 * gib, 12 * gib);
+  fs.write("proc/self/status", "Name:\tmoe-run\nVmSize:\t  102400 kB\nVmRSS:\t    2048 kB\n");
+  const MemoryLimits m = read_memory_limits(fs.root(), 4 * gib);
+  CHECK(m.address_space_left == 4 * gib - 100 * mib);
+  CHECK(m.usable_bytes() == 4 * gib - 100 * mib);
+  CHECK(m.source() == "ulimit -v (RLIMIT_AS)");
+  // A limit above MemAvailable does not bind.
+  const MemoryLimits wide = read_memory_limits(fs.root(), 64 * gib);
+  CHECK(wide.usable_bytes() == 12 * gib);
+  CHECK(wide.source() == "MemAvailable");
+  // No limit (or a fake root without one): unknown, as before.
+  CHECK_FALSE(read_memory_limits(fs.root()).address_space_left);
+}
+
 }  // namespace memory_limit_test

@@ -4,10 +4,17 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 
@@ -178,4 +185,62 @@ TEST_CASE("the wait sink counts the caller's waits for other threads' chunks",
     CHECK(waited >= 15'000'000);  // the worker took one of the two chunks
   else
     CHECK(waited == 0);  // the caller ran both
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define MOEKIT_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define MOEKIT_TEST_SANITIZED 1
+#endif
+#endif
+
+namespace {
+// This process's address space in bytes (VmSize of /proc/self/status), 0 when unknown.
+std::uint64_t address_space_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) << 10;
+  return 0;
+}
+}  // namespace
+
+// `ulimit -v` just above what the process uses: creating the pool's threads (8 MiB stacks) fails
+// part way. The constructor must join the workers it started and throw a moekit::Error saying so
+// (it used to end the process: "terminate called without an active exception"). In a child
+// process, as the limit cannot be raised back.
+TEST_CASE("ThreadPool refuses, joining its workers, when threads cannot be created",
+          "[precision][thread_pool]") {
+#ifdef MOEKIT_TEST_SANITIZED
+  SKIP("sanitizers reserve terabytes of address space: RLIMIT_AS cannot bound thread creation");
+#else
+  const std::uint64_t used = address_space_bytes();
+  REQUIRE(used > 0);
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const rlimit limit{used + (40u << 20), used + (40u << 20)};
+    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(3);
+    int code = 1;
+    try {
+      ThreadPool pool(64);
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      code = m.find("ThreadPool: cannot start thread") != std::string::npos &&
+                     m.find("of 64") != std::string::npos &&
+                     m.find("use fewer threads") != std::string::npos
+                 ? 0
+                 : 2;
+    } catch (...) {
+      code = 4;
+    }
+    _exit(code);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));  // not killed by terminate()'s abort
+  CHECK(WEXITSTATUS(status) == 0);
+#endif
 }

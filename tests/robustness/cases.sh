@@ -212,6 +212,21 @@ case_unbounded_inputs() {  # a device where a text file is expected: refused, no
     limited "$moe_run" -m m --in-memory --perplexity text.txt --kl-reference /dev/zero
 }
 
+case_input_files_not_regular() {  # every other input file flag: a device or a directory, named
+  model_copy m
+  mkdir d
+  local flag
+  for flag in --bitwidth-table --popularity --store; do
+    expect_refusal "$flag: '/dev/zero' is not a regular file" \
+      limited "$moe_run" -m m "${run_args[@]}" "$flag" /dev/zero
+    expect_refusal "$flag: 'd' is not a regular file" limited "$moe_run" -m m "${run_args[@]}" "$flag" d
+  done
+  for flag in --bitwidths --routers --hardware-file; do
+    expect_refusal "$flag: '/dev/zero' is not a regular file" \
+      limited "$moe_sim" --synthetic "$flag" /dev/zero
+  done
+}
+
 # ---- resources and small validations ---------------------------------------------------------
 
 case_context_beyond_the_model() {  # -c beyond max_position_embeddings: refused before the KV cache
@@ -239,6 +254,95 @@ case_config_values() {  # config.json fields out of range
   rm -rf m && model_copy m
   sed -i 's/"max_position_embeddings": 128/"max_position_embeddings": 0/' m/config.json
   expect_refusal "max_position_embeddings.*must be > 0" "$moe_run" -m m --in-memory "${run_args[@]}"
+}
+
+case_absurd_metadata() {  # counts of 1e9 and sizes of 4e9: refused before anything is sized by them
+  model_copy m
+  sed -i 's/"num_hidden_layers": 2/"num_hidden_layers": 1000000000/' m/config.json
+  expect_refusal "config '.*m/config\.json': field 'num_hidden_layers' is 1000000000, more than moekit reads" \
+    limited "$moe_run" -m m "${run_args[@]}"
+  rm -rf m && model_copy m
+  sed -i 's/"num_local_experts": 4/"num_local_experts": 1000000000/' m/config.json
+  expect_refusal "field 'num_local_experts' is 1000000000, more than moekit reads" \
+    limited "$moe_run" -m m "${run_args[@]}"
+  expect_refusal "field 'num_local_experts' is 1000000000" \
+    limited "$moe_convert" -m m -o s.moestore --precisions q8
+  local key value
+  for key_value in "llama.block_count 1000000000" "llama.expert_count 1000000000" "llama.expert_count 3" \
+    "llama.feed_forward_length 4000000000"; do
+    read -r key value <<<"$key_value"
+    cp "$fixture/model-f32.gguf" a.gguf && "$inject" gguf-set-uint a.gguf "$key" "$value" || fail "inject"
+    expect_refusal "GGUF 'a\.gguf': metadata '$key' (is|gives experts of) $value" \
+      limited "$moe_run" -m a.gguf "${run_args[@]}"
+    rm a.gguf
+  done
+}
+
+case_config_disagrees_with_tensors() {  # fewer or more layers/experts than the weights: refused
+  model_copy m
+  sed -i 's/"num_hidden_layers": 2/"num_hidden_layers": 1/' m/config.json
+  expect_refusal "'num_hidden_layers' is 1 but the checkpoint 'm' holds tensors of 2 layers: 'model\.layers\.1\..*' would be unused" \
+    "$moe_run" -m m "${run_args[@]}"
+  expect_refusal "'num_hidden_layers' is 1 but the checkpoint 'm' holds tensors of 2 layers" \
+    "$moe_convert" -m m -o s.moestore --precisions q8
+  rm -rf m && model_copy m
+  sed -i 's/"num_hidden_layers": 2/"num_hidden_layers": 3/' m/config.json
+  expect_refusal "'num_hidden_layers' is 3 but the checkpoint 'm' has no tensor of layer 2" \
+    "$moe_run" -m m "${run_args[@]}"
+  rm -rf m && model_copy m
+  sed -i 's/"num_local_experts": 4/"num_local_experts": 3/' m/config.json
+  expect_refusal "'num_local_experts' is 3 but .*experts\.3\.w1\.weight' would be unused" \
+    "$moe_run" -m m "${run_args[@]}"
+  rm -rf m && model_copy m
+  sed -i 's/"num_local_experts": 4/"num_local_experts": 6/' m/config.json
+  expect_refusal "'num_local_experts' is 6 but the checkpoint 'm' has no tensor of expert 4 of layer 0" \
+    "$moe_run" -m m "${run_args[@]}"
+  cp "$fixture/model-f32.gguf" a.gguf && "$inject" gguf-set-uint a.gguf llama.block_count 1 || fail "inject"
+  expect_refusal "GGUF 'a\.gguf': metadata 'llama\.block_count' is 1 but the checkpoint 'a\.gguf' holds tensors of 2 layers" \
+    "$moe_run" -m a.gguf "${run_args[@]}"
+  rm a.gguf
+}
+
+case_memory_does_not_fit() {  # KV cache, experts... beyond the memory the process may use
+  model_copy m
+  sed -i 's/"max_position_embeddings": 128/"max_position_embeddings": 4000000000/' m/config.json
+  # 715 GiB of KV cache: beyond any machine this runs on, refused before a byte is allocated
+  expect_refusal "-c: the KV cache at -c 3000000000 \(715\.3 GiB\) does not fit in the .* this process may use" \
+    "$moe_run" -m m --expert-budget all "${run_args[@]}" -c 3000000000
+  expect_refusal "--expert-budget auto: .* of memory missing.*KV cache" \
+    "$moe_run" -m m --expert-budget auto "${run_args[@]}" -c 3000000000
+  if [[ -z "${MOEKIT_SANITIZED:-}" ]]; then  # ulimit -v counts: 7.2 GiB of KV cache in 4 GB
+    expect_refusal "-c: the KV cache at -c 30000000 \(7\.2 GiB\) does not fit .*\(ulimit -v \(RLIMIT_AS\)\)" \
+      limited "$moe_run" -m m --expert-budget all "${run_args[@]}" -c 30000000
+  fi
+}
+
+case_prompt_beyond_the_model() {  # a prompt longer than max_position_embeddings, without -c
+  model_copy m
+  expect_refusal "-p: the prompt and -n need [0-9]+ positions, more than the model's max_position_embeddings \(128\)" \
+    "$moe_run" -m m -p "$(printf 'Hello world %.0s' {1..100})" -n 4 --temp 0 --no-direct
+}
+
+case_thread_creation_fails() {  # threads that cannot be created: an error, not terminate()
+  [[ -z "${MOEKIT_SANITIZED:-}" ]] || { echo "skipped under sanitizers (ulimit -v)"; return; }
+  model_copy m
+  expect_refusal "-t 64: ThreadPool: cannot start thread [0-9]+ of 64 .*use fewer threads" \
+    bash -c 'ulimit -v 300000; exec "$@"' _ "$moe_run" -m m --in-memory --expert-budget all "${run_args[@]}" -t 64
+}
+
+case_shape_flags() {  # preset flags beyond the model, empty paths, a calibration disk in memory
+  model_copy m
+  expect_refusal "--k-little: 9 experts in the little pass is more than the model's top-k \(2\)" \
+    "$moe_run" -m m --preset mobile "${run_args[@]}" --k-little 9
+  expect_refusal "--shallow-layers: 1000 is more than the model's 2 MoE layers" \
+    "$moe_run" -m m --preset fate "${run_args[@]}" --shallow-layers 1000
+  expect_refusal "--trace-out: an empty path" "$moe_run" -m m "${run_args[@]}" --trace-out ""
+  expect_refusal "--disk-size: '1MiB' is below the 4MiB read chunk" \
+    "$moe_calibrate" --out hw.json --disk-size 1MiB --reps 1
+  if [[ "$(stat -f -c %T /dev/shm 2>/dev/null)" == tmpfs ]]; then
+    expect_refusal "--disk-dir: '/dev/shm' is in memory \(tmpfs/ramfs\), not on a disk" \
+      "$moe_calibrate" --out hw.json --disk-dir /dev/shm --disk-size 4MiB --reps 1
+  fi
 }
 
 if ! declare -F "case_$case_name" >/dev/null; then

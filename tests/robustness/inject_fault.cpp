@@ -2,6 +2,7 @@
 // located through moekit's own readers (so the suite needs no offsets of its own):
 //   inject_fault nan-tensor FILE.safetensors TENSOR INDEX [nan|inf]   one f32 weight -> NaN/Inf
 //   inject_fault flip-blob STORE LAYER EXPERT PRECISION               one byte of a blob flipped
+//   inject_fault gguf-set-uint FILE.gguf KEY VALUE                    an integer metadata value
 // Exit code 0 when done, 1 with a message otherwise.
 
 #include <fcntl.h>
@@ -13,6 +14,8 @@
 #include <iostream>
 #include <limits>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
@@ -59,6 +62,39 @@ int flip_blob(const std::string& store_path, std::uint32_t layer, std::uint32_t 
   return 0;
 }
 
+// GGUF stores a metadata entry as u64 key length, key bytes, u32 value type, value: the entry is
+// found by its key bytes, and its value overwritten in its own integer type (u32, i32, u64, i64).
+int gguf_set_uint(const std::string& file, const std::string& key, std::uint64_t value) {
+  std::vector<char> bytes;
+  {
+    const int fd = ::open(file.c_str(), O_RDONLY);
+    if (fd < 0) throw moekit::Error(moekit::ErrorKind::io, "cannot open '" + file + "'");
+    char buf[65536];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) bytes.insert(bytes.end(), buf, buf + n);
+    ::close(fd);
+  }
+  std::string needle(8, '\0');
+  const std::uint64_t len = key.size();
+  std::memcpy(needle.data(), &len, 8);
+  needle += key;
+  const auto at = std::string_view(bytes.data(), bytes.size()).find(needle);
+  if (at == std::string_view::npos || at + needle.size() + 4 > bytes.size())
+    throw moekit::Error(moekit::ErrorKind::invalid_argument, "gguf-set-uint: no key '" + key + "'");
+  std::uint32_t type = 0;
+  std::memcpy(&type, bytes.data() + at + needle.size(), 4);
+  const std::uint64_t value_at = at + needle.size() + 4;
+  if (type == 4 || type == 5) {  // u32, i32
+    const auto v = static_cast<std::uint32_t>(value);
+    patch(file, value_at, &v, 4);
+  } else if (type == 10 || type == 11) {  // u64, i64
+    patch(file, value_at, &value, 8);
+  } else {
+    throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                        "gguf-set-uint: '" + key + "' has type " + std::to_string(type));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -69,8 +105,10 @@ int main(int argc, char** argv) {
     if (what == "flip-blob" && argc == 6)
       return flip_blob(argv[2], static_cast<std::uint32_t>(std::stoul(argv[3])),
                        static_cast<std::uint32_t>(std::stoul(argv[4])), argv[5]);
+    if (what == "gguf-set-uint" && argc == 5)
+      return gguf_set_uint(argv[2], argv[3], std::stoull(argv[4]));
     std::cerr << "usage: inject_fault nan-tensor FILE TENSOR INDEX [nan|inf] | "
-                 "flip-blob STORE LAYER EXPERT PRECISION\n";
+                 "flip-blob STORE LAYER EXPERT PRECISION | gguf-set-uint FILE KEY VALUE\n";
   } catch (const std::exception& e) {
     std::cerr << "inject_fault: " << e.what() << "\n";
   }

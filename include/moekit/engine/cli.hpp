@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -173,8 +174,25 @@ struct Options {
   /// --routing-trace: trace whose experts and gate weights replace the router's
   /// (routing_replay.hpp)
   std::string routing_trace;
-  bool force = false;  ///< overwrite --trace-out / --save-logits files
+  bool force = false;                 ///< overwrite --trace-out / --save-logits files
+  bool shallow_layers_given = false;  ///< --shallow-layers was on the command line
 };
+
+/// Refuses preset flags beyond the model's shape, once it is known (the presets would clamp them
+/// silently): --k-little above top-k, --shallow-layers above the MoE layers.
+inline void check_shape_flags(const Options& o, const moekit::ModelShape& shape) {
+  const PresetParams& q = o.preset_params;
+  if (q.k_little > shape.top_k)
+    throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                        "--k-little: " + std::to_string(q.k_little) +
+                            " experts in the little pass is more than the model's top-k (" +
+                            std::to_string(shape.top_k) + ")");
+  if (o.shallow_layers_given && q.shallow_layers > shape.n_layers)
+    throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                        "--shallow-layers: " + std::to_string(q.shallow_layers) +
+                            " is more than the model's " + std::to_string(shape.n_layers) +
+                            " MoE layers");
+}
 
 /// The parser. `parse` returns 0 with `options()` filled, or the exit code after printing help
 /// or an error (which names the flag) to the given streams.
@@ -341,6 +359,7 @@ class Cli {
           throw moekit::Error(moekit::ErrorKind::invalid_argument,
                               std::string(flag) + ": only meaningful with --perplexity FILE");
     }
+    check_file_flags();
     // Output files are checked before any work: a run is not spent to find the file unwritable.
     for (const auto& [flag, path] :
          {std::pair<const char*, const std::string&>{"--trace-out", o_.trace_out},
@@ -458,7 +477,32 @@ class Cli {
         ->check(CLI::Range(1u, 64u));
   }
 
+  // File flags: an empty path, or an input that is not a regular file, refused naming the flag.
+  void check_file_flags() {
+    // A file flag given an empty path ("--trace-out ''") would be taken as not given at all.
+    for (const char* flag : {"--trace-out", "--save-logits", "--kl-reference", "--perplexity",
+                             "--routing-trace", "--store", "--popularity", "--bitwidth-table"})
+      if (app_.count(flag) > 0 && app_.get_option(flag)->as<std::string>().empty())
+        throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                            std::string(flag) + ": an empty path");
+    // Input files are regular files: /dev/zero would be read without end, a directory fails
+    // with the stream's own message (basic_filebuf::underflow) naming neither flag nor file.
+    for (const auto& [flag, path] :
+         {std::pair<const char*, const std::string&>{"--store", o_.store},
+          {"--popularity", o_.preset_params.popularity_file},
+          {"--bitwidth-table", o_.preset_params.bitwidth_table},
+          {"--conversion-loss-text", o_.conversion_loss_text}}) {
+      std::error_code ec;
+      const auto st = std::filesystem::status(path, ec);
+      if (!path.empty() && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+        throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                            std::string(flag) + ": '" + path +
+                                "' is not a regular file (a directory, device or pipe)");
+    }
+  }
+
   void finish_offload() {
+    o_.shallow_layers_given = app_.count("--shallow-layers") > 0;
     for (const auto& [flag, v] :
          {std::pair<const char*, double>{"--cpu-latency", o_.preset_params.cpu_seconds_per_token},
           {"--copy-latency", o_.preset_params.copy_seconds}})

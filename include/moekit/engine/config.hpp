@@ -44,6 +44,13 @@ inline const char* name(Architecture a) noexcept {
   return "?";
 }
 
+/// Upper bounds the config parsers put on layer and expert counts before any table is sized by
+/// them (the tensors present then decide exactly: engine/tensor_census.hpp). Far above any model
+/// (hundreds of layers, a few hundred experts), far below what would exhaust memory:
+/// `num_hidden_layers` = 1e9 used to allocate for seconds until std::bad_alloc.
+inline constexpr std::uint32_t max_config_layers = 1u << 16;
+inline constexpr std::uint32_t max_config_experts = 1u << 16;
+
 /// Everything the engine needs to know about a model, independent of where its weights live.
 struct ModelConfig {
   Architecture arch = Architecture::mixtral;
@@ -211,6 +218,9 @@ inline void read_decoder(const JsonFields& f, ModelConfig& c) {
   c.vocab_size = f.positive("vocab_size");
   c.hidden = f.positive("hidden_size");
   c.n_layers = f.positive("num_hidden_layers");
+  if (c.n_layers > max_config_layers)
+    f.fail("num_hidden_layers", "is " + std::to_string(c.n_layers) + ", more than moekit reads (" +
+                                    std::to_string(max_config_layers) + ")");
   c.n_heads = f.positive("num_attention_heads");
   c.n_kv_heads = f.uint_or("num_key_value_heads", c.n_heads);
   if (c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0)
@@ -218,6 +228,7 @@ inline void read_decoder(const JsonFields& f, ModelConfig& c) {
                                       ") must be > 0 and divide num_attention_heads (" +
                                       std::to_string(c.n_heads) + ")");
   c.head_dim = f.uint_or("head_dim", 0);
+  if (f.has("head_dim") && c.head_dim == 0) f.fail("head_dim", "must be > 0 (or null)");
   if (c.head_dim == 0) {
     if (c.hidden % c.n_heads != 0)
       f.fail("num_attention_heads", "must divide hidden_size when head_dim is not given");
@@ -359,6 +370,10 @@ inline ModelConfig parse_config(const nlohmann::json& j, const std::string& sour
       detail::read_olmoe(f, c);
       break;
   }
+  if (c.n_experts > max_config_experts)
+    f.fail(c.arch == Architecture::mixtral ? "num_local_experts" : "num_experts",
+           "is " + std::to_string(c.n_experts) + ", more than moekit reads (" +
+               std::to_string(max_config_experts) + ")");
   if (c.top_k > c.n_experts)
     f.fail("num_experts_per_tok", "(" + std::to_string(c.top_k) +
                                       ") must not exceed the number of experts (" +

@@ -384,6 +384,7 @@ inline moekit::io::ExpertStoreWriteReport build_store_from_checkpoint(
     std::span<const moekit::Precision> precisions, const std::filesystem::path& out,
     moekit::io::ExpertStoreWriteOptions options) {
   const auto model = moekit::io::SafetensorsModel::open(dir);
+  check_tensor_census(cfg, model.names(), dir.string());
   const moekit::ModelShape shape = cfg.shape();
   const auto layers = moe_decoder_layers(cfg);
   const auto arch = io_architecture(cfg.arch);

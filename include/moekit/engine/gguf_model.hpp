@@ -35,6 +35,7 @@
 #include "moekit/io/tensor_names.hpp"
 
 #include "moekit/engine/config.hpp"
+#include "moekit/engine/tensor_census.hpp"
 #include "moekit/engine/weights.hpp"
 
 namespace moekit::engine {
@@ -152,6 +153,9 @@ inline void read_gguf_attention(const GgufMeta& m, ModelConfig& c) {
   using moekit::ErrorKind;
   c.hidden = m.positive(m.key("embedding_length"));
   c.n_layers = m.positive(m.key("block_count"));
+  if (c.n_layers > max_config_layers)
+    m.fail(m.key("block_count"), "is " + std::to_string(c.n_layers) + ", more than moekit reads (" +
+                                     std::to_string(max_config_layers) + ")");
   c.n_heads = m.positive(m.key("attention.head_count"));
   c.n_kv_heads = m.uint_or(m.key("attention.head_count_kv"), c.n_heads);
   if (c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0)
@@ -199,6 +203,10 @@ inline void read_gguf_vocab(const moekit::io::GgufFile& g, const GgufMeta& m, Mo
 // The routed experts; every layer is a MoE layer.
 inline void read_gguf_experts(const GgufMeta& m, ModelConfig& c) {
   c.n_experts = m.positive(m.key("expert_count"));
+  if (c.n_experts > max_config_experts)
+    m.fail(m.key("expert_count"), "is " + std::to_string(c.n_experts) +
+                                      ", more than moekit reads (" +
+                                      std::to_string(max_config_experts) + ")");
   c.top_k = m.positive(m.key("expert_used_count"));
   if (c.top_k > c.n_experts)
     m.fail(m.key("expert_used_count"), "(" + std::to_string(c.top_k) + ") exceeds expert_count (" +
@@ -242,6 +250,30 @@ inline void read_gguf_extras(const moekit::io::GgufFile& g, const GgufMeta& m, M
            moekit::ErrorKind::unsupported);
 }
 
+// The counts and sizes of the metadata against the tensors present, before anything is sized by
+// them: block_count against the blocks named, expert_count and the expert FFN size against the
+// stacked expert tensors' shape (or the per-expert tensors named).
+inline void check_gguf_against_tensors(const moekit::io::GgufFile& g, const GgufMeta& m,
+                                       const ModelConfig& c) {
+  const moekit::io::GgufTensorInfo* stacked = g.info("blk.0.ffn_gate_exps.weight");
+  if (stacked && stacked->rank == 3) {
+    if (stacked->dims[0] != c.n_experts)
+      m.fail(m.key("expert_count"), "is " + std::to_string(c.n_experts) + " but '" + stacked->name +
+                                        "' holds " + std::to_string(stacked->dims[0]) + " experts");
+    if (stacked->dims[1] != c.expert_ffn)
+      m.fail(m.find(m.key("expert_feed_forward_length")) ? m.key("expert_feed_forward_length")
+                                                         : m.key("feed_forward_length"),
+             "gives experts of " + std::to_string(c.expert_ffn) + " rows but '" + stacked->name +
+                 "' has " + std::to_string(stacked->dims[1]));
+  }
+  std::vector<std::string> names;
+  names.reserve(g.tensors().size());
+  for (const auto& t : g.tensors()) names.push_back(t.name);
+  check_tensor_census(c, names, g.path(), /*gguf=*/true, stacked != nullptr,
+                      CensusFields{"GGUF '" + g.path() + "': metadata ", m.key("block_count"),
+                                   m.key("expert_count")});
+}
+
 }  // namespace detail
 
 /// The ModelConfig of a GGUF file, from its metadata (and tensor shapes where llama.cpp infers
@@ -258,6 +290,7 @@ inline ModelConfig gguf_config(const moekit::io::GgufFile& g) {
   detail::read_gguf_vocab(g, m, c);
   detail::read_gguf_experts(m, c);
   detail::read_gguf_extras(g, m, c);
+  detail::check_gguf_against_tensors(g, m, c);
   // llama.cpp prepends BOS unless add_bos_token says otherwise; moe-run prepends it when the
   // config has one.
   if (m.find("tokenizer.ggml.bos_token_id") &&

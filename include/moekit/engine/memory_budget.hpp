@@ -174,4 +174,45 @@ inline AutoBudget auto_expert_budget(const AutoBudgetInputs& in) {
   return out;
 }
 
+/// One large allocation a run makes, for `require_memory_fit`.
+struct MemoryCost {
+  std::uint64_t bytes = 0;
+  std::string what;  ///< "KV cache at -c 100000"
+  std::string flag;  ///< what lowers it: "-c", "--expert-budget", "" when nothing does
+};
+
+/// Refuses a run whose large allocations (KV cache, dense weights, expert budget, buffers) add up
+/// to more than `usable` (io::MemoryLimits::usable_bytes(), read before loading), before any of
+/// them is made: `Error(invalid_argument)` saying how much is missing, each cost, and which does
+/// not fit on its own or is the largest, with the flag that lowers it. An unknown `usable` checks
+/// nothing. No margin is held back (unlike `auto_expert_budget`): the sizes are lower bounds, so
+/// a refusal is certain to be right, and an explicit size is the user's word.
+///
+/// Why: `-c 100000000` once zero-filled a 77 GB KV cache until the kernel killed the process
+/// after a minute of thrashing a shared machine; with an address-space cap it was a bare
+/// std::bad_alloc.
+inline void require_memory_fit(std::optional<std::uint64_t> usable, const std::string& source,
+                               std::initializer_list<MemoryCost> costs) {
+  if (!usable) return;
+  std::uint64_t total = 0;
+  const MemoryCost* largest = nullptr;
+  std::string terms;
+  for (const MemoryCost& c : costs) {
+    if (c.bytes == 0) continue;
+    total = budget_detail::saturating_add(total, c.bytes);
+    if (!largest || c.bytes > largest->bytes) largest = &c;
+    terms += (terms.empty() ? "" : " + ") + format_bytes(c.bytes) + " " + c.what;
+  }
+  if (total <= *usable) return;
+  const bool alone = largest->bytes > *usable;
+  throw Error(ErrorKind::invalid_argument,
+              (largest->flag.empty() ? std::string("memory") : largest->flag) + ": the " +
+                  largest->what + " (" + format_bytes(largest->bytes) + ") " +
+                  (alone ? "does not fit" : "with the rest does not fit") + " in the " +
+                  format_bytes(*usable) + " this process may use" +
+                  (source.empty() ? "" : " (" + source + ")") + ": this run needs at least " +
+                  format_bytes(total) + " (" + terms + "), " + format_bytes(total - *usable) +
+                  " more; nothing was allocated");
+}
+
 }  // namespace moekit::engine

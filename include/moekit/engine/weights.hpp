@@ -33,6 +33,7 @@
 #include "moekit/precision/quantize.hpp"
 
 #include "moekit/engine/config.hpp"
+#include "moekit/engine/tensor_census.hpp"
 
 namespace moekit::engine {
 
@@ -408,6 +409,7 @@ inline ModelWeights load_weights(const ModelConfig& cfg, const std::filesystem::
                                  std::vector<moekit::Precision> expert_precisions,
                                  const DenseStorage& dense_storage = {}) {
   const auto model = moekit::io::SafetensorsModel::open(path);
+  check_tensor_census(cfg, model.names(), path.string());
   const detail::CheckedReader r(model);
   const std::size_t H = cfg.hidden, V = cfg.vocab_size;
   ModelWeights w;

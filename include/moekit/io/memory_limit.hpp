@@ -16,6 +16,7 @@
 ///   page cache counts as not reclaimable.
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,6 +68,9 @@ struct MemoryLimits {
   std::optional<std::uint64_t> mem_total;      ///< /proc/meminfo MemTotal, bytes
   std::optional<std::uint64_t> rss;            ///< this process's VmRSS, bytes
   std::optional<std::uint64_t> peak_rss;       ///< this process's VmHWM, bytes
+  /// Address space left under `ulimit -v` (RLIMIT_AS − VmSize), bytes; unknown when unlimited.
+  /// Allocations beyond it fail with std::bad_alloc whatever memory the machine has.
+  std::optional<std::uint64_t> address_space_left;
 
   /// Bytes this process can still allocate without being killed or swapping:
   /// min(cgroup headroom, MemAvailable); unknown when both are.
@@ -83,10 +87,14 @@ struct MemoryLimits {
     std::optional<std::uint64_t> out;
     if (cgroup) out = cgroup->headroom();
     if (mem_available) out = out ? std::min(*out, *mem_available) : *mem_available;
+    if (address_space_left) out = out ? std::min(*out, *address_space_left) : *address_space_left;
     return out;
   }
-  /// What bounds `usable_bytes()`: the cgroup's `describe()`, "MemAvailable", or "unknown".
+  /// What bounds `usable_bytes()`: "ulimit -v (RLIMIT_AS)", the cgroup's `describe()`,
+  /// "MemAvailable", or "unknown".
   [[nodiscard]] std::string source() const {
+    const auto usable = usable_bytes();
+    if (address_space_left && usable == address_space_left) return "ulimit -v (RLIMIT_AS)";
     if (cgroup && (!mem_available || cgroup->headroom() <= *mem_available))
       return cgroup->describe();
     return mem_available ? "MemAvailable" : "unknown";
@@ -198,13 +206,27 @@ inline void read_meminfo(const std::filesystem::path& root, MemoryLimits& out) {
   }
 }
 
-/// VmRSS and VmHWM from `<root>/proc/self/status`; malformed or missing: unknown.
-inline void read_process_rss(const std::filesystem::path& root, MemoryLimits& out) {
+/// VmRSS and VmHWM from `<root>/proc/self/status`; malformed or missing: unknown. With an
+/// address-space limit `rlimit_as` (bytes), what is left of it after VmSize (unknown VmSize: the
+/// whole limit, as an upper bound).
+inline void read_process_rss(const std::filesystem::path& root, MemoryLimits& out,
+                             std::optional<std::uint64_t> rlimit_as) {
   const auto text = read_proc_file(root / "proc/self/status");
-  if (!text) return;
   bool malformed = false;
-  out.rss = kib_field(*text, "VmRSS", malformed);
-  out.peak_rss = kib_field(*text, "VmHWM", malformed);
+  if (text) {
+    out.rss = kib_field(*text, "VmRSS", malformed);
+    out.peak_rss = kib_field(*text, "VmHWM", malformed);
+  }
+  if (!rlimit_as) return;
+  const auto size = text ? kib_field(*text, "VmSize", malformed) : std::nullopt;
+  out.address_space_left = *rlimit_as - std::min(*rlimit_as, size.value_or(0));
+}
+
+/// This process's RLIMIT_AS (`ulimit -v`) in bytes; nullopt when unlimited.
+inline std::optional<std::uint64_t> address_space_limit() noexcept {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_AS, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  return static_cast<std::uint64_t>(r.rlim_cur);
 }
 
 /// A memory cgroup of this process, as /proc/self/cgroup names it.
@@ -398,12 +420,14 @@ inline std::optional<CgroupMemory> tightest_in_hierarchy(const std::filesystem::
 }  // namespace detail
 
 /// Reads the memory limits of this process below `root` ("/" on a real system; a directory
-/// holding proc/ and sys/ in tests). Throws `Error(invalid_format)` naming a malformed file
-/// (see the file comment for which), `Error(io)` for a file that exists but cannot be read.
-inline MemoryLimits read_memory_limits(const std::filesystem::path& root = "/") {
+/// holding proc/ and sys/ in tests). `rlimit_as`: the address-space limit in bytes (nullopt:
+/// none). Throws `Error(invalid_format)` naming a malformed file (see the file comment for
+/// which), `Error(io)` for a file that exists but cannot be read.
+inline MemoryLimits read_memory_limits(const std::filesystem::path& root,
+                                       std::optional<std::uint64_t> rlimit_as) {
   MemoryLimits out;
   detail::read_meminfo(root, out);
-  detail::read_process_rss(root, out);
+  detail::read_process_rss(root, out, rlimit_as);
   const auto mounts = detail::read_cgroup_mounts(root);
   for (const detail::CgroupMembership& member : detail::read_process_cgroups(root)) {
     for (const detail::CgroupMount& mount : mounts) {
@@ -414,6 +438,12 @@ inline MemoryLimits read_memory_limits(const std::filesystem::path& root = "/") 
     }
   }
   return out;
+}
+
+/// The memory limits below `root` with this process's `ulimit -v` when `root` is "/" (a fake tree
+/// in tests: no address-space limit).
+inline MemoryLimits read_memory_limits(const std::filesystem::path& root = "/") {
+  return read_memory_limits(root, root == "/" ? detail::address_space_limit() : std::nullopt);
 }
 
 }  // namespace moekit::io

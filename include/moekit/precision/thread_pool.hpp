@@ -30,6 +30,8 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -91,16 +93,24 @@ class ThreadPool {
   explicit ThreadPool(unsigned threads) : threads_(threads) {
     MOEKIT_EXPECTS(threads >= 1 && threads <= 1024, "ThreadPool: threads must be in [1, 1024]");
     workers_.reserve(threads - 1);
-    for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    for (unsigned i = 1; i < threads; ++i) {
+      try {
+        workers_.emplace_back([this] { worker_loop(); });
+      } catch (const std::system_error& e) {
+        // A destructor does not run for a constructor that throws: the started workers are
+        // stopped and joined here (a joinable std::thread destroyed would call terminate()).
+        stop_and_join();
+        throw Error(ErrorKind::invalid_argument,
+                    "ThreadPool: cannot start thread " + std::to_string(i + 1) + " of " +
+                        std::to_string(threads) + " (" + e.what() +
+                        "): too many threads for this process's limits (ulimit -u, ulimit -v, "
+                        "cgroup pids.max); use fewer threads");
+      }
+    }
   }
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
-  ~ThreadPool() {
-    stop_.store(true, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_seq_cst);
-    pool_detail::wake(generation_, /*all=*/true);
-    for (auto& t : workers_) t.join();
-  }
+  ~ThreadPool() { stop_and_join(); }
 
   /// Threads of the pool, the caller included.
   [[nodiscard]] unsigned size() const noexcept { return threads_; }
@@ -277,6 +287,14 @@ class ThreadPool {
   }
 
  private:
+  // Wakes every worker to see stop_, then joins them (the destructor, and a failed constructor).
+  void stop_and_join() noexcept {
+    stop_.store(true, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_seq_cst);
+    pool_detail::wake(generation_, /*all=*/true);
+    for (auto& t : workers_) t.join();
+  }
+
   static std::int64_t now_ns() noexcept {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <span>
 #include <sstream>
@@ -119,6 +120,11 @@ class PrecisionTable {
 
   /// Reads a table file; errors name the file and line.
   [[nodiscard]] static PrecisionTable load(const std::string& path) {
+    std::error_code ec;  // a device such as /dev/zero would be read without end
+    const auto st = std::filesystem::status(path, ec);
+    if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+      detail::fail(ErrorKind::invalid_argument,
+                   "PrecisionTable: '" + path + "' is not a regular file (a directory or device)");
     std::ifstream f(path, std::ios::binary);
     if (!f) detail::fail(ErrorKind::io, "PrecisionTable: cannot open '" + path + "'");
     std::ostringstream s;
