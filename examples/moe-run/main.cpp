@@ -900,8 +900,14 @@ moekit::MatrixOrder expert_order(const Options& o, const moekit::ModelShape& sha
                                              : moekit::MatrixOrder::rows);
 }
 
-// --routing-trace: the trace read and checked against the model (nullopt without the flag).
-std::optional<RoutingReplay> load_replay(const Options& o, const ModelConfig& cfg) {
+// --routing-trace: the trace read and checked against the model (nullopt without the flag;
+// refused for a preset that needs it).
+std::optional<RoutingReplay> load_replay(const Options& o, const ModelConfig& cfg,
+                                         const PresetEntry& preset) {
+  if (preset.needs.lookahead && o.routing_trace.empty())
+    fail("--preset " + std::string(preset.name) +
+         ": needs --routing-trace FILE (its predictor is a noisy oracle over the replayed "
+         "routing)");
   if (o.routing_trace.empty()) return std::nullopt;
   std::optional<RoutingReplay> r(RoutingReplay::from_file(o.routing_trace, cfg));
   if (!o.json) announce_replay(o, *r);
@@ -1010,7 +1016,7 @@ int run(Options o) {
     fail("-m: the tokenizer has " + std::to_string(tok.vocab_size()) +
          " pieces, more than the model's vocab_size " + std::to_string(cfg.vocab_size));
   // Read and checked against the model before any weight is loaded.
-  std::optional<RoutingReplay> replay = load_replay(o, cfg);
+  std::optional<RoutingReplay> replay = load_replay(o, cfg, preset);
 
   // Refuse an impossible budget before loading any weight.
   const moekit::ModelShape shape = cfg.shape();
@@ -1020,10 +1026,6 @@ int run(Options o) {
                            : nullptr;
   const auto in_place = o.in_memory ? nullptr : located;
   const std::size_t prompt_tokens = tok.encode(o.prompt, false).size() + 1;
-  if (preset.needs.lookahead && !replay)
-    fail("--preset " + std::string(preset.name) +
-         ": needs --routing-trace FILE (its predictor is a noisy oracle over the replayed "
-         "routing)");
   OffloadSettings settings =
       offload_settings(o, m, preset, in_place.get(), located.get(), prompt_tokens, limits_at_start);
 

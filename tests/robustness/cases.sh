@@ -337,6 +337,10 @@ case_shape_flags() {  # preset flags beyond the model, empty paths, a calibratio
   expect_refusal "--shallow-layers: 1000 is more than the model's 2 MoE layers" \
     "$moe_run" -m m --preset fate "${run_args[@]}" --shallow-layers 1000
   expect_refusal "--trace-out: an empty path" "$moe_run" -m m "${run_args[@]}" --trace-out ""
+  expect_refusal "--preset hobbit-oracle: needs --routing-trace FILE" \
+    "$moe_run" -m m --preset hobbit-oracle "${run_args[@]}"
+  expect_refusal "--oracle-recall: every figure must be in \[0, 1\]" \
+    "$moe_run" -m m --preset hobbit "${run_args[@]}" --oracle-recall 0.9,1.5
   expect_refusal "--disk-size: '1MiB' is below the 4MiB read chunk" \
     "$moe_calibrate" --out hw.json --disk-size 1MiB --reps 1
   if [[ "$(stat -f -c %T /dev/shm 2>/dev/null)" == tmpfs ]]; then
