@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -342,6 +343,15 @@ void add_pipeline_stats(nlohmann::json& j, const Pipeline& pipeline) {
   j["tokens_accepted"] = s.tokens_accepted;
   j["fallback_ratio"] = s.tokens_accepted ? double(s.fallbacks) / double(s.tokens_accepted) : 0.0;
   j["evictions"] = s.cache.evictions;
+  using Base = std::remove_cvref_t<decltype(base_pipeline(pipeline))>;
+  if constexpr (std::is_same_v<typename Base::Predictor, moekit::RouterReplayPredictor>) {
+    // MoBiLE: agreement of the little pass's plans with the big passes' own top-K
+    const auto& replay = base_pipeline(pipeline).predictor();
+    j["big_pass_plan_accuracy"] = replay.stats().accuracy();
+    j["big_pass"] = replay.config().big_pass == moekit::RouterReplayPredictor::BigPass::little_plan
+                        ? "little-plan"
+                        : "recompute";
+  }
 }
 
 // --perplexity FILE: scores the text (perplexity.hpp), optionally saving top-K log-probs or
@@ -620,13 +630,17 @@ PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const Mo
   if (needs.latencies) {
     const FiddlerLatencies l = measure_fiddler_latencies(shape, o.precision, backing, &pool,
                                                          /*reps=*/9, setup.int8_experts);
-    if (!(in.cpu_seconds_per_token > 0)) in.cpu_seconds_per_token = l.cpu_seconds_per_token;
+    if (!(in.cpu_seconds_per_token > 0)) {  // the measured line (--cpu-latency: its own slope)
+      in.cpu_seconds_per_token = l.cpu_seconds_per_token;
+      in.cpu_seconds_per_expert = l.cpu_seconds_per_expert;
+    }
     if (!(in.copy_seconds > 0)) in.copy_seconds = l.copy_seconds;
     if (!o.json)
       std::fprintf(stderr,
-                   "fiddler: measured %.1f us per token per expert on the CPU, %.1f us "
-                   "to load + run one expert\n",
-                   1e6 * in.cpu_seconds_per_token, 1e6 * in.copy_seconds);
+                   "fiddler: CPU time per expert call %.1f us + %.1f us per token (fitted over "
+                   "%u experts at 1-32 tokens), %.1f us to load + run one expert\n",
+                   1e6 * in.cpu_seconds_per_expert, 1e6 * in.cpu_seconds_per_token,
+                   l.experts_sampled, 1e6 * in.copy_seconds);
   }
   return in;
 }

@@ -35,6 +35,7 @@
 #include "moekit/pipeline.hpp"
 #include "moekit/predict/activation_path.hpp"
 #include "moekit/predict/cross_layer_gate.hpp"
+#include "moekit/predict/router_replay.hpp"
 #include "moekit/predict/stacked_gate.hpp"
 #include "moekit/score/big_little.hpp"
 #include "moekit/score/hobbit_threshold.hpp"
@@ -59,6 +60,10 @@ struct PresetParams {
   // MoBiLE
   float gamma = BigLittlePolicy::Config{}.gamma;                ///< --gamma
   std::uint32_t k_little = BigLittlePolicy::Config{}.k_little;  ///< --k-little (0 = K/2)
+  RouterReplayPredictor::BigPass big_pass =
+      RouterReplayPredictor::Config{}.big_pass;  ///< --big-pass
+  std::uint32_t big_pass_lookahead =
+      RouterReplayPredictor::Config{}.lookahead;  ///< --big-pass-lookahead
 };
 
 /// What a preset takes from the model and the machine beyond its knobs (the `PresetInputs` field
@@ -83,8 +88,9 @@ struct PresetInputs {
   std::vector<double> popularity{};
   std::shared_ptr<const ActivationPathProfile> paths{};  ///< activation paths
   std::shared_ptr<const PrecisionTable> bitwidths{};     ///< per-expert precisions (null: uniform)
-  double cpu_seconds_per_token = 0;  ///< one token through one expert on the CPU
-  double copy_seconds = 0;           ///< load one expert into the cache and run it
+  double cpu_seconds_per_token = 0;   ///< one token through one expert on the CPU (slope)
+  double cpu_seconds_per_expert = 0;  ///< fixed CPU time per expert call (intercept; paper: 0)
+  double copy_seconds = 0;            ///< load one expert into the cache and run it
 };
 
 /// What a spec that does not define a member gets.
@@ -114,6 +120,8 @@ inline void check_params(const PresetParams& q) {
   if (!(q.fate_percentile >= 0 && q.fate_percentile < 1))
     bad("--fate-percentile: must be in [0, 1)");
   if (!(q.gamma >= 0 && q.gamma <= 1)) bad("--gamma: must be in [0, 1]");
+  if (!(q.big_pass_lookahead >= 1 && q.big_pass_lookahead <= max_prediction_distance))
+    bad("--big-pass-lookahead: must be in [1, " + std::to_string(max_prediction_distance) + "]");
 }
 
 /// For presets that read `low`: it must not be more precise than the base precision.
