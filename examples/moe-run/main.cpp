@@ -162,6 +162,21 @@ nlohmann::json profile_json(const TokenProfile& p) {
   return j;
 }
 
+// MoBiLE: which big pass ran, and how often the little pass's plans agreed with the big passes'
+// own top-K.
+template <class Pipeline>
+void add_big_pass_stats(nlohmann::json& j, const Pipeline& pipeline) {
+  using Base = std::remove_cvref_t<decltype(base_pipeline(pipeline))>;
+  if constexpr (std::is_same_v<typename Base::Predictor, moekit::RouterReplayPredictor>) {
+    // MoBiLE: agreement of the little pass's plans with the big passes' own top-K
+    const auto& replay = base_pipeline(pipeline).predictor();
+    j["big_pass_plan_accuracy"] = replay.stats().accuracy();
+    j["big_pass"] = replay.config().big_pass == moekit::RouterReplayPredictor::BigPass::little_plan
+                        ? "little-plan"
+                        : "recompute";
+  }
+}
+
 // The --json object of a generation (also what the text mode prints from).
 template <class Pipeline>
 nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
@@ -212,6 +227,7 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   j["prediction_recall"] = pred.recall();
   j["predictions_made"] = pred.true_positive + pred.false_positive > 0;
   j["fallbacks"] = s.fallbacks;
+  add_big_pass_stats(j, pipeline);
   j["evictions"] = s.cache.evictions;
   j["dense_bytes"] = w.dense.bytes();
   j["dense_precision"] = w.dense.precisions();
@@ -343,15 +359,7 @@ void add_pipeline_stats(nlohmann::json& j, const Pipeline& pipeline) {
   j["tokens_accepted"] = s.tokens_accepted;
   j["fallback_ratio"] = s.tokens_accepted ? double(s.fallbacks) / double(s.tokens_accepted) : 0.0;
   j["evictions"] = s.cache.evictions;
-  using Base = std::remove_cvref_t<decltype(base_pipeline(pipeline))>;
-  if constexpr (std::is_same_v<typename Base::Predictor, moekit::RouterReplayPredictor>) {
-    // MoBiLE: agreement of the little pass's plans with the big passes' own top-K
-    const auto& replay = base_pipeline(pipeline).predictor();
-    j["big_pass_plan_accuracy"] = replay.stats().accuracy();
-    j["big_pass"] = replay.config().big_pass == moekit::RouterReplayPredictor::BigPass::little_plan
-                        ? "little-plan"
-                        : "recompute";
-  }
+  add_big_pass_stats(j, pipeline);
 }
 
 // --perplexity FILE: scores the text (perplexity.hpp), optionally saving top-K log-probs or
