@@ -145,3 +145,18 @@ TEST_CASE("RouterReplay: the paper's big pass runs the little pass's plan", "[pr
   (void)little_pass_then_fallback(exact);
   CHECK(exact.planned_experts(0).empty());
 }
+
+TEST_CASE("RouterReplay: a prefill's fallback replays nothing", "[predict][mobile]") {
+  // MoBiLE's little prefill (big_prefill = false) can fall back: there is no one-token trace to
+  // replay, and an earlier decode token's must not be taken for it.
+  RouterReplayPredictor p({.top_k = 2});
+  (void)little_pass_then_fallback(p);  // a decode token's fallback and big pass
+  for (std::uint32_t l = 0; l < 4; ++l) p.observe(ctx(l, 4, 7), Route(4, {{0, 1}}).view());
+  Route prompt(4, {{0, 1}, {2, 3}});
+  for (std::uint32_t l = 0; l < 4; ++l) p.observe(ctx(l, 4, 0, Phase::prefill, 2), prompt.view());
+  OwnedList out;
+  p.on_verdict(TokenVerdict::fallback, out.list);
+  CHECK(out.items().empty());
+  CHECK(p.planned_experts(0).empty());
+  CHECK(p.stats().fallbacks == 1);
+}

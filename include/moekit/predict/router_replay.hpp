@@ -81,6 +81,8 @@ class RouterReplayPredictor {
   }
 
   void observe(const LayerContext& ctx, const GateView& gate) {
+    if (ctx.layer == 0 && !replaying_)  // a prefill's fallback has no one-token trace to replay
+      decode_pass_ = ctx.phase == Phase::decode && gate.n_tokens == 1;
     if (ctx.phase != Phase::decode || gate.n_tokens != 1) return;
     if (n_layers_ == 0) bind(ctx.n_layers, gate.n_experts);
     MOEKIT_EXPECTS(ctx.n_layers == n_layers_ && gate.n_experts == n_experts_,
@@ -118,7 +120,7 @@ class RouterReplayPredictor {
   /// On fallback: plans every layer recorded for the fallen-back token (the top-K of its logits)
   /// and pushes the plans of the first `lookahead` layers.
   void on_verdict(TokenVerdict v, PrefetchList& out) {
-    if (v != TokenVerdict::fallback || n_layers_ == 0) return;
+    if (v != TokenVerdict::fallback || n_layers_ == 0 || !decode_pass_) return;
     ++stats_.fallbacks;
     const std::uint32_t k = std::min(cfg_.top_k, n_experts_);
     for (std::uint32_t l = 0; l < n_layers_; ++l) {
@@ -144,6 +146,7 @@ class RouterReplayPredictor {
 
   void begin_sequence() noexcept {
     replaying_ = false;
+    decode_pass_ = false;
     std::fill(recorded_.begin(), recorded_.end(), no_token);
   }
 
@@ -211,6 +214,7 @@ class RouterReplayPredictor {
   std::vector<std::uint32_t> own_;       ///< [K] the big pass's own top-K (scratch)
   std::uint64_t token_ = no_token;
   bool replaying_ = false;
+  bool decode_pass_ = false;  ///< the forward being judged is a one-token decode pass
   Stats stats_{};
 };
 static_assert(Predictor<RouterReplayPredictor>);
