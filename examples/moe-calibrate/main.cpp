@@ -12,7 +12,8 @@
 //  * the project's fused expert FFN (precision/expert_ffn.hpp over precision/gemv.hpp) per stored
 //    precision for one expert of --hidden × --ffn: weight rate = expert bytes / (time of one
 //    token − call overhead) → weight_bytes_per_s[p]; call overhead = the median call of a tiny
-//    (64 × 64) f32 expert; flops_per_s from the slope between 1 and 16 tokens at f16.
+//    (64 × 64) f32 expert; flops_per_s from the least-squares slope over 1, 2, 4, …, 32 tokens at
+//    f16 (each count timed on cold copies of the expert).
 // "cpu" gets the same numbers as "device"; layer_overhead_s = the call overhead [choice].
 
 #include <fcntl.h>
@@ -309,7 +310,7 @@ void add_flags(CLI::App& app, Options& o) {
 }
 
 /// The CPU's expert kernels: the weight rate per stored precision (one token, less the call
-/// overhead) and the flop rate from the slope between 1 and 16 tokens at f16.
+/// overhead) and the flop rate from the least-squares slope over 1..32 tokens at f16.
 sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double overhead) {
   constexpr std::size_t rotation = 256u << 20;  // > 4x the LLC of large server CPUs
   sim::ProcessorModel cpu;
@@ -324,17 +325,26 @@ sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double o
                 double(e.bytes()) / 1048576.0, t * 1e3, rate / 1e9);
     std::fflush(stdout);
   }
+  // The slope: least squares over 1..32 tokens (Fiddler's calibration, fiddler.md §2.1), each
+  // count timed on cold copies of the expert (time_expert rotates over them).
   const Expert e = make_expert(o.hidden, o.ffn, Precision::f16, 3);
-  const double t1 = time_expert(e, 1, pool, rotation, o.reps);
-  const double t16 = time_expert(e, 16, pool, rotation, o.reps);
-  const double per_token = (t16 - t1) / 15.0;
+  double sn = 0, st = 0, snn = 0, snt = 0, k = 0;
+  for (std::size_t n : {1, 2, 4, 8, 16, 32}) {
+    const double t = time_expert(e, n, pool, rotation, o.reps);
+    sn += double(n), st += t, snn += double(n * n), snt += double(n) * t, ++k;
+    std::printf("  f16 x %2zu tokens: %9.3f ms\n", n, t * 1e3);
+  }
+  const double per_token = (k * snt - sn * st) / (k * snn - sn * sn);
   if (!(per_token > 0))
     throw moekit::Error(ErrorKind::internal,
-                        "the 16-token expert call was not slower than the 1-token call; rerun "
-                        "with more --reps on a quieter machine");
+                        "the expert calls did not get slower with more tokens (least-squares "
+                        "slope over 1..32 tokens <= 0); rerun with more --reps on a quieter "
+                        "machine");
   cpu.flops_per_s = 6.0 * double(o.hidden) * double(o.ffn) / per_token;
-  std::printf("  batch slope: %.3f ms per extra token → %.1f GFLOP/s\n", per_token * 1e3,
-              cpu.flops_per_s / 1e9);
+  std::printf(
+      "  batch slope (least squares, 1..32 tokens): %.3f ms per extra token → %.1f "
+      "GFLOP/s\n",
+      per_token * 1e3, cpu.flops_per_s / 1e9);
   return cpu;
 }
 

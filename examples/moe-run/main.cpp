@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -166,6 +167,21 @@ nlohmann::json profile_json(const TokenProfile& p) {
   return j;
 }
 
+// MoBiLE: which big pass ran, and how often the little pass's plans agreed with the big passes'
+// own top-K.
+template <class Pipeline>
+void add_big_pass_stats(nlohmann::json& j, const Pipeline& pipeline) {
+  using Base = std::remove_cvref_t<decltype(base_pipeline(pipeline))>;
+  if constexpr (std::is_same_v<typename Base::Predictor, moekit::RouterReplayPredictor>) {
+    // MoBiLE: agreement of the little pass's plans with the big passes' own top-K
+    const auto& replay = base_pipeline(pipeline).predictor();
+    j["big_pass_plan_accuracy"] = replay.stats().accuracy();
+    j["big_pass"] = replay.config().big_pass == moekit::RouterReplayPredictor::BigPass::little_plan
+                        ? "little-plan"
+                        : "recompute";
+  }
+}
+
 // The --json object of a generation (also what the text mode prints from).
 template <class Pipeline>
 nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
@@ -216,6 +232,7 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   j["prediction_recall"] = pred.recall();
   j["predictions_made"] = pred.true_positive + pred.false_positive > 0;
   j["fallbacks"] = s.fallbacks;
+  add_big_pass_stats(j, pipeline);
   j["evictions"] = s.cache.evictions;
   j["dense_bytes"] = w.dense.bytes();
   j["dense_precision"] = w.dense.precisions();
@@ -353,6 +370,7 @@ void add_pipeline_stats(nlohmann::json& j, const Pipeline& pipeline) {
   j["tokens_accepted"] = s.tokens_accepted;
   j["fallback_ratio"] = s.tokens_accepted ? double(s.fallbacks) / double(s.tokens_accepted) : 0.0;
   j["evictions"] = s.cache.evictions;
+  add_big_pass_stats(j, pipeline);
 }
 
 // --perplexity FILE: scores the text (perplexity.hpp), optionally saving top-K log-probs or
@@ -686,13 +704,17 @@ PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const Mo
   if (needs.latencies) {
     const FiddlerLatencies l = measure_fiddler_latencies(shape, o.precision, backing, &pool,
                                                          /*reps=*/9, setup.int8_experts);
-    if (!(in.cpu_seconds_per_token > 0)) in.cpu_seconds_per_token = l.cpu_seconds_per_token;
+    if (!(in.cpu_seconds_per_token > 0)) {  // the measured line (--cpu-latency: its own slope)
+      in.cpu_seconds_per_token = l.cpu_seconds_per_token;
+      in.cpu_seconds_per_expert = l.cpu_seconds_per_expert;
+    }
     if (!(in.copy_seconds > 0)) in.copy_seconds = l.copy_seconds;
     if (!o.json)
       std::fprintf(stderr,
-                   "fiddler: measured %.1f us per token per expert on the CPU, %.1f us "
-                   "to load + run one expert\n",
-                   1e6 * in.cpu_seconds_per_token, 1e6 * in.copy_seconds);
+                   "fiddler: CPU time per expert call %.1f us + %.1f us per token (fitted over "
+                   "%u experts at 1-32 tokens), %.1f us to load + run one expert\n",
+                   1e6 * in.cpu_seconds_per_expert, 1e6 * in.cpu_seconds_per_token,
+                   l.experts_sampled, 1e6 * in.copy_seconds);
   }
   return in;
 }

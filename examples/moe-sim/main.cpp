@@ -222,6 +222,8 @@ struct Options {
   std::vector<double> hobbit_recall = hobbit_paper_recall;
   double fate_recall = fate_paper_recall;
   double fallback_ratio = mobile_paper_fallback_ratio;
+  double replay_accuracy = mobile_paper_replay_accuracy;
+  std::string big_pass = "little-plan";
   std::uint64_t seed = 1;
 };
 
@@ -595,6 +597,13 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--fallback-ratio", o.fallback_ratio,
                  "MoBiLE: share of decode tokens that fall back (default 0.1375, MoBiLE Table II)");
+  app.add_option("--replay-accuracy", o.replay_accuracy,
+                 "MoBiLE: share of the little pass's plan in the big pass's top-K, standing in for "
+                 "the real little pass (default 0.8, MoBiLE \"more than 80%\")");
+  app.add_option("--big-pass", o.big_pass,
+                 "MoBiLE's big pass: little-plan (runs the little pass's plan, the paper) or "
+                 "recompute (re-routes; the plan is only prefetched)")
+      ->check(CLI::IsMember({"little-plan", "recompute"}));
   app.add_option("--hobbit-recall", o.hobbit_recall,
                  "noisy-oracle recall at +1[,+2[,+3]] layers standing in for HOBBIT's stacked "
                  "gate (default 0.96,0.90,0.90: the paper's)")
@@ -646,7 +655,8 @@ struct Setup {
 
 Setup setup_of(const Options& o) {
   for (auto [flag, v] :
-       {std::pair{"--fate-recall", o.fate_recall}, std::pair{"--fallback-ratio", o.fallback_ratio}})
+       {std::pair{"--fate-recall", o.fate_recall}, std::pair{"--fallback-ratio", o.fallback_ratio},
+        std::pair{"--replay-accuracy", o.replay_accuracy}})
     if (!(v >= 0 && v <= 1)) bad_flag(flag, "must be in [0, 1]");
   if (o.hobbit_recall.empty() || o.hobbit_recall.size() > moekit::max_prediction_distance)
     bad_flag("--hobbit-recall", "needs 1 to 3 figures (+1, +2, +3 layers ahead)");
@@ -757,6 +767,9 @@ Point point_of(const Setup& s, const RoutingTrace& tr, const ModelShape& shape,
   rp.t1 = o.t1, rp.t2 = o.t2, rp.gamma = o.gamma;
   rp.hobbit_recall = o.hobbit_recall, rp.fate_recall = o.fate_recall;
   rp.fallback_ratio = o.fallback_ratio, rp.seed = o.seed;
+  rp.replay_accuracy = o.replay_accuracy;
+  rp.big_pass = o.big_pass == "recompute" ? moekit::RouterReplayPredictor::BigPass::recompute
+                                          : moekit::RouterReplayPredictor::BigPass::little_plan;
   rp.bitwidths = s.bitwidths;
   std::string routers = o.routers;  // else the recorded model's own, from the sidecar
   if (const auto it = dims.find(tr.name()); routers.empty() && it != dims.end())

@@ -19,11 +19,14 @@
 ///    other half).
 ///  * mobile: traces store no output logits, so BigLittlePolicy falls back on a fixed share of
 ///    tokens (MoBiLE Table II); router replay needs the router logits in the trace, otherwise the
-///    fallback's experts load on demand (LRU, no replay). The replay is built from the big pass's
-///    own logits, so it is always right (the paper reports > 80 %). The little pass uses the first
-///    K/2 of each record's experts (what the router picks from the same logits).
+///    fallback's experts load on demand (LRU, no replay). The little pass uses the first K/2 of
+///    each record's experts (what the router picks from the same logits). A trace has one forward
+///    per token, so the little pass's logits are the big pass's and its plan would always be right:
+///    the plan's agreement with the big pass is a stated stand-in instead (`--replay-accuracy`,
+///    default 0.8, the paper's "more than 80 %"; sim/noisy_router_replay.hpp), and the output
+///    gives the agreement reached.
 ///  * fiddler: popularity profiled on the calibration trace (as edgemoe's profile); latencies
-///    from the hardware model; CPU work and copies are added, not overlapped as in the paper.
+///    from the hardware model; the CPU side runs beside the device side, as in the paper.
 ///
 /// Fate runs at its paper's precisions (the spec's Config defaults: q4, prefill tail q2) whatever
 /// the base precision.
@@ -51,6 +54,7 @@
 #include "moekit/presets/registry.hpp"
 #include "moekit/sched/on_demand.hpp"
 #include "moekit/score/uniform.hpp"
+#include "moekit/sim/noisy_router_replay.hpp"
 #include "moekit/sim/replay.hpp"
 #include "moekit/sim/sim_loader.hpp"
 #include "moekit/sim/trace.hpp"
@@ -67,6 +71,8 @@ inline const std::vector<double> hobbit_paper_recall(moekit::presets::hobbit_pap
 inline constexpr double fate_paper_recall = 0.9715;  ///< Fate §4.2, 75th-percentile set, decode
 /// MoBiLE Table II at γ = 0.7: mean of the four fallback ratios 0.11, 0.11, 0.21, 0.12.
 inline constexpr double mobile_paper_fallback_ratio = 0.1375;
+/// MoBiLE §III-B: the little pass's plan agrees with the big pass's experts "more than 80 %".
+inline constexpr double mobile_paper_replay_accuracy = 0.8;
 
 /// `f` as the shortest decimal that reads back as it (0.6f → 0.6): a component's float default
 /// seeds a double knob that prints as written.
@@ -90,9 +96,13 @@ struct RunParams {
   double gamma = decimal(moekit::BigLittlePolicy::Config{}.gamma);
   /// noisy-oracle recall at +1, +2, +3 layers standing in for HOBBIT's stacked gate
   std::vector<double> hobbit_recall = hobbit_paper_recall;
-  double fate_recall = fate_paper_recall;               ///< ... and for Fate's cross-layer gate
-  double fallback_ratio = mobile_paper_fallback_ratio;  ///< MoBiLE without output logits
-  std::uint64_t seed = 1;                               ///< noisy-oracle seed
+  double fate_recall = fate_paper_recall;                 ///< ... and for Fate's cross-layer gate
+  double fallback_ratio = mobile_paper_fallback_ratio;    ///< MoBiLE without output logits
+  double replay_accuracy = mobile_paper_replay_accuracy;  ///< MoBiLE's plan agreement stand-in
+  /// MoBiLE's big pass: the little pass's plan (paper) or re-routed.
+  moekit::RouterReplayPredictor::BigPass big_pass =
+      moekit::RouterReplayPredictor::BigPass::little_plan;
+  std::uint64_t seed = 1;  ///< noisy-oracle seed
   /// Router weights [n_layers · n_experts · hidden] f32 (`--routers`); null: none.
   std::shared_ptr<const std::vector<float>> routers{};
   /// EdgeMoE bit widths (`--bitwidths`); null: every expert at q4.
@@ -508,41 +518,68 @@ inline PresetResult run_edgemoe(const RunParams& given, const moekit::sim::Routi
 }
 
 /// MoBiLE: big-little token policy (fixed fallback share without output logits), router replay
-/// when the trace has router logits.
+/// when the trace has router logits, its plan's accuracy a stand-in (sim/noisy_router_replay.hpp).
 inline PresetResult run_mobile(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
   using presets::MobileSpec;
-  const MobileSpec::Config cfg{.precision = rp.config.base_precision,
-                               .tokens = {.gamma = static_cast<float>(rp.gamma),
-                                          .fallback_ratio_without_logits = rp.fallback_ratio}};
+  MobileSpec::Config cfg{.precision = rp.config.base_precision,
+                         .tokens = {.gamma = static_cast<float>(rp.gamma),
+                                    .fallback_ratio_without_logits = rp.fallback_ratio}};
+  cfg.big_pass = rp.big_pass;
   const std::uint32_t little = std::max<std::uint32_t>(1, rp.shape.top_k / 2);
   const std::string base = "fallback ratio " + fmt_num(rp.fallback_ratio, 4) +
                            " (no output logits), little pass = first " + std::to_string(little) +
                            " of " + std::to_string(rp.shape.top_k) + " recorded experts";
+  const std::string fixed_share =
+      "traces store no output logits: fallback on a fixed share of tokens";
   if (tr.has_logits()) {
-    auto p = MobileSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), cfg, {});
-    return {sim::replay(*p, tr, rp.compute), "mobile (router replay, " + base + ")",
-            "traces store no output logits: fallback on a fixed share of tokens"};
+    using Replay = sim::NoisyRouterReplay;
+    OffloadPipeline<UniformScorer, Replay, LruPolicy, sim::SimLoader, OnDemandScheduler,
+                    BigLittlePolicy>
+        p(rp.shape, MobileSpec::pipeline_config(rp.config, cfg), sim::SimLoader(rp.shape, rp.link),
+          MobileSpec::scorer(cfg),
+          Replay({.replay = MobileSpec::replay(rp.shape, cfg),
+                  .accuracy = rp.replay_accuracy,
+                  .seed = rp.seed}),
+          LruPolicy{}, OnDemandScheduler{}, MobileSpec::token_policy(cfg));
+    sim::ReplayReport rep = sim::replay(p, tr, rp.compute);
+    const double floor = Replay::floor_accuracy(rp.shape.top_k, little);
+    const std::string mode =
+        rp.big_pass == RouterReplayPredictor::BigPass::little_plan ? "little-plan" : "recompute";
+    return {std::move(rep),
+            "mobile (router replay, big pass " + mode + ", plan accuracy " +
+                fmt_num(rp.replay_accuracy) + " stand-in, reached " +
+                fmt_num(p.predictor().inner().stats().accuracy()) + ", " + base + ")",
+            fixed_share + "; the plan's agreement with the big pass is a stand-in (" +
+                fmt_num(rp.replay_accuracy) + ", paper > 0.8" +
+                (rp.replay_accuracy < floor ? ", below the floor " + fmt_num(floor) +
+                                                  " with the little pass's experts kept"
+                                            : "") +
+                "): a trace's little pass sees the big pass's logits"};
   }
   OffloadPipeline<UniformScorer, NoPredictor, LruPolicy, sim::SimLoader, OnDemandScheduler,
                   BigLittlePolicy>
-      p(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), MobileSpec::scorer(cfg),
-        NoPredictor{}, LruPolicy{}, OnDemandScheduler{}, MobileSpec::token_policy(cfg));
+      p(rp.shape, MobileSpec::pipeline_config(rp.config, cfg), sim::SimLoader(rp.shape, rp.link),
+        MobileSpec::scorer(cfg), NoPredictor{}, LruPolicy{}, OnDemandScheduler{},
+        MobileSpec::token_policy(cfg));
   return {sim::replay(p, tr, rp.compute), "mobile (LRU without router replay, " + base + ")",
-          "the trace has no router logits: no router replay; traces store no output logits: "
-          "fallback on a fixed share of tokens"};
+          "the trace has no router logits: no router replay; " + fixed_share};
 }
 
 /// Fiddler: static popularity placement profiled on the calibration trace (Fiddler profiles a
-/// calibration set), and the CPU-vs-copy scheduler with latencies
-/// from the hardware model (CPU: one token through one expert; copy: transfer + device run).
+/// calibration set), and the CPU-vs-copy scheduler with latencies from the hardware model (CPU:
+/// the line fixed part + per token of one expert, as moe-run fits it; copy: transfer + device
+/// run). The replay runs the CPU side beside the device side.
 inline PresetResult run_fiddler(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
   using presets::FiddlerSpec;
   const Precision base = rp.config.base_precision;
+  const auto b = static_cast<std::size_t>(base);
+  const bool sloped = rp.compute.cpu_expert_token_s[b] > 0;  // else the paper's line through 0
   const presets::PresetInputs in{
       .popularity = sim::expert_shares(calibration_of(rp, "fiddler")),
-      .cpu_seconds_per_token = rp.compute.cpu(base, 1),
+      .cpu_seconds_per_token = sloped ? rp.compute.cpu_expert_token_s[b] : rp.compute.cpu(base, 1),
+      .cpu_seconds_per_expert = sloped ? rp.compute.cpu_expert_s[b] : 0.0,
       .copy_seconds = rp.link.transfer_s(rp.shape.expert_bytes(base)) + rp.compute.device(base, 1)};
   auto p = FiddlerSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
                               {.scorer = {.precision = base}}, in);

@@ -68,6 +68,9 @@ struct PipelineConfig {
   /// background, once no other load is pending, and replaced in place (Fate's lazy int2 → int4;
   /// cache/lazy_upgrade.hpp). `skip`: no upgrades.
   Precision upgrade_precision = Precision::skip;
+  /// Experts of a layer call the token policy narrowed (MoBiLE's little pass) stay soft-pinned
+  /// until the token's verdict; on a fallback until the recomputation has run their layer.
+  bool retain_narrowed_experts = false;
 };
 
 /// Precision and recall of prefetches, per distance (layers ahead).
@@ -197,7 +200,8 @@ class OffloadPipeline {
     for (auto& p : predicted_) p.assign(N, 0);
     for (auto& p : pending_predictions_) p.assign(shape_.n_layers, 0);
     soft_by_layer_.resize(shape_.n_layers);
-    for (auto& v : soft_by_layer_) v.reserve(E);
+    for (auto& v : soft_by_layer_) v.reserve(2 * E);  // predictions + retained experts
+    retained_.reserve(N);
     for (std::size_t i = 0; i < bytes_.size(); ++i)  // every Precision, `skip` included
       bytes_[i] = shape_.expert_bytes(static_cast<Precision>(i));
   }
@@ -215,6 +219,7 @@ class OffloadPipeline {
     call_begin_sequence(token_policy_);
     for (std::uint32_t l = 0; l < shape_.n_layers; ++l) release_soft_pins(l);
     free_unused_staged(none_layer);
+    release_retained();
     for (auto& p : predicted_) std::fill(p.begin(), p.end(), std::uint8_t{0});
     for (auto& p : pending_predictions_) std::fill(p.begin(), p.end(), 0u);
   }
@@ -241,6 +246,14 @@ class OffloadPipeline {
     return token_policy_.active_top_k(ctx, shape_.top_k);
   }
 
+  /// Experts the predictor fixed in advance for this layer call (MoBiLE's big pass on the little
+  /// pass's plan): the engine runs exactly these. Empty: route as usual.
+  [[nodiscard]] std::span<const std::uint32_t> planned_experts(const LayerContext& ctx) const {
+    if constexpr (declares<PredictorT>(Hook::planned_experts))
+      return predictor_.planned_experts(ctx.layer);
+    return {};
+  }
+
   // ---- the per-layer path ---------------------------------------------------------------------
   /// Plans the layer call described by `ctx` and `gate`. The returned plan stays valid until the
   /// next `route`.
@@ -251,6 +264,7 @@ class OffloadPipeline {
     gate.validate();
     if (ctx.layer == 0) cache_.begin_token(ctx.n_tokens);
     ++stats_.layer_calls;
+    narrowed_ = cfg_.retain_narrowed_experts && gate.k < shape_.top_k;
     collect_completed_loads();
 
     predictor_.observe(ctx, gate);
@@ -325,6 +339,10 @@ class OffloadPipeline {
   /// of predictions for this layer dropped.
   void end_layer(const LayerContext& ctx) noexcept {
     for (const ExpertPlan& p : plan_.experts) {
+      if (narrowed_ && p.placement == Placement::device && !is_staging(p.slot)) {
+        cache_.pin_soft(p.key);  // retained until the token's verdict
+        retained_.push_back(p.key);
+      }
       if (p.hit) {
         cache_.unpin_hard(p.key);
       } else if (p.placement == Placement::device) {
@@ -345,6 +363,7 @@ class OffloadPipeline {
     const TokenVerdict v = token_policy_.end_token(output_logits);
     if (v == TokenVerdict::fallback) {
       ++stats_.fallbacks;
+      retain_for_recomputation();
       if constexpr (declares<PredictorT>(Hook::on_verdict)) {
         PrefetchList list{std::span<Prefetch>(prefetch_buf_)};
         predictor_.on_verdict(v, list);
@@ -352,6 +371,7 @@ class OffloadPipeline {
       }
     } else {
       ++stats_.tokens_accepted;
+      release_retained();
     }
     return v;
   }
@@ -368,6 +388,7 @@ class OffloadPipeline {
   [[nodiscard]] Cache& cache() noexcept { return cache_; }
   [[nodiscard]] ScorerT& scorer() noexcept { return scorer_; }
   [[nodiscard]] PredictorT& predictor() noexcept { return predictor_; }
+  [[nodiscard]] const PredictorT& predictor() const noexcept { return predictor_; }
   [[nodiscard]] LoaderT& loader() noexcept { return loader_; }
   [[nodiscard]] const LoaderT& loader() const noexcept { return loader_; }
   [[nodiscard]] SchedulerT& scheduler() noexcept { return scheduler_; }
@@ -622,6 +643,21 @@ class OffloadPipeline {
       if (cache_.entry(k).soft_pins > 0) cache_.unpin_soft(k);
     soft_by_layer_[layer].clear();
   }
+  // Retained experts (`retain_narrowed_experts`) of an accepted token are released; on a fallback
+  // each still resident one moves to its layer's soft pins, released when the recomputation ends
+  // that layer.
+  void release_retained() noexcept {
+    for (ExpertKey k : retained_)
+      if (cache_.entry(k).soft_pins > 0) cache_.unpin_soft(k);
+    retained_.clear();
+  }
+  void retain_for_recomputation() {
+    for (ExpertKey k : retained_) {
+      if (!cache_.resident(k) || cache_.entry(k).soft_pins == 0) continue;  // evicted meanwhile
+      soft_by_layer_[k.layer].push_back(k);
+    }
+    retained_.clear();
+  }
 
   // Loads seen complete (every load, waited for, with `wait_all`) make their entries evictable.
   void collect_completed_loads(bool wait_all = false) {
@@ -829,6 +865,8 @@ class OffloadPipeline {
   std::array<std::vector<std::uint32_t>, max_prediction_distance + 1> pending_predictions_;
   std::vector<std::vector<ExpertKey>> soft_by_layer_;  // soft-pinned keys, by their layer
   std::uint32_t staging_used_ = 0;
+  bool narrowed_ = false;            // the current layer call retains its experts
+  std::vector<ExpertKey> retained_;  // soft-pinned by retention, until the token's verdict
   std::array<std::size_t, precision_count + 1> bytes_{};  // expert bytes per stored precision
 };
 

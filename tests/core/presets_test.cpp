@@ -169,10 +169,11 @@ TEST_CASE(
   CHECK(loads(p.loader()) == expected);
 }
 
-TEST_CASE("presets::Mobile: little pass with K/2, fallback prefetches every layer's top-K",
+TEST_CASE("presets::Mobile: little pass with K/2; a fallback's plan is prefetched one layer ahead",
           "[preset][mobile]") {
   presets::Mobile<ManualLoader> p(shape, {.expert_budget_bytes = 6 * f16}, ManualLoader{},
-                                  UniformScorer{}, RouterReplayPredictor({.top_k = 2}));
+                                  UniformScorer{},
+                                  RouterReplayPredictor({.top_k = 2, .lookahead = 1}));
   p.begin_sequence();
   const LayerContext c0 = ctx(0, 3, 5);
   REQUIRE(p.active_top_k(c0) == 1);  // little: K/2
@@ -187,17 +188,34 @@ TEST_CASE("presets::Mobile: little pass with K/2, fallback prefetches every laye
   const std::vector<float> flat(8, 0.0f);
   CHECK(p.end_token(flat) == TokenVerdict::fallback);
   CHECK(p.active_top_k(c0) == 2);  // the recomputation uses the full K
-  // Prefetched: each layer's top-2 of the recorded router logits not already resident.
-  const std::vector<Load> expected{{{0, 0}, Precision::f16, OD}, {{1, 2}, Precision::f16, OD},
-                                   {{2, 2}, Precision::f16, OD}, {{0, 1}, Precision::f16, PF},
-                                   {{1, 3}, Precision::f16, PF}, {{2, 0}, Precision::f16, PF}};
-  CHECK(loads(p.loader()) == expected);
+  // At the fallback only layer 0's plan (top-2 of its recorded logits, less the resident little
+  // expert) is loaded; the others follow one layer ahead of the big pass.
+  const std::vector<Load> at_fallback{{{0, 0}, Precision::f16, OD},
+                                      {{1, 2}, Precision::f16, OD},
+                                      {{2, 2}, Precision::f16, OD},
+                                      {{0, 1}, Precision::f16, PF}};
+  CHECK(loads(p.loader()) == at_fallback);
+  // The big pass runs the plan (paper: the little pass's experts, no re-routing).
+  const std::vector<std::vector<std::uint32_t>> plan{{0, 1}, {2, 3}, {2, 0}};
+  for (std::uint32_t l = 0; l < 3; ++l) {
+    const auto planned = p.planned_experts(ctx(l, 3, 5));
+    CHECK(std::vector<std::uint32_t>(planned.begin(), planned.end()) == plan[l]);
+    Route r = with_logits(Route(4, {{plan[l][0], plan[l][1]}}, {{0.5f, 0.5f}}), logits[l]);
+    p.resolve(p.route(ctx(l, 3, 5), r.view()));
+    p.end_layer(ctx(l, 3, 5));
+  }
+  const std::vector<Load> after{{{0, 0}, Precision::f16, OD}, {{1, 2}, Precision::f16, OD},
+                                {{2, 2}, Precision::f16, OD}, {{0, 1}, Precision::f16, PF},
+                                {{1, 3}, Precision::f16, PF}, {{2, 0}, Precision::f16, PF}};
+  CHECK(loads(p.loader()) == after);
+  CHECK(p.stats().misses == 3);          // the little pass's only: the big pass waited for no load
+  CHECK(p.planned_experts(c0).empty());  // after the big pass: route as usual
   // A confident output is accepted.
   std::vector<float> peaked(8, 0.0f);
   peaked[3] = 10.0f;
+  CHECK(p.end_token(flat) == TokenVerdict::accept);  // the recomputation is never judged
   CHECK(p.end_token(peaked) == TokenVerdict::accept);
   CHECK(p.stats().fallbacks == 1);
-  CHECK(p.stats().tokens_accepted == 1);
 }
 
 TEST_CASE(

@@ -115,6 +115,52 @@ TEST_CASE("every preset at full precision and exact routing equals baseline bit 
   CHECK(ran == 3);
 }
 
+TEST_CASE("MoBiLE's big pass: recompute is the exact model, little-plan runs the little plan",
+          "[engine][offload][mobile]") {
+  // γ = 1: every decode token falls back. Re-routed (BigPass::recompute), every kept token is a
+  // full-top-k forward: baseline's logits bit for bit. On the little pass's plan (the paper's
+  // reading), the big pass runs the top-K of the little pass's router logits with its own gate
+  // weights: the same logits exactly when every plan agreed with its own routing.
+  moekit::ThreadPool pool(2);
+  for (const auto& dir : engine_test::architecture_fixtures()) {
+    INFO(dir.filename().string());
+    const ModelConfig cfg = load_config(dir);
+    const moekit::ModelShape s = cfg.shape();
+    const ModelWeights w = load_weights(cfg, dir, {Precision::f32});
+    const auto ref = engine_test::load_reference(dir);
+    const ExpertBacking backing{&w.experts, nullptr, {}};
+    OffloadSettings o{minimum_expert_budget(s, Precision::f32) * 2, Precision::f32};
+    const std::vector<float> base =
+        with_pipeline<presets::BaselineSpec>(s, o, backing.make_loader(), {}, [&](auto& p) {
+          return engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, 8, &pool).logits;
+        });
+    o.preset.gamma = 1.0f;
+    for (auto mode : {moekit::RouterReplayPredictor::BigPass::recompute,
+                      moekit::RouterReplayPredictor::BigPass::little_plan}) {
+      o.preset.big_pass = mode;
+      double accuracy = -1;
+      std::uint64_t fallbacks = 0;
+      const std::vector<float> got =
+          with_pipeline<presets::MobileSpec>(s, o, backing.make_loader(), {}, [&](auto& p) {
+            auto r = engine_test::greedy(cfg, w.dense, p, ref.prompt_ids, 8, &pool).logits;
+            accuracy = p.predictor().stats().accuracy();
+            fallbacks = p.stats().fallbacks;
+            return r;
+          });
+      REQUIRE(got.size() == base.size());
+      CHECK(fallbacks > 0);
+      const bool same = std::memcmp(got.data(), base.data(), got.size() * sizeof(float)) == 0;
+      if (mode == moekit::RouterReplayPredictor::BigPass::recompute) {
+        CHECK(same);
+      } else {
+        INFO("plan agreement " << accuracy);
+        CHECK(accuracy > 0.0);
+        CHECK(same == (accuracy == 1.0));
+      }
+    }
+  }
+}
+
 TEST_CASE("preset flags are checked against each other", "[engine][offload]") {
   const moekit::ModelShape s{.n_layers = 2, .n_experts = 4, .top_k = 2, .hidden = 32, .ffn = 32};
   OffloadSettings o{0, Precision::q4};

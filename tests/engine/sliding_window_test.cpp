@@ -104,6 +104,8 @@ TEST_CASE("sliding window: a ring of W positions gives transformers' logits", "[
     OffloadSettings o = all;
     o.preset.gamma = 1.0f;  // never confident: every token is recomputed with the full top-k
     o.preset.k_little = 1;
+    // the exact big pass (re-routed): the paper's little-plan big pass is not baseline's model
+    o.preset.big_pass = moekit::RouterReplayPredictor::BigPass::recompute;
     std::uint64_t fallbacks = 0;
     const auto mobile =
         with_pipeline<moekit::presets::MobileSpec>(shape, o, w.experts, [&](auto& p) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moekit/io/byte_source.hpp"
@@ -268,5 +269,25 @@ TEST_CASE("Fiddler's latencies are measured through the run's loader", "[engine]
     CHECK(l.copy_seconds > 0);
     CHECK(l.cpu_seconds_per_token < 1.0);
     CHECK(l.copy_seconds < 1.0);
+    // a line over several experts and token counts, not one warm expert at one token
+    CHECK(l.experts_sampled == std::min<std::uint32_t>(8, s.expert_count()));
+    CHECK(l.experts_sampled >= 2);
+    CHECK(l.cpu_seconds_per_expert >= 0);
   }
+}
+
+TEST_CASE("fit_cpu_line: least squares over the token counts; the paper's line when a < 0",
+          "[engine][fiddler]") {
+  const std::vector<double> n{1, 2, 4, 8, 16, 32};
+  std::vector<double> t;
+  for (double x : n) t.push_back(5e-3 + 2e-4 * x);  // a fixed weight read + per-token work
+  auto [a, c] = fit_cpu_line(n, t);
+  CHECK(a == Approx(5e-3));
+  CHECK(c == Approx(2e-4));
+  t.clear();
+  for (double x : n) t.push_back(-1e-3 + 1e-3 * x);  // negative intercept: through 0 instead
+  std::tie(a, c) = fit_cpu_line(n, t);
+  CHECK(a == 0.0);
+  CHECK(c > 0.0);
+  CHECK_THROWS_AS(fit_cpu_line(std::vector<double>{1}, std::vector<double>{1}), moekit::Error);
 }

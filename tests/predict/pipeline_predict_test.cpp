@@ -87,7 +87,7 @@ TEST_CASE("MoBiLE through the pipeline: little pass, fallback, replayed prefetch
   OffloadPipeline<UniformScorer, RouterReplayPredictor, LruPolicy, ManualLoader, OnDemandScheduler,
                   BigLittlePolicy>
       p(s3, {.expert_budget_bytes = 12 * b}, ManualLoader{}, UniformScorer{},
-        RouterReplayPredictor({.top_k = 2}));
+        RouterReplayPredictor({.top_k = 2, .big_pass = RouterReplayPredictor::BigPass::recompute}));
   p.begin_sequence();
   const std::vector<std::vector<float>> logits{
       {0.1f, 0.5f, 0.9f, 0.2f}, {0.8f, 0.0f, 0.1f, 0.7f}, {0.3f, 0.3f, 0.2f, 0.9f}};
@@ -109,8 +109,8 @@ TEST_CASE("MoBiLE through the pipeline: little pass, fallback, replayed prefetch
   CHECK(p.end_token(std::vector<float>{0, 0, 0}) == TokenVerdict::fallback);
   const auto after = p.stats();
   CHECK(after.fallbacks == 1);
-  CHECK(after.prefetches_issued == 3);  // (0,1), (1,3), (2,0): the little experts are resident
-  CHECK(after.prefetches_redundant == 3);
+  CHECK(after.prefetches_issued == 1);  // (0,1): layer 0's plan; the little expert is resident
+  CHECK(after.prefetches_redundant == 1);
   // big pass: K = 2, routes exactly as replayed except layer 1 -> {0, 2}
   const std::vector<std::vector<std::uint32_t>> big{{2, 1}, {0, 2}, {3, 0}};
   for (std::uint32_t l = 0; l < 3; ++l) {
@@ -125,6 +125,8 @@ TEST_CASE("MoBiLE through the pipeline: little pass, fallback, replayed prefetch
   const auto done = p.stats();
   CHECK(done.hits - after.hits == 5);
   CHECK(done.misses - after.misses == 1);  // (1, 2) was not in the replayed plan
+  CHECK(done.prefetches_issued == 3);      // (1,3) and (2,0) one layer ahead of the big pass
+  CHECK(done.prefetches_redundant == 3);
   CHECK(p.predictor().stats().matched == 5);
   CHECK(p.token_policy().stats().fallback_ratio() == 1.0);
   p.cache().check_invariants();
@@ -273,4 +275,48 @@ TEST_CASE("EdgeMoE components through the pipeline: static bit widths and path p
   CHECK(s.prediction[1].recall() == 1.0);
   CHECK(s.misses == 2);
   CHECK(p.predictor().stats().by_source[0] == 2);  // layers 2, 3 from the two-layer table
+}
+
+TEST_CASE("MoBiLE: the little pass's experts stay resident for the fallback",
+          "[predict][pipeline][mobile]") {
+  // 4 layers, a cache of 6 experts: the little pass loads one expert per layer; the big pass needs
+  // it plus one more per layer, each prefetched one layer ahead. Kept (soft-pinned) until the
+  // verdict and then through the big pass's layer, the little experts are not evicted by the big
+  // pass's prefetches: the fallback moves exactly L · (K − K_s) = 4 experts. Without retention,
+  // LRU evicts layer 3's little expert (used before the big pass's layer 0) to make room for
+  // layer 2's prefetch, and it is read again.
+  constexpr ModelShape s3{.n_layers = 4, .n_experts = 4, .top_k = 2, .hidden = 64, .ffn = 64};
+  const std::size_t b = s3.expert_bytes(Precision::f16);
+  const std::vector<float> logits{0.9f, 0.5f, 0.1f, 0.0f};  // little {0}, plan {0, 1}
+  auto fallback_loads = [&](bool retain) {
+    OffloadPipeline<UniformScorer, RouterReplayPredictor, LruPolicy, ManualLoader,
+                    OnDemandScheduler, BigLittlePolicy>
+        p(s3, {.expert_budget_bytes = 6 * b, .retain_narrowed_experts = retain}, ManualLoader{},
+          UniformScorer{}, RouterReplayPredictor({.top_k = 2}));
+    p.begin_sequence();
+    for (std::uint32_t l = 0; l < 4; ++l) {
+      Route r(4, {{0}}, {{1.0f}});
+      r.logits = logits;
+      p.resolve(p.route(ctx(l, 4, 10), r.view()));
+      p.end_layer(ctx(l, 4, 10));
+    }
+    const std::size_t before = p.loader().records().size();
+    REQUIRE(p.end_token(std::vector<float>{0, 0, 0}) == TokenVerdict::fallback);
+    for (std::uint32_t l = 0; l < 4; ++l) {
+      const auto planned = p.planned_experts(ctx(l, 4, 10));
+      REQUIRE(planned.size() == 2);
+      Route r(4, {{planned[0], planned[1]}}, {{0.5f, 0.5f}});
+      r.logits = logits;
+      p.resolve(p.route(ctx(l, 4, 10), r.view()));
+      p.end_layer(ctx(l, 4, 10));
+    }
+    REQUIRE(p.end_token(std::vector<float>{0, 0, 0}) == TokenVerdict::accept);
+    p.cache().check_invariants();
+    for (std::uint32_t l = 0; l < 4; ++l)  // every retention pin released
+      for (std::uint32_t e = 0; e < 4; ++e)
+        if (p.cache().resident({l, e})) CHECK(p.cache().entry({l, e}).soft_pins == 0);
+    return p.loader().records().size() - before;
+  };
+  CHECK(fallback_loads(true) == 4);
+  CHECK(fallback_loads(false) == 5);
 }

@@ -17,6 +17,7 @@
 #include "moekit/pipeline.hpp"
 #include "moekit/predict/none.hpp"
 #include "moekit/presets.hpp"
+#include "moekit/sched/fiddler.hpp"
 #include "moekit/sched/on_demand.hpp"
 #include "moekit/score/uniform.hpp"
 #include "moekit/sim/replay.hpp"
@@ -433,4 +434,38 @@ TEST_CASE("report writers: CSV quoting, JSON fields, SVG plot", "[sim][report]")
   CHECK(lines == 2);
   CHECK(svg.find("stroke-dasharray") != std::string::npos);
   CHECK_THROWS_AS(svg_line_plot("t", "x", "y", {{"bad", {1, 2}, {1}, false}}), Error);
+}
+
+TEST_CASE("replay: Fiddler's CPU experts run beside the device side (max, not sum)",
+          "[sim][replay][time][fiddler]") {
+  // One decode token over 3 layers, experts {0, 1} each. Expert 0 of every layer is placed up
+  // front; expert 1 misses and FiddlerScheduler runs it on the CPU (copy 100 s ≫ CPU 1 s). Per
+  // layer the device runs expert 0 for `dev` s while the CPU runs expert 1 for `cpu` s: the layer
+  // takes max(dev, cpu) (Fiddler §3.2: CPU and GPU work in parallel), not dev + cpu.
+  const TraceDims d{.n_layers = 3, .n_experts = 4, .top_k = 2};
+  const ModelShape s = shape_for(d);
+  RoutingTrace tr(d, "fiddler");
+  tr.begin_sequence("s");
+  const std::size_t g = tr.append_token(Phase::decode);
+  const std::vector<std::uint32_t> ids{0, 1};
+  const std::vector<float> w{0.5f, 0.5f};
+  for (std::uint32_t l = 0; l < 3; ++l) tr.set_route(g, l, ids, w);
+  for (auto [dev, cpu] : {std::pair{1.0, 1.0}, std::pair{1.0, 3.0}, std::pair{2.0, 0.5}}) {
+    INFO("device " << dev << " s, CPU " << cpu << " s");
+    ComputeModel cm;
+    cm.device_expert_s[std::size_t(Precision::f16)] = dev;
+    cm.cpu_expert_s[std::size_t(Precision::f16)] = cpu;
+    OffloadPipeline<UniformScorer, NoPredictor, LruPolicy, SimLoader, FiddlerScheduler> p(
+        s, config_slots(s, 3), SimLoader(s, LinkModel{1e18, 0.0}), UniformScorer{}, NoPredictor{},
+        LruPolicy{},
+        FiddlerScheduler(
+            {.cpu_seconds_per_token = 1e-9, .copy_seconds = 100, .cpu_seconds_per_expert = 1}));
+    for (std::uint32_t l = 0; l < 3; ++l) REQUIRE(p.preload({l, 0}, Precision::f16));
+    p.finish_loads();
+    const ReplayReport r = replay(p, tr, cm);
+    REQUIRE(r.pipeline.host_cpu_runs == 3);
+    REQUIRE(r.pipeline.hits == 3);
+    CHECK(r.total_s == Approx(3 * std::max(dev, cpu)).epsilon(1e-9));
+    CHECK(r.compute_s == Approx(3 * std::max(dev, cpu)).epsilon(1e-9));
+  }
 }

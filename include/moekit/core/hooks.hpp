@@ -50,6 +50,7 @@ enum class Hook : std::uint16_t {
   on_verdict = 1u << 8,            ///< predictor: the token policy's verdict on a token
   host_bytes = 1u << 9,            ///< loader: an expert's bytes in host memory (CPU execution)
   prepare_host_bytes = 1u << 10,   ///< loader: `host_bytes` of this expert will be asked for soon
+  planned_experts = 1u << 11,      ///< predictor: experts fixed in advance for a layer (MoBiLE)
 };
 
 /// A set of hooks; `Hook::a | Hook::b` builds one.
@@ -106,7 +107,8 @@ template <class C>
 inline constexpr Hooks cache_policy_hooks =
     Hook::bind | Hook::pool_capacities | Hook::pool_of | Hook::begin_sequence | Hook::begin_token |
     Hook::prepare_insert | Hook::set_layer_capacities | Hook::end_layer_call;
-inline constexpr Hooks predictor_hooks = Hook::begin_sequence | Hook::on_verdict;
+inline constexpr Hooks predictor_hooks =
+    Hook::begin_sequence | Hook::on_verdict | Hook::planned_experts;
 inline constexpr Hooks sequence_hooks = Hook::begin_sequence;  ///< scorer, scheduler, token policy
 inline constexpr Hooks loader_hooks = Hook::host_bytes | Hook::prepare_host_bytes;
 
@@ -149,6 +151,10 @@ template <class C>
 concept hook_on_verdict = requires(C& c, TokenVerdict v, PrefetchList& out) {
   c.on_verdict(v, out);
 };
+template <class C>  // const: asked by the engine between layer calls
+concept hook_planned_experts = requires(const C& c, std::uint32_t layer) {
+  { c.planned_experts(layer) } -> std::convertible_to<std::span<const std::uint32_t>>;
+};
 template <class C>
 concept hook_host_bytes = requires(C& c, ExpertKey k, Precision p) {
   { c.host_bytes(k, p) } -> std::convertible_to<std::span<const std::byte>>;
@@ -174,6 +180,7 @@ MOEKIT_DETAIL_NAMES_HOOK(prepare_insert)
 MOEKIT_DETAIL_NAMES_HOOK(set_layer_capacities)
 MOEKIT_DETAIL_NAMES_HOOK(end_layer_call)
 MOEKIT_DETAIL_NAMES_HOOK(on_verdict)
+MOEKIT_DETAIL_NAMES_HOOK(planned_experts)
 MOEKIT_DETAIL_NAMES_HOOK(host_bytes)
 MOEKIT_DETAIL_NAMES_HOOK(prepare_host_bytes)
 #undef MOEKIT_DETAIL_NAMES_HOOK
@@ -220,6 +227,8 @@ consteval bool assert_hooks() {
                            "void set_layer_capacities(std::span<const std::uint32_t>)")
   MOEKIT_DETAIL_CHECK_HOOK(end_layer_call, "void end_layer_call()")
   MOEKIT_DETAIL_CHECK_HOOK(on_verdict, "void on_verdict(TokenVerdict, PrefetchList&)")
+  MOEKIT_DETAIL_CHECK_HOOK(planned_experts,
+                           "std::span<const std::uint32_t> planned_experts(std::uint32_t) const")
   MOEKIT_DETAIL_CHECK_HOOK(host_bytes,
                            "std::span<const std::byte> host_bytes(ExpertKey, Precision)")
   MOEKIT_DETAIL_CHECK_HOOK(prepare_host_bytes, "void prepare_host_bytes(ExpertKey, Precision)")

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -55,6 +56,9 @@ class RouteRecorder {
     inner_.begin_sequence();
   }
   std::uint32_t active_top_k(const moekit::LayerContext& c) { return inner_.active_top_k(c); }
+  [[nodiscard]] decltype(auto) planned_experts(const moekit::LayerContext& c) const {
+    return inner_.planned_experts(c);
+  }
   const moekit::LayerPlan& route(const moekit::LayerContext& c, const moekit::GateView& g) {
     if (c.layer == 0) flush();
     sets_[c.layer].assign(g.experts.begin(), g.experts.end());
@@ -222,13 +226,36 @@ inline std::vector<double> load_popularity(const std::string& path, const moekit
 
 /// Fiddler's latencies on this machine, in seconds.
 struct FiddlerLatencies {
-  double cpu_seconds_per_token = 0;  ///< one token through one expert, weights in host memory
-  double copy_seconds = 0;           ///< load one expert through the loader, then run it
+  double cpu_seconds_per_token = 0;   ///< slope: each further token through one expert on the CPU
+  double cpu_seconds_per_expert = 0;  ///< intercept: the fixed part of one expert call (>= 0)
+  double copy_seconds = 0;            ///< load one expert through the loader, then run it
+  std::uint32_t experts_sampled = 0;  ///< experts the CPU line was measured on
 };
 
-/// Times (median of `reps`) one token through expert (0, 0) from host memory, and a load of a
-/// different expert each repetition through a fresh loader of `experts` into a 4 KiB-aligned
-/// buffer followed by the same run. `int8_activations`: the experts run as the engine will run them
+/// Token counts the CPU line is fitted over (design spec fiddler.md §2.1: n ∈ {1, ..., 32}).
+inline constexpr std::uint32_t fiddler_token_counts[] = {1, 2, 4, 8, 16, 32};
+
+/// The least-squares line t = a + c·n through (n_i, t_i); with a negative intercept, the line
+/// through 0 (Fiddler's own model). Returns {a, c}, c > 0.
+inline std::pair<double, double> fit_cpu_line(std::span<const double> n,
+                                              std::span<const double> t) {
+  MOEKIT_EXPECTS(n.size() == t.size() && n.size() >= 2, "fit_cpu_line: need >= 2 points");
+  double sn = 0, st = 0, snn = 0, snt = 0;
+  for (std::size_t i = 0; i < n.size(); ++i)
+    sn += n[i], st += t[i], snn += n[i] * n[i], snt += n[i] * t[i];
+  const double k = double(n.size()), den = k * snn - sn * sn;
+  double c = den > 0 ? (k * snt - sn * st) / den : 0.0;
+  double a = (st - c * sn) / k;
+  if (a < 0 || !(c > 0)) a = 0, c = snt / snn;
+  return {a, std::max(c, 1e-12)};
+}
+
+/// Fiddler's latencies. CPU: up to 8 experts spread over the model (different layers, each read
+/// from host memory as the engine's CPU path reads it) run at every token count of
+/// `fiddler_token_counts`; per count the median over the experts; then the line a + c·n fitted
+/// through the medians (`fit_cpu_line`). Copy: the median of `reps` loads of a different expert
+/// each through a fresh loader of `experts` into a 4 KiB-aligned buffer, each followed by a
+/// one-token run. `int8_activations`: the experts run as the engine will run them
 /// (activations.hpp).
 inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s, moekit::Precision p,
                                                   const ExpertBacking& experts,
@@ -238,24 +265,40 @@ inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s, m
   moekit::KernelOptions opts{};
   opts.pool = pool;
   opts.int8_activations = int8_activations;
-  std::vector<float> x(s.hidden, 0.01f), y(s.hidden);
+  constexpr std::uint32_t max_n = 32;
+  std::vector<float> x(std::size_t{max_n} * s.hidden, 0.01f), y(std::size_t{max_n} * s.hidden);
   ExpertLoader loader = experts.make_loader();
-  const auto host = loader.host_bytes({0, 0}, p);
-  auto run = [&](std::span<const std::byte> b) {
+  auto run = [&](std::span<const std::byte> b, std::uint32_t n) {
     std::fill(y.begin(), y.end(), 0.f);
-    moekit::expert_ffn(moekit::io::expert_view(s, b, p, experts.order()), x, 1, y, 1.f, opts);
+    moekit::expert_ffn(moekit::io::expert_view(s, b, p, experts.order()),
+                       std::span<const float>(x).first(std::size_t{n} * s.hidden), n,
+                       std::span<float>(y).first(std::size_t{n} * s.hidden), 1.f, opts);
   };
-  run(host);  // warm the mapping / caches once
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  std::vector<double> cpu, copy;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = clock::now();
-    run(host);
-    cpu.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+  const auto N = static_cast<std::uint32_t>(s.expert_count());
+  const std::uint32_t m = std::min<std::uint32_t>(8, N);
+  constexpr std::size_t counts = std::size(fiddler_token_counts);
+  std::vector<std::vector<double>> by_count(counts);
+  run(loader.host_bytes({0, 0}, p), 1);  // the kernels' first-call costs, once
+  for (std::uint32_t i = 0; i < m; ++i) {
+    const std::uint32_t idx = static_cast<std::uint32_t>((std::uint64_t{i} * N + N / 2) / m) % N;
+    const auto host = loader.host_bytes({idx / s.n_experts, idx % s.n_experts}, p);
+    for (std::size_t c = 0; c < counts; ++c) {
+      const auto t0 = clock::now();
+      run(host, fiddler_token_counts[c]);
+      by_count[c].push_back(std::chrono::duration<double>(clock::now() - t0).count());
+    }
   }
+  std::vector<double> ns, ts;
+  for (std::size_t c = 0; c < counts; ++c) {
+    ns.push_back(fiddler_token_counts[c]);
+    ts.push_back(median(by_count[c]));
+  }
+  const auto [intercept, slope] = fit_cpu_line(ns, ts);
+  std::vector<double> copy;
   moekit::ExpertArena arena(1, s.expert_bytes(p));
   const std::uint32_t n = static_cast<std::uint32_t>(s.expert_count());
   for (int i = 0; i < reps; ++i) {
@@ -265,11 +308,11 @@ inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s, m
     const auto dest = arena.acquire(0, s.expert_bytes(p));
     const auto t = loader.submit({k, p, moekit::LoadPriority::on_demand, dest});
     loader.wait(t);
-    run(dest);
+    run(dest, 1);
     copy.push_back(std::chrono::duration<double>(clock::now() - t0).count());
     arena.release(0);
   }
-  return {std::max(median(cpu), 1e-9), std::max(median(copy), 1e-9)};
+  return {slope, intercept, std::max(median(copy), 1e-9), m};
 }
 
 }  // namespace moekit::engine

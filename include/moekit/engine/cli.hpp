@@ -428,6 +428,14 @@ class Cli {
                     "hobbit-oracle, fate-oracle: the noisy oracle's recall at +1[,+2[,+3]] layers "
                     "(default: the paper's figures)")
         ->delimiter(',');
+    app_.add_option("--big-pass", big_pass_text_,
+                    "mobile: the recomputation after a fallback runs the little pass's plan "
+                    "(little-plan, the paper's reading: the top-K of the little pass's router "
+                    "logits) or re-routes exactly (recompute; the plan is only prefetched)")
+        ->check(CLI::IsMember({"little-plan", "recompute"}));
+    app_.add_option("--big-pass-lookahead", q.big_pass_lookahead,
+                    "mobile: layers ahead of the big pass its plan is prefetched (1..3)")
+        ->check(CLI::Range(1u, 3u));
     app_.add_option(
         "--bitwidth-table", q.bitwidth_table,
         "edgemoe: per-expert precision table (JSON, score/static_bitwidth.hpp; default: "
@@ -510,6 +518,9 @@ class Cli {
         throw moekit::Error(
             moekit::ErrorKind::invalid_argument,
             std::string(flag) + ": must be a number of seconds, not " + std::to_string(v));
+    o_.preset_params.big_pass = big_pass_text_ == "recompute"
+                                    ? moekit::RouterReplayPredictor::BigPass::recompute
+                                    : moekit::RouterReplayPredictor::BigPass::little_plan;
     o_.low_precision_auto = low_text_ == "auto";
     const auto low = moekit::parse_precision(o_.low_precision_auto ? "q4" : low_text_);
     if (!low || *low == moekit::Precision::skip)
@@ -532,6 +543,7 @@ class Cli {
   std::string group_size_text_ = "auto";
   bool stop_ = false;
   std::string low_text_ = "auto";
+  std::string big_pass_text_ = "little-plan";
 };
 
 }  // namespace moekit::engine

@@ -13,7 +13,10 @@
 /// matrices' options (Model::set_int8_dense_activations; f32 routers stay float).
 /// With a RoutingReplay set (routing_replay.hpp, moe-run --routing-trace), a trace's experts and
 /// weights replace the router's top-k before the pipeline sees the GateView; the logits stay the
-/// router's.
+/// router's. A pipeline whose predictor fixed this layer's experts in advance (`planned_experts`:
+/// MoBiLE's big pass on the little pass's plan) gets exactly those, weighted by this pass's own
+/// router probabilities at them (renormalised when the config says so); a routing replay wins
+/// over such a plan.
 
 #include <algorithm>
 #include <cmath>
@@ -88,8 +91,11 @@ class MoeLayer {
                                    .sequence_id = info.sequence_id,
                                    .n_tokens = n};
     std::optional<TokenProfile::Scope> routing(std::in_place, profile_, TokenPart::routing);
-    const std::uint32_t k = route(w, x, n, pipeline_.active_top_k(ctx), opts);
-    if (replay_) replay_->apply(ctx.layer, k, experts_, weights_);  // before the pipeline sees it
+    std::uint32_t k = route(w, x, n, pipeline_.active_top_k(ctx), opts);
+    if (replay_)
+      replay_->apply(ctx.layer, k, experts_, weights_);  // before the pipeline sees it
+    else if (n == 1)
+      k = impose_plan(ctx, k);
     const moekit::GateView gate{.n_tokens = n,
                                 .k = k,
                                 .n_experts = cfg_.n_experts,
@@ -151,6 +157,25 @@ class MoeLayer {
         const float p = probs_[order_[j]];
         weights_[std::size_t{t} * k + j] = cfg_.norm_topk_prob ? p / sum : p;
       }
+    }
+    return k;
+  }
+
+  // The single token's experts become the pipeline's plan for this layer, if it has one, weighted
+  // by this token's router probabilities at them; returns the experts per token.
+  std::uint32_t impose_plan(const moekit::LayerContext& ctx, std::uint32_t k) {
+    if constexpr (requires { pipeline_.planned_experts(ctx); }) {
+      const std::span<const std::uint32_t> plan = pipeline_.planned_experts(ctx);
+      if (plan.empty()) return k;
+      std::copy_n(logits_.data(), cfg_.n_experts, probs_.data());
+      softmax(probs_);
+      experts_.assign(plan.begin(), plan.end());
+      weights_.resize(plan.size());
+      float sum = 0.f;
+      for (std::uint32_t e : plan) sum += probs_[e];
+      for (std::size_t j = 0; j < plan.size(); ++j)
+        weights_[j] = cfg_.norm_topk_prob ? probs_[plan[j]] / sum : probs_[plan[j]];
+      return static_cast<std::uint32_t>(plan.size());
     }
     return k;
   }

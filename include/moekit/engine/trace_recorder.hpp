@@ -144,6 +144,9 @@ class TracingPipeline {
   [[nodiscard]] std::uint32_t active_top_k(const moekit::LayerContext& ctx) {
     return inner_.active_top_k(ctx);
   }
+  [[nodiscard]] decltype(auto) planned_experts(const moekit::LayerContext& ctx) const {
+    return inner_.planned_experts(ctx);
+  }
   decltype(auto) route(const moekit::LayerContext& ctx, const moekit::GateView& gate) {
     rec_.record(ctx, gate);
     return inner_.route(ctx, gate);
@@ -162,6 +165,7 @@ class TracingPipeline {
   [[nodiscard]] decltype(auto) config() const noexcept { return inner_.config(); }
   [[nodiscard]] decltype(auto) loader() const noexcept { return inner_.loader(); }
   [[nodiscard]] Pipeline& inner() noexcept { return inner_; }
+  [[nodiscard]] const Pipeline& inner() const noexcept { return inner_; }
 
  private:
   Pipeline& inner_;
@@ -175,6 +179,14 @@ P& base_pipeline(P& p) noexcept {
 }
 template <class P>
 P& base_pipeline(TracingPipeline<P>& p) noexcept {
+  return p.inner();
+}
+template <class P>
+const P& base_pipeline(const P& p) noexcept {
+  return p;
+}
+template <class P>
+const P& base_pipeline(const TracingPipeline<P>& p) noexcept {
   return p.inner();
 }
 

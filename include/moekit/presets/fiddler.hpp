@@ -52,8 +52,9 @@ struct FiddlerSpec : PresetDefaults {
     return std::make_unique<Pipeline<Loader>>(
         s, pc, std::move(loader), UniformScorer(c.scorer), NoPredictor{},
         StaticPopularityPolicy({.counts = in.popularity}),
-        FiddlerScheduler(
-            {.cpu_seconds_per_token = in.cpu_seconds_per_token, .copy_seconds = in.copy_seconds}));
+        FiddlerScheduler({.cpu_seconds_per_token = in.cpu_seconds_per_token,
+                          .copy_seconds = in.copy_seconds,
+                          .cpu_seconds_per_expert = in.cpu_seconds_per_expert}));
   }
 
   /// Preloads the most popular experts (ties to the lower index) at the base precision until

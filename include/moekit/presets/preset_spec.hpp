@@ -37,6 +37,7 @@
 #include "moekit/predict/activation_path.hpp"
 #include "moekit/predict/cross_layer_gate.hpp"
 #include "moekit/predict/lookahead_oracle.hpp"
+#include "moekit/predict/router_replay.hpp"
 #include "moekit/predict/stacked_gate.hpp"
 #include "moekit/score/big_little.hpp"
 #include "moekit/score/hobbit_threshold.hpp"
@@ -63,6 +64,10 @@ struct PresetParams {
   std::uint32_t k_little = BigLittlePolicy::Config{}.k_little;  ///< --k-little (0 = K/2)
   // the oracle stand-ins (hobbit-oracle, fate-oracle)
   std::vector<double> oracle_recall{};  ///< --oracle-recall: at +1, +2, +3 (empty: the paper's)
+  RouterReplayPredictor::BigPass big_pass =
+      RouterReplayPredictor::Config{}.big_pass;  ///< --big-pass
+  std::uint32_t big_pass_lookahead =
+      RouterReplayPredictor::Config{}.lookahead;  ///< --big-pass-lookahead
 };
 
 /// What a preset takes from the model and the machine beyond its knobs (the `PresetInputs` field
@@ -92,8 +97,9 @@ struct PresetInputs {
   std::vector<double> popularity{};
   std::shared_ptr<const ActivationPathProfile> paths{};  ///< activation paths
   std::shared_ptr<const PrecisionTable> bitwidths{};     ///< per-expert precisions (null: uniform)
-  double cpu_seconds_per_token = 0;               ///< one token through one expert on the CPU
-  double copy_seconds = 0;                        ///< load one expert into the cache and run it
+  double cpu_seconds_per_token = 0;   ///< one token through one expert on the CPU (slope)
+  double cpu_seconds_per_expert = 0;  ///< fixed CPU time per expert call (intercept; paper: 0)
+  double copy_seconds = 0;            ///< load one expert into the cache and run it
   std::shared_ptr<RoutingLookahead> lookahead{};  ///< the routing ahead (oracle stand-ins)
   /// Decode compute between consecutive layers' routing (Fate's T; engine/decode_timing.hpp).
   double layer_seconds = 0;
@@ -134,6 +140,8 @@ inline void check_params(const PresetParams& q) {
         " figures (+1, +2, +3 layers ahead)");
   for (double r : q.oracle_recall)
     if (!(r >= 0 && r <= 1)) bad("--oracle-recall: every figure must be in [0, 1]");
+  if (!(q.big_pass_lookahead >= 1 && q.big_pass_lookahead <= max_prediction_distance))
+    bad("--big-pass-lookahead: must be in [1, " + std::to_string(max_prediction_distance) + "]");
 }
 
 /// For presets that read `low`: it must not be more precise than the base precision.

@@ -7,14 +7,20 @@
 /// norms), the trace's records become a GateView, `route` plans the layer, then the plan's experts
 /// run in the scheduler's order: a device expert first waits for its load (the SimLoader advances
 /// the clock to the completion; that wait is stall) and then runs for its device time at its
-/// precision, a host_cpu expert runs for its CPU time, a skipped one costs nothing. So compute of
-/// resident experts overlaps the loading of later misses, as OnDemandScheduler intends; loads and
-/// prefetches otherwise overlap compute only through the link running while the clock advances.
+/// precision, a skipped one costs nothing. So compute of resident experts overlaps the loading of
+/// later misses, as OnDemandScheduler intends; loads and prefetches otherwise overlap compute only
+/// through the link running while the clock advances. host_cpu experts (Fiddler) run one after
+/// another on the host CPU *beside* the device side, from the start of the layer's expert phase:
+/// the layer's expert time is max(CPU side, device side) as in Fiddler's objective (§3.2), not
+/// their sum; the part of the CPU side the device side does not cover counts as compute.
 /// Then `resolve`, `end_layer`, and after the last layer `end_token` (with no output logits: traces
 /// do not store them). On `fallback` the forward is replayed again (MoBiLE's recomputation).
 ///
 /// A token policy that narrows top-k (MoBiLE) gets the first `active_top_k` experts of each
 /// record, weights renormalised; that is exactly what the router would select from the same logits.
+/// A decode layer call whose experts the predictor fixed in advance (`planned_experts`: MoBiLE's
+/// big pass on the little pass's plan) routes exactly those, each with weight 1/k (the record's
+/// logits and hidden state are passed on unchanged).
 ///
 /// Missing records (e.g. the shared Mixtral traces drop ties at 0.5/0.5): in a forward of several
 /// tokens, a token whose record is missing at a layer is left out of that layer's GateView (the
@@ -310,7 +316,10 @@ class Replayer {
     const std::uint32_t k =
         std::clamp<std::uint32_t>(pipeline_.active_top_k(ctx), 1, trace_.dims().top_k);
     std::uint64_t missing = 0;
-    const GateView gate = buf_.gather(trace_, first, n, ctx.layer, k, missing);
+    const std::span<const std::uint32_t> planned = pipeline_.planned_experts(ctx);
+    const GateView gate = planned.empty() || n != 1
+                              ? buf_.gather(trace_, first, n, ctx.layer, k, missing)
+                              : planned_gate(planned, first, ctx.layer, missing);
     if (attempt == 0) rep_.records_missing += missing;
     if (gate.n_tokens == 0) {
       ++rep_.layer_calls_unrouted;
@@ -319,18 +328,40 @@ class Replayer {
     ctx.n_tokens = gate.n_tokens;
     {
       LayerCall<Pipeline> call(pipeline_, ctx, gate);  // the layer ends with the scope
+      double cpu_free_at = clock_.now();  // the host CPU side runs beside the device side
       for (const ExpertPlan& p : call.plan().experts) {
         if (p.placement == Placement::device) {
           if (p.ticket.valid()) loader_.wait(p.ticket);
           run(compute_.device(p.precision, p.n_tokens));
         } else if (p.placement == Placement::host_cpu) {
-          run(compute_.cpu(p.precision, p.n_tokens));
+          cpu_free_at += compute_.cpu(p.precision, p.n_tokens);
         }
       }
+      if (cpu_free_at > clock_.now()) run(cpu_free_at - clock_.now());
       (void)call.resolve();
     }
     if constexpr (declares<typename Pipeline::CachePolicy>(Hook::end_layer_call))
       pipeline_.cache().policy().end_layer_call();
+  }
+
+  // The GateView of decode token `token` at `layer` with the planned experts (weights 1/k), the
+  // record's logits and hidden state; n_tokens = 0 when the record is missing.
+  GateView planned_gate(std::span<const std::uint32_t> planned, std::size_t token,
+                        std::uint32_t layer, std::uint64_t& missing) {
+    GateView g;
+    g.k = static_cast<std::uint32_t>(planned.size());
+    g.n_experts = trace_.dims().n_experts;
+    if (!trace_.valid(token, layer)) {
+      ++missing;
+      g.n_tokens = 0;
+      return g;
+    }
+    plan_weights_.assign(planned.size(), 1.0f / float(planned.size()));
+    g.experts = planned;
+    g.weights = plan_weights_;
+    g.logits = trace_.logits(token, layer);
+    g.hidden = trace_.hidden(token, layer);
+    return g;
   }
 
   void run(double dt) {
@@ -346,6 +377,7 @@ class Replayer {
   const ReplayOptions& options_;
   ReplayReport& rep_;
   GateGatherer buf_;
+  std::vector<float> plan_weights_;
   std::size_t last_seq_ = static_cast<std::size_t>(-1);
   double compute_s_ = 0.0;
 };
