@@ -8,6 +8,7 @@
 #   bench/scale/policies.sh [--model mixtral-32L] [--limit 50] [-n 24] [--prompt-tokens 16]
 #                           [--traces humaneval-p0.prefill-decode.raw.jsonl,gsm8k-p0-p1.decode.jsonl]
 #                           [--presets baseline,mobile,edgemoe,hobbit,nextuse,fate,fiddler]
+#                           (hobbit-oracle, fate-oracle: the gate predictors' stand-ins)
 #                           [--threads 2] [--timeout 900]
 #
 # Traces are read from ../shared/data/traces/mixtral-8x7b/ (evaluation only, never copied into
@@ -74,7 +75,8 @@ for tr in "${trace_list[@]}"; do
       '{trace: $t, preset: $p, rc: $rc, cgroup: $r, decode_tps: .decode_tokens_per_s,
         prefill_tps: .prefill_tokens_per_s, decode_hit_rate, error,
         decode_tokens: ((.generated_tokens // 1) - 1), decode_bytes: .decode_bytes_loaded,
-        decode_stall: .decode_stall_seconds, missing: .routing_trace_missing}' <<< "$json")
+        decode_stall: .decode_stall_seconds, missing: .routing_trace_missing,
+        expert_budget_bytes}' <<< "$json")
     echo "$row" >> "$out/policies.jsonl"
     [[ "$p" == baseline && $rc -eq 0 ]] && base=$(jq .decode_tps <<< "$row")
     jq -r --arg base "${base:-0}" --argjson raw "$raw" '
