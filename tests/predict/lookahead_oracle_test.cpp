@@ -158,8 +158,8 @@ TEST_CASE("lookahead oracle: precisions from the scorer, padding, decode cap",
   // HOBBIT's rule on weights 0.7 / 0.3 with t1 = 0.6, t2 = 0.9: top-1 high, top-2 low.
   using Hobbit = LookaheadOraclePredictor<HobbitThresholdScorer>;
   const HobbitRule rule{.t1 = 0.6f, .t2 = 0.9f, .high = Precision::q8, .low = Precision::q2};
-  Hobbit h({.recall_by_distance = {1.0}, .distance = 1, .n_layers = L, .n_experts = E},
-           src, HobbitThresholdScorer({rule}));
+  Hobbit h({.recall_by_distance = {1.0}, .distance = 1, .n_layers = L, .n_experts = E}, src,
+           HobbitThresholdScorer({rule}));
   const auto got = drive(h, *src);
   for (std::size_t i = 0; i + 1 < got.size(); ++i) {
     if (src->calls[i].layer + 1 >= L) continue;

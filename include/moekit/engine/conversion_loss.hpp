@@ -184,7 +184,10 @@ inline std::string expert_types(const moekit::io::CheckpointExperts& experts) {
       for (const auto& m : experts.matrices({l, e}))
         if (std::find(seen.begin(), seen.end(), m.dtype) == seen.end()) seen.push_back(m.dtype);
   std::string out;
-  for (auto t : seen) out += (out.empty() ? "" : "+") + std::string(moekit::io::name(t));
+  for (auto t : seen) {  // appended piecewise: GCC 12's -Wrestrict misreads "x" + string&&
+    if (!out.empty()) out += '+';
+    out += moekit::io::name(t);
+  }
   return out;
 }
 

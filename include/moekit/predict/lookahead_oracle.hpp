@@ -79,9 +79,9 @@ class LookaheadOraclePredictor {
     MOEKIT_EXPECTS(!cfg_.recall_by_distance.empty(), who + "Config.recall_by_distance is empty");
     for (double r : cfg_.recall_by_distance)
       MOEKIT_EXPECTS(r >= 0.0 && r <= 1.0, who + "every recall must be in [0, 1]");
-    MOEKIT_EXPECTS(cfg_.distance <= max_prediction_distance,
-                   who + "Config.distance must be in [0, " +
-                       std::to_string(max_prediction_distance) + "]");
+    MOEKIT_EXPECTS(
+        cfg_.distance <= max_prediction_distance,
+        who + "Config.distance must be in [0, " + std::to_string(max_prediction_distance) + "]");
     MOEKIT_EXPECTS(cfg_.set_size <= cfg_.n_experts, who + "Config.set_size must be <= n_experts");
     MOEKIT_EXPECTS(cfg_.pad_precision != Precision::skip,
                    who + "Config.pad_precision must be a stored format");

@@ -73,8 +73,7 @@ class RecallNoise {
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
   }
-  [[nodiscard]] std::uint64_t hash(std::uint64_t call, std::uint64_t j,
-                                   std::uint64_t salt) const {
+  [[nodiscard]] std::uint64_t hash(std::uint64_t call, std::uint64_t j, std::uint64_t salt) const {
     return mix(mix(mix(seed_ ^ salt) ^ call) ^ j);
   }
   static double unit(std::uint64_t h) noexcept { return double(h >> 11) * 0x1.0p-53; }

@@ -35,8 +35,7 @@ struct FateOracleSpec : FateSpec {
 
   using Predictor = ScoreRankedCap<LookaheadOraclePredictor<PopularityScorer>>;
   template <class Loader>
-  using Pipeline =
-      OffloadPipeline<PopularityScorer, Predictor, Cache, Loader, ReadyFirstScheduler>;
+  using Pipeline = OffloadPipeline<PopularityScorer, Predictor, Cache, Loader, ReadyFirstScheduler>;
 
   struct Config : FateSpec::Config {
     std::vector<double> recall{fate_paper_recall.begin(), fate_paper_recall.end()};
@@ -63,14 +62,13 @@ struct FateOracleSpec : FateSpec {
     // miss's load precision), as moe-sim's Fate stand-in does.
     PopularityScorer::Config sc = c.scorer;
     sc.on_demand_precision = Precision::skip;
-    LookaheadOraclePredictor<PopularityScorer> oracle(
-        {.recall_by_distance = c.recall,
-         .distance = 1,
-         .set_size = std::min(set, s.n_experts),
-         .n_layers = s.n_layers,
-         .n_experts = s.n_experts,
-         .pad_precision = c.scorer.decode_precision},
-        lookahead_of(name, in), PopularityScorer(sc));
+    LookaheadOraclePredictor<PopularityScorer> oracle({.recall_by_distance = c.recall,
+                                                       .distance = 1,
+                                                       .set_size = std::min(set, s.n_experts),
+                                                       .n_layers = s.n_layers,
+                                                       .n_experts = s.n_experts,
+                                                       .pad_precision = c.scorer.decode_precision},
+                                                      lookahead_of(name, in), PopularityScorer(sc));
     return Predictor(std::move(oracle),
                      {.max_nonresident = decode_cap(c, in), .n_experts = s.n_experts});
   }
