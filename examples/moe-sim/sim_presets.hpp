@@ -160,23 +160,7 @@ ScoredScript scored_script(const moekit::sim::RoutingTrace& tr, Scorer scorer) {
         for (std::uint32_t l = 0; l < d.n_layers; ++l) {
           const GateView g = buf.gather(tr, first, n, l, d.top_k, missing);
           if (g.n_tokens == 0) continue;
-          demands.clear();
-          for (std::uint32_t t = 0; t < g.n_tokens; ++t) {
-            const TokenRoute r = g.token(t);
-            for (std::uint32_t j = 0; j < g.k; ++j) {
-              int& s = slot[r.experts[j]];
-              if (s < 0) {
-                s = static_cast<int>(demands.size());
-                demands.push_back(ExpertDemand{r.experts[j], 0, 0.0f, 0.0f, j});
-              }
-              ExpertDemand& x = demands[static_cast<std::size_t>(s)];
-              ++x.n_tokens;
-              x.weight_sum += r.weights[j];
-              x.max_weight = std::max(x.max_weight, r.weights[j]);
-              x.best_rank = std::min(x.best_rank, j);
-            }
-          }
-          for (const ExpertDemand& x : demands) slot[x.expert] = -1;
+          collect_demands(g, slot, demands);
           prec.assign(demands.size(), Precision::skip);
           const LayerContext ctx{l,     d.n_layers, first - tr.global_token(seq, 0),
                                  phase, seq,        g.n_tokens};
