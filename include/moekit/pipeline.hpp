@@ -432,14 +432,18 @@ class OffloadPipeline {
     if (c.staging_slots == 0) c.staging_slots = shape.n_experts;
     return c;
   }
-  // The arena behind the cache slots and the staging slots, when the loader keeps bytes.
+  // The arena behind the cache slots and the staging slots, when the loader keeps bytes. Its
+  // limit, what it may hold in live and idle buffers together, is the budget plus one expert: a
+  // transient slot in use beyond the budget makes the arena free idle buffers instead of keeping
+  // them (kept up to the budget plus every transient slot, a mix of q2 and q4 buffers held 1.7 GB
+  // more than Fate's budget on Mixtral and OOM-killed it: bench/RESULTS.md, "The gate predictors
+  // on real routing").
   static ExpertArena make_arena(const ModelShape& shape, const PipelineConfig& cfg) {
     if constexpr (!keeps_bytes) return ExpertArena{};
     const std::size_t max_bytes = shape.expert_bytes(cfg.base_precision);
     const std::size_t transient = std::size_t{cfg.staging_slots} + cfg.prefetch_staging_slots +
                                   (cfg.upgrade_precision != Precision::skip);
-    return ExpertArena(shape.expert_count() + transient,
-                       cfg.expert_budget_bytes + transient * max_bytes + max_bytes);
+    return ExpertArena(shape.expert_count() + transient, cfg.expert_budget_bytes + max_bytes);
   }
   // The budget's share held by prefetch staging (the cache gets the rest).
   static std::size_t staging_bytes(const ModelShape& shape, const PipelineConfig& cfg) {

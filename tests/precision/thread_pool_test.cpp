@@ -198,7 +198,7 @@ TEST_CASE("the wait sink counts the caller's waits for other threads' chunks",
 
 namespace {
 // This process's address space in bytes (VmSize of /proc/self/status), 0 when unknown.
-std::uint64_t address_space_bytes() {
+[[maybe_unused]] std::uint64_t address_space_bytes() {
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);)
     if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) << 10;
@@ -213,7 +213,10 @@ std::uint64_t address_space_bytes() {
 TEST_CASE("ThreadPool refuses, joining its workers, when threads cannot be created",
           "[precision][thread_pool]") {
 #ifdef MOEKIT_TEST_SANITIZED
-  SKIP("sanitizers reserve terabytes of address space: RLIMIT_AS cannot bound thread creation");
+  // Catch2 2.13 has no SKIP: the case says why and checks nothing under sanitizers.
+  WARN(
+      "not run: sanitizers reserve terabytes of address space, so RLIMIT_AS cannot bound thread "
+      "creation");
 #else
   const std::uint64_t used = address_space_bytes();
   REQUIRE(used > 0);
