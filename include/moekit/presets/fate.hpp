@@ -89,22 +89,27 @@ struct FateSpec : PresetDefaults {
   }
   static PopularityScorer scorer(const Config& c) { return PopularityScorer(c.scorer); }
   static Cache cache(const Config& c) { return Cache(c.cache); }
+  /// The decode cap's (T, t_expert): `c`'s times, or the measured inputs when `c` has none.
+  static std::pair<double, double> cap_times(const Config& c, const PresetInputs& in) {
+    const bool measured = !(c.expert_time > 0) && in.expert_load_seconds > 0;
+    return measured ? std::pair{in.layer_seconds, in.expert_load_seconds}
+                    : std::pair{c.budget_time, c.expert_time};
+  }
   static CrossLayerGatePredictor predictor(const ModelShape& s, const Config& c,
                                            const PresetInputs& in) {
-    const bool measured = !(c.expert_time > 0) && in.expert_load_seconds > 0;
-    return CrossLayerGatePredictor(
-        {.router_weights = in.routers,
-         .n_layers = s.n_layers,
-         .n_experts = s.n_experts,
-         .hidden = router_width(name, s, in),
-         .top_k = s.top_k,
-         .percentile = c.percentile,
-         .budget_time = measured ? in.layer_seconds : c.budget_time,
-         .expert_time = measured ? in.expert_load_seconds : c.expert_time,
-         .decode_precision = c.scorer.decode_precision,
-         .int2_fraction = c.scorer.int2_fraction,
-         .prefill_high = c.scorer.high,
-         .prefill_low = c.scorer.low});
+    const auto [T, t] = cap_times(c, in);
+    return CrossLayerGatePredictor({.router_weights = in.routers,
+                                    .n_layers = s.n_layers,
+                                    .n_experts = s.n_experts,
+                                    .hidden = router_width(name, s, in),
+                                    .top_k = s.top_k,
+                                    .percentile = c.percentile,
+                                    .budget_time = T,
+                                    .expert_time = t,
+                                    .decode_precision = c.scorer.decode_precision,
+                                    .int2_fraction = c.scorer.int2_fraction,
+                                    .prefill_high = c.scorer.high,
+                                    .prefill_low = c.scorer.low});
   }
 
   template <class Loader>

@@ -49,9 +49,7 @@ struct FateOracleSpec : FateSpec {
   /// The decode cap n = floor(T / t_expert): `c`'s times, else the measured inputs (as
   /// FateSpec::predictor), else no cap.
   static std::uint32_t decode_cap(const Config& c, const PresetInputs& in) {
-    const bool measured = !(c.expert_time > 0) && in.expert_load_seconds > 0;
-    const double T = measured ? in.layer_seconds : c.budget_time;
-    const double t = measured ? in.expert_load_seconds : c.expert_time;
+    const auto [T, t] = cap_times(c, in);
     if (!(T > 0) || !(t > 0)) return std::numeric_limits<std::uint32_t>::max();
     return static_cast<std::uint32_t>(std::floor(T / t));
   }
