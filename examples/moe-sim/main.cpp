@@ -225,6 +225,7 @@ struct Options {
   double replay_accuracy = mobile_paper_replay_accuracy;
   std::string big_pass = "little-plan";
   std::uint64_t seed = 1;
+  std::vector<std::size_t> replay_slice;  // --replay-slice PROMPT,DECODE (empty: second half)
 };
 
 /// Router weights of every MoE layer, [n_layers · n_experts · hidden] f32, from a .npy of shape
@@ -611,6 +612,12 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--fate-recall", o.fate_recall,
                  "noisy-oracle recall standing in for Fate's cross-layer gate (default 0.9715)");
   app.add_option("--seed", o.seed, "noisy-oracle seed (default 1)");
+  app.add_option("--replay-slice", o.replay_slice,
+                 "PROMPT,DECODE: replay the tokens moe-run --routing-trace replays with a "
+                 "PROMPT-token prompt and DECODE decode tokens (the rest calibrates); default: "
+                 "the second half of each trace, the first calibrating")
+      ->delimiter(',')
+      ->expected(2);
   app.add_option("--routers", o.routers,
                  "router weights (.npy [L,E,H] or safetensors): HOBBIT/Fate run their real gate "
                  "predictors on traces with hidden states");
@@ -676,6 +683,8 @@ Setup setup_of(const Options& o) {
   if (!base || *base == Precision::skip)
     bad_flag("--precision", "unknown precision '" + o.precision + "'");
   s.base = *base;
+  if (!o.replay_slice.empty() && o.replay_slice[0] + o.replay_slice[1] == 0)
+    bad_flag("--replay-slice", "replays no token (give PROMPT,DECODE with a token in either)");
   if (o.sweeps.size() > 1) bad_flag("--sweep", "give one sweep per run");
   if (!o.sweeps.empty()) s.sweep = parse_sweep(o.sweeps[0]);
   s.budget = BudgetSpec::parse("--budget", o.budget);
@@ -835,9 +844,12 @@ std::vector<Row> run_all(const Setup& s, const Traces& t,
   std::vector<Row> rows;
   std::size_t done = 0;
   for (const RoutingTrace& whole : t.list) {
-    // Calibration is not evaluation: every run replays the second half of the trace; the first
-    // half calibrates the presets that profile routing (edgemoe, fiddler).
-    CalibrationSplit split = split_for_calibration(whole);
+    // Calibration is not evaluation: every run replays the second half of the trace (or
+    // --replay-slice's tokens); the rest calibrates the presets that profile routing.
+    CalibrationSplit split =
+        s.o.replay_slice.empty()
+            ? split_for_calibration(whole)
+            : slice_like_routing_replay(whole, s.o.replay_slice[0], s.o.replay_slice[1]);
     const RoutingTrace& tr = split.evaluation;
     const auto cal = std::make_shared<const RoutingTrace>(std::move(split.calibration));
     calibration.push_back(tr.name() + ": " + split.text);

@@ -453,6 +453,63 @@ inline CalibrationSplit split_for_calibration(const moekit::sim::RoutingTrace& t
   return s;
 }
 
+/// The tokens `moe-run --routing-trace` replays for a prompt of `prompt` tokens and `decode`
+/// decode forwards (engine/routing_replay.hpp): the trace's prefill tokens and its decode tokens
+/// form two walks, each wrapping around at its end; a trace without prefill tokens walks its
+/// decode tokens for both, with one cursor. The replayed part is one sequence of those tokens;
+/// the tokens it does not use calibrate, so that moe-sim and moe-run replay the same routing.
+inline CalibrationSplit slice_like_routing_replay(const moekit::sim::RoutingTrace& tr,
+                                                  std::size_t prompt, std::size_t decode) {
+  using moekit::sim::RoutingTrace;
+  std::vector<std::size_t> walks[2];
+  for (std::size_t t = 0; t < tr.token_count(); ++t)
+    walks[tr.phase(t) == moekit::Phase::prefill ? 0 : 1].push_back(t);
+  MOEKIT_EXPECTS(!walks[1].empty() || !walks[0].empty(),
+                 "--replay-slice: trace '" + tr.name() + "' holds no token");
+  CalibrationSplit s{
+      RoutingTrace(tr.dims(), tr.name() + " (calibration: the rest)", tr.synthetic()),
+      RoutingTrace(tr.dims(), tr.name(), tr.synthetic()),
+      {}};
+  std::vector<bool> used(tr.token_count(), false);
+  const bool one_walk = walks[0].empty() || walks[1].empty();
+  const std::vector<std::size_t>& only = walks[0].empty() ? walks[1] : walks[0];
+  std::size_t cursor[2] = {0, 0};
+  s.evaluation.begin_sequence("moe-run slice");
+  auto take = [&](moekit::Phase phase, std::size_t n) {
+    const int w = phase == moekit::Phase::prefill ? 0 : 1;
+    const std::vector<std::size_t>& walk = one_walk ? only : walks[w];
+    std::size_t& c = cursor[one_walk ? 0 : w];
+    for (std::size_t i = 0; i < n; ++i, ++c) {
+      const std::size_t g = walk[c % walk.size()];
+      used[g] = true;
+      const std::size_t t = s.evaluation.append_token(phase);
+      for (std::uint32_t l = 0; l < tr.dims().n_layers; ++l)
+        if (tr.valid(g, l))
+          s.evaluation.set_route(t, l, tr.experts(g, l), tr.weights(g, l), tr.logits(g, l),
+                                 tr.hidden(g, l));
+    }
+  };
+  take(moekit::Phase::prefill, prompt);
+  take(moekit::Phase::decode, decode);
+  for (std::size_t q = 0; q < tr.sequence_count(); ++q) {
+    const std::size_t first = tr.global_token(q, 0), end = first + tr.sequence_length(q);
+    for (std::size_t g = first; g < end;) {  // each run of unused tokens: a sequence
+      if (used[g]) {
+        ++g;
+        continue;
+      }
+      std::size_t e = g;
+      while (e < end && !used[e]) ++e;
+      copy_tokens(s.calibration, tr, tr.sequence_name(q), g, e);
+      g = e;
+    }
+  }
+  s.text = "replayed as moe-run --routing-trace does with a " + std::to_string(prompt) +
+           "-token prompt and " + std::to_string(decode) + " decode tokens; calibration: the " +
+           std::to_string(s.calibration.token_count()) + " other tokens";
+  return s;
+}
+
 /// `rp.calibration`, or an error naming `preset`.
 inline const moekit::sim::RoutingTrace& calibration_of(const RunParams& rp,
                                                        std::string_view preset) {

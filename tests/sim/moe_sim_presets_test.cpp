@@ -257,6 +257,48 @@ TEST_CASE(
   CHECK(run_hobbit(rp, tr).note.find("holds 7 floats") != std::string::npos);
 }
 
+// --replay-slice replays the tokens moe-run --routing-trace replays: the same walks as
+// tests/engine/routing_replay_test.cpp's "replayed tokens" case, with the same expectations.
+TEST_CASE("moe-sim --replay-slice: moe-run's replayed tokens, the rest calibrates",
+          "[sim][moe-sim]") {
+  const sim::TraceDims d{.n_layers = 2, .n_experts = 16, .top_k = 1};
+  auto numbered = [&](std::size_t prefill, std::size_t decode) {  // token g routes to expert g
+    sim::RoutingTrace t(d, "numbered");
+    t.begin_sequence("s");
+    for (std::size_t g = 0; g < prefill + decode; ++g) {
+      const std::size_t i = t.append_token(g < prefill ? Phase::prefill : Phase::decode);
+      const std::uint32_t id[] = {static_cast<std::uint32_t>(g)};
+      const float w[] = {1.0f};
+      for (std::uint32_t l = 0; l < d.n_layers; ++l) t.set_route(i, l, id, w, {}, {});
+    }
+    return t;
+  };
+  auto replayed = [](const sim::RoutingTrace& t) {
+    std::vector<int> out;
+    for (std::size_t i = 0; i < t.token_count(); ++i)
+      out.push_back(static_cast<int>(t.experts(i, 0)[0]));
+    return out;
+  };
+  SECTION("a decode-only trace: the prompt takes its first tokens, decode goes on after them") {
+    const CalibrationSplit s = slice_like_routing_replay(numbered(0, 4), 3, 6);
+    CHECK(replayed(s.evaluation) == std::vector<int>{0, 1, 2, 3, 0, 1, 2, 3, 0});
+    CHECK(s.evaluation.prefill_length(0) == 3);
+    CHECK(s.calibration.token_count() == 0);
+  }
+  SECTION("prefill and decode tokens: each phase walks its own, wrapping around") {
+    const CalibrationSplit s = slice_like_routing_replay(numbered(2, 4), 3, 6);
+    CHECK(replayed(s.evaluation) == std::vector<int>{0, 1, 0, 2, 3, 4, 5, 2, 3});
+  }
+  SECTION("the tokens not replayed calibrate") {
+    const CalibrationSplit s = slice_like_routing_replay(numbered(4, 8), 2, 3);
+    CHECK(replayed(s.evaluation) == std::vector<int>{0, 1, 4, 5, 6});
+    CHECK(replayed(s.calibration) == std::vector<int>{2, 3, 7, 8, 9, 10, 11});
+    CHECK(s.calibration.sequence_count() == 2);
+    CHECK(s.text.find("16-token") == std::string::npos);
+    CHECK(s.text.find("2-token prompt and 3 decode tokens") != std::string::npos);
+  }
+}
+
 TEST_CASE("moe-sim calibration: the first half calibrates, the second half is replayed",
           "[sim][moe-sim]") {
   SECTION("several sequences: the first half of them, then the rest") {
