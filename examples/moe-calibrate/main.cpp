@@ -423,6 +423,7 @@ int run(int argc, char** argv) {
   h.device = cpu;
   h.cpu = cpu;
   h.layer_overhead_s = overhead;
+  h.host_holds_experts = false;  // CPU-only: the expert cache is this host's memory
   sim::write_hardware_json(h, o.out, o.force);
   std::printf("wrote %s (use: moe-sim --hardware this_machine --hardware-file %s)\n", o.out.c_str(),
               o.out.c_str());

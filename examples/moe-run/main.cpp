@@ -234,6 +234,7 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   j["fallbacks"] = s.fallbacks;
   add_big_pass_stats(j, pipeline);
   j["evictions"] = s.cache.evictions;
+  j["expert_memory_peak_bytes"] = pipeline.memory_peak_bytes();
   j["dense_bytes"] = w.dense.bytes();
   j["dense_precision"] = w.dense.precisions();
   j["kv_cache_bytes"] = kv_cache_bytes;
@@ -355,6 +356,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
 template <class Pipeline>
 void add_pipeline_stats(nlohmann::json& j, const Pipeline& pipeline) {
   const auto s = pipeline.stats();
+  j["expert_memory_peak_bytes"] = pipeline.memory_peak_bytes();
   j["hit_rate"] = s.hit_rate();
   j["hits"] = s.hits;
   j["misses"] = s.misses;
@@ -764,6 +766,14 @@ std::size_t kv_cache_bytes(const ModelConfig& cfg, std::size_t ctx) {
   return bytes < 0x1p64L ? static_cast<std::size_t>(bytes) : SIZE_MAX;
 }
 
+// Expert memory the pipeline may hold beyond its budget: the arena's one expert, and for a preset
+// that stages misses a layer's experts and an upgrade more (PresetNeeds::staged_misses).
+std::size_t staging_beyond_budget(const Options& o, const moekit::ModelShape& shape,
+                                  const PresetEntry& preset) {
+  return shape.expert_bytes(o.precision) *
+         (1 + (preset.needs.staged_misses ? std::size_t{shape.n_experts} + 1 : 0));
+}
+
 // --expert-budget auto: what the memory this process may use leaves for the expert cache after
 // the dense part, the KV cache and the loader's buffers (memory_budget.hpp); refused, naming the
 // flag and the missing bytes, when not even one token's experts fit.
@@ -771,6 +781,7 @@ std::size_t kv_cache_bytes(const ModelConfig& cfg, std::size_t ctx) {
 // Fiddler reads experts into to run them on the CPU).
 // `limits`: read before anything was loaded (what is loaded since is counted by its own terms).
 moekit::engine::AutoBudget auto_budget(const Options& o, const ModelConfig& cfg,
+                                       const PresetEntry& preset,
                                        const moekit::io::MemoryLimits& limits,
                                        std::size_t dense_bytes, std::size_t prompt_tokens,
                                        std::size_t host_expert_bytes) {
@@ -786,6 +797,7 @@ moekit::engine::AutoBudget auto_budget(const Options& o, const ModelConfig& cfg,
   // staging and O_DIRECT's bounce buffer.
   in.io_buffer_bytes = 2 * std::size_t{o.io_threads} * (12u << 20);
   in.other_bytes = host_expert_bytes;
+  in.staging_bytes = staging_beyond_budget(o, shape, preset);
   in.minimum_expert_bytes = minimum_expert_budget(shape, o.precision);
   in.all_resident_expert_bytes = all_resident_budget(shape, o.precision);
   return moekit::engine::auto_expert_budget(in);
@@ -808,8 +820,9 @@ std::size_t dense_file_bytes(const ModelPath& m, const moekit::io::CheckpointExp
 // (memory_budget.hpp's require_memory_fit; --expert-budget auto has its own check). `located`:
 // the checkpoint's experts, whose file gives the dense part's size (a lower bound of its memory).
 void check_memory_fit(const Options& o, const ModelConfig& cfg, const ModelPath& model,
-                      const moekit::io::CheckpointExperts* located, const OffloadSettings& settings,
-                      std::size_t prompt_tokens, const moekit::io::MemoryLimits& limits) {
+                      const moekit::io::CheckpointExperts* located, const PresetEntry& preset,
+                      const OffloadSettings& settings, std::size_t prompt_tokens,
+                      const moekit::io::MemoryLimits& limits) {
   if (o.budget.kind == BudgetSpec::Kind::automatic) return;
   const moekit::ModelShape shape = cfg.shape();
   const std::size_t all = all_resident_budget(shape, settings.precision);
@@ -823,6 +836,8 @@ void check_memory_fit(const Options& o, const ModelConfig& cfg, const ModelPath&
       {{kv_cache_bytes(cfg, ctx), "KV cache at " + ctx_words, o.context ? "-c" : "-p"},
        {located ? dense_file_bytes(model, *located) : 0, "dense weights", "--dense-precision"},
        {budget, "expert cache", "--expert-budget"},
+       {staging_beyond_budget(o, shape, preset), "expert staging beyond the budget",
+        "--expert-budget"},
        {o.in_memory ? all : 0, "experts in host memory", "--in-memory"}});
 }
 
@@ -849,7 +864,8 @@ OffloadSettings offload_settings(Options& o, const OpenModel& m, const PresetEnt
   OffloadSettings settings{o.budget.resolve(all_resident_budget(shape, o.precision)), o.precision,
                            o.preset_params};
   if (o.budget.kind == BudgetSpec::Kind::automatic && in_place)
-    (void)auto_budget(o, m.cfg, limits, dense_file_bytes(m.src.model, *in_place), prompt_tokens, 0);
+    (void)auto_budget(o, m.cfg, preset, limits, dense_file_bytes(m.src.model, *in_place),
+                      prompt_tokens, 0);
   check_budget(shape, settings);
   check_preset_params(preset, settings);
   moekit::engine::check_shape_flags(o, shape);
@@ -857,7 +873,7 @@ OffloadSettings offload_settings(Options& o, const OpenModel& m, const PresetEnt
     check_context(
         o.context ? o.context : prompt_tokens - 1 + (!o.no_bos && m.cfg.bos_token_id) + o.n_predict,
         m.cfg, o.context == 0);
-  check_memory_fit(o, m.cfg, m.src.model, located, settings, prompt_tokens, limits);
+  check_memory_fit(o, m.cfg, m.src.model, located, preset, settings, prompt_tokens, limits);
   return settings;
 }
 
@@ -967,8 +983,8 @@ std::string resolve_auto_budget(const Options& o, const ModelConfig& cfg,
   const std::size_t host_ring = preset.needs.host_bytes && experts_outside
                                     ? std::size_t{shape.n_experts} * shape.expert_bytes(o.precision)
                                     : 0;
-  const moekit::engine::AutoBudget b = auto_budget(o, cfg, limits, w.dense.bytes(), prompt_tokens,
-                                                   w.experts.total_bytes() + host_ring);
+  const moekit::engine::AutoBudget b = auto_budget(
+      o, cfg, preset, limits, w.dense.bytes(), prompt_tokens, w.experts.total_bytes() + host_ring);
   settings.expert_budget = b.all_resident ? 0 : b.expert_bytes;
   if (!o.json) std::fprintf(stderr, "%s\n", b.explanation.c_str());
   return b.explanation;

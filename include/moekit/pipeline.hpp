@@ -398,6 +398,11 @@ class OffloadPipeline {
     if constexpr (keeps_bytes) return cache_.arena().held_bytes();
     return 0;
   }
+  /// The most expert memory held at once (cache + staging), when the loader keeps bytes.
+  [[nodiscard]] std::size_t memory_peak_bytes() const noexcept {
+    if constexpr (keeps_bytes) return cache_.arena().peak_bytes();
+    return 0;
+  }
 
  private:
   static constexpr std::uint32_t none_layer = 0xffffffffu;

@@ -80,6 +80,13 @@ TEST_CASE("compute_model matches the processor costs", "[sim][hardware]") {
   }
   CHECK(c.layer(1) == Approx(h.dense_layer_s(dense, 1)));
   CHECK(c.layer(64) == Approx(h.dense_layer_s(dense, 64)));
+  SECTION("a CPU-only machine: the host CPU reads an expert over the link before running it") {
+    HardwareModel cpu_only = h;
+    cpu_only.host_holds_experts = false;
+    const ComputeModel u = cpu_only.compute_model(m, dense);
+    for (Precision p : all_precisions)
+      CHECK(u.cpu(p, 7) == Approx(h.cpu.expert_s(m, p, 7) + h.transfer_s(m.expert_bytes(p))));
+  }
 }
 
 TEST_CASE("this_machine JSON round-trips and is validated field by field", "[sim][hardware]") {
@@ -97,6 +104,10 @@ TEST_CASE("this_machine JSON round-trips and is validated field by field", "[sim
   CHECK(back.cpu.flops_per_s == h.cpu.flops_per_s);
   CHECK(back.device.call_overhead_s == h.device.call_overhead_s);
   CHECK(back.layer_overhead_s == h.layer_overhead_s);
+  CHECK(back.host_holds_experts);
+  h.host_holds_experts = false;  // what moe-calibrate writes
+  CHECK_FALSE(parse_hardware_json(serialize_hardware_json(h), "mem").host_holds_experts);
+  h.host_holds_experts = true;
 
   const auto path = (std::filesystem::temp_directory_path() /
                      ("moekit-hw-" + std::to_string(::getpid()) + ".json"))
@@ -139,6 +150,9 @@ TEST_CASE("this_machine JSON round-trips and is validated field by field", "[sim
   expect_error(edit([](auto& j) { j["device"]["flops_per_s"] = -3; }), "device.flops_per_s");
   expect_error(edit([](auto& j) { j["layer_overhead_s"] = nullptr; }), "layer_overhead_s");
   expect_error(edit([](auto& j) { j["name"] = ""; }), "name");
+  expect_error(edit([](auto& j) { j["host_holds_experts"] = 1; }), "host_holds_experts");
+  CHECK(parse_hardware_json(edit([](auto& j) { j.erase("host_holds_experts"); }).dump(), "old.json")
+            .host_holds_experts);  // files written before the key: a host that holds experts
   try {
     (void)parse_hardware_json("{", "hw.json");
     FAIL();

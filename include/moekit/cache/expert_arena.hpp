@@ -6,11 +6,15 @@
 /// 2 MiB or more are huge-page aligned and marked for transparent huge pages, so a load's block
 /// requests are larger and far fewer: io/detail/io_memory.hpp). A buffer is kept when its slot
 /// is released and reused when the slot is handed out again (the cache hands slots out
-/// last-freed-first), so a steady workload allocates nothing after warm-up. A buffer is
-/// reallocated when the precision mix changes its size by more than 2×, and released buffers are
-/// freed once the arena holds more than its limit, so the memory held stays within the limit plus
-/// one expert.
+/// last-freed-first), so a steady workload allocates nothing after warm-up. A slot holds a buffer
+/// of exactly its load's size: when the size changes (another precision), the slot takes an idle
+/// buffer of that size from another slot, or a new one. (Reusing a larger buffer for a smaller
+/// load made the memory held exceed what the cache accounts: a q4 buffer serving a q2 entry in
+/// every slot held ~1.8× the budget's bytes; bench/RESULTS.md, "Fate's memory".) Released buffers
+/// are freed once the arena holds more than its limit, so the memory held stays within the limit
+/// plus what is live.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -33,14 +37,21 @@ class ExpertArena {
   /// A buffer of at least `bytes` for `slot`.
   std::span<std::byte> acquire(std::uint32_t slot, std::size_t bytes) {
     Buffer& b = buffers_[slot];
-    if (b.capacity < bytes || b.capacity > 2 * bytes) {
-      if (!b.live) trim(b.capacity < bytes ? bytes : 0);
-      reset(b);
-      const std::size_t cap = round_up(bytes);
-      b.data = std::unique_ptr<std::byte, IoDelete>(io::detail::allocate_io_memory(cap, alignment),
-                                                    IoDelete{cap});
-      b.capacity = cap;
-      held_ += cap;
+    const std::size_t cap = round_up(bytes);
+    if (b.capacity != cap) {
+      reset(b);  // its contents are dead: the slot is being (re)filled
+      const auto idle = std::find_if(buffers_.begin(), buffers_.end(),
+                                     [&](const Buffer& x) { return !x.live && x.capacity == cap; });
+      if (idle != buffers_.end()) {
+        std::swap(b, *idle);  // *idle gets b's empty buffer
+      } else {
+        trim(cap);
+        b.data = std::unique_ptr<std::byte, IoDelete>(
+            io::detail::allocate_io_memory(cap, alignment), IoDelete{cap});
+        b.capacity = cap;
+        held_ += cap;
+        peak_ = std::max(peak_, held_);
+      }
     }
     b.live = true;
     return {b.data.get(), bytes};
@@ -58,6 +69,8 @@ class ExpertArena {
     return {buffers_[slot].data.get(), n};
   }
   [[nodiscard]] std::size_t held_bytes() const noexcept { return held_; }
+  /// The most it has held at once: what a memory limit must leave it.
+  [[nodiscard]] std::size_t peak_bytes() const noexcept { return peak_; }
   /// Slot ids it has buffers for (0: a default arena, for loaders that keep no bytes).
   [[nodiscard]] std::size_t slots() const noexcept { return buffers_.size(); }
   [[nodiscard]] std::size_t limit_bytes() const noexcept { return limit_; }
@@ -90,7 +103,7 @@ class ExpertArena {
 
   std::vector<Buffer> buffers_;
   std::size_t limit_ = 0;
-  std::size_t held_ = 0;
+  std::size_t held_ = 0, peak_ = 0;
 };
 
 }  // namespace moekit

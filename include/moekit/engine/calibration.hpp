@@ -74,6 +74,9 @@ class RouteRecorder {
   moekit::TokenVerdict end_token(std::span<const float> logits) { return inner_.end_token(logits); }
   [[nodiscard]] auto stats() const { return inner_.stats(); }
   [[nodiscard]] const auto& config() const noexcept { return inner_.config(); }
+  [[nodiscard]] std::size_t memory_peak_bytes() const noexcept {
+    return inner_.memory_peak_bytes();
+  }
   [[nodiscard]] const auto& shape() const noexcept { return inner_.shape(); }
 
   /// Tokens routed to each (layer, expert) so far, [L × E].

@@ -58,6 +58,9 @@ class LayerClock {
   moekit::TokenVerdict end_token(std::span<const float> logits) { return inner_.end_token(logits); }
   [[nodiscard]] auto stats() const { return inner_.stats(); }
   [[nodiscard]] const auto& config() const noexcept { return inner_.config(); }
+  [[nodiscard]] std::size_t memory_peak_bytes() const noexcept {
+    return inner_.memory_peak_bytes();
+  }
   [[nodiscard]] const auto& shape() const noexcept { return inner_.shape(); }
 
   /// Compute seconds between consecutive layers' `route` calls, one per measured pair.

@@ -76,7 +76,7 @@ struct AutoBudgetInputs {
   std::uint64_t dense_bytes = 0;      ///< dense weights at the dense precision they are held at
   std::uint64_t kv_cache_bytes = 0;   ///< KV cache at the context length
   std::uint64_t io_buffer_bytes = 0;  ///< the expert loader's buffers (O_DIRECT slots, rings)
-  std::uint64_t staging_bytes = 0;    ///< host→device staging slots
+  std::uint64_t staging_bytes = 0;    ///< staging slots beyond the expert budget
   std::uint64_t other_bytes = 0;      ///< activations, scratch, logits
   BudgetMargin margin{};
   /// The smallest budget the pipeline accepts: one token's top-k experts of a layer at the run

@@ -163,6 +163,9 @@ class TracingPipeline {
   }
   [[nodiscard]] decltype(auto) stats() const { return inner_.stats(); }
   [[nodiscard]] decltype(auto) config() const noexcept { return inner_.config(); }
+  [[nodiscard]] std::size_t memory_peak_bytes() const noexcept {
+    return inner_.memory_peak_bytes();
+  }
   [[nodiscard]] decltype(auto) loader() const noexcept { return inner_.loader(); }
   [[nodiscard]] Pipeline& inner() noexcept { return inner_; }
   [[nodiscard]] const Pipeline& inner() const noexcept { return inner_; }

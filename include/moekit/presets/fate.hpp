@@ -26,7 +26,7 @@ struct FateSpec : PresetDefaults {
   static constexpr std::string_view summary =
       "Fate: cross-layer gate prefetch (--fate-percentile), shallow-favoring ARC "
       "(--shallow-layers), prefill's least popular --fate-low-fraction at --low-precision";
-  static constexpr PresetNeeds needs{.routers = true, .decode_timing = true};
+  static constexpr PresetNeeds needs{.routers = true, .decode_timing = true, .staged_misses = true};
 
   using Cache = ShallowFavoring<ArcPolicy>;
   template <class Loader>

@@ -31,7 +31,8 @@ struct FateOracleSpec : FateSpec {
   static constexpr std::string_view summary =
       "Fate with a noisy oracle over --routing-trace instead of its cross-layer gate (recall "
       "--oracle-recall, default the paper's 0.9715 at the next layer)";
-  static constexpr PresetNeeds needs{.decode_timing = true, .lookahead = true};
+  static constexpr PresetNeeds needs{
+      .decode_timing = true, .lookahead = true, .staged_misses = true};
 
   using Predictor = ScoreRankedCap<LookaheadOraclePredictor<PopularityScorer>>;
   template <class Loader>

@@ -86,6 +86,11 @@ struct PresetNeeds {
   /// `lookahead`: the routing of later layers, known ahead (a replayed trace: the oracle
   /// stand-ins of the gate predictors).
   bool lookahead = false;
+  /// A layer's misses may not fit its share of the cache (Fate: the deep layers' share of the
+  /// shallow-favoring pools is empty): they load into transient staging slots beyond the
+  /// budget, up to a layer's experts at once, and the lazy upgrade holds one more. The run's
+  /// memory must hold them besides the budget (moe-run's `--expert-budget auto` reserves them).
+  bool staged_misses = false;
 };
 
 /// The inputs of `PresetNeeds`, as plain data (filled by the engine, the simulator or a test).

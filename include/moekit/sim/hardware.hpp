@@ -114,6 +114,10 @@ struct HardwareModel {
   ProcessorModel device;        ///< where cached experts and the dense part run
   ProcessorModel cpu;           ///< host CPU (Fiddler's / HOBBIT's cooperative mode)
   double layer_overhead_s = 0;  ///< fixed cost of a layer's dense part (launches, norms)
+  /// Host memory holds every expert, so the host CPU runs one without moving it (a GPU
+  /// machine's RAM: Fiddler's setting). False on a CPU-only machine, where the expert cache is
+  /// the host memory: an expert the host CPU runs outside the cache is read over the link first.
+  bool host_holds_experts = true;
 
   void validate() const {
     MOEKIT_EXPECTS(!name.empty(), "HardwareModel.name must not be empty");
@@ -146,7 +150,8 @@ struct HardwareModel {
       const auto idx = static_cast<std::size_t>(p);
       m.device_expert_s[idx] = device.fixed_s(shape, p);
       m.device_expert_token_s[idx] = device.per_token_s(shape);
-      m.cpu_expert_s[idx] = cpu.fixed_s(shape, p);
+      m.cpu_expert_s[idx] = cpu.fixed_s(shape, p) +
+                            (host_holds_experts ? 0.0 : link.transfer_s(shape.expert_bytes(p)));
       m.cpu_expert_token_s[idx] = cpu.per_token_s(shape);
     }
     m.layer_s = dense_layer_s(dense, 0);
@@ -260,10 +265,11 @@ inline std::vector<std::string> hardware_preset_names() {
 //                                    "q2": num},
 //             "flops_per_s": num, "call_overhead_s": num},
 //  "cpu":    {same fields as "device"},
-//  "layer_overhead_s": num}
-// All numbers SI (bytes, seconds). Every key is required and no other key is allowed. On a
-// CPU-only machine "device" is the CPU running the project's kernels from the RAM cache and
-// "link" is the expert-store read path (O_DIRECT disk bandwidth).
+//  "layer_overhead_s": num, "host_holds_experts": bool}
+// All numbers SI (bytes, seconds). Every key is required but "host_holds_experts" (default
+// true), and no other key is allowed. On a CPU-only machine "device" is the CPU running the
+// project's kernels from the RAM cache, "link" is the expert-store read path (O_DIRECT disk
+// bandwidth) and "host_holds_experts" is false (the cache is the host memory).
 
 inline constexpr std::string_view hardware_json_format = "moekit-hardware";
 
@@ -287,7 +293,8 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
        {{"bandwidth_bytes_per_s", h.link.bandwidth_bytes_per_s}, {"latency_s", h.link.latency_s}}},
       {"device", proc(h.device)},
       {"cpu", proc(h.cpu)},
-      {"layer_overhead_s", h.layer_overhead_s}};
+      {"layer_overhead_s", h.layer_overhead_s},
+      {"host_holds_experts", h.host_holds_experts}};
   return j.dump(2) + "\n";
 }
 
@@ -305,13 +312,15 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
     bad("<document>", std::string("invalid JSON: ") + e.what());
   }
   auto object = [&](const nlohmann::json& o, const std::string& path,
-                    std::initializer_list<const char*> keys) {
+                    std::initializer_list<const char*> keys,
+                    std::initializer_list<const char*> optional = {}) {
     if (!o.is_object()) bad(path, "must be an object");
     for (const char* k : keys)
       if (!o.contains(k)) bad(path.empty() ? k : path + "." + k, "missing");
     for (const auto& [k, v] : o.items()) {
       bool known = false;
       for (const char* x : keys) known = known || k == x;
+      for (const char* x : optional) known = known || k == x;
       if (!known) bad(path.empty() ? k : path + "." + k, "unknown key");
     }
   };
@@ -323,7 +332,8 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
     return x;
   };
   object(j, "",
-         {"format", "version", "name", "source", "link", "device", "cpu", "layer_overhead_s"});
+         {"format", "version", "name", "source", "link", "device", "cpu", "layer_overhead_s"},
+         {"host_holds_experts"});
   if (!j["format"].is_string() || j["format"].get<std::string>() != hardware_json_format)
     bad("format", "must be \"moekit-hardware\"");
   if (!j["version"].is_number_integer() || j["version"].get<std::int64_t>() != 1)
@@ -355,6 +365,10 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
   h.device = proc(j["device"], "device");
   h.cpu = proc(j["cpu"], "cpu");
   h.layer_overhead_s = number(j["layer_overhead_s"], "layer_overhead_s", true);
+  if (j.contains("host_holds_experts")) {
+    if (!j["host_holds_experts"].is_boolean()) bad("host_holds_experts", "must be true or false");
+    h.host_holds_experts = j["host_holds_experts"].get<bool>();
+  }
   h.validate();
   return h;
 }
