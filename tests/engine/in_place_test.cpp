@@ -142,7 +142,7 @@ Forced forced(const ModelConfig& cfg, const DenseWeights& dense, const ExpertBac
   return with_pipeline<moekit::presets::BaselineSpec>(
       cfg.shape(), o, b.make_loader(), PresetInputs{}, [&](auto& p) {
         Forced f;
-        f.logits = engine_test::teacher_forced(cfg, dense, p, seq, prompt, pool, false, b.order());
+        f.logits = engine_test::teacher_forced(cfg, dense, p, seq, prompt, pool, false);
         f.stats = p.stats();
         return f;
       });
