@@ -24,11 +24,11 @@ class ForwardingPipeline {
   [[nodiscard]] std::uint32_t active_top_k(const moekit::LayerContext& ctx) {
     return inner_.active_top_k(ctx);
   }
-  [[nodiscard]] decltype(auto) planned_experts(const moekit::LayerContext& ctx) const
-    requires requires(const Pipeline& p, const moekit::LayerContext& c) { p.planned_experts(c); }
-  {
-    return inner_.planned_experts(ctx);
+  [[nodiscard]] decltype(auto) planned_experts(const moekit::LayerContext& ctx) const requires
+      requires(const Pipeline& p, const moekit::LayerContext& c) {
+    p.planned_experts(c);
   }
+  { return inner_.planned_experts(ctx); }
   decltype(auto) route(const moekit::LayerContext& ctx, const moekit::GateView& gate) {
     return inner_.route(ctx, gate);
   }
@@ -36,26 +36,20 @@ class ForwardingPipeline {
   void end_layer(const moekit::LayerContext& ctx) { inner_.end_layer(ctx); }
   moekit::TokenVerdict end_token(std::span<const float> logits) { return inner_.end_token(logits); }
 
-  [[nodiscard]] decltype(auto) stats() const
-    requires requires(const Pipeline& p) { p.stats(); }
-  {
-    return inner_.stats();
+  [[nodiscard]] decltype(auto) stats() const requires requires(const Pipeline& p) { p.stats(); }
+  { return inner_.stats(); }
+  [[nodiscard]] decltype(auto) config() const noexcept requires requires(const Pipeline& p) {
+    p.config();
   }
-  [[nodiscard]] decltype(auto) config() const noexcept
-    requires requires(const Pipeline& p) { p.config(); }
-  {
-    return inner_.config();
+  { return inner_.config(); }
+  [[nodiscard]] decltype(auto) shape() const noexcept requires requires(const Pipeline& p) {
+    p.shape();
   }
-  [[nodiscard]] decltype(auto) shape() const noexcept
-    requires requires(const Pipeline& p) { p.shape(); }
-  {
-    return inner_.shape();
+  { return inner_.shape(); }
+  [[nodiscard]] decltype(auto) loader() const noexcept requires requires(const Pipeline& p) {
+    p.loader();
   }
-  [[nodiscard]] decltype(auto) loader() const noexcept
-    requires requires(const Pipeline& p) { p.loader(); }
-  {
-    return inner_.loader();
-  }
+  { return inner_.loader(); }
 
   /// The wrapped pipeline (for its own statistics, or for a wrapper's observations).
   [[nodiscard]] Pipeline& inner() noexcept { return inner_; }
