@@ -120,19 +120,17 @@ ModelSource resolve_model(const Options& o) {
 }
 
 // How the model runs: int8 activations for the quantized experts and dense matrices, decode and
-// prefill (activations.hpp), where the experts' rows are, and the routing replayed from
-// --routing-trace (null: the router's own).
+// prefill (activations.hpp), and the routing replayed from --routing-trace (null: the router's
+// own). Where the experts' rows are comes with each resolved expert (WeightView::order).
 struct ModelSetup {
   bool int8_experts = false;
   bool int8_dense = false;
-  moekit::MatrixOrder order = moekit::MatrixOrder::rows;
   RoutingReplay* replay = nullptr;
 
   template <class M>
   void apply(M& model) const {
     model.set_int8_expert_activations(int8_experts);
     model.set_int8_dense_activations(int8_dense);
-    model.set_expert_order(order);
     model.set_routing_replay(replay);
   }
 };
@@ -1095,7 +1093,7 @@ int run(Options o) {
   // The dense matrices follow --activations as the experts do, judged on their own precisions.
   const ModelSetup setup{
       int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
-      backing.order(), replay ? &*replay : nullptr};
+      replay ? &*replay : nullptr};
   moekit::ThreadPool pool = thread_pool(o.threads);
   nlohmann::json notes;  // conversion_loss and calibration, added to the stats when not null
   notes["conversion_loss"] =

@@ -35,7 +35,7 @@
 #include "moekit/sim/trace_binary.hpp"
 #include "moekit/sim/trace_jsonl.hpp"
 
-#include "sim_presets.hpp"
+#include "moekit/sim/preset_runs.hpp"
 
 #ifndef MOEKIT_SOURCE_DIR
 #define MOEKIT_SOURCE_DIR "."
@@ -44,7 +44,7 @@
 namespace fs = std::filesystem;
 using namespace moekit;
 using namespace moekit::sim;
-using namespace moe_sim;
+using namespace moekit::sim::preset_runs;
 
 namespace {
 

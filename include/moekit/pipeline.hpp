@@ -37,6 +37,7 @@
 #include "moekit/core/gate_view.hpp"
 #include "moekit/core/hooks.hpp"
 #include "moekit/core/layer_context.hpp"
+#include "moekit/core/matrix_order.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/core/plan.hpp"
 #include "moekit/core/prefetch_list.hpp"
@@ -140,6 +141,9 @@ struct WeightView {
                                        ///< when the loader keeps no bytes)
   std::uint32_t n_tokens = 0;
   float weight_sum = 0.0f;
+  /// Where the rows of `bytes`' matrices are: what the loader's `matrix_order` hook says for
+  /// `precision` (rows for a loader without it); io/expert_blob.hpp's `expert_view` reads it.
+  MatrixOrder order = MatrixOrder::rows;
 };
 
 template <class ScorerT, class PredictorT, class CachePolicyT, class LoaderT, class SchedulerT,
@@ -316,6 +320,8 @@ class OffloadPipeline {
     views_.clear();
     for (const ExpertPlan& p : plan.experts) {
       WeightView v{p.key, p.precision, p.placement, {}, p.n_tokens, p.weight_sum};
+      if constexpr (declares<LoaderT>(Hook::matrix_order))
+        if (p.placement != Placement::skipped) v.order = loader_.matrix_order(p.precision);
       if (p.placement == Placement::device) {
         if (p.ticket.valid()) {
           const auto t0 = std::chrono::steady_clock::now();

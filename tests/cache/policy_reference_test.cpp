@@ -13,6 +13,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -281,6 +282,27 @@ class RefNextUse {
   std::vector<std::uint64_t> tick_;
 };
 
+/// The future sequence as the cost-aware reference reads it: linear scans from a cursor, no index
+/// (independent of the policies' own).
+struct ScannedFuture {
+  static constexpr std::uint64_t never = std::numeric_limits<std::uint64_t>::max();
+  std::vector<ExpertKey> keys;
+  std::uint64_t pos = 0;
+
+  [[nodiscard]] std::uint64_t next_at_or_after(ExpertKey k, std::uint64_t from) const {
+    for (std::uint64_t i = from; i < keys.size(); ++i)
+      if (keys[i] == k) return i;
+    return never;
+  }
+  /// Consumes the demand of `k` at or after the cursor; returns where `k` is demanded next.
+  std::uint64_t consume(ExpertKey k) {
+    const std::uint64_t at = next_at_or_after(k, pos);
+    if (at == never) throw std::logic_error("RefCostAware: a demand not in the future sequence");
+    pos = at + 1;
+    return next_at_or_after(k, pos);
+  }
+};
+
 /// Cost-aware reference: max over residents of (next − now + 1) × bytes held / bytes wanted next,
 /// +inf for a copy that cannot serve again; ties: smaller (layer, expert).
 class RefCostAware {
@@ -290,10 +312,9 @@ class RefCostAware {
   explicit RefCostAware(std::vector<FutureAccess> f) : fut_(std::move(f)) {}
   void bind(const ModelShape& s) {
     res_.bind(s);
-    std::vector<ExpertKey> keys;
-    for (const FutureAccess& f : fut_) keys.push_back(f.key);
-    index_.build(keys, s);
-    next_.assign(s.expert_count(), detail::FutureIndex::never);
+    index_ = {};
+    for (const FutureAccess& f : fut_) index_.keys.push_back(f.key);
+    next_.assign(s.expert_count(), ScannedFuture::never);
     held_.assign(s.expert_count(), Precision::skip);
   }
   void on_hit(ExpertKey k, const AccessInfo&) { next_[res_.shape.index(k)] = index_.consume(k); }
@@ -301,18 +322,18 @@ class RefCostAware {
     const std::size_t i = res_.shape.index(k);
     res_.in[i] = true;
     held_[i] = a.precision;
-    next_[i] = a.prefetch ? index_.next_at_or_after(k, index_.position()) : index_.consume(k);
+    next_[i] = a.prefetch ? index_.next_at_or_after(k, index_.pos) : index_.consume(k);
   }
   void on_evict(ExpertKey k) { res_.in[res_.shape.index(k)] = false; }
   std::optional<ExpertKey> victim(const EvictionQuery& q) const {
     std::optional<ExpertKey> best;
     double bs = 0;
-    const double now = double(index_.position());
+    const double now = double(index_.pos);
     res_.for_each_evictable(q, [&](ExpertKey k) {
       const std::size_t i = res_.shape.index(k);
       double s = std::numeric_limits<double>::infinity();
       const std::uint64_t j = next_[i];
-      if (j != detail::FutureIndex::never && satisfies(held_[i], fut_[j].precision))
+      if (j != ScannedFuture::never && satisfies(held_[i], fut_[j].precision))
         s = (double(j) - now + 1.0) * double(res_.shape.expert_bytes(held_[i])) /
             double(res_.shape.expert_bytes(fut_[j].precision));
       if (!best || s > bs)
@@ -324,7 +345,7 @@ class RefCostAware {
  private:
   std::vector<FutureAccess> fut_;
   Residents res_;
-  detail::FutureIndex index_;
+  ScannedFuture index_;
   std::vector<std::uint64_t> next_;
   std::vector<Precision> held_;
 };

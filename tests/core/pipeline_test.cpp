@@ -67,6 +67,46 @@ TEST_CASE("Baseline: LRU over a scripted routing sequence, exact loads and evict
   p.cache().check_invariants();
 }
 
+namespace {
+/// A ManualLoader whose quantized blobs are in panels, as it declares.
+struct PanelsLoader : ManualLoader {
+  static constexpr Hooks hooks = Hook::matrix_order;
+  PanelsLoader() = default;  // not an aggregate: ManualLoader's default constructor is explicit
+  [[nodiscard]] MatrixOrder matrix_order(Precision p) const noexcept {
+    return is_quantized(p) ? MatrixOrder::panels4 : MatrixOrder::rows;
+  }
+};
+static_assert(assert_loader<PanelsLoader>());
+}  // namespace
+
+TEST_CASE("A resolved expert carries the order its loader declares", "[core][pipeline][hooks]") {
+  const std::size_t q4 = pipeline_shape.expert_bytes(Precision::q4);
+  for (Precision base : {Precision::q4, Precision::f16}) {
+    INFO(name(base));
+    presets::Baseline<PanelsLoader> p(
+        pipeline_shape,
+        {.expert_budget_bytes = 4 * pipeline_shape.expert_bytes(base), .base_precision = base},
+        PanelsLoader{}, UniformScorer({.precision = base}));
+    presets::Baseline<ManualLoader> rows(
+        pipeline_shape, {.expert_budget_bytes = 4 * q4, .base_precision = Precision::q4},
+        ManualLoader{}, UniformScorer({.precision = Precision::q4}));
+    p.begin_sequence();
+    rows.begin_sequence();
+    const auto views = p.resolve(p.route(ctx(0, 2), Route(4, {{0, 1}}).view()));
+    const auto undeclared = rows.resolve(rows.route(ctx(0, 2), Route(4, {{0, 1}}).view()));
+    REQUIRE(views.size() == 2);
+    REQUIRE(undeclared.size() == 2);
+    for (const WeightView& v : views) {
+      CHECK(v.precision == base);
+      CHECK(v.order == (base == Precision::q4 ? MatrixOrder::panels4 : MatrixOrder::rows));
+    }
+    for (const WeightView& v : undeclared) {
+      CHECK(v.precision == Precision::q4);
+      CHECK(v.order == MatrixOrder::rows);
+    }
+  }
+}
+
 TEST_CASE("Pipeline plans one entry per distinct expert of a prefill batch", "[core][pipeline]") {
   presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 4 * pipeline_f16},
                                     ManualLoader{});

@@ -168,18 +168,16 @@ GreedyRun greedy(const moekit::engine::ModelConfig& cfg, const moekit::engine::D
 
 /// Logits of every position of `seq` (positions × vocab), teacher-forced as the default model's
 /// references were recorded: one prefill of the first `prompt` tokens (all logits), then one
-/// decode step per further token; `int8_activations` as moe-run's --activations int8, `order`
-/// where the rows of the quantized expert blobs are (ExpertBacking::order).
+/// decode step per further token; `int8_activations` as moe-run's --activations int8 (where the
+/// rows of the quantized expert blobs are comes from the pipeline's loader: WeightView::order).
 template <class Pipeline>
 std::vector<float> teacher_forced(const moekit::engine::ModelConfig& cfg,
                                   const moekit::engine::DenseWeights& dense, Pipeline& pipeline,
                                   std::span<const moekit::engine::Token> seq, std::size_t prompt,
-                                  moekit::ThreadPool* pool, bool int8_activations = false,
-                                  moekit::MatrixOrder order = moekit::MatrixOrder::rows) {
+                                  moekit::ThreadPool* pool, bool int8_activations = false) {
   moekit::engine::Model<Pipeline> model(cfg, dense, pipeline,
                                         static_cast<std::uint32_t>(seq.size() + 1), pool);
   model.set_int8_expert_activations(int8_activations);
-  model.set_expert_order(order);
   model.begin_sequence();
   const auto pre = model.prefill(seq.first(prompt), /*all_logits=*/true);
   std::vector<float> rows(pre.begin(), pre.end());

@@ -32,6 +32,7 @@
 #include "moekit/precision/half.hpp"
 #include "moekit/precision/quantize.hpp"
 #include "moekit/precision/thread_pool.hpp"
+#include "moekit/presets/registry.hpp"
 
 #include "io/gguf_builder.hpp"
 
@@ -142,7 +143,7 @@ Forced forced(const ModelConfig& cfg, const DenseWeights& dense, const ExpertBac
   return with_pipeline<moekit::presets::BaselineSpec>(
       cfg.shape(), o, b.make_loader(), PresetInputs{}, [&](auto& p) {
         Forced f;
-        f.logits = engine_test::teacher_forced(cfg, dense, p, seq, prompt, pool, false, b.order());
+        f.logits = engine_test::teacher_forced(cfg, dense, p, seq, prompt, pool, false);
         f.stats = p.stats();
         return f;
       });
@@ -349,11 +350,14 @@ TEST_CASE("moe-run reads the default model's experts in place with every preset"
   const auto half = static_cast<std::size_t>(
       std::ceil(double(all_resident_budget(cfg.shape(), Precision::bf16)) / 2));
   std::string baseline_text;
-  for (const char* preset :
-       {"baseline", "hobbit", "fate", "edgemoe", "mobile", "fiddler", "nextuse"}) {
-    const std::string name = preset;
-    const std::string extra =
-        name == "fiddler" ? " --cpu-latency 0.0001 --copy-latency 0.0002" : "";
+  namespace ps = moekit::presets;
+  for (const ps::PresetEntry* preset :
+       {&ps::entry_of<ps::BaselineSpec>, &ps::entry_of<ps::HobbitSpec>, &ps::entry_of<ps::FateSpec>,
+        &ps::entry_of<ps::EdgeMoeSpec>, &ps::entry_of<ps::MobileSpec>,
+        &ps::entry_of<ps::FiddlerSpec>, &ps::entry_of<ps::NextUseSpec>}) {
+    const std::string name(preset->name);
+    const bool fiddler = ps::is<ps::FiddlerSpec>(*preset);
+    const std::string extra = fiddler ? " --cpu-latency 0.0001 --copy-latency 0.0002" : "";
     const nlohmann::json j = run_json("--preset " + name + " --expert-budget 50%" + extra, d);
     const std::string source = j.at("expert_source");
     INFO(name << ": expert_source " << source);
@@ -364,7 +368,7 @@ TEST_CASE("moe-run reads the default model's experts in place with every preset"
     CHECK(source.starts_with("in place: " + file));
     // A store, when a preset needs one, holds only the precisions the checkpoint lacks.
     CHECK(source.find("bf16.moestore") == std::string::npos);
-    if (name == "fiddler") {
+    if (fiddler) {
       // Its CPU path reads each expert through the loader (no host copy, no mapping), at full
       // precision the same bytes as the baseline's, so the same text.
       CHECK(j.at("host_read_bytes").get<std::uint64_t>() > 0);
@@ -373,7 +377,7 @@ TEST_CASE("moe-run reads the default model's experts in place with every preset"
     } else {
       CHECK(j.at("host_read_bytes") == 0);
     }
-    if (name == "baseline") baseline_text = j.at("text");
+    if (ps::is<ps::BaselineSpec>(*preset)) baseline_text = j.at("text");
   }
   // --expert-budget auto says what it chose.
   const nlohmann::json a = run_json("--expert-budget auto", d);

@@ -231,6 +231,11 @@ TEST_CASE(
     CHECK(a == b);
     CHECK(blocked.read_expert({3, 5}, p) == b);
   }
+  // The loaders say so too (what the pipeline's views carry); f16 blobs are always in rows.
+  for (const ExpertBacking* b : {&rows, &in_panels, &host_panels, &blocked}) {
+    CHECK(b->make_loader().matrix_order(Precision::q4) == b->order());
+    CHECK(b->make_loader().matrix_order(Precision::f16) == moekit::MatrixOrder::rows);
+  }
   const std::vector<Token> seq{1, 415, 2936, 9060, 285, 1142, 28705, 28770, 28723, 415, 13, 4};
   moekit::ThreadPool pool(2);
   for (Precision p : ps)
@@ -240,8 +245,7 @@ TEST_CASE(
       auto run = [&](const ExpertBacking& b) {
         return with_pipeline<moekit::presets::BaselineSpec>(
             s, o, b.make_loader(), PresetInputs{}, [&](auto& pipe) {
-              return engine_test::teacher_forced(cfg, dense.dense, pipe, seq, 5, &pool, int8,
-                                                 b.order());
+              return engine_test::teacher_forced(cfg, dense.dense, pipe, seq, 5, &pool, int8);
             });
       };
       const std::vector<float> a = run(rows), c = run(in_panels), h = run(host_panels);

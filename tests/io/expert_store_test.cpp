@@ -103,7 +103,7 @@ TEST_CASE("expert store: an interrupted write resumes, re-encoding only missing 
   REQUIRE(std::filesystem::exists(path + ".partial"));
 
   // Damage the second blob in the partial file: it must be re-encoded.
-  const auto layout = io::detail::store_layout(tiny_shape, f16_q4);
+  const auto layout = io::store_blob_layout(tiny_shape, f16_q4);
   std::vector<std::byte> junk(16, std::byte{0xAB});
   patch(path + ".partial", layout[1].offset + 100, junk);
 
@@ -203,7 +203,7 @@ TEST_CASE("expert store: manifest validation catches offsets, overlaps and sizes
   write_tiny(path);
   auto store = ExpertStore::open(path);
   const std::uint64_t data_end = store.header().manifest_offset;
-  auto j = io::detail::manifest_to_json(store.manifest());
+  auto j = io::manifest_to_json(store.manifest());
   REQUIRE_NOTHROW(parse_store_manifest(j.dump(), data_end, "m"));
 
   auto edit = [&](auto&& change) {
@@ -278,7 +278,7 @@ void check_store_in_panels(const std::string& path, const ModelShape& shape, Mat
   CHECK(store.manifest().order == order);
   CHECK(store.manifest().order_of(Precision::q4) == order);
   CHECK(store.manifest().order_of(Precision::f16) == MatrixOrder::rows);
-  CHECK(io::detail::manifest_to_json(store.manifest())["matrix_order"] == std::string(name(order)));
+  CHECK(io::manifest_to_json(store.manifest())["matrix_order"] == std::string(name(order)));
   const auto file = moekit::test::read_file(path);
   const std::size_t m13 = matrix_bytes(shape.ffn, shape.hidden, Precision::q4, shape.quant);
   for (std::uint32_t l = 0; l < 2; ++l)
@@ -325,7 +325,7 @@ TEST_CASE("expert store: quantized blobs in panels, packed by the writer", "[io]
   opt.order = MatrixOrder::panels4;
   // The manifest names the order; a store without the field (written before it) is in rows.
   const std::uint64_t data_end = store.header().manifest_offset;
-  auto j = io::detail::manifest_to_json(store.manifest());
+  auto j = io::manifest_to_json(store.manifest());
   CHECK(j["matrix_order"] == "panels4");
   auto k = j;
   k.erase("matrix_order");

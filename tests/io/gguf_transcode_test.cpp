@@ -5,6 +5,7 @@
 // types and overlaps are refused by name.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -82,7 +83,8 @@ TensorView gguf_view(const Bytes& bytes, DType t, std::size_t rows, std::size_t 
 
 // The moekit rows of GGUF blocks written weight by weight from the GGUF definition (weight j of a
 // Q4_0 block: low nibble of qs[j] for j < 16, high nibble of qs[j-16] after; Q8_0: q + 128)
-// through moekit's own encoder helper: an independent way to the bytes transcode must give.
+// and packed as format.hpp defines (weight c at bit c·bits): an independent way to the bytes
+// transcode must give.
 Bytes encode_by_weight(DType t, const Bytes& src, std::size_t rows, std::size_t cols) {
   const Precision p = *exact_moekit_precision(t);
   const RowLayout l = RowLayout::of(cols, p, gguf_exact_scheme);
@@ -95,7 +97,8 @@ Bytes encode_by_weight(DType t, const Bytes& src, std::size_t rows, std::size_t 
       for (unsigned j = 0; j < 32; ++j) {
         const auto q = std::to_integer<unsigned>(b[2 + (t == DType::q4_0 ? j % 16 : j)]);
         const unsigned code = t == DType::q8_0 ? (q + 128) % 256 : j < 16 ? q & 15 : q >> 4;
-        moekit::detail::write_code(row, 32 * i + j, l.bits, code);
+        const std::size_t bit = (32 * i + j) * l.bits;
+        row[bit / 8] |= static_cast<std::byte>(code << (bit % 8));
       }
       std::memcpy(row + l.scales_offset + 2 * i, b, 2);
     }
@@ -157,19 +160,27 @@ TEST_CASE("gguf_transcode: Q4_0 and Q8_0 are the exact ones, by DType and by ggm
   CHECK(gguf_exact_scheme == QuantScheme{32, false});
 }
 
-TEST_CASE("gguf_transcode: the SSE2 Q4_0 shuffle equals the byte loop for every byte pair",
+TEST_CASE("gguf_transcode: Q4_0 rows are transcoded as defined for every byte pair",
           "[io][gguf_transcode]") {
-  // Each output byte depends on one pair of input bytes: every pair, in every pair position.
-  std::byte in[16], fast[16], slow[16];
-  for (unsigned pos = 0; pos < 8; ++pos)
-    for (unsigned v = 0; v < 65536; ++v) {
-      for (unsigned i = 0; i < 16; ++i) in[i] = static_cast<std::byte>(i * 37 + pos);
-      in[2 * pos] = static_cast<std::byte>(v & 0xFF);
-      in[2 * pos + 1] = static_cast<std::byte>(v >> 8);
-      io::detail::q4_0_codes(in, fast);
-      io::detail::q4_0_codes_scalar(in, slow);
-      if (std::memcmp(fast, slow, 16) != 0) FAIL("pair " << pos << " value " << v);
-    }
+  // Each output byte depends on one pair of input bytes (the SSE2 shuffle where the build has it,
+  // the byte loop elsewhere): every pair value, in every pair position, one block each.
+  const std::size_t blocks = 8 * 65536, bb = block_bytes(DType::q4_0), cols = 32 * blocks;
+  Bytes src(blocks * bb);
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const auto pos = static_cast<unsigned>(b / 65536), v = static_cast<unsigned>(b % 65536);
+    std::byte* qs = src.data() + b * bb + 2;
+    src[b * bb] = std::byte{0x00};
+    src[b * bb + 1] = std::byte{0x3c};  // scale 1.0 (f16)
+    for (unsigned i = 0; i < 16; ++i) qs[i] = static_cast<std::byte>(i * 37 + pos);
+    qs[2 * pos] = static_cast<std::byte>(v & 0xFF);
+    qs[2 * pos + 1] = static_cast<std::byte>(v >> 8);
+  }
+  Bytes got(src.size());
+  transcode_row(DType::q4_0, cols, src, got);
+  const Bytes want = encode_by_weight(DType::q4_0, src, 1, cols);
+  REQUIRE(got.size() == want.size());
+  const auto at = std::mismatch(got.begin(), got.end(), want.begin()).first - got.begin();
+  if (at != static_cast<std::ptrdiff_t>(got.size())) FAIL("first difference at byte " << at);
 }
 
 TEST_CASE(

@@ -11,7 +11,6 @@
 #include "moekit/cache/expert_arena.hpp"
 #include "moekit/io/aligned_buffer.hpp"
 #include "moekit/io/byte_source.hpp"
-#include "moekit/io/detail/io_memory.hpp"
 #include "moekit/io/uring_source.hpp"
 
 using namespace moekit;
@@ -63,15 +62,15 @@ TEST_CASE("io memory: buffers of 2 MiB and more are huge-page aligned and marked
           "[io][memory]") {
   AlignedBuffer big(5 * mib + 1);
   CHECK(big.size() == 5 * mib + 4096);
-  CHECK(is_aligned(big.data(), io::detail::huge_page_bytes));
+  CHECK(is_aligned(big.data(), AlignedBuffer::huge_page_bytes));
   CHECK(std::all_of(big.data(), big.data() + big.size(),
                     [](std::byte b) { return b == std::byte{0}; }));
   if (kernel_has_thp()) CHECK(vm_flags_of(big.data()).find(" hg") != std::string::npos);
 
   // Below 2 MiB: the heap, 4 KiB alignment as before, no huge-page marking needed.
-  AlignedBuffer small(io::detail::huge_page_bytes - 4096);
+  AlignedBuffer small(AlignedBuffer::huge_page_bytes - 4096);
   CHECK(is_aligned(small.data(), 4096));
-  CHECK(!io::detail::uses_huge_pages(small.size()));
+  CHECK(!AlignedBuffer::uses_huge_pages(small.size()));
 
   // Alignments above 2 MiB are honoured too; moving keeps ownership (freed once, by munmap).
   AlignedBuffer wide(3 * mib, 4 * mib);
@@ -81,7 +80,7 @@ TEST_CASE("io memory: buffers of 2 MiB and more are huge-page aligned and marked
   CHECK(moved.data() == p);
   CHECK(wide.data() == nullptr);
   moved = AlignedBuffer(2 * mib);
-  CHECK(is_aligned(moved.data(), io::detail::huge_page_bytes));
+  CHECK(is_aligned(moved.data(), AlignedBuffer::huge_page_bytes));
 }
 
 TEST_CASE("io memory: O_DIRECT reads into huge-page buffers are exact (pread and io_uring)",
@@ -95,7 +94,7 @@ TEST_CASE("io memory: O_DIRECT reads into huge-page buffers are exact (pread and
   auto check_source = [&](const auto& source) {
     for (const std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{3 * 4096}}) {
       AlignedBuffer buf(bytes);
-      REQUIRE(is_aligned(buf.data(), io::detail::huge_page_bytes));
+      REQUIRE(is_aligned(buf.data(), AlignedBuffer::huge_page_bytes));
       source.read({offset, bytes}, buf.span());
       CHECK(std::equal(want.begin() + static_cast<std::ptrdiff_t>(offset),
                        want.begin() + static_cast<std::ptrdiff_t>(offset + bytes), buf.data()));
@@ -116,7 +115,7 @@ TEST_CASE("io memory: the expert arena puts large slot buffers on huge pages", "
   moekit::ExpertArena arena(3, 64 * mib);
   const auto big = arena.acquire(0, 3 * mib + 100);
   CHECK(big.size() == 3 * mib + 100);
-  CHECK(is_aligned(big.data(), io::detail::huge_page_bytes));
+  CHECK(is_aligned(big.data(), AlignedBuffer::huge_page_bytes));
   if (kernel_has_thp()) CHECK(vm_flags_of(big.data()).find(" hg") != std::string::npos);
   std::fill(big.begin(), big.end(), std::byte{7});  // the whole span is writable
 
@@ -129,7 +128,7 @@ TEST_CASE("io memory: the expert arena puts large slot buffers on huge pages", "
   CHECK(arena.acquire(0, 3 * mib + 200).data() == big.data());
   arena.release(0);
   const auto bigger = arena.acquire(0, 9 * mib);
-  CHECK(is_aligned(bigger.data(), io::detail::huge_page_bytes));
+  CHECK(is_aligned(bigger.data(), AlignedBuffer::huge_page_bytes));
   std::fill(bigger.begin(), bigger.end(), std::byte{9});
   CHECK(arena.held_bytes() == 9 * mib + 8192);
 }

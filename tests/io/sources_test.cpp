@@ -123,7 +123,7 @@ TEST_CASE("sources: EINTR and short reads are retried; EIO and early EOF are typ
   for (std::size_t i = 0; i < backing.size(); ++i) backing[i] = static_cast<std::byte>(i * 31);
   int calls = 0;
   // A device that interrupts every other call and returns at most 333 bytes at a time.
-  io::detail::ReadCall flaky = [&](std::byte* p, std::size_t n, std::uint64_t off) -> ssize_t {
+  io::ReadCall flaky = [&](std::byte* p, std::size_t n, std::uint64_t off) -> ssize_t {
     if (++calls % 2 == 0) {
       errno = EINTR;
       return -1;
@@ -133,19 +133,19 @@ TEST_CASE("sources: EINTR and short reads are retried; EIO and early EOF are typ
     return static_cast<ssize_t>(k);
   };
   std::vector<std::byte> out(5000);
-  CHECK(io::detail::read_retrying(flaky, out, out.size(), 1234, "flaky") == 5000);
+  CHECK(io::read_retrying(flaky, out, out.size(), 1234, "flaky") == 5000);
   CHECK(std::equal(out.begin(), out.end(), backing.begin() + 1234));
   CHECK(calls > 20);
 
-  io::detail::ReadCall eio = [](std::byte*, std::size_t, std::uint64_t) -> ssize_t {
+  io::ReadCall eio = [](std::byte*, std::size_t, std::uint64_t) -> ssize_t {
     errno = EIO;
     return -1;
   };
-  require_error([&] { io::detail::read_retrying(eio, out, out.size(), 4096, "disk.bin"); },
-                ErrorKind::io, {"disk.bin", "offset 4096", "Input/output error"});
-  io::detail::ReadCall eof = [](std::byte*, std::size_t, std::uint64_t) -> ssize_t { return 0; };
-  require_error([&] { io::detail::read_retrying(eof, out, out.size(), 77, "short.bin"); },
-                ErrorKind::io, {"short.bin", "end of file", "offset 77"});
+  require_error([&] { io::read_retrying(eio, out, out.size(), 4096, "disk.bin"); }, ErrorKind::io,
+                {"disk.bin", "offset 4096", "Input/output error"});
+  io::ReadCall eof = [](std::byte*, std::size_t, std::uint64_t) -> ssize_t { return 0; };
+  require_error([&] { io::read_retrying(eof, out, out.size(), 77, "short.bin"); }, ErrorKind::io,
+                {"short.bin", "end of file", "offset 77"});
 }
 
 TEST_CASE("aligned buffer: address and size are multiples of the alignment", "[io][sources]") {

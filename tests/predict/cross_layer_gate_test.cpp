@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "moekit/predict/cross_layer_gate.hpp"
+#include "moekit/predict/routing.hpp"
 #include "predict/predict_test_support.hpp"
 #include "support/routing.hpp"
 
@@ -90,7 +91,7 @@ TEST_CASE("CrossLayerGate: identical routers predict the true routing exactly (p
     for (std::uint32_t e = 0; e < E; ++e)
       for (std::uint32_t c = 0; c < d; ++c) logits[e] += w[e * d + c] * x[c];
     std::vector<std::uint32_t> top(2);
-    detail::top_k(logits, top);
+    top_k_experts(logits, top);
     Route call(E, {{0, 1}});
     call.hidden = x;
     OwnedList a;

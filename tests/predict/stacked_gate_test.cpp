@@ -6,6 +6,7 @@
 
 #include "moekit/precision/gemv.hpp"
 #include "moekit/predict/router_stack.hpp"
+#include "moekit/predict/routing.hpp"
 #include "moekit/predict/stacked_gate.hpp"
 #include "predict/predict_test_support.hpp"
 #include "support/routing.hpp"
@@ -83,10 +84,10 @@ TEST_CASE("StackedGate: stacking p gates equals p sequential products (random pr
               CHECK(s == Approx(ref).margin(1e-3));
             }
             std::vector<std::uint32_t> a(2), b(2);
-            detail::top_k(
+            top_k_experts(
                 std::span<const float>(stacked).subspan((std::size_t{t} * count + (j - 1)) * E, E),
                 a);
-            detail::top_k(std::span<const float>(one).subspan(std::size_t{t} * E, E), b);
+            top_k_experts(std::span<const float>(one).subspan(std::size_t{t} * E, E), b);
             CHECK(a == b);
           }
         }

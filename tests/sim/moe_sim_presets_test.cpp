@@ -1,4 +1,4 @@
-// moe-sim's presets (examples/moe-sim/sim_presets.hpp, the registry's presets it replays),
+// moe-sim's presets (include/moekit/sim/preset_runs.hpp, the registry's presets it replays),
 // through the same functions moe-sim calls: every preset and reference replays a small synthetic
 // Mixtral trace to finite, sane numbers; the substitutes say what they are; the real gate
 // predictors run when the trace has hidden states and router weights are given; the noisy
@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "../../examples/moe-sim/sim_presets.hpp"
 #include "moekit/sim/hardware.hpp"
+#include "moekit/sim/preset_runs.hpp"
 #include "moekit/sim/synthetic_trace.hpp"
 #include "moekit/sim/trace_binary.hpp"
 
 using namespace moekit;
-using namespace moe_sim;
+using namespace moekit::sim::preset_runs;
 
 namespace {
 

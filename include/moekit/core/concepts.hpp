@@ -130,8 +130,10 @@ concept CachePolicy = detail::has_on_hit<C> && detail::has_on_insert<C> &&
 /// Declared hook: `host_bytes(key, precision)` → `std::span<const std::byte>` of the expert in host
 /// memory (needed by schedulers that run experts on the CPU); `prepare_host_bytes(key, precision)`,
 /// called when an expert is placed on the CPU, before its `host_bytes` (a loader that must read the
-/// bytes first starts the read there). Optional trait: `static constexpr
-/// bool keeps_bytes = false` for loaders that move no data (the simulator's).
+/// bytes first starts the read there); `matrix_order(precision) const` → the `MatrixOrder` of the
+/// blobs it delivers at that precision (carried by the pipeline's `WeightView`; rows when not
+/// declared). Optional trait: `static constexpr bool keeps_bytes = false` for loaders that move no
+/// data (the simulator's).
 /// Not checked: on-demand requests are served before queued prefetches.
 template <class L>
 concept Loader =

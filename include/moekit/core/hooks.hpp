@@ -30,6 +30,7 @@
 
 #include "moekit/core/cache_events.hpp"
 #include "moekit/core/expert_key.hpp"
+#include "moekit/core/matrix_order.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/core/plan.hpp"
 #include "moekit/core/precision.hpp"
@@ -51,6 +52,7 @@ enum class Hook : std::uint16_t {
   host_bytes = 1u << 9,            ///< loader: an expert's bytes in host memory (CPU execution)
   prepare_host_bytes = 1u << 10,   ///< loader: `host_bytes` of this expert will be asked for soon
   planned_experts = 1u << 11,      ///< predictor: experts fixed in advance for a layer (MoBiLE)
+  matrix_order = 1u << 12,  ///< loader: where the rows of the blobs it delivers are (else rows)
 };
 
 /// A set of hooks; `Hook::a | Hook::b` builds one.
@@ -110,7 +112,8 @@ inline constexpr Hooks cache_policy_hooks =
 inline constexpr Hooks predictor_hooks =
     Hook::begin_sequence | Hook::on_verdict | Hook::planned_experts;
 inline constexpr Hooks sequence_hooks = Hook::begin_sequence;  ///< scorer, scheduler, token policy
-inline constexpr Hooks loader_hooks = Hook::host_bytes | Hook::prepare_host_bytes;
+inline constexpr Hooks loader_hooks =
+    Hook::host_bytes | Hook::prepare_host_bytes | Hook::matrix_order;
 
 namespace detail {
 // ---- each hook's signature (the call its caller makes)
@@ -163,6 +166,10 @@ template <class C>
 concept hook_prepare_host_bytes = requires(C& c, ExpertKey k, Precision p) {
   c.prepare_host_bytes(k, p);
 };
+template <class C>  // const: asked by the pipeline for each view it resolves
+concept hook_matrix_order = requires(const C& c, Precision p) {
+  { c.matrix_order(p) } -> std::same_as<MatrixOrder>;
+};
 
 // ---- a member of the hook's name, whatever its signature ---------------------------------------
 // `&C::name` finds a single non-template member; the signature test finds overloaded ones.
@@ -183,6 +190,7 @@ MOEKIT_DETAIL_NAMES_HOOK(on_verdict)
 MOEKIT_DETAIL_NAMES_HOOK(planned_experts)
 MOEKIT_DETAIL_NAMES_HOOK(host_bytes)
 MOEKIT_DETAIL_NAMES_HOOK(prepare_host_bytes)
+MOEKIT_DETAIL_NAMES_HOOK(matrix_order)
 #undef MOEKIT_DETAIL_NAMES_HOOK
 
 /// Hooks a wrapper must declare: those its wrapped component declares, less the ones it consumes.
@@ -232,6 +240,7 @@ consteval bool assert_hooks() {
   MOEKIT_DETAIL_CHECK_HOOK(host_bytes,
                            "std::span<const std::byte> host_bytes(ExpertKey, Precision)")
   MOEKIT_DETAIL_CHECK_HOOK(prepare_host_bytes, "void prepare_host_bytes(ExpertKey, Precision)")
+  MOEKIT_DETAIL_CHECK_HOOK(matrix_order, "MatrixOrder matrix_order(Precision) const")
   return true;
 }
 #undef MOEKIT_DETAIL_CHECK_HOOK

@@ -6,13 +6,13 @@
 /// with the int8 weights (`KernelOptions::int8_activations`: AVX-512 VNNI, else AVX2 with
 /// AVX-VNNI or vpmaddubsw). It applies to
 /// quantized experts (q8/q4/q2) in decode forwards (one token per expert: the fused GEMV path) and
-/// in prefill (the int8 GEMM, precision/int8_gemm.hpp: 3-6x the float-decode GEMM on Mixtral
-/// shapes, bench/RESULTS.md); f32/bf16/f16 experts keep float activations. The dense matrices
+/// in prefill (the int8 GEMM, precision/int8_gemm.hpp; bench/RESULTS.md, "Prefill GEMM with int8
+/// activations"); f32/bf16/f16 experts keep float activations. The dense matrices
 /// follow the same choice judged on their own precisions (Model::set_int8_dense_activations).
 /// `auto` (the default): int8 when the CPU has the int8 kernels (AVX2 at least), some expert runs
-/// quantized and the expert rows are at least `int8_min_row_width` wide; f32 otherwise. On AVX2
-/// the int8 kernels ran cold Mixtral shapes 1.4-2.2x faster than the float path here
-/// (bench/RESULTS.md); the width threshold was measured with the AVX-512 ones.
+/// quantized and the expert rows are at least `int8_min_row_width` wide; f32 otherwise. The int8
+/// kernels beat the float path on AVX2 too (bench/RESULTS.md, "Int8 expert activations"); the
+/// width threshold was measured with the AVX-512 ones.
 ///
 /// Why the width: the int8 kernel saves work per 64-byte block but pays a fixed cost per row
 /// (activation scales, two horizontal sums), so below a width the float path wins

@@ -26,14 +26,15 @@
 #include "moekit/cache/expert_arena.hpp"
 #include "moekit/core/gate_view.hpp"
 #include "moekit/core/layer_context.hpp"
+#include "moekit/core/plan.hpp"
 #include "moekit/io/expert_blob.hpp"
-#include "moekit/pipeline.hpp"  // WeightView (moe_layer.hpp uses it without including it)
 #include "moekit/precision/expert_ffn.hpp"
 #include "moekit/precision/thread_pool.hpp"
 #include "moekit/predict/activation_path.hpp"
 
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/expert_source.hpp"
+#include "moekit/engine/forwarding_pipeline.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/routing_replay.hpp"
@@ -42,10 +43,10 @@ namespace moekit::engine {
 
 /// Forwards a pipeline's per-layer calls and records the routing it sees.
 template <class Pipeline>
-class RouteRecorder {
+class RouteRecorder : public ForwardingPipeline<Pipeline> {
  public:
   RouteRecorder(Pipeline& inner, std::uint32_t n_layers, std::uint32_t n_experts)
-      : inner_(inner),
+      : ForwardingPipeline<Pipeline>(inner),
         n_layers_(n_layers),
         n_experts_(n_experts),
         counts_(std::size_t{n_layers} * n_experts, 0.0),
@@ -53,11 +54,7 @@ class RouteRecorder {
 
   void begin_sequence() {
     flush();
-    inner_.begin_sequence();
-  }
-  std::uint32_t active_top_k(const moekit::LayerContext& c) { return inner_.active_top_k(c); }
-  [[nodiscard]] decltype(auto) planned_experts(const moekit::LayerContext& c) const {
-    return inner_.planned_experts(c);
+    this->inner().begin_sequence();
   }
   const moekit::LayerPlan& route(const moekit::LayerContext& c, const moekit::GateView& g) {
     if (c.layer == 0) flush();
@@ -65,19 +62,8 @@ class RouteRecorder {
     k_ = g.k;
     n_tokens_ = g.n_tokens;
     for (std::uint32_t e : g.experts) counts_[std::size_t{c.layer} * n_experts_ + e] += 1;
-    return inner_.route(c, g);
+    return this->inner().route(c, g);
   }
-  std::span<const moekit::WeightView> resolve(const moekit::LayerPlan& p) {
-    return inner_.resolve(p);
-  }
-  void end_layer(const moekit::LayerContext& c) { inner_.end_layer(c); }
-  moekit::TokenVerdict end_token(std::span<const float> logits) { return inner_.end_token(logits); }
-  [[nodiscard]] auto stats() const { return inner_.stats(); }
-  [[nodiscard]] const auto& config() const noexcept { return inner_.config(); }
-  [[nodiscard]] std::size_t memory_peak_bytes() const noexcept {
-    return inner_.memory_peak_bytes();
-  }
-  [[nodiscard]] const auto& shape() const noexcept { return inner_.shape(); }
 
   /// Tokens routed to each (layer, expert) so far, [L × E].
   [[nodiscard]] const std::vector<double>& counts() const noexcept { return counts_; }
@@ -110,7 +96,6 @@ class RouteRecorder {
     n_tokens_ = 0;
   }
 
-  Pipeline& inner_;
   std::uint32_t n_layers_, n_experts_;
   std::vector<double> counts_;
   std::vector<std::vector<std::uint32_t>> sets_;
@@ -179,7 +164,6 @@ inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
         RouteRecorder rec(p, s.n_layers, s.n_experts);
         const auto ctx = static_cast<std::uint32_t>(prompt.size() + std::max(extra, 0) + 1);
         Model<decltype(rec)> model(cfg, dense, rec, ctx, pool);
-        model.set_expert_order(experts.order());
         model.set_routing_replay(replay);
         model.begin_sequence();
         auto logits = model.prefill(prompt);
@@ -273,7 +257,7 @@ inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s, m
   ExpertLoader loader = experts.make_loader();
   auto run = [&](std::span<const std::byte> b, std::uint32_t n) {
     std::fill(y.begin(), y.end(), 0.f);
-    moekit::expert_ffn(moekit::io::expert_view(s, b, p, experts.order()),
+    moekit::expert_ffn(moekit::io::expert_view(s, b, p, loader.matrix_order(p)),
                        std::span<const float>(x).first(std::size_t{n} * s.hidden), n,
                        std::span<float>(y).first(std::size_t{n} * s.hidden), 1.f, opts);
   };

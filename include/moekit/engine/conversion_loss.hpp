@@ -193,7 +193,7 @@ inline std::string expert_types(const moekit::io::CheckpointExperts& experts) {
 
 namespace detail {
 
-/// Scores `tokens` with the experts `backing` serves at `p` (in `order`), float activations,
+/// Scores `tokens` with the experts `backing` serves at `p`, float activations,
 /// baseline pipeline; `meter` saves or compares.
 inline PerplexityResult conversion_loss_pass(const ModelConfig& cfg, const DenseWeights& dense,
                                              const ExpertBacking& backing, moekit::Precision p,
@@ -209,7 +209,6 @@ inline PerplexityResult conversion_loss_pass(const ModelConfig& cfg, const Dense
   return with_pipeline<moekit::presets::BaselineSpec>(
       shape, o, backing.make_loader(), PresetInputs{}, [&](auto& pipeline) {
         Model<std::decay_t<decltype(pipeline)>> model(cfg, dense, pipeline, s.ctx, pool);
-        model.set_expert_order(backing.order());
         return score_text(model, tokens, *cfg.bos_token_id, {s.ctx, 0, false}, meter,
                           [](std::size_t, std::size_t) {});
       });

@@ -21,11 +21,12 @@
 #include "moekit/cache/expert_arena.hpp"
 #include "moekit/core/gate_view.hpp"
 #include "moekit/core/layer_context.hpp"
-#include "moekit/pipeline.hpp"  // WeightView (moe_layer.hpp uses it without including it)
+#include "moekit/core/plan.hpp"
 #include "moekit/precision/thread_pool.hpp"
 
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/expert_source.hpp"
+#include "moekit/engine/forwarding_pipeline.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 
@@ -34,40 +35,26 @@ namespace moekit::engine {
 /// Forwards a pipeline's calls and records, in decode tokens, the compute time between the
 /// `route` calls of consecutive layers (wall time less the pipeline's stall seconds).
 template <class Pipeline>
-class LayerClock {
+class LayerClock : public ForwardingPipeline<Pipeline> {
  public:
-  explicit LayerClock(Pipeline& inner) : inner_(inner) {}
+  explicit LayerClock(Pipeline& inner) : ForwardingPipeline<Pipeline>(inner) {}
 
-  void begin_sequence() { inner_.begin_sequence(); }
-  std::uint32_t active_top_k(const moekit::LayerContext& c) { return inner_.active_top_k(c); }
   const moekit::LayerPlan& route(const moekit::LayerContext& c, const moekit::GateView& g) {
     const auto now = std::chrono::steady_clock::now();
-    const double stall = inner_.stats().stall_seconds;
+    const double stall = this->inner().stats().stall_seconds;
     if (c.phase == moekit::Phase::decode && c.layer > 0 && c.layer == last_layer_ + 1)
       intervals_.push_back(std::chrono::duration<double>(now - last_).count() -
                            (stall - last_stall_));
     last_ = now;
     last_stall_ = stall;
     last_layer_ = c.layer;
-    return inner_.route(c, g);
+    return this->inner().route(c, g);
   }
-  std::span<const moekit::WeightView> resolve(const moekit::LayerPlan& p) {
-    return inner_.resolve(p);
-  }
-  void end_layer(const moekit::LayerContext& c) { inner_.end_layer(c); }
-  moekit::TokenVerdict end_token(std::span<const float> logits) { return inner_.end_token(logits); }
-  [[nodiscard]] auto stats() const { return inner_.stats(); }
-  [[nodiscard]] const auto& config() const noexcept { return inner_.config(); }
-  [[nodiscard]] std::size_t memory_peak_bytes() const noexcept {
-    return inner_.memory_peak_bytes();
-  }
-  [[nodiscard]] const auto& shape() const noexcept { return inner_.shape(); }
 
   /// Compute seconds between consecutive layers' `route` calls, one per measured pair.
   [[nodiscard]] const std::vector<double>& intervals() const noexcept { return intervals_; }
 
  private:
-  Pipeline& inner_;
   std::vector<double> intervals_;
   std::chrono::steady_clock::time_point last_{};
   double last_stall_ = 0;
@@ -102,7 +89,6 @@ inline DecodeTiming measure_decode_timing(const ModelConfig& cfg, const DenseWei
         LayerClock clock(p);
         const auto ctx = static_cast<std::uint32_t>(prompt.size() + std::max(decode_tokens, 1) + 1);
         Model<decltype(clock)> model(cfg, dense, clock, ctx, pool);
-        model.set_expert_order(experts.order());
         model.begin_sequence();
         auto logits = model.prefill(prompt);
         for (int i = 0; i < decode_tokens; ++i) {

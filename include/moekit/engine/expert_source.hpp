@@ -122,11 +122,12 @@ static_assert(moekit::io::ByteSource<DirectSource>);
 /// store holding the precisions the checkpoint lacks. `host_bytes` (Fiddler's CPU execution)
 /// points into the HostExperts blobs, or, when the experts are not in host memory, into a
 /// HostReadRing the expert is read into through this loader (outside the cache; counted in
-/// `host_read_bytes`).
+/// `host_read_bytes`). Its `matrix_order` says, per precision, where the rows of the blobs it
+/// delivers are (the pipeline's WeightView carries it to the kernels).
 class ExpertLoader {
  public:
   static constexpr moekit::Hooks hooks =
-      moekit::Hook::host_bytes | moekit::Hook::prepare_host_bytes;
+      moekit::Hook::host_bytes | moekit::Hook::prepare_host_bytes | moekit::Hook::matrix_order;
   using StoreReader = moekit::io::AsyncLoader<DirectSource>;
   using CheckpointSource = moekit::io::CheckpointExpertSource<DirectSource>;
   using CheckpointReader = moekit::io::AsyncLoader<CheckpointSource>;
@@ -155,6 +156,7 @@ class ExpertLoader {
     l.kind_ = files.front().kind();
     l.shape_ = experts->shape();
     l.file_precision_ = experts->precision();
+    l.file_order_ = order;
     auto src = std::make_shared<CheckpointSource>(experts, std::move(files),
                                                   typename CheckpointSource::Config{order});
     typename CheckpointReader::Config c{};
@@ -204,6 +206,15 @@ class ExpertLoader {
   [[nodiscard]] std::span<const std::byte> host_bytes(moekit::ExpertKey k, moekit::Precision p) {
     if (host_) return host_->bytes(k, p);
     return ring().bytes(*this, k, p);
+  }
+  /// Where the rows of the quantized blobs this loader delivers at `p` are: the host experts',
+  /// the checkpoint reader's, or the store's matrix_order (f32/bf16/f16: always rows). The
+  /// bytes of `host_bytes` come from the same place, so they are in the same order.
+  [[nodiscard]] moekit::MatrixOrder matrix_order(moekit::Precision p) const noexcept {
+    if (!moekit::is_quantized(p)) return moekit::MatrixOrder::rows;
+    if (host_) return host_->order();
+    if (file_reader_ && p == file_precision_) return file_order_;
+    return store_ ? store_->manifest().order_of(p) : moekit::MatrixOrder::rows;
   }
   /// Bytes read for `host_bytes` (0 when the experts are in host memory).
   [[nodiscard]] std::uint64_t host_read_bytes() const noexcept {
@@ -264,6 +275,7 @@ class ExpertLoader {
   std::unique_ptr<StoreReader> reader_;
   std::unique_ptr<CheckpointReader> file_reader_;
   moekit::Precision file_precision_ = moekit::Precision::f32;
+  moekit::MatrixOrder file_order_ = moekit::MatrixOrder::rows;
   const char* kind_ = "memory";
 };
 static_assert(moekit::Loader<ExpertLoader>);

@@ -80,9 +80,6 @@ class Model {
   void set_int8_dense_activations(bool on) noexcept { opts_.int8_activations = on; }
   [[nodiscard]] bool int8_dense_activations() const noexcept { return opts_.int8_activations; }
 
-  /// Where the rows of the quantized expert blobs are (ExpertBacking::order; default rows).
-  void set_expert_order(moekit::MatrixOrder o) noexcept { moe_.set_expert_order(o); }
-
   /// Every MoE layer takes its experts and gate weights from `r`'s trace instead of the router
   /// (routing_replay.hpp; null: the router's own). `r` must outlive the model's forwards.
   void set_routing_replay(RoutingReplay* r) noexcept {

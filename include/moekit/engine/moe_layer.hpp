@@ -4,19 +4,19 @@
 ///
 /// Router as transformers: logits = W_r·x, p = softmax(logits) over all experts, the top-k of p
 /// (descending), renormalised to sum 1 when the config says so. The pipeline gets the whole
-/// forward's routing at once (`route` → plan, `resolve` → one WeightView per distinct expert);
-/// each expert runs once on the tokens that chose it (precision/'s fused SwiGLU FFN); then each
-/// token sums weight·expert(x) over its experts in ascending expert id — the order of
-/// transformers' index_add_ loop, and independent of the plan's order, so results do not
-/// depend on what was resident. Routed experts may run with int8 activations (activations.hpp),
-/// in decode and prefill; the router, dense MLPs and Qwen2-MoE's shared expert take the dense
-/// matrices' options (Model::set_int8_dense_activations; f32 routers stay float).
-/// With a RoutingReplay set (routing_replay.hpp, moe-run --routing-trace), a trace's experts and
-/// weights replace the router's top-k before the pipeline sees the GateView; the logits stay the
-/// router's. A pipeline whose predictor fixed this layer's experts in advance (`planned_experts`:
-/// MoBiLE's big pass on the little pass's plan) gets exactly those, weighted by this pass's own
-/// router probabilities at them (renormalised when the config says so); a routing replay wins
-/// over such a plan.
+/// forward's routing at once (`route` → plan, `resolve` → one WeightView per distinct expert, with
+/// its bytes and where their rows are); each expert runs once on the tokens that chose it
+/// (precision/'s fused SwiGLU FFN); then each token sums weight·expert(x) over its experts in
+/// ascending expert id — the order of transformers' index_add_ loop, and independent of the plan's
+/// order, so results do not depend on what was resident. Routed experts may run with int8
+/// activations (activations.hpp), in decode and prefill; the router, dense MLPs and Qwen2-MoE's
+/// shared expert take the dense matrices' options (Model::set_int8_dense_activations; f32 routers
+/// stay float). With a RoutingReplay set (routing_replay.hpp, moe-run --routing-trace), a trace's
+/// experts and weights replace the router's top-k before the pipeline sees the GateView; the logits
+/// stay the router's. A pipeline whose predictor fixed this layer's experts in advance
+/// (`planned_experts`: MoBiLE's big pass on the little pass's plan) gets exactly those, weighted by
+/// this pass's own router probabilities at them (renormalised when the config says so); a routing
+/// replay wins over such a plan.
 
 #include <algorithm>
 #include <cmath>
@@ -61,10 +61,6 @@ class MoeLayer {
   /// Routed experts with int8 activations (quantized experts on AVX-512 VNNI; ignored elsewhere).
   void set_int8_expert_activations(bool on) noexcept { int8_experts_ = on; }
   [[nodiscard]] bool int8_expert_activations() const noexcept { return int8_experts_; }
-
-  /// Where the rows of the quantized expert blobs the pipeline resolves are (the expert store's
-  /// matrix_order; host-memory experts are in rows).
-  void set_expert_order(moekit::MatrixOrder o) noexcept { expert_order_ = o; }
 
   /// Experts and gate weights from a trace instead of the router (routing_replay.hpp; null: the
   /// router's own). The replay must outlive the layer's forwards.
@@ -204,8 +200,7 @@ class MoeLayer {
       res_.assign(m * H, 0.f);
       for (std::size_t r = 0; r < m; ++r)
         std::copy_n(x.data() + std::size_t{rows_[r] / k} * H, H, in_.data() + r * H);
-      ffn(moekit::io::expert_view(shape, v.bytes, v.precision, expert_order_), in_, m, res_,
-          expert_opts);
+      ffn(moekit::io::expert_view(shape, v.bytes, v.precision, v.order), in_, m, res_, expert_opts);
       for (std::size_t r = 0; r < m; ++r) {
         std::copy_n(res_.data() + r * H, H, y_.data() + std::size_t{rows_[r]} * H);
         ran_[rows_[r]] = 1;
@@ -260,7 +255,6 @@ class MoeLayer {
   Pipeline& pipeline_;
   bool batched_ = false;
   bool int8_experts_ = false;
-  moekit::MatrixOrder expert_order_ = moekit::MatrixOrder::rows;
   RoutingReplay* replay_ = nullptr;
   TokenProfile* profile_ = nullptr;
   std::vector<float> logits_, weights_, probs_, y_, in_, res_, gate_;

@@ -30,6 +30,7 @@
 #include "moekit/sim/trace_binary.hpp"
 
 #include "moekit/engine/config.hpp"
+#include "moekit/engine/forwarding_pipeline.hpp"
 #include "moekit/engine/ops.hpp"
 
 namespace moekit::engine {
@@ -133,45 +134,26 @@ class TraceRecorder {
 /// A pipeline that forwards everything to `inner` and shows each layer call to a recorder.
 /// `Model<TracingPipeline<P>>` runs exactly as `Model<P>`.
 template <class Pipeline>
-class TracingPipeline {
+class TracingPipeline : public ForwardingPipeline<Pipeline> {
  public:
-  TracingPipeline(Pipeline& inner, TraceRecorder& recorder) : inner_(inner), rec_(recorder) {}
+  TracingPipeline(Pipeline& inner, TraceRecorder& recorder)
+      : ForwardingPipeline<Pipeline>(inner), rec_(recorder) {}
 
   void begin_sequence() {
-    inner_.begin_sequence();
+    this->inner().begin_sequence();
     rec_.begin_sequence();
-  }
-  [[nodiscard]] std::uint32_t active_top_k(const moekit::LayerContext& ctx) {
-    return inner_.active_top_k(ctx);
-  }
-  [[nodiscard]] decltype(auto) planned_experts(const moekit::LayerContext& ctx) const {
-    return inner_.planned_experts(ctx);
   }
   decltype(auto) route(const moekit::LayerContext& ctx, const moekit::GateView& gate) {
     rec_.record(ctx, gate);
-    return inner_.route(ctx, gate);
+    return this->inner().route(ctx, gate);
   }
-  template <class Plan>
-  decltype(auto) resolve(const Plan& plan) {
-    return inner_.resolve(plan);
-  }
-  void end_layer(const moekit::LayerContext& ctx) { inner_.end_layer(ctx); }
   moekit::TokenVerdict end_token(std::span<const float> logits) {
-    const moekit::TokenVerdict v = inner_.end_token(logits);
+    const moekit::TokenVerdict v = this->inner().end_token(logits);
     rec_.end_token(v);
     return v;
   }
-  [[nodiscard]] decltype(auto) stats() const { return inner_.stats(); }
-  [[nodiscard]] decltype(auto) config() const noexcept { return inner_.config(); }
-  [[nodiscard]] std::size_t memory_peak_bytes() const noexcept {
-    return inner_.memory_peak_bytes();
-  }
-  [[nodiscard]] decltype(auto) loader() const noexcept { return inner_.loader(); }
-  [[nodiscard]] Pipeline& inner() noexcept { return inner_; }
-  [[nodiscard]] const Pipeline& inner() const noexcept { return inner_; }
 
  private:
-  Pipeline& inner_;
   TraceRecorder& rec_;
 };
 

@@ -18,6 +18,14 @@ namespace moekit::io {
 /// Owned, zero-initialised, aligned bytes. Move-only.
 class AlignedBuffer {
  public:
+  /// Buffers of at least this many bytes are mapped on a boundary of it and marked for
+  /// transparent huge pages (io/detail/io_memory.hpp says why); smaller ones come from the heap.
+  static constexpr std::size_t huge_page_bytes = detail::huge_page_bytes;
+  /// True when a buffer of `bytes` is mapped so.
+  [[nodiscard]] static constexpr bool uses_huge_pages(std::size_t bytes) noexcept {
+    return detail::uses_huge_pages(bytes);
+  }
+
   AlignedBuffer() = default;
   /// `size` is rounded up to a multiple of `alignment` (a power of two, >= sizeof(void*)).
   explicit AlignedBuffer(std::size_t size, std::size_t alignment = 4096) : alignment_(alignment) {

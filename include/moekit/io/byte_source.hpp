@@ -46,8 +46,6 @@ concept ByteSource = requires(S& s, const S& cs, BlobRange r, std::span<std::byt
   { cs.name() } -> std::convertible_to<std::string>;
 };
 
-namespace detail {
-
 /// The syscall a file source reads with: `(buffer, count, offset) -> ssize_t` (pread's contract).
 using ReadCall = std::function<ssize_t(std::byte*, std::size_t, std::uint64_t)>;
 
@@ -63,9 +61,9 @@ inline std::size_t read_retrying(const ReadCall& call, std::span<std::byte> dest
     if (n < 0) {
       const int err = errno;
       if ((err == EINTR || err == EAGAIN) && ++interrupted < 1000) continue;
-      fail_errno("read of " + std::to_string(dest.size() - done) + " bytes failed at offset " +
-                     std::to_string(offset + done) + " of",
-                 file, err);
+      detail::fail_errno("read of " + std::to_string(dest.size() - done) +
+                             " bytes failed at offset " + std::to_string(offset + done) + " of",
+                         file, err);
     }
     if (n == 0)
       throw Error(ErrorKind::io, "unexpected end of file '" + file + "' at offset " +
@@ -75,6 +73,8 @@ inline std::size_t read_retrying(const ReadCall& call, std::span<std::byte> dest
   }
   return done;
 }
+
+namespace detail {
 
 /// Reads `r` into `dest` through `call` on a file opened with O_DIRECT: the 4 KiB-aligned bulk
 /// goes straight into `dest` when `dest` is aligned; the rest through an aligned bounce buffer.
@@ -151,13 +151,13 @@ class PreadSource {
                                                    " bytes from '" + path_ + "' into a " +
                                                    std::to_string(dest.size()) + "-byte buffer");
     const int fd = fd_->get();
-    detail::ReadCall call = [fd](std::byte* p, std::size_t n, std::uint64_t off) {
+    ReadCall call = [fd](std::byte* p, std::size_t n, std::uint64_t off) {
       return ::pread(fd, p, n, static_cast<off_t>(off));
     };
     if (config_.direct)
       detail::read_direct(call, r, dest, path_);
     else
-      detail::read_retrying(call, dest.first(r.bytes), r.bytes, r.offset, path_);
+      read_retrying(call, dest.first(r.bytes), r.bytes, r.offset, path_);
   }
   [[nodiscard]] const std::string& name() const noexcept { return path_; }
   [[nodiscard]] bool direct() const noexcept { return config_.direct; }

@@ -121,20 +121,6 @@ inline nlohmann::json shape_to_json(const ModelShape& s) {
           {"shared_ffn", s.shared_ffn}};
 }
 
-/// The blob table a shape and precision list produce (checksums left 0). Deterministic.
-inline std::vector<StoreBlob> store_layout(const ModelShape& s, std::span<const Precision> ps) {
-  std::vector<StoreBlob> out;
-  std::uint64_t off = store_alignment;
-  for (Precision p : ps)
-    for (std::uint32_t l = 0; l < s.n_layers; ++l)
-      for (std::uint32_t e = 0; e < s.n_experts; ++e) {
-        StoreBlob b{{l, e}, p, off, s.expert_bytes(p), 0};
-        off += b.padded_bytes();
-        out.push_back(b);
-      }
-  return out;
-}
-
 inline std::uint64_t parse_hex64(const std::string& s, bool& ok) noexcept {
   ok = s.size() == 16;
   std::uint64_t v = 0;
@@ -148,32 +134,6 @@ inline std::uint64_t parse_hex64(const std::string& s, bool& ok) noexcept {
       ok = false;
   }
   return v;
-}
-
-inline nlohmann::json manifest_to_json(const StoreManifest& m) {
-  nlohmann::json j;
-  j["format"] = "moekit-expert-store";
-  j["version"] = store_version;
-  j["alignment"] = store_alignment;
-  j["checksum"] = "xxh64";
-  j["shape"] = shape_to_json(m.shape);
-  j["quant"] = {{"group_size", m.shape.quant.group_size}, {"zero_point", m.shape.quant.zero_point}};
-  nlohmann::json ps = nlohmann::json::array();
-  for (Precision p : m.precisions) ps.push_back(std::string(name(p)));
-  j["precisions"] = ps;
-  j["tensor_order"] = {"gate", "up", "down"};
-  j["matrix_order"] = std::string(name(m.order));
-  j["meta"] = m.meta;
-  nlohmann::json blobs = nlohmann::json::array();
-  for (const auto& b : m.blobs)
-    blobs.push_back({{"layer", b.key.layer},
-                     {"expert", b.key.expert},
-                     {"precision", std::string(name(b.precision))},
-                     {"offset", b.offset},
-                     {"bytes", b.bytes},
-                     {"xxh64", hex64(b.checksum)}});
-  j["blobs"] = blobs;
-  return j;
 }
 
 inline std::vector<std::byte> header_page(const StoreHeader& h) {
@@ -190,6 +150,49 @@ inline std::vector<std::byte> header_page(const StoreHeader& h) {
 }
 
 }  // namespace detail
+
+/// The blob table a store of shape `s` at precisions `ps` has: precision-major, then layer and
+/// expert, each blob 4 KiB-aligned after the header page (checksums left 0). Deterministic.
+inline std::vector<StoreBlob> store_blob_layout(const ModelShape& s,
+                                                std::span<const Precision> ps) {
+  std::vector<StoreBlob> out;
+  std::uint64_t off = store_alignment;
+  for (Precision p : ps)
+    for (std::uint32_t l = 0; l < s.n_layers; ++l)
+      for (std::uint32_t e = 0; e < s.n_experts; ++e) {
+        StoreBlob b{{l, e}, p, off, s.expert_bytes(p), 0};
+        off += b.padded_bytes();
+        out.push_back(b);
+      }
+  return out;
+}
+
+/// The manifest as the store file records it (JSON; `parse_store_manifest` reads it back).
+inline nlohmann::json manifest_to_json(const StoreManifest& m) {
+  nlohmann::json j;
+  j["format"] = "moekit-expert-store";
+  j["version"] = store_version;
+  j["alignment"] = store_alignment;
+  j["checksum"] = "xxh64";
+  j["shape"] = detail::shape_to_json(m.shape);
+  j["quant"] = {{"group_size", m.shape.quant.group_size}, {"zero_point", m.shape.quant.zero_point}};
+  nlohmann::json ps = nlohmann::json::array();
+  for (Precision p : m.precisions) ps.push_back(std::string(name(p)));
+  j["precisions"] = ps;
+  j["tensor_order"] = {"gate", "up", "down"};
+  j["matrix_order"] = std::string(name(m.order));
+  j["meta"] = m.meta;
+  nlohmann::json blobs = nlohmann::json::array();
+  for (const auto& b : m.blobs)
+    blobs.push_back({{"layer", b.key.layer},
+                     {"expert", b.key.expert},
+                     {"precision", std::string(name(b.precision))},
+                     {"offset", b.offset},
+                     {"bytes", b.bytes},
+                     {"xxh64", detail::hex64(b.checksum)}});
+  j["blobs"] = blobs;
+  return j;
+}
 
 /// Parses and validates the header page (`page` = the file's first bytes, at least 56 of them)
 /// of a store whose size is `file_size`. Throws `Error(invalid_format)` / `Error(unsupported)`
@@ -751,7 +754,7 @@ inline ExpertStoreWriteReport write_expert_store(const std::string& path, const 
   StoreManifest m;
   m.shape = shape;
   m.precisions.assign(precisions.begin(), precisions.end());
-  m.blobs = detail::store_layout(shape, precisions);
+  m.blobs = store_blob_layout(shape, precisions);
   m.meta = options.meta;
   m.order = options.order;
   const std::uint64_t data_end = m.blobs.back().offset + m.blobs.back().padded_bytes();

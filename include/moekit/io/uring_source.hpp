@@ -80,7 +80,7 @@ class UringSource {
                                                    " bytes from '" + s.path + "' into a " +
                                                    std::to_string(dest.size()) + "-byte buffer");
     const int fd = s.fd.get();
-    detail::ReadCall pread_call = [fd](std::byte* p, std::size_t n, std::uint64_t off) {
+    ReadCall pread_call = [fd](std::byte* p, std::size_t n, std::uint64_t off) {
       return ::pread(fd, p, n, static_cast<off_t>(off));
     };
     std::uint64_t bulk = r.bytes;

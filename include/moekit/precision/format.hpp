@@ -15,6 +15,7 @@
 #include <string>
 
 #include "moekit/config.hpp"
+#include "moekit/core/matrix_order.hpp"  // MatrixOrder
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 
@@ -70,19 +71,6 @@ inline void validate_scheme(Precision p, QuantScheme scheme, std::string_view wh
                  std::string(what) + ": group_size " + std::to_string(g) +
                      " is not supported (use 32, 64, 128, or 0 for one group per row)");
 }
-
-/// Where the rows of a stored matrix are. Either way the matrix takes `matrix_bytes()` bytes.
-enum class MatrixOrder : std::uint8_t {
-  /// Rows back to back, each as `RowLayout` says: what files, expert stores and every kernel take.
-  rows,
-  /// Quantized rows four at a time, interleaved every 512 columns, so that a GEMV reads one
-  /// sequential stream per thread however wide the rows are (panels.hpp, docs/formats.md).
-  panels4,
-  /// panels4 grouped 16 panels at a time, each group's steps in column blocks of at most 4096
-  /// columns (every panel's first block, then every panel's next one), so that one block of the
-  /// activation stays in L1 while the group streams past (panels.hpp, docs/formats.md).
-  blocked_panels4,
-};
 
 /// A stored `rows × cols` matrix, `cols` = input dimension; in `MatrixOrder::rows` (the default)
 /// each row laid out as `RowLayout` says, rows packed back to back (stride

@@ -26,8 +26,8 @@
 
 #include "moekit/core/concepts.hpp"
 #include "moekit/error.hpp"
-#include "moekit/predict/detail/routing.hpp"
 #include "moekit/predict/router_stack.hpp"
+#include "moekit/predict/routing.hpp"
 
 namespace moekit {
 
@@ -95,7 +95,7 @@ class CrossLayerGatePredictor {
     routers_.logits(next, 1, gate.hidden, gate.n_tokens, probs_);
     const std::size_t E = cfg_.n_experts;
     for (std::uint32_t t = 0; t < gate.n_tokens; ++t)
-      detail::softmax(std::span<float>(probs_.data() + t * E, E));
+      softmax_in_place(std::span<float>(probs_.data() + t * E, E));
     if (gate.n_tokens == 1 && ctx.phase == Phase::decode) {
       predict_decode(next, residency, out);
     } else {
@@ -133,7 +133,7 @@ class CrossLayerGatePredictor {
     const std::size_t E = cfg_.n_experts;
     std::fill(pop_.begin(), pop_.end(), 0u);
     for (std::uint32_t t = 0; t < n; ++t) {
-      detail::top_k(std::span<const float>(probs_.data() + t * E, E), ids_);
+      top_k_experts(std::span<const float>(probs_.data() + t * E, E), ids_);
       for (std::uint32_t e : ids_) ++pop_[e];
     }
     std::size_t active = 0;

@@ -24,8 +24,8 @@
 
 #include "moekit/core/concepts.hpp"
 #include "moekit/error.hpp"
-#include "moekit/predict/detail/routing.hpp"
 #include "moekit/predict/router_stack.hpp"
+#include "moekit/predict/routing.hpp"
 #include "moekit/score/hobbit_threshold.hpp"
 
 namespace moekit {
@@ -82,8 +82,8 @@ class StackedGatePredictor {
       std::fill(conf_.begin(), conf_.end(), -1.0f);
       for (std::uint32_t t = 0; t < gate.n_tokens; ++t) {
         std::span<float> row(logits_.data() + t * rows + (j - 1) * E, E);
-        detail::softmax(row);
-        detail::top_k(row, std::span(ids).first(k));
+        softmax_in_place(row);
+        top_k_experts(row, std::span(ids).first(k));
         for (std::size_t i = 0; i < k; ++i) w[i] = row[ids[i]];
         cfg_.rule.decide(std::span(ids).first(k), std::span(w).first(k), std::span(dec).first(k));
         for (std::size_t i = 0; i < k; ++i) {

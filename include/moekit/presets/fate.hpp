@@ -29,9 +29,12 @@ struct FateSpec : PresetDefaults {
   static constexpr PresetNeeds needs{.routers = true, .decode_timing = true, .staged_misses = true};
 
   using Cache = ShallowFavoring<ArcPolicy>;
+  /// Fate's pipeline around predictor `P` (fate-oracle and moe-sim's stand-in swap the
+  /// cross-layer gate for an oracle; the rest stays Fate's).
+  template <class Loader, class P = CrossLayerGatePredictor>
+  using PipelineWith = OffloadPipeline<PopularityScorer, P, Cache, Loader, ReadyFirstScheduler>;
   template <class Loader>
-  using Pipeline = OffloadPipeline<PopularityScorer, CrossLayerGatePredictor, Cache, Loader,
-                                   ReadyFirstScheduler>;
+  using Pipeline = PipelineWith<Loader>;
 
   /// The predictor moves what the scorer asks for: its decode and prefill precisions and its
   /// low-precision share are the scorer's. The cache is sized at the decode precision.
@@ -112,12 +115,21 @@ struct FateSpec : PresetDefaults {
                                     .prefill_low = c.scorer.low});
   }
 
+  /// Fate's pipeline at `pc` (as `pipeline_config` sets it) over `loader` around `predictor`, the
+  /// rest as `c` says.
+  template <class Loader, class P>
+  static std::unique_ptr<PipelineWith<Loader, P>> build_with(const ModelShape& s,
+                                                             const PipelineConfig& pc,
+                                                             Loader loader, const Config& c,
+                                                             P predictor) {
+    return std::make_unique<PipelineWith<Loader, P>>(
+        s, pipeline_config(s, pc, c), std::move(loader), scorer(c), std::move(predictor), cache(c));
+  }
   template <class Loader>
   static std::unique_ptr<Pipeline<Loader>> build(const ModelShape& s, const PipelineConfig& pc,
                                                  Loader loader, const Config& c,
                                                  const PresetInputs& in) {
-    return std::make_unique<Pipeline<Loader>>(s, pipeline_config(s, pc, c), std::move(loader),
-                                              scorer(c), predictor(s, c, in), cache(c));
+    return build_with(s, pc, std::move(loader), c, predictor(s, c, in));
   }
 };
 

@@ -36,7 +36,7 @@ struct FateOracleSpec : FateSpec {
 
   using Predictor = ScoreRankedCap<LookaheadOraclePredictor<PopularityScorer>>;
   template <class Loader>
-  using Pipeline = OffloadPipeline<PopularityScorer, Predictor, Cache, Loader, ReadyFirstScheduler>;
+  using Pipeline = PipelineWith<Loader, Predictor>;
 
   struct Config : FateSpec::Config {
     std::vector<double> recall{fate_paper_recall.begin(), fate_paper_recall.end()};
@@ -76,8 +76,7 @@ struct FateOracleSpec : FateSpec {
   static std::unique_ptr<Pipeline<Loader>> build(const ModelShape& s, const PipelineConfig& pc,
                                                  Loader loader, const Config& c,
                                                  const PresetInputs& in) {
-    return std::make_unique<Pipeline<Loader>>(s, pipeline_config(s, pc, c), std::move(loader),
-                                              scorer(c), predictor(s, c, in), cache(c));
+    return build_with(s, pc, std::move(loader), c, predictor(s, c, in));
   }
 };
 

@@ -25,9 +25,13 @@ struct HobbitSpec : PresetDefaults {
       "prefetch (--lookahead), multidimensional cache";
   static constexpr PresetNeeds needs{.routers = true};
 
+  /// HOBBIT's pipeline around predictor `P` (hobbit-oracle and moe-sim's stand-in swap the
+  /// stacked gate for an oracle; the rest stays HOBBIT's).
+  template <class Loader, class P = StackedGatePredictor>
+  using PipelineWith =
+      OffloadPipeline<HobbitThresholdScorer, P, MultiDimPolicy, Loader, OnDemandScheduler>;
   template <class Loader>
-  using Pipeline = OffloadPipeline<HobbitThresholdScorer, StackedGatePredictor, MultiDimPolicy,
-                                   Loader, OnDemandScheduler>;
+  using Pipeline = PipelineWith<Loader>;
 
   /// The scorer's and the predictor's rule; the cache's high/low pools follow it.
   struct Config {
@@ -69,12 +73,20 @@ struct HobbitSpec : PresetDefaults {
                                  .rule = c.rule});
   }
 
+  /// HOBBIT's pipeline at `pc` over `loader` around `predictor`, the rest as `c` says.
+  template <class Loader, class P>
+  static std::unique_ptr<PipelineWith<Loader, P>> build_with(const ModelShape& s,
+                                                             const PipelineConfig& pc,
+                                                             Loader loader, const Config& c,
+                                                             P predictor) {
+    return std::make_unique<PipelineWith<Loader, P>>(s, pc, std::move(loader), scorer(c),
+                                                     std::move(predictor), cache(c));
+  }
   template <class Loader>
   static std::unique_ptr<Pipeline<Loader>> build(const ModelShape& s, const PipelineConfig& pc,
                                                  Loader loader, const Config& c,
                                                  const PresetInputs& in) {
-    return std::make_unique<Pipeline<Loader>>(s, pc, std::move(loader), scorer(c),
-                                              predictor(s, c, in), cache(c));
+    return build_with(s, pc, std::move(loader), c, predictor(s, c, in));
   }
 };
 

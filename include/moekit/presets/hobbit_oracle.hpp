@@ -38,8 +38,7 @@ struct HobbitOracleSpec : HobbitSpec {
 
   using Predictor = LookaheadOraclePredictor<HobbitThresholdScorer>;
   template <class Loader>
-  using Pipeline =
-      OffloadPipeline<HobbitThresholdScorer, Predictor, MultiDimPolicy, Loader, OnDemandScheduler>;
+  using Pipeline = PipelineWith<Loader, Predictor>;
 
   struct Config : HobbitSpec::Config {
     std::vector<double> recall{hobbit_paper_recall.begin(), hobbit_paper_recall.end()};
@@ -63,8 +62,7 @@ struct HobbitOracleSpec : HobbitSpec {
   static std::unique_ptr<Pipeline<Loader>> build(const ModelShape& s, const PipelineConfig& pc,
                                                  Loader loader, const Config& c,
                                                  const PresetInputs& in) {
-    return std::make_unique<Pipeline<Loader>>(s, pc, std::move(loader), scorer(c),
-                                              predictor(s, c, in), cache(c));
+    return build_with(s, pc, std::move(loader), c, predictor(s, c, in));
   }
 };
 

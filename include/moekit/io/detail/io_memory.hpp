@@ -10,9 +10,8 @@
 /// ring without indirect descriptors (a 254-page request fills its 256 slots), a queue restart in
 /// a nice -20 kblockd worker — all on the interrupt CPU, beside the compute threads and outside
 /// the loader's own CPU time. With 2 MiB pages a request reaches the device's maximum (4 MiB)
-/// in a few segments. Measured here (2 GEMV threads busy, 33 MB loads): block interrupts per GB
-/// fell from ~1900 (pread) / ~1100 (io_uring) to ~35, kblockd time to ~0, and the loading rate
-/// rose ~2.5x (bench/RESULTS.md, "Loaders").
+/// in a few segments: far fewer interrupts and kblockd work, and a faster load (measured in
+/// bench/RESULTS.md, "Loaders").
 
 #include <sys/mman.h>
 

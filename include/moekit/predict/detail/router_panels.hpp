@@ -2,11 +2,10 @@
 /// \file Kernels of RouterStack: one panel of 8 router rows, packed column-chunk-major
 /// ([ceil(d/16)][8 rows][16 floats], 64-byte aligned, zero padded), dotted with one activation.
 ///
-/// Why this layout (bench/predict/predictor_cost.cpp, Xeon @ 2.5 GHz, d = 4096): the product is
-/// bound by reading the weights, not by arithmetic (2·8·4096 flops per 128 KiB read). Reading the
-/// 8 rows as ONE sequential, aligned stream with x loaded once per chunk runs ~1.5× faster from
-/// L2 than 8 row-wise dots over 16-byte aligned rows (split cache-line loads, 8 streams,
-/// two loads per FMA).
+/// Why this layout: the product is bound by reading the weights, not by arithmetic (2·8·4096 flops
+/// per 128 KiB read at d = 4096). Reading the 8 rows as ONE sequential, aligned stream with x
+/// loaded once per chunk beats 8 row-wise dots over 16-byte aligned rows (split cache-line loads,
+/// 8 streams, two loads per FMA): moekit_bench_predictor_cost, bench/RESULTS.md, "Predictors".
 
 #include <cstddef>
 #include <cstdint>

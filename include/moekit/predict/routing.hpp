@@ -1,6 +1,7 @@
 #pragma once
 /// \file The routing function the gate predictors apply to the logits they compute: softmax and
-/// top-k with the model's tie rule (smaller id first).
+/// top-k with the model's tie rule (smaller id first). Public so that tests and tools compare a
+/// predictor's picks with the routing it predicts by the same rule.
 
 #include <algorithm>
 #include <cmath>
@@ -9,10 +10,10 @@
 #include <limits>
 #include <span>
 
-namespace moekit::detail {
+namespace moekit {
 
 /// In place: row ← softmax(row) (max-subtracted).
-inline void softmax(std::span<float> row) noexcept {
+inline void softmax_in_place(std::span<float> row) noexcept {
   float m = -std::numeric_limits<float>::infinity();
   for (float v : row) m = std::max(m, v);
   float s = 0.0f;
@@ -22,7 +23,7 @@ inline void softmax(std::span<float> row) noexcept {
 }
 
 /// The `k` largest entries of `probs` (descending, ties → smaller id) into `ids` (size k).
-inline void top_k(std::span<const float> probs, std::span<std::uint32_t> ids) noexcept {
+inline void top_k_experts(std::span<const float> probs, std::span<std::uint32_t> ids) noexcept {
   const std::size_t k = std::min(ids.size(), probs.size());
   for (std::size_t j = 0; j < k; ++j) {
     std::uint32_t best = 0;
@@ -37,4 +38,4 @@ inline void top_k(std::span<const float> probs, std::span<std::uint32_t> ids) no
   }
 }
 
-}  // namespace moekit::detail
+}  // namespace moekit

@@ -1,11 +1,12 @@
 #pragma once
-/// \file How moe-sim replays the presets of the registry (moekit/presets/registry.hpp): one
-/// adapter per preset, `SimPreset<Spec>`, builds the preset through its spec, and says what it
-/// substituted (the run's `label` and `note`; every substitution is listed below and, against
-/// each paper, in docs/presets.md: none of these runs is its paper's whole mechanism); the
-/// references (Belady, cost-aware Belady) run beside them. A registered preset without an adapter
-/// is not replayed (NextUse; nextuse-fit, its fitted variant, is). Tests call the same functions
-/// (tests/sim/moe_sim_presets_test.cpp), so what they check is what moe-sim runs.
+/// \file How the simulator (moe-sim) replays the presets of the registry
+/// (moekit/presets/registry.hpp): one adapter per preset, `SimPreset<Spec>`, builds the preset
+/// through its spec, and says what it substituted (the run's `label` and `note`; every substitution
+/// is listed below and, against each paper, in docs/presets.md: none of these runs is its paper's
+/// whole mechanism); the references (Belady, cost-aware Belady) run beside them. A registered
+/// preset without an adapter is not replayed (NextUse; nextuse-fit, its fitted variant, is). Tests
+/// call the same functions (tests/sim/moe_sim_presets_test.cpp), so what they check is what moe-sim
+/// runs. In namespace `moekit::sim::preset_runs`.
 ///
 /// Substitutions (each visible in the output):
 ///  * hobbit / fate: their gate predictors need the gate-input hidden states (traces may lack
@@ -62,7 +63,7 @@
 #include "moekit/sim/trace_walk.hpp"
 #include "moekit/tools/activation_profile.hpp"
 
-namespace moe_sim {
+namespace moekit::sim::preset_runs {
 
 /// Paper defaults of the substitutes (see the file comment for sources).
 /// HOBBIT Fig. 7: top-1 accuracy at +1, +2, +3 layers (the preset hobbit-oracle's figures).
@@ -305,17 +306,14 @@ inline PresetResult run_hobbit(const RunParams& rp, const moekit::sim::RoutingTr
             "hobbit (stacked-gate predictor, p = " + std::to_string(cfg.lookahead) + ")", ""};
   }
   ScoredScript s = scored_script(tr, HobbitSpec::scorer(cfg));
-  OffloadPipeline<HobbitThresholdScorer, NoisyOraclePredictor, MultiDimPolicy, sim::SimLoader,
-                  OnDemandScheduler>
-      p(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), HobbitSpec::scorer(cfg),
-        NoisyOraclePredictor({.calls = std::move(s.calls),
-                              .precisions = std::move(s.precisions),
-                              .recall_by_distance = rp.hobbit_recall,
-                              .seed = rp.seed,
-                              .distance = cfg.lookahead,
-                              .n_experts = rp.shape.n_experts}),
-        HobbitSpec::cache(cfg));
-  return {sim::replay(p, tr, rp.compute),
+  auto p = HobbitSpec::build_with(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), cfg,
+                                  NoisyOraclePredictor({.calls = std::move(s.calls),
+                                                        .precisions = std::move(s.precisions),
+                                                        .recall_by_distance = rp.hobbit_recall,
+                                                        .seed = rp.seed,
+                                                        .distance = cfg.lookahead,
+                                                        .n_experts = rp.shape.n_experts}));
+  return {sim::replay(*p, tr, rp.compute),
           "hobbit (noisy-oracle predictor, recall " + recall_text(rp.hobbit_recall) +
               ", p = " + std::to_string(cfg.lookahead) + ")",
           "stacked-gate predictor not run: " + gap};
@@ -360,20 +358,18 @@ inline PresetResult run_fate(const RunParams& rp, const moekit::sim::RoutingTrac
   // The cap is spent in the order of a score blind to which predictions are true (the oracle lists
   // its true picks first).
   using StandIn = ScoreRankedCap<NoisyOraclePredictor>;
-  OffloadPipeline<PopularityScorer, StandIn, FateSpec::Cache, sim::SimLoader, ReadyFirstScheduler>
-      p(rp.shape, FateSpec::pipeline_config(rp.shape, rp.config, cfg),
-        sim::SimLoader(rp.shape, rp.link), FateSpec::scorer(cfg),
-        StandIn(NoisyOraclePredictor({.calls = std::move(s.calls),
-                                      .precisions = std::move(s.precisions),
-                                      .recall = rp.fate_recall,
-                                      .seed = rp.seed,
-                                      .distance = 1,
-                                      .set_size = set,
-                                      .n_experts = rp.shape.n_experts,
-                                      .precision = cfg.scorer.decode_precision}),
-                {.max_nonresident = cap, .seed = rp.seed, .n_experts = rp.shape.n_experts}),
-        FateSpec::cache(cfg), ReadyFirstScheduler{});
-  return {sim::replay(p, tr, rp.compute),
+  auto p = FateSpec::build_with(
+      rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), cfg,
+      StandIn(NoisyOraclePredictor({.calls = std::move(s.calls),
+                                    .precisions = std::move(s.precisions),
+                                    .recall = rp.fate_recall,
+                                    .seed = rp.seed,
+                                    .distance = 1,
+                                    .set_size = set,
+                                    .n_experts = rp.shape.n_experts,
+                                    .precision = cfg.scorer.decode_precision}),
+              {.max_nonresident = cap, .seed = rp.seed, .n_experts = rp.shape.n_experts}));
+  return {sim::replay(*p, tr, rp.compute),
           "fate (noisy-oracle predictor, recall " + fmt_num(rp.fate_recall, 4) + ", " +
               std::to_string(set) + " predicted per layer, ranked by a score blind to the truth, " +
               cap_text + ")",
@@ -807,4 +803,4 @@ inline const SimEntry* find_reference(std::string_view name) {
   return nullptr;
 }
 
-}  // namespace moe_sim
+}  // namespace moekit::sim::preset_runs
