@@ -20,14 +20,13 @@ constexpr ModelShape tiny{.n_layers = 3, .n_experts = 4, .top_k = 2, .hidden = 4
 
 TEST_CASE("HOBBIT LHU: a skip or low request served by a resident high copy is not a high use",
           "[preset][hobbit][lhu]") {
-  using Pipeline =
-      OffloadPipeline<HobbitThresholdScorer, NoPredictor, MultiDimPolicy, ManualLoader,
-                      OnDemandScheduler>;
+  using Pipeline = OffloadPipeline<HobbitThresholdScorer, NoPredictor, MultiDimPolicy, ManualLoader,
+                                   OnDemandScheduler>;
   using hobbit_paper_test::tiny;
-  const std::size_t budget = 4 * tiny.expert_bytes(Precision::f16) +
-                             4 * tiny.expert_bytes(Precision::q4);
-  Pipeline p(tiny, {.expert_budget_bytes = budget}, ManualLoader{},
-             HobbitThresholdScorer{}, NoPredictor{}, MultiDimPolicy{});
+  const std::size_t budget =
+      4 * tiny.expert_bytes(Precision::f16) + 4 * tiny.expert_bytes(Precision::q4);
+  Pipeline p(tiny, {.expert_budget_bytes = budget}, ManualLoader{}, HobbitThresholdScorer{},
+             NoPredictor{}, MultiDimPolicy{});
   p.begin_sequence();
   auto run = [&](Route r) {
     const auto& plan = p.route(ctx(0, 3), r.view());
@@ -60,8 +59,8 @@ TEST_CASE("HOBBIT LHU: a skip or low request served by a resident high copy is n
 TEST_CASE("HOBBIT's high-precision pool is larger by default and settable (--hobbit-high-pool)",
           "[preset][hobbit]") {
   using presets::HobbitSpec;
-  const ModelShape mixtral{.n_layers = 32, .n_experts = 8, .top_k = 2, .hidden = 4096,
-                           .ffn = 14336};
+  const ModelShape mixtral{
+      .n_layers = 32, .n_experts = 8, .top_k = 2, .hidden = 4096, .ffn = 14336};
   const std::size_t bh = mixtral.expert_bytes(Precision::f16);
   const std::size_t bl = mixtral.expert_bytes(Precision::q4);
   presets::PresetParams q;

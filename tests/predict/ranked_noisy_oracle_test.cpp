@@ -36,9 +36,12 @@ using ranked_oracle_test::Picks;
 
 TEST_CASE("RankedNoisyOraclePredictor: recall 1 predicts the actual routing at its precisions",
           "[predict][noisy-oracle][hobbit]") {
-  Oracle o({.calls = ranked_oracle_test::two_calls(0.8f), .recall_by_rank = {{1.0}}, .n_experts = n_exp}, {});
+  Oracle o(
+      {.calls = ranked_oracle_test::two_calls(0.8f), .recall_by_rank = {{1.0}}, .n_experts = n_exp},
+      {});
   // Expert 3 is the top-1 (high), expert 0's cumulative 0.8 is in (T1, T2]: low.
-  CHECK(ranked_oracle_test::sorted(o.predictions(1)) == Picks{{0, Precision::q4}, {3, Precision::f16}});
+  CHECK(ranked_oracle_test::sorted(o.predictions(1)) ==
+        Picks{{0, Precision::q4}, {3, Precision::f16}});
 }
 
 TEST_CASE("RankedNoisyOraclePredictor: precisions come from the predicted gate, not the demand",
@@ -47,7 +50,10 @@ TEST_CASE("RankedNoisyOraclePredictor: precisions come from the predicted gate, 
   // top-1, so it is prefetched high although its actual demand asks low; the wrong guess ranks
   // second and gets the low precision. NoisyOraclePredictor, handed the demand's precisions,
   // prefetches expert 0 low and the wrong guess high.
-  Oracle o({.calls = ranked_oracle_test::two_calls(0.8f), .recall_by_rank = {{0.0}, {1.0}}, .n_experts = n_exp}, {});
+  Oracle o({.calls = ranked_oracle_test::two_calls(0.8f),
+            .recall_by_rank = {{0.0}, {1.0}},
+            .n_experts = n_exp},
+           {});
   const Picks p = o.predictions(1);
   REQUIRE(p.size() == 2);
   CHECK(std::count(p.begin(), p.end(), std::pair{0u, Precision::f16}) == 1);
@@ -56,17 +62,20 @@ TEST_CASE("RankedNoisyOraclePredictor: precisions come from the predicted gate, 
       CHECK(e != 3);
       CHECK(prec == Precision::q4);
     }
-  NoisyOraclePredictor old({.calls = {{0, {1, 2}}, {1, {3, 0}}},
-                            .precisions = {{Precision::f16, Precision::q4},
-                                           {Precision::f16, Precision::q4}},
-                            .recall = 0.5,
-                            .n_experts = n_exp});
+  NoisyOraclePredictor old(
+      {.calls = {{0, {1, 2}}, {1, {3, 0}}},
+       .precisions = {{Precision::f16, Precision::q4}, {Precision::f16, Precision::q4}},
+       .recall = 0.5,
+       .n_experts = n_exp});
   // Whatever it keeps, a kept expert 0 is low: the demand's precision.
   for (const auto& [e, prec] : old.predictions(1))
     if (e == 0) CHECK(prec == Precision::q4);
 
   // With the top-1 weight above T2 the wrong guess would be skipped: it is not predicted at all.
-  Oracle skip({.calls = ranked_oracle_test::two_calls(0.95f), .recall_by_rank = {{0.0}, {1.0}}, .n_experts = n_exp}, {});
+  Oracle skip({.calls = ranked_oracle_test::two_calls(0.95f),
+               .recall_by_rank = {{0.0}, {1.0}},
+               .n_experts = n_exp},
+              {});
   const Picks s = skip.predictions(1);  // the wrong guess is listed as a skip
   REQUIRE(s.size() == 2);
   CHECK(s[0] == std::pair{0u, Precision::f16});
@@ -124,7 +133,9 @@ TEST_CASE("RankedNoisyOraclePredictor refuses a bad config, naming the field",
           "[predict][noisy-oracle]") {
   CHECK_THROWS_WITH(Oracle({.calls = ranked_oracle_test::two_calls(0.8f), .n_experts = 0}, {}),
                     Catch::Contains("n_experts"));
-  CHECK_THROWS_WITH(Oracle({.calls = ranked_oracle_test::two_calls(0.8f), .recall_by_rank = {{1.5}}, .n_experts = n_exp},
+  CHECK_THROWS_WITH(Oracle({.calls = ranked_oracle_test::two_calls(0.8f),
+                            .recall_by_rank = {{1.5}},
+                            .n_experts = n_exp},
                            {}),
                     Catch::Contains("[0, 1]"));
   auto bad = ranked_oracle_test::two_calls(0.8f);

@@ -75,9 +75,9 @@ class RankedNoisyOraclePredictor {
       : cfg_(std::move(c)), scorer_(std::move(scorer)), noise_(cfg_.seed, cfg_.n_experts) {
     const std::string who = "RankedNoisyOraclePredictor: ";
     MOEKIT_EXPECTS(cfg_.n_experts > 0, who + "Config.n_experts must be > 0");
-    MOEKIT_EXPECTS(cfg_.distance >= 1 && cfg_.distance <= max_prediction_distance,
-                   who + "Config.distance must be in [1, " +
-                       std::to_string(max_prediction_distance) + "]");
+    MOEKIT_EXPECTS(
+        cfg_.distance >= 1 && cfg_.distance <= max_prediction_distance,
+        who + "Config.distance must be in [1, " + std::to_string(max_prediction_distance) + "]");
     MOEKIT_EXPECTS(!cfg_.recall_by_rank.empty(), who + "Config.recall_by_rank is empty");
     for (const auto& by_distance : cfg_.recall_by_rank) {
       MOEKIT_EXPECTS(!by_distance.empty(), who + "Config.recall_by_rank holds an empty list");
@@ -157,7 +157,8 @@ class RankedNoisyOraclePredictor {
                          token_);
       k = std::min<std::uint32_t>(k, static_cast<std::uint32_t>(token_.size()));
       std::copy(token_.begin(), token_.end(), experts_.begin() + std::ptrdiff_t(at));
-      std::copy_n(c.weights.begin() + std::ptrdiff_t(at), c.k, weights_.begin() + std::ptrdiff_t(at));
+      std::copy_n(c.weights.begin() + std::ptrdiff_t(at), c.k,
+                  weights_.begin() + std::ptrdiff_t(at));
     }
     if (k < c.k) compact(c, k);
     const GateView g{.n_tokens = c.n_tokens,
