@@ -7,7 +7,10 @@
 //    predicted active set (paper > 99.6 %).
 //  * HOBBIT's stacked gates (predict/stacked_gate.hpp, Tang et al. Fig. 7): gate input of layer l
 //    through the routers of layers l+1..l+3; top-1 accuracy (predicted top-1 = actual top-1;
-//    paper ~96 % at +1, ~90 % at +2/+3) and top-k recall.
+//    paper ~96 % at +1, ~90 % at +2/+3), top-k recall, the recall of each rank of the actual
+//    top-k (is the actual rank-r expert among the predicted top-k: moe-sim's `--hobbit-recall
+//    measured` profile) and, among correctly predicted experts, how often the T1/T2 rule on the
+//    predicted gate weights gives the decision the actual weights give.
 //
 // usage: moekit_bench_predictor_accuracy [--model DIR] [--csv FILE] TRACE.mktrace...
 // (defaults: the built-in model and bench/traces/*.mktrace)
@@ -30,6 +33,7 @@
 #include "moekit/io/safetensors.hpp"
 #include "moekit/predict/cross_layer_gate.hpp"
 #include "moekit/predict/stacked_gate.hpp"
+#include "moekit/score/hobbit_threshold.hpp"
 #include "moekit/sim/trace_binary.hpp"
 
 namespace fs = std::filesystem;
@@ -68,6 +72,35 @@ struct Ratio {
   [[nodiscard]] double pct() const { return total > 0 ? 100.0 * hit / total : 0.0; }
 };
 
+// Per rank of the actual routing (0, then every rank >= 1): is that expert among the predicted
+// top-k? And for each correctly predicted expert: does HOBBIT's T1/T2 rule (defaults) on the
+// predicted weights (softmax over the predicted top-k logits, Mixtral's routing) decide as on
+// the actual weights?
+template <class Route>
+void hobbit_rank_and_rule(std::span<const float> logits, const std::vector<std::uint32_t>& pred,
+                          const Route& actual, std::array<Ratio, 2>& rank, Ratio& rule_agrees) {
+  const std::size_t k = pred.size();
+  std::vector<float> pw(k);
+  const float top = logits[pred[0]];
+  float sum = 0;
+  for (std::size_t i = 0; i < k; ++i) sum += pw[i] = std::exp(logits[pred[i]] - top);
+  for (float& w : pw) w /= sum;
+  std::vector<moekit::HobbitDecision> pd(k), ad(k);
+  const moekit::HobbitRule rule{};
+  rule.decide(pred, pw, pd);
+  rule.decide(actual.experts, actual.weights, ad);
+  std::vector<std::size_t> order(k);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](auto a, auto b) { return actual.weights[a] > actual.weights[b]; });
+  for (std::size_t r = 0; r < k; ++r) {
+    const std::size_t i = order[r];
+    const auto at = std::find(pred.begin(), pred.end(), actual.experts[i]);
+    rank[r == 0 ? 0 : 1].add(at != pred.end(), 1);
+    if (at != pred.end()) rule_agrees.add(pd[std::size_t(at - pred.begin())] == ad[i], 1);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -97,7 +130,8 @@ int main(int argc, char** argv) try {
   const std::vector<double> percentiles = {0.75, 0.625, 0.5};
   std::vector<Ratio> fate_decode(percentiles.size());
   Ratio fate_topk, fate_topk_decode, fate_prefill_set;
-  std::array<Ratio, 4> hobbit_top1{}, hobbit_recall{}, hobbit_top1_decode{};
+  std::array<Ratio, 4> hobbit_top1{}, hobbit_recall{}, hobbit_top1_decode{}, hobbit_rule_agrees{};
+  std::array<std::array<Ratio, 2>, 4> hobbit_rank{};  // [distance][rank 0, ranks >= 1]
   std::size_t decode_tokens = 0;
   std::size_t tokens = 0, checked = 0;
   double worst_logit_err = 0;
@@ -193,6 +227,8 @@ int main(int argc, char** argv) try {
           double h = 0;
           for (auto e : pred) h += std::find(actual.begin(), actual.end(), e) != actual.end();
           hobbit_recall[d].add(h, K);
+          hobbit_rank_and_rule(row, pred, tr.route(t, l + d), hobbit_rank[d],
+                               hobbit_rule_agrees[d]);
         }
       }
     }
@@ -276,6 +312,16 @@ int main(int argc, char** argv) try {
   for (int d = 1; d <= 3; ++d)
     std::printf("| HOBBIT stacked gate, layer +%d | top-%u recall | %.1f %% | - |\n", d, dims.top_k,
                 hobbit_recall[d].pct());
+  for (int d = 1; d <= 3; ++d)
+    std::printf(
+        "| HOBBIT stacked gate, layer +%d | recall of the actual top-1 / of ranks 2..%u | %.1f / "
+        "%.1f %% | - |\n",
+        d, dims.top_k, hobbit_rank[d][0].pct(), hobbit_rank[d][1].pct());
+  for (int d = 1; d <= 3; ++d)
+    std::printf(
+        "| HOBBIT stacked gate, layer +%d | T1/T2 decision on predicted weights = on actual ones, "
+        "among predicted experts | %.1f %% | - |\n",
+        d, hobbit_rule_agrees[d].pct());
   if (!csv.empty()) {
     std::ofstream out(csv);
     out << "predictor,measure,distance,percent\n";
@@ -286,6 +332,10 @@ int main(int argc, char** argv) try {
     for (int d = 1; d <= 3; ++d) out << "hobbit,top1," << d << "," << hobbit_top1[d].pct() << "\n";
     for (int d = 1; d <= 3; ++d)
       out << "hobbit,recall_topk," << d << "," << hobbit_recall[d].pct() << "\n";
+    for (int d = 1; d <= 3; ++d)
+      out << "hobbit,recall_rank1," << d << "," << hobbit_rank[d][0].pct() << "\n"
+          << "hobbit,recall_rank2plus," << d << "," << hobbit_rank[d][1].pct() << "\n"
+          << "hobbit,rule_agrees," << d << "," << hobbit_rule_agrees[d].pct() << "\n";
   }
   return 0;
 } catch (const std::exception& e) {

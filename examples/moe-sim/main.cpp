@@ -219,7 +219,8 @@ struct Options {
   bool json = false, compare = false, no_belady = false, list = false, synthetic = false;
   bool force = false;  // --force: replace the sweep's existing output files
   double t1 = RunParams{}.t1, t2 = RunParams{}.t2, gamma = RunParams{}.gamma;
-  std::vector<double> hobbit_recall = hobbit_paper_recall;
+  std::string hobbit_recall = "paper";
+  double hobbit_high_pool = RunParams{}.hobbit_high_slots;
   double fate_recall = fate_paper_recall;
   double fallback_ratio = mobile_paper_fallback_ratio;
   double replay_accuracy = mobile_paper_replay_accuracy;
@@ -606,9 +607,14 @@ void add_flags(CLI::App& app, Options& o) {
                  "recompute (re-routes; the plan is only prefetched)")
       ->check(CLI::IsMember({"little-plan", "recompute"}));
   app.add_option("--hobbit-recall", o.hobbit_recall,
-                 "noisy-oracle recall at +1[,+2[,+3]] layers standing in for HOBBIT's stacked "
-                 "gate (default 0.96,0.90,0.90: the paper's)")
-      ->delimiter(',');
+                 "noisy-oracle recall standing in for HOBBIT's stacked gate: paper (default: "
+                 "top-1 0.96,0.90,0.90 at +1,+2,+3, the lower ranks assumed equal), measured "
+                 "(moekit's stacked gate on its default model), R1[,R2[,R3]] for every rank, or "
+                 "TOP1,../LOWER,.. for the top-1 and ranks 2+");
+  app.add_option("--hobbit-high-pool", o.hobbit_high_pool,
+                 "HOBBIT: share of the cache's slots in the high-precision pool (default 0.69: "
+                 "the paper's 67 : 30 split of high and low decisions; 0.5: equal)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--fate-recall", o.fate_recall,
                  "noisy-oracle recall standing in for Fate's cross-layer gate (default 0.9715)");
   app.add_option("--seed", o.seed, "noisy-oracle seed (default 1)");
@@ -665,10 +671,7 @@ Setup setup_of(const Options& o) {
        {std::pair{"--fate-recall", o.fate_recall}, std::pair{"--fallback-ratio", o.fallback_ratio},
         std::pair{"--replay-accuracy", o.replay_accuracy}})
     if (!(v >= 0 && v <= 1)) bad_flag(flag, "must be in [0, 1]");
-  if (o.hobbit_recall.empty() || o.hobbit_recall.size() > moekit::max_prediction_distance)
-    bad_flag("--hobbit-recall", "needs 1 to 3 figures (+1, +2, +3 layers ahead)");
-  for (double v : o.hobbit_recall)
-    if (!(v >= 0 && v <= 1)) bad_flag("--hobbit-recall", "every figure must be in [0, 1]");
+  (void)parse_hobbit_recall(o.hobbit_recall);  // refuses a bad one before any trace is read
   for (auto [flag, path] :
        {std::pair<const char*, const std::string&>{"--hardware-file", o.hardware_file},
         {"--routers", o.routers},
@@ -774,7 +777,8 @@ Point point_of(const Setup& s, const RoutingTrace& tr, const ModelShape& shape,
   rp.link = s.hw.link;
   rp.compute = compute;
   rp.t1 = o.t1, rp.t2 = o.t2, rp.gamma = o.gamma;
-  rp.hobbit_recall = o.hobbit_recall, rp.fate_recall = o.fate_recall;
+  rp.hobbit_recall = parse_hobbit_recall(o.hobbit_recall), rp.fate_recall = o.fate_recall;
+  rp.hobbit_high_slots = o.hobbit_high_pool;
   rp.fallback_ratio = o.fallback_ratio, rp.seed = o.seed;
   rp.replay_accuracy = o.replay_accuracy;
   rp.big_pass = o.big_pass == "recompute" ? moekit::RouterReplayPredictor::BigPass::recompute

@@ -546,8 +546,9 @@ class OffloadPipeline {
         p.ticket = e.ticket;
         ++stats_.late_prefetches;
       }
-      cache_.on_hit(p.key,
-                    cache_.access(skip ? p.precision : precisions_[i], ctx.layer, d.n_tokens));
+      // The policy learns what was asked (a skip or a low request served by a more precise copy
+      // is not a high-precision use: HOBBIT's LHU, §3.3).
+      cache_.on_hit(p.key, cache_.access(precisions_[i], ctx.layer, d.n_tokens));
       cache_.pin_hard(p.key);
       ++stats_.hits;
     } else if (staging_.enabled()) {

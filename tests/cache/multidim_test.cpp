@@ -21,11 +21,26 @@ TEST_CASE("MultiDimPolicy validates its weights", "[cache][multidim]") {
   CHECK_NOTHROW(MultiDimPolicy({.w_lru = 0.1, .w_lfu = 0.2, .w_lhu = 0.3, .w_fld = 0.4}));
 }
 
-TEST_CASE("MultiDimPolicy splits the budget into equal high and low slot counts",
+TEST_CASE("MultiDimPolicy's high pool is larger than its low pool by default (HOBBIT §3.3)",
+          "[cache][multidim][hobbit]") {
+  // 97 slots' worth of bytes (and half a low slot) at the 67 : 30 split: 67 high, 30 low.
+  const std::size_t bh = mixtral_8x7b.expert_bytes(Precision::f16);
+  const std::size_t bl = mixtral_8x7b.expert_bytes(Precision::q4);
+  ExpertCache<MultiDimPolicy> c(mixtral_8x7b, 67 * bh + 30 * bl + bl / 2, Precision::f16);
+  REQUIRE(c.pools().size() == 2);
+  CHECK(c.pools()[0].capacity_bytes == 67 * bh);
+  CHECK(c.pools()[1].capacity_bytes == 30 * bl + bl / 2);
+  CHECK(c.pools()[0].capacity_bytes / bh > c.pools()[1].capacity_bytes / bl);
+  CHECK_THROWS_WITH(MultiDimPolicy({.high_slot_fraction = 1.5}),
+                    Catch::Contains("high_slot_fraction"));
+}
+
+TEST_CASE("MultiDimPolicy splits the budget into equal high and low slot counts on request",
           "[cache][multidim]") {
   const std::size_t bh = mixtral_8x7b.expert_bytes(Precision::f16);
   const std::size_t bl = mixtral_8x7b.expert_bytes(Precision::q4);
-  ExpertCache<MultiDimPolicy> c(mixtral_8x7b, 10 * (bh + bl) + 5, Precision::f16);
+  ExpertCache<MultiDimPolicy> c(mixtral_8x7b, 10 * (bh + bl) + 5, Precision::f16,
+                                MultiDimPolicy({.high_slot_fraction = 0.5}));
   REQUIRE(c.pools().size() == 2);
   CHECK(c.pools()[0].capacity_bytes == 10 * bh);
   CHECK(c.pools()[1].capacity_bytes == 10 * bl + 5);

@@ -123,7 +123,11 @@ TEST_CASE("moe-sim presets: every preset and reference replays a synthetic trace
   const auto base = run_baseline(rp, tr), bel = run_belady(rp, tr);
   CHECK(bel.report.misses() <= base.report.misses());  // same components, optimal eviction
   // Substitutes name themselves: the synthetic trace has no hidden states or router logits.
-  CHECK(run_hobbit(rp, tr).label.find("noisy-oracle predictor, recall 0.96") != std::string::npos);
+  CHECK(run_hobbit(rp, tr).label.find("noisy-oracle predictor, paper (Fig. 7 top-1; lower ranks "
+                                      "assumed equal) recall: top-1 0.96/0.90/0.90, ranks 2+ "
+                                      "0.96/0.90/0.90 at +1/+2/+3, precisions by T1/T2 on the "
+                                      "predicted gate weights") != std::string::npos);
+  CHECK(run_hobbit(rp, tr).label.find("high pool 69% of the slots") != std::string::npos);
   CHECK(run_fate(rp, tr).label.find("noisy-oracle predictor, recall 0.9715") != std::string::npos);
   CHECK(run_mobile(rp, tr).label.find("LRU without router replay") != std::string::npos);
   CHECK(run_edgemoe(rp, tr).label.find("from 48 calibration decode tokens") != std::string::npos);
@@ -134,17 +138,52 @@ TEST_CASE("moe-sim presets: substitutes behave as documented", "[sim][moe-sim]")
   RunParams rp = mixtral_params();
 
   SECTION("hobbit's noisy oracle: recall 1 never mispredicts, recall 0 never predicts right") {
-    rp.hobbit_recall = {1.0};
+    rp.hobbit_recall = parse_hobbit_recall("1");
     const auto one = run_hobbit(rp, tr).report.pipeline.prediction[1];
     CHECK(one.true_positive > 0);
     CHECK(one.false_positive == 0);
-    rp.hobbit_recall = {0.0};
+    rp.hobbit_recall = parse_hobbit_recall("0");
     const auto zero = run_hobbit(rp, tr).report.pipeline.prediction[1];
     CHECK(zero.true_positive == 0);
     CHECK(zero.false_positive > 0);
   }
+  SECTION("hobbit's noisy oracle keeps each rank at its own recall") {
+    // The top-1 always, rank 2 never: decode calls (2 distinct experts each) are half right.
+    rp.hobbit_recall = parse_hobbit_recall("1/0");
+    const auto r = run_hobbit(rp, tr).report.pipeline.prediction[1];
+    CHECK(r.true_positive > 0);
+    CHECK(r.false_negative > 0);
+    rp.hobbit_recall = parse_hobbit_recall("0/1");
+    const auto s = run_hobbit(rp, tr).report.pipeline.prediction[1];
+    CHECK(s.true_positive > 0);
+    CHECK(s.false_negative > 0);
+    CHECK(s.false_positive > 0);
+  }
+  SECTION("--hobbit-recall: profiles, figures per rank, and clear refusals") {
+    CHECK(parse_hobbit_recall("paper").top1 == std::vector<double>{0.96, 0.90, 0.90});
+    CHECK(parse_hobbit_recall("measured").lower == std::vector<double>{0.764, 0.726, 0.665});
+    const auto r = parse_hobbit_recall("0.9,0.8/0.7");
+    CHECK(r.top1 == std::vector<double>{0.9, 0.8});
+    CHECK(r.lower == std::vector<double>{0.7});
+    CHECK(r.source == "given");
+    CHECK_THROWS_WITH(parse_hobbit_recall("1.2"), Catch::Contains("--hobbit-recall"));
+    CHECK_THROWS_WITH(parse_hobbit_recall("0.9,x"), Catch::Contains("not a number"));
+    CHECK_THROWS_WITH(parse_hobbit_recall("1,1,1,1"), Catch::Contains("1 to 3 figures"));
+    CHECK(run_hobbit(rp, tr).label.find("paper (Fig. 7") != std::string::npos);
+    rp.hobbit_recall = parse_hobbit_recall("measured");
+    CHECK(run_hobbit(rp, tr).label.find("measured (moekit-tiny-moe traces) recall: top-1 "
+                                        "0.94/0.85/0.83, ranks 2+ 0.76/0.73/0.67") !=
+          std::string::npos);
+  }
+  SECTION("hobbit's pools: the high one larger by default, settable") {
+    const auto dflt = run_hobbit(rp, tr);
+    rp.hobbit_high_slots = 0.5;
+    const auto equal = run_hobbit(rp, tr);
+    CHECK(equal.label.find("high pool 50% of the slots") != std::string::npos);
+    CHECK(dflt.report.pipeline.misses != equal.report.pipeline.misses);
+  }
   SECTION("hobbit's noisy oracle predicts p = 2 layers ahead, each distance at its own recall") {
-    rp.hobbit_recall = {1.0, 0.0};
+    rp.hobbit_recall = parse_hobbit_recall("1,0");
     const auto r = run_hobbit(rp, tr).report.pipeline;
     CHECK(r.prediction[1].true_positive > 0);
     CHECK(r.prediction[1].false_positive == 0);
@@ -153,7 +192,7 @@ TEST_CASE("moe-sim presets: substitutes behave as documented", "[sim][moe-sim]")
     CHECK(r.prediction[3].true_positive + r.prediction[3].false_positive == 0);
   }
   SECTION("the noisy oracle is deterministic per seed") {
-    rp.hobbit_recall = {0.7};
+    rp.hobbit_recall = parse_hobbit_recall("0.7");
     const auto a = run_hobbit(rp, tr).report, b = run_hobbit(rp, tr).report;
     CHECK(a.pipeline.prediction[1].true_positive == b.pipeline.prediction[1].true_positive);
     CHECK(a.pipeline.misses == b.pipeline.misses);

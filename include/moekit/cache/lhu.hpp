@@ -6,7 +6,9 @@
 /// experts worth keeping are the ones used at high precision: LHU counts only uses whose requested
 /// precision is at least `Config::high`; low-precision uses do not count. Counts are per expert,
 /// survive eviction and restart per sequence (`CountScope::sequence`, HOBBIT's choice) or never.
-/// A request served by a higher-precision copy counts at the precision it asked for.
+/// A request served by a higher-precision copy counts at the precision it asked for: a low request
+/// or a skip served by a resident high copy is not a high use (the paper updates H only for
+/// high-precision experts; the pipeline reports the asked precision, `skip` included).
 /// Victim: fewest high uses, then least recently used (cache tick), then smallest (layer, expert).
 
 #include <cstdint>

@@ -10,8 +10,9 @@ namespace moekit {
 
 /// One access to a cached expert (a hit, an insertion, or a prefetch landing).
 struct AccessInfo {
-  Precision precision = Precision::f16;  ///< precision the access asked for
-  std::uint32_t layer = 0;               ///< layer being computed when the access happened
+  Precision precision =
+      Precision::f16;       ///< precision asked for (`skip`: served by a resident copy)
+  std::uint32_t layer = 0;  ///< layer being computed when the access happened
   std::uint32_t n_layers = 0;
   std::uint64_t tick = 0;      ///< monotonically increasing access clock of the cache
   std::uint64_t token = 0;     ///< token counter of the cache (advanced by begin_token)

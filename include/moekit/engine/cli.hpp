@@ -262,6 +262,7 @@ class Cli {
         "its own, and must match an explicit choice; experts in host memory are packed "
         "after loading");
     add_offload_options();
+    add_hobbit_options();
     app_.add_option("-c,--ctx-size,--ctx", o_.context,
                     "context length (0 = prompt + n-predict; with --perplexity: tokens per chunk, "
                     "0 = 512)");
@@ -395,6 +396,15 @@ class Cli {
     app_.add_flag("--force", o_.force,
                   "overwrite the --trace-out / --save-logits file; use an expert store whose "
                   "recorded checkpoint fingerprint differs from the checkpoint's");
+  }
+
+  // HOBBIT's cache beyond the T1/T2 rule (docs/presets.md, "HOBBIT").
+  void add_hobbit_options() {
+    PresetParams& q = o_.preset_params;
+    app_.add_option("--hobbit-high-pool", q.high_slot_fraction,
+                    "hobbit: share of the cache's slots in the high-precision pool (default "
+                    "0.69: the paper's 67 : 30 split of high and low decisions; 0.5: equal)")
+        ->check(CLI::Range(0.0, 1.0));
   }
 
   // Preset parameters and the expert store (docs/engine.md, "Presets" and "Expert store").

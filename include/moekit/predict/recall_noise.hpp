@@ -11,6 +11,12 @@
 /// predicts ceil((1 − q)·E) experts, more than the k it needs). When every expert of the layer is
 /// used, a dropped expert is simply not predicted.
 ///
+/// `draw_ranked` is the per-token, per-rank variant (HOBBIT's stand-in): one token's actual top-k
+/// by descending weight, the actual rank-r expert kept with the recall of its rank; the kept ones
+/// come out first in their actual order, then one wrong guess per dropped expert (an expert the
+/// call does not use), so the caller can rank the prediction as a gate would: a wrong guess scores
+/// below the actual experts it kept (the predicted logits track the actual ones).
+///
 /// Randomness: every decision is a hash of (seed, call, position), not a draw from a stream, so a
 /// call's predictions do not depend on how often `draw` ran before and a seed always gives the
 /// same predictions. recall = 1 keeps every true expert; recall = 0 never predicts a used expert
@@ -59,6 +65,34 @@ class RecallNoise {
     }
     std::fill(used_.begin(), used_.end(), std::uint8_t{0});
     return picks_;
+  }
+
+  /// Token `token` of call `call`: `ranked` its actual experts by descending weight (< n_experts,
+  /// distinct), `call_experts` every expert the call's tokens use (a wrong guess is none of them),
+  /// `recall_by_rank[r]` the recall of rank r (the last entry serves the deeper ranks). `out`
+  /// receives the kept experts in `ranked` order, then the wrong guesses (fewer when the call uses
+  /// every expert of the layer).
+  void draw_ranked(std::uint64_t call, std::uint32_t token, std::span<const std::uint32_t> ranked,
+                   std::span<const std::uint32_t> call_experts,
+                   std::span<const double> recall_by_rank, std::vector<std::uint32_t>& out) {
+    const auto n_experts = static_cast<std::uint32_t>(used_.size());
+    out.clear();
+    std::uint32_t free_left = n_experts, dropped = 0;
+    for (std::uint32_t e : call_experts) free_left -= used_[e] == 0, used_[e] = 1;
+    for (std::size_t r = 0; r < ranked.size(); ++r) {
+      const double recall = recall_by_rank[std::min(r, recall_by_rank.size() - 1)];
+      const std::uint64_t j = (std::uint64_t{token} << 8) | r;  // k <= 64 (HobbitRule::max_k)
+      if (unit(hash(call, j, 0x72616e6bull)) < recall)
+        out.push_back(ranked[r]);
+      else
+        ++dropped;
+    }
+    for (std::uint64_t r = 0; dropped > 0; ++r, --dropped) {
+      const std::uint32_t w = wrong(call, (std::uint64_t{token} << 8) | r, free_left);
+      if (w == n_experts) break;
+      out.push_back(w);
+    }
+    std::fill(used_.begin(), used_.end(), std::uint8_t{0});
   }
 
   [[nodiscard]] std::uint32_t n_experts() const noexcept {

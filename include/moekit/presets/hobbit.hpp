@@ -1,7 +1,7 @@
 #pragma once
 /// \file HOBBIT (Tang et al., 2024): misses at high or low precision or skipped by the T1/T2
 /// cumulative-gate rule, stacked-gate prefetch p layers ahead, a multidimensional cache with
-/// high and low pools.
+/// high and low pools, the high one larger (MultiDimPolicy's default split; `--hobbit-high-pool`).
 
 #include <cstdint>
 #include <memory>
@@ -22,7 +22,8 @@ struct HobbitSpec : PresetDefaults {
   static constexpr std::string_view name = "hobbit";
   static constexpr std::string_view summary =
       "HOBBIT: misses at --precision / --low-precision / skipped by --t1/--t2, stacked-gate "
-      "prefetch (--lookahead), multidimensional cache";
+      "prefetch (--lookahead), multidimensional cache with high and low pools "
+      "(--hobbit-high-pool)";
   static constexpr PresetNeeds needs{.routers = true};
 
   /// HOBBIT's pipeline around predictor `P` (hobbit-oracle and moe-sim's stand-in swap the
@@ -45,7 +46,9 @@ struct HobbitSpec : PresetDefaults {
     return {.t1 = q.t1, .t2 = q.t2, .high = base, .low = q.low};
   }
   static Config configure(const ModelShape&, Precision base, const PresetParams& q) {
-    return {.rule = rule(base, q), .lookahead = q.lookahead};
+    Config c{.rule = rule(base, q), .lookahead = q.lookahead};
+    c.cache.high_slot_fraction = q.high_slot_fraction;
+    return c;
   }
   static void check(Precision base, const PresetParams& q) { check_low_precision(base, q); }
   static std::vector<Precision> precisions(const ModelShape&, Precision base, const PresetParams& q,

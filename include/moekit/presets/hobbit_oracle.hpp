@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -21,6 +22,31 @@ namespace moekit::presets {
 /// The recall of HOBBIT's stacked gate at 1, 2, 3 layers ahead: top-1 accuracy ~96 % at the next
 /// layer, ~90 % at +2/+3 (Tang et al., arXiv:2411.01433, Fig. 7; paper).
 inline constexpr std::array<double, 3> hobbit_paper_recall{0.96, 0.90, 0.90};
+
+/// What stands in for HOBBIT's stacked gate in moe-sim (predict/ranked_noisy_oracle.hpp): the
+/// recall of each token's actual top-1 expert and of its lower-ranked ones at +1, +2, +3 layers,
+/// and where the figures come from (moe-sim prints it).
+struct HobbitRecallProfile {
+  std::vector<double> top1;   ///< recall of the actual top-1 at +1, +2, +3 (last: farther)
+  std::vector<double> lower;  ///< recall of the actual ranks 2..k at +1, +2, +3
+  std::string source;         ///< e.g. "paper"
+};
+
+/// The paper's: top-1 accuracy ~96 / ~90 / ~90 % (Fig. 7) as the top-1's recall (a lower bound:
+/// a top-1 predicted at rank 2 is still prefetched). The paper gives no figure for the lower ranks;
+/// moekit's choice: the same figures.
+inline HobbitRecallProfile hobbit_paper_profile() {
+  const std::vector<double> r(hobbit_paper_recall.begin(), hobbit_paper_recall.end());
+  return {r, r, "paper (Fig. 7 top-1; lower ranks assumed equal)"};
+}
+
+/// moekit's measurement of the real stacked gate (HobbitSpec with the model's routers) on the
+/// default model's recorded traces: the recall of the actual top-1 and of rank 2 among the
+/// predicted top-2 (bench/quality/predictor_accuracy.cpp; bench/RESULTS.md, "Cross-layer
+/// predictors on the engine's own traces").
+inline HobbitRecallProfile hobbit_measured_profile() {
+  return {{0.941, 0.846, 0.833}, {0.764, 0.726, 0.665}, "measured (moekit-tiny-moe traces)"};
+}
 
 /// The recall figures a stand-in uses: `given` (--oracle-recall) or the paper's.
 template <std::size_t N>

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "moekit/cache/arc.hpp"
+#include "moekit/cache/multidim.hpp"
 #include "moekit/cache/shallow_favoring.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/core/precision.hpp"
@@ -54,6 +55,8 @@ struct PresetParams {
   float t2 = HobbitRule{}.t2;        ///< --t2: cumulative weight run at `low`
   Precision low = HobbitRule{}.low;  ///< --low-precision (HOBBIT low, Fate's int2 share)
   std::uint32_t lookahead = StackedGatePredictor::Config{}.lookahead;  ///< --lookahead
+  /// --hobbit-high-pool: HOBBIT's share of cache slots in the high-precision pool
+  double high_slot_fraction = MultiDimPolicy::Config{}.high_slot_fraction;
   // Fate
   std::uint32_t shallow_layers =
       ShallowFavoring<ArcPolicy>::Config{}.shallow_layers;                ///< --shallow-layers
@@ -135,6 +138,8 @@ inline void check_params(const PresetParams& q) {
   if (!(q.t1 >= 0 && q.t1 <= q.t2 && q.t2 <= 1))
     bad("--t1/--t2: need 0 <= t1 <= t2 <= 1 (t1 = " + std::to_string(q.t1) +
         ", t2 = " + std::to_string(q.t2) + ")");
+  if (!(q.high_slot_fraction >= 0 && q.high_slot_fraction <= 1))
+    bad("--hobbit-high-pool: must be in [0, 1]");
   if (!(q.fate_low_fraction >= 0 && q.fate_low_fraction <= 1))
     bad("--fate-low-fraction: must be in [0, 1]");
   if (!(q.fate_percentile >= 0 && q.fate_percentile < 1))

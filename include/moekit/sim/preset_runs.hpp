@@ -51,6 +51,7 @@
 #include "moekit/pipeline.hpp"
 #include "moekit/predict/noisy_oracle.hpp"
 #include "moekit/predict/none.hpp"
+#include "moekit/predict/ranked_noisy_oracle.hpp"
 #include "moekit/predict/score_ranked_cap.hpp"
 #include "moekit/presets/registry.hpp"
 #include "moekit/sched/on_demand.hpp"
@@ -66,9 +67,6 @@
 namespace moekit::sim::preset_runs {
 
 /// Paper defaults of the substitutes (see the file comment for sources).
-/// HOBBIT Fig. 7: top-1 accuracy at +1, +2, +3 layers (the preset hobbit-oracle's figures).
-inline const std::vector<double> hobbit_paper_recall(moekit::presets::hobbit_paper_recall.begin(),
-                                                     moekit::presets::hobbit_paper_recall.end());
 inline constexpr double fate_paper_recall = 0.9715;  ///< Fate §4.2, 75th-percentile set, decode
 /// MoBiLE Table II at γ = 0.7: mean of the four fallback ratios 0.11, 0.11, 0.21, 0.12.
 inline constexpr double mobile_paper_fallback_ratio = 0.1375;
@@ -95,8 +93,10 @@ struct RunParams {
   double t2 = decimal(moekit::HobbitRule{}.t2);  ///< HOBBIT's low-precision threshold
   /// MoBiLE's fallback threshold (used only with output logits)
   double gamma = decimal(moekit::BigLittlePolicy::Config{}.gamma);
-  /// noisy-oracle recall at +1, +2, +3 layers standing in for HOBBIT's stacked gate
-  std::vector<double> hobbit_recall = hobbit_paper_recall;
+  /// noisy-oracle recall per rank at +1, +2, +3 layers standing in for HOBBIT's stacked gate
+  moekit::presets::HobbitRecallProfile hobbit_recall = moekit::presets::hobbit_paper_profile();
+  /// HOBBIT's share of cache slots in the high-precision pool (MultiDimPolicy's default)
+  double hobbit_high_slots = moekit::MultiDimPolicy::Config{}.high_slot_fraction;
   double fate_recall = fate_paper_recall;                 ///< ... and for Fate's cross-layer gate
   double fallback_ratio = mobile_paper_fallback_ratio;    ///< MoBiLE without output logits
   double replay_accuracy = mobile_paper_replay_accuracy;  ///< MoBiLE's plan agreement stand-in
@@ -175,6 +175,36 @@ ScoredScript scored_script(const moekit::sim::RoutingTrace& tr, Scorer scorer) {
           }
           out.calls.push_back(std::move(call));
           out.precisions.push_back(prec);
+        }
+      });
+  return out;
+}
+
+/// Every layer call a full-top-k replay of the trace makes, with its tokens' routing (each token's
+/// experts by descending weight, ties to the smaller id): the script of the ranked noisy oracle.
+inline std::vector<moekit::RoutedCall> routed_script(const moekit::sim::RoutingTrace& tr) {
+  using namespace moekit;
+  std::vector<RoutedCall> out;
+  const sim::TraceDims& d = tr.dims();
+  sim::GateGatherer buf;
+  std::uint64_t missing = 0;
+  std::vector<std::pair<float, std::uint32_t>> token;
+  sim::ForwardWalker(tr).for_each_forward(
+      [&](std::size_t, std::size_t first, std::size_t n, Phase) {
+        for (std::uint32_t l = 0; l < d.n_layers; ++l) {
+          const GateView g = buf.gather(tr, first, n, l, d.top_k, missing);
+          if (g.n_tokens == 0) continue;
+          RoutedCall call{l, g.n_tokens, g.k, {}, {}};
+          for (std::uint32_t t = 0; t < g.n_tokens; ++t) {
+            const TokenRoute r = g.token(t);
+            token.clear();
+            for (std::uint32_t j = 0; j < g.k; ++j) token.push_back({r.weights[j], r.experts[j]});
+            std::sort(token.begin(), token.end(), [](const auto& a, const auto& b) {
+              return a.first != b.first ? a.first > b.first : a.second < b.second;
+            });
+            for (const auto& [w, e] : token) call.experts.push_back(e), call.weights.push_back(w);
+          }
+          out.push_back(std::move(call));
         }
       });
   return out;
@@ -282,14 +312,67 @@ inline moekit::presets::PresetInputs gate_inputs(const RunParams& rp,
   return {.routers = *rp.routers, .router_hidden = tr.dims().hidden};
 }
 
-/// "0.96/0.9/0.9 at +1/+2/+3": a recall list as the output states it.
-inline std::string recall_text(const std::vector<double>& r) {
-  std::string v, at;
-  for (std::size_t d = 0; d < r.size(); ++d) {
-    v += (d ? "/" : "") + fmt_num(r[d]);
+/// "0.96/0.90/0.90": figures as the output states them.
+inline std::string figures_text(const std::vector<double>& r) {
+  std::string v;
+  for (std::size_t d = 0; d < r.size(); ++d) v += (d ? "/" : "") + fmt_num(r[d]);
+  return v;
+}
+
+/// "paper (...) recall: top-1 0.96/0.90/0.90, ranks 2+ 0.96/0.90/0.90 at +1/+2/+3".
+inline std::string recall_text(const moekit::presets::HobbitRecallProfile& r) {
+  std::string at;
+  for (std::size_t d = 0; d < std::max(r.top1.size(), r.lower.size()); ++d)
     at += (d ? "/+" : "+") + std::to_string(d + 1);
-  }
-  return v + " at " + at;
+  return r.source + " recall: top-1 " + figures_text(r.top1) + ", ranks 2+ " +
+         figures_text(r.lower) + " at " + at;
+}
+
+/// `--hobbit-recall`: `paper`, `measured`, or figures at +1[,+2[,+3]] for every rank, or
+/// `TOP1/LOWER` with figures for the actual top-1 and for ranks 2+. Throws naming the flag.
+inline moekit::presets::HobbitRecallProfile parse_hobbit_recall(const std::string& text) {
+  using moekit::presets::HobbitRecallProfile;
+  if (text == "paper") return moekit::presets::hobbit_paper_profile();
+  if (text == "measured") return moekit::presets::hobbit_measured_profile();
+  auto bad = [&](const std::string& why) {
+    moekit::detail::fail(moekit::ErrorKind::invalid_argument,
+                         "--hobbit-recall '" + text + "': " + why +
+                             " (paper, measured, R1[,R2[,R3]] or TOP1,../LOWER,..)");
+  };
+  auto figures = [&](std::string_view part) {
+    std::vector<double> v;
+    while (!part.empty()) {
+      const std::size_t comma = std::min(part.find(','), part.size());
+      double x = 0;
+      const auto [end, ec] = std::from_chars(part.data(), part.data() + comma, x);
+      if (ec != std::errc{} || end != part.data() + comma) bad("not a number list");
+      if (!(x >= 0 && x <= 1)) bad("every figure must be in [0, 1]");
+      v.push_back(x);
+      part.remove_prefix(std::min(comma + 1, part.size()));
+    }
+    if (v.empty() || v.size() > moekit::max_prediction_distance)
+      bad("needs 1 to 3 figures (+1, +2, +3 layers ahead)");
+    return v;
+  };
+  const std::size_t slash = text.find('/');
+  const std::string_view all(text);
+  HobbitRecallProfile r;
+  r.top1 = figures(all.substr(0, slash));
+  r.lower = slash == std::string::npos ? r.top1 : figures(all.substr(slash + 1));
+  r.source = "given";
+  return r;
+}
+
+/// HOBBIT's Config for the run: its precision rule and pool split.
+inline moekit::presets::HobbitSpec::Config hobbit_config(const RunParams& rp) {
+  moekit::presets::HobbitSpec::Config c{.rule = hobbit_rule(rp)};
+  c.cache.high_slot_fraction = rp.hobbit_high_slots;
+  return c;
+}
+
+/// "high pool 69% of the slots".
+inline std::string pool_text(const moekit::presets::HobbitSpec::Config& c) {
+  return "high pool " + fmt_num(100.0 * c.cache.high_slot_fraction, 0) + "% of the slots";
 }
 
 /// HOBBIT: T1/T2 mixed precision, stacked-gate prefetch (or the noisy oracle), multidimensional
@@ -297,25 +380,29 @@ inline std::string recall_text(const std::vector<double>& r) {
 inline PresetResult run_hobbit(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
   using namespace moekit;
   using presets::HobbitSpec;
-  const HobbitSpec::Config cfg{.rule = hobbit_rule(rp)};
+  const HobbitSpec::Config cfg = hobbit_config(rp);
   const std::string gap = gate_predictor_gap(rp, tr);
   if (gap.empty()) {
     auto p = HobbitSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), cfg,
                                gate_inputs(rp, tr));
     return {sim::replay(*p, tr, rp.compute),
-            "hobbit (stacked-gate predictor, p = " + std::to_string(cfg.lookahead) + ")", ""};
+            "hobbit (stacked-gate predictor, p = " + std::to_string(cfg.lookahead) + ", " +
+                pool_text(cfg) + ")",
+            ""};
   }
-  ScoredScript s = scored_script(tr, HobbitSpec::scorer(cfg));
+  using Oracle = RankedNoisyOraclePredictor<HobbitThresholdScorer>;
   auto p = HobbitSpec::build_with(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), cfg,
-                                  NoisyOraclePredictor({.calls = std::move(s.calls),
-                                                        .precisions = std::move(s.precisions),
-                                                        .recall_by_distance = rp.hobbit_recall,
-                                                        .seed = rp.seed,
-                                                        .distance = cfg.lookahead,
-                                                        .n_experts = rp.shape.n_experts}));
+                                  Oracle({.calls = routed_script(tr),
+                                          .recall_by_rank = {rp.hobbit_recall.top1,
+                                                             rp.hobbit_recall.lower},
+                                          .seed = rp.seed,
+                                          .distance = cfg.lookahead,
+                                          .n_experts = rp.shape.n_experts},
+                                         HobbitSpec::scorer(cfg)));
   return {sim::replay(*p, tr, rp.compute),
-          "hobbit (noisy-oracle predictor, recall " + recall_text(rp.hobbit_recall) +
-              ", p = " + std::to_string(cfg.lookahead) + ")",
+          "hobbit (noisy-oracle predictor, " + recall_text(rp.hobbit_recall) +
+              ", precisions by T1/T2 on the predicted gate weights, p = " +
+              std::to_string(cfg.lookahead) + ", " + pool_text(cfg) + ")",
           "stacked-gate predictor not run: " + gap};
 }
 
