@@ -98,7 +98,8 @@ class PrecisionTable {
         !to_u32(w[3], ne) || nl == 0 || ne == 0)
       bad(ln, "expected 'layers <n_layers> experts <n_experts>' with positive counts");
     // Each precision takes at least two bytes of text: a table larger than the text cannot be
-    // complete, and is refused before it is allocated (found by tests/fuzz/fuzz_bitwidth_table).
+    // complete, and is refused before it is allocated (it was an out-of-memory crash of
+    // tests/fuzz/fuzz_bitwidth_table).
     if (std::uint64_t{nl} * ne > text.size())
       bad(ln, "'layers " + std::to_string(nl) + " experts " + std::to_string(ne) + "' promises " +
                   std::to_string(std::uint64_t{nl} * ne) + " precisions, more than the " +
