@@ -1,9 +1,9 @@
 // libFuzzer target: the EdgeMoE bit-width table (moe-run --bitwidth-table, moe-sim --bitwidths;
 // PrecisionTable::parse) must parse or raise moekit::Error; a parsed table must survive its own
 // writer and reader unchanged.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 

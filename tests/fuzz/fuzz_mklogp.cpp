@@ -18,8 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::uint32_t version = 0;
     std::memcpy(&version, data + 8, sizeof version);  // parse checked the 32-byte header
     // version 1 files are rewritten as version 2, with the same records
-    if (again.size() != size ||
-        (version == 2 && std::memcmp(again.data(), data, size) != 0) ||
+    if (again.size() != size || (version == 2 && std::memcmp(again.data(), data, size) != 0) ||
         std::memcmp(again.data() + 32, data + 32, size - 32) != 0)
       __builtin_trap();  // the writer and the reader disagree
   } catch (const moekit::Error&) {

@@ -38,10 +38,9 @@ const std::vector<Precision> faulty_store_precisions{Precision::f16, Precision::
 
 // Writes a store of tiny_shape at f16 and q4 to `path`: 12 blobs of 12288 or 3456 bytes.
 void write_faulty_store(const std::string& path, bool overwrite = false) {
-  write_expert_store(
-      path, tiny_shape, faulty_store_precisions,
-      [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); },
-      {.overwrite = overwrite});
+  write_expert_store(path, tiny_shape, faulty_store_precisions,
+                     [](ExpertKey k, Precision p) { return fake_expert(tiny_shape, k, p); },
+                     {.overwrite = overwrite});
 }
 
 std::string faulty_store_file(const TempDir& dir) {

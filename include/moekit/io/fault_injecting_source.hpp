@@ -56,8 +56,8 @@ class FaultInjectingSource {
     state_->path = std::move(path);
     state_->plan = plan;
     state_->direct = config.direct;
-    state_->fd = detail::FileDescriptor::open(state_->path,
-                                              O_RDONLY | (config.direct ? O_DIRECT : 0));
+    state_->fd =
+        detail::FileDescriptor::open(state_->path, O_RDONLY | (config.direct ? O_DIRECT : 0));
   }
 
   void read(BlobRange r, std::span<std::byte> dest) const {
