@@ -131,6 +131,86 @@ case_nan_logits_at_run_time() {  # NaN in an expert read in place (f32, no encod
     "$moe_run" -m m --precision auto --no-direct --perplexity text.txt -c 16
 }
 
+case_truncated_inputs() {  # a checkpoint, store, GGUF, config, trace or .mklogp cut short or corrupt
+  model_copy m && store_of m s.moestore
+  printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..8} > text.txt
+  expect_success "$moe_run" -m m --in-memory "${run_args[@]}" --trace-out r.mktrace
+  expect_success "$moe_run" -m m --in-memory --perplexity text.txt -c 16 --save-logits ref.mklogp
+  model_copy t
+  truncate -s 150000 t/model.safetensors
+  expect_refusal "t/model\.safetensors'.*run past the [0-9]+-byte data section" \
+    "$moe_run" -m t --in-memory "${run_args[@]}"
+  rm -rf t && model_copy t
+  printf '{"architectures": ["MixtralForCausalLM"], "hidden_size": ' > t/config.json
+  expect_refusal "config '.*t/config\.json' is not valid JSON" "$moe_run" -m t "${run_args[@]}"
+  cp s.moestore cut.moestore && truncate -s $(($(stat -c %s s.moestore) - 5000)) cut.moestore
+  expect_refusal "cut\.moestore': header records [0-9]+ bytes but the file has" "$moe_run" -m cut.moestore "${run_args[@]}"
+  head -c 8192 /dev/urandom > noise.moestore
+  expect_refusal "'noise\.moestore' is neither" "$moe_run" -m noise.moestore "${run_args[@]}"
+  cp "$fixture/model-f32.gguf" cut.gguf && truncate -s 100000 cut.gguf
+  expect_refusal "GGUF 'cut\.gguf'.*runs past the end of the 100000-byte file" "$moe_run" -m cut.gguf "${run_args[@]}"
+  cp r.mktrace cut.mktrace && truncate -s $(($(stat -c %s r.mktrace) - 3)) cut.mktrace
+  expect_refusal "trace 'cut\.mktrace': field" "$moe_sim" --trace cut.mktrace
+  cp ref.mklogp cut.mklogp && truncate -s $(($(stat -c %s ref.mklogp) - 3)) cut.mklogp
+  expect_refusal "--kl-reference: 'cut\.mklogp': size does not match" \
+    "$moe_run" -m m --in-memory --perplexity text.txt -c 16 --kl-reference cut.mklogp
+}
+
+# cut_while_running MODEL FILE: runs moe-run on MODEL with 2 of its 8 experts in memory, cuts FILE
+# to half its size while it runs, and asserts an error naming FILE and an offset, in time.
+cut_while_running() {
+  local model=$1 file=$2 pid rc drain i
+  # moe-run's stdout is a pipe filled up beforehand: it opens and checks the model, then blocks
+  # writing the prompt, before the first expert is read. The file is cut there; the pipe is
+  # drained and moe-run goes on reading experts, some of them past the cut.
+  rm -f tokens && mkfifo tokens
+  exec 8<>tokens
+  dd if=/dev/zero of=/dev/fd/8 bs=1 oflag=nonblock status=none 2>/dev/null  # until the pipe is full
+  "$moe_run" -m "$model" --precision f32 --expert-budget 25% -p "Hello world" -n 100 --temp 0 \
+    --no-direct >tokens 2>"$root/stderr" &  # a hang: ctest's timeout
+  pid=$!
+  for ((i = 0; i < 3000; ++i)); do  # up to 30 s for moe-run to block in its first write
+    [[ "$(cat /proc/$pid/wchan 2>/dev/null)" == *pipe_write* ]] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.01
+  done
+  [[ "$(cat /proc/$pid/wchan 2>/dev/null)" == *pipe_write* ]] || fail "moe-run did not block writing"
+  truncate -s $(($(stat -c %s "$file") / 2)) "$file"
+  cat <&8 >/dev/null &
+  drain=$!
+  wait "$pid"
+  rc=$?
+  kill "$drain" 2>/dev/null
+  wait "$drain" 2>/dev/null
+  exec 8<&-
+  echo "\$ moe-run -m $model, $file cut while it runs"
+  echo "  exit $rc: $(head -c 600 "$root/stderr")"
+  [[ $rc -ne 0 ]] || fail "exit code 0, expected an error"
+  grep -Eq "'${file//./\\.}' at offset [0-9]+" "$root/stderr" ||
+    fail "the error does not name '$file' and the offset"
+}
+
+case_store_truncated_while_running() {  # a store, or a checkpoint read in place, cut mid-run
+  model_copy m && store_of m s.moestore
+  cut_while_running s.moestore s.moestore
+  rm -rf m && model_copy m
+  cut_while_running m m/model.safetensors
+}
+
+case_convert_disk_full() {  # moe-convert out of disk: only OUT.partial is left; a rerun resumes it
+  model_copy m
+  allow_new='s\.moestore\.partial'
+  expect_refusal "s\.moestore.*(File too large|No space|write)" \
+    bash -c 'trap "" XFSZ; ulimit -f 100; exec "$@"' _ "$moe_convert" -m m -o s.moestore --precisions f32,q8
+  [[ -e s.moestore.partial ]] || fail "no s.moestore.partial kept to resume"
+  expect_refusal "s\.moestore\.partial" "$moe_run" -m s.moestore.partial "${run_args[@]}"
+  allow_new='^$'
+  expect_success "$moe_convert" -m m -o s.moestore --precisions f32,q8
+  [[ -e s.moestore.partial ]] && fail "the .partial file was left after the resumed run"
+  expect_success "$moe_convert" -m m -o fresh.moestore --precisions f32,q8
+  cmp -s s.moestore fresh.moestore || fail "the resumed store differs from one converted at once"
+}
+
 # ---- writers ----------------------------------------------------------------------------------
 
 case_sim_out_refuses_overwrite() {  # moe-sim --sweep --out: existing CSV kept without --force

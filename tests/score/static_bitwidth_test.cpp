@@ -62,6 +62,14 @@ TEST_CASE("PrecisionTable: malformed files name the file, line and field", "[sco
         "bits.txt:4: field 'layer 1': missing (the header promises 2 layers)");
   CHECK(error_of("moekit-precision-table 1\nlayers 1 experts 1\nq4\nq4\n") ==
         "bits.txt:4: unexpected content after the last layer");
+  // Was an out-of-memory crash of the fuzz target: a header promising more precisions than the
+  // text holds was allocated first (10^10 bytes for 'layers 100000 experts 100000').
+  CHECK(error_of("moekit-precision-table 1\nlayers 100000 experts 100000\n") ==
+        "bits.txt:2: 'layers 100000 experts 100000' promises 10000000000 precisions, more than the "
+        "54 bytes of the file can hold");
+  CHECK(error_of("moekit-precision-table 1\nlayers 4000000 experts 4000000\n") ==
+        "bits.txt:2: 'layers 4000000 experts 4000000' promises 16000000000000 precisions, more "
+        "than the 56 bytes of the file can hold");
   try {
     (void)PrecisionTable::load("/nonexistent/bits.txt");
     FAIL("no error");

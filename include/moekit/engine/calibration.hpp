@@ -37,6 +37,7 @@
 #include "moekit/engine/forwarding_pipeline.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
+#include "moekit/engine/popularity_file.hpp"
 #include "moekit/engine/routing_replay.hpp"
 
 namespace moekit::engine {
@@ -179,36 +180,6 @@ inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
         c.tokens = prompt.size() + static_cast<std::size_t>(std::max(extra, 0));
         return c;
       });
-}
-
-/// Reads a popularity profile: JSON `[[tokens of layer 0's experts], [layer 1], ...]`, one row per
-/// MoE layer, one non-negative number per expert. Throws naming --popularity and the file.
-inline std::vector<double> load_popularity(const std::string& path, const moekit::ModelShape& s) {
-  auto bad = [&](const std::string& why) {
-    moekit::detail::fail(moekit::ErrorKind::invalid_argument,
-                         "--popularity: '" + path + "' " + why);
-  };
-  std::ifstream in(path);
-  if (!in) bad("cannot be opened");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    bad(std::string("is not JSON: ") + e.what());
-  }
-  if (!j.is_array() || j.size() != s.n_layers)
-    bad("must be an array of " + std::to_string(s.n_layers) + " rows (one per MoE layer)");
-  std::vector<double> out;
-  for (std::size_t l = 0; l < j.size(); ++l) {
-    if (!j[l].is_array() || j[l].size() != s.n_experts)
-      bad("row " + std::to_string(l) + " must hold " + std::to_string(s.n_experts) + " numbers");
-    for (const auto& v : j[l]) {
-      if (!v.is_number() || v.get<double>() < 0)
-        bad("row " + std::to_string(l) + " holds a value that is not a non-negative number");
-      out.push_back(v.get<double>());
-    }
-  }
-  return out;
 }
 
 /// Fiddler's latencies on this machine, in seconds.

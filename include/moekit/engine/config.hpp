@@ -18,8 +18,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -386,18 +388,24 @@ inline ModelConfig parse_config(const nlohmann::json& j, const std::string& sour
   return c;
 }
 
+/// Builds a ModelConfig from the text of a config.json; `source` names the file in errors.
+inline ModelConfig parse_config_text(std::string_view text, const std::string& source) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    throw moekit::Error(moekit::ErrorKind::invalid_format,
+                        "config '" + source + "' is not valid JSON");
+  return parse_config(j, source);
+}
+
 /// Reads `path` when it is a file, else `<path>/config.json`.
 inline ModelConfig load_config(const std::filesystem::path& path) {
   const std::filesystem::path file =
       std::filesystem::is_regular_file(path) ? path : path / "config.json";
-  std::ifstream in(file);
+  std::ifstream in(file, std::ios::binary);
   if (!in)
     throw moekit::Error(moekit::ErrorKind::io, "cannot open model config '" + file.string() + "'");
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded())
-    throw moekit::Error(moekit::ErrorKind::invalid_format,
-                        "config '" + file.string() + "' is not valid JSON");
-  return parse_config(j, file.string());
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_config_text(text, file.string());
 }
 
 }  // namespace moekit::engine

@@ -97,6 +97,13 @@ class PrecisionTable {
     if (w.size() != 4 || w[0] != "layers" || w[2] != "experts" || !to_u32(w[1], nl) ||
         !to_u32(w[3], ne) || nl == 0 || ne == 0)
       bad(ln, "expected 'layers <n_layers> experts <n_experts>' with positive counts");
+    // Each precision takes at least two bytes of text: a table larger than the text cannot be
+    // complete, and is refused before it is allocated (it was an out-of-memory crash of
+    // tests/fuzz/fuzz_bitwidth_table).
+    if (std::uint64_t{nl} * ne > text.size())
+      bad(ln, "'layers " + std::to_string(nl) + " experts " + std::to_string(ne) + "' promises " +
+                  std::to_string(std::uint64_t{nl} * ne) + " precisions, more than the " +
+                  std::to_string(text.size()) + " bytes of the file can hold");
     PrecisionTable t(nl, ne);
     for (std::uint32_t l = 0; l < nl; ++l) {
       ln = lines.next(w);
