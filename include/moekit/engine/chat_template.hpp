@@ -63,7 +63,8 @@ inline constexpr std::array<std::pair<std::string_view, ChatFormat>, 6> chat_for
 /// "mistral-v1, llama2, ..." for messages naming the choices.
 [[nodiscard]] inline std::string chat_format_list() {
   std::string s;
-  for (const auto& [name, format] : chat_format_names) s += (s.empty() ? "" : ", ") + std::string(name);
+  for (const auto& [name, format] : chat_format_names)
+    s += (s.empty() ? "" : ", ") + std::string(name);
   return s;
 }
 
@@ -305,8 +306,7 @@ class ChatTemplate {
   }
   if (has("<|user|>") && has("<|assistant|>") && has("if not loop.last") && !has("<|end|>"))
     return ChatFormat::tulu;
-  if (has("<|start_header_id|>") && has("<|eot_id|>") && !has("Cutting Knowledge") &&
-      !has("tools"))
+  if (has("<|start_header_id|>") && has("<|eot_id|>") && !has("Cutting Knowledge") && !has("tools"))
     return ChatFormat::llama3;
   return std::nullopt;
 }
@@ -364,8 +364,9 @@ class ChatTemplate {
           e["template"].is_string())
         return e["template"].get<std::string>();
   throw Error(ErrorKind::invalid_format,
-              cfg.string() + ": field chat_template is neither a string nor a list holding one "
-                             "named \"default\"");
+              cfg.string() +
+                  ": field chat_template is neither a string nor a list holding one "
+                  "named \"default\"");
 }
 
 }  // namespace moekit::engine
