@@ -43,12 +43,12 @@ struct ServerConfig {
   std::string host = "127.0.0.1";  ///< loopback unless asked
   int port = 8080;                 ///< 0: any free port (printed)
   std::size_t max_body_bytes = 1 << 20;
-  int max_tokens_limit = 1024;  ///< a request's max_tokens above it is refused
-  int default_max_tokens = 64;  ///< when a request gives none
-  unsigned queue = 4;           ///< requests that may wait while one runs
-  double timeout_seconds = 300; ///< queue wait + generation of one request
-  std::string model_name;       ///< reported in responses and /v1/models
-  SamplerConfig sampling;       ///< defaults of temperature, top_p, top_k, seed
+  int max_tokens_limit = 1024;   ///< a request's max_tokens above it is refused
+  int default_max_tokens = 64;   ///< when a request gives none
+  unsigned queue = 4;            ///< requests that may wait while one runs
+  double timeout_seconds = 300;  ///< queue wait + generation of one request
+  std::string model_name;        ///< reported in responses and /v1/models
+  SamplerConfig sampling;        ///< defaults of temperature, top_p, top_k, seed
 };
 
 /// What the server runs requests on (moe-run supplies these over its Model and pipeline).
@@ -164,7 +164,8 @@ inline RequestParams request_params(const nlohmann::json& body, const ServerConf
   auto number = [&](const char* field, double lo, double hi) -> std::optional<double> {
     if (!body.contains(field) || body[field].is_null()) return std::nullopt;
     if (!body[field].is_number())
-      throw HttpError{400, std::string(field) + " must be a number", "invalid_request_error", field};
+      throw HttpError{400, std::string(field) + " must be a number", "invalid_request_error",
+                      field};
     const double v = body[field].get<double>();
     if (!(v >= lo && v <= hi))
       throw HttpError{400,
@@ -205,13 +206,11 @@ inline RequestParams request_params(const nlohmann::json& body, const ServerConf
 /// The messages of a chat request: role and content, content a string or text parts.
 inline std::vector<ChatMessage> request_messages(const nlohmann::json& body) {
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
-    throw HttpError{400, "messages must be a non-empty array", "invalid_request_error",
-                    "messages"};
+    throw HttpError{400, "messages must be a non-empty array", "invalid_request_error", "messages"};
   std::vector<ChatMessage> out;
   for (const auto& m : body["messages"]) {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-      throw HttpError{400, "each message needs a string role", "invalid_request_error",
-                      "messages"};
+      throw HttpError{400, "each message needs a string role", "invalid_request_error", "messages"};
     ChatMessage msg{m["role"].get<std::string>(), {}};
     const auto& c = m.contains("content") ? m["content"] : nlohmann::json();
     if (c.is_string()) {
@@ -260,6 +259,12 @@ class OpenAiServer {
     const std::size_t threads = cfg_.queue + 1 + 4;
     svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     svr.set_payload_max_length(cfg_.max_body_bytes);
+    // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind a
+    // port in use (and share its connections) instead of failing.
+    svr.set_socket_options([](socket_t sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
+    });
     const auto t = static_cast<time_t>(std::max(1.0, cfg_.timeout_seconds));
     svr.set_read_timeout(t);
     svr.set_write_timeout(t);
@@ -274,14 +279,16 @@ class OpenAiServer {
     struct sigaction sa {};
     sa.sa_handler = detail::on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    struct sigaction old_int {}, old_term {};
+    struct sigaction old_int {
+    }, old_term{};
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
     std::fprintf(stderr, "moe-server: listening on http://%s:%d (model %s)\n", cfg_.host.c_str(),
                  port, cfg_.model_name.c_str());
     std::fflush(stderr);
     std::thread watcher([&] {  // a signal handler may only set a flag: stop from a thread
-      while (!detail::stop_requested.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      while (!detail::stop_requested.load())
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
       admission_.wake_all();
       svr.stop();
     });
@@ -306,34 +313,37 @@ class OpenAiServer {
       res.set_content(metrics_text(), "text/plain; version=0.0.4");
     });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      nlohmann::json j = {{"object", "list"},
-                          {"data",
-                           {{{"id", cfg_.model_name}, {"object", "model"}, {"owned_by", "moekit"}}}}};
+      nlohmann::json j = {
+          {"object", "list"},
+          {"data", {{{"id", cfg_.model_name}, {"object", "model"}, {"owned_by", "moekit"}}}}};
       res.set_content(j.dump(), "application/json");
     });
-    svr.Post("/v1/chat/completions",
-             [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
-    svr.Post("/v1/completions",
-             [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
-    svr.set_error_handler(httplib::Server::HandlerWithResponse(
-        [](const httplib::Request&, httplib::Response& res) {
-      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      const std::string msg = res.status == 413   ? "request body larger than --server-max-body"
-                              : res.status == 404 ? "no such endpoint"
-                                                  : "HTTP error " + std::to_string(res.status);
-      detail::send_error(res, {res.status, msg});
-      return httplib::Server::HandlerResponse::Handled;
-    }));
-    svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      std::string msg = "internal error";
-      try {
-        std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        msg = e.what();
-      } catch (...) {
-      }
-      detail::send_error(res, {500, msg, "server_error"});
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle(req, res, true);
     });
+    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle(req, res, false);
+    });
+    svr.set_error_handler(
+        httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+          if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+          const std::string msg = res.status == 413   ? "request body larger than --server-max-body"
+                                  : res.status == 404 ? "no such endpoint"
+                                                      : "HTTP error " + std::to_string(res.status);
+          detail::send_error(res, {res.status, msg});
+          return httplib::Server::HandlerResponse::Handled;
+        }));
+    svr.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+          std::string msg = "internal error";
+          try {
+            std::rethrow_exception(ep);
+          } catch (const std::exception& e) {
+            msg = e.what();
+          } catch (...) {
+          }
+          detail::send_error(res, {500, msg, "server_error"});
+        });
   }
 
   // One completion request: parsed and checked, admitted to the queue (503 when full), then run
@@ -371,8 +381,8 @@ class OpenAiServer {
         throw detail::HttpError{503, "timed out waiting for the engine (--server-timeout)",
                                 "server_overloaded"};
       }
-      auto job = std::make_shared<Job>(Job{chat, std::move(messages), std::move(prompt), p, deadline,
-                                           next_id(chat), std::time(nullptr)});
+      auto job = std::make_shared<Job>(Job{chat, std::move(messages), std::move(prompt), p,
+                                           deadline, next_id(chat), std::time(nullptr)});
       if (p.stream)
         stream(res, job, ticket);
       else
@@ -392,9 +402,7 @@ class OpenAiServer {
     std::time_t created;
   };
 
-  std::string next_id(bool chat) {
-    return (chat ? "chatcmpl-" : "cmpl-") + std::to_string(++ids_);
-  }
+  std::string next_id(bool chat) { return (chat ? "chatcmpl-" : "cmpl-") + std::to_string(++ids_); }
 
   // Runs `job` on the engine (the caller holds the turn); text pieces go to `on_text`.
   TurnResult run_job(const Job& job, std::function<bool(std::string_view)> on_text) {
@@ -438,12 +446,10 @@ class OpenAiServer {
       choice["message"] = {{"role", "assistant"}, {"content", r.text}};
     else
       choice["text"] = r.text, choice["logprobs"] = nullptr;
-    nlohmann::json j = {{"id", job.id},
-                        {"object", job.chat ? "chat.completion" : "text_completion"},
-                        {"created", job.created},
-                        {"model", cfg_.model_name},
-                        {"choices", {choice}},
-                        {"usage", usage(r)}};
+    nlohmann::json j = {
+        {"id", job.id},           {"object", job.chat ? "chat.completion" : "text_completion"},
+        {"created", job.created}, {"model", cfg_.model_name},
+        {"choices", {choice}},    {"usage", usage(r)}};
     res.set_content(j.dump(), "application/json");
   }
 
@@ -526,7 +532,8 @@ class OpenAiServer {
     };
     const ServerTotals& t = totals_;
     line("requests_total", double(t.requests), "completion requests answered");
-    line("requests_rejected_total", double(t.rejected), "requests refused: queue full or timed out");
+    line("requests_rejected_total", double(t.rejected),
+         "requests refused: queue full or timed out");
     line("requests_failed_total", double(t.failed), "requests the engine refused");
     line("requests_cancelled_total", double(t.cancelled), "streams whose client went away");
     line("prompt_tokens_total", double(t.prompt_tokens), "tokens prefilled");

@@ -137,17 +137,20 @@ class ChatSession {
   }
   [[nodiscard]] const std::vector<ChatMessage>& history() const noexcept { return history_; }
 
-  /// Adds the user's message and generates the assistant's reply (kept in the history).
+  /// Adds the user's message and generates the assistant's reply (kept in the history). The
+  /// reply's text is its content as a message (see `reply`).
   TurnResult say(std::string user_text, Sampler& sampler, const TurnRequest& req) {
     history_.push_back({"user", std::move(user_text)});
     TurnResult r = reply(history_, sampler, req);
-    history_.push_back({"assistant", reply_content(r.text)});
+    history_.push_back({"assistant", r.text});
     return r;
   }
 
   /// The reply to `conversation` (which need not continue the previous one: a server's
-  /// requests). Throws `Error(invalid_argument)` when the template refuses the conversation or
-  /// the prompt plus max_tokens does not fit the context.
+  /// requests). `TurnResult::text` is the reply as the message content the template expects
+  /// back (Mistral's formats: without the leading space of its first token). Throws
+  /// `Error(invalid_argument)` when the template refuses the conversation or the prompt plus
+  /// max_tokens does not fit the context.
   TurnResult reply(std::span<const ChatMessage> conversation, Sampler& sampler,
                    const TurnRequest& req) {
     if (!tmpl_) fail("no chat template");
@@ -172,8 +175,9 @@ class ChatSession {
     }
     cached_ = rendered;  // the prompt is in the cache once prefilled; the reply follows
     cached_after_special_ = false;
-    generate(ids, sampler, req, r);
+    generate(ids, sampler, req, r, spaced_reply());
     cached_ += r.text;
+    if (spaced_reply() && r.text.starts_with(' ')) r.text.erase(0, 1);
     return r;
   }
 
@@ -197,18 +201,19 @@ class ChatSession {
     throw Error(ErrorKind::invalid_argument, msg);
   }
 
-  // The formats that write ' ' + content for the assistant get the reply without the leading
-  // space its first token decodes to, so the next render reproduces the cached text.
-  [[nodiscard]] std::string reply_content(const std::string& text) const {
-    const bool spaced = tmpl_->format() == ChatFormat::mistral_v1 ||
-                        tmpl_->format() == ChatFormat::llama2_sys;
-    return spaced && text.starts_with(' ') ? text.substr(1) : text;
+  // The formats that write ' ' + content for the assistant: the reply's content is its text
+  // without the leading space its first token decodes to (as HF's decode of the reply alone),
+  // so that the next render reproduces the cached text.
+  [[nodiscard]] bool spaced_reply() const noexcept {
+    return tmpl_ &&
+           (tmpl_->format() == ChatFormat::mistral_v1 || tmpl_->format() == ChatFormat::llama2_sys);
   }
 
   // Prefills `ids`, then samples until a stop token, max_tokens or a cancellation. Every kept
   // token is decoded (the last one too), so the cache holds exactly the text remembered.
+  // `drop_space`: the first piece handed to on_text loses one leading space (spaced_reply).
   void generate(std::span<const std::uint32_t> ids, Sampler& sampler, const TurnRequest& req,
-                TurnResult& r) {
+                TurnResult& r, bool drop_space = false) {
     using clock = std::chrono::steady_clock;
     auto t0 = clock::now();
     std::span<const float> logits = model_.prefill(ids);
@@ -231,8 +236,11 @@ class ChatSession {
       const std::string piece = stream.push(next);
       logits = model_.decode(next);
       ++r.decoded_tokens;
+      const bool first = r.text.empty();
       r.text += piece;
-      if (!piece.empty() && req.on_text && !req.on_text(piece)) {
+      std::string_view shown = piece;
+      if (first && drop_space && shown.starts_with(' ')) shown.remove_prefix(1);
+      if (!shown.empty() && req.on_text && !req.on_text(shown)) {
         r.finish_reason = "cancelled";
         break;
       }
