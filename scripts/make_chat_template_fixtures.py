@@ -10,8 +10,10 @@ PreTrainedTokenizerBase.apply_chat_template(tokenize=False) calls with the token
 as keyword arguments (bos_token, eos_token); calling it directly needs no tokenizer files. A
 template that raises (roles that do not alternate, a role it refuses) is recorded with HF's message.
 
-Template texts: each is the `chat_template` of the model's tokenizer_config.json after JSON
-decoding, as published on the Hugging Face hub (sources below); they are not downloaded here.
+Template texts: each is meant to be the `chat_template` of the named model's tokenizer_config.json
+after JSON decoding. They are copies quoted in public code (this machine cannot fetch the hub), not
+read from the model files; OLMoE-0924-Instruct's is taken to be the OLMo-2/Tulu template with a
+leading {{ bos_token }}, unchecked against its file.
 """
 import json
 import os

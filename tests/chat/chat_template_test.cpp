@@ -29,7 +29,9 @@ std::vector<ChatMessage> messages_of(const nlohmann::json& conv) {
   return m;
 }
 
-std::string text_or_empty(const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : ""; }
+std::string text_or_empty(const nlohmann::json& v) {
+  return v.is_string() ? v.get<std::string>() : "";
+}
 
 ChatTemplate template_named(const std::string& name) {
   const auto& t = fixtures()["templates"][name];
@@ -91,11 +93,11 @@ TEST_CASE("an unknown template is refused naming where it came from", "[chat]") 
     FAIL("accepted");
   } catch (const moekit::Error& e) {
     CHECK_THAT(e.message(), Catch::Contains("model.gguf tokenizer.chat_template") &&
-                                Catch::Contains("not recognised") &&
-                                Catch::Contains("mistral-v1"));
+                                Catch::Contains("not recognised") && Catch::Contains("mistral-v1"));
   }
   CHECK_FALSE(detect_chat_format("[SYSTEM_PROMPT] [INST]").has_value());
-  CHECK_FALSE(detect_chat_format("<|start_header_id|><|eot_id|> Cutting Knowledge Date").has_value());
+  CHECK_FALSE(
+      detect_chat_format("<|start_header_id|><|eot_id|> Cutting Knowledge Date").has_value());
 }
 
 TEST_CASE("a format is chosen by name", "[chat]") {
