@@ -414,10 +414,13 @@ class OpenAiServer {
     try {
       r = job.chat ? engine_.chat(job.messages, job.params.sampling, tr)
                    : engine_.complete(job.prompt, job.params.sampling, tr);
-    } catch (const moekit::Error& e) {
+    } catch (const moekit::Error& e) {  // the request's fault: a refused conversation, no room
       count([](ServerTotals& t) { ++t.failed; });
       snapshot_counters();
       throw detail::HttpError{400, e.message()};
+    } catch (const std::exception& e) {
+      count([](ServerTotals& t) { ++t.failed; });
+      throw detail::HttpError{500, e.what(), "server_error"};
     }
     if (r.finish_reason == "cancelled") r.finish_reason = "length";  // timeout or shutdown
     count([&](ServerTotals& t) {

@@ -35,9 +35,21 @@ def check(cond, what):
         failures.append(what)
 
 
+def with_flags(args, **flags):
+    """`args` with the value of each --flag_name replaced (or added)."""
+    args = list(args)
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        if flag in args:
+            args[args.index(flag) + 1] = str(value)
+        else:
+            args += [flag, str(value)]
+    return args
+
+
 class Server:
-    def __init__(self, extra=()):
-        self.proc = subprocess.Popen([MOE_RUN, *SERVER_ARGS, *extra], stdout=subprocess.PIPE,
+    def __init__(self, extra=(), args=SERVER_ARGS):
+        self.proc = subprocess.Popen([MOE_RUN, *args, *extra], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.port = None
         deadline = time.time() + 60
@@ -220,6 +232,25 @@ def run_curl():
     s = Server(["--json"])
     rc, err = s.stop(signal.SIGINT)
     check(rc == 0, "SIGINT: clean exit 0")
+    test_timeout_and_shutdown_mid_stream()
+
+
+def test_timeout_and_shutdown_mid_stream():
+    s = Server(args=with_flags(SERVER_ARGS, server_timeout=0.3, server_max_tokens=100000))
+    t0 = time.time()
+    code, text = curl(s, "/v1/completions", {"prompt": "The", "max_tokens": 4000})
+    j = json.loads(text)
+    check(code == 200 and j["choices"][0]["finish_reason"] == "length" and
+          j["usage"]["completion_tokens"] < 4000 and time.time() - t0 < 10,
+          "--server-timeout cuts a long reply short (finish_reason length)")
+    with ThreadPoolExecutor(1) as pool:
+        streamed = pool.submit(curl, s, "/v1/completions",
+                               {"prompt": "The", "max_tokens": 4000, "stream": True})
+        time.sleep(0.1)
+        rc, err = s.stop(signal.SIGTERM)
+        code, text = streamed.result()
+    check(rc == 0, "SIGTERM with a stream running: exit 0")
+    check(code == 200 and sse_events(text)[-1:] == ["[DONE]"], "the running stream ends cleanly")
 
 
 def run_openai():

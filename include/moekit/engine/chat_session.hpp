@@ -173,10 +173,10 @@ class ChatSession {
       model_.begin_sequence();
       cached_.clear();
     }
-    cached_ = rendered;  // the prompt is in the cache once prefilled; the reply follows
+    cached_.clear();  // until the turn ends: a turn that throws leaves nothing to continue
     cached_after_special_ = false;
     generate(ids, sampler, req, r, spaced_reply());
-    cached_ += r.text;
+    cached_ = rendered + r.text;
     if (spaced_reply() && r.text.starts_with(' ')) r.text.erase(0, 1);
     return r;
   }
