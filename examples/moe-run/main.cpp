@@ -574,7 +574,9 @@ nlohmann::json chat_on(const Options& o, const ModelConfig& cfg, const ModelWeig
   nlohmann::json turns = nlohmann::json::array();
   for (std::string line;;) {
     if (prompt_user) std::fputs("> ", stdout), std::fflush(stdout);
-    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (!std::getline(std::cin, line)) break;
+    if (line.ends_with('\r')) line.pop_back();  // CRLF input
+    if (line == "/exit") break;
     if (line.empty()) continue;
     const TurnResult r = session.say(line, sampler, req);
     if (!o.json) std::fputs("\n", stdout), std::fflush(stdout);

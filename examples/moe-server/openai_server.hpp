@@ -488,9 +488,13 @@ class OpenAiServer {
               c["text"] = std::string(text), c["logprobs"] = nullptr;
             return open = open && send(c);
           };
+          if (!open) {  // gone before the first chunk: nothing to generate for
+            count([](ServerTotals& t) { ++t.cancelled; });
+            return false;
+          }
           TurnResult r;
           try {
-            r = run_job(*job, open ? std::function<bool(std::string_view)>(piece) : nullptr);
+            r = run_job(*job, piece);
           } catch (const detail::HttpError& e) {
             const std::string s = "data: " + detail::error_body(e) + "\n\n";
             sink.write(s.data(), s.size());
