@@ -9,6 +9,9 @@ packages=(
   librange-v3-dev         # ranges
   libboost-dev            # Boost.Lockfree (header-only)
   nlohmann-json3-dev      # safetensors headers, manifests, --json output
+  libcpp-httplib-dev      # moe-server (HTTP, loopback)
+  curl                    # moe-server tests (a real HTTP client)
+  python3 python3-venv    # moe-server tests (server_test.py; the openai client in a venv)
   libcli11-dev            # command-line parsing of the tools
   libfmt-dev              # formatting
   liburing-dev            # io_uring loader

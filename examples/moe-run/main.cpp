@@ -26,6 +26,8 @@
 
 #include "moekit/engine/activations.hpp"
 #include "moekit/engine/calibration.hpp"
+#include "moekit/engine/chat_session.hpp"
+#include "moekit/engine/chat_template.hpp"
 #include "moekit/engine/cli.hpp"
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/conversion_loss.hpp"
@@ -43,6 +45,11 @@
 #include "moekit/engine/tokenizer.hpp"
 #include "moekit/engine/trace_recorder.hpp"
 #include "moekit/engine/weights.hpp"
+
+#if MOE_RUN_HAS_SERVER
+#include "openai_server.hpp"  // examples/moe-server/
+#endif
+#include <unistd.h>  // isatty
 
 #ifndef MOE_RUN_LOSS_TEXT
 #define MOE_RUN_LOSS_TEXT "bench/quality/heldout.txt"
@@ -126,6 +133,7 @@ struct ModelSetup {
   bool int8_experts = false;
   bool int8_dense = false;
   RoutingReplay* replay = nullptr;
+  const ChatTemplate* chat = nullptr;  // --chat-template (null: -p as it is)
 
   template <class M>
   void apply(M& model) const {
@@ -269,14 +277,28 @@ void check_context(std::size_t ctx, const ModelConfig& cfg, bool from_prompt = f
        std::to_string(cfg.max_positions) + ")");
 }
 
+// -p's token ids: after a BOS as given, or the user message of the chat template's prompt (which
+// writes its own BOS).
+std::vector<Token> prompt_ids(const Options& o, const ModelConfig& cfg, const Tokenizer& tok,
+                              const ChatTemplate* tmpl, const ChatEncoder& enc) {
+  std::vector<Token> ids;
+  if (tmpl) {
+    const std::vector<ChatMessage> user{{"user", o.prompt}};
+    ids = enc.encode(tmpl->render(user, true));
+  } else {
+    ids = tok.encode(o.prompt, false);
+    if (!o.no_bos && cfg.bos_token_id) ids.insert(ids.begin(), *cfg.bos_token_id);
+  }
+  if (ids.empty()) fail("-p: the prompt encodes to no tokens (and --no-bos is set)");
+  return ids;
+}
+
 template <class Pipeline>
 nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                         const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
                         const ModelSetup& k) {
-  const bool bos = !o.no_bos && cfg.bos_token_id.has_value();
-  std::vector<Token> prompt = tok.encode(o.prompt, false);
-  if (bos) prompt.insert(prompt.begin(), *cfg.bos_token_id);
-  if (prompt.empty()) fail("-p: the prompt encodes to no tokens (and --no-bos is set)");
+  const ChatEncoder enc = k.chat ? ChatEncoder(tok, *k.chat) : ChatEncoder(tok);
+  std::vector<Token> prompt = prompt_ids(o, cfg, tok, k.chat, enc);
   const std::uint32_t ctx =
       o.context ? o.context : static_cast<std::uint32_t>(prompt.size() + o.n_predict);
   if (prompt.size() + o.n_predict > ctx)
@@ -327,7 +349,8 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
     ids.push_back(next);
     ++t.generated_tokens;
     const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) !=
-                     cfg.eos_token_ids.end();
+                         cfg.eos_token_ids.end() ||
+                     (k.chat && enc.is_stop(next));  // the template's end of turn too
     if (eos) break;
     emit(stream.push(next));
     if (i + 1 == o.n_predict) break;
@@ -498,12 +521,168 @@ void report_replay(nlohmann::json& j, const Options& o, const RoutingReplay& r) 
                  r.tokens(), r.replayed(), r.missing());
 }
 
+// The context of --chat and --serve: -c, else the model's positions up to 4096.
+std::uint32_t chat_context(const Options& o, const ModelConfig& cfg) {
+  const std::uint32_t ctx = o.context ? o.context : std::min(cfg.max_positions, 4096u);
+  check_context(ctx, cfg);
+  return ctx;
+}
+
+// A Model for --chat and --serve, set up as generate() sets up its own.
+template <class Pipeline>
+std::unique_ptr<Model<Pipeline>> chat_model(const Options& o, const ModelConfig& cfg,
+                                            const ModelWeights& w, Pipeline& pipeline,
+                                            moekit::ThreadPool& pool, const ModelSetup& k) {
+  auto model =
+      std::make_unique<Model<Pipeline>>(cfg, w.dense, pipeline, chat_context(o, cfg), &pool);
+  model->set_ubatch(o.ubatch);
+  k.apply(*model);
+  model->set_row_streaming(o.row_streaming);
+  return model;
+}
+
+// A turn's counts added to a Generation (for the statistics of --chat and --serve).
+void add_turn(Generation& g, const TurnResult& r) {
+  g.t.prompt_tokens += r.prompt_tokens;
+  g.t.generated_tokens += r.generated_tokens;
+  g.t.decoded_tokens += r.decoded_tokens;
+  g.t.prefill_s += r.prefill_seconds;
+  g.t.decode_s += r.decode_seconds;
+}
+
+// --chat: each line of stdin is the user's message; the reply is printed as it is generated.
+// The KV cache is kept across turns (chat_session.hpp).
+template <class Pipeline>
+nlohmann::json chat_on(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
+                       const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
+                       const ModelSetup& k) {
+  const auto model = chat_model(o, cfg, w, pipeline, pool, k);
+  ChatEncoder enc(tok, *k.chat);
+  for (const Token id : cfg.eos_token_ids) enc.add_stop(id);
+  ChatSession<Model<Pipeline>> session(*model, tok, k.chat, enc);
+  Sampler sampler({o.temperature, o.top_p, o.seed, o.top_k});
+  const bool prompt_user = isatty(0) && !o.json;
+  TurnRequest req{o.n_predict,
+                  [&](std::string_view piece) {
+                    if (!o.json)
+                      std::fwrite(piece.data(), 1, piece.size(), stdout), std::fflush(stdout);
+                    return true;
+                  },
+                  nullptr};
+  Generation g;
+  g.after_prefill = pipeline.stats();  // the decode_* counters then cover the whole chat
+  nlohmann::json turns = nlohmann::json::array();
+  for (std::string line;;) {
+    if (prompt_user) std::fputs("> ", stdout), std::fflush(stdout);
+    if (!std::getline(std::cin, line)) break;
+    if (line.ends_with('\r')) line.pop_back();  // CRLF input
+    if (line == "/exit") break;
+    if (line.empty()) continue;
+    const TurnResult r = session.say(line, sampler, req);
+    if (!o.json) std::fputs("\n", stdout), std::fflush(stdout);
+    if (!r.cache_kept && turns.size() > 0 && !o.json)
+      std::fprintf(stderr,
+                   "chat: the template renders the history differently from what was "
+                   "generated; the KV cache was rebuilt for this turn\n");
+    add_turn(g, r);
+    g.text += (g.text.empty() ? "" : "\n") + r.text;
+    turns.push_back({{"user", line},
+                     {"reply", r.text},
+                     {"prompt_tokens", r.prompt_tokens},
+                     {"generated_tokens", r.generated_tokens},
+                     {"cache_kept", r.cache_kept},
+                     {"finish_reason", r.finish_reason}});
+  }
+  nlohmann::json j = generation_json(o, cfg, w, k, pipeline, model->kv_cache().bytes(), g);
+  j["chat_template"] = std::string(k.chat->name());
+  j["turns"] = std::move(turns);
+  return j;
+}
+
+// The offloading counters /metrics reports (as in --json: hit rate, bytes, prefetch quality).
+template <class Pipeline>
+std::vector<std::pair<std::string, double>> offload_counters(const Pipeline& pipeline) {
+  const auto s = pipeline.stats();
+  moekit::PredictionStats pred;
+  for (const auto& p : s.prediction) {
+    pred.true_positive += p.true_positive;
+    pred.false_positive += p.false_positive;
+    pred.false_negative += p.false_negative;
+  }
+  return {{"expert_cache_hit_rate", s.hit_rate()},
+          {"expert_cache_hits_total", double(s.hits)},
+          {"expert_cache_misses_total", double(s.misses)},
+          {"expert_cache_evictions_total", double(s.cache.evictions)},
+          {"expert_bytes_loaded_total", double(s.bytes_loaded())},
+          {"expert_load_stall_seconds_total", s.stall_seconds},
+          {"prefetch_precision", pred.precision()},
+          {"prefetch_recall", pred.recall()},
+          {"token_fallbacks_total", double(s.fallbacks)}};
+}
+
+// --serve: the OpenAI-compatible server (examples/moe-server/openai_server.hpp) over one Model;
+// a chat request continuing the previous conversation keeps its KV cache.
+template <class Pipeline>
+nlohmann::json serve_on(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
+                        const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
+                        const ModelSetup& k) {
+#if MOE_RUN_HAS_SERVER
+  const auto model = chat_model(o, cfg, w, pipeline, pool, k);
+  ChatEncoder enc = k.chat ? ChatEncoder(tok, *k.chat) : ChatEncoder(tok);
+  for (const Token id : cfg.eos_token_ids) enc.add_stop(id);
+  ChatSession<Model<Pipeline>> session(*model, tok, k.chat, enc);
+  moe_server::ServerEngine e;
+  e.has_chat_template = k.chat != nullptr;
+  e.no_chat_template_reason =
+      "the model has no chat template: start moe-run --serve with "
+      "--chat-template one of " +
+      chat_format_list();
+  e.chat = [&](std::span<const ChatMessage> m, const SamplerConfig& s, const TurnRequest& r) {
+    Sampler sampler(s);
+    return session.reply(m, sampler, r);
+  };
+  e.complete = [&](const std::string& prompt, const SamplerConfig& s, const TurnRequest& r) {
+    Sampler sampler(s);
+    std::vector<Token> ids = tok.encode(prompt, false);
+    if (!o.no_bos && cfg.bos_token_id) ids.insert(ids.begin(), *cfg.bos_token_id);
+    return session.complete(ids, sampler, r);
+  };
+  e.counters = [&] { return offload_counters(pipeline); };
+  moe_server::ServerConfig sc{o.host,
+                              o.port,
+                              o.server_max_body,
+                              o.server_max_tokens,
+                              std::min(o.n_predict, o.server_max_tokens),
+                              o.server_queue,
+                              o.server_timeout,
+                              fs::path(o.model).filename().string(),
+                              {o.temperature, o.top_p, o.seed, o.top_k}};
+  const moe_server::ServerTotals t = moe_server::OpenAiServer(sc, std::move(e)).run();
+  Generation g;
+  g.t = {t.prefill_seconds, t.decode_seconds, t.prompt_tokens, t.decoded_tokens,
+         t.generated_tokens};
+  nlohmann::json j = generation_json(o, cfg, w, k, pipeline, model->kv_cache().bytes(), g);
+  j["server_requests"] = t.requests;
+  j["server_rejected"] = t.rejected;
+  j["server_failed"] = t.failed;
+  j["server_cancelled"] = t.cancelled;
+  return j;
+#else
+  (void)o, (void)cfg, (void)w, (void)tok, (void)pipeline, (void)pool, (void)k;
+  fail(
+      "--serve: this moe-run was built without cpp-httplib (Debian's libcpp-httplib-dev, "
+      "installed by scripts/install-deps.sh)");
+#endif
+}
+
 // Generation or --perplexity on `pipeline`, behind a TracingPipeline when --trace-out is set.
 template <class Pipeline>
 nlohmann::json run_on(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                       const Tokenizer& tok, Pipeline& pipeline, moekit::ThreadPool& pool,
                       const ModelSetup& k) {
   auto go = [&](auto& p, TraceRecorder* recorder) {
+    if (o.chat) return chat_on(o, cfg, w, tok, p, pool, k);
+    if (o.serve) return serve_on(o, cfg, w, tok, p, pool, k);
     return o.perplexity.empty() ? generate(o, cfg, w, tok, p, pool, k)
                                 : perplexity(o, cfg, w, tok, p, pool, k, recorder);
   };
@@ -1030,6 +1209,35 @@ const ModelConfig& open_config(OpenModel& m) {
   return m.cfg;
 }
 
+// --chat-template: auto (the default of --chat and --serve) is the model's own template, from
+// GGUF tokenizer.chat_template or the HF directory's tokenizer_config.json / chat_template.jinja.
+// nullopt: -p is completed as it is, or --serve (auto, no template) serves completions only.
+std::optional<ChatTemplate> chat_template(const Options& o, const OpenModel& m,
+                                          const Tokenizer& tok) {
+  const std::string want =
+      o.chat_template.empty() && (o.chat || o.serve) ? "auto" : o.chat_template;
+  if (want.empty()) return std::nullopt;
+  auto text_of = [&](std::optional<std::uint32_t> id) {
+    return id ? tok.piece(*id) : std::string();
+  };
+  const std::string bos = text_of(tok.bos_id()), eos = text_of(tok.eos_id());
+  if (want != "auto") return make_chat_template(want, bos, eos, "--chat-template");
+  std::optional<std::string> text;
+  std::string source;
+  if (m.gguf) {
+    source = m.src.model.gguf.string() + " (tokenizer.chat_template)";
+    if (const auto* v = m.gguf->metadata("tokenizer.chat_template"))
+      text = v->as_string("tokenizer.chat_template");
+  } else {
+    source = (m.src.model.dir / "tokenizer_config.json").string() + " (chat_template)";
+    text = read_hf_chat_template(m.src.model.dir);
+  }
+  if (text) return make_chat_template(*text, bos, eos, source);
+  if (o.serve && o.chat_template.empty()) return std::nullopt;
+  fail("--chat-template auto: the model has no chat template (" + source +
+       "); pass --chat-template with one of " + chat_format_list());
+}
+
 // -t's threads; a failure to create them (ulimit -u / -v) names the flag.
 moekit::ThreadPool thread_pool(unsigned threads) {
   try {
@@ -1053,6 +1261,7 @@ int run(Options o) {
          " pieces, more than the model's vocab_size " + std::to_string(cfg.vocab_size));
   // Read and checked against the model before any weight is loaded.
   std::optional<RoutingReplay> replay = load_replay(o, cfg, preset);
+  const std::optional<ChatTemplate> chat = chat_template(o, m, tok);
 
   // Refuse an impossible budget before loading any weight.
   const moekit::ModelShape shape = cfg.shape();
@@ -1093,7 +1302,7 @@ int run(Options o) {
   // The dense matrices follow --activations as the experts do, judged on their own precisions.
   const ModelSetup setup{
       int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
-      replay ? &*replay : nullptr};
+      replay ? &*replay : nullptr, chat ? &*chat : nullptr};
   moekit::ThreadPool pool = thread_pool(o.threads);
   nlohmann::json notes;  // conversion_loss and calibration, added to the stats when not null
   notes["conversion_loss"] =

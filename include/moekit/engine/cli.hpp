@@ -22,6 +22,7 @@
 #include "moekit/io/output_file.hpp"
 
 #include "moekit/engine/activations.hpp"
+#include "moekit/engine/chat_template.hpp"
 #include "moekit/engine/expert_layout.hpp"
 #include "moekit/engine/offload.hpp"
 
@@ -176,6 +177,17 @@ struct Options {
   std::string routing_trace;
   bool force = false;                 ///< overwrite --trace-out / --save-logits files
   bool shallow_layers_given = false;  ///< --shallow-layers was on the command line
+  // Chat and serving (chat_template.hpp, chat_session.hpp, examples/moe-server/).
+  /// --chat-template: "" = -p is completed as it is; "auto" (the model's own) or a format name
+  std::string chat_template;
+  bool chat = false;                      ///< --chat: a conversation on stdin, KV cache kept
+  bool serve = false;                     ///< --serve: OpenAI-compatible HTTP server
+  std::string host = "127.0.0.1";         ///< --host
+  int port = 8080;                        ///< --port (0: any free port)
+  std::size_t server_max_body = 1 << 20;  ///< --server-max-body (bytes)
+  int server_max_tokens = 1024;           ///< --server-max-tokens: most max_tokens a request asks
+  unsigned server_queue = 4;              ///< --server-queue: requests waiting while one runs
+  double server_timeout = 300;            ///< --server-timeout: seconds per request (wait + run)
 };
 
 /// Refuses preset flags beyond the model's shape, once it is known (the presets would clamp them
@@ -278,6 +290,7 @@ class Cli {
                   "experts, LM head, sampling, load waits, thread synchronisation): a table on "
                   "stderr, or \"profile\" in --json");
     add_quality_options();
+    add_chat_options();
   }
 
   int parse(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
@@ -360,12 +373,61 @@ class Cli {
           throw moekit::Error(moekit::ErrorKind::invalid_argument,
                               std::string(flag) + ": only meaningful with --perplexity FILE");
     }
+    check_chat_flags();
     check_file_flags();
     // Output files are checked before any work: a run is not spent to find the file unwritable.
     for (const auto& [flag, path] :
          {std::pair<const char*, const std::string&>{"--trace-out", o_.trace_out},
           {"--save-logits", o_.save_logits}})
       if (!path.empty()) moekit::io::check_output_path(path, o_.force, flag);
+  }
+
+  // --chat, --chat-template and the server (--serve and its limits).
+  void add_chat_options() {
+    app_.add_option("--chat-template", o_.chat_template,
+                    "wrap -p (and --chat's, --serve's messages) in a chat template: auto (the "
+                    "model's own, from GGUF tokenizer.chat_template or tokenizer_config.json; "
+                    "the default of --chat and --serve) or one of " +
+                        chat_format_list());
+    app_.add_flag("--chat", o_.chat,
+                  "interactive chat: each line of stdin is a user message, the reply follows; "
+                  "the KV cache is kept across turns (-n: most tokens per reply; /exit or EOF "
+                  "ends)");
+    app_.add_flag("--serve", o_.serve,
+                  "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, "
+                  "streaming, /health, /metrics) until SIGINT/SIGTERM");
+    app_.add_option("--host", o_.host, "--serve: address to listen on (default loopback)");
+    app_.add_option("--port", o_.port, "--serve: port (0 = any free port, printed)")
+        ->check(CLI::Range(0, 65535));
+    app_.add_option("--server-max-body", o_.server_max_body,
+                    "--serve: largest request body in bytes (larger: 413)")
+        ->check(CLI::Range(std::size_t{64}, std::size_t{1} << 30));
+    app_.add_option("--server-max-tokens", o_.server_max_tokens,
+                    "--serve: largest max_tokens a request may ask (more: 400); -n is the "
+                    "default of a request that gives none")
+        ->check(CLI::Range(1, 1 << 20));
+    app_.add_option("--server-queue", o_.server_queue,
+                    "--serve: requests that may wait while one runs (more: 503)")
+        ->check(CLI::Range(0u, 1024u));
+    app_.add_option("--server-timeout", o_.server_timeout,
+                    "--serve: seconds a request may wait and run; the wait ends in 503, the "
+                    "reply is cut short (finish_reason length)")
+        ->check(CLI::Range(0.1, 1e6));
+  }
+
+  void check_chat_flags() const {
+    auto bad = [](const std::string& msg) {
+      throw moekit::Error(moekit::ErrorKind::invalid_argument, msg);
+    };
+    if (!o_.chat_template.empty() && o_.chat_template != "auto" &&
+        !chat_format_from_name(o_.chat_template))
+      bad("--chat-template: '" + o_.chat_template + "' is not auto or one of " +
+          chat_format_list());
+    if (o_.chat && o_.serve) bad("--chat: cannot be combined with --serve");
+    for (const auto& [flag, set] :
+         {std::pair<const char*, bool>{"--chat", o_.chat}, {"--serve", o_.serve}})
+      if (set && (!o_.perplexity.empty() || !o_.trace_out.empty()))
+        bad(std::string(flag) + ": cannot be combined with --perplexity or --trace-out");
   }
 
   // --perplexity and its companions, routing traces recorded (--trace-out) and replayed
