@@ -17,11 +17,15 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/precision/detail/avx2_int8_rows.hpp"
+#include "moekit/precision/detail/avx2_kquant_rows.hpp"
 #include "moekit/precision/detail/avx2_rows.hpp"
 #include "moekit/precision/detail/avx512_bf16_rows.hpp"
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
+#include "moekit/precision/detail/avx512_kquant_rows.hpp"
 #include "moekit/precision/detail/avx512_rows.hpp"
+#include "moekit/precision/detail/kquant_activation.hpp"
 #include "moekit/precision/detail/prepared_activation.hpp"
+#include "moekit/precision/detail/scalar_kquant_rows.hpp"
 #include "moekit/precision/format.hpp"
 #include "moekit/precision/int8_gemm.hpp"
 #include "moekit/precision/isa.hpp"
@@ -99,6 +103,29 @@ template <Precision P>
 const float* generic_row_decode(const std::byte* row, const RowLayout& l, float* buf) noexcept {
   for (std::size_t c = 0; c < l.cols; ++c) buf[c] = weight_at(row, l, P, c);
   return buf;
+}
+
+/// A K-quant row decoded block by block (the float-activation path and the batched GEMM).
+template <Precision P>
+const float* kquant_row_decode(const std::byte* row, const RowLayout& l, float* buf) noexcept {
+  for (std::size_t b = 0; b < l.groups; ++b) {
+    const std::byte* block = row + b * kquant_block_bytes(P);
+    if constexpr (P == Precision::q4_k)
+      q4_k::decode_block(block, buf + b * kquant_block_weights);
+    else
+      q6_k::decode_block(block, buf + b * kquant_block_weights);
+  }
+  return buf;
+}
+template <Precision P>
+float kquant_row_dot(const std::byte* row, const RowLayout& l,
+                     const PreparedActivation& a) noexcept {
+  thread_local std::vector<float> buf;
+  if (buf.size() < l.cols) buf.resize(l.cols);
+  const float* w = kquant_row_decode<P>(row, l, buf.data());
+  float acc = 0;
+  for (std::size_t c = 0; c < l.cols; ++c) acc += w[c] * a.x[c];
+  return acc;
 }
 
 #if defined(MOEKIT_HAS_X86_KERNELS)
@@ -183,6 +210,10 @@ inline RowKernels row_kernels(Precision p, Isa isa) {
       return {row_dot_for<Precision::q4>(isa), row_decode_for<Precision::q4>(isa), perm};
     case Precision::q2:
       return {row_dot_for<Precision::q2>(isa), row_decode_for<Precision::q2>(isa), perm};
+    case Precision::q4_k:
+      return {&kquant_row_dot<Precision::q4_k>, &kquant_row_decode<Precision::q4_k>, false};
+    case Precision::q6_k:
+      return {&kquant_row_dot<Precision::q6_k>, &kquant_row_decode<Precision::q6_k>, false};
     case Precision::skip:
       break;
   }
@@ -205,6 +236,7 @@ inline void check_view(const MatrixView& w, const char* what) {
   validate_scheme(w.precision, w.scheme, what);
   MOEKIT_EXPECTS(w.data != nullptr && w.rows > 0 && w.cols > 0,
                  std::string(what) + ": empty weight matrix");
+  validate_cols(w.precision, w.cols, what);
   if (in_panels(w.order) && !panels_supported(w.precision, w.scheme))
     fail(ErrorKind::invalid_argument, std::string(what) + ": a " + std::string(name(w.precision)) +
                                           " matrix with group_size " +
@@ -241,6 +273,9 @@ enum class Int8Kernel : std::uint8_t {
   avx_vnni,     ///< avx2_int8_rows.hpp, AVX-VNNI's 256-bit vpdpbusd
 };
 
+/// Which kernel runs a GEMV of K-quant rows with int8 activations (none: float activations).
+enum class KQuantKernel : std::uint8_t { none, scalar, avx512_vnni, avx2, avx_vnni };
+
 /// Everything a GEMV over rows of `w` needs for one activation: the row kernel and the prepared
 /// activation (float, or int8 for the int8 kernels).
 struct GemvPlan {
@@ -254,6 +289,8 @@ struct GemvPlan {
   /// How gemv_rows reads rows (the int8 and float-row paths: per KernelOptions)
   RowStreaming streaming{2, false};
   const std::uint16_t* xb = nullptr;  ///< the activation in bf16 (the vdpbf16ps kernel), or null
+  KQuantKernel kquant = KQuantKernel::none;
+  KQuantActivation actk{};  ///< the activation of the K-quant int8 kernels
 #if defined(MOEKIT_HAS_X86_KERNELS)
   Int8Activation act8{};
 #endif
@@ -272,6 +309,7 @@ struct GemvPlan {
   template <std::size_t N>
   void dots(const std::byte* const* rows, float* scratch, float* out,
             const std::byte* const* next = nullptr) const noexcept {
+    if (kquant != KQuantKernel::none) return kquant_dots<N>(rows, out, next);
 #if defined(MOEKIT_HAS_X86_KERNELS)
     if (xb) return avx512_bf16::row_dots<N>(rows, layout.cols, xb, out, next);
     if (float_rows != Isa::generic) return float_dots<N>(rows, out, next);
@@ -313,6 +351,34 @@ struct GemvPlan {
   }
 
  private:
+  /// dots<N> of K-quant rows with int8 activations.
+  template <std::size_t N>
+  void kquant_dots(const std::byte* const* rows, float* out,
+                   const std::byte* const* next) const noexcept {
+    const std::size_t blocks = layout.groups;
+    const bool q4 = precision == Precision::q4_k;
+#if defined(MOEKIT_HAS_X86_KERNELS)
+    if (kquant == KQuantKernel::avx512_vnni) {
+      if (q4) return avx512_kquant::q4_k_row_dots<N>(rows, blocks, actk, out, next);
+      return avx512_kquant::q6_k_row_dots<N>(rows, blocks, actk, out, next);
+    }
+    if (kquant == KQuantKernel::avx2 || kquant == KQuantKernel::avx_vnni) {
+      auto each = [&]<bool Vnni>() {
+        for (std::size_t n = 0; n < N; ++n)
+          out[n] =
+              q4 ? avx2_kquant::q4_k_row_dot<Vnni>(rows[n], blocks, actk, next ? next[n] : nullptr)
+                 : avx2_kquant::q6_k_row_dot<Vnni>(rows[n], blocks, actk, next ? next[n] : nullptr);
+      };
+      if (kquant == KQuantKernel::avx_vnni) return each.template operator()<true>();
+      return each.template operator()<false>();
+    }
+#endif
+    (void)next;
+    for (std::size_t n = 0; n < N; ++n)
+      out[n] = q4 ? scalar_kquant::q4_k_row_dot(rows[n], blocks, actk)
+                  : scalar_kquant::q6_k_row_dot(rows[n], blocks, actk);
+  }
+
 #if defined(MOEKIT_HAS_X86_KERNELS)
   /// dots<N> of float rows: the AVX-512 or AVX2 multi-row kernel for this plan's precision.
   template <std::size_t N>
@@ -359,6 +425,20 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
   const Isa isa = resolve_isa(o);
   p.layout = w.layout();
   p.kernels = row_kernels(w.precision, isa);
+  p.precision = w.precision;
+  if (o.int8_activations && is_gguf_kquant(w.precision)) {
+    // K-quants run their own int8 kernels on every ISA (the scalar one on the generic path).
+    p.kquant = KQuantKernel::scalar;
+#if defined(MOEKIT_HAS_X86_KERNELS)
+    if (isa == Isa::avx512 && has_avx512_vnni())
+      p.kquant = KQuantKernel::avx512_vnni;
+    else if (isa != Isa::generic)
+      p.kquant = o.avx_vnni && has_avx_vnni() ? KQuantKernel::avx_vnni : KQuantKernel::avx2;
+#endif
+    if (p.kquant != KQuantKernel::scalar) p.streaming = resolve_streaming(o, w.cols);
+    p.actk = prepare_kquant(x, w.cols, w.precision, st.q, st.f);
+    return p;
+  }
 #if defined(MOEKIT_HAS_X86_KERNELS)
   if (o.int8_activations && isa == Isa::avx512 && has_avx512_vnni() && is_quantized(w.precision)) {
     p.int8 = Int8Kernel::avx512_vnni;
@@ -371,7 +451,7 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
     p.act8 = avx2_int8::prepare(x, w.cols, p.layout.bits, st.q, st.f);
     return p;
   }
-  if (!is_quantized(w.precision) && isa != Isa::generic) {
+  if (!is_quantized(w.precision) && !is_gguf_kquant(w.precision) && isa != Isa::generic) {
     // Float rows stream as the table for this core says (their own column).
     p.float_rows = isa;
     p.precision = w.precision;
