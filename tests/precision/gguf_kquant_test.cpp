@@ -65,29 +65,31 @@ double kquant_magnitude(const MatrixView& w, std::size_t r, const float* x) {
     if (w.precision == Precision::q4_k) {
       std::uint8_t sc[8], mn[8];
       q4_k::scales_mins(block, sc, mn);
-      const unsigned q = std::to_integer<unsigned>(block[16 + 32 * (i / 64) + i % 32]) >>
-                             (4 * (i / 32 % 2)) & 15;
+      const unsigned q =
+          std::to_integer<unsigned>(block[16 + 32 * (i / 64) + i % 32]) >> (4 * (i / 32 % 2)) & 15;
       term = std::fabs(q4_k::d_of(block)) * sc[i / 32] * q +
              std::fabs(q4_k::dmin_of(block)) * mn[i / 32];
     } else {
-      term = std::fabs(q6_k::d_of(block) * q6_k::scale(block, i / 16)) *
-             (q6_k::code(block, i) + 32.0);
+      term =
+          std::fabs(q6_k::d_of(block) * q6_k::scale(block, i / 16)) * (q6_k::code(block, i) + 32.0);
     }
     m += term * std::fabs(x[c]);
   }
   return m;
 }
 
-// Bound of an int8-activation result of row r: each activation moves by at most half its chunk's
-// int8 step (max|x|/254; ×1.01 for the rounding of the step itself), plus float accumulation of
-// the kernel's terms (kquant_magnitude) with a relative error far below 2^-16 (a few hundred
-// roundings of 2^-24). A wrong code, scale or order moves the result by about one term.
+// Bound of an int8-activation result of row r: each activation moves by at most half its int8
+// step, max|x|/254 over the values sharing its scale (32 for q6_k, the 256 of a super-block for
+// q4_k; ×1.01 for the rounding of the step itself), plus float accumulation of the kernel's terms
+// (kquant_magnitude) with a relative error far below 2^-16 (a few hundred roundings of 2^-24). A
+// wrong code, scale or order moves the result by about one term.
 double int8_bound(const MatrixView& w, std::size_t r, const std::vector<float>& x) {
   const RowLayout l = w.layout();
+  const std::size_t span = w.precision == Precision::q4_k ? 256 : 32;
   double bound = 0;
   for (std::size_t col = 0; col < w.cols; ++col) {
     float amax = 0;
-    for (std::size_t i = col / 32 * 32; i < col / 32 * 32 + 32; ++i)
+    for (std::size_t i = col / span * span; i < col / span * span + span; ++i)
       amax = std::max(amax, std::fabs(x[i]));
     bound += std::fabs(weight_at(w.row(r), l, w.precision, col)) * amax / 254.0;
   }
@@ -129,8 +131,8 @@ TEST_CASE("gguf K-quants: int8-activation GEMV on every ISA within the derived b
           "[precision][kquant]") {
   ThreadPool pool(2);
   for (Precision p : kquants)
-    for (const auto& [rows, cols] : {std::pair<std::size_t, std::size_t>{37, 256}, {64, 1024},
-                                    {9, 3584}}) {
+    for (const auto& [rows, cols] :
+         {std::pair<std::size_t, std::size_t>{37, 256}, {64, 1024}, {9, 3584}}) {
       const auto bytes = random_kquant(rows, cols, p, rows + cols);
       const MatrixView w = make_matrix_view(bytes, rows, cols, p);
       const auto x = test::random_normal(cols, 7 + cols);
@@ -154,6 +156,35 @@ TEST_CASE("gguf K-quants: int8-activation GEMV on every ISA within the derived b
             }
           }
     }
+}
+
+TEST_CASE("gguf K-quants: the vectorised activation preparations give the scalar one's bytes",
+          "[precision][kquant]") {
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  for (Precision p : kquants) {
+    const std::size_t cols = 1536;
+    auto x = test::random_normal(cols, 5);
+    for (std::size_t i = 0; i < 32; ++i) x[64 + i] = 0.f;  // an all-zero chunk
+    x[300] = 2.5f * 127;                                   // a value on a rounding tie
+    detail::KQuantStorage s0, s1, s2;
+    const detail::KQuantActivation want = detail::prepare_kquant(x.data(), cols, p, s0);
+    std::vector<detail::KQuantActivation> got;
+    if (isa_supported(Isa::avx2))
+      got.push_back(detail::avx2_kquant::prepare(x.data(), cols, p, s1));
+    if (isa_supported(Isa::avx512) && has_avx512_vnni())
+      got.push_back(detail::avx512_kquant::prepare(x.data(), cols, p, s2));
+    for (const auto& g : got) {
+      INFO(name(p));
+      CHECK(std::memcmp(g.xq, want.xq, cols) == 0);
+      const std::size_t scales = p == Precision::q4_k ? cols / 256 : cols / 16;
+      CHECK(std::memcmp(g.dx, want.dx, 4 * scales) == 0);
+      if (p == Precision::q4_k)
+        CHECK(std::memcmp(g.sums, want.sums, 2 * (cols / 32)) == 0);
+      else
+        CHECK(std::memcmp(g.dx_sum, want.dx_sum, 4 * (cols / 16)) == 0);
+    }
+  }
+#endif
 }
 
 TEST_CASE("gguf K-quants: float-activation GEMV and batched GEMM match the reference",

@@ -105,29 +105,6 @@ const float* generic_row_decode(const std::byte* row, const RowLayout& l, float*
   return buf;
 }
 
-/// A K-quant row decoded block by block (the float-activation path and the batched GEMM).
-template <Precision P>
-const float* kquant_row_decode(const std::byte* row, const RowLayout& l, float* buf) noexcept {
-  for (std::size_t b = 0; b < l.groups; ++b) {
-    const std::byte* block = row + b * kquant_block_bytes(P);
-    if constexpr (P == Precision::q4_k)
-      q4_k::decode_block(block, buf + b * kquant_block_weights);
-    else
-      q6_k::decode_block(block, buf + b * kquant_block_weights);
-  }
-  return buf;
-}
-template <Precision P>
-float kquant_row_dot(const std::byte* row, const RowLayout& l,
-                     const PreparedActivation& a) noexcept {
-  thread_local std::vector<float> buf;
-  if (buf.size() < l.cols) buf.resize(l.cols);
-  const float* w = kquant_row_decode<P>(row, l, buf.data());
-  float acc = 0;
-  for (std::size_t c = 0; c < l.cols; ++c) acc += w[c] * a.x[c];
-  return acc;
-}
-
 #if defined(MOEKIT_HAS_X86_KERNELS)
 template <Precision P>
 MOEKIT_TARGET_AVX512 float avx512_row_dot(const std::byte* row, const RowLayout& l,
@@ -195,6 +172,46 @@ struct RowKernels {
   bool permuted;  ///< the kernels expect activations in chunk decode order
 };
 
+/// A K-quant row decoded block by block (the float-activation path and the batched GEMM).
+template <Precision P>
+const float* kquant_row_decode(const std::byte* row, const RowLayout& l, float* buf) noexcept {
+  for (std::size_t b = 0; b < l.groups; ++b) {
+    const std::byte* block = row + b * kquant_block_bytes(P);
+    if constexpr (P == Precision::q4_k)
+      q4_k::decode_block(block, buf + b * kquant_block_weights);
+    else
+      q6_k::decode_block(block, buf + b * kquant_block_weights);
+  }
+  return buf;
+}
+/// A K-quant row · x with float activations: decoded into a per-thread buffer, then dotted as an
+/// f32 row on `I`'s float kernel (eight sums in flight; one scalar sum was latency-bound).
+template <Precision P, Isa I>
+float kquant_row_dot(const std::byte* row, const RowLayout& l,
+                     const PreparedActivation& a) noexcept {
+  thread_local std::vector<float> buf;
+  if (buf.size() < l.cols) buf.resize(l.cols);
+  const float* w = kquant_row_decode<P>(row, l, buf.data());
+  const auto* wb = reinterpret_cast<const std::byte*>(w);
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  if constexpr (I == Isa::avx512) return avx512::float_row_dot<Precision::f32>(wb, l.cols, a.x);
+  if constexpr (I == Isa::avx2) return avx2::float_row_dot<Precision::f32>(wb, l.cols, a.x);
+#endif
+  (void)wb;
+  float acc[8] = {};
+  for (std::size_t c = 0; c < l.cols; ++c) acc[c % 8] += w[c] * a.x[c];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+template <Precision P>
+RowKernels kquant_row_kernels(Isa isa) noexcept {
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  if (isa == Isa::avx512) return {&kquant_row_dot<P, Isa::avx512>, &kquant_row_decode<P>, false};
+  if (isa == Isa::avx2) return {&kquant_row_dot<P, Isa::avx2>, &kquant_row_decode<P>, false};
+#endif
+  (void)isa;
+  return {&kquant_row_dot<P, Isa::generic>, &kquant_row_decode<P>, false};
+}
+
 inline RowKernels row_kernels(Precision p, Isa isa) {
   const bool perm = isa != Isa::generic && (p == Precision::q4 || p == Precision::q2);
   switch (p) {
@@ -211,9 +228,9 @@ inline RowKernels row_kernels(Precision p, Isa isa) {
     case Precision::q2:
       return {row_dot_for<Precision::q2>(isa), row_decode_for<Precision::q2>(isa), perm};
     case Precision::q4_k:
-      return {&kquant_row_dot<Precision::q4_k>, &kquant_row_decode<Precision::q4_k>, false};
+      return kquant_row_kernels<Precision::q4_k>(isa);
     case Precision::q6_k:
-      return {&kquant_row_dot<Precision::q6_k>, &kquant_row_decode<Precision::q6_k>, false};
+      return kquant_row_kernels<Precision::q6_k>(isa);
     case Precision::skip:
       break;
   }
@@ -263,6 +280,7 @@ struct PlanStorage {
   std::vector<float> f;
   std::vector<std::int8_t> q;
   std::vector<std::uint16_t> b;  ///< the activation in bf16 (bf16_activations)
+  KQuantStorage k;               ///< the activation of K-quant rows (int8_activations)
 };
 
 /// Which kernel runs a GEMV with int8 activations (none: float activations).
@@ -436,7 +454,14 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
       p.kquant = o.avx_vnni && has_avx_vnni() ? KQuantKernel::avx_vnni : KQuantKernel::avx2;
 #endif
     if (p.kquant != KQuantKernel::scalar) p.streaming = resolve_streaming(o, w.cols);
-    p.actk = prepare_kquant(x, w.cols, w.precision, st.q, st.f);
+#if defined(MOEKIT_HAS_X86_KERNELS)
+    if (p.kquant == KQuantKernel::avx512_vnni)
+      p.actk = avx512_kquant::prepare(x, w.cols, w.precision, st.k);
+    else if (p.kquant != KQuantKernel::scalar)
+      p.actk = avx2_kquant::prepare(x, w.cols, w.precision, st.k);
+    else
+#endif
+      p.actk = prepare_kquant(x, w.cols, w.precision, st.k);
     return p;
   }
 #if defined(MOEKIT_HAS_X86_KERNELS)

@@ -50,13 +50,23 @@ inline float weight(const std::byte* block, std::size_t i) noexcept {
   return ds * static_cast<float>(static_cast<int>(code(block, i)) - 32);
 }
 
-/// The 256 values of one block into y.
+/// The 256 values of one block into y: per half, byte l of ql / qh gives the four weights l,
+/// 32 + l, 64 + l and 96 + l (runs r = 0..3: nibble r / 2 of ql[l + 32·(r % 2)], bits 2r of qh).
 inline void decode_block(const std::byte* block, float* y) noexcept {
   const float d = d_of(block);
-  for (std::size_t s = 0; s < 16; ++s) {
-    const float ds = d * static_cast<float>(scale(block, s));
-    for (std::size_t i = 16 * s; i < 16 * s + 16; ++i)
-      y[i] = ds * static_cast<float>(static_cast<int>(code(block, i)) - 32);
+  float ds[16];
+  for (std::size_t s = 0; s < 16; ++s) ds[s] = d * static_cast<float>(scale(block, s));
+  const auto* u = reinterpret_cast<const std::uint8_t*>(block);
+  for (std::size_t h = 0; h < 2; ++h) {
+    const std::uint8_t* ql = u + 64 * h;
+    const std::uint8_t* qh = u + high_offset + 32 * h;
+    for (std::size_t r = 0; r < 4; ++r)
+      for (std::size_t l = 0; l < 32; ++l) {
+        const int q = ((ql[l + 32 * (r % 2)] >> (4 * (r / 2))) & 15) | ((qh[l] >> (2 * r)) & 3)
+                                                                           << 4;
+        const std::size_t i = 128 * h + 32 * r + l;
+        y[i] = ds[i / 16] * static_cast<float>(q - 32);
+      }
   }
 }
 

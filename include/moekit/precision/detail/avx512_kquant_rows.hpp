@@ -6,14 +6,17 @@
 /// high nibbles of 64 bytes of qs; q6_k: a nibble of 64 bytes of ql or'ed with two bits of qh
 /// shifted to bits 4-5) and dotted with 64 int8 activations by one `vpdpbusd`: int32 lane L sums
 /// 4 neighbouring codes, so each lane lies in one sub-block (q4_k: lanes 0-7 and 8-15 are two
-/// sub-blocks; q6_k: four lanes per sub-block). The lanes are converted to float and multiplied,
-/// in one FMA, by their sub-block's d·scale·dx, spread to the lanes by one permute of the block's
-/// per-sub-block factors; the minimums (q4_k) and the code offset 32 (q6_k) are one FMA per block
-/// with the activation's per-sub-block dx·Σxq.
+/// sub-blocks; q6_k: four lanes per sub-block). q6_k (activation scale per 32): the lanes are
+/// converted to float and multiplied, in one FMA, by their sub-block's d·scale·dx, spread to the
+/// lanes by one permute; the code offset 32 is one FMA per block with dx·Σxq per sub-block. q4_k
+/// (one activation scale per block): the lanes are weighted by the 6-bit scales in integers and
+/// converted once per block (q4_k_row_dots), which keeps its kernel up with the memory.
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
 #include "moekit/precision/detail/kquant_activation.hpp"
@@ -34,73 +37,118 @@ MOEKIT_TARGET_AVX512_VNNI inline void prefetch_l2(const std::byte* p, std::size_
     _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
 }
 
-/// The two f16 values at p as floats (d and dmin of a q4_k block).
+/// The two f16 values at p as floats (d and dmin of a q4_k block) in lanes 0 and 1.
 MOEKIT_TARGET_AVX512_VNNI inline __m128 two_halves(const std::byte* p) noexcept {
   std::uint32_t v;
   std::memcpy(&v, p, 4);
   return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(v)));
 }
 
-/// Eight unsigned bytes of a 64-bit word as eight floats.
-MOEKIT_TARGET_AVX512_VNNI inline __m256 bytes_to_floats(std::uint64_t w) noexcept {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(w))));
+/// 32 values rounded to int8 with the multiplier `inv` (to nearest even, as prepare_kquant),
+/// stored at q; returns the sums of the two halves' codes.
+MOEKIT_TARGET_AVX512_VNNI inline std::pair<int, int> round_chunk(const float* x, float inv,
+                                                                 std::int8_t* q) noexcept {
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), _mm512_set1_ps(inv)));
+  const __m512i q1 =
+      _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), _mm512_set1_ps(inv)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(q1));
+  return {_mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1)};
 }
 
-/// The sum of the eight lanes of v.
-MOEKIT_TARGET_AVX512_VNNI inline float sum8(__m256 v) noexcept {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+/// max |x[i]| for i < n (a multiple of 16).
+MOEKIT_TARGET_AVX512_VNNI inline float max_abs(const float* x, std::size_t n) noexcept {
+  __m512 m = _mm512_setzero_ps();
+  for (std::size_t i = 0; i < n; i += 16)
+    m = _mm512_max_ps(m, _mm512_andnot_ps(_mm512_set1_ps(-0.f), _mm512_loadu_ps(x + i)));
+  return _mm512_reduce_max_ps(m);
 }
 
-/// rows[n] · x for n < N: `blocks` q4_k super-blocks per row.
+/// prepare_kquant (kquant_activation.hpp) vectorised, with the same values (the same products and
+/// rounding to nearest even): it runs once per GEMV, and in scalar code it cost about 3% of a cold
+/// Mixtral-shape GEMV.
+MOEKIT_TARGET_AVX512_VNNI inline KQuantActivation prepare(const float* x, std::size_t cols,
+                                                          Precision p, KQuantStorage& st) {
+  st.grow(cols, p);
+  std::int8_t* xq = st.q.data();
+  float* dx = st.f.data();
+  const std::size_t span = p == Precision::q4_k ? 256 : 32;  // values per activation scale
+  for (std::size_t c = 0; c < cols; c += span) {
+    const float amax = max_abs(x + c, span);
+    const float d = amax / 127.f, inv = amax > 0 ? 127.f / amax : 0.f;
+    if (p == Precision::q4_k) {
+      dx[c / 256] = d;
+      for (std::size_t j = 0; j < 8; ++j) {
+        const auto [s0, s1] = round_chunk(x + c + 32 * j, inv, xq + c + 32 * q4_k_chunk_slot(j));
+        st.s[c / 32 + j] = static_cast<std::int16_t>(s0 + s1);
+      }
+    } else {
+      const auto [s0, s1] = round_chunk(x + c, inv, xq + c);
+      float* dxs = dx + cols / 16;
+      dx[c / 16] = dx[c / 16 + 1] = d;
+      dxs[c / 16] = d * static_cast<float>(s0);
+      dxs[c / 16 + 1] = d * static_cast<float>(s1);
+    }
+  }
+  return st.view(cols, p);
+}
+
+/// rows[n] · x for n < N: `blocks` q4_k super-blocks per row. Per block the four 64-code dots
+/// (lane L of the low/high nibbles of qs[0..63], then of qs[64..127], in sub-block 0|2, 1|3, 4|6,
+/// 5|7 for lanes 0-7|8-15) are packed to int16 in pairs and weighted by their sub-blocks' scales
+/// with `vpdpwssd`, then converted once; the minimums are one `vpmaddwd` of m_j by Σ xq_j.
 template <std::size_t N>
 MOEKIT_TARGET_AVX512_VNNI inline void q4_k_row_dots(const std::byte* const* rows,
                                                     std::size_t blocks, const KQuantActivation& a,
                                                     float* out,
                                                     const std::byte* const* next) noexcept {
   const __m512i nib = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
-  // Lane L of the four unpacked vectors (low/high nibbles of qs[0..63], then of qs[64..127])
-  // belongs to sub-block: 0|2, 1|3, 4|6, 5|7 (lanes 0-7 | lanes 8-15).
-  const __m512i spread[4] = {
-      _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0),
-      _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
-      _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4),
-      _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 5, 5, 5, 5, 5, 5, 5, 5)};
+  // Packing P0 and P1 gives, per 128-bit group g, P0's lanes 4g..4g+3 then P1's as int16: the
+  // scale of 16-bit lane i is sc_k, k = 2·(i / 16) + (i / 4) % 2 (+ 4 for P2, P3).
+  const __m512i spread_a = _mm512_set_epi16(3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1,
+                                            1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+  const __m512i spread_b = _mm512_add_epi16(spread_a, _mm512_set1_epi16(4));
   __m512 acc[N];
-  __m256 mins[N];
-  for (std::size_t n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps(), mins[n] = _mm256_setzero_ps();
+  __m128 mins[N];
+  for (std::size_t n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps(), mins[n] = _mm_setzero_ps();
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::size_t off = b * q4_k::block_bytes;
     const std::int8_t* xq = a.xq + 256 * b;
     __m512i x[4];
     for (int k = 0; k < 4; ++k) x[k] = _mm512_loadu_si512(xq + 64 * k);
-    const __m256 dx = _mm256_loadu_ps(a.dx + 8 * b), dxs = _mm256_loadu_ps(a.dx_sum + 8 * b);
+    const __m128 dx = _mm_set1_ps(a.dx[b]);
+    const __m128i sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.sums + 8 * b));
     for (std::size_t n = 0; n < N; ++n) {
       const std::byte* block = rows[n] + off;
       if (next) prefetch_l2(next[n] + off, q4_k::block_bytes);
-      const __m128 dd = two_halves(block);
+      const __m128 dd = _mm_mul_ps(two_halves(block), dx);  // d·dx, dmin·dx
       std::uint64_t sc, m;
       q4_k::scales_mins_words(block, sc, m);
-      const __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_broadcastss_ps(dd), bytes_to_floats(sc)),
-                                     dx);
-      const __m256 dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
-      mins[n] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, bytes_to_floats(m)), dxs, mins[n]);
-      const __m512 fz = _mm512_castps256_ps512(f);
-      for (int h = 0; h < 2; ++h) {
-        const __m512i q = _mm512_loadu_si512(block + q4_k::codes_offset + 64 * h);
-        const __m512i lo = _mm512_and_si512(q, nib);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
-        const __m512i plo = _mm512_dpbusd_epi32(zero, lo, x[2 * h]);
-        const __m512i phi = _mm512_dpbusd_epi32(zero, hi, x[2 * h + 1]);
-        acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(plo),
-                                 _mm512_permutexvar_ps(spread[2 * h], fz), acc[n]);
-        acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(phi),
-                                 _mm512_permutexvar_ps(spread[2 * h + 1], fz), acc[n]);
-      }
+      const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(m)));
+      mins[n] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(m16, sums)), _mm_permute_ps(dd, 0x55),
+                             mins[n]);
+      const __m512i sc16 =
+          _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+      const __m512i q0 = _mm512_loadu_si512(block + q4_k::codes_offset);
+      const __m512i q1 = _mm512_loadu_si512(block + q4_k::codes_offset + 64);
+      const __m512i p0 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(q0, nib), x[0]);
+      const __m512i p1 =
+          _mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16(q0, 4), nib), x[1]);
+      const __m512i p2 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(q1, nib), x[2]);
+      const __m512i p3 =
+          _mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16(q1, 4), nib), x[3]);
+      __m512i t = _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(p0, p1),
+                                      _mm512_permutexvar_epi16(spread_a, sc16));
+      t = _mm512_dpwssd_epi32(t, _mm512_packs_epi32(p2, p3),
+                              _mm512_permutexvar_epi16(spread_b, sc16));
+      acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_broadcastss_ps(dd), acc[n]);
     }
   }
-  for (std::size_t n = 0; n < N; ++n) out[n] = _mm512_reduce_add_ps(acc[n]) - sum8(mins[n]);
+  for (std::size_t n = 0; n < N; ++n) {
+    __m128 s = _mm_add_ps(mins[n], _mm_movehl_ps(mins[n], mins[n]));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    out[n] = _mm512_reduce_add_ps(acc[n]) - _mm_cvtss_f32(s);
+  }
 }
 
 /// rows[n] · x for n < N: `blocks` q6_k super-blocks per row.
@@ -129,7 +177,8 @@ MOEKIT_TARGET_AVX512_VNNI inline void q6_k_row_dots(const std::byte* const* rows
       if (next) prefetch_l2(next[n] + off, q6_k::block_bytes);
       std::uint16_t dh;
       std::memcpy(&dh, block + q6_k::d_offset, 2);
-      const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + q6_k::scales_offset));
+      const __m128i s8 =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + q6_k::scales_offset));
       const __m512 g = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s8)),
                                      _mm512_set1_ps(_cvtsh_ss(dh)));
       offset[n] = _mm512_fmadd_ps(g, dxs, offset[n]);
@@ -139,17 +188,17 @@ MOEKIT_TARGET_AVX512_VNNI inline void q6_k_row_dots(const std::byte* const* rows
         const __m256i high = _mm256_loadu_si256(
             reinterpret_cast<const __m256i*>(block + q6_k::high_offset + 32 * h));
         // Bytes 0-31: qh; bytes 32-63: qh >> 2 (the bits of weights 32-63 of the half).
-        const __m512i hz = _mm512_inserti64x4(_mm512_castsi256_si512(high),
-                                              _mm256_srli_epi16(high, 2), 1);
+        const __m512i hz =
+            _mm512_inserti64x4(_mm512_castsi256_si512(high), _mm256_srli_epi16(high, 2), 1);
         const __m512i qa = _mm512_or_si512(_mm512_and_si512(low, nib),
                                            _mm512_slli_epi16(_mm512_and_si512(hz, two), 4));
-        const __m512i qb = _mm512_or_si512(
-            _mm512_and_si512(_mm512_srli_epi16(low, 4), nib),
-            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hz, 4), two), 4));
+        const __m512i qb =
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 4), nib),
+                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hz, 4), two), 4));
         const __m512i pa = _mm512_dpbusd_epi32(zero, qa, x[2 * h]);
         const __m512i pb = _mm512_dpbusd_epi32(zero, qb, x[2 * h + 1]);
-        acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pa),
-                                 _mm512_permutexvar_ps(spread[2 * h], f), acc[n]);
+        acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pa), _mm512_permutexvar_ps(spread[2 * h], f),
+                                 acc[n]);
         acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pb),
                                  _mm512_permutexvar_ps(spread[2 * h + 1], f), acc[n]);
       }

@@ -1,8 +1,8 @@
 #pragma once
 /// \file The portable int8-activation row dots of the GGUF K-quant formats: what the AVX-512
 /// and AVX2 kernels compute, in plain C++ (the generic ISA, and the definition the SIMD kernels
-/// are tested beside). Per sub-block: an exact integer Σ q·xq, then the block's and the
-/// activation's scales in float (kquant_activation.hpp).
+/// are tested beside). Per sub-block an exact integer Σ q·xq, weighted by the scales as
+/// kquant_activation.hpp describes for each format.
 
 #include <cstddef>
 #include <cstdint>
@@ -13,25 +13,28 @@
 
 namespace moekit::detail::scalar_kquant {
 
-/// A q4_k row of `blocks` super-blocks · the prepared activation.
+/// A q4_k row of `blocks` super-blocks · the prepared activation: per block,
+/// d·dx·Σ_j sc_j·(Σ q·xq)_j − dmin·dx·Σ_j m_j·(Σ xq)_j, the sums in integers.
 inline float q4_k_row_dot(const std::byte* row, std::size_t blocks,
                           const KQuantActivation& a) noexcept {
   float acc = 0, mins = 0;
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* block = row + b * q4_k::block_bytes;
-    const float d = q4_k::d_of(block), dmin = q4_k::dmin_of(block);
     std::uint8_t sc[8], m[8];
     q4_k::scales_mins(block, sc, m);
     const auto* qs = reinterpret_cast<const std::uint8_t*>(block + q4_k::codes_offset);
+    int codes = 0, sums = 0;
     for (std::size_t j = 0; j < 8; ++j) {
       const std::uint8_t* q = qs + 32 * (j / 2);
       const std::int8_t* xq = a.xq + 256 * b + 32 * q4_k_chunk_slot(j);
       const int shift = 4 * (j % 2);
       int s = 0;
       for (int l = 0; l < 32; ++l) s += ((q[l] >> shift) & 15) * xq[l];
-      acc += d * static_cast<float>(sc[j]) * a.dx[8 * b + j] * static_cast<float>(s);
-      mins += dmin * static_cast<float>(m[j]) * a.dx_sum[8 * b + j];
+      codes += sc[j] * s;
+      sums += m[j] * a.sums[8 * b + j];
     }
+    acc += q4_k::d_of(block) * a.dx[b] * static_cast<float>(codes);
+    mins += q4_k::dmin_of(block) * a.dx[b] * static_cast<float>(sums);
   }
   return acc - mins;
 }
