@@ -18,11 +18,12 @@
 
 using namespace moekit;
 
+// Names unique in the area: its tests are built as one unity unit.
 namespace {
 
 const Precision kquants[] = {Precision::q4_k, Precision::q6_k};
 
-std::vector<Isa> isas() {
+std::vector<Isa> kquant_isas() {
   std::vector<Isa> v;
   for (Isa i : {Isa::generic, Isa::avx2, Isa::avx512})
     if (isa_supported(i)) v.push_back(i);
@@ -83,7 +84,7 @@ double kquant_magnitude(const MatrixView& w, std::size_t r, const float* x) {
 // q4_k; ×1.01 for the rounding of the step itself), plus float accumulation of the kernel's terms
 // (kquant_magnitude) with a relative error far below 2^-16 (a few hundred roundings of 2^-24). A
 // wrong code, scale or order moves the result by about one term.
-double int8_bound(const MatrixView& w, std::size_t r, const std::vector<float>& x) {
+double kquant_int8_bound(const MatrixView& w, std::size_t r, const std::vector<float>& x) {
   const RowLayout l = w.layout();
   const std::size_t span = w.precision == Precision::q4_k ? 256 : 32;
   double bound = 0;
@@ -138,7 +139,7 @@ TEST_CASE("gguf K-quants: int8-activation GEMV on every ISA within the derived b
       const auto x = test::random_normal(cols, 7 + cols);
       std::vector<float> want(rows);
       reference::gemv(w, x.data(), want.data());
-      for (Isa isa : isas())
+      for (Isa isa : kquant_isas())
         for (bool vnni : {true, false})
           for (ThreadPool* tp : {static_cast<ThreadPool*>(nullptr), &pool}) {
             INFO(name(p) << " " << rows << "x" << cols << " " << name(isa) << " vnni " << vnni
@@ -152,7 +153,7 @@ TEST_CASE("gguf K-quants: int8-activation GEMV on every ISA within the derived b
             gemv(w, x, y, o);
             for (std::size_t r = 0; r < rows; ++r) {
               INFO("row " << r << " got " << y[r] << " want " << want[r]);
-              CHECK(std::fabs(y[r] - want[r]) <= int8_bound(w, r, x));
+              CHECK(std::fabs(y[r] - want[r]) <= kquant_int8_bound(w, r, x));
             }
           }
     }
@@ -196,7 +197,7 @@ TEST_CASE("gguf K-quants: float-activation GEMV and batched GEMM match the refer
     const auto x = test::random_normal(n * cols, 3);
     std::vector<float> want(n * rows);
     reference::gemm(w, x.data(), n, want.data());
-    for (Isa isa : isas())
+    for (Isa isa : kquant_isas())
       for (bool int8 : {false, true}) {
         INFO(name(p) << " " << name(isa) << " int8 " << int8);
         KernelOptions o;
@@ -234,7 +235,7 @@ TEST_CASE("gguf K-quants: the fused expert FFN on q4_k gate/up and q6_k down exp
       reference::expert_ffn(e.w1, e.w3, e.w2, x.data(), n, want.data(), 0.75f);
       double scale = 0;  // the output's typical magnitude, the bound's unit
       for (float v : want) scale = std::max(scale, std::fabs(static_cast<double>(v) - 0.5));
-      for (Isa isa : isas())
+      for (Isa isa : kquant_isas())
         for (bool int8 : {false, true}) {
           INFO(name(gate_up) << " n " << n << " " << name(isa) << " int8 " << int8);
           KernelOptions o;
