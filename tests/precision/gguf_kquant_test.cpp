@@ -1,4 +1,4 @@
-// GGUF K-quant formats (q4_k, q6_k) as moekit formats: decoding bit for bit against gguf-py,
+// GGUF K-quant formats (q4_k, q5_k, q6_k) as moekit formats: decoding bit for bit against gguf-py,
 // the int8-activation GEMV on every ISA against the float64 reference with a derived bound, the
 // float-activation path and the batched GEMM, and the fused expert FFN on K-quant experts.
 #include <cmath>
@@ -21,7 +21,7 @@ using namespace moekit;
 // Names unique in the area: its tests are built as one unity unit.
 namespace {
 
-const Precision kquants[] = {Precision::q4_k, Precision::q6_k};
+const Precision kquants[] = {Precision::q4_k, Precision::q5_k, Precision::q6_k};
 
 std::vector<Isa> kquant_isas() {
   std::vector<Isa> v;
@@ -45,7 +45,7 @@ std::vector<std::byte> random_kquant(std::size_t rows, std::size_t cols, Precisi
   std::uniform_real_distribution<float> scale(-0.004f, 0.004f);
   const std::size_t bb = kquant_block_bytes(p);
   for (std::size_t off = 0; off < b.size(); off += bb) {
-    if (p == Precision::q4_k) {
+    if (p != Precision::q6_k) {
       put_half(b.data() + off, std::fabs(scale(rng)));
       put_half(b.data() + off + 2, std::fabs(scale(rng)));
     } else {
@@ -56,18 +56,21 @@ std::vector<std::byte> random_kquant(std::size_t rows, std::size_t cols, Precisi
 }
 
 // What the int8 kernels add up in floats for row r, per weight: the code's product and the
-// minimum (q4_k) or the code offset 32 (q6_k), by |x|.
+// minimum (q4_k, q5_k) or the code offset 32 (q6_k), by |x|.
 double kquant_magnitude(const MatrixView& w, std::size_t r, const float* x) {
   double m = 0;
   for (std::size_t c = 0; c < w.cols; ++c) {
     const std::byte* block = w.row(r) + c / 256 * kquant_block_bytes(w.precision);
     const std::size_t i = c % 256;
     double term;
-    if (w.precision == Precision::q4_k) {
+    if (w.precision != Precision::q6_k) {
       std::uint8_t sc[8], mn[8];
       q4_k::scales_mins(block, sc, mn);
-      const unsigned q =
-          std::to_integer<unsigned>(block[16 + 32 * (i / 64) + i % 32]) >> (4 * (i / 32 % 2)) & 15;
+      const unsigned q = w.precision == Precision::q5_k
+                             ? q5_k::code(block, i)
+                             : std::to_integer<unsigned>(block[16 + 32 * (i / 64) + i % 32]) >>
+                                       (4 * (i / 32 % 2)) &
+                                   15;
       term = std::fabs(q4_k::d_of(block)) * sc[i / 32] * q +
              std::fabs(q4_k::dmin_of(block)) * mn[i / 32];
     } else {
@@ -81,12 +84,12 @@ double kquant_magnitude(const MatrixView& w, std::size_t r, const float* x) {
 
 // Bound of an int8-activation result of row r: each activation moves by at most half its int8
 // step, max|x|/254 over the values sharing its scale (32 for q6_k, the 256 of a super-block for
-// q4_k; ×1.01 for the rounding of the step itself), plus float accumulation of the kernel's terms
-// (kquant_magnitude) with a relative error far below 2^-16 (a few hundred roundings of 2^-24). A
-// wrong code, scale or order moves the result by about one term.
+// q4_k and q5_k; ×1.01 for the rounding of the step itself), plus float accumulation of the
+// kernel's terms (kquant_magnitude) with a relative error far below 2^-16 (a few hundred roundings
+// of 2^-24). A wrong code, scale or order moves the result by about one term.
 double kquant_int8_bound(const MatrixView& w, std::size_t r, const std::vector<float>& x) {
   const RowLayout l = w.layout();
-  const std::size_t span = w.precision == Precision::q4_k ? 256 : 32;
+  const std::size_t span = detail::block_scaled(w.precision) ? 256 : 32;
   double bound = 0;
   for (std::size_t col = 0; col < w.cols; ++col) {
     float amax = 0;
@@ -99,13 +102,14 @@ double kquant_int8_bound(const MatrixView& w, std::size_t r, const std::vector<f
 
 }  // namespace
 
-TEST_CASE("gguf K-quants: q4_k and q6_k blocks decode to gguf-py's values bit for bit",
+TEST_CASE("gguf K-quants: q4_k, q5_k and q6_k blocks decode to gguf-py's values bit for bit",
           "[precision][kquant]") {
   // tests/io/data/gguf_kquants.gguf (scripts/make_gguf_transcode_fixture.py): special f16 fields
   // (zeros, subnormals, the largest finite) with extreme code bytes, then random blocks;
   // "<type>.expected" is gguf-py's `dequantize` of them.
   io::GgufFile f(MOEKIT_SOURCE_DIR "/tests/io/data/gguf_kquants.gguf");
-  for (const auto& [tensor, p] : {std::pair{"q4_k", Precision::q4_k}, {"q6_k", Precision::q6_k}}) {
+  for (const auto& [tensor, p] :
+       {std::pair{"q4_k", Precision::q4_k}, {"q5_k", Precision::q5_k}, {"q6_k", Precision::q6_k}}) {
     INFO(tensor);
     const auto q = f.tensor(tensor);
     const auto e = f.tensor(std::string(tensor) + ".expected");
@@ -177,9 +181,9 @@ TEST_CASE("gguf K-quants: the vectorised activation preparations give the scalar
     for (const auto& g : got) {
       INFO(name(p));
       CHECK(std::memcmp(g.xq, want.xq, cols) == 0);
-      const std::size_t scales = p == Precision::q4_k ? cols / 256 : cols / 16;
+      const std::size_t scales = detail::block_scaled(p) ? cols / 256 : cols / 16;
       CHECK(std::memcmp(g.dx, want.dx, 4 * scales) == 0);
-      if (p == Precision::q4_k)
+      if (detail::block_scaled(p))
         CHECK(std::memcmp(g.sums, want.sums, 2 * (cols / 32)) == 0);
       else
         CHECK(std::memcmp(g.dx_sum, want.dx_sum, 4 * (cols / 16)) == 0);
@@ -219,7 +223,7 @@ TEST_CASE("gguf K-quants: float-activation GEMV and batched GEMM match the refer
 
 TEST_CASE("gguf K-quants: the fused expert FFN on q4_k gate/up and q6_k down experts",
           "[precision][kquant]") {
-  // Q4_K_M's mix: w1/w3 in q4_k, w2 in q6_k; then all q6_k.
+  // Q4_K_M's mix: w1/w3 in q4_k, w2 in q6_k; Q5_K_M's: q5_k and q6_k; then all q6_k.
   const std::size_t hidden = 512, ffn = 768;
   ThreadPool pool(2);
   for (const Precision gate_up : kquants) {

@@ -15,10 +15,11 @@
 namespace moekit {
 
 /// Storage/compute format of an expert's weights, or the decision to skip it.
-/// `q6_k` and `q4_k` are GGUF's K-quant super-block formats (precision/gguf_q6_k.hpp,
-/// gguf_q4_k.hpp), read in place from GGUF files and never produced by moekit's quantizer; they
-/// come after `skip` so that the formats before it keep their numbers (arrays indexed by them).
-enum class Precision : std::uint8_t { f32, bf16, f16, q8, q4, q2, skip, q6_k, q4_k };
+/// `q6_k`, `q4_k` and `q5_k` are GGUF's K-quant super-block formats (precision/gguf_q6_k.hpp,
+/// gguf_q4_k.hpp, gguf_q5_k.hpp), read in place from GGUF files and never produced by moekit's
+/// quantizer; they come after `skip` so that the formats before it keep their numbers (arrays
+/// indexed by them).
+enum class Precision : std::uint8_t { f32, bf16, f16, q8, q4, q2, skip, q6_k, q4_k, q5_k };
 
 /// Every precision moekit quantizes into and the policies choose among, highest first (excludes
 /// `skip` and the GGUF K-quant formats, which are only read).
@@ -43,6 +44,8 @@ MOEKIT_HOST_DEVICE constexpr unsigned bits(Precision p) noexcept {
       return 2;
     case Precision::q6_k:
       return 6;
+    case Precision::q5_k:
+      return 5;
     case Precision::skip:
       return 0;
   }
@@ -51,13 +54,22 @@ MOEKIT_HOST_DEVICE constexpr unsigned bits(Precision p) noexcept {
 
 /// True for GGUF's K-quant formats: rows of 256-weight super-blocks laid out as ggml lays them.
 MOEKIT_HOST_DEVICE constexpr bool is_gguf_kquant(Precision p) noexcept {
-  return p == Precision::q6_k || p == Precision::q4_k;
+  return p == Precision::q6_k || p == Precision::q5_k || p == Precision::q4_k;
 }
 
 /// Weights and bytes of one super-block of a GGUF K-quant format (0 for the other formats).
 inline constexpr std::size_t kquant_block_weights = 256;
 MOEKIT_HOST_DEVICE constexpr std::size_t kquant_block_bytes(Precision p) noexcept {
-  return p == Precision::q6_k ? 210 : p == Precision::q4_k ? 144 : 0;
+  switch (p) {
+    case Precision::q6_k:
+      return 210;
+    case Precision::q5_k:
+      return 176;
+    case Precision::q4_k:
+      return 144;
+    default:
+      return 0;
+  }
 }
 
 /// True for moekit's integer group-quantized formats (q8, q4, q2; not the GGUF K-quants).
@@ -89,6 +101,8 @@ constexpr std::string_view name(Precision p) noexcept {
       return "q6_k";
     case Precision::q4_k:
       return "q4_k";
+    case Precision::q5_k:
+      return "q5_k";
     case Precision::skip:
       return "skip";
   }

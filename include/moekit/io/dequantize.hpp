@@ -43,6 +43,7 @@
 #include "moekit/io/detail/bytes.hpp"
 #include "moekit/io/tensor.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
+#include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
 #include "moekit/precision/half.hpp"
 
@@ -95,8 +96,8 @@ inline void dequantize_q4_0(const std::byte* b, float* y) noexcept {
   }
 }
 
-// Q4_K and Q6_K are moekit formats too (Precision::q4_k / q6_k): their decoders are the ones the
-// kernels use.
+// Q4_K, Q5_K and Q6_K are moekit formats too (Precision::q4_k / q5_k / q6_k): their decoders are
+// the ones the kernels use.
 inline void dequantize_q4_k(const std::byte* b, float* y) noexcept { q4_k::decode_block(b, y); }
 
 inline void dequantize_q2_k(const std::byte* b, float* y) noexcept {
@@ -136,25 +137,7 @@ inline void dequantize_q3_k(const std::byte* b, float* y) noexcept {
   }
 }
 
-inline void dequantize_q5_k(const std::byte* b, float* y) noexcept {
-  MOEKIT_DEQUANTIZE_NO_CONTRACT
-  const float d = half_at(b);
-  const float dmin = half_at(b + 2);
-  const std::byte* scales = b + 4;
-  const std::byte* qh = b + 16;
-  const std::byte* qs = b + 48;
-  for (int j = 0; j < 8; ++j) {  // sub-block j: nibble j%2 of qs[32·(j/2) ..], bit j of qh
-    std::uint8_t sc, m;
-    q4k_scale_min(j, scales, sc, m);
-    const float dj = d * sc, mj = dmin * m;
-    const std::byte* q = qs + 32 * (j / 2);
-    for (int l = 0; l < 32; ++l) {
-      const int low = (u8_at(q + l) >> (4 * (j % 2))) & 0xF;
-      const int high = (u8_at(qh + l) >> j) & 1;
-      y[32 * j + l] = dj * static_cast<float>(low | (high << 4)) - mj;
-    }
-  }
-}
+inline void dequantize_q5_k(const std::byte* b, float* y) noexcept { q5_k::decode_block(b, y); }
 
 inline void dequantize_q6_k(const std::byte* b, float* y) noexcept { q6_k::decode_block(b, y); }
 

@@ -179,6 +179,8 @@ const float* kquant_row_decode(const std::byte* row, const RowLayout& l, float* 
     const std::byte* block = row + b * kquant_block_bytes(P);
     if constexpr (P == Precision::q4_k)
       q4_k::decode_block(block, buf + b * kquant_block_weights);
+    else if constexpr (P == Precision::q5_k)
+      q5_k::decode_block(block, buf + b * kquant_block_weights);
     else
       q6_k::decode_block(block, buf + b * kquant_block_weights);
   }
@@ -229,6 +231,8 @@ inline RowKernels row_kernels(Precision p, Isa isa) {
       return {row_dot_for<Precision::q2>(isa), row_decode_for<Precision::q2>(isa), perm};
     case Precision::q4_k:
       return kquant_row_kernels<Precision::q4_k>(isa);
+    case Precision::q5_k:
+      return kquant_row_kernels<Precision::q5_k>(isa);
     case Precision::q6_k:
       return kquant_row_kernels<Precision::q6_k>(isa);
     case Precision::skip:
@@ -374,27 +378,37 @@ struct GemvPlan {
   void kquant_dots(const std::byte* const* rows, float* out,
                    const std::byte* const* next) const noexcept {
     const std::size_t blocks = layout.groups;
-    const bool q4 = precision == Precision::q4_k;
+    auto with = [&]<Precision P>() {
+      constexpr bool q6 = P == Precision::q6_k, q5 = P == Precision::q5_k;
 #if defined(MOEKIT_HAS_X86_KERNELS)
-    if (kquant == KQuantKernel::avx512_vnni) {
-      if (q4) return avx512_kquant::q4_k_row_dots<N>(rows, blocks, actk, out, next);
-      return avx512_kquant::q6_k_row_dots<N>(rows, blocks, actk, out, next);
-    }
-    if (kquant == KQuantKernel::avx2 || kquant == KQuantKernel::avx_vnni) {
-      auto each = [&]<bool Vnni>() {
-        for (std::size_t n = 0; n < N; ++n)
-          out[n] =
-              q4 ? avx2_kquant::q4_k_row_dot<Vnni>(rows[n], blocks, actk, next ? next[n] : nullptr)
-                 : avx2_kquant::q6_k_row_dot<Vnni>(rows[n], blocks, actk, next ? next[n] : nullptr);
-      };
-      if (kquant == KQuantKernel::avx_vnni) return each.template operator()<true>();
-      return each.template operator()<false>();
-    }
+      if (kquant == KQuantKernel::avx512_vnni) {
+        if constexpr (q6)
+          return avx512_kquant::q6_k_row_dots<N>(rows, blocks, actk, out, next);
+        else
+          return avx512_kquant::q4_k_row_dots<N, q5>(rows, blocks, actk, out, next);
+      }
+      if (kquant == KQuantKernel::avx2 || kquant == KQuantKernel::avx_vnni) {
+        auto each = [&]<bool Vnni>() {
+          for (std::size_t n = 0; n < N; ++n) {
+            const std::byte* ahead = next ? next[n] : nullptr;
+            if constexpr (q6)
+              out[n] = avx2_kquant::q6_k_row_dot<Vnni>(rows[n], blocks, actk, ahead);
+            else
+              out[n] = avx2_kquant::q4_k_row_dot<Vnni, q5>(rows[n], blocks, actk, ahead);
+          }
+        };
+        if (kquant == KQuantKernel::avx_vnni) return each.template operator()<true>();
+        return each.template operator()<false>();
+      }
 #endif
+      for (std::size_t n = 0; n < N; ++n)
+        out[n] = q6 ? scalar_kquant::q6_k_row_dot(rows[n], blocks, actk)
+                    : scalar_kquant::q4_k_row_dot<q5>(rows[n], blocks, actk);
+    };
     (void)next;
-    for (std::size_t n = 0; n < N; ++n)
-      out[n] = q4 ? scalar_kquant::q4_k_row_dot(rows[n], blocks, actk)
-                  : scalar_kquant::q6_k_row_dot(rows[n], blocks, actk);
+    if (precision == Precision::q6_k) return with.template operator()<Precision::q6_k>();
+    if (precision == Precision::q5_k) return with.template operator()<Precision::q5_k>();
+    with.template operator()<Precision::q4_k>();
   }
 
 #if defined(MOEKIT_HAS_X86_KERNELS)

@@ -23,6 +23,7 @@
 #include "moekit/error.hpp"
 #include "moekit/precision/format.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
+#include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
 #include "moekit/precision/half.hpp"
 #include "moekit/precision/panels.hpp"
@@ -228,6 +229,9 @@ inline float weight_at(const std::byte* row, const RowLayout& l, Precision p,
     case Precision::q4_k:
       return q4_k::weight(row + c / q4_k::block_weights * q4_k::block_bytes,
                           c % q4_k::block_weights);
+    case Precision::q5_k:
+      return q5_k::weight(row + c / q5_k::block_weights * q5_k::block_bytes,
+                          c % q5_k::block_weights);
     case Precision::q6_k:
       return q6_k::weight(row + c / q6_k::block_weights * q6_k::block_bytes,
                           c % q6_k::block_weights);

@@ -1,5 +1,5 @@
 #pragma once
-/// \file AVX2 row dots of the GGUF K-quant formats (q4_k, q6_k) with int8 activations
+/// \file AVX2 row dots of the GGUF K-quant formats (q4_k, q5_k, q6_k) with int8 activations
 /// (kquant_activation.hpp), through AVX-VNNI's `vpdpbusd` where the CPU has it, else
 /// `vpmaddubsw` + `vpmaddwd` (codes ≤ 63 by |xq| ≤ 127: no int16 pair sum reaches 32767).
 ///
@@ -16,6 +16,7 @@
 #include "moekit/precision/detail/avx2_int8_rows.hpp"
 #include "moekit/precision/detail/kquant_activation.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
+#include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
 
 #if defined(MOEKIT_HAS_X86_KERNELS)
@@ -72,11 +73,11 @@ MOEKIT_TARGET_AVX2_VNNI inline KQuantActivation prepare(const float* x, std::siz
   st.grow(cols, p);
   std::int8_t* xq = st.q.data();
   float* dx = st.f.data();
-  const std::size_t span = p == Precision::q4_k ? 256 : 32;  // values per activation scale
+  const std::size_t span = block_scaled(p) ? 256 : 32;  // values per activation scale
   for (std::size_t c = 0; c < cols; c += span) {
     const float amax = max_abs(x + c, span);
     const float d = amax / 127.f, inv = amax > 0 ? 127.f / amax : 0.f;
-    if (p == Precision::q4_k) {
+    if (block_scaled(p)) {
       dx[c / 256] = d;
       for (std::size_t j = 0; j < 8; ++j) {
         const auto [s0, s1] = round_chunk(x + c + 32 * j, inv, xq + c + 32 * q4_k_chunk_slot(j));
@@ -93,21 +94,30 @@ MOEKIT_TARGET_AVX2_VNNI inline KQuantActivation prepare(const float* x, std::siz
   return st.view(cols, p);
 }
 
+/// 16 in each byte of v whose bit j is set, else 0.
+MOEKIT_TARGET_AVX2_VNNI inline __m256i bit_as_16(__m256i v, int j) noexcept {
+  const __m256i m = _mm256_set1_epi8(static_cast<char>(1 << j));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), _mm256_set1_epi8(16));
+}
+
 /// A q4_k row of `blocks` super-blocks · the prepared activation; `next` (optional) is
 /// prefetched into L2 at the same offsets. Per 32 bytes of qs, the low- and high-nibble dots
 /// (sub-blocks 2c and 2c+1) are packed to int16 and weighted by their scales with `vpmaddwd`.
-template <bool Vnni>
+/// Q5: q5_k rows, whose codes take bit j of qh[l] as bit 4.
+template <bool Vnni, bool Q5 = false>
 MOEKIT_TARGET_AVX2_VNNI inline float q4_k_row_dot(const std::byte* row, std::size_t blocks,
                                                   const KQuantActivation& a,
                                                   const std::byte* next) noexcept {
   const __m256i nib = _mm256_set1_epi8(15), zero = _mm256_setzero_si256();
+  constexpr std::size_t block_bytes = Q5 ? q5_k::block_bytes : q4_k::block_bytes;
+  constexpr std::size_t codes_offset = Q5 ? q5_k::codes_offset : q4_k::codes_offset;
   __m256 acc = _mm256_setzero_ps();
   __m128 mins = _mm_setzero_ps();
   for (std::size_t b = 0; b < blocks; ++b) {
-    const std::byte* block = row + b * q4_k::block_bytes;
+    const std::byte* block = row + b * block_bytes;
     if (next)
-      for (std::size_t o = 0; o < q4_k::block_bytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next + b * q4_k::block_bytes + o), _MM_HINT_T1);
+      for (std::size_t o = 0; o < block_bytes; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + b * block_bytes + o), _MM_HINT_T1);
     std::uint32_t dd;
     std::memcpy(&dd, block, 4);
     const __m128 ddx =  // d·dx, dmin·dx
@@ -125,9 +135,14 @@ MOEKIT_TARGET_AVX2_VNNI inline float q4_k_row_dot(const std::byte* row, std::siz
     const std::int8_t* xq = a.xq + 256 * b;
     __m256i codes = zero;
     for (int c = 0; c < 4; ++c) {  // qs[32c ..]: sub-blocks 2c (low nibbles) and 2c+1 (high)
-      const __m256i q = load32(block + q4_k::codes_offset + 32 * c);
-      const __m256i lo = _mm256_and_si256(q, nib);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
+      const __m256i q = load32(block + codes_offset + 32 * c);
+      __m256i lo = _mm256_and_si256(q, nib);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
+      if constexpr (Q5) {  // bit 2c (low nibbles) and 2c+1 (high) of qh[l] as bit 4
+        const __m256i qh = load32(block + q5_k::high_offset);
+        lo = _mm256_or_si256(lo, bit_as_16(qh, 2 * c));
+        hi = _mm256_or_si256(hi, bit_as_16(qh, 2 * c + 1));
+      }
       const __m256i plo =
           avx2_int8::dot_u8s8<Vnni>(zero, lo, load32(xq + 32 * q4_k_chunk_slot(2 * c)));
       const __m256i phi =

@@ -1,5 +1,5 @@
 #pragma once
-/// \file AVX-512 VNNI row dots of the GGUF K-quant formats (q4_k, q6_k) with int8 activations
+/// \file AVX-512 VNNI row dots of the GGUF K-quant formats (q4_k, q5_k, q6_k) with int8 activations
 /// (kquant_activation.hpp), N rows side by side sharing the activation's loads.
 ///
 /// Per super-block, the codes are unpacked 64 at a time into unsigned bytes (q4_k: the low or
@@ -21,6 +21,7 @@
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
 #include "moekit/precision/detail/kquant_activation.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
+#include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
 
 #if defined(MOEKIT_HAS_X86_KERNELS)
@@ -72,11 +73,11 @@ MOEKIT_TARGET_AVX512_VNNI inline KQuantActivation prepare(const float* x, std::s
   st.grow(cols, p);
   std::int8_t* xq = st.q.data();
   float* dx = st.f.data();
-  const std::size_t span = p == Precision::q4_k ? 256 : 32;  // values per activation scale
+  const std::size_t span = block_scaled(p) ? 256 : 32;  // values per activation scale
   for (std::size_t c = 0; c < cols; c += span) {
     const float amax = max_abs(x + c, span);
     const float d = amax / 127.f, inv = amax > 0 ? 127.f / amax : 0.f;
-    if (p == Precision::q4_k) {
+    if (block_scaled(p)) {
       dx[c / 256] = d;
       for (std::size_t j = 0; j < 8; ++j) {
         const auto [s0, s1] = round_chunk(x + c + 32 * j, inv, xq + c + 32 * q4_k_chunk_slot(j));
@@ -93,11 +94,18 @@ MOEKIT_TARGET_AVX512_VNNI inline KQuantActivation prepare(const float* x, std::s
   return st.view(cols, p);
 }
 
+/// Bytes 1 << a in the lower 256 bits, 1 << b in the upper.
+MOEKIT_TARGET_AVX512_VNNI inline __m512i halves_of_bits(int a, int b) noexcept {
+  return _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << a)),
+                            _mm256_set1_epi8(static_cast<char>(1 << b)), 1);
+}
+
 /// rows[n] · x for n < N: `blocks` q4_k super-blocks per row. Per block the four 64-code dots
 /// (lane L of the low/high nibbles of qs[0..63], then of qs[64..127], in sub-block 0|2, 1|3, 4|6,
 /// 5|7 for lanes 0-7|8-15) are packed to int16 in pairs and weighted by their sub-blocks' scales
 /// with `vpdpwssd`, then converted once; the minimums are one `vpmaddwd` of m_j by Σ xq_j.
-template <std::size_t N>
+/// Q5: q5_k rows, whose codes take bit j of qh[l] as bit 4 (one test and one masked add per 64).
+template <std::size_t N, bool Q5 = false>
 MOEKIT_TARGET_AVX512_VNNI inline void q4_k_row_dots(const std::byte* const* rows,
                                                     std::size_t blocks, const KQuantActivation& a,
                                                     float* out,
@@ -108,11 +116,17 @@ MOEKIT_TARGET_AVX512_VNNI inline void q4_k_row_dots(const std::byte* const* rows
   const __m512i spread_a = _mm512_set_epi16(3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1,
                                             1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
   const __m512i spread_b = _mm512_add_epi16(spread_a, _mm512_set1_epi16(4));
+  constexpr std::size_t block_bytes = Q5 ? q5_k::block_bytes : q4_k::block_bytes;
+  constexpr std::size_t codes_offset = Q5 ? q5_k::codes_offset : q4_k::codes_offset;
+  // q5_k: the qh bit of the four unpacked vectors' sub-blocks (0|2, 1|3, 4|6, 5|7), per half.
+  const __m512i high[4] = {halves_of_bits(0, 2), halves_of_bits(1, 3), halves_of_bits(4, 6),
+                           halves_of_bits(5, 7)};
+  const __m512i sixteen = _mm512_set1_epi8(16);
   __m512 acc[N];
   __m128 mins[N];
   for (std::size_t n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps(), mins[n] = _mm_setzero_ps();
   for (std::size_t b = 0; b < blocks; ++b) {
-    const std::size_t off = b * q4_k::block_bytes;
+    const std::size_t off = b * block_bytes;
     const std::int8_t* xq = a.xq + 256 * b;
     __m512i x[4];
     for (int k = 0; k < 4; ++k) x[k] = _mm512_loadu_si512(xq + 64 * k);
@@ -120,7 +134,7 @@ MOEKIT_TARGET_AVX512_VNNI inline void q4_k_row_dots(const std::byte* const* rows
     const __m128i sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.sums + 8 * b));
     for (std::size_t n = 0; n < N; ++n) {
       const std::byte* block = rows[n] + off;
-      if (next) prefetch_l2(next[n] + off, q4_k::block_bytes);
+      if (next) prefetch_l2(next[n] + off, block_bytes);
       const __m128 dd = _mm_mul_ps(two_halves(block), dx);  // d·dx, dmin·dx
       std::uint64_t sc, m;
       q4_k::scales_mins_words(block, sc, m);
@@ -129,14 +143,20 @@ MOEKIT_TARGET_AVX512_VNNI inline void q4_k_row_dots(const std::byte* const* rows
                              mins[n]);
       const __m512i sc16 =
           _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
-      const __m512i q0 = _mm512_loadu_si512(block + q4_k::codes_offset);
-      const __m512i q1 = _mm512_loadu_si512(block + q4_k::codes_offset + 64);
-      const __m512i p0 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(q0, nib), x[0]);
-      const __m512i p1 =
-          _mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16(q0, 4), nib), x[1]);
-      const __m512i p2 = _mm512_dpbusd_epi32(zero, _mm512_and_si512(q1, nib), x[2]);
-      const __m512i p3 =
-          _mm512_dpbusd_epi32(zero, _mm512_and_si512(_mm512_srli_epi16(q1, 4), nib), x[3]);
+      const __m512i q0 = _mm512_loadu_si512(block + codes_offset);
+      const __m512i q1 = _mm512_loadu_si512(block + codes_offset + 64);
+      __m512i u[4] = {_mm512_and_si512(q0, nib), _mm512_and_si512(_mm512_srli_epi16(q0, 4), nib),
+                      _mm512_and_si512(q1, nib), _mm512_and_si512(_mm512_srli_epi16(q1, 4), nib)};
+      if constexpr (Q5) {
+        const __m512i qh = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + q5_k::high_offset)));
+        for (int k = 0; k < 4; ++k)
+          u[k] = _mm512_mask_add_epi8(u[k], _mm512_test_epi8_mask(qh, high[k]), u[k], sixteen);
+      }
+      const __m512i p0 = _mm512_dpbusd_epi32(zero, u[0], x[0]);
+      const __m512i p1 = _mm512_dpbusd_epi32(zero, u[1], x[1]);
+      const __m512i p2 = _mm512_dpbusd_epi32(zero, u[2], x[2]);
+      const __m512i p3 = _mm512_dpbusd_epi32(zero, u[3], x[3]);
       __m512i t = _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(p0, p1),
                                       _mm512_permutexvar_epi16(spread_a, sc16));
       t = _mm512_dpwssd_epi32(t, _mm512_packs_epi32(p2, p3),

@@ -9,17 +9,19 @@
 
 #include "moekit/precision/detail/kquant_activation.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
+#include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
 
 namespace moekit::detail::scalar_kquant {
 
 /// A q4_k row of `blocks` super-blocks · the prepared activation: per block,
-/// d·dx·Σ_j sc_j·(Σ q·xq)_j − dmin·dx·Σ_j m_j·(Σ xq)_j, the sums in integers.
-inline float q4_k_row_dot(const std::byte* row, std::size_t blocks,
-                          const KQuantActivation& a) noexcept {
+/// d·dx·Σ_j sc_j·(Σ q·xq)_j − dmin·dx·Σ_j m_j·(Σ xq)_j, the sums in integers. Q5: q5_k rows
+/// (the same scales, a fifth bit per code).
+template <bool Q5 = false>
+float q4_k_row_dot(const std::byte* row, std::size_t blocks, const KQuantActivation& a) noexcept {
   float acc = 0, mins = 0;
   for (std::size_t b = 0; b < blocks; ++b) {
-    const std::byte* block = row + b * q4_k::block_bytes;
+    const std::byte* block = row + b * (Q5 ? q5_k::block_bytes : q4_k::block_bytes);
     std::uint8_t sc[8], m[8];
     q4_k::scales_mins(block, sc, m);
     const auto* qs = reinterpret_cast<const std::uint8_t*>(block + q4_k::codes_offset);
@@ -29,7 +31,11 @@ inline float q4_k_row_dot(const std::byte* row, std::size_t blocks,
       const std::int8_t* xq = a.xq + 256 * b + 32 * q4_k_chunk_slot(j);
       const int shift = 4 * (j % 2);
       int s = 0;
-      for (int l = 0; l < 32; ++l) s += ((q[l] >> shift) & 15) * xq[l];
+      for (std::size_t l = 0; l < 32; ++l) {
+        const int code =
+            Q5 ? static_cast<int>(q5_k::code(block, 32 * j + l)) : (q[l] >> shift) & 15;
+        s += code * xq[l];
+      }
       codes += sc[j] * s;
       sums += m[j] * a.sums[8 * b + j];
     }
