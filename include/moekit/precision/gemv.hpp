@@ -295,6 +295,12 @@ enum class Int8Kernel : std::uint8_t {
   avx_vnni,     ///< avx2_int8_rows.hpp, AVX-VNNI's 256-bit vpdpbusd
 };
 
+/// How the K-quant int8 kernels stream rows unless KernelOptions::streaming says: two streams,
+/// prefetched. On Zen 4 four prefetched streams (the table's choice for the other int8 kernels)
+/// ran these kernels 1.4× slower at the cold Mixtral shapes (bench/RESULTS.md, "GGUF K-quants");
+/// other cores not measured.
+inline constexpr RowStreaming kquant_row_streaming{2, true};
+
 /// Which kernel runs a GEMV of K-quant rows with int8 activations (none: float activations).
 enum class KQuantKernel : std::uint8_t { none, scalar, avx512_vnni, avx2, avx_vnni };
 
@@ -467,7 +473,8 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
     else if (isa != Isa::generic)
       p.kquant = o.avx_vnni && has_avx_vnni() ? KQuantKernel::avx_vnni : KQuantKernel::avx2;
 #endif
-    if (p.kquant != KQuantKernel::scalar) p.streaming = resolve_streaming(o, w.cols);
+    if (p.kquant != KQuantKernel::scalar)
+      p.streaming = o.streaming ? resolve_streaming(o, w.cols) : kquant_row_streaming;
 #if defined(MOEKIT_HAS_X86_KERNELS)
     if (p.kquant == KQuantKernel::avx512_vnni)
       p.actk = avx512_kquant::prepare(x, w.cols, w.precision, st.k);

@@ -31,7 +31,8 @@ using q4_k::scales_mins_words;
 /// The 5-bit code (0..31) of weight i.
 inline unsigned code(const std::byte* block, std::size_t i) noexcept {
   const std::size_t j = i / 32, l = i % 32;
-  const auto low = std::to_integer<unsigned>(block[codes_offset + 32 * (j / 2) + l]) >> (4 * (j % 2));
+  const auto low =
+      std::to_integer<unsigned>(block[codes_offset + 32 * (j / 2) + l]) >> (4 * (j % 2));
   const auto high = std::to_integer<unsigned>(block[high_offset + l]) >> j;
   return (low & 15) | (high & 1) << 4;
 }
