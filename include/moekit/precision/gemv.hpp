@@ -296,9 +296,9 @@ enum class Int8Kernel : std::uint8_t {
 };
 
 /// How the K-quant int8 kernels stream rows unless KernelOptions::streaming says: two streams,
-/// prefetched. On Zen 4 four prefetched streams (the table's choice for the other int8 kernels)
-/// ran these kernels 1.4× slower at the cold Mixtral shapes (bench/RESULTS.md, "GGUF K-quants");
-/// other cores not measured.
+/// prefetched, on every core. Measured on Zen 5 only (bench/RESULTS.md, "GGUF K-quants read in
+/// place"): at 4096 columns 4–10% faster than the table's unprefetched two, the same at 14336,
+/// and four prefetched streams (Zen 4's table entry) ran 1.4× slower there.
 inline constexpr RowStreaming kquant_row_streaming{2, true};
 
 /// Which kernel runs a GEMV of K-quant rows with int8 activations (none: float activations).
