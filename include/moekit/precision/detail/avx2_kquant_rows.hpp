@@ -94,6 +94,13 @@ MOEKIT_TARGET_AVX2_VNNI inline KQuantActivation prepare(const float* x, std::siz
   return st.view(cols, p);
 }
 
+/// Prefetches into L2 the cache lines of `row` that start in [off, off + bytes) (each line once).
+MOEKIT_TARGET_AVX2_VNNI inline void prefetch_l2(const std::byte* row, std::size_t off,
+                                                std::size_t bytes) noexcept {
+  for (std::size_t o = (off + 63) / 64 * 64; o < off + bytes; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(row + o), _MM_HINT_T1);
+}
+
 /// 16 in each byte of v whose bit j is set, else 0.
 MOEKIT_TARGET_AVX2_VNNI inline __m256i bit_as_16(__m256i v, int j) noexcept {
   const __m256i m = _mm256_set1_epi8(static_cast<char>(1 << j));
@@ -115,9 +122,7 @@ MOEKIT_TARGET_AVX2_VNNI inline float q4_k_row_dot(const std::byte* row, std::siz
   __m128 mins = _mm_setzero_ps();
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* block = row + b * block_bytes;
-    if (next)
-      for (std::size_t o = 0; o < block_bytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next + b * block_bytes + o), _MM_HINT_T1);
+    if (next) prefetch_l2(next, b * block_bytes, block_bytes);
     std::uint32_t dd;
     std::memcpy(&dd, block, 4);
     const __m128 ddx =  // d·dx, dmin·dx
@@ -171,9 +176,7 @@ MOEKIT_TARGET_AVX2_VNNI inline float q6_k_row_dot(const std::byte* row, std::siz
   __m256 acc = _mm256_setzero_ps(), offset = _mm256_setzero_ps();
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* block = row + b * q6_k::block_bytes;
-    if (next)
-      for (std::size_t o = 0; o < q6_k::block_bytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next + b * q6_k::block_bytes + o), _MM_HINT_T1);
+    if (next) prefetch_l2(next, b * q6_k::block_bytes, q6_k::block_bytes);
     std::uint16_t dh;
     std::memcpy(&dh, block + q6_k::d_offset, 2);
     const __m256 d = _mm256_set1_ps(_cvtsh_ss(dh));

@@ -32,10 +32,12 @@
 
 namespace moekit::detail::avx512_kquant {
 
-/// Prefetches the `bytes` at p into L2 (rows further down a stream).
-MOEKIT_TARGET_AVX512_VNNI inline void prefetch_l2(const std::byte* p, std::size_t bytes) noexcept {
-  for (std::size_t o = 0; o < bytes; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
+/// Prefetches into L2 the cache lines of `row` (further down a stream) that start in
+/// [off, off + bytes): each line once as the blocks go by, however blocks straddle lines.
+MOEKIT_TARGET_AVX512_VNNI inline void prefetch_l2(const std::byte* row, std::size_t off,
+                                                  std::size_t bytes) noexcept {
+  for (std::size_t o = (off + 63) / 64 * 64; o < off + bytes; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(row + o), _MM_HINT_T1);
 }
 
 /// The two f16 values at p as floats (d and dmin of a q4_k block) in lanes 0 and 1.
@@ -134,7 +136,7 @@ MOEKIT_TARGET_AVX512_VNNI inline void q4_k_row_dots(const std::byte* const* rows
     const __m128i sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.sums + 8 * b));
     for (std::size_t n = 0; n < N; ++n) {
       const std::byte* block = rows[n] + off;
-      if (next) prefetch_l2(next[n] + off, block_bytes);
+      if (next) prefetch_l2(next[n], off, block_bytes);
       const __m128 dd = _mm_mul_ps(two_halves(block), dx);  // d·dx, dmin·dx
       std::uint64_t sc, m;
       q4_k::scales_mins_words(block, sc, m);
@@ -194,7 +196,7 @@ MOEKIT_TARGET_AVX512_VNNI inline void q6_k_row_dots(const std::byte* const* rows
     const __m512 dx = _mm512_loadu_ps(a.dx + 16 * b), dxs = _mm512_loadu_ps(a.dx_sum + 16 * b);
     for (std::size_t n = 0; n < N; ++n) {
       const std::byte* block = rows[n] + off;
-      if (next) prefetch_l2(next[n] + off, q6_k::block_bytes);
+      if (next) prefetch_l2(next[n], off, q6_k::block_bytes);
       std::uint16_t dh;
       std::memcpy(&dh, block + q6_k::d_offset, 2);
       const __m128i s8 =
