@@ -296,9 +296,10 @@ enum class Int8Kernel : std::uint8_t {
 };
 
 /// How the K-quant int8 kernels stream rows unless KernelOptions::streaming says: two streams,
-/// prefetched, on every core. Measured on Zen 5 only (bench/RESULTS.md, "GGUF K-quants read in
-/// place"): at 4096 columns 4–10% faster than the table's unprefetched two, the same at 14336,
-/// and four prefetched streams (Zen 4's table entry) ran 1.4× slower there.
+/// prefetched, on every core. Measured on Zen 5 only, on a loaded machine
+/// (`moekit_bench_row_streaming --kquant`; bench/RESULTS.md, "GGUF K-quants read in place"): at
+/// one thread ahead of or close to every other way in each cell and clearly ahead at 14336
+/// columns, where four streams (Zen 4's entry for the other int8 kernels) fell far behind.
 inline constexpr RowStreaming kquant_row_streaming{2, true};
 
 /// Which kernel runs a GEMV of K-quant rows with int8 activations (none: float activations).
