@@ -9,7 +9,10 @@
 // moekit/engine/expert_layout.hpp) and in how many cells this run's rows (at the default streaming)
 // or blocked panels were closer to the read: how that table is filled for a new core.
 //
-// Usage: moekit_bench_row_streaming [--reps N] [--threads N]
+// --kquant: the GGUF K-quant formats (q4_k, q5_k, q6_k; random blocks) instead, whose kernels
+// have their own streaming (kquant_row_streaming in gemv.hpp, marked *; no panels).
+//
+// Usage: moekit_bench_row_streaming [--reps N] [--threads N] [--kquant]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -29,16 +32,95 @@
 using namespace moekit;
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+const RowStreaming ways[] = {{1, false}, {1, true}, {2, false}, {2, true}, {4, false}, {4, true}};
+constexpr std::size_t n_ways = std::size(ways);
+
+/// A rows × cols K-quant matrix of random blocks with moderate f16 super-scales.
+std::vector<std::byte> random_kquant(std::size_t rows, std::size_t cols, Precision p) {
+  std::mt19937_64 rng(1);
+  std::vector<std::byte> b(matrix_bytes(rows, cols, p));
+  for (auto& v : b) v = static_cast<std::byte>(rng() & 0xff);
+  const std::uint16_t d = float_to_half_bits(0.002f);
+  for (std::size_t off = 0; off < b.size(); off += kquant_block_bytes(p)) {
+    std::memcpy(b.data() + off + (p == Precision::q6_k ? 208 : 0), &d, 2);
+    if (p != Precision::q6_k) std::memcpy(b.data() + off + 2, &d, 2);
+  }
+  return b;
+}
+
+/// --kquant: every streaming of the K-quant int8 kernels against the read, same rounds.
+int run_kquants(int reps, int only_threads) {
+  std::printf(
+      "GGUF K-quant int8-activation GEMV, cold weights, CPU core %s; medians of %d rounds; "
+      "%% of the streaming read; * = kquant_row_streaming (their default on every core)\n",
+      std::string(name(detect_core())).c_str(), reps);
+  const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
+  for (int threads : {1, 2}) {
+    if (only_threads && threads != only_threads) continue;
+    ThreadPool pool(static_cast<unsigned>(threads));
+    std::printf("\n== %d thread(s)\nformat shape       read GB/s |", threads);
+    for (const RowStreaming& w : ways) std::printf("  S%u%s", w.streams, w.prefetch ? "p" : " ");
+    std::printf("\n");
+    for (Precision p : {Precision::q4_k, Precision::q5_k, Precision::q6_k})
+      for (const auto& shape : shapes) {
+        const std::size_t rows = shape[0], cols = shape[1];
+        const std::vector<std::byte> enc = random_kquant(rows, cols, p);
+        const std::size_t bytes = enc.size(),
+                          copies = std::max<std::size_t>(2, bench::rotation_bytes / bytes);
+        std::vector<std::vector<std::byte>> mats(copies, enc);
+        std::vector<float> x(cols, 0.5f), y(rows), y0(rows);
+        bench::ColdRead read(pool, bytes, copies);
+        std::vector<std::vector<double>> t(n_ways + 2);
+        std::size_t next = 0;
+        for (int r = -1; r < reps; ++r)  // round -1 warms every copy and the pool
+          for (std::size_t k = 0; k < (r < 0 ? copies : 1); ++k)
+            for (std::size_t v = 0; v < n_ways + 2; ++v) {
+              const std::size_t c = next++ % copies;
+              const auto t0 = Clock::now();
+              if (v < n_ways) {
+                KernelOptions o{std::nullopt, &pool};
+                o.int8_activations = true;
+                o.streaming = ways[v];
+                gemv(MatrixView{mats[c].data(), rows, cols, p}, x, y, o);
+                if (v == 0) y0 = y;
+                if (y != y0) {  // every way computes each row alike
+                  std::fprintf(stderr, "K-quant streaming gave a different result\n");
+                  return 1;
+                }
+              } else {
+                read(c, v == n_ways + 1);
+              }
+              if (r >= 0) t[v].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+            }
+        const double bound = std::min(bench::median(t[n_ways]), bench::median(t[n_ways + 1]));
+        std::printf("%-6s %5zux%-5zu %6.1f    |", std::string(name(p)).c_str(), rows, cols,
+                    bytes / bound / 1e9);
+        for (std::size_t v = 0; v < n_ways; ++v)
+          std::printf(" %4.0f%%%s", 100 * bound / bench::median(t[v]),
+                      ways[v] == detail::kquant_row_streaming ? "*" : " ");
+        std::printf("\n");
+      }
+  }
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int reps = 15, only_threads = 0;
+  bool kquants = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
       reps = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
       only_threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--kquant"))
+      kquants = true;
     else {
-      std::fprintf(stderr, "usage: %s [--reps N] [--threads N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--reps N] [--threads N] [--kquant]\n", argv[0]);
       return 2;
     }
   }
@@ -47,8 +129,7 @@ int main(int argc, char** argv) {
         "skipped: this CPU has no AVX-512 VNNI, so the int8-activation kernels do not run\n");
     return 0;
   }
-  const RowStreaming ways[] = {{1, false}, {1, true}, {2, false}, {2, true}, {4, false}, {4, true}};
-  constexpr std::size_t n_ways = std::size(ways);
+  if (kquants) return run_kquants(reps, only_threads);
   std::printf(
       "int8-activation GEMV, cold weights (rotation over %zu MiB), CPU core %s; medians of %d "
       "rounds; %% of the streaming read (the faster of one and four prefetched streams per "

@@ -20,7 +20,13 @@
 // the widening kernels) and, for bf16 where the CPU has AVX512_BF16, with the activation rounded
 // to bf16 and dotted with vdpbf16ps (bf16x, KernelOptions::bf16_activations).
 //
-// Usage: gemv_vs_ggml [--reps N] [--quick] [--only q8_0|q4_0|q2_K] [--threads N] [--float]
+// K-quant cells (q4_K, q5_K, q6_K; after the others, or alone with --kquant): the matrix is
+// quantized by ggml and moekit runs ggml's very bytes as its q4_k / q6_k format (Precision::q4_k,
+// q6_k: read in place, no transcode), so both read the same bytes; i8x is moekit's int8-activation
+// kernel (ggml rounds the activation to q8_K, one scale per 256 values; moekit to int8 per 32).
+//
+// Usage: gemv_vs_ggml [--reps N] [--quick] [--only q8_0|q4_0|q2_K|q4_K|q5_K|q6_K] [--threads N]
+//                     [--float | --kquant]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,6 +35,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -100,6 +107,10 @@ class GgmlGemv {
     std::copy(x.begin(), x.end(), static_cast<float*>(x_->data));
   }
   const float* y(std::size_t copy) const { return static_cast<const float*>(ys_[copy]->data); }
+  /// The bytes of copy `copy` of the matrix, as ggml quantized them.
+  const std::byte* matrix(std::size_t copy) const {
+    return static_cast<const std::byte*>(mats_[copy]->data);
+  }
   std::size_t bytes() const { return mat_bytes_; }
 
  private:
@@ -222,6 +233,97 @@ void run_floats(int reps, bool quick, int only_threads, std::optional<Isa> isa) 
   }
 }
 
+/// One K-quant line: moekit's f32x and i8x on ggml's bytes, ggml, the two reads.
+void run_kquant(Precision p, ggml_type gtype, std::size_t rows, std::size_t cols, ThreadPool& pool,
+                int threads, int reps, std::optional<Isa> isa) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d(0.f, 0.02f);
+  std::vector<float> w(rows * cols);
+  for (auto& v : w) v = d(rng);
+  const std::size_t bytes = matrix_bytes(rows, cols, p);
+  const std::size_t copies = std::max<std::size_t>(2, rotation_bytes / bytes);
+  GgmlGemv gg(gtype, w, rows, cols, copies, threads);
+  if (gg.bytes() != bytes) throw std::runtime_error("ggml's row size differs from moekit's");
+  // moekit's copies are ggml's bytes as they lie (apart from ggml's, so each side is cold).
+  std::vector<std::vector<std::byte>> mats(
+      copies, std::vector<std::byte>(gg.matrix(0), gg.matrix(0) + bytes));
+  std::vector<float> x(cols), y(rows), y8(rows), exact(rows);
+  for (auto& v : x) v = d(rng) * 50.f;
+  gg.set_x(x);
+  for (std::size_t r = 0; r < rows; ++r) {
+    double acc = 0;
+    for (std::size_t c = 0; c < cols; ++c) acc += double(w[r * cols + c]) * x[c];
+    exact[r] = static_cast<float>(acc);
+  }
+  KernelOptions of{isa, &pool}, o8{isa, &pool};
+  o8.int8_activations = true;
+  bench::ColdRead read(pool, bytes, copies);
+  auto view = [&](std::size_t c) { return MatrixView{mats[c % copies].data(), rows, cols, p}; };
+  std::vector<double> tf, t8, tg, tr;
+  const int float_reps = std::min(reps, 3);  // the float path decodes every row: slow, shown once
+  for (int r = -1; r < reps; ++r) {          // round -1 warms every copy (page faults, threads)
+    for (std::size_t k = 0; k < (r < 0 ? copies : 1); ++k) {
+      const std::size_t i = r < 0 ? k : static_cast<std::size_t>(r);
+      const double a = r < float_reps ? seconds([&] { gemv(view(i), x, y, of); }) : NAN;
+      const double b = seconds([&] { gemv(view(i + 1), x, y8, o8); });
+      const double g = seconds([&] { gg.run((i + 2) % copies); });
+      const double s = std::min(seconds([&] { read(i % copies, false); }),
+                                seconds([&] { read((i + 1) % copies, true); }));
+      if (r >= 0) {
+        if (r < float_reps) tf.push_back(a);
+        t8.push_back(b), tg.push_back(g), tr.push_back(s);
+      }
+    }
+  }
+  auto ratio = [&](const std::vector<double>& num, const std::vector<double>& den) {
+    std::vector<double> q(num.size());
+    for (std::size_t i = 0; i < q.size(); ++i) q[i] = num[i] / den[i];
+    return median(q);
+  };
+  const double mf = median(tf), m8 = median(t8), mg = median(tg), mr = median(tr);
+  auto best = [](const std::vector<double>& t) { return *std::min_element(t.begin(), t.end()); };
+  std::printf(
+      "%-6s %5zux%-5zu %6.1f | %7.3f %7.3f %7.3f %7.3f | %6.0f%% %6.0f%% %6.0f%% | %6.2fx "
+      "%6.2fx | %5.3f %5.3f %5.3f | %4.0f%% %4.0f%% %5.2fx\n",
+      std::string(name(p)).c_str(), rows, cols, bytes / 1048576.0, mf * 1e3, m8 * 1e3, mg * 1e3,
+      mr * 1e3, 100 * mr / mf, 100 * ratio(tr, t8), 100 * ratio(tr, tg), mg / mf, ratio(tg, t8),
+      rel_diff(y.data(), exact.data(), rows), rel_diff(y8.data(), exact.data(), rows),
+      rel_diff(gg.y(0), exact.data(), rows), 100 * best(tr) / best(t8), 100 * best(tr) / best(tg),
+      best(tg) / best(t8));
+}
+
+/// The K-quant cells: q4_K, q5_K and q6_K on the Mixtral expert shapes, 1 and 2 threads.
+void run_kquants(int reps, bool quick, const std::string& only, int only_threads,
+                 std::optional<Isa> isa) {
+  std::printf(
+      "\nK-quants: moekit runs ggml's bytes as Precision::q4_k / q5_k / q6_k (in place). ms are "
+      "medians; "
+      "i8x rd, ggml rd and i8x/gg are medians of per-round ratios (rd: the read's time / the "
+      "kernel's, the read the faster of one stream and four prefetched ones in the round; /gg: "
+      "ggml time / moekit time); f32x: float activations (decodes each row; 3 rounds); err: max "
+      "|y - exact| / max |exact|; best: each one's fastest round against the read's fastest, "
+      "and ggml's fastest / i8x's fastest (a loaded machine preempts whole rounds)\n");
+  const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
+  for (int threads : {1, 2}) {
+    if (only_threads && threads != only_threads) continue;
+    ThreadPool pool(static_cast<unsigned>(threads));
+    std::printf(
+        "\n== %d thread(s)\n%-6s %-11s %6s | %7s %7s %7s %7s | %7s %7s %7s | %7s %7s | "
+        "%5s %5s %5s | best: i8x rd, ggml rd, i8x/gg\n",
+        threads, "fmt", "shape", "MiB", "f32x ms", "i8x ms", "ggml ms", "read ms", "f32x rd",
+        "i8x rd", "ggml rd", "f32x/gg", "i8x/gg", "f err", "i8err", "gg er");
+    for (auto [p, gtype, gname] : {std::tuple{Precision::q4_k, GGML_TYPE_Q4_K, "q4_K"},
+                                   std::tuple{Precision::q5_k, GGML_TYPE_Q5_K, "q5_K"},
+                                   std::tuple{Precision::q6_k, GGML_TYPE_Q6_K, "q6_K"}}) {
+      if (!only.empty() && only != gname) continue;
+      for (const auto& shape : shapes) {
+        if (quick && shape[0] != 14336) continue;
+        run_kquant(p, gtype, shape[0], shape[1], pool, threads, reps, isa);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -231,7 +333,7 @@ int main(int argc, char** argv) {
   std::string only;
   int only_threads = 0;
   std::optional<Isa> isa;
-  bool floats = false;
+  bool floats = false, kquants_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
       reps = std::max(1, std::atoi(argv[++i]));
@@ -239,6 +341,8 @@ int main(int argc, char** argv) {
       quick = true, reps = 7;
     else if (!std::strcmp(argv[i], "--float"))
       floats = true;
+    else if (!std::strcmp(argv[i], "--kquant"))
+      kquants_only = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
       only = argv[++i];
     else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -247,10 +351,12 @@ int main(int argc, char** argv) {
              isa_supported(*parse_isa(argv[i + 1])))
       isa = parse_isa(argv[++i]);
     else {
-      std::fprintf(stderr,
-                   "usage: %s [--reps N] [--quick] [--only q8_0|q4_0|q2_K] [--threads N] [--float] "
-                   "[--isa avx2|avx512 (moekit's path; must be supported)]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--reps N] [--quick] [--only q8_0|q4_0|q2_K|q4_K|q5_K|q6_K] [--threads N] "
+          "[--float | --kquant] "
+          "[--isa avx2|avx512 (moekit's path; must be supported)]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -265,6 +371,10 @@ int main(int argc, char** argv) {
       our == Isa::avx512 && has_avx512_vnni() ? "+vnni" : "", reps);
   if (floats) {
     run_floats(reps, quick, only_threads, isa);
+    return 0;
+  }
+  if (kquants_only) {
+    run_kquants(reps, quick, only, only_threads, isa);
     return 0;
   }
   std::printf(
@@ -376,5 +486,6 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (int8) run_kquants(reps, quick, only, only_threads, isa);
   return 0;
 }

@@ -15,9 +15,14 @@
 namespace moekit {
 
 /// Storage/compute format of an expert's weights, or the decision to skip it.
-enum class Precision : std::uint8_t { f32, bf16, f16, q8, q4, q2, skip };
+/// `q6_k`, `q4_k` and `q5_k` are GGUF's K-quant super-block formats (precision/gguf_q6_k.hpp,
+/// gguf_q4_k.hpp, gguf_q5_k.hpp), read in place from GGUF files and never produced by moekit's
+/// quantizer; they come after `skip` so that the formats before it keep their numbers (arrays
+/// indexed by them).
+enum class Precision : std::uint8_t { f32, bf16, f16, q8, q4, q2, skip, q6_k, q4_k, q5_k };
 
-/// Every stored precision, highest first (excludes `skip`).
+/// Every precision moekit quantizes into and the policies choose among, highest first (excludes
+/// `skip` and the GGUF K-quant formats, which are only read).
 inline constexpr Precision all_precisions[] = {Precision::f32, Precision::bf16, Precision::f16,
                                                Precision::q8,  Precision::q4,   Precision::q2};
 inline constexpr std::size_t precision_count = 6;
@@ -33,16 +38,41 @@ MOEKIT_HOST_DEVICE constexpr unsigned bits(Precision p) noexcept {
     case Precision::q8:
       return 8;
     case Precision::q4:
+    case Precision::q4_k:
       return 4;
     case Precision::q2:
       return 2;
+    case Precision::q6_k:
+      return 6;
+    case Precision::q5_k:
+      return 5;
     case Precision::skip:
       return 0;
   }
   return 0;
 }
 
-/// True for the integer group-quantized formats (q8, q4, q2).
+/// True for GGUF's K-quant formats: rows of 256-weight super-blocks laid out as ggml lays them.
+MOEKIT_HOST_DEVICE constexpr bool is_gguf_kquant(Precision p) noexcept {
+  return p == Precision::q6_k || p == Precision::q5_k || p == Precision::q4_k;
+}
+
+/// Weights and bytes of one super-block of a GGUF K-quant format (0 for the other formats).
+inline constexpr std::size_t kquant_block_weights = 256;
+MOEKIT_HOST_DEVICE constexpr std::size_t kquant_block_bytes(Precision p) noexcept {
+  switch (p) {
+    case Precision::q6_k:
+      return 210;
+    case Precision::q5_k:
+      return 176;
+    case Precision::q4_k:
+      return 144;
+    default:
+      return 0;
+  }
+}
+
+/// True for moekit's integer group-quantized formats (q8, q4, q2; not the GGUF K-quants).
 MOEKIT_HOST_DEVICE constexpr bool is_quantized(Precision p) noexcept {
   return p == Precision::q8 || p == Precision::q4 || p == Precision::q2;
 }
@@ -67,13 +97,20 @@ constexpr std::string_view name(Precision p) noexcept {
       return "q4";
     case Precision::q2:
       return "q2";
+    case Precision::q6_k:
+      return "q6_k";
+    case Precision::q4_k:
+      return "q4_k";
+    case Precision::q5_k:
+      return "q5_k";
     case Precision::skip:
       return "skip";
   }
   return "?";
 }
 
-/// Parses "f32", "bf16", "f16", "q8", "q4", "q2" or "skip".
+/// Parses "f32", "bf16", "f16", "q8", "q4", "q2" or "skip" (not the K-quants: no policy or
+/// quantizer takes them).
 constexpr std::optional<Precision> parse_precision(std::string_view s) noexcept {
   for (Precision p : all_precisions)
     if (name(p) == s) return p;
@@ -93,11 +130,14 @@ struct QuantScheme {
 };
 
 /// Bytes of one row of `cols` weights at precision `p` under `scheme`:
-/// packed weights (ceil(cols·bits/8)) plus 2 bytes of scale (and 2 of zero point) per group.
+/// packed weights (ceil(cols·bits/8)) plus 2 bytes of scale (and 2 of zero point) per group;
+/// for the GGUF K-quants, ceil(cols / 256) super-blocks (the scheme does not apply).
 /// Normative: the formats in `precision/` produce exactly this many bytes per row.
 MOEKIT_HOST_DEVICE constexpr std::size_t row_bytes(std::size_t cols, Precision p,
                                                    QuantScheme scheme = {}) noexcept {
   if (p == Precision::skip) return 0;
+  if (is_gguf_kquant(p))
+    return (cols + kquant_block_weights - 1) / kquant_block_weights * kquant_block_bytes(p);
   const std::size_t payload = (cols * bits(p) + 7) / 8;
   if (!is_quantized(p)) return payload;
   const std::size_t group = scheme.group_size == 0 ? cols : scheme.group_size;

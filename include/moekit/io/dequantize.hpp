@@ -42,6 +42,9 @@
 #include "moekit/error.hpp"
 #include "moekit/io/detail/bytes.hpp"
 #include "moekit/io/tensor.hpp"
+#include "moekit/precision/gguf_q4_k.hpp"
+#include "moekit/precision/gguf_q5_k.hpp"
+#include "moekit/precision/gguf_q6_k.hpp"
 #include "moekit/precision/half.hpp"
 
 namespace moekit::io {
@@ -93,25 +96,9 @@ inline void dequantize_q4_0(const std::byte* b, float* y) noexcept {
   }
 }
 
-inline void dequantize_q4_k(const std::byte* b, float* y) noexcept {
-  MOEKIT_DEQUANTIZE_NO_CONTRACT
-  const float d = half_at(b);
-  const float dmin = half_at(b + 2);
-  const std::byte* scales = b + 4;
-  const std::byte* qs = b + 16;
-  for (int chunk = 0; chunk < 4; ++chunk) {  // 64 weights: sub-blocks 2·chunk and 2·chunk+1
-    std::uint8_t sc, m;
-    q4k_scale_min(2 * chunk, scales, sc, m);
-    const float d1 = d * sc, m1 = dmin * m;
-    q4k_scale_min(2 * chunk + 1, scales, sc, m);
-    const float d2 = d * sc, m2 = dmin * m;
-    const std::byte* q = qs + 32 * chunk;
-    for (int l = 0; l < 32; ++l)
-      y[64 * chunk + l] = d1 * static_cast<float>(u8_at(q + l) & 0xF) - m1;
-    for (int l = 0; l < 32; ++l)
-      y[64 * chunk + 32 + l] = d2 * static_cast<float>(u8_at(q + l) >> 4) - m2;
-  }
-}
+// Q4_K, Q5_K and Q6_K are moekit formats too (Precision::q4_k / q5_k / q6_k): their decoders are
+// the ones the kernels use.
+inline void dequantize_q4_k(const std::byte* b, float* y) noexcept { q4_k::decode_block(b, y); }
 
 inline void dequantize_q2_k(const std::byte* b, float* y) noexcept {
   MOEKIT_DEQUANTIZE_NO_CONTRACT
@@ -150,39 +137,9 @@ inline void dequantize_q3_k(const std::byte* b, float* y) noexcept {
   }
 }
 
-inline void dequantize_q5_k(const std::byte* b, float* y) noexcept {
-  MOEKIT_DEQUANTIZE_NO_CONTRACT
-  const float d = half_at(b);
-  const float dmin = half_at(b + 2);
-  const std::byte* scales = b + 4;
-  const std::byte* qh = b + 16;
-  const std::byte* qs = b + 48;
-  for (int j = 0; j < 8; ++j) {  // sub-block j: nibble j%2 of qs[32·(j/2) ..], bit j of qh
-    std::uint8_t sc, m;
-    q4k_scale_min(j, scales, sc, m);
-    const float dj = d * sc, mj = dmin * m;
-    const std::byte* q = qs + 32 * (j / 2);
-    for (int l = 0; l < 32; ++l) {
-      const int low = (u8_at(q + l) >> (4 * (j % 2))) & 0xF;
-      const int high = (u8_at(qh + l) >> j) & 1;
-      y[32 * j + l] = dj * static_cast<float>(low | (high << 4)) - mj;
-    }
-  }
-}
+inline void dequantize_q5_k(const std::byte* b, float* y) noexcept { q5_k::decode_block(b, y); }
 
-inline void dequantize_q6_k(const std::byte* b, float* y) noexcept {
-  const std::byte* ql = b;
-  const std::byte* qh = b + 128;
-  const std::byte* scales = b + 192;
-  const float d = half_at(b + 208);
-  for (int i = 0; i < 256; ++i) {
-    const int half = i / 128, nibble = (i % 128) / 64, shift = 2 * ((i % 128) / 32);
-    const int low = (u8_at(ql + 64 * half + i % 64) >> (4 * nibble)) & 0xF;
-    const int high = (u8_at(qh + 32 * half + i % 32) >> shift) & 3;
-    const float ds = d * static_cast<float>(static_cast<std::int8_t>(u8_at(scales + i / 16)));
-    y[i] = ds * static_cast<float>((low | (high << 4)) - 32);
-  }
-}
+inline void dequantize_q6_k(const std::byte* b, float* y) noexcept { q6_k::decode_block(b, y); }
 
 #if !defined(__clang__) && defined(__GNUC__)
 #pragma GCC pop_options

@@ -66,6 +66,16 @@ constexpr std::optional<Precision> exact_moekit_precision(std::uint32_t type) no
   return std::nullopt;
 }
 
+/// The moekit format whose rows are `t`'s blocks as they lie in the file, so a tensor of type `t`
+/// is used in place (no transcode): the K-quants Q4_K, Q5_K and Q6_K (Precision::q4_k, q5_k,
+/// q6_k; precision/gguf_q4_k.hpp etc.); nullopt for the other types.
+constexpr std::optional<Precision> in_place_moekit_precision(DType t) noexcept {
+  if (t == DType::q4_k) return Precision::q4_k;
+  if (t == DType::q5_k) return Precision::q5_k;
+  if (t == DType::q6_k) return Precision::q6_k;
+  return std::nullopt;
+}
+
 /// The moekit format that experts stored as `t` are converted into when there is no exact path:
 /// the one with at least `t`'s bits per weight (Q6_K, Q5_K -> q8; Q4_K, Q3_K -> q4), except Q2_K,
 /// which q2 holds at about its size (a q4 store would double it). The float types and Q8_0/Q4_0

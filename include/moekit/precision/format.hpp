@@ -8,6 +8,10 @@
 /// Payload: unsigned codes q ∈ [0, 2^bits − 1] packed little-endian, weight c at bit (c·bits) % 8
 /// of byte c·bits/8 (lower column in the lower bits). Value: w = scale · (q − zero), where zero is
 /// the stored f16 zero point (affine) or 2^(bits−1) (symmetric).
+///
+/// GGUF K-quant row (q6_k, q4_k): cols / 256 super-blocks back to back, each as ggml lays it out
+/// (precision/gguf_q6_k.hpp, gguf_q4_k.hpp), so a row is the bytes of a GGUF tensor row as they
+/// lie in the file; `cols` must be a multiple of 256.
 
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +45,11 @@ struct RowLayout {
     l.cols = cols;
     l.bits = moekit::bits(p);
     l.payload_bytes = (cols * l.bits + 7) / 8;
+    if (is_gguf_kquant(p)) {  // super-blocks carry their scales inside: all payload
+      l.group_size = kquant_block_weights;
+      l.groups = (cols + kquant_block_weights - 1) / kquant_block_weights;
+      l.payload_bytes = l.groups * kquant_block_bytes(p);
+    }
     l.scales_offset = l.zeros_offset = l.bytes = l.payload_bytes;
     if (is_quantized(p)) {
       l.group_size = scheme.group_size == 0 ? cols : scheme.group_size;
@@ -57,6 +66,18 @@ struct RowLayout {
 static_assert(RowLayout::of(4096, Precision::q4, {}).bytes == row_bytes(4096, Precision::q4));
 static_assert(RowLayout::of(100, Precision::q2, {0, true}).bytes ==
               row_bytes(100, Precision::q2, {0, true}));
+static_assert(RowLayout::of(4096, Precision::q4_k, {}).bytes == row_bytes(4096, Precision::q4_k));
+static_assert(RowLayout::of(512, Precision::q6_k, {}).bytes == 420);
+
+/// Throws `Error(invalid_argument)` naming `what` unless a row of `cols` weights can be stored
+/// as `p`: the GGUF K-quants hold whole super-blocks of 256 weights only.
+inline void validate_cols(Precision p, std::size_t cols, std::string_view what = "matrix") {
+  if (is_gguf_kquant(p) && cols % kquant_block_weights != 0)
+    detail::fail(ErrorKind::invalid_argument, std::string(what) + ": a " + std::string(name(p)) +
+                                                  " row holds whole 256-weight " +
+                                                  "super-blocks, and " + std::to_string(cols) +
+                                                  " columns are not a multiple " + "of 256");
+}
 
 /// Throws `Error(invalid_argument)` unless `scheme` is usable with `p`: group size 32, 64, 128 or
 /// 0 (one group per row) for the quantized formats; `skip` is never a stored format.
@@ -104,6 +125,7 @@ inline MatrixView make_matrix_view(std::span<const std::byte> bytes, std::size_t
                                    std::string_view what = "matrix") {
   validate_scheme(p, scheme, what);
   MOEKIT_EXPECTS(rows > 0 && cols > 0, std::string(what) + ": empty shape");
+  validate_cols(p, cols, what);
   const std::size_t want = matrix_bytes(rows, cols, p, scheme);
   if (bytes.size() != want)
     detail::fail(ErrorKind::invalid_argument,

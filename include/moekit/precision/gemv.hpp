@@ -17,11 +17,15 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/precision/detail/avx2_int8_rows.hpp"
+#include "moekit/precision/detail/avx2_kquant_rows.hpp"
 #include "moekit/precision/detail/avx2_rows.hpp"
 #include "moekit/precision/detail/avx512_bf16_rows.hpp"
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
+#include "moekit/precision/detail/avx512_kquant_rows.hpp"
 #include "moekit/precision/detail/avx512_rows.hpp"
+#include "moekit/precision/detail/kquant_activation.hpp"
 #include "moekit/precision/detail/prepared_activation.hpp"
+#include "moekit/precision/detail/scalar_kquant_rows.hpp"
 #include "moekit/precision/format.hpp"
 #include "moekit/precision/int8_gemm.hpp"
 #include "moekit/precision/isa.hpp"
@@ -168,6 +172,48 @@ struct RowKernels {
   bool permuted;  ///< the kernels expect activations in chunk decode order
 };
 
+/// A K-quant row decoded block by block (the float-activation path and the batched GEMM).
+template <Precision P>
+const float* kquant_row_decode(const std::byte* row, const RowLayout& l, float* buf) noexcept {
+  for (std::size_t b = 0; b < l.groups; ++b) {
+    const std::byte* block = row + b * kquant_block_bytes(P);
+    if constexpr (P == Precision::q4_k)
+      q4_k::decode_block(block, buf + b * kquant_block_weights);
+    else if constexpr (P == Precision::q5_k)
+      q5_k::decode_block(block, buf + b * kquant_block_weights);
+    else
+      q6_k::decode_block(block, buf + b * kquant_block_weights);
+  }
+  return buf;
+}
+/// A K-quant row · x with float activations: decoded into a per-thread buffer, then dotted as an
+/// f32 row on `I`'s float kernel (eight sums in flight; one scalar sum was latency-bound).
+template <Precision P, Isa I>
+float kquant_row_dot(const std::byte* row, const RowLayout& l,
+                     const PreparedActivation& a) noexcept {
+  thread_local std::vector<float> buf;
+  if (buf.size() < l.cols) buf.resize(l.cols);
+  const float* w = kquant_row_decode<P>(row, l, buf.data());
+  const auto* wb = reinterpret_cast<const std::byte*>(w);
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  if constexpr (I == Isa::avx512) return avx512::float_row_dot<Precision::f32>(wb, l.cols, a.x);
+  if constexpr (I == Isa::avx2) return avx2::float_row_dot<Precision::f32>(wb, l.cols, a.x);
+#endif
+  (void)wb;
+  float acc[8] = {};
+  for (std::size_t c = 0; c < l.cols; ++c) acc[c % 8] += w[c] * a.x[c];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+template <Precision P>
+RowKernels kquant_row_kernels(Isa isa) noexcept {
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  if (isa == Isa::avx512) return {&kquant_row_dot<P, Isa::avx512>, &kquant_row_decode<P>, false};
+  if (isa == Isa::avx2) return {&kquant_row_dot<P, Isa::avx2>, &kquant_row_decode<P>, false};
+#endif
+  (void)isa;
+  return {&kquant_row_dot<P, Isa::generic>, &kquant_row_decode<P>, false};
+}
+
 inline RowKernels row_kernels(Precision p, Isa isa) {
   const bool perm = isa != Isa::generic && (p == Precision::q4 || p == Precision::q2);
   switch (p) {
@@ -183,6 +229,12 @@ inline RowKernels row_kernels(Precision p, Isa isa) {
       return {row_dot_for<Precision::q4>(isa), row_decode_for<Precision::q4>(isa), perm};
     case Precision::q2:
       return {row_dot_for<Precision::q2>(isa), row_decode_for<Precision::q2>(isa), perm};
+    case Precision::q4_k:
+      return kquant_row_kernels<Precision::q4_k>(isa);
+    case Precision::q5_k:
+      return kquant_row_kernels<Precision::q5_k>(isa);
+    case Precision::q6_k:
+      return kquant_row_kernels<Precision::q6_k>(isa);
     case Precision::skip:
       break;
   }
@@ -205,6 +257,7 @@ inline void check_view(const MatrixView& w, const char* what) {
   validate_scheme(w.precision, w.scheme, what);
   MOEKIT_EXPECTS(w.data != nullptr && w.rows > 0 && w.cols > 0,
                  std::string(what) + ": empty weight matrix");
+  validate_cols(w.precision, w.cols, what);
   if (in_panels(w.order) && !panels_supported(w.precision, w.scheme))
     fail(ErrorKind::invalid_argument, std::string(what) + ": a " + std::string(name(w.precision)) +
                                           " matrix with group_size " +
@@ -231,6 +284,7 @@ struct PlanStorage {
   std::vector<float> f;
   std::vector<std::int8_t> q;
   std::vector<std::uint16_t> b;  ///< the activation in bf16 (bf16_activations)
+  KQuantStorage k;               ///< the activation of K-quant rows (int8_activations)
 };
 
 /// Which kernel runs a GEMV with int8 activations (none: float activations).
@@ -240,6 +294,16 @@ enum class Int8Kernel : std::uint8_t {
   avx2,         ///< avx2_int8_rows.hpp, vpmaddubsw
   avx_vnni,     ///< avx2_int8_rows.hpp, AVX-VNNI's 256-bit vpdpbusd
 };
+
+/// How the K-quant int8 kernels stream rows unless KernelOptions::streaming says: two streams,
+/// prefetched, on every core. Measured on Zen 5 only, on a loaded machine
+/// (`moekit_bench_row_streaming --kquant`; bench/RESULTS.md, "GGUF K-quants read in place"): at
+/// one thread ahead of or close to every other way in each cell and clearly ahead at 14336
+/// columns, where four streams (Zen 4's entry for the other int8 kernels) fell far behind.
+inline constexpr RowStreaming kquant_row_streaming{2, true};
+
+/// Which kernel runs a GEMV of K-quant rows with int8 activations (none: float activations).
+enum class KQuantKernel : std::uint8_t { none, scalar, avx512_vnni, avx2, avx_vnni };
 
 /// Everything a GEMV over rows of `w` needs for one activation: the row kernel and the prepared
 /// activation (float, or int8 for the int8 kernels).
@@ -254,6 +318,8 @@ struct GemvPlan {
   /// How gemv_rows reads rows (the int8 and float-row paths: per KernelOptions)
   RowStreaming streaming{2, false};
   const std::uint16_t* xb = nullptr;  ///< the activation in bf16 (the vdpbf16ps kernel), or null
+  KQuantKernel kquant = KQuantKernel::none;
+  KQuantActivation actk{};  ///< the activation of the K-quant int8 kernels
 #if defined(MOEKIT_HAS_X86_KERNELS)
   Int8Activation act8{};
 #endif
@@ -272,6 +338,7 @@ struct GemvPlan {
   template <std::size_t N>
   void dots(const std::byte* const* rows, float* scratch, float* out,
             const std::byte* const* next = nullptr) const noexcept {
+    if (kquant != KQuantKernel::none) return kquant_dots<N>(rows, out, next);
 #if defined(MOEKIT_HAS_X86_KERNELS)
     if (xb) return avx512_bf16::row_dots<N>(rows, layout.cols, xb, out, next);
     if (float_rows != Isa::generic) return float_dots<N>(rows, out, next);
@@ -313,6 +380,44 @@ struct GemvPlan {
   }
 
  private:
+  /// dots<N> of K-quant rows with int8 activations.
+  template <std::size_t N>
+  void kquant_dots(const std::byte* const* rows, float* out,
+                   const std::byte* const* next) const noexcept {
+    const std::size_t blocks = layout.groups;
+    auto with = [&]<Precision P>() {
+      constexpr bool q6 = P == Precision::q6_k, q5 = P == Precision::q5_k;
+#if defined(MOEKIT_HAS_X86_KERNELS)
+      if (kquant == KQuantKernel::avx512_vnni) {
+        if constexpr (q6)
+          return avx512_kquant::q6_k_row_dots<N>(rows, blocks, actk, out, next);
+        else
+          return avx512_kquant::q4_k_row_dots<N, q5>(rows, blocks, actk, out, next);
+      }
+      if (kquant == KQuantKernel::avx2 || kquant == KQuantKernel::avx_vnni) {
+        auto each = [&]<bool Vnni>() {
+          for (std::size_t n = 0; n < N; ++n) {
+            const std::byte* ahead = next ? next[n] : nullptr;
+            if constexpr (q6)
+              out[n] = avx2_kquant::q6_k_row_dot<Vnni>(rows[n], blocks, actk, ahead);
+            else
+              out[n] = avx2_kquant::q4_k_row_dot<Vnni, q5>(rows[n], blocks, actk, ahead);
+          }
+        };
+        if (kquant == KQuantKernel::avx_vnni) return each.template operator()<true>();
+        return each.template operator()<false>();
+      }
+#endif
+      for (std::size_t n = 0; n < N; ++n)
+        out[n] = q6 ? scalar_kquant::q6_k_row_dot(rows[n], blocks, actk)
+                    : scalar_kquant::q4_k_row_dot<q5>(rows[n], blocks, actk);
+    };
+    (void)next;
+    if (precision == Precision::q6_k) return with.template operator()<Precision::q6_k>();
+    if (precision == Precision::q5_k) return with.template operator()<Precision::q5_k>();
+    with.template operator()<Precision::q4_k>();
+  }
+
 #if defined(MOEKIT_HAS_X86_KERNELS)
   /// dots<N> of float rows: the AVX-512 or AVX2 multi-row kernel for this plan's precision.
   template <std::size_t N>
@@ -359,6 +464,28 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
   const Isa isa = resolve_isa(o);
   p.layout = w.layout();
   p.kernels = row_kernels(w.precision, isa);
+  p.precision = w.precision;
+  if (o.int8_activations && is_gguf_kquant(w.precision)) {
+    // K-quants run their own int8 kernels on every ISA (the scalar one on the generic path).
+    p.kquant = KQuantKernel::scalar;
+#if defined(MOEKIT_HAS_X86_KERNELS)
+    if (isa == Isa::avx512 && has_avx512_vnni())
+      p.kquant = KQuantKernel::avx512_vnni;
+    else if (isa != Isa::generic)
+      p.kquant = o.avx_vnni && has_avx_vnni() ? KQuantKernel::avx_vnni : KQuantKernel::avx2;
+#endif
+    if (p.kquant != KQuantKernel::scalar)
+      p.streaming = o.streaming ? resolve_streaming(o, w.cols) : kquant_row_streaming;
+#if defined(MOEKIT_HAS_X86_KERNELS)
+    if (p.kquant == KQuantKernel::avx512_vnni)
+      p.actk = avx512_kquant::prepare(x, w.cols, w.precision, st.k);
+    else if (p.kquant != KQuantKernel::scalar)
+      p.actk = avx2_kquant::prepare(x, w.cols, w.precision, st.k);
+    else
+#endif
+      p.actk = prepare_kquant(x, w.cols, w.precision, st.k);
+    return p;
+  }
 #if defined(MOEKIT_HAS_X86_KERNELS)
   if (o.int8_activations && isa == Isa::avx512 && has_avx512_vnni() && is_quantized(w.precision)) {
     p.int8 = Int8Kernel::avx512_vnni;
@@ -371,7 +498,7 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
     p.act8 = avx2_int8::prepare(x, w.cols, p.layout.bits, st.q, st.f);
     return p;
   }
-  if (!is_quantized(w.precision) && isa != Isa::generic) {
+  if (!is_quantized(w.precision) && !is_gguf_kquant(w.precision) && isa != Isa::generic) {
     // Float rows stream as the table for this core says (their own column).
     p.float_rows = isa;
     p.precision = w.precision;

@@ -22,6 +22,9 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/precision/format.hpp"
+#include "moekit/precision/gguf_q4_k.hpp"
+#include "moekit/precision/gguf_q5_k.hpp"
+#include "moekit/precision/gguf_q6_k.hpp"
 #include "moekit/precision/half.hpp"
 #include "moekit/precision/panels.hpp"
 
@@ -137,6 +140,11 @@ template <WeightElement T>
 void encode_row(std::span<const T> src, Precision p, QuantScheme scheme, std::span<std::byte> dst,
                 std::size_t row_index = 0, const QuantizeOptions& opts = {}) {
   validate_scheme(p, scheme, "encode_row");
+  if (is_gguf_kquant(p))
+    detail::fail(ErrorKind::invalid_argument,
+                 "encode_row: " + std::string(name(p)) +
+                     " is GGUF's format, read from GGUF files as it lies; moekit does not " +
+                     "quantize into it");
   const RowLayout l = RowLayout::of(src.size(), p, scheme);
   MOEKIT_EXPECTS(dst.size() == l.bytes, "encode_row: row " + std::to_string(row_index) + ": " +
                                             std::to_string(dst.size()) + " bytes given, " +
@@ -218,6 +226,15 @@ inline float weight_at(const std::byte* row, const RowLayout& l, Precision p,
       return half_bits_to_float(detail::load_u16(row + 2 * c));
     case Precision::skip:
       return 0.f;
+    case Precision::q4_k:
+      return q4_k::weight(row + c / q4_k::block_weights * q4_k::block_bytes,
+                          c % q4_k::block_weights);
+    case Precision::q5_k:
+      return q5_k::weight(row + c / q5_k::block_weights * q5_k::block_bytes,
+                          c % q5_k::block_weights);
+    case Precision::q6_k:
+      return q6_k::weight(row + c / q6_k::block_weights * q6_k::block_bytes,
+                          c % q6_k::block_weights);
     default:
       break;
   }

@@ -1,0 +1,237 @@
+#pragma once
+/// \file AVX-512 VNNI row dots of the GGUF K-quant formats (q4_k, q5_k, q6_k) with int8 activations
+/// (kquant_activation.hpp), N rows side by side sharing the activation's loads.
+///
+/// Per super-block, the codes are unpacked 64 at a time into unsigned bytes (q4_k: the low or
+/// high nibbles of 64 bytes of qs; q6_k: a nibble of 64 bytes of ql or'ed with two bits of qh
+/// shifted to bits 4-5) and dotted with 64 int8 activations by one `vpdpbusd`: int32 lane L sums
+/// 4 neighbouring codes, so each lane lies in one sub-block (q4_k: lanes 0-7 and 8-15 are two
+/// sub-blocks; q6_k: four lanes per sub-block). q6_k (activation scale per 32): the lanes are
+/// converted to float and multiplied, in one FMA, by their sub-block's d·scale·dx, spread to the
+/// lanes by one permute; the code offset 32 is one FMA per block with dx·Σxq per sub-block. q4_k
+/// (one activation scale per block): the lanes are weighted by the 6-bit scales in integers and
+/// converted once per block (q4_k_row_dots), which keeps its kernel up with the memory.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "moekit/precision/detail/avx512_int8_rows.hpp"
+#include "moekit/precision/detail/kquant_activation.hpp"
+#include "moekit/precision/gguf_q4_k.hpp"
+#include "moekit/precision/gguf_q5_k.hpp"
+#include "moekit/precision/gguf_q6_k.hpp"
+
+#if defined(MOEKIT_HAS_X86_KERNELS)
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace moekit::detail::avx512_kquant {
+
+/// Prefetches into L2 the cache lines of `row` (further down a stream) that start in
+/// [off, off + bytes): each line once as the blocks go by, however blocks straddle lines.
+MOEKIT_TARGET_AVX512_VNNI inline void prefetch_l2(const std::byte* row, std::size_t off,
+                                                  std::size_t bytes) noexcept {
+  for (std::size_t o = (off + 63) / 64 * 64; o < off + bytes; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(row + o), _MM_HINT_T1);
+}
+
+/// The two f16 values at p as floats (d and dmin of a q4_k block) in lanes 0 and 1.
+MOEKIT_TARGET_AVX512_VNNI inline __m128 two_halves(const std::byte* p) noexcept {
+  std::uint32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(v)));
+}
+
+/// 32 values rounded to int8 with the multiplier `inv` (to nearest even, as prepare_kquant),
+/// stored at q; returns the sums of the two halves' codes.
+MOEKIT_TARGET_AVX512_VNNI inline std::pair<int, int> round_chunk(const float* x, float inv,
+                                                                 std::int8_t* q) noexcept {
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), _mm512_set1_ps(inv)));
+  const __m512i q1 =
+      _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), _mm512_set1_ps(inv)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(q1));
+  return {_mm512_reduce_add_epi32(q0), _mm512_reduce_add_epi32(q1)};
+}
+
+/// max |x[i]| for i < n (a multiple of 16).
+MOEKIT_TARGET_AVX512_VNNI inline float max_abs(const float* x, std::size_t n) noexcept {
+  __m512 m = _mm512_setzero_ps();
+  for (std::size_t i = 0; i < n; i += 16)
+    m = _mm512_max_ps(m, _mm512_andnot_ps(_mm512_set1_ps(-0.f), _mm512_loadu_ps(x + i)));
+  return _mm512_reduce_max_ps(m);
+}
+
+/// prepare_kquant (kquant_activation.hpp) vectorised, with the same values (the same products and
+/// rounding to nearest even): it runs once per GEMV, and in scalar code it cost about 3% of a cold
+/// Mixtral-shape GEMV.
+MOEKIT_TARGET_AVX512_VNNI inline KQuantActivation prepare(const float* x, std::size_t cols,
+                                                          Precision p, KQuantStorage& st) {
+  st.grow(cols, p);
+  std::int8_t* xq = st.q.data();
+  float* dx = st.f.data();
+  const std::size_t span = block_scaled(p) ? 256 : 32;  // values per activation scale
+  for (std::size_t c = 0; c < cols; c += span) {
+    const float amax = max_abs(x + c, span);
+    const float d = amax / 127.f, inv = amax > 0 ? 127.f / amax : 0.f;
+    if (block_scaled(p)) {
+      dx[c / 256] = d;
+      for (std::size_t j = 0; j < 8; ++j) {
+        const auto [s0, s1] = round_chunk(x + c + 32 * j, inv, xq + c + 32 * q4_k_chunk_slot(j));
+        st.s[c / 32 + j] = static_cast<std::int16_t>(s0 + s1);
+      }
+    } else {
+      const auto [s0, s1] = round_chunk(x + c, inv, xq + c);
+      float* dxs = dx + cols / 16;
+      dx[c / 16] = dx[c / 16 + 1] = d;
+      dxs[c / 16] = d * static_cast<float>(s0);
+      dxs[c / 16 + 1] = d * static_cast<float>(s1);
+    }
+  }
+  return st.view(cols, p);
+}
+
+/// Bytes 1 << a in the lower 256 bits, 1 << b in the upper.
+MOEKIT_TARGET_AVX512_VNNI inline __m512i halves_of_bits(int a, int b) noexcept {
+  return _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << a)),
+                            _mm256_set1_epi8(static_cast<char>(1 << b)), 1);
+}
+
+/// rows[n] · x for n < N: `blocks` q4_k super-blocks per row. Per block the four 64-code dots
+/// (lane L of the low/high nibbles of qs[0..63], then of qs[64..127], in sub-block 0|2, 1|3, 4|6,
+/// 5|7 for lanes 0-7|8-15) are packed to int16 in pairs and weighted by their sub-blocks' scales
+/// with `vpdpwssd`, then converted once; the minimums are one `vpmaddwd` of m_j by Σ xq_j.
+/// Q5: q5_k rows, whose codes take bit j of qh[l] as bit 4 (one test and one masked add per 64).
+template <std::size_t N, bool Q5 = false>
+MOEKIT_TARGET_AVX512_VNNI inline void q4_k_row_dots(const std::byte* const* rows,
+                                                    std::size_t blocks, const KQuantActivation& a,
+                                                    float* out,
+                                                    const std::byte* const* next) noexcept {
+  const __m512i nib = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
+  // Packing P0 and P1 gives, per 128-bit group g, P0's lanes 4g..4g+3 then P1's as int16: the
+  // scale of 16-bit lane i is sc_k, k = 2·(i / 16) + (i / 4) % 2 (+ 4 for P2, P3).
+  const __m512i spread_a = _mm512_set_epi16(3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1,
+                                            1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+  const __m512i spread_b = _mm512_add_epi16(spread_a, _mm512_set1_epi16(4));
+  constexpr std::size_t block_bytes = Q5 ? q5_k::block_bytes : q4_k::block_bytes;
+  constexpr std::size_t codes_offset = Q5 ? q5_k::codes_offset : q4_k::codes_offset;
+  // q5_k: the qh bit of the four unpacked vectors' sub-blocks (0|2, 1|3, 4|6, 5|7), per half.
+  const __m512i high[4] = {halves_of_bits(0, 2), halves_of_bits(1, 3), halves_of_bits(4, 6),
+                           halves_of_bits(5, 7)};
+  const __m512i sixteen = _mm512_set1_epi8(16);
+  __m512 acc[N];
+  __m128 mins[N];
+  for (std::size_t n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps(), mins[n] = _mm_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::size_t off = b * block_bytes;
+    const std::int8_t* xq = a.xq + 256 * b;
+    __m512i x[4];
+    for (int k = 0; k < 4; ++k) x[k] = _mm512_loadu_si512(xq + 64 * k);
+    const __m128 dx = _mm_set1_ps(a.dx[b]);
+    const __m128i sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.sums + 8 * b));
+    for (std::size_t n = 0; n < N; ++n) {
+      const std::byte* block = rows[n] + off;
+      if (next) prefetch_l2(next[n], off, block_bytes);
+      const __m128 dd = _mm_mul_ps(two_halves(block), dx);  // d·dx, dmin·dx
+      std::uint64_t sc, m;
+      q4_k::scales_mins_words(block, sc, m);
+      const __m128i m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(m)));
+      mins[n] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(m16, sums)), _mm_permute_ps(dd, 0x55),
+                             mins[n]);
+      const __m512i sc16 =
+          _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+      const __m512i q0 = _mm512_loadu_si512(block + codes_offset);
+      const __m512i q1 = _mm512_loadu_si512(block + codes_offset + 64);
+      __m512i u[4] = {_mm512_and_si512(q0, nib), _mm512_and_si512(_mm512_srli_epi16(q0, 4), nib),
+                      _mm512_and_si512(q1, nib), _mm512_and_si512(_mm512_srli_epi16(q1, 4), nib)};
+      if constexpr (Q5) {
+        const __m512i qh = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + q5_k::high_offset)));
+        for (int k = 0; k < 4; ++k)
+          u[k] = _mm512_mask_add_epi8(u[k], _mm512_test_epi8_mask(qh, high[k]), u[k], sixteen);
+      }
+      const __m512i p0 = _mm512_dpbusd_epi32(zero, u[0], x[0]);
+      const __m512i p1 = _mm512_dpbusd_epi32(zero, u[1], x[1]);
+      const __m512i p2 = _mm512_dpbusd_epi32(zero, u[2], x[2]);
+      const __m512i p3 = _mm512_dpbusd_epi32(zero, u[3], x[3]);
+      __m512i t = _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(p0, p1),
+                                      _mm512_permutexvar_epi16(spread_a, sc16));
+      t = _mm512_dpwssd_epi32(t, _mm512_packs_epi32(p2, p3),
+                              _mm512_permutexvar_epi16(spread_b, sc16));
+      acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_broadcastss_ps(dd), acc[n]);
+    }
+  }
+  for (std::size_t n = 0; n < N; ++n) {
+    __m128 s = _mm_add_ps(mins[n], _mm_movehl_ps(mins[n], mins[n]));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    out[n] = _mm512_reduce_add_ps(acc[n]) - _mm_cvtss_f32(s);
+  }
+}
+
+/// rows[n] · x for n < N: `blocks` q6_k super-blocks per row.
+template <std::size_t N>
+MOEKIT_TARGET_AVX512_VNNI inline void q6_k_row_dots(const std::byte* const* rows,
+                                                    std::size_t blocks, const KQuantActivation& a,
+                                                    float* out,
+                                                    const std::byte* const* next) noexcept {
+  const __m512i nib = _mm512_set1_epi8(15), two = _mm512_set1_epi8(3);
+  const __m512i zero = _mm512_setzero_si512();
+  // Vector v (weights 64v .. 64v+63 of the block): lane L belongs to sub-block 4v + L/4.
+  __m512i spread[4];
+  for (int v = 0; v < 4; ++v)
+    spread[v] = _mm512_add_epi32(_mm512_set1_epi32(4 * v),
+                                 _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0));
+  __m512 acc[N], offset[N];
+  for (std::size_t n = 0; n < N; ++n) acc[n] = offset[n] = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::size_t off = b * q6_k::block_bytes;
+    const std::int8_t* xq = a.xq + 256 * b;
+    __m512i x[4];
+    for (int k = 0; k < 4; ++k) x[k] = _mm512_loadu_si512(xq + 64 * k);
+    const __m512 dx = _mm512_loadu_ps(a.dx + 16 * b), dxs = _mm512_loadu_ps(a.dx_sum + 16 * b);
+    for (std::size_t n = 0; n < N; ++n) {
+      const std::byte* block = rows[n] + off;
+      if (next) prefetch_l2(next[n], off, q6_k::block_bytes);
+      std::uint16_t dh;
+      std::memcpy(&dh, block + q6_k::d_offset, 2);
+      const __m128i s8 =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + q6_k::scales_offset));
+      const __m512 g = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s8)),
+                                     _mm512_set1_ps(_cvtsh_ss(dh)));
+      offset[n] = _mm512_fmadd_ps(g, dxs, offset[n]);
+      const __m512 f = _mm512_mul_ps(g, dx);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i low = _mm512_loadu_si512(block + 64 * h);
+        const __m256i high = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(block + q6_k::high_offset + 32 * h));
+        // Bytes 0-31: qh; bytes 32-63: qh >> 2 (the bits of weights 32-63 of the half).
+        const __m512i hz =
+            _mm512_inserti64x4(_mm512_castsi256_si512(high), _mm256_srli_epi16(high, 2), 1);
+        const __m512i qa = _mm512_or_si512(_mm512_and_si512(low, nib),
+                                           _mm512_slli_epi16(_mm512_and_si512(hz, two), 4));
+        const __m512i qb =
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 4), nib),
+                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hz, 4), two), 4));
+        const __m512i pa = _mm512_dpbusd_epi32(zero, qa, x[2 * h]);
+        const __m512i pb = _mm512_dpbusd_epi32(zero, qb, x[2 * h + 1]);
+        acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pa), _mm512_permutexvar_ps(spread[2 * h], f),
+                                 acc[n]);
+        acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pb),
+                                 _mm512_permutexvar_ps(spread[2 * h + 1], f), acc[n]);
+      }
+    }
+  }
+  for (std::size_t n = 0; n < N; ++n)
+    out[n] = _mm512_reduce_add_ps(acc[n]) - 32.f * _mm512_reduce_add_ps(offset[n]);
+}
+
+}  // namespace moekit::detail::avx512_kquant
+
+#pragma GCC diagnostic pop
+
+#endif

@@ -1,0 +1,120 @@
+#pragma once
+/// \file The activation of a GEMV over GGUF K-quant rows (q4_k, q5_k, q6_k), rounded to int8.
+///
+/// q6_k: per 32-value chunk as the other int8 kernels round it (dx = max|x|/127, ggml's q8_0;
+/// error ≤ dx/2 = max|x|/254 per element of the chunk), with dx and dx·Σxq per 16-weight
+/// sub-block, so that the code offset 32 of each sub-block is one product:
+/// Σ g·(q − 32)·x ≈ g·dx·(Σ q·xq − 32·Σ xq).
+///
+/// q4_k and q5_k: per 256-value super-block (dx = max|x|/127 over the block, as ggml's q8_K; error
+/// ≤ max|x|/254 of the block), with the integer Σ xq of each 32-weight sub-block: one activation
+/// scale per block lets the kernels weight the sub-blocks' integer sums by their 6-bit scales in
+/// integers (`vpdpwssd`) and convert once per block, which the q4_k kernels need to keep up with
+/// the memory (bench/RESULTS.md); the minimums are Σ_j m_j·Σxq_j, integers too. q5_k has q4_k's
+/// scales and sub-blocks, and its activation.
+///
+/// Order of the codes: q6_k's are in column order. q4_k's (and q5_k's) are per super-block in the
+/// order its codes unpack from 64 bytes: the low nibbles of qs[0..63] are sub-blocks 0 and 2, the
+/// high nibbles 1 and 3, and so on, so the activation of each unpacked 64-byte vector is one load.
+/// This scalar version is the definition (and the generic path); the AVX-512 and AVX2 ones
+/// (avx512_kquant_rows.hpp, avx2_kquant_rows.hpp) give the same bytes.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "moekit/core/precision.hpp"
+
+namespace moekit::detail {
+
+/// Prepared activation of K-quant rows; views into caller-owned storage.
+struct KQuantActivation {
+  const std::int8_t* xq = nullptr;     ///< cols codes, in the format's order (file comment)
+  const float* dx = nullptr;           ///< q6_k: per 16-weight sub-block; q4/5_k: per super-block
+  const float* dx_sum = nullptr;       ///< q6_k: dx·Σ xq per sub-block (q4/5_k: none)
+  const std::int16_t* sums = nullptr;  ///< q4/5_k: Σ xq per 32-weight sub-block (q6_k: none)
+};
+
+/// Weights per sub-block of a K-quant format: the span of one scale.
+constexpr std::size_t kquant_sub_block(Precision p) noexcept {
+  return p == Precision::q6_k ? 16 : 32;
+}
+
+/// True for the formats whose activation has one scale per super-block (q4_k, q5_k).
+constexpr bool block_scaled(Precision p) noexcept {
+  return p == Precision::q4_k || p == Precision::q5_k;
+}
+
+/// Where chunk j (0..7) of a q4_k super-block's activation goes: 0 2 1 3 4 6 5 7.
+constexpr std::size_t q4_k_chunk_slot(std::size_t j) noexcept {
+  return (j & 4) | (j & 1) << 1 | (j & 2) >> 1;
+}
+
+/// The scale and the codes of `n` values rounded to int8 (round to nearest even) into q.
+inline float round_int8(const float* x, std::size_t n, std::int8_t* q) noexcept {
+  float amax = 0;
+  for (std::size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float inv = amax > 0 ? 127.f / amax : 0.f;
+  for (std::size_t i = 0; i < n; ++i)
+    q[i] = static_cast<std::int8_t>(
+        std::clamp(static_cast<int>(std::nearbyint(x[i] * inv)), -127, 127));
+  return amax / 127.f;
+}
+
+/// Storage of a prepared activation: q (cols codes), f (floats), s (int16 sums).
+struct KQuantStorage {
+  std::vector<std::int8_t> q;
+  std::vector<float> f;
+  std::vector<std::int16_t> s;
+
+  /// Grows the storage for `cols` values of rows in format `p`.
+  void grow(std::size_t cols, Precision p) {
+    if (q.size() < cols) q.resize(cols);
+    if (f.size() < cols / 8) f.resize(cols / 8);  // q6_k: dx and dx·Σxq per 16; q4/5_k: fewer
+    if (block_scaled(p) && s.size() < cols / 32) s.resize(cols / 32);
+  }
+  /// The view of the prepared activation in this storage.
+  KQuantActivation view(std::size_t cols, Precision p) const noexcept {
+    if (block_scaled(p)) return {q.data(), f.data(), nullptr, s.data()};
+    return {q.data(), f.data(), f.data() + cols / 16, nullptr};
+  }
+};
+
+/// Rounds x (cols, a multiple of 256) for rows of format `p` into `st`.
+inline KQuantActivation prepare_kquant(const float* x, std::size_t cols, Precision p,
+                                       KQuantStorage& st) {
+  st.grow(cols, p);
+  std::int8_t* xq = st.q.data();
+  float* dx = st.f.data();
+  if (block_scaled(p)) {
+    std::int16_t* sums = st.s.data();
+    for (std::size_t b = 0; b < cols / 256; ++b) {
+      std::int8_t codes[256];
+      dx[b] = round_int8(x + 256 * b, 256, codes);
+      for (std::size_t j = 0; j < 8; ++j) {
+        int sum = 0;
+        for (std::size_t i = 0; i < 32; ++i) {
+          xq[256 * b + 32 * q4_k_chunk_slot(j) + i] = codes[32 * j + i];
+          sum += codes[32 * j + i];
+        }
+        sums[8 * b + j] = static_cast<std::int16_t>(sum);
+      }
+    }
+    return st.view(cols, p);
+  }
+  float* dxs = dx + cols / 16;
+  for (std::size_t c = 0; c < cols; c += 32) {
+    const float d = round_int8(x + c, 32, xq + c);
+    for (std::size_t h = 0; h < 2; ++h) {
+      int sum = 0;
+      for (std::size_t i = 16 * h; i < 16 * h + 16; ++i) sum += xq[c + i];
+      dx[c / 16 + h] = d;
+      dxs[c / 16 + h] = d * static_cast<float>(sum);
+    }
+  }
+  return st.view(cols, p);
+}
+
+}  // namespace moekit::detail

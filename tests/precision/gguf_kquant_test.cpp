@@ -1,0 +1,277 @@
+// GGUF K-quant formats (q4_k, q5_k, q6_k) as moekit formats: decoding bit for bit against gguf-py,
+// the int8-activation GEMV on every ISA against the float64 reference with a derived bound, the
+// float-activation path and the batched GEMM, and the fused expert FFN on K-quant experts.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "moekit/io/gguf.hpp"
+#include "moekit/precision/expert_ffn.hpp"
+#include "moekit/precision/gemv.hpp"
+#include "moekit/precision/reference.hpp"
+#include "moekit/precision/thread_pool.hpp"
+#include "test_support.hpp"
+
+using namespace moekit;
+
+// Names unique in the area: its tests are built as one unity unit.
+namespace {
+
+const Precision kquants[] = {Precision::q4_k, Precision::q5_k, Precision::q6_k};
+
+std::vector<Isa> kquant_isas() {
+  std::vector<Isa> v;
+  for (Isa i : {Isa::generic, Isa::avx2, Isa::avx512})
+    if (isa_supported(i)) v.push_back(i);
+  return v;
+}
+
+void put_half(std::byte* p, float v) {
+  const std::uint16_t h = float_to_half_bits(v);
+  std::memcpy(p, &h, 2);
+}
+
+// A rows × cols K-quant matrix of random code and scale bytes and random f16 super-scales
+// (every byte pattern is a valid block; the super-scales are kept finite and moderate).
+std::vector<std::byte> random_kquant(std::size_t rows, std::size_t cols, Precision p,
+                                     std::uint64_t salt) {
+  std::mt19937_64 rng(test::test_seed() * 1000003u + salt);
+  std::vector<std::byte> b(matrix_bytes(rows, cols, p));
+  for (auto& x : b) x = static_cast<std::byte>(rng() & 0xff);
+  std::uniform_real_distribution<float> scale(-0.004f, 0.004f);
+  const std::size_t bb = kquant_block_bytes(p);
+  for (std::size_t off = 0; off < b.size(); off += bb) {
+    if (p != Precision::q6_k) {
+      put_half(b.data() + off, std::fabs(scale(rng)));
+      put_half(b.data() + off + 2, std::fabs(scale(rng)));
+    } else {
+      put_half(b.data() + off + q6_k::d_offset, scale(rng));
+    }
+  }
+  return b;
+}
+
+// What the int8 kernels add up in floats for row r, per weight: the code's product and the
+// minimum (q4_k, q5_k) or the code offset 32 (q6_k), by |x|.
+double kquant_magnitude(const MatrixView& w, std::size_t r, const float* x) {
+  double m = 0;
+  for (std::size_t c = 0; c < w.cols; ++c) {
+    const std::byte* block = w.row(r) + c / 256 * kquant_block_bytes(w.precision);
+    const std::size_t i = c % 256;
+    double term;
+    if (w.precision != Precision::q6_k) {
+      std::uint8_t sc[8], mn[8];
+      q4_k::scales_mins(block, sc, mn);
+      const unsigned q = w.precision == Precision::q5_k
+                             ? q5_k::code(block, i)
+                             : std::to_integer<unsigned>(block[16 + 32 * (i / 64) + i % 32]) >>
+                                       (4 * (i / 32 % 2)) &
+                                   15;
+      term = std::fabs(q4_k::d_of(block)) * sc[i / 32] * q +
+             std::fabs(q4_k::dmin_of(block)) * mn[i / 32];
+    } else {
+      term =
+          std::fabs(q6_k::d_of(block) * q6_k::scale(block, i / 16)) * (q6_k::code(block, i) + 32.0);
+    }
+    m += term * std::fabs(x[c]);
+  }
+  return m;
+}
+
+// Bound of an int8-activation result of row r: each activation moves by at most half its int8
+// step, max|x|/254 over the values sharing its scale (32 for q6_k, the 256 of a super-block for
+// q4_k and q5_k; ×1.01 for the rounding of the step itself), plus float accumulation of the
+// kernel's terms (kquant_magnitude) with a relative error far below 2^-16 (a few hundred roundings
+// of 2^-24). A wrong code, scale or order moves the result by about one term.
+double kquant_int8_bound(const MatrixView& w, std::size_t r, const std::vector<float>& x) {
+  const RowLayout l = w.layout();
+  const std::size_t span = detail::block_scaled(w.precision) ? 256 : 32;
+  double bound = 0;
+  for (std::size_t col = 0; col < w.cols; ++col) {
+    float amax = 0;
+    for (std::size_t i = col / span * span; i < col / span * span + span; ++i)
+      amax = std::max(amax, std::fabs(x[i]));
+    bound += std::fabs(weight_at(w.row(r), l, w.precision, col)) * amax / 254.0;
+  }
+  return bound * 1.01 + kquant_magnitude(w, r, x.data()) / 65536 + 1e-9;
+}
+
+}  // namespace
+
+TEST_CASE("gguf K-quants: q4_k, q5_k and q6_k blocks decode to gguf-py's values bit for bit",
+          "[precision][kquant]") {
+  // tests/io/data/gguf_kquants.gguf (scripts/make_gguf_transcode_fixture.py): special f16 fields
+  // (zeros, subnormals, the largest finite) with extreme code bytes, then random blocks;
+  // "<type>.expected" is gguf-py's `dequantize` of them.
+  io::GgufFile f(MOEKIT_SOURCE_DIR "/tests/io/data/gguf_kquants.gguf");
+  for (const auto& [tensor, p] :
+       {std::pair{"q4_k", Precision::q4_k}, {"q5_k", Precision::q5_k}, {"q6_k", Precision::q6_k}}) {
+    INFO(tensor);
+    const auto q = f.tensor(tensor);
+    const auto e = f.tensor(std::string(tensor) + ".expected");
+    REQUIRE(e.bytes.size() == 4 * q.elements());
+    const std::size_t cols = q.cols(), rows = q.elements() / cols;
+    REQUIRE(q.bytes.size() == matrix_bytes(rows, cols, p));
+    const MatrixView w = make_matrix_view(q.bytes, rows, cols, p);
+    const std::vector<float> got = decode_matrix(w);
+    std::vector<float> want(got.size());
+    std::memcpy(want.data(), e.bytes.data(), e.bytes.size());
+    std::size_t bad = 0, bad_weight = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      // Bits, not values: the same NaN/zero sign and every rounding.
+      if (std::memcmp(&got[i], &want[i], 4) != 0) ++bad;
+      const float one = weight_at(w.row(i / cols), w.layout(), p, i % cols);
+      if (std::memcmp(&one, &want[i], 4) != 0) ++bad_weight;
+    }
+    CHECK(bad == 0);
+    CHECK(bad_weight == 0);
+  }
+}
+
+TEST_CASE("gguf K-quants: int8-activation GEMV on every ISA within the derived bound",
+          "[precision][kquant]") {
+  ThreadPool pool(2);
+  for (Precision p : kquants)
+    for (const auto& [rows, cols] :
+         {std::pair<std::size_t, std::size_t>{37, 256}, {64, 1024}, {9, 3584}}) {
+      const auto bytes = random_kquant(rows, cols, p, rows + cols);
+      const MatrixView w = make_matrix_view(bytes, rows, cols, p);
+      const auto x = test::random_normal(cols, 7 + cols);
+      std::vector<float> want(rows);
+      reference::gemv(w, x.data(), want.data());
+      for (Isa isa : kquant_isas())
+        for (bool vnni : {true, false})
+          for (ThreadPool* tp : {static_cast<ThreadPool*>(nullptr), &pool}) {
+            INFO(name(p) << " " << rows << "x" << cols << " " << name(isa) << " vnni " << vnni
+                         << " threads " << (tp ? 2 : 1));
+            KernelOptions o;
+            o.isa = isa;
+            o.int8_activations = true;
+            o.avx_vnni = vnni;
+            o.pool = tp;
+            std::vector<float> y(rows);
+            gemv(w, x, y, o);
+            for (std::size_t r = 0; r < rows; ++r) {
+              INFO("row " << r << " got " << y[r] << " want " << want[r]);
+              CHECK(std::fabs(y[r] - want[r]) <= kquant_int8_bound(w, r, x));
+            }
+          }
+    }
+}
+
+TEST_CASE("gguf K-quants: the vectorised activation preparations give the scalar one's bytes",
+          "[precision][kquant]") {
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  for (Precision p : kquants) {
+    const std::size_t cols = 1536;
+    auto x = test::random_normal(cols, 5);
+    for (std::size_t i = 0; i < 32; ++i) x[64 + i] = 0.f;  // an all-zero chunk
+    x[300] = 2.5f * 127;                                   // a value on a rounding tie
+    detail::KQuantStorage s0, s1, s2;
+    const detail::KQuantActivation want = detail::prepare_kquant(x.data(), cols, p, s0);
+    std::vector<detail::KQuantActivation> got;
+    if (isa_supported(Isa::avx2))
+      got.push_back(detail::avx2_kquant::prepare(x.data(), cols, p, s1));
+    if (isa_supported(Isa::avx512) && has_avx512_vnni())
+      got.push_back(detail::avx512_kquant::prepare(x.data(), cols, p, s2));
+    for (const auto& g : got) {
+      INFO(name(p));
+      CHECK(std::memcmp(g.xq, want.xq, cols) == 0);
+      const std::size_t scales = detail::block_scaled(p) ? cols / 256 : cols / 16;
+      CHECK(std::memcmp(g.dx, want.dx, 4 * scales) == 0);
+      if (detail::block_scaled(p))
+        CHECK(std::memcmp(g.sums, want.sums, 2 * (cols / 32)) == 0);
+      else
+        CHECK(std::memcmp(g.dx_sum, want.dx_sum, 4 * (cols / 16)) == 0);
+    }
+  }
+#endif
+}
+
+TEST_CASE("gguf K-quants: float-activation GEMV and batched GEMM match the reference",
+          "[precision][kquant]") {
+  for (Precision p : kquants) {
+    const std::size_t rows = 19, cols = 768, n = 5;
+    const auto bytes = random_kquant(rows, cols, p, 99);
+    const MatrixView w = make_matrix_view(bytes, rows, cols, p);
+    const auto x = test::random_normal(n * cols, 3);
+    std::vector<float> want(n * rows);
+    reference::gemm(w, x.data(), n, want.data());
+    for (Isa isa : kquant_isas())
+      for (bool int8 : {false, true}) {
+        INFO(name(p) << " " << name(isa) << " int8 " << int8);
+        KernelOptions o;
+        o.isa = isa;
+        o.int8_activations = int8;  // the batch runs float activations either way
+        std::vector<float> y(n * rows), y1(rows);
+        gemm(w, x, n, y, o);
+        o.int8_activations = false;
+        gemv(w, std::span<const float>(x.data(), cols), y1, o);
+        for (std::size_t b = 0; b < n; ++b)
+          for (std::size_t r = 0; r < rows; ++r) {
+            const double tol = kquant_magnitude(w, r, x.data() + b * cols) / 65536 + 1e-9;
+            CHECK(std::fabs(y[b * rows + r] - want[b * rows + r]) <= tol);
+            if (b == 0) CHECK(std::fabs(y1[r] - want[r]) <= tol);
+          }
+      }
+  }
+}
+
+TEST_CASE("gguf K-quants: the fused expert FFN on q4_k gate/up and q6_k down experts",
+          "[precision][kquant]") {
+  // Q4_K_M's mix: w1/w3 in q4_k, w2 in q6_k; Q5_K_M's: q5_k and q6_k; then all q6_k.
+  const std::size_t hidden = 512, ffn = 768;
+  ThreadPool pool(2);
+  for (const Precision gate_up : kquants) {
+    const auto b1 = random_kquant(ffn, hidden, gate_up, 1);
+    const auto b3 = random_kquant(ffn, hidden, gate_up, 3);
+    const auto b2 = random_kquant(hidden, ffn, Precision::q6_k, 2);
+    const ExpertWeights e{make_matrix_view(b1, ffn, hidden, gate_up),
+                          make_matrix_view(b3, ffn, hidden, gate_up),
+                          make_matrix_view(b2, hidden, ffn, Precision::q6_k)};
+    for (std::size_t n : {1u, 3u}) {
+      const auto x = test::random_normal(n * hidden, 11 + n);
+      std::vector<float> want(n * hidden, 0.5f);
+      reference::expert_ffn(e.w1, e.w3, e.w2, x.data(), n, want.data(), 0.75f);
+      double scale = 0;  // the output's typical magnitude, the bound's unit
+      for (float v : want) scale = std::max(scale, std::fabs(static_cast<double>(v) - 0.5));
+      for (Isa isa : kquant_isas())
+        for (bool int8 : {false, true}) {
+          INFO(name(gate_up) << " n " << n << " " << name(isa) << " int8 " << int8);
+          KernelOptions o;
+          o.isa = isa;
+          o.int8_activations = int8;
+          o.pool = &pool;
+          std::vector<float> got(n * hidden, 0.5f), composed(n * hidden, 0.5f);
+          expert_ffn(e, x, n, got, 0.75f, o);
+          // The fused single-token path against the composition of the GEMVs tested above: the
+          // same kernels on the same activations, so equal up to float summation order.
+          if (n == 1) test::composed_ffn(e.w1, e.w3, e.w2, x, composed, 0.75f, o);
+          for (std::size_t i = 0; i < n * hidden; ++i) {
+            // int8 activations: x and h each move by ≤ 1/254 of their chunk's max (a few % of
+            // the output at these sizes); float activations: float rounding only.
+            CHECK(std::fabs(got[i] - want[i]) <= (int8 ? 0.05 : 1e-4) * scale + 1e-6);
+            if (n == 1) CHECK(std::fabs(got[i] - composed[i]) <= 1e-5 * scale + 1e-6);
+          }
+        }
+    }
+  }
+}
+
+TEST_CASE("gguf K-quants: shapes that are not whole super-blocks and quantizing into them fail",
+          "[precision][kquant]") {
+  std::vector<std::byte> bytes(row_bytes(256, Precision::q4_k) * 2);
+  CHECK_THROWS_WITH(make_matrix_view(bytes, 2, 300, Precision::q4_k, {}, "w1"),
+                    Catch::Contains("w1") && Catch::Contains("multiple of 256"));
+  CHECK_NOTHROW(make_matrix_view(bytes, 2, 256, Precision::q4_k));
+  const std::vector<float> v(256, 0.5f);
+  std::vector<std::byte> out(row_bytes(256, Precision::q6_k));
+  CHECK_THROWS_WITH(encode_row<float>(v, Precision::q6_k, {}, out),
+                    Catch::Contains("does not quantize"));
+  CHECK(row_bytes(4096, Precision::q4_k) == 16 * 144);
+  CHECK(row_bytes(14336, Precision::q6_k) == 56 * 210);
+}
