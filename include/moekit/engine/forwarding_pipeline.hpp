@@ -6,6 +6,7 @@
 /// name: nothing is virtual). The queries a pipeline may lack (`planned_experts`, `stats`, ...)
 /// exist exactly when the wrapped pipeline has them, so `Model<Wrapper>` runs as `Model<P>`.
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -50,8 +51,10 @@ class ForwardingPipeline {
     p.loader();
   }
   { return inner_.loader(); }
-  [[nodiscard]] std::size_t memory_peak_bytes() const noexcept
-      requires requires(const Pipeline& p) { p.memory_peak_bytes(); }
+  [[nodiscard]] std::size_t memory_peak_bytes() const noexcept requires
+      requires(const Pipeline& p) {
+    p.memory_peak_bytes();
+  }
   { return inner_.memory_peak_bytes(); }
 
   /// The wrapped pipeline (for its own statistics, or for a wrapper's observations).

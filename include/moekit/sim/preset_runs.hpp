@@ -391,14 +391,14 @@ inline PresetResult run_hobbit(const RunParams& rp, const moekit::sim::RoutingTr
             ""};
   }
   using Oracle = RankedNoisyOraclePredictor<HobbitThresholdScorer>;
-  auto p = HobbitSpec::build_with(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), cfg,
-                                  Oracle({.calls = routed_script(tr),
-                                          .recall_by_rank = {rp.hobbit_recall.top1,
-                                                             rp.hobbit_recall.lower},
-                                          .seed = rp.seed,
-                                          .distance = cfg.lookahead,
-                                          .n_experts = rp.shape.n_experts},
-                                         HobbitSpec::scorer(cfg)));
+  auto p = HobbitSpec::build_with(
+      rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), cfg,
+      Oracle({.calls = routed_script(tr),
+              .recall_by_rank = {rp.hobbit_recall.top1, rp.hobbit_recall.lower},
+              .seed = rp.seed,
+              .distance = cfg.lookahead,
+              .n_experts = rp.shape.n_experts},
+             HobbitSpec::scorer(cfg)));
   return {sim::replay(*p, tr, rp.compute),
           "hobbit (noisy-oracle predictor, " + recall_text(rp.hobbit_recall) +
               ", precisions by T1/T2 on the predicted gate weights, p = " +
