@@ -1,7 +1,7 @@
 #pragma once
 /// \file FaultInjectingSource: a pread(2) byte source that misbehaves on purpose, to test what
 /// the loaders do when a disk does (issue 24, "Fuzzing and faults"). It reads a real file through
-/// the same retry loop as PreadSource (detail::read_retrying / read_direct), with faults injected
+/// the same retry loop as PreadSource (read_retrying / detail::read_direct), with faults injected
 /// at the system call below it:
 ///
 /// - `eio_on_call = n`: read(2) call n (1-based) fails with EIO. Outcome: that load fails with
@@ -66,13 +66,13 @@ class FaultInjectingSource {
       throw Error(ErrorKind::invalid_argument, "read of " + std::to_string(r.bytes) +
                                                    " bytes from '" + s.path + "' into a " +
                                                    std::to_string(dest.size()) + "-byte buffer");
-    const detail::ReadCall call = [&s](std::byte* p, std::size_t n, std::uint64_t off) {
+    const ReadCall call = [&s](std::byte* p, std::size_t n, std::uint64_t off) {
       return s.faulty_pread(p, n, off);
     };
     if (s.direct)
       detail::read_direct(call, r, dest, s.path);
     else
-      detail::read_retrying(call, dest.first(r.bytes), r.bytes, r.offset, s.path);
+      read_retrying(call, dest.first(r.bytes), r.bytes, r.offset, s.path);
   }
   [[nodiscard]] const std::string& name() const noexcept { return state_->path; }
   /// read(2) calls made so far (the numbering of FaultPlan's `*_on_call`).
