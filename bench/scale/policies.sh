@@ -116,7 +116,7 @@ for tr in "${trace_list[@]}"; do
         prefill_tps: .prefill_tokens_per_s, decode_hit_rate, error,
         decode_tokens: ((.generated_tokens // 1) - 1), decode_bytes: .decode_bytes_loaded,
         decode_stall: .decode_stall_seconds, missing: .routing_trace_missing,
-        expert_budget_bytes, prompt_tokens, precision}' <<< "$json")
+        expert_budget_bytes, prompt_tokens, precision, fate_decode_timing}' <<< "$json")
     echo "$row" >> "$out/policies.jsonl"
     [[ "$p" == baseline && $rc -eq 0 ]] && base=$(jq .decode_tps <<< "$row")
     [[ -n "$sim" && $rc -eq 0 ]] && simulate "$row" "$tr" "$p"

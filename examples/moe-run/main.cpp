@@ -840,7 +840,8 @@ Calibration calibration_run(const Options& o, const ModelConfig& cfg, const Mode
 // one expert's load at the decode prefetch precision (t_expert); engine/decode_timing.hpp.
 void measure_fate_timing(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                          const Tokenizer& tok, const OffloadSettings& settings,
-                         const ExpertBacking& backing, moekit::ThreadPool& pool, PresetInputs& in) {
+                         const ExpertBacking& backing, moekit::ThreadPool& pool, PresetInputs& in,
+                         nlohmann::json& notes) {
   std::vector<Token> prompt = tok.encode(o.prompt, false);
   if (!o.no_bos && cfg.bos_token_id) prompt.insert(prompt.begin(), *cfg.bos_token_id);
   if (prompt.empty()) fail("-p: the prompt encodes to no tokens (decode timing run)");
@@ -848,6 +849,10 @@ void measure_fate_timing(const Options& o, const ModelConfig& cfg, const ModelWe
                                                /*decode_tokens=*/8, o.precision, &pool);
   in.layer_seconds = t.layer_seconds;
   in.expert_load_seconds = t.expert_load_seconds;
+  notes["fate_decode_timing"] = {
+      {"layer_seconds", t.layer_seconds},
+      {"expert_load_seconds", t.expert_load_seconds},
+      {"decode_cap", std::floor(t.layer_seconds / t.expert_load_seconds)}};
   if (!o.json)
     std::fprintf(stderr,
                  "fate: measured T = %.3f ms of decode compute per layer (median of %zu), "
@@ -877,7 +882,7 @@ PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const Mo
   if (needs.bitwidths) in.bitwidths = bitwidth_table(shape, settings);
   if (preset.needs.lookahead && setup.replay)  // not owned: the replay outlives the pipeline
     in.lookahead = std::shared_ptr<moekit::RoutingLookahead>(std::shared_ptr<void>{}, setup.replay);
-  if (needs.decode_timing) measure_fate_timing(o, cfg, w, tok, settings, backing, pool, in);
+  if (needs.decode_timing) measure_fate_timing(o, cfg, w, tok, settings, backing, pool, in, notes);
   in.cpu_seconds_per_token = o.preset_params.cpu_seconds_per_token;
   in.copy_seconds = o.preset_params.copy_seconds;
   if (needs.latencies) {
