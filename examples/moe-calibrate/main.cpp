@@ -420,8 +420,7 @@ int run(int argc, char** argv) {
   h.source = src;
   h.link = {.bandwidth_bytes_per_s = in_place ? in_place->bytes_per_s : disk.bandwidth,
             .latency_s = disk.latency};
-  h.device = cpu;
-  h.cpu = cpu;
+  h.device = h.cpu = cpu;
   h.layer_overhead_s = overhead;
   h.host_holds_experts = false;  // CPU-only: the expert cache is this host's memory
   sim::write_hardware_json(h, o.out, o.force);
