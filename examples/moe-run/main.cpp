@@ -241,6 +241,8 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   add_big_pass_stats(j, pipeline);
   j["evictions"] = s.cache.evictions;
   j["expert_memory_peak_bytes"] = pipeline.memory_peak_bytes();
+  j["staged_misses"] = s.staged;  // loaded outside the cache (beyond the budget)
+  j["upgrades"] = s.upgrades;
   j["dense_bytes"] = w.dense.bytes();
   j["dense_precision"] = w.dense.precisions();
   j["kv_cache_bytes"] = kv_cache_bytes;
