@@ -24,7 +24,6 @@
 /// traces drop some) keeps the router's own top-k for that layer and is counted (`missing()`).
 
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -39,6 +38,7 @@
 #include "moekit/predict/lookahead_oracle.hpp"
 #include "moekit/sim/trace.hpp"
 #include "moekit/sim/trace_file.hpp"
+#include "moekit/sim/trace_walk.hpp"
 
 #include "moekit/engine/config.hpp"
 
@@ -52,10 +52,8 @@ class RoutingReplay : public moekit::RoutingLookahead {
   /// layers, experts or top-k differ from the model's, or when it holds no token.
   RoutingReplay(moekit::sim::RoutingTrace trace, const ModelConfig& cfg,
                 std::string_view origin = "routing trace")
-      : trace_(std::move(trace)) {
+      : trace_(std::move(trace)), walks_(trace_) {
     check_dims(cfg, origin);
-    for (std::size_t t = 0; t < trace_.token_count(); ++t)
-      walks_[trace_.phase(t) == moekit::Phase::prefill ? 0 : 1].tokens.push_back(t);
   }
 
   /// Reads the trace at `path` (any format of sim/trace_file.hpp) for a model of `cfg`; every
@@ -82,8 +80,8 @@ class RoutingReplay : public moekit::RoutingLookahead {
 
   /// Both walks back to their first token; the counters back to 0.
   void rewind() noexcept {
-    for (Walk& w : walks_) w.next = 0;
-    current_ = -1;
+    walks_.rewind();
+    current_.reset();
     missing_ = replayed_ = tokens_ = 0;
   }
 
@@ -93,30 +91,26 @@ class RoutingReplay : public moekit::RoutingLookahead {
   /// phase's walk (the cursor moves at `end_forward`). Allocates only when a forward is wider
   /// than any before.
   void begin_forward(moekit::Phase phase, std::uint32_t n_tokens) {
-    current_ = walk_of(phase);
-    const Walk& w = walks_[current_];
-    rows_.resize(n_tokens);
-    for (std::uint32_t i = 0; i < n_tokens; ++i)
-      rows_[i] = w.tokens[(w.next + i) % w.tokens.size()];
+    current_ = phase;
+    walks_.peek(phase, n_tokens, rows_);
     pending_missing_ = pending_replayed_ = 0;
   }
 
   /// The forward begun last is kept (not recomputed): the walk moves past its tokens.
   void end_forward() noexcept {
-    if (current_ < 0) return;
-    Walk& w = walks_[current_];
-    w.next = (w.next + rows_.size()) % w.tokens.size();
+    if (!current_) return;
+    walks_.advance(*current_, rows_.size());
     tokens_ += rows_.size();
     missing_ += pending_missing_;
     replayed_ += pending_replayed_;
-    current_ = -1;
+    current_.reset();
   }
 
   /// Overwrites, for each row t of the current forward at MoE layer `layer`, its `k` experts
   /// experts[t·k, (t+1)·k) and their weights with the trace record's, unless it is missing.
   void apply(std::uint32_t layer, std::uint32_t k, std::span<std::uint32_t> experts,
              std::span<float> weights) {
-    MOEKIT_EXPECTS(current_ >= 0, "RoutingReplay::apply: no forward begun");
+    MOEKIT_EXPECTS(current_.has_value(), "RoutingReplay::apply: no forward begun");
     MOEKIT_EXPECTS(k >= 1 && k <= trace_.dims().top_k,
                    "RoutingReplay: the token policy's top-k exceeds the trace's top-k");
     MOEKIT_EXPECTS(experts.size() == rows_.size() * k && weights.size() == experts.size(),
@@ -143,7 +137,7 @@ class RoutingReplay : public moekit::RoutingLookahead {
   /// is missing are left out (the router's own choice, unknown ahead); nullopt when no forward is
   /// under way or every row's record is missing.
   std::optional<moekit::GateView> routing_at(std::uint32_t layer) override {
-    if (current_ < 0 || layer >= trace_.dims().n_layers) return std::nullopt;
+    if (!current_ || layer >= trace_.dims().n_layers) return std::nullopt;
     const std::uint32_t k = trace_.dims().top_k;
     ahead_experts_.clear();
     ahead_weights_.clear();
@@ -163,18 +157,6 @@ class RoutingReplay : public moekit::RoutingLookahead {
   }
 
  private:
-  struct Walk {
-    std::vector<std::size_t> tokens;  ///< global trace tokens, in order
-    std::size_t next = 0;             ///< index into `tokens` of the next one to replay
-  };
-
-  // Index into walks_ of `phase`'s walk, or of the other phase's when the trace has no token of
-  // this one.
-  [[nodiscard]] int walk_of(moekit::Phase phase) const noexcept {
-    const int own = phase == moekit::Phase::prefill ? 0 : 1;
-    return walks_[own].tokens.empty() ? 1 - own : own;
-  }
-
   void check_dims(const ModelConfig& cfg, std::string_view origin) const {
     const moekit::sim::TraceDims& d = trace_.dims();
     auto differ = [&](const char* what, std::uint32_t trace_value, std::uint32_t model_value) {
@@ -191,9 +173,9 @@ class RoutingReplay : public moekit::RoutingLookahead {
   }
 
   moekit::sim::RoutingTrace trace_;
-  std::array<Walk, 2> walks_;      ///< [0] the trace's prefill tokens, [1] its decode tokens
-  int current_ = -1;               ///< walk of the forward in flight (-1: none)
-  std::vector<std::size_t> rows_;  ///< trace token of each row of the forward in flight
+  moekit::sim::PhaseWalks walks_;         ///< which trace token each engine token takes
+  std::optional<moekit::Phase> current_;  ///< phase of the forward in flight (none: no forward)
+  std::vector<std::size_t> rows_;         ///< trace token of each row of the forward in flight
   std::size_t pending_missing_ = 0, pending_replayed_ = 0;
   std::size_t missing_ = 0, replayed_ = 0, tokens_ = 0;
   std::vector<std::uint32_t> ahead_experts_;  ///< routing_at's view

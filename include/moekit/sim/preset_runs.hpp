@@ -493,16 +493,20 @@ struct CalibrationSplit {
   std::string text;  ///< what each part holds, for the output
 };
 
+/// Appends token `g` of `in` (a global index) to `out`'s current sequence as a token of `phase`.
+inline void copy_token(moekit::sim::RoutingTrace& out, const moekit::sim::RoutingTrace& in,
+                       std::size_t g, moekit::Phase phase) {
+  const std::size_t t = out.append_token(phase);
+  for (std::uint32_t l = 0; l < in.dims().n_layers; ++l)
+    if (in.valid(g, l))
+      out.set_route(t, l, in.experts(g, l), in.weights(g, l), in.logits(g, l), in.hidden(g, l));
+}
+
 /// Appends tokens [first, end) of `in` (global indices, one sequence) to `out` as a sequence.
 inline void copy_tokens(moekit::sim::RoutingTrace& out, const moekit::sim::RoutingTrace& in,
                         const std::string& seq_name, std::size_t first, std::size_t end) {
   out.begin_sequence(seq_name);
-  for (std::size_t g = first; g < end; ++g) {
-    const std::size_t t = out.append_token(in.phase(g));
-    for (std::uint32_t l = 0; l < in.dims().n_layers; ++l)
-      if (in.valid(g, l))
-        out.set_route(t, l, in.experts(g, l), in.weights(g, l), in.logits(g, l), in.hidden(g, l));
-  }
+  for (std::size_t g = first; g < end; ++g) copy_token(out, in, g, in.phase(g));
 }
 
 /// The first half of `tr`'s sequences calibrates and the second half is replayed; a trace of one
@@ -537,39 +541,27 @@ inline CalibrationSplit split_for_calibration(const moekit::sim::RoutingTrace& t
 }
 
 /// The tokens `moe-run --routing-trace` replays for a prompt of `prompt` tokens and `decode`
-/// decode forwards (engine/routing_replay.hpp): the trace's prefill tokens and its decode tokens
-/// form two walks, each wrapping around at its end; a trace without prefill tokens walks its
-/// decode tokens for both, with one cursor. The replayed part is one sequence of those tokens;
-/// the tokens it does not use calibrate, so that moe-sim and moe-run replay the same routing.
+/// decode forwards: the same walks (`sim::PhaseWalks`, which engine/routing_replay.hpp takes its
+/// tokens from). The replayed part is one sequence of those tokens; the tokens it does not use
+/// calibrate, so that moe-sim and moe-run replay the same routing.
 inline CalibrationSplit slice_like_routing_replay(const moekit::sim::RoutingTrace& tr,
                                                   std::size_t prompt, std::size_t decode) {
   using moekit::sim::RoutingTrace;
-  std::vector<std::size_t> walks[2];
-  for (std::size_t t = 0; t < tr.token_count(); ++t)
-    walks[tr.phase(t) == moekit::Phase::prefill ? 0 : 1].push_back(t);
-  MOEKIT_EXPECTS(!walks[1].empty() || !walks[0].empty(),
-                 "--replay-slice: trace '" + tr.name() + "' holds no token");
+  moekit::sim::PhaseWalks walks(tr);
+  MOEKIT_EXPECTS(!walks.empty(), "--replay-slice: trace '" + tr.name() + "' holds no token");
   CalibrationSplit s{
       RoutingTrace(tr.dims(), tr.name() + " (calibration: the rest)", tr.synthetic()),
       RoutingTrace(tr.dims(), tr.name(), tr.synthetic()),
       {}};
   std::vector<bool> used(tr.token_count(), false);
-  const bool one_walk = walks[0].empty() || walks[1].empty();
-  const std::vector<std::size_t>& only = walks[0].empty() ? walks[1] : walks[0];
-  std::size_t cursor[2] = {0, 0};
+  std::vector<std::size_t> tokens;
   s.evaluation.begin_sequence("moe-run slice");
   auto take = [&](moekit::Phase phase, std::size_t n) {
-    const int w = phase == moekit::Phase::prefill ? 0 : 1;
-    const std::vector<std::size_t>& walk = one_walk ? only : walks[w];
-    std::size_t& c = cursor[one_walk ? 0 : w];
-    for (std::size_t i = 0; i < n; ++i, ++c) {
-      const std::size_t g = walk[c % walk.size()];
+    walks.peek(phase, n, tokens);
+    walks.advance(phase, n);
+    for (std::size_t g : tokens) {
       used[g] = true;
-      const std::size_t t = s.evaluation.append_token(phase);
-      for (std::uint32_t l = 0; l < tr.dims().n_layers; ++l)
-        if (tr.valid(g, l))
-          s.evaluation.set_route(t, l, tr.experts(g, l), tr.weights(g, l), tr.logits(g, l),
-                                 tr.hidden(g, l));
+      copy_token(s.evaluation, tr, g, phase);
     }
   };
   take(moekit::Phase::prefill, prompt);

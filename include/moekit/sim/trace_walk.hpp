@@ -1,8 +1,10 @@
 #pragma once
 /// \file Walking a routing trace the way `replay` does: its forwards in order (ForwardWalker)
 /// and the GateView of each layer call (GateGatherer). For tools that derive something else from
-/// the same demands as a replay, e.g. what a scorer decides at each of them.
+/// the same demands as a replay, e.g. what a scorer decides at each of them. And the trace tokens
+/// an engine's tokens take when it replays a trace (PhaseWalks: `moe-run --routing-trace`).
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -34,6 +36,49 @@ class ForwardWalker {
 
  private:
   const RoutingTrace& trace_;
+};
+
+/// Which trace token each engine token takes when an engine replays a trace token by token: the
+/// trace's prefill tokens and its decode tokens, each in order over every sequence, form two
+/// walks, each wrapping around at its end; when the trace has no token of one phase, that phase
+/// walks the other's tokens (the same cursor). The engine (engine/routing_replay.hpp) and moe-sim's
+/// `--replay-slice` both take their tokens from here.
+class PhaseWalks {
+ public:
+  explicit PhaseWalks(const RoutingTrace& trace) {
+    for (std::size_t t = 0; t < trace.token_count(); ++t)
+      walks_[trace.phase(t) == Phase::prefill ? 0 : 1].tokens.push_back(t);
+  }
+  [[nodiscard]] bool empty() const noexcept {
+    return walks_[0].tokens.empty() && walks_[1].tokens.empty();
+  }
+  /// The global trace tokens of the next `n` tokens of `phase`, into `out` (the walk stays put).
+  void peek(Phase phase, std::size_t n, std::vector<std::size_t>& out) const {
+    const Walk& w = walks_[walk_of(phase)];
+    out.resize(n);
+    for (std::size_t i = 0; i < n; ++i) out[i] = w.tokens[(w.next + i) % w.tokens.size()];
+  }
+  /// `phase`'s walk moves past `n` tokens.
+  void advance(Phase phase, std::size_t n) noexcept {
+    Walk& w = walks_[walk_of(phase)];
+    w.next = (w.next + n) % w.tokens.size();
+  }
+  /// Both walks back to their first token.
+  void rewind() noexcept {
+    for (Walk& w : walks_) w.next = 0;
+  }
+
+ private:
+  struct Walk {
+    std::vector<std::size_t> tokens;  ///< global trace tokens, in order
+    std::size_t next = 0;             ///< index into `tokens` of the next one to replay
+  };
+  // `phase`'s walk, or the other phase's when the trace has no token of this one.
+  [[nodiscard]] int walk_of(Phase phase) const noexcept {
+    const int own = phase == Phase::prefill ? 0 : 1;
+    return walks_[own].tokens.empty() ? 1 - own : own;
+  }
+  std::array<Walk, 2> walks_;  ///< [0] the trace's prefill tokens, [1] its decode tokens
 };
 
 /// Gathers one layer call's GateView from a trace the way `replay` routes it, into buffers it
