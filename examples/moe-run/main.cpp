@@ -188,6 +188,16 @@ void add_big_pass_stats(nlohmann::json& j, const Pipeline& pipeline) {
   }
 }
 
+// Expert memory: the most held at once (cache and staging), the misses loaded outside the cache
+// (beyond the budget) and the lazy upgrades.
+template <class Pipeline>
+void add_expert_memory_stats(nlohmann::json& j, const Pipeline& pipeline) {
+  const auto s = pipeline.stats();
+  j["expert_memory_peak_bytes"] = pipeline.memory_peak_bytes();
+  j["staged_misses"] = s.staged;
+  j["upgrades"] = s.upgrades;
+}
+
 // The --json object of a generation (also what the text mode prints from).
 template <class Pipeline>
 nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
@@ -240,9 +250,7 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   j["fallbacks"] = s.fallbacks;
   add_big_pass_stats(j, pipeline);
   j["evictions"] = s.cache.evictions;
-  j["expert_memory_peak_bytes"] = pipeline.memory_peak_bytes();
-  j["staged_misses"] = s.staged;  // loaded outside the cache (beyond the budget)
-  j["upgrades"] = s.upgrades;
+  add_expert_memory_stats(j, pipeline);
   j["dense_bytes"] = w.dense.bytes();
   j["dense_precision"] = w.dense.precisions();
   j["kv_cache_bytes"] = kv_cache_bytes;
@@ -379,7 +387,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
 template <class Pipeline>
 void add_pipeline_stats(nlohmann::json& j, const Pipeline& pipeline) {
   const auto s = pipeline.stats();
-  j["expert_memory_peak_bytes"] = pipeline.memory_peak_bytes();
+  add_expert_memory_stats(j, pipeline);
   j["hit_rate"] = s.hit_rate();
   j["hits"] = s.hits;
   j["misses"] = s.misses;
