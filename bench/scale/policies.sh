@@ -7,8 +7,10 @@
 #
 #   bench/scale/policies.sh [--model mixtral-32L] [--limit 50] [-n 24] [--prompt-tokens 16]
 #                           [--traces humaneval-p0.prefill-decode.raw.jsonl,gsm8k-p0-p1.decode.jsonl]
-#                           [--presets baseline,mobile,edgemoe,hobbit,nextuse,fate,fiddler]
-#                           (hobbit-oracle, fate-oracle: the gate predictors' stand-ins)
+#                           [--presets baseline,edgemoe,mobile-oracle,hobbit-oracle,fate-oracle,nextuse,fiddler]
+#                           (hobbit-oracle, fate-oracle: the gate predictors' stand-ins;
+#                            mobile-oracle: MoBiLE's fallback share and plan at the paper's figures;
+#                            hobbit, fate, mobile: their real gates on random weights, always wrong)
 #                           [--threads 2] [--timeout 900] [--sim HARDWARE_FILE]
 #
 # Traces are read from ../shared/data/traces/mixtral-8x7b/ (evaluation only, never copied into
@@ -28,13 +30,14 @@
 # tokens (--replay-slice: the run's prompt and decode tokens) at the run's expert budget on
 # `--hardware this_machine`, and a second table sets its predicted decode tok/s against the
 # measured one (issue 21: within ±20%). moe-run's oracle stand-ins are simulated by moe-sim's noisy
-# oracles (hobbit-oracle → hobbit, fate-oracle → fate), nextuse by nextuse-fit; `hobbit` and `fate`
-# run their real gates on random weights in moe-run, which moe-sim does not model: not simulated.
+# oracles (hobbit-oracle → hobbit, fate-oracle → fate, mobile-oracle → mobile), nextuse by
+# nextuse-fit; `hobbit`, `fate` and `mobile` run their real gates (or confidence) on random weights
+# in moe-run, which moe-sim does not model: not simulated.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 model=mixtral-32L limit=50 n=24 prompt_tokens=16 threads=2 timeout=900 sim=""
 traces=humaneval-p0.prefill-decode.raw.jsonl,gsm8k-p0-p1.decode.jsonl
-presets=baseline,mobile,edgemoe,hobbit,nextuse,fate,fiddler
+presets=baseline,edgemoe,mobile-oracle,hobbit-oracle,fate-oracle,nextuse,fiddler
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --model) model="$2"; shift 2 ;;
@@ -81,9 +84,10 @@ fi
 simulate() {
   local row="$1" tr="$2" p="$3" sp
   case "$p" in
-    baseline | mobile | edgemoe | fiddler) sp="$p" ;;
+    baseline | edgemoe | fiddler) sp="$p" ;;
     hobbit-oracle) sp=hobbit ;;
     fate-oracle) sp=fate ;;
+    mobile-oracle) sp=mobile ;;
     nextuse) sp=nextuse-fit ;;
     *) return 0 ;;
   esac

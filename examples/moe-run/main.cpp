@@ -1140,6 +1140,7 @@ std::optional<RoutingReplay> load_replay(const Options& o, const ModelConfig& cf
          "routing)");
   if (o.routing_trace.empty()) return std::nullopt;
   std::optional<RoutingReplay> r(RoutingReplay::from_file(o.routing_trace, cfg));
+  r->set_replace_logits(preset.needs.replayed_logits);
   if (!o.json) announce_replay(o, *r);
   return r;
 }

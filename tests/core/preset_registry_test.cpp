@@ -30,11 +30,11 @@ TEST_CASE("presets registry: names are unique, found once, and visit the named s
         presets::visit(e, []<class S>(std::type_identity<S>) { return std::string(S::name); });
     CHECK(visited == e.name);
   }
-  CHECK(presets::entries.size() == 10);
+  CHECK(presets::entries.size() == 11);
   CHECK(presets::find("hobbbit") == nullptr);
   CHECK(presets::names() ==
         "baseline, hobbit, fate, edgemoe, mobile, fiddler, nextuse, nextuse-fit, hobbit-oracle, "
-        "fate-oracle");
+        "fate-oracle, mobile-oracle");
   STATIC_REQUIRE(presets::index_of<presets::NextUseSpec> == 6);
   STATIC_REQUIRE(presets::is<presets::FateSpec>(presets::entry_of<presets::FateSpec>));
   STATIC_REQUIRE(
@@ -98,6 +98,23 @@ TEST_CASE("presets registry: needs and precisions are declared per preset", "[pr
   CHECK(presets::FateOracleSpec::needs.lookahead);
   CHECK_FALSE(presets::HobbitOracleSpec::needs.routers);
   CHECK_FALSE(presets::HobbitSpec::needs.lookahead);
+  CHECK(presets::MobileOracleSpec::needs.lookahead);
+  CHECK(presets::MobileOracleSpec::needs.replayed_logits);
+  CHECK_FALSE(presets::MobileSpec::needs.replayed_logits);
+
+  // mobile-oracle: the paper's fallback share and plan accuracy unless set, judged by share only.
+  q = {};
+  const auto mo = presets::MobileOracleSpec::configure(reg_shape, Precision::q8, q);
+  CHECK(mo.tokens.fallback_ratio_without_logits == 0.1375);
+  CHECK(mo.tokens.share_only);
+  CHECK(mo.replay_accuracy == 0.8);
+  q.replay_accuracy = 1.5;
+  CHECK_THROWS_WITH(presets::check(presets::entry_of<presets::MobileOracleSpec>, Precision::q8, q),
+                    Catch::Contains("--replay-accuracy"));
+  q = {};
+  q.fallback_ratio = -0.1;
+  CHECK_THROWS_WITH(presets::check(presets::entry_of<presets::MobileOracleSpec>, Precision::q8, q),
+                    Catch::Contains("--fallback-ratio"));
 
   // The oracle stand-ins: their recall defaults to the paper's, --oracle-recall is checked, and
   // building one without the routing ahead names the flag it needs.

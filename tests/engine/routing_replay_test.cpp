@@ -312,6 +312,74 @@ TEST_CASE("a narrowed top-k replays the record's first experts, renormalised", "
   CHECK_THROWS_WITH(replay.apply(0, 3, three, three_w), Catch::Contains("top-k"));
 }
 
+TEST_CASE("replaced logits: the trace's (made from its records when it has none), on request",
+          "[engine][replay][mobile]") {
+  const ModelConfig cfg = load_config(replay_fixture);   // 4 experts, top-2
+  RoutingReplay replay(numbered_trace(cfg, 0, 2), cfg);  // token 0: experts {0, 1}, 0.55 / 0.45
+  std::vector<float> logits(cfg.n_experts, 7.f);
+  replay.begin_forward(Phase::decode, 1);
+  replay.apply_logits(0, logits);
+  CHECK(logits == std::vector<float>(cfg.n_experts, 7.f));  // off by default: the router's stay
+  replay.set_replace_logits(true);
+  replay.apply_logits(0, logits);
+  CHECK(logits[0] == Approx(std::log(0.55f)));
+  CHECK(logits[1] == Approx(std::log(0.45f)));
+  CHECK(logits[2] < logits[1] - 7.f);  // the others far below, distinct, by id
+  CHECK(logits[3] < logits[2]);
+  std::vector<float> two(2 * cfg.n_experts);
+  CHECK_THROWS_WITH(replay.apply_logits(0, two), Catch::Contains("n_tokens × n_experts"));
+}
+
+TEST_CASE(
+    "mobile-oracle: fallbacks at the set share, the big pass runs the plan made from the "
+    "trace at the set accuracy",
+    "[engine][replay][mobile]") {
+  REQUIRE(fs::exists(replay_fixture / "reference.json"));
+  moekit::ThreadPool pool(2);
+  const auto m = engine_test::load_model(replay_fixture);
+  REQUIRE(m);
+  const Tokens tokens{{1, 17, 42}, {5, 9, 33, 70}};
+  // Layer 0 always experts {3, 2}, layer 1 always {0, 1}.
+  RoutingTrace fixed(dims_of(m->cfg), "fixed", true);
+  fixed.begin_sequence("s");
+  const std::size_t g = fixed.append_token(Phase::decode);
+  fixed.set_route(g, 0, std::vector<std::uint32_t>{3, 2}, std::vector<float>{0.7f, 0.3f});
+  fixed.set_route(g, 1, std::vector<std::uint32_t>{0, 1}, std::vector<float>{0.6f, 0.4f});
+  using Spec = presets::MobileOracleSpec;
+  const auto shape = m->cfg.shape();
+  auto run_oracle = [&](double fallback_ratio, double accuracy,
+                        std::set<std::pair<std::uint32_t, std::uint32_t>>& loaded) {
+    presets::PresetParams q;
+    q.fallback_ratio = fallback_ratio;
+    q.replay_accuracy = accuracy;
+    RoutingReplay replay(fixed, m->cfg);
+    replay.set_replace_logits(Spec::needs.replayed_logits);
+    auto p =
+        Spec::build(shape, pipeline_config(shape, {0, Precision::f32}),
+                    recording_loader(*m, loaded), Spec::configure(shape, Precision::f32, q), {});
+    run(*m, *p, tokens, &replay, pool);
+    return p->token_policy().stats();
+  };
+  const std::set<std::pair<std::uint32_t, std::uint32_t>> want{{0, 2}, {0, 3}, {1, 0}, {1, 1}};
+  SECTION("every token falls back; a plan of accuracy 1 is the trace's experts") {
+    std::set<std::pair<std::uint32_t, std::uint32_t>> loaded;
+    const auto s = run_oracle(1.0, 1.0, loaded);
+    CHECK(s.fallbacks == tokens.decode.size());
+    CHECK(loaded == want);
+  }
+  SECTION("a plan of accuracy 0 swaps the expert the little pass did not run") {
+    std::set<std::pair<std::uint32_t, std::uint32_t>> loaded;
+    run_oracle(1.0, 0.0, loaded);
+    CHECK(loaded.size() > want.size());  // the big passes ran experts outside the record
+    CHECK(std::includes(loaded.begin(), loaded.end(), want.begin(), want.end()));  // prefill
+  }
+  SECTION("the share falls back, whatever the model's confidence") {
+    std::set<std::pair<std::uint32_t, std::uint32_t>> loaded;
+    CHECK(run_oracle(0.5, 1.0, loaded).fallbacks == tokens.decode.size() / 2);
+    CHECK(run_oracle(0.0, 1.0, loaded).fallbacks == 0);
+  }
+}
+
 TEST_CASE("a trace for another model is refused naming the flag and both values",
           "[engine][replay]") {
   const ModelConfig cfg = load_config(replay_fixture);  // 2 MoE layers, 4 experts, top-2
@@ -421,7 +489,9 @@ TEST_CASE("every preset runs the replayed experts", "[engine][replay][presets]")
     replay.rewind();
     with_pipeline(preset, s, o, backing.make_loader(), in, [&](auto& p) {
       const RoutingTrace seen = run(*m, p, tokens, &replay, pool);
-      if (preset.needs.lookahead) {  // the oracle predicted the replayed routing, mostly right
+      // The gate oracles predicted the replayed routing, mostly right (mobile-oracle's plan is
+      // tested above).
+      if (preset.needs.lookahead && !preset.needs.replayed_logits) {
         const auto d1 = p.stats().prediction[1];
         CHECK(d1.true_positive > 0);
         CHECK(d1.true_positive > d1.false_negative);

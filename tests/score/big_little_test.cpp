@@ -90,3 +90,24 @@ TEST_CASE("BigLittlePolicy: replay without logits needs an explicit fallback rat
   CHECK(quarter.stats().fallback_ratio() == 0.25);
   CHECK_THROWS_AS(BigLittlePolicy({.fallback_ratio_without_logits = 2.0}), Error);
 }
+
+TEST_CASE("BigLittlePolicy: share_only judges by the fixed share even when logits are given",
+          "[score][mobile]") {
+  // A confident forward (one logit far above the rest) would be accepted by confidence; with
+  // share_only a quarter of the forwards fall back all the same, and only those.
+  const std::vector<float> confident{20.f, 0.f, 0.f, 0.f};
+  BigLittlePolicy p({.fallback_ratio_without_logits = 0.25, .share_only = true});
+  int fallbacks = 0;
+  for (int t = 0; t < 40; ++t) {
+    (void)p.active_top_k(ctx(0, 1, t), 2);
+    if (p.end_token(confident) == TokenVerdict::fallback) {
+      ++fallbacks;
+      CHECK(p.end_token(confident) == TokenVerdict::accept);
+    }
+  }
+  CHECK(fallbacks == 10);
+  BigLittlePolicy by_confidence({.fallback_ratio_without_logits = 0.25});
+  (void)by_confidence.active_top_k(ctx(0, 1, 0), 2);
+  CHECK(by_confidence.end_token(confident) == TokenVerdict::accept);
+  CHECK_THROWS_AS(BigLittlePolicy({.share_only = true}), Error);  // no share given
+}

@@ -109,12 +109,14 @@ TEST_CASE("moe-sim presets: every preset and reference replays a synthetic trace
     check_sane(p->run(rp, tr), tr, std::string(p->name));
     if (p->reference != "belady") CHECK(find_reference(p->reference) != nullptr);
   }
-  // Every registered preset but NextUse and the oracle stand-ins (moe-sim's HOBBIT and Fate are
-  // them on traces without hidden states), in registry order, found from its registry entry.
-  CHECK(sim_presets().size() + 3 == presets::entries.size());
+  // Every registered preset but NextUse and the oracle stand-ins (moe-sim's HOBBIT, Fate and
+  // MoBiLE are them on traces without hidden states or logits), in registry order, found from its
+  // registry entry.
+  CHECK(sim_presets().size() + 4 == presets::entries.size());
   CHECK(sim_preset(presets::entry_of<presets::NextUseSpec>) == nullptr);
   CHECK(sim_preset(presets::entry_of<presets::HobbitOracleSpec>) == nullptr);
   CHECK(sim_preset(presets::entry_of<presets::FateOracleSpec>) == nullptr);
+  CHECK(sim_preset(presets::entry_of<presets::MobileOracleSpec>) == nullptr);
   for (const SimEntry& p : sim_presets()) {
     REQUIRE(p.preset != nullptr);
     CHECK(p.preset->name == p.name);
@@ -129,7 +131,10 @@ TEST_CASE("moe-sim presets: every preset and reference replays a synthetic trace
                                       "predicted gate weights") != std::string::npos);
   CHECK(run_hobbit(rp, tr).label.find("high pool 69% of the slots") != std::string::npos);
   CHECK(run_fate(rp, tr).label.find("noisy-oracle predictor, recall 0.9715") != std::string::npos);
-  CHECK(run_mobile(rp, tr).label.find("LRU without router replay") != std::string::npos);
+  CHECK(run_mobile(rp, tr).note.find("router logits made from each record's top-k") !=
+        std::string::npos);
+  CHECK(run_mobile(rp, tr).label.find("router replay, big pass little-plan, plan accuracy 0.8") !=
+        std::string::npos);
   CHECK(run_edgemoe(rp, tr).label.find("from 48 calibration decode tokens") != std::string::npos);
 }
 

@@ -496,6 +496,14 @@ class Cli {
         ->check(CLI::Range(0.0f, 1.0f));
     app_.add_option("--k-little", q.k_little,
                     "mobile: experts per token in the little pass (0 = K/2)");
+    app_.add_option("--fallback-ratio", q.fallback_ratio,
+                    "mobile-oracle: share of decode tokens that fall back to the big pass "
+                    "(default: MoBiLE Table II's mean)")
+        ->check(CLI::Range(0.0, 1.0));
+    app_.add_option("--replay-accuracy", q.replay_accuracy,
+                    "mobile-oracle: the plan's expected agreement with the trace's experts "
+                    "(default: the paper's 0.8)")
+        ->check(CLI::Range(0.0, 1.0));
     app_.add_option("--oracle-recall", q.oracle_recall,
                     "hobbit-oracle, fate-oracle: the noisy oracle's recall at +1[,+2[,+3]] layers "
                     "(default: the paper's figures)")

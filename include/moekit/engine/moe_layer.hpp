@@ -13,10 +13,12 @@
 /// shared expert take the dense matrices' options (Model::set_int8_dense_activations; f32 routers
 /// stay float). With a RoutingReplay set (routing_replay.hpp, moe-run --routing-trace), a trace's
 /// experts and weights replace the router's top-k before the pipeline sees the GateView; the logits
-/// stay the router's. A pipeline whose predictor fixed this layer's experts in advance
-/// (`planned_experts`: MoBiLE's big pass on the little pass's plan) gets exactly those, weighted by
-/// this pass's own router probabilities at them (renormalised when the config says so); a routing
-/// replay wins over such a plan.
+/// stay the router's unless the replay replaces them too. A pipeline whose predictor fixed this
+/// layer's experts in advance (`planned_experts`: MoBiLE's big pass on the little pass's plan) gets
+/// exactly those, weighted by this pass's router probabilities at them (renormalised when the
+/// config says so). A routing replay wins over such a plan when the plan came from the model's own
+/// logits (a random model's plan says nothing); when the replay replaced the logits, the plan came
+/// from the trace's and wins, as the paper's big pass runs its plan (mobile-oracle).
 
 #include <algorithm>
 #include <cmath>
@@ -88,10 +90,11 @@ class MoeLayer {
                                    .n_tokens = n};
     std::optional<TokenProfile::Scope> routing(std::in_place, profile_, TokenPart::routing);
     std::uint32_t k = route(w, x, n, pipeline_.active_top_k(ctx), opts);
-    if (replay_)
+    if (replay_) {
       replay_->apply(ctx.layer, k, experts_, weights_);  // before the pipeline sees it
-    else if (n == 1)
-      k = impose_plan(ctx, k);
+      replay_->apply_logits(ctx.layer, logits_);
+    }
+    if (n == 1 && (!replay_ || replay_->replaces_logits())) k = impose_plan(ctx, k);
     const moekit::GateView gate{.n_tokens = n,
                                 .k = k,
                                 .n_experts = cfg_.n_experts,

@@ -17,11 +17,13 @@
 /// Per (token, MoE layer): the record's expert ids and weights replace the router's in place,
 /// before the pipeline sees the GateView, so routing, predictors' hit statistics, loads and the
 /// experts that run all follow the trace. The router's logits and the gate-input hidden state stay
-/// the model's own (HOBBIT's and Fate's predictors compute from them as usual). The weights are
-/// the trace's, which sum to 1, also for models that do not renormalise top-k (Qwen2-MoE, OLMoE).
-/// When a token policy narrows top-k to k (MoBiLE's little pass), the record's first k experts
-/// are used with their weights renormalised. A missing record (`valid()` false: the shared Mixtral
-/// traces drop some) keeps the router's own top-k for that layer and is counted (`missing()`).
+/// the model's own (HOBBIT's and Fate's predictors compute from them as usual), unless
+/// `set_replace_logits` asks for the trace's (`apply_logits`: mobile-oracle's plan). The weights
+/// are the trace's, which sum to 1, also for models that do not renormalise top-k (Qwen2-MoE,
+/// OLMoE). When a token policy narrows top-k to k (MoBiLE's little pass), the record's first k
+/// experts are used with their weights renormalised. A missing record (`valid()` false: the shared
+/// Mixtral traces drop some) keeps the router's own top-k for that layer and is counted
+/// (`missing()`).
 
 #include <algorithm>
 #include <cstddef>
@@ -36,6 +38,7 @@
 #include "moekit/core/layer_context.hpp"
 #include "moekit/error.hpp"
 #include "moekit/predict/lookahead_oracle.hpp"
+#include "moekit/sim/route_logits.hpp"
 #include "moekit/sim/trace.hpp"
 #include "moekit/sim/trace_file.hpp"
 #include "moekit/sim/trace_walk.hpp"
@@ -132,6 +135,33 @@ class RoutingReplay : public moekit::RoutingLookahead {
     }
   }
 
+  /// Replaces the router's logits [rows × n_experts] of the current forward at MoE layer `layer`
+  /// with the trace's, when `replace_logits` is set (else leaves them): the record's stored logits,
+  /// or, for a trace without them, logits made from its experts and weights
+  /// (sim/route_logits.hpp). For stand-ins whose predictor reads the logits as the trace's router
+  /// would have produced them (mobile-oracle's plan); a missing record keeps the router's.
+  void apply_logits(std::uint32_t layer, std::span<float> logits) {
+    if (!replace_logits_) return;
+    MOEKIT_EXPECTS(current_.has_value(), "RoutingReplay::apply_logits: no forward begun");
+    const std::size_t E = trace_.dims().n_experts;
+    MOEKIT_EXPECTS(logits.size() == rows_.size() * E,
+                   "RoutingReplay::apply_logits: the logits are not n_tokens × n_experts");
+    for (std::size_t t = 0; t < rows_.size(); ++t) {
+      if (!trace_.valid(rows_[t], layer)) continue;
+      const std::span<float> row = logits.subspan(t * E, E);
+      if (trace_.has_logits()) {
+        const auto stored = trace_.logits(rows_[t], layer);
+        std::copy(stored.begin(), stored.end(), row.begin());
+      } else {
+        moekit::sim::route_logits(trace_.experts(rows_[t], layer), trace_.weights(rows_[t], layer),
+                                  row);
+      }
+    }
+  }
+  /// Whether `apply_logits` replaces the router's logits (default: no, they stay the model's).
+  void set_replace_logits(bool on) noexcept { replace_logits_ = on; }
+  [[nodiscard]] bool replaces_logits() const noexcept { return replace_logits_; }
+
   /// The trace's routing of the forward in flight at MoE layer `layer`, at the full top-k
   /// (LookaheadOraclePredictor's source: the experts `apply` will put there). Rows whose record
   /// is missing are left out (the router's own choice, unknown ahead); nullopt when no forward is
@@ -180,6 +210,7 @@ class RoutingReplay : public moekit::RoutingLookahead {
   std::size_t missing_ = 0, replayed_ = 0, tokens_ = 0;
   std::vector<std::uint32_t> ahead_experts_;  ///< routing_at's view
   std::vector<float> ahead_weights_;
+  bool replace_logits_ = false;  ///< apply_logits writes the trace's logits
 };
 
 }  // namespace moekit::engine

@@ -47,8 +47,17 @@
 
 namespace moekit::presets {
 
+/// MoBiLE Table II at γ = 0.7: mean of the four fallback ratios 0.11, 0.11, 0.21, 0.12 (paper).
+/// The share of tokens that fall back where the model's confidence is not available or means
+/// nothing (moe-sim's traces, moe-run's mobile-oracle).
+inline constexpr double mobile_paper_fallback_ratio = 0.1375;
+/// MoBiLE §III-B: the little pass's plan agrees with the big pass's experts "more than 80 %"
+/// (paper): the accuracy of the plan's stand-in (sim/noisy_router_replay.hpp).
+inline constexpr double mobile_paper_replay_accuracy = 0.8;
+
 /// The presets' knobs a caller sets (moe-run has one flag per field, named beside it; messages
-/// name the flag). Every default is the owning component's own Config default.
+/// name the flag). Every default is the owning component's own Config default, or a stand-in's
+/// paper figure.
 struct PresetParams {
   // HOBBIT's T1/T2 rule (NextUse uses it too)
   float t1 = HobbitRule{}.t1;        ///< --t1: cumulative weight run at the base precision
@@ -65,6 +74,8 @@ struct PresetParams {
   // MoBiLE
   float gamma = BigLittlePolicy::Config{}.gamma;                ///< --gamma
   std::uint32_t k_little = BigLittlePolicy::Config{}.k_little;  ///< --k-little (0 = K/2)
+  double fallback_ratio = mobile_paper_fallback_ratio;    ///< --fallback-ratio (mobile-oracle)
+  double replay_accuracy = mobile_paper_replay_accuracy;  ///< --replay-accuracy (mobile-oracle)
   // the oracle stand-ins (hobbit-oracle, fate-oracle)
   std::vector<double> oracle_recall{};  ///< --oracle-recall: at +1, +2, +3 (empty: the paper's)
   RouterReplayPredictor::BigPass big_pass =
@@ -94,6 +105,9 @@ struct PresetNeeds {
   /// budget, up to a layer's experts at once, and the lazy upgrade holds one more. The run's
   /// memory must hold them besides the budget (moe-run's `--expert-budget auto` reserves them).
   bool staged_misses = false;
+  /// The replayed trace's router logits in place of the model's (`lookahead` too): a stand-in
+  /// whose predictor plans from the logits a trained router gave (mobile-oracle).
+  bool replayed_logits = false;
 };
 
 /// The inputs of `PresetNeeds`, as plain data (filled by the engine, the simulator or a test).
@@ -145,6 +159,9 @@ inline void check_params(const PresetParams& q) {
   if (!(q.fate_percentile >= 0 && q.fate_percentile < 1))
     bad("--fate-percentile: must be in [0, 1)");
   if (!(q.gamma >= 0 && q.gamma <= 1)) bad("--gamma: must be in [0, 1]");
+  if (!(q.fallback_ratio >= 0 && q.fallback_ratio <= 1)) bad("--fallback-ratio: must be in [0, 1]");
+  if (!(q.replay_accuracy >= 0 && q.replay_accuracy <= 1))
+    bad("--replay-accuracy: must be in [0, 1]");
   if (q.oracle_recall.size() > max_prediction_distance)
     bad("--oracle-recall: at most " + std::to_string(max_prediction_distance) +
         " figures (+1, +2, +3 layers ahead)");

@@ -35,6 +35,7 @@
 #include "moekit/presets/hobbit.hpp"
 #include "moekit/presets/hobbit_oracle.hpp"
 #include "moekit/presets/mobile.hpp"
+#include "moekit/presets/mobile_oracle.hpp"
 #include "moekit/presets/nextuse.hpp"
 #include "moekit/presets/nextuse_fit.hpp"
 #include "moekit/presets/preset_spec.hpp"
@@ -60,7 +61,8 @@ using Registered = PresetList<
     NextUseSpec,
     NextUseFitSpec,
     HobbitOracleSpec,
-    FateOracleSpec>;
+    FateOracleSpec,
+    MobileOracleSpec>;
 // clang-format on
 
 /// A registered preset as a run-time value: what does not depend on the loader type.

@@ -42,6 +42,9 @@ class BigLittlePolicy {
     /// this is in [0, 1], that share of judged forwards falls back, spread evenly and
     /// deterministically (error diffusion). Negative (default): empty logits are an error.
     double fallback_ratio_without_logits = -1.0;
+    /// Judge every forward by that share even when logits are given: for routing replayed into a
+    /// model whose own confidence means nothing (random weights; moe-run's mobile-oracle).
+    bool share_only = false;
   };
 
   /// Counters since construction (or `reset_counters`).
@@ -63,6 +66,9 @@ class BigLittlePolicy {
     MOEKIT_EXPECTS(cfg_.fallback_ratio_without_logits <= 1.0,
                    "BigLittlePolicy: Config.fallback_ratio_without_logits must be <= 1 (negative "
                    "disables it)");
+    MOEKIT_EXPECTS(!cfg_.share_only || cfg_.fallback_ratio_without_logits >= 0.0,
+                   "BigLittlePolicy: Config.share_only needs fallback_ratio_without_logits in "
+                   "[0, 1]");
   }
 
   /// Experts per token for this layer call: K_s in little passes, K in prefill (by default) and
@@ -95,7 +101,7 @@ class BigLittlePolicy {
       return TokenVerdict::accept;
     }
     bool confident = false;
-    if (logits.empty()) {
+    if (logits.empty() || cfg_.share_only) {
       MOEKIT_EXPECTS(cfg_.fallback_ratio_without_logits >= 0.0,
                      "BigLittlePolicy: end_token needs the output logits of the forward (or set "
                      "Config.fallback_ratio_without_logits for trace replay)");

@@ -19,8 +19,9 @@
 ///    moe-sim's first half of each trace, `split_for_calibration`; the replayed trace is the
 ///    other half).
 ///  * mobile: traces store no output logits, so BigLittlePolicy falls back on a fixed share of
-///    tokens (MoBiLE Table II); router replay needs the router logits in the trace, otherwise the
-///    fallback's experts load on demand (LRU, no replay). The little pass uses the first K/2 of
+///    tokens (MoBiLE Table II); router replay plans from the trace's router logits, or, where the
+///    trace has none, from logits made from each record's top-k (sim/route_logits.hpp; the shared
+///    Mixtral traces). The little pass uses the first K/2 of
 ///    each record's experts (what the router picks from the same logits). A trace has one forward
 ///    per token, so the little pass's logits are the big pass's and its plan would always be right:
 ///    the plan's agreement with the big pass is a stated stand-in instead (`--replay-accuracy`,
@@ -58,6 +59,7 @@
 #include "moekit/score/uniform.hpp"
 #include "moekit/sim/noisy_router_replay.hpp"
 #include "moekit/sim/replay.hpp"
+#include "moekit/sim/route_logits.hpp"
 #include "moekit/sim/sim_loader.hpp"
 #include "moekit/sim/trace.hpp"
 #include "moekit/sim/trace_stats.hpp"
@@ -68,10 +70,8 @@ namespace moekit::sim::preset_runs {
 
 /// Paper defaults of the substitutes (see the file comment for sources).
 inline constexpr double fate_paper_recall = 0.9715;  ///< Fate §4.2, 75th-percentile set, decode
-/// MoBiLE Table II at γ = 0.7: mean of the four fallback ratios 0.11, 0.11, 0.21, 0.12.
-inline constexpr double mobile_paper_fallback_ratio = 0.1375;
-/// MoBiLE §III-B: the little pass's plan agrees with the big pass's experts "more than 80 %".
-inline constexpr double mobile_paper_replay_accuracy = 0.8;
+using presets::mobile_paper_fallback_ratio;          // MoBiLE Table II (presets/mobile.hpp)
+using presets::mobile_paper_replay_accuracy;         // MoBiLE §III-B
 
 /// `f` as the shortest decimal that reads back as it (0.6f → 0.6): a component's float default
 /// seeds a double knob that prints as written.
@@ -633,9 +633,11 @@ inline PresetResult run_edgemoe(const RunParams& given, const moekit::sim::Routi
               std::to_string(placed) + " experts before the clock starts"};
 }
 
-/// MoBiLE: big-little token policy (fixed fallback share without output logits), router replay
-/// when the trace has router logits, its plan's accuracy a stand-in (sim/noisy_router_replay.hpp).
-inline PresetResult run_mobile(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
+/// MoBiLE: big-little token policy (fixed fallback share: traces store no output logits), router
+/// replay, its plan's accuracy a stand-in (sim/noisy_router_replay.hpp). A trace without router
+/// logits gets logits made from each record's top-k (sim/route_logits.hpp), as moe-run's
+/// mobile-oracle does, so the plan is the record's experts before the accuracy stand-in.
+inline PresetResult run_mobile(const RunParams& rp, const moekit::sim::RoutingTrace& trace) {
   using namespace moekit;
   using presets::MobileSpec;
   MobileSpec::Config cfg{.precision = rp.config.base_precision,
@@ -646,40 +648,35 @@ inline PresetResult run_mobile(const RunParams& rp, const moekit::sim::RoutingTr
   const std::string base = "fallback ratio " + fmt_num(rp.fallback_ratio, 4) +
                            " (no output logits), little pass = first " + std::to_string(little) +
                            " of " + std::to_string(rp.shape.top_k) + " recorded experts";
-  const std::string fixed_share =
-      "traces store no output logits: fallback on a fixed share of tokens";
-  if (tr.has_logits()) {
-    using Replay = sim::NoisyRouterReplay;
-    OffloadPipeline<UniformScorer, Replay, LruPolicy, sim::SimLoader, OnDemandScheduler,
-                    BigLittlePolicy>
-        p(rp.shape, MobileSpec::pipeline_config(rp.config, cfg), sim::SimLoader(rp.shape, rp.link),
-          MobileSpec::scorer(cfg),
-          Replay({.replay = MobileSpec::replay(rp.shape, cfg),
-                  .accuracy = rp.replay_accuracy,
-                  .seed = rp.seed}),
-          LruPolicy{}, OnDemandScheduler{}, MobileSpec::token_policy(cfg));
-    sim::ReplayReport rep = sim::replay(p, tr, rp.compute);
-    const double floor = Replay::floor_accuracy(rp.shape.top_k, little);
-    const std::string mode =
-        rp.big_pass == RouterReplayPredictor::BigPass::little_plan ? "little-plan" : "recompute";
-    return {std::move(rep),
-            "mobile (router replay, big pass " + mode + ", plan accuracy " +
-                fmt_num(rp.replay_accuracy) + " stand-in, reached " +
-                fmt_num(p.predictor().inner().stats().accuracy()) + ", " + base + ")",
-            fixed_share + "; the plan's agreement with the big pass is a stand-in (" +
-                fmt_num(rp.replay_accuracy) + ", paper > 0.8" +
-                (rp.replay_accuracy < floor ? ", below the floor " + fmt_num(floor) +
-                                                  " with the little pass's experts kept"
-                                            : "") +
-                "): a trace's little pass sees the big pass's logits"};
-  }
-  OffloadPipeline<UniformScorer, NoPredictor, LruPolicy, sim::SimLoader, OnDemandScheduler,
+  const bool made_logits = !trace.has_logits();
+  const sim::RoutingTrace made = made_logits ? sim::with_route_logits(trace) : sim::RoutingTrace{};
+  const sim::RoutingTrace& tr = made_logits ? made : trace;
+  using Replay = sim::NoisyRouterReplay;
+  OffloadPipeline<UniformScorer, Replay, LruPolicy, sim::SimLoader, OnDemandScheduler,
                   BigLittlePolicy>
       p(rp.shape, MobileSpec::pipeline_config(rp.config, cfg), sim::SimLoader(rp.shape, rp.link),
-        MobileSpec::scorer(cfg), NoPredictor{}, LruPolicy{}, OnDemandScheduler{},
-        MobileSpec::token_policy(cfg));
-  return {sim::replay(p, tr, rp.compute), "mobile (LRU without router replay, " + base + ")",
-          "the trace has no router logits: no router replay; " + fixed_share};
+        MobileSpec::scorer(cfg),
+        Replay({.replay = MobileSpec::replay(rp.shape, cfg),
+                .accuracy = rp.replay_accuracy,
+                .seed = rp.seed}),
+        LruPolicy{}, OnDemandScheduler{}, MobileSpec::token_policy(cfg));
+  sim::ReplayReport rep = sim::replay(p, tr, rp.compute);
+  const double floor = Replay::floor_accuracy(rp.shape.top_k, little);
+  const std::string mode =
+      rp.big_pass == RouterReplayPredictor::BigPass::little_plan ? "little-plan" : "recompute";
+  return {std::move(rep),
+          "mobile (router replay, big pass " + mode + ", plan accuracy " +
+              fmt_num(rp.replay_accuracy) + " stand-in, reached " +
+              fmt_num(p.predictor().inner().stats().accuracy()) + ", " + base + ")",
+          std::string("traces store no output logits: fallback on a fixed share of tokens; ") +
+              (made_logits ? "router logits made from each record's top-k (the trace has none); "
+                           : "") +
+              "the plan's agreement with the big pass is a stand-in (" +
+              fmt_num(rp.replay_accuracy) + ", paper > 0.8" +
+              (rp.replay_accuracy < floor
+                   ? ", below the floor " + fmt_num(floor) + " with the little pass's experts kept"
+                   : "") +
+              "): a trace's little pass sees the big pass's logits"};
 }
 
 /// Fiddler: static popularity placement profiled on the calibration trace (Fiddler profiles a
@@ -810,7 +807,8 @@ struct SimPreset<moekit::presets::MobileSpec> {
   static constexpr bool replayed = true;
   static constexpr SimEntry entry{"",
                                   "MoBiLE: big-little experts, fixed fallback share without "
-                                  "output logits, router replay when the trace has router logits",
+                                  "output logits, router replay (logits made from the records "
+                                  "where the trace has none)",
                                   &run_mobile, false, true};
 };
 template <>
