@@ -295,8 +295,9 @@ class Sampler {
   static constexpr double kRungRoom = 0.8;
   static constexpr std::size_t kRungMemory = 4;
   static constexpr std::size_t kNotCollected = std::numeric_limits<std::size_t>::max();
-  /// Fewest logits per thread for which a pass is split over the pool: below it, a job's hand-off
-  /// costs about what the second thread saves (bench/RESULTS.md, "Sampler cost").
+  /// Fewest logits per thread for which a pass is split over the pool: a job's hand-off costs
+  /// about a microsecond, a range of this many logits several. A guess, not yet measured on a
+  /// quiet machine (bench/RESULTS.md, "Sampler cost", the passes split over the thread pool).
   static constexpr std::size_t kMinPart = 8192;
   /// Room after each range's collected indices: the vector passes store whole registers.
   static constexpr std::size_t kCollectSlack = 16;
