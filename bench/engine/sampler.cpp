@@ -14,10 +14,13 @@
 // tokens after its reference prompt (f32 experts in memory, --threads threads), timing each
 // decode step. With --decode-us D (or --model: its fastest decode step, the least disturbed by
 // other load, which makes the share an upper bound), each row also gives the share of a token
-// the sampler takes: sample / (D + sample).
+// the sampler takes: sample / (D + sample). With --pool N, the new sampler runs its passes over
+// the vocabulary on a pool of N threads (Sampler::set_thread_pool; the caller's CPU time then
+// includes its wait for the other thread's range, so it is about the sample's wall time); the
+// median sample is printed beside the mean, as the less disturbed by other load.
 //
 // Usage: moekit_bench_sampler [--model DIR] [--tokens N] [--threads N] [--decode-us D]
-//                             [--rounds N]
+//                             [--rounds N] [--pool N]
 
 #include <algorithm>
 #include <chrono>
@@ -119,7 +122,7 @@ struct Setting {
 };
 
 struct Timing {
-  double old_us = 0, new_us = 0;
+  double old_us = 0, new_us = 0, new_median_us = 0;
   std::size_t same = 0, compared = 0;
   Sampler::PathCounts paths;
   std::uint64_t new_samples = 0;
@@ -135,11 +138,14 @@ double clock_cost_us() {
 /// `rounds` rounds, each timing the old sampler on `old_per_round` rows and the new one on
 /// `new_per_round`; a second new sampler follows the old one untimed, for the comparison. Each
 /// row is first copied into one buffer, untimed, as the LM head leaves fresh logits in cache.
-Timing measure(const Rows& rows, SamplerConfig c, int rounds, int old_per_round,
-               int new_per_round) {
+Timing measure(const Rows& rows, SamplerConfig c, int rounds, int old_per_round, int new_per_round,
+               moekit::ThreadPool* pool) {
   Timing t;
   OldSampler old(c);
   Sampler follower(c), timed(c);
+  follower.set_thread_pool(pool);
+  timed.set_thread_pool(pool);
+  std::vector<double> each;
   std::vector<float> hot(rows[0].size());
   const double clock = clock_cost_us();
   std::size_t at_old = 0, at_new = 0;
@@ -158,9 +164,12 @@ Timing measure(const Rows& rows, SamplerConfig c, int rounds, int old_per_round,
       hot = rows[at_new % rows.size()];
       const double t0 = thread_cpu_us();
       sink = sink + timed.sample(hot);
-      new_total += thread_cpu_us() - t0 - clock;
+      each.push_back(thread_cpu_us() - t0 - clock);
+      new_total += each.back();
     }
   }
+  std::nth_element(each.begin(), each.begin() + std::ptrdiff_t(each.size() / 2), each.end());
+  t.new_median_us = each[each.size() / 2];
   t.old_us = old_total / (rounds * old_per_round);
   t.new_us = new_total / (rounds * new_per_round);
   t.paths = timed.paths();
@@ -172,8 +181,8 @@ void print_row(const char* profile, const Setting& s, const Timing& t, double de
   const auto& p = t.paths;
   const double n = double(t.new_samples);
   const bool exact = s.config.top_k == 0;
-  std::printf("| %s | %s | %.1f | %.2f | %.0f | %s | %.3f / %.3f / %.4f / %.4f | %.0f |", profile,
-              s.name, t.old_us, t.new_us, t.old_us / t.new_us,
+  std::printf("| %s | %s | %.1f | %.2f | %.2f | %.0f | %s | %.3f / %.3f / %.4f / %.4f | %.0f |",
+              profile, s.name, t.old_us, t.new_us, t.new_median_us, t.old_us / t.new_us,
               exact ? (std::to_string(t.same) + "/" + std::to_string(t.compared)).c_str() : "n/a",
               double(p.approximate) / n, double(p.exact_candidates) / n, double(p.exact_all) / n,
               double(p.reference) / n, double(p.candidates) / n);
@@ -188,7 +197,7 @@ void print_row(const char* profile, const Setting& s, const Timing& t, double de
 int main(int argc, char** argv) try {
   fs::path model;
   int tokens = 128, rounds = 10;
-  unsigned threads = 1;
+  unsigned threads = 1, pool_threads = 1;
   double decode_us = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -202,6 +211,8 @@ int main(int argc, char** argv) try {
       decode_us = std::atof(argv[i + 1]);
     else if (a == "--rounds")
       rounds = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--pool")
+      pool_threads = unsigned(std::max(1, std::atoi(argv[i + 1])));
     else
       throw std::runtime_error("unknown flag " + a);
   }
@@ -225,16 +236,19 @@ int main(int argc, char** argv) try {
       {"T 0.8, top-p 1", {0.8f, 1.0f, 42}},
       {"T 0.8, top-k 40, top-p 0.95 (old: no top-k)", {0.8f, 0.95f, 42, 40}},
       {"greedy", {0.0f, 1.0f, 42}}};
-  std::printf("vector passes: %s\n\n", std::string(moekit::name(moekit::detect_isa())).c_str());
+  moekit::ThreadPool pool(pool_threads);
+  std::printf("vector passes: %s; new sampler's passes on %u thread(s)\n\n",
+              std::string(moekit::name(moekit::detect_isa())).c_str(), pool_threads);
   std::printf(
-      "| logits | setting | old us | new us | old / new | same tokens | decided: fast / "
-      "exact candidates / exact all / reference | candidates per sample |%s\n",
+      "| logits | setting | old us | new us | new median us | old / new | same tokens | decided: "
+      "fast / exact candidates / exact all / reference | candidates per sample |%s\n",
       decode_us > 0 ? " old share of a token | new share |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|%s\n", decode_us > 0 ? "---|---|" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|%s\n", decode_us > 0 ? "---|---|" : "");
   for (const auto& [name, rows] : profiles)
     for (const Setting& s : settings) {
       const bool greedy = s.config.temperature == 0;
-      print_row(name.c_str(), s, measure(rows, s.config, rounds, greedy ? 200 : 5, 200), decode_us);
+      print_row(name.c_str(), s, measure(rows, s.config, rounds, greedy ? 200 : 5, 200, &pool),
+                decode_us);
     }
   if (decode_us > 0) std::printf("\nshares against a decode step of %.1f us\n", decode_us);
   return 0;

@@ -321,6 +321,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   k.apply(model);
   model.set_row_streaming(o.row_streaming);
   Sampler sampler({o.temperature, o.top_p, o.seed, o.top_k});
+  sampler.set_thread_pool(&pool);  // its passes over the vocabulary too
   StreamDecoder stream(tok, prompt);
   std::string text;
   auto emit = [&](const std::string& piece) {
@@ -571,6 +572,7 @@ nlohmann::json chat_on(const Options& o, const ModelConfig& cfg, const ModelWeig
   for (const Token id : cfg.eos_token_ids) enc.add_stop(id);
   ChatSession<Model<Pipeline>> session(*model, tok, k.chat, enc);
   Sampler sampler({o.temperature, o.top_p, o.seed, o.top_k});
+  sampler.set_thread_pool(&pool);  // its passes over the vocabulary too
   const bool prompt_user = isatty(0) && !o.json;
   TurnRequest req{o.n_predict,
                   [&](std::string_view piece) {
@@ -649,10 +651,12 @@ nlohmann::json serve_on(const Options& o, const ModelConfig& cfg, const ModelWei
       chat_format_list();
   e.chat = [&](std::span<const ChatMessage> m, const SamplerConfig& s, const TurnRequest& r) {
     Sampler sampler(s);
+    sampler.set_thread_pool(&pool);  // its passes over the vocabulary too
     return session.reply(m, sampler, r);
   };
   e.complete = [&](const std::string& prompt, const SamplerConfig& s, const TurnRequest& r) {
     Sampler sampler(s);
+    sampler.set_thread_pool(&pool);  // its passes over the vocabulary too
     std::vector<Token> ids = tok.encode(prompt, false);
     if (!o.no_bos && cfg.bos_token_id) ids.insert(ids.begin(), *cfg.bos_token_id);
     return session.complete(ids, sampler, r);

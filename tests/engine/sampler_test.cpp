@@ -96,8 +96,9 @@ using Rows = std::vector<std::vector<float>>;
 /// Draws `draws` tokens with both samplers (same settings and seed), cycling through `rows`, and
 /// requires the same token at every step. Returns the new sampler's path counts.
 Sampler::PathCounts same_tokens(const Rows& rows, SamplerConfig c, moekit::Isa isa,
-                                std::size_t draws) {
+                                std::size_t draws, moekit::ThreadPool* pool = nullptr) {
   Sampler s(c, isa);
+  s.set_thread_pool(pool);
   OldSampler old(c);
   for (std::size_t i = 0; i < draws; ++i) {
     const auto& row = rows[i % rows.size()];
@@ -248,6 +249,61 @@ TEST_CASE("the sampler draws the original's tokens on the default model's logits
   // The wide nuclei of this small model need the slower, exact attempts now and then: they
   // were exercised too (the third, expf for all, is rarer: the next test makes it decide).
   CHECK(sum.exact_candidates > 0);
+}
+
+TEST_CASE("on a pool's threads, the sampler draws the original's tokens", "[engine][sampler]") {
+  // Vocabularies split into two or three ranges, with tails that are no whole group of the scan;
+  // the settings take every path that scans (greedy, top-k) or weighs (nucleus) the vocabulary.
+  struct Setting {
+    float t, p;
+    std::uint32_t k;
+  };
+  for (const unsigned threads : {2u, 3u}) {
+    moekit::ThreadPool pool(threads);
+    for (const std::size_t n : {32000u, 16384u + 17u, 50000u}) {
+      const Rows rows{lm_logits(n, n), lm_logits(n, n + 1, 1.0f, 0), lm_logits(n, 3, 4.f, 3, 30)};
+      for (const auto isa : runnable_isas())
+        for (const Setting st : {Setting{0.8f, 0.95f, 0},
+                                 {1.0f, 0.99f, 0},
+                                 {0.8f, 0.5f, 0},
+                                 {0.8f, 0.95f, 40},
+                                 {0.0f, 1.0f, 0}}) {
+          INFO(threads << " threads, vocabulary " << n << ", T " << st.t << ", top-p " << st.p
+                       << ", top-k " << st.k);
+          const SamplerConfig c{st.t, st.p, n + threads, st.k};
+          if (st.k == 0) {
+            CHECK(same_tokens(rows, c, isa, 12, &pool).split == 12);
+            continue;
+          }
+          Sampler alone(c, isa), split(c, isa);
+          split.set_thread_pool(&pool);
+          for (const auto& row : rows) CHECK(split.sample(row) == alone.sample(row));
+          CHECK(split.paths().split == rows.size());
+        }
+    }
+  }
+}
+
+TEST_CASE(
+    "the sampler stays on one thread when the pool's last step did, or the vocabulary is "
+    "small",
+    "[engine][sampler]") {
+  moekit::ThreadPool pool(2);
+  Sampler s({0.8f, 0.95f, 1});
+  s.set_thread_pool(&pool);
+  const auto big = lm_logits(32000, 1), small = lm_logits(8000, 1);
+  s.sample(big);
+  CHECK(s.paths().split == 1);
+  s.sample(small);
+  CHECK(s.paths().split == 1);
+  // The StepChooser measures both modes first: its first step runs on all threads, the second on
+  // the caller alone.
+  { const moekit::ThreadPool::Active team(pool, true); }
+  CHECK(pool.last_step_on_team());
+  { const moekit::ThreadPool::Active solo(pool, true); }
+  REQUIRE_FALSE(pool.last_step_on_team());
+  s.sample(big);
+  CHECK(s.paths().split == 1);
 }
 
 TEST_CASE("a cut that only expf weights for every logit place draws the original's token",

@@ -24,6 +24,10 @@
 /// With top-k, the k highest logits (ties: lower token id first) are found by a threshold on the
 /// maxima of disjoint sets of logits that the first pass reports, sorted, and the original's
 /// arithmetic runs on them.
+///
+/// With a thread pool (`set_thread_pool`), the two passes over the whole vocabulary (the scan and
+/// the weight pass) run as one range per thread. Only the order of the weight sums changes, which
+/// the margins already allow for (any order), so every seed still draws the same tokens.
 
 #include <algorithm>
 #include <array>
@@ -40,6 +44,7 @@
 
 #include "moekit/error.hpp"
 #include "moekit/precision/isa.hpp"
+#include "moekit/precision/thread_pool.hpp"
 
 #include "moekit/engine/sampler_passes.hpp"
 
@@ -236,6 +241,7 @@ class Sampler {
     std::uint64_t exact_all = 0;         ///< then expf weights for the whole vocabulary
     std::uint64_t reference = 0;         ///< then the original arithmetic (`reference`)
     std::uint64_t candidates = 0;        ///< logits collected (nuclei, top-k), over all samples
+    std::uint64_t split = 0;  ///< samples whose passes over the vocabulary ran on the pool
   };
 
   /// `isa` picks the version of the vector passes (tests compare them); the CPU must support it.
@@ -268,6 +274,11 @@ class Sampler {
     return nucleus(logits, detail::from_key(top_key));
   }
 
+  /// Runs the passes over the vocabulary on `pool`'s threads (null: on the caller alone), when
+  /// the pool's last decode step ran on all of them (ThreadPool::last_step_on_team) and the
+  /// vocabulary is large enough to repay a job. The pool must outlive the sampler's use of it.
+  void set_thread_pool(moekit::ThreadPool* pool) noexcept { pool_ = pool; }
+
   [[nodiscard]] const SamplerConfig& config() const noexcept { return cfg_; }
   [[nodiscard]] const PathCounts& paths() const noexcept { return paths_; }
 
@@ -284,6 +295,12 @@ class Sampler {
   static constexpr double kRungRoom = 0.8;
   static constexpr std::size_t kRungMemory = 4;
   static constexpr std::size_t kNotCollected = std::numeric_limits<std::size_t>::max();
+  /// Fewest logits per thread for which a pass is split over the pool: a job's hand-off costs
+  /// about a microsecond, a range of this many logits several. A guess, not yet measured on a
+  /// quiet machine (bench/RESULTS.md, "Sampler cost", the passes split over the thread pool).
+  static constexpr std::size_t kMinPart = 8192;
+  /// Room after each range's collected indices: the vector passes store whole registers.
+  static constexpr std::size_t kCollectSlack = 16;
 
   /// The generator as one sample sees it: draws are recorded, and each attempt, after `rewind`,
   /// gets the same numbers, so the generator ends where the deciding attempt leaves it.
@@ -320,8 +337,7 @@ class Sampler {
   /// The largest logit's key, after refusing logits no distribution comes from.
   std::int32_t check(std::span<const float> l) {
     const std::size_t n = l.size();
-    lane_max_.resize(sampler_scan_lanes(n));
-    const auto s = passes_.scan(l.data(), n, lane_max_.data());
+    const auto s = scan(l);
     constexpr float inf = std::numeric_limits<float>::infinity();
     if (s.min_key < detail::order_key(-inf) || s.max_key > detail::order_key(inf)) {
       const auto bad = std::find_if(l.begin(), l.end(), [](float v) { return std::isnan(v); });
@@ -397,12 +413,9 @@ class Sampler {
   /// the rung the last sample found enough.
   Pick approximate(std::span<const float> l, float top, Draws& draws) {
     const std::size_t n = l.size();
-    weights_.resize(n);
-    cand_idx_.resize(n + 16);
     const auto floors = rung_floors(top);
     const float floor = first_rung_ < kRungs ? floors[first_rung_] : -inf_;
-    const auto sums = passes_.exp_weights(l.data(), n, top, cfg_.temperature, floor,
-                                          weights_.data(), cand_idx_.data());
+    const auto sums = exp_weights(l, top, floor);
     const double eps = margin(1, n, 1);  // the draw's sums come from the weights alone
     if (gather(l, top, floors, sums.total, eps, first_rung_, sums.collected) == 0)
       return {Verdict::unsure};
@@ -434,6 +447,71 @@ class Sampler {
     if (gather(l, top, rung_floors(top), total, eps, first_rung_, kNotCollected) == 0)
       return {Verdict::unsure};
     return decide(n, total, eps, eps, draws);
+  }
+
+  /// How many ranges of at most `grain` logits a pass over n splits into: one per thread of pool_
+  /// (ranges whole groups of `scan`, so that each range's lane maxima are the whole's), or one.
+  std::size_t ranges(std::size_t n, std::size_t& grain) const noexcept {
+    const bool team = pool_ && pool_->size() > 1 && pool_->last_step_on_team();
+    const std::size_t k = team ? std::min<std::size_t>(pool_->size(), n / kMinPart) : 1;
+    if (k <= 1) {
+      grain = n;
+      return 1;
+    }
+    grain = (n / k + detail::kGroup - 1) / detail::kGroup * detail::kGroup;
+    return (n + grain - 1) / grain;
+  }
+
+  /// passes_.scan over the logits into lane_max_, by ranges on the pool's threads.
+  SamplerScan scan(std::span<const float> l) {
+    const std::size_t n = l.size();
+    lane_max_.resize(sampler_scan_lanes(n));
+    std::size_t grain;
+    const std::size_t k = ranges(n, grain);
+    if (k == 1) return passes_.scan(l.data(), n, lane_max_.data());
+    ++paths_.split;
+    range_scans_.resize(k);
+    pool_->parallel_for(0, n, grain, [&](std::size_t b, std::size_t e) {
+      const std::size_t lanes = b / detail::kGroup * detail::kLanes;
+      range_scans_[b / grain] = passes_.scan(l.data() + b, e - b, lane_max_.data() + lanes);
+    });
+    SamplerScan s = range_scans_[0];
+    for (const SamplerScan& r : range_scans_) {
+      s.max_key = std::max(s.max_key, r.max_key);
+      s.min_key = std::min(s.min_key, r.min_key);
+    }
+    return s;
+  }
+
+  /// passes_.exp_weights over the logits into weights_ and cand_idx_, by ranges on the pool's
+  /// threads: each range collects into its own stretch of cand_idx_ (its indices counted from its
+  /// start), then the stretches are moved down into one ascending list.
+  SamplerExpSums exp_weights(std::span<const float> l, float top, float floor) {
+    const std::size_t n = l.size();
+    std::size_t grain;
+    const std::size_t k = ranges(n, grain);
+    weights_.resize(n);
+    cand_idx_.resize(n + kCollectSlack * k);
+    const float t = cfg_.temperature;
+    if (k == 1)
+      return passes_.exp_weights(l.data(), n, top, t, floor, weights_.data(), cand_idx_.data());
+    range_sums_.resize(k);
+    pool_->parallel_for(0, n, grain, [&](std::size_t b, std::size_t e) {
+      const std::size_t r = b / grain;
+      range_sums_[r] = passes_.exp_weights(l.data() + b, e - b, top, t, floor, weights_.data() + b,
+                                           cand_idx_.data() + b + kCollectSlack * r);
+    });
+    SamplerExpSums s;
+    for (std::size_t r = 0; r < k; ++r) {  // in range order: the same total on every run
+      const std::size_t b = r * grain;
+      const std::uint32_t* from = cand_idx_.data() + b + kCollectSlack * r;
+      std::uint32_t* to = cand_idx_.data() + s.collected;  // never above `from`
+      for (std::size_t i = 0; i < range_sums_[r].collected; ++i)
+        to[i] = from[i] + static_cast<std::uint32_t>(b);
+      s.collected += range_sums_[r].collected;
+      s.total += range_sums_[r].total;
+    }
+    return s;
   }
 
   /// The sum of w in double, in eight interleaved parts (one chain of adds would take longer).
@@ -614,6 +692,9 @@ class Sampler {
   SamplerConfig cfg_;
   std::mt19937_64 rng_;
   SamplerVectorPasses passes_;
+  moekit::ThreadPool* pool_ = nullptr;
+  std::vector<SamplerScan> range_scans_;
+  std::vector<SamplerExpSums> range_sums_;
   PathCounts paths_;
   std::vector<std::int32_t> lane_max_, keys_;
   std::vector<float> weights_;

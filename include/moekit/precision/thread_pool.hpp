@@ -184,6 +184,7 @@ class ThreadPool {
       if (step_) {
         const bool team = !pool_->solo_.load(std::memory_order_relaxed);
         pool_->chooser_.record(team, std::chrono::steady_clock::now() - start_);
+        pool_->last_step_team_.store(team, std::memory_order_relaxed);
         pool_->solo_.store(false, std::memory_order_relaxed);
       }
       pool_->active_.fetch_sub(1, std::memory_order_relaxed);
@@ -255,6 +256,12 @@ class ThreadPool {
   /// Steps (adaptive Active regions) run so far, and how many of them ran on all threads.
   [[nodiscard]] std::uint64_t adaptive_steps() const noexcept { return chooser_.steps(); }
   [[nodiscard]] std::uint64_t team_steps() const noexcept { return chooser_.team_steps(); }
+  /// Whether the last adaptive step ran on all threads (true before the first). Work between
+  /// steps that splits itself over the pool (the sampler's passes) follows the chooser: when the
+  /// caller alone was faster, a job beside it would mostly wait for the other core.
+  [[nodiscard]] bool last_step_on_team() const noexcept {
+    return last_step_team_.load(std::memory_order_relaxed);
+  }
 
   /// How long an idle worker polls for the next job outside an Active region, and the least it
   /// polls inside one; also how long the caller polls for the last chunks before it sleeps.
@@ -406,7 +413,8 @@ class ThreadPool {
   std::atomic<unsigned> sleeping_{0};                     ///< workers in generation_.wait
   std::atomic<unsigned> active_{0};                       ///< open Active regions
   std::atomic<bool> solo_{false};  ///< this step's jobs run on the caller alone (StepChooser)
-  StepChooser chooser_;            ///< used by the thread that opens adaptive Active regions
+  std::atomic<bool> last_step_team_{true};  ///< the last adaptive step ran on all threads
+  StepChooser chooser_;  ///< used by the thread that opens adaptive Active regions
   std::atomic<std::int64_t> announced_ns_{0};  ///< when a job last woke sleeping workers
   std::atomic<std::int64_t> wake_ns_{0};       ///< moving average of the wake-up latency
   std::atomic<bool> stop_{false};
