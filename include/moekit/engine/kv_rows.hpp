@@ -120,8 +120,8 @@ inline bool use_avx2() noexcept {
 /// s[g·len + j] = (q_g · k_j) · scale for the `count` rows k_j = k + j·stride and the `group`
 /// query heads q_g = q + g·d.
 template <class T>
-void scores(const float* q, std::uint32_t group, const T* k, std::size_t stride,
-            std::size_t count, std::uint32_t d, float scale, float* s, std::size_t len) noexcept {
+void scores(const float* q, std::uint32_t group, const T* k, std::size_t stride, std::size_t count,
+            std::uint32_t d, float scale, float* s, std::size_t len) noexcept {
 #ifdef MOEKIT_KV_X86
   if (use_avx2()) return scores_avx2(q, group, k, stride, count, d, scale, s, len);
 #endif
