@@ -3,6 +3,7 @@
 then greedy decode of N tokens, timed by wall clock like moe-run's --json; prints one JSON line.
 
     llama_cpp_decode.py GGUF --prompt-ids IDS_JSON -n N [--threads T] [--repack on|off] [--mmap on|off]
+                        [--kv-type f16|f32]
     llama_cpp_decode.py GGUF --prompt-ids IDS_JSON --check-tokens IDS_JSON [--threads T] ...
 
 The prompt is given as token ids (moe-run's tokenisation, with BOS), so both engines see the same
@@ -10,6 +11,9 @@ sequence. --repack off keeps llama.cpp's weights in the mapped file (no CPU "ext
 which repack Q4_0 into anonymous memory); on is llama.cpp's default. The tokens generated are
 printed so run.sh can check both engines agree, with the bytes this process read from storage
 while decoding (/proc/self/io read_bytes: page faults on the mapped file included).
+
+--kv-type: the KV cache's element type for keys and values (llama.cpp's --cache-type-k/-v; f16
+is llama.cpp's default), so that both engines read the same bytes per cached position.
 
 --progress FILE: the same JSON (with "partial": true) rewritten after the prefill and after every
 token, so that a run stopped by a timeout still tells what it measured.
@@ -27,6 +31,8 @@ import time
 
 import numpy as np
 import llama_cpp
+
+KV_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
 
 
 def set_repack(repack: bool) -> None:
@@ -59,7 +65,8 @@ def check_tokens(a, prompt: list, tokens: list) -> None:
     llm = llama_cpp.Llama(model_path=a.gguf, n_ctx=len(seq) + 8, n_batch=len(seq),
                           n_ubatch=min(len(seq), 512), n_threads=a.threads,
                           n_threads_batch=a.threads, flash_attn=False, seed=0, verbose=False,
-                          logits_all=True, use_mmap=a.mmap == "on")
+                          logits_all=True, use_mmap=a.mmap == "on",
+                          type_k=KV_TYPES[a.kv_type], type_v=KV_TYPES[a.kv_type])
     llm.eval(seq)
     logits = np.array(llm.scores[: len(seq)], dtype=np.float64)
     agree, gaps = 0, []
@@ -83,6 +90,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repack", choices=["on", "off"], default="on")
     ap.add_argument("--mmap", choices=["on", "off"], default="on")
+    ap.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16",
+                    help="KV cache element type of keys and values (llama.cpp's default: f16)")
     ap.add_argument("--progress", help="file rewritten after the prefill and every token")
     ap.add_argument("--check-tokens", help="JSON list of another engine's greedy tokens")
     a = ap.parse_args()
@@ -93,9 +102,10 @@ def main() -> None:
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(model_path=a.gguf, n_ctx=len(prompt) + a.n + 8, n_batch=512,
                           n_ubatch=512, n_threads=a.threads, n_threads_batch=a.threads,
-                          flash_attn=False, seed=0, verbose=False, use_mmap=a.mmap == "on")
+                          flash_attn=False, seed=0, verbose=False, use_mmap=a.mmap == "on",
+                          type_k=KV_TYPES[a.kv_type], type_v=KV_TYPES[a.kv_type])
     run = {"engine": "llama.cpp", "llama_cpp_python": llama_cpp.__version__,
-           "repack": a.repack, "mmap": a.mmap, "threads": a.threads,
+           "repack": a.repack, "mmap": a.mmap, "threads": a.threads, "kv_type": a.kv_type,
            "load_seconds": time.perf_counter() - t0, "prompt_tokens": len(prompt)}
     last = lambda: int(np.argmax(np.ctypeslib.as_array(
         llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))))

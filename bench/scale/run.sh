@@ -8,7 +8,11 @@
 #                      [-n 16] [--prompt-tokens 128] [--long-prompt 512]
 #                      [--engines moe-run,llama-repack,llama-norepack]
 #                      [--threads 2] [--timeout 300] [--no-check] [--delete-models]
+#                      [--kv-type f16|f32]
 #
+# --kv-type T: both engines keep their KV cache at T (moe-run --kv-type, llama.cpp's
+# --cache-type-k/-v; default f16, llama.cpp's own default), so a long-context decode reads the
+# same bytes per cached position on both sides; the header line says which.
 # --prompt-tokens N: the prompt is the first N-1 tokens of bench/quality/heldout.txt (+ BOS);
 # --long-prompt N adds one more run per engine at no limit with an N-token prompt (prefill speed
 # at 512 tokens; 0 = none). After the grid, unless --no-check, llama.cpp evaluates the prompt
@@ -30,7 +34,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 models=mixtral-32L,olmoe-16L limits=25,50,75,100 n=16 prompt_tokens=128 long_prompt=512 threads=2
-delete=0 timeout=300 check=1
+delete=0 timeout=300 check=1 kv_type=f16
 engines=moe-run,llama-repack,llama-norepack
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -44,9 +48,12 @@ while [[ $# -gt 0 ]]; do
     --threads) threads="$2"; shift 2 ;;
     --timeout) timeout="$2"; shift 2 ;;
     --delete-models) delete=1; shift ;;
+    --kv-type) kv_type="$2"; shift 2 ;;
     *) echo "run.sh: unknown flag $1 (see the header)" >&2; exit 2 ;;
   esac
 done
+[[ "$kv_type" == f16 || "$kv_type" == f32 ]] ||
+  { echo "run.sh: --kv-type: '$kv_type' is not one of f16, f32" >&2; exit 2; }
 [[ $(id -u) -eq 0 ]] || { echo "run.sh: needs root (cgroups, dropping the page cache)" >&2; exit 2; }
 moe_run="$here/build/release/examples/moe-run/moe-run"
 bound_bench="$here/build/release/bench/moekit_bench_decode_bound"
@@ -82,13 +89,15 @@ run_one() {
   [[ "$pct" -ge 100 ]] && limit=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) * 1024 ))
   local cmd=()
   case "$engine" in
-    moe-run) cmd=("$moe_run" -m "$file" -p "$prompt" -n "$n" --temp 0 -t "$threads" --json) ;;
+    moe-run) cmd=("$moe_run" -m "$file" -p "$prompt" -n "$n" --temp 0 -t "$threads" --json
+                  --kv-type "$kv_type") ;;
     llama-repack | llama-norepack)
       local ids repack=on
       [[ "$engine" == llama-norepack ]] && repack=off
       ids=$(jq -c .prompt_ids "$out/last-moe-run.json")
       cmd=("$venv/bin/python" "$here/bench/scale/llama_cpp_decode.py" "$file" --prompt-ids "$ids"
-           -n "$n" --threads "$threads" --repack "$repack" --progress "$out/progress.json") ;;
+           -n "$n" --threads "$threads" --repack "$repack" --kv-type "$kv_type"
+           --progress "$out/progress.json") ;;
   esac
   local json rc=0
   rm -f "$out/progress.json"
@@ -143,7 +152,7 @@ agreement() {
   toks=$(jq -c .token_ids "$out/last-moe-run.json")
   sync && echo 3 > /proc/sys/vm/drop_caches
   "$venv/bin/python" "$here/bench/scale/llama_cpp_decode.py" "$1" --prompt-ids "$ids" \
-    --check-tokens "$toks" --threads "$threads" --repack off 2> "$out/last-check.err" |
+    --check-tokens "$toks" --threads "$threads" --repack off --kv-type "$kv_type" 2> "$out/last-check.err" |
     jq -r '"greedy agreement on \(.model): llama.cpp (teacher-forced on moe-run'"'"'s prompt and tokens) has moe-run'"'"'s token as its argmax at \(.argmax_agree)/\(.positions) positions; where not, it lies \(.worst_gap_in_std | . * 1000 | round / 1000) std of the logits below the best (largest gap)"' ||
     echo "greedy agreement on $(basename "$1"): the check failed (see $out/last-check.err)"
 }
@@ -152,7 +161,7 @@ cpu=$(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
 prompt=$(prompt_text "$prompt_tokens")
 long=""
 [[ "$long_prompt" -gt 0 ]] && long=$(prompt_text "$long_prompt")
-echo "# $(date -u +%F) | CPU: $cpu (family $(lscpu | awk -F: '/CPU family/ {gsub(/ /, "", $2); print $2}'), model $(lscpu | awk -F: '/^Model:/ {gsub(/ /, "", $2); print $2}')) | $threads threads | -n $n | prompt $prompt_tokens tokens (long: $long_prompt) | load average at start: $(cut -d" " -f1-3 /proc/loadavg)"
+echo "# $(date -u +%F) | CPU: $cpu (family $(lscpu | awk -F: '/CPU family/ {gsub(/ /, "", $2); print $2}'), model $(lscpu | awk -F: '/^Model:/ {gsub(/ /, "", $2); print $2}')) | $threads threads | KV cache $kv_type on both engines (moe-run --kv-type, llama.cpp --cache-type-k/-v) | -n $n | prompt $prompt_tokens tokens (long: $long_prompt) | load average at start: $(cut -d" " -f1-3 /proc/loadavg)"
 printf "| model | limit | engine | rc | peak GiB | OOM | read GiB | prompt | prefill tok/s | decode tok/s | same first tokens | MB read per decode token | I/O bound tok/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 IFS=, read -ra model_list <<< "$models"
 IFS=, read -ra limit_list <<< "$limits"

@@ -134,9 +134,11 @@ struct ModelSetup {
   bool int8_dense = false;
   RoutingReplay* replay = nullptr;
   const ChatTemplate* chat = nullptr;  // --chat-template (null: -p as it is)
+  KvType kv_type = KvType::f32;        // --kv-type
 
   template <class M>
   void apply(M& model) const {
+    model.set_kv_type(kv_type);
     model.set_int8_expert_activations(int8_experts);
     model.set_int8_dense_activations(int8_dense);
     model.set_routing_replay(replay);
@@ -225,6 +227,7 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   const Timings& t = g.t;
   j["prompt_tokens"] = t.prompt_tokens;
   j["ubatch"] = o.ubatch;
+  j["kv_type"] = std::string(name(o.kv_type));
   j["generated_tokens"] = t.generated_tokens;
   j["prefill_seconds"] = t.prefill_s;
   j["decode_seconds"] = t.decode_s;
@@ -957,8 +960,9 @@ moekit::Precision most_precise(std::span<const moekit::Precision> held) {
 
 // Bytes of KV cache at context `ctx` (an upper bound: sliding-window layers keep less);
 // saturates at SIZE_MAX rather than wrap for absurd sizes.
-std::size_t kv_cache_bytes(const ModelConfig& cfg, std::size_t ctx) {
-  const long double bytes = static_cast<long double>(cfg.n_layers) * 2 * ctx * cfg.kv_dim() * 4;
+std::size_t kv_cache_bytes(const ModelConfig& cfg, std::size_t ctx, KvType type) {
+  const long double bytes = static_cast<long double>(cfg.n_layers) * 2 * ctx * cfg.kv_dim() *
+                            static_cast<long double>(moekit::engine::kv_element_bytes(type));
   return bytes < 0x1p64L ? static_cast<std::size_t>(bytes) : SIZE_MAX;
 }
 
@@ -988,7 +992,7 @@ moekit::engine::AutoBudget auto_budget(const Options& o, const ModelConfig& cfg,
   in.dense_bytes = dense_bytes;
   const std::size_t ctx = o.context ? o.context : prompt_tokens + o.n_predict + 1;
   in.kv_cache_bytes =
-      kv_cache_bytes(cfg, std::max<std::size_t>(ctx, o.perplexity.empty() ? 0 : 512));
+      kv_cache_bytes(cfg, std::max<std::size_t>(ctx, o.perplexity.empty() ? 0 : 512), o.kv_type);
   // Per loader thread (the checkpoint reader runs two per --io-threads): the checkpoint source's
   // staging and O_DIRECT's bounce buffer.
   in.io_buffer_bytes = 2 * std::size_t{o.io_threads} * (12u << 20);
@@ -1029,7 +1033,8 @@ void check_memory_fit(const Options& o, const ModelConfig& cfg, const ModelPath&
       o.context ? "-c " + std::to_string(ctx) : std::to_string(ctx) + " tokens (prompt + -n)";
   moekit::engine::require_memory_fit(
       limits.usable_bytes(), limits.source(),
-      {{kv_cache_bytes(cfg, ctx), "KV cache at " + ctx_words, o.context ? "-c" : "-p"},
+      {{kv_cache_bytes(cfg, ctx, o.kv_type),
+        "KV cache (" + std::string(name(o.kv_type)) + ") at " + ctx_words, o.context ? "-c" : "-p"},
        {located ? dense_file_bytes(model, *located) : 0, "dense weights", "--dense-precision"},
        {budget, "expert cache", "--expert-budget"},
        {staging_beyond_budget(o, shape, preset), "expert staging beyond the budget",
@@ -1322,7 +1327,7 @@ int run(Options o) {
   // The dense matrices follow --activations as the experts do, judged on their own precisions.
   const ModelSetup setup{
       int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
-      replay ? &*replay : nullptr, chat ? &*chat : nullptr};
+      replay ? &*replay : nullptr, chat ? &*chat : nullptr, o.kv_type};
   moekit::ThreadPool pool = thread_pool(o.threads);
   nlohmann::json notes;  // conversion_loss and calibration, added to the stats when not null
   notes["conversion_loss"] =

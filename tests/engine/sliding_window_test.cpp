@@ -24,37 +24,50 @@ using moekit::Precision;
 
 TEST_CASE("KvCache: a windowed layer is a ring of W slots", "[engine][swa]") {
   const std::vector<std::uint32_t> window{0, 4};
-  KvCache kv(2, 2, 16, window);
-  CHECK(kv.slots(0) == 16);
-  CHECK(kv.slots(1) == 4);
-  CHECK(kv.bytes() == 2 * (16 + 4) * 2 * sizeof(float));
-  for (std::uint32_t p = 0; p < 10; ++p) {
-    for (std::uint32_t l = 0; l < 2; ++l) {
-      kv.keys(l, p)[0] = float(p);
-      kv.values(l, p)[1] = float(100 + p);
+  for (KvType type : {KvType::f32, KvType::f16}) {
+    INFO(name(type));
+    KvCache kv(2, 1, 2, 16, window, type);  // 2 layers, one KV head of 2 values
+    CHECK(kv.slots(0) == 16);
+    CHECK(kv.slots(1) == 4);
+    CHECK(kv.bytes() == 2 * (16 + 4) * 2 * kv_element_bytes(type));
+    auto key = [&](std::uint32_t l, std::uint32_t p) {  // the first value, widened
+      return type == KvType::f16 ? moekit::to_float(kv.keys<moekit::Float16>(l, 0, p)[0])
+                                 : kv.keys<float>(l, 0, p)[0];
+    };
+    auto value = [&](std::uint32_t l, std::uint32_t p) {  // the second value, widened
+      return type == KvType::f16 ? moekit::to_float(kv.values<moekit::Float16>(l, 0, p)[1])
+                                 : kv.values<float>(l, 0, p)[1];
+    };
+    for (std::uint32_t p = 0; p < 10; ++p) {
+      const float k[2] = {float(p), 0.f}, v[2] = {0.f, float(100 + p)};  // exact in f16
+      for (std::uint32_t l = 0; l < 2; ++l) kv.store(l, p, k, v);
+      kv.advance(1);
     }
+    for (std::uint32_t p = 0; p < 10; ++p) CHECK(key(0, p) == float(p));
+    for (std::uint32_t p = 6; p < 10; ++p) {  // the last 4 positions
+      CHECK(key(1, p) == float(p));
+      CHECK(value(1, p) == float(100 + p));
+    }
+    auto slot = [&](std::uint32_t p) -> const void* {
+      return type == KvType::f16 ? static_cast<const void*>(kv.keys<moekit::Float16>(1, 0, p))
+                                 : static_cast<const void*>(kv.keys<float>(1, 0, p));
+    };
+    CHECK(slot(5) == slot(9));  // position 5 was overwritten by 9
+    // One position back is fine (position 9 is recomputed into its own slot) ...
+    kv.truncate(9);
+    CHECK(kv.size() == 9);
     kv.advance(1);
+    // ... more is refused once the ring has wrapped: those positions' slots were reused.
+    CHECK_THROWS_WITH(kv.truncate(7), Catch::Contains("sliding-window") &&
+                                          Catch::Contains("4 positions") &&
+                                          Catch::Contains("roll back 3"));
+    CHECK(kv.size() == 10);
   }
-  for (std::uint32_t p = 0; p < 10; ++p) CHECK(kv.keys(0, p)[0] == float(p));
-  for (std::uint32_t p = 6; p < 10; ++p) {  // the last 4 positions
-    CHECK(kv.keys(1, p)[0] == float(p));
-    CHECK(kv.values(1, p)[1] == float(100 + p));
-  }
-  CHECK(kv.keys(1, 5) == kv.keys(1, 9));  // position 5 was overwritten by 9
-  // One position back is fine (position 9 is recomputed into its own slot) ...
-  kv.truncate(9);
-  CHECK(kv.size() == 9);
-  kv.advance(1);
-  // ... more is refused once the ring has wrapped: those positions' slots were reused.
-  CHECK_THROWS_WITH(kv.truncate(7), Catch::Contains("sliding-window") &&
-                                        Catch::Contains("4 positions") &&
-                                        Catch::Contains("roll back 3"));
-  CHECK(kv.size() == 10);
-  KvCache unwrapped(2, 2, 16, window);
+  KvCache unwrapped(2, 1, 2, 16, window);
   unwrapped.advance(4);
   CHECK_NOTHROW(unwrapped.truncate(1));
-  CHECK(KvCache(1, 2, 3, std::vector<std::uint32_t>{8}).slots(0) == 3);  // window > context
-  CHECK_THROWS(KvCache(2, 2, 16, std::vector<std::uint32_t>{1}));
+  CHECK(KvCache(1, 1, 2, 3, std::vector<std::uint32_t>{8}).slots(0) == 3);  // window > context
+  CHECK_THROWS(KvCache(2, 1, 2, 16, std::vector<std::uint32_t>{1}));
 }
 
 TEST_CASE("sliding window: a ring of W positions gives transformers' logits", "[engine][swa]") {

@@ -24,6 +24,7 @@
 #include "moekit/engine/activations.hpp"
 #include "moekit/engine/chat_template.hpp"
 #include "moekit/engine/expert_layout.hpp"
+#include "moekit/engine/kv_cache.hpp"
 #include "moekit/engine/offload.hpp"
 
 #ifndef MOE_RUN_DEFAULT_MODEL
@@ -161,6 +162,9 @@ struct Options {
   std::uint32_t context = 0;  ///< 0 = prompt + n_predict
   std::uint32_t ubatch =
       512;  ///< --ubatch-size: most prompt tokens per prefill forward (llama.cpp's default)
+  /// --kv-type (llama.cpp's --cache-type-k/-v): the KV cache's element type; f16 by default, as
+  /// llama.cpp's (docs/engine.md, "KV cache")
+  KvType kv_type = KvType::f16;
   bool no_bos = false;
   bool json = false;
   bool profile = false;  ///< --profile: where each decode token's time goes (token_profile.hpp)
@@ -283,6 +287,7 @@ class Cli {
                     "most prompt tokens per prefill forward (llama.cpp's -ub; chunked prefill, "
                     "the logits do not depend on it)")
         ->check(CLI::Range(1u, 1u << 24));
+    add_kv_options();
     app_.add_flag("--no-bos", o_.no_bos, "do not prepend the BOS token to the prompt");
     app_.add_flag("--json", o_.json, "print the text and statistics as one JSON object");
     app_.add_flag("--profile", o_.profile,
@@ -358,6 +363,7 @@ class Cli {
                                 "' is not one of auto, 1, 1p, 2, 2p, 4, 4p");
     }
     finish_offload();
+    finish_kv_type();
     if (!o_.routing_trace.empty() && !o_.perplexity.empty())
       throw moekit::Error(moekit::ErrorKind::invalid_argument,
                           "--routing-trace: cannot be combined with --perplexity (with replayed "
@@ -380,6 +386,41 @@ class Cli {
          {std::pair<const char*, const std::string&>{"--trace-out", o_.trace_out},
           {"--save-logits", o_.save_logits}})
       if (!path.empty()) moekit::io::check_output_path(path, o_.force, flag);
+  }
+
+  // The KV cache's element type: --kv-type, or llama.cpp's spelling per keys and values.
+  void add_kv_options() {
+    app_.add_option("--kv-type", kv_type_text_,
+                    "element type of the KV cache's keys and values: f16 (default, as "
+                    "llama.cpp's; half the bytes a long-context decode reads, values rounded to "
+                    "nearest) or f32 (exact)");
+    app_.add_option("--cache-type-k", cache_type_k_text_,
+                    "llama.cpp's -ctk: the keys' type (f32, f16); moe-run stores keys and values "
+                    "at one type, so it must equal the values'");
+    app_.add_option("--cache-type-v", cache_type_v_text_,
+                    "llama.cpp's -ctv: the values' type (f32, f16); must equal the keys'");
+  }
+
+  // --kv-type, --cache-type-k, --cache-type-v: each a known type, keys and values at one type.
+  void finish_kv_type() {
+    auto parse = [](const char* flag, const std::string& text) {
+      const auto t = parse_kv_type(text);
+      if (!t)
+        throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                            std::string(flag) + ": '" + text + "' is not one of f32, f16");
+      return *t;
+    };
+    const KvType both = parse("--kv-type", kv_type_text_);
+    const KvType k =
+        cache_type_k_text_.empty() ? both : parse("--cache-type-k", cache_type_k_text_);
+    const KvType v =
+        cache_type_v_text_.empty() ? both : parse("--cache-type-v", cache_type_v_text_);
+    if (k != v)
+      throw moekit::Error(moekit::ErrorKind::invalid_argument,
+                          "--cache-type-k: keys at " + std::string(name(k)) + " and values at " +
+                              std::string(name(v)) +
+                              " (--cache-type-v, --kv-type): moe-run stores both at one type");
+    o_.kv_type = k;
   }
 
   // --chat, --chat-template and the server (--serve and its limits).
@@ -621,6 +662,8 @@ class Cli {
   std::string row_streaming_text_ = "auto";
   std::string expert_layout_text_ = "auto";
   std::string group_size_text_ = "auto";
+  std::string kv_type_text_ = "f16";
+  std::string cache_type_k_text_, cache_type_v_text_;  // "" = --kv-type's
   bool stop_ = false;
   std::string low_text_ = "auto";
   std::string big_pass_text_ = "little-plan";

@@ -45,11 +45,12 @@ class Model {
   static constexpr int max_fallbacks = 4;
 
   Model(const ModelConfig& cfg, const DenseWeights& dense, Pipeline& pipeline,
-        std::uint32_t context_length, moekit::ThreadPool* pool = nullptr)
+        std::uint32_t context_length, moekit::ThreadPool* pool = nullptr,
+        KvType kv_type = KvType::f32)
       : cfg_(cfg),
         w_(dense),
         pipeline_(pipeline),
-        kv_(cfg.n_layers, cfg.kv_dim(), context_length, cfg.window),
+        kv_(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, context_length, cfg.window, kv_type),
         attention_(cfg),
         moe_(cfg, pipeline) {
     opts_.pool = pool;
@@ -60,6 +61,14 @@ class Model {
     kv_.clear();
     ++sequence_id_;
     pipeline_.begin_sequence();
+  }
+
+  /// Rebuilds the (empty) KV cache with elements of type `t` (kv_cache.hpp); only before the
+  /// first forward of a sequence.
+  void set_kv_type(KvType t) {
+    MOEKIT_EXPECTS(kv_.size() == 0, "set_kv_type: the KV cache holds positions already");
+    if (t != kv_.type())
+      kv_ = KvCache(cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, kv_.capacity(), cfg_.window, t);
   }
 
   /// Most tokens per prefill forward (0 = the whole prompt in one).
