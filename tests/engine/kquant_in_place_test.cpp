@@ -148,17 +148,18 @@ TEST_CASE(
   const fs::path d = engine_test::scratch("engine-kquant-in-place", "mixed");
   const mio::GgufFile g(write_mixed_gguf(s, types, d / "mixed.gguf").string());
   const std::uint32_t layers[] = {0, 1, 2};
-  const auto experts = std::make_shared<const mio::CheckpointExperts>(mio::CheckpointExperts::locate(
-      g, mio::Architecture::mixtral, mio::TensorFormat::gguf, s, layers));
+  const auto experts =
+      std::make_shared<const mio::CheckpointExperts>(mio::CheckpointExperts::locate(
+          g, mio::Architecture::mixtral, mio::TensorFormat::gguf, s, layers));
   // Named for the first gate's type; each slot sized for its matrix's widest type.
   REQUIRE(experts->precision() == Precision::q4_k);
   const moekit::ModelShape ks = experts->shape();
-  CHECK(ks.kquant == moekit::KquantBlob{Precision::q4_k, Precision::q5_k, Precision::q4_k,
-                                        Precision::q6_k});
-  CHECK(ks.expert_bytes(Precision::q4_k) ==
-        moekit::matrix_bytes(768, 512, Precision::q5_k) +
-            moekit::matrix_bytes(768, 512, Precision::q4_k) +
-            moekit::matrix_bytes(512, 768, Precision::q6_k) + moekit::kquant_tag_bytes);
+  CHECK(ks.kquant ==
+        moekit::KquantBlob{Precision::q4_k, Precision::q5_k, Precision::q4_k, Precision::q6_k});
+  CHECK(ks.expert_bytes(Precision::q4_k) == moekit::matrix_bytes(768, 512, Precision::q5_k) +
+                                                moekit::matrix_bytes(768, 512, Precision::q4_k) +
+                                                moekit::matrix_bytes(512, 768, Precision::q6_k) +
+                                                moekit::kquant_tag_bytes);
   CHECK(ks.expert_bytes(Precision::q8) == s.expert_bytes(Precision::q8));  // others unchanged
   for (bool direct : {true, false}) {
     INFO("O_DIRECT " << direct);
@@ -177,8 +178,8 @@ TEST_CASE(
   for (std::uint32_t l = 0; l < s.n_layers; ++l) {
     INFO("layer " << l);
     const std::vector<std::byte> blob = in_place.read_expert({l, 1}, Precision::q4_k);
-    const ExpertF32 f = read_expert_f32(g, mio::Architecture::mixtral, mio::TensorFormat::gguf, l,
-                                        1, s);
+    const ExpertF32 f =
+        read_expert_f32(g, mio::Architecture::mixtral, mio::TensorFormat::gguf, l, 1, s);
     const moekit::ExpertWeights fw{
         moekit::MatrixView{reinterpret_cast<const std::byte*>(f.w1.data()), s.ffn, s.hidden,
                            Precision::f32},
@@ -250,8 +251,9 @@ TEST_CASE(
   // The reference: the same experts as f32 rows of gguf-py's values (the conversion-loss
   // reference), through the same loader, dense part and kernels.
   const std::vector<std::uint32_t> layers{0};
-  const auto exact = std::make_shared<const mio::CheckpointExperts>(mio::CheckpointExperts::locate_as_f32(
-      g, io_architecture(cfg.arch), mio::TensorFormat::gguf, cfg.shape(), layers));
+  const auto exact =
+      std::make_shared<const mio::CheckpointExperts>(mio::CheckpointExperts::locate_as_f32(
+          g, io_architecture(cfg.arch), mio::TensorFormat::gguf, cfg.shape(), layers));
   const ExpertBacking reference{nullptr, nullptr, StoreIo{}, exact, moekit::MatrixOrder::rows};
   std::vector<Token> seq{1, 415, 2936, 9060, 285, 1142, 28705, 28770, 17, 903, 42, 5, 77, 31000};
   for (Token& t : seq) t %= cfg.vocab_size;
@@ -278,10 +280,10 @@ namespace kquant_in_place_test {
 const fs::path moe_run = fs::path(MOEKIT_BINARY_DIR) / "examples" / "moe-run" / "moe-run";
 
 nlohmann::json run_json(const std::string& args, const fs::path& scratch) {
-  const engine_test::Command c = engine_test::run_command(
-      "'" + moe_run.string() + "' -m '" + kquant_model.string() +
-          "' -p 'Once upon a time' --json -n 4 --temp 0 " + args,
-      scratch);
+  const engine_test::Command c =
+      engine_test::run_command("'" + moe_run.string() + "' -m '" + kquant_model.string() +
+                                   "' -p 'Once upon a time' --json -n 4 --temp 0 " + args,
+                               scratch);
   INFO("moe-run " << args << "\nstderr: " << c.err);
   REQUIRE(c.status == 0);
   return nlohmann::json::parse(c.out);
@@ -317,8 +319,8 @@ TEST_CASE("moe-run reads a Q4_K_M-like GGUF's experts in place with every preset
     CHECK(source.find("-q4") == std::string::npos);
     CHECK(source.find("-q8") == std::string::npos);
     if (ps::is<ps::BaselineSpec>(*preset)) {
-      CHECK(j.at("precision") == "q4_k");  // --precision auto: the file's own types
-      CHECK(source == in_place);           // no store at all
+      CHECK(j.at("precision") == "q4_k");          // --precision auto: the file's own types
+      CHECK(source == in_place);                   // no store at all
       CHECK_FALSE(j.contains("conversion_loss"));  // nothing converted, nothing measured
       baseline_tokens = j.at("token_ids");
     }
