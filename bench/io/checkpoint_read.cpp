@@ -103,12 +103,12 @@ int main(int argc, char** argv) {
   const int reps = std::max(1, std::atoi(flags.get("--reps", "3").c_str()));
   const GgufFile g(path);
   const engine::ModelConfig cfg = engine::gguf_config(g);
-  const ModelShape shape = cfg.shape();
   const auto experts = engine::locate_checkpoint_experts(cfg, {}, &g);
   if (!experts) {
     std::printf("skipped: %s's experts have no exact in-place type\n", path.c_str());
     return 0;
   }
+  const ModelShape shape = experts->shape();  // K-quants: sized as their blob (shape.kquant)
   const auto n = static_cast<std::uint32_t>(
       std::min<std::size_t>(shape.expert_count(), std::atoi(flags.get("--experts", "16").c_str())));
   const Precision p = experts->precision();

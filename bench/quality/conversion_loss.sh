@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The loss moe-run measures when it converts GGUF K-quant experts into a store (issue 20, point 2;
+# at --precision auto, Q4_K/Q5_K/Q6_K experts are read in place and nothing is converted;
 # include/moekit/engine/conversion_loss.hpp): the default model written as GGUF by
 # bench/engine/llama_cpp_gguf.py, quantized by llama.cpp's own quantizer (llama-cpp-python's
 # llama_model_quantize, the mixes a downloaded Q4_K_M / Q6_K / Q2_K file holds), then run by
@@ -29,7 +30,12 @@ mkdir -p "$out"
 row=$(cat <<'PY'
 import json, sys
 j = json.load(sys.stdin)
-c = j["conversion_loss"]
+c = j.get("conversion_loss")
+if c is None:  # Q4_K/Q5_K/Q6_K at their own types: read in place, nothing converted
+    assert j["expert_source"].startswith("in place"), j["expert_source"]
+    print(f"| {sys.argv[1]} | as in the file | {j['precision']} (auto) | none: read in place "
+          f"| 0 | 0 | 100% | exact |")
+    sys.exit(0)
 assert c["measured"], c
 if c["from_record"] and sys.argv[2] != "auto":
     sys.exit(0)  # the store auto chose, measured a moment ago: its row is printed

@@ -1288,13 +1288,21 @@ int run(Options o) {
   std::optional<RoutingReplay> replay = load_replay(o, cfg, preset);
   const std::optional<ChatTemplate> chat = chat_template(o, m, tok);
 
+  // Located with --in-memory too: --precision auto is the checkpoint's own type either way,
+  // except for K-quants, which moekit reads but never encodes (host experts are encoded): those
+  // go to the nearest moekit format as when they had no in-place path.
+  auto located = m.src.store.empty()
+                     ? locate_checkpoint_experts(cfg, mp.dir, m.gguf ? &*m.gguf : nullptr)
+                     : nullptr;
+  if (located && located->shape().kquant.set()) {
+    if (o.in_memory)
+      located = nullptr;
+    else
+      m.cfg.expert_kquant = located->shape().kquant;  // the blob the pipeline's slots hold
+  }
+  const auto in_place = o.in_memory ? nullptr : located;
   // Refuse an impossible budget before loading any weight.
   const moekit::ModelShape shape = cfg.shape();
-  // Located with --in-memory too: --precision auto is the checkpoint's own type either way.
-  const auto located = m.src.store.empty()
-                           ? locate_checkpoint_experts(cfg, mp.dir, m.gguf ? &*m.gguf : nullptr)
-                           : nullptr;
-  const auto in_place = o.in_memory ? nullptr : located;
   const std::size_t prompt_tokens = tok.encode(o.prompt, false).size() + 1;
   OffloadSettings settings =
       offload_settings(o, m, preset, in_place.get(), located.get(), prompt_tokens, limits_at_start);
@@ -1330,8 +1338,11 @@ int run(Options o) {
       replay ? &*replay : nullptr, chat ? &*chat : nullptr, o.kv_type};
   moekit::ThreadPool pool = thread_pool(o.threads);
   nlohmann::json notes;  // conversion_loss and calibration, added to the stats when not null
+  // A store made from K-quant experts is a conversion of them, measured as before they were
+  // read in place; one made from F32/F16/BF16/Q8_0/Q4_0 experts holds a preset's other precision.
+  const bool exact_types = located && !located->shape().kquant.set();
   notes["conversion_loss"] =
-      conversion_loss(o, m, located != nullptr, where, settings, backing.io, w, tok, pool);
+      conversion_loss(o, m, exact_types, where, settings, backing.io, w, tok, pool);
   PresetInputs in = preset_inputs(o, preset, cfg, w, tok, settings, backing, pool, setup, notes);
   std::vector<float> routers;
   if (preset.needs.routers) {

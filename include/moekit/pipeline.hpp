@@ -97,7 +97,7 @@ struct PipelineStats {
   std::uint64_t demands = 0;    ///< (expert, layer call) pairs needed
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;  ///< demanded, not resident at a serving precision
-  std::array<std::uint64_t, precision_count> misses_by_precision{};
+  std::array<std::uint64_t, precision_slots> misses_by_precision{};
   std::uint64_t skipped = 0;          ///< demanded but skipped by the scorer
   std::uint64_t host_cpu_runs = 0;    ///< misses run on the CPU instead of loaded
   std::uint64_t staged = 0;           ///< misses loaded into transient staging slots
@@ -883,7 +883,7 @@ class OffloadPipeline {
   std::uint32_t staging_used_ = 0;
   bool narrowed_ = false;            // the current layer call retains its experts
   std::vector<ExpertKey> retained_;  // soft-pinned by retention, until the token's verdict
-  std::array<std::size_t, precision_count + 1> bytes_{};  // expert bytes per stored precision
+  std::array<std::size_t, precision_slots> bytes_{};  // expert bytes per Precision
 };
 
 }  // namespace moekit

@@ -1,8 +1,9 @@
 // engine/conversion_loss.hpp on a GGUF whose experts are K-quants
 // (tests/engine/data/kquant_moe.gguf, from scripts/make_gguf_transcode_fixture.py: gate/up Q4_K,
-// down Q6_K, K-quant dense part): the experts have no exact in-place path, are converted into a
-// store, and the loss of each stored precision is measured against the exact values, recorded
-// beside the store and read back without measuring again; skipping says so.
+// down Q6_K, K-quant dense part): converted into a store at moekit's own formats (a run at
+// --precision q4, or a preset's low precision; at their own types they are read in place,
+// kquant_in_place_test.cpp), and the loss of each stored precision is measured against the exact
+// values, recorded beside the store and read back without measuring again; skipping says so.
 
 #include <catch2/catch.hpp>
 
@@ -52,8 +53,8 @@ TEST_CASE(
   using namespace conversion_loss_test;
   const moekit::io::GgufFile g(kquant_model.string());
   const ModelConfig cfg = gguf_config(g);
-  // The experts' types have no exact in-place path: moe-run converts them into a store.
-  REQUIRE(locate_checkpoint_experts(cfg, {}, &g) == nullptr);
+  // Read in place at their own types; the store below converts them into other precisions.
+  REQUIRE(locate_checkpoint_experts(cfg, {}, &g) != nullptr);
   const fs::path dir = engine_test::scratch("engine-conversion-loss", "store");
   const CachedStore st = cached_gguf_store(kquant_model, {Precision::q4, Precision::q2}, dir, true);
   REQUIRE(st.built);

@@ -258,12 +258,12 @@ class CostAwareBeladyPolicy {
 
  private:
   static constexpr std::uint32_t none = 0xffffffffu;
-  static constexpr std::uint32_t dead = std::uint32_t(precision_count * precision_count);
+  static constexpr std::uint32_t dead = std::uint32_t(precision_slots * precision_slots);
   [[nodiscard]] static Precision held_of(std::uint32_t c) noexcept {
-    return static_cast<Precision>(c / precision_count);
+    return static_cast<Precision>(c / precision_slots);
   }
   [[nodiscard]] static Precision wanted_of(std::uint32_t c) noexcept {
-    return static_cast<Precision>(c % precision_count);
+    return static_cast<Precision>(c % precision_slots);
   }
 
   /// Records that `i` holds `held` and is next demanded at position `j`, and files it in its class.
@@ -272,7 +272,7 @@ class CostAwareBeladyPolicy {
     next_[i] = j;
     std::uint32_t c = dead;
     if (j != detail::FutureIndex::never && satisfies(held, cfg_.future[j].precision))
-      c = std::uint32_t(held) * precision_count + std::uint32_t(cfg_.future[j].precision);
+      c = std::uint32_t(held) * precision_slots + std::uint32_t(cfg_.future[j].precision);
     if (class_[i] != none && class_[i] != c) classes_[class_[i]].erase(i);
     class_[i] = c;
     if (classes_[c].capacity() == 0) classes_[c].reset(shape_.expert_count());  // first use only
@@ -307,7 +307,7 @@ class CostAwareBeladyPolicy {
     friend bool operator<(const Later& a, const Later& b) noexcept { return a.next > b.next; }
   };
   std::vector<std::uint32_t> class_;  ///< [expert] class of a resident, `none` if not resident
-  std::vector<detail::RankedSet<Later>> classes_;  ///< [held · precision_count + wanted], dead
+  std::vector<detail::RankedSet<Later>> classes_;  ///< [held · precision_slots + wanted], dead
 };
 static_assert(CachePolicy<CostAwareBeladyPolicy>);
 

@@ -10,6 +10,27 @@
 
 namespace moekit {
 
+/// An expert blob of GGUF K-quant matrices as they lie in the file (io/checkpoint_experts.hpp).
+/// GGUF files mix K-quant types: a Q4_K_M file holds gate and up as Q4_K and down as Q6_K in some
+/// layers, Q4_K in the others. The blob at `precision` (the type of the first layer's gate, what
+/// the file is named for) gives each matrix a slot sized for the widest type it has in any layer
+/// (`w1`, `w3`, `w2`), then ends with `kquant_tag_bytes` naming the types of this expert's three
+/// matrices (io::expert_view reads them). Fixed slots keep one blob size per precision, which the
+/// cache, the arena and the loaders count in; a matrix narrower than its slot leaves the rest
+/// unused. Unset (`precision == skip`): no such blob.
+struct KquantBlob {
+  Precision precision = Precision::skip;
+  Precision w1 = Precision::skip;  ///< widest type of the gate in any layer
+  Precision w3 = Precision::skip;  ///< ... of the up projection
+  Precision w2 = Precision::skip;  ///< ... of the down projection
+
+  [[nodiscard]] constexpr bool set() const noexcept { return precision != Precision::skip; }
+  friend constexpr bool operator==(const KquantBlob&, const KquantBlob&) = default;
+};
+
+/// The tag at the end of a K-quant blob: the Precision values of w1, w3, w2, then a zero byte.
+inline constexpr std::size_t kquant_tag_bytes = 4;
+
 /// Shape of the routed part of an MoE model. An expert is a SwiGLU FFN of three matrices:
 /// w1 (gate) and w3 (up) are `ffn × hidden`, w2 (down) is `hidden × ffn`.
 struct ModelShape {
@@ -21,6 +42,7 @@ struct ModelShape {
   std::uint32_t n_shared_experts = 0;  ///< always-on experts per layer (Qwen2-MoE: 1)
   std::uint32_t shared_ffn = 0;        ///< intermediate size of a shared expert
   QuantScheme quant{};                 ///< grouping of the quantized formats
+  KquantBlob kquant{};                 ///< the K-quant blob read in place, if any
 
   /// Number of routed experts in the model.
   [[nodiscard]] constexpr std::size_t expert_count() const noexcept {
@@ -35,6 +57,9 @@ struct ModelShape {
   }
   /// Bytes of one routed expert stored at `p`.
   [[nodiscard]] constexpr std::size_t expert_bytes(Precision p) const noexcept {
+    if (kquant.set() && p == kquant.precision)
+      return matrix_bytes(ffn, hidden, kquant.w1) + matrix_bytes(ffn, hidden, kquant.w3) +
+             matrix_bytes(hidden, ffn, kquant.w2) + kquant_tag_bytes;
     return 2 * matrix_bytes(ffn, hidden, p, quant) + matrix_bytes(hidden, ffn, p, quant);
   }
   /// Bytes of one shared expert stored at `p` (0 when the model has none).
@@ -54,6 +79,10 @@ struct ModelShape {
                    "ModelShape.shared_ffn must be > 0 when n_shared_experts > 0");
     MOEKIT_EXPECTS(quant.group_size == 0 || quant.group_size % 32 == 0,
                    "ModelShape.quant.group_size must be 0 or a multiple of 32");
+    MOEKIT_EXPECTS(
+        !kquant.set() || (is_gguf_kquant(kquant.precision) && is_gguf_kquant(kquant.w1) &&
+                          is_gguf_kquant(kquant.w3) && is_gguf_kquant(kquant.w2)),
+        "ModelShape.kquant: every type must be a GGUF K-quant");
   }
 
   friend constexpr bool operator==(const ModelShape&, const ModelShape&) = default;

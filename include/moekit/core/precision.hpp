@@ -26,6 +26,14 @@ enum class Precision : std::uint8_t { f32, bf16, f16, q8, q4, q2, skip, q6_k, q4
 inline constexpr Precision all_precisions[] = {Precision::f32, Precision::bf16, Precision::f16,
                                                Precision::q8,  Precision::q4,   Precision::q2};
 inline constexpr std::size_t precision_count = 6;
+/// One past the largest Precision value: the size of an array indexed by any Precision, `skip`
+/// and the GGUF K-quants (which an engine reads in place and runs) included. `precision_count`
+/// stays the number of formats moekit quantizes into and the simulator models (loops over
+/// `all_precisions`); arrays the engine's pipeline indexes by the precision it was asked for use
+/// this one.
+inline constexpr std::size_t precision_slots = 10;
+static_assert(precision_slots == std::size_t(Precision::q5_k) + 1,
+              "precision_slots: one past the last Precision value");
 
 /// Bits per weight of the format, excluding group metadata (0 for `skip`).
 MOEKIT_HOST_DEVICE constexpr unsigned bits(Precision p) noexcept {

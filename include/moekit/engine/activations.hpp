@@ -59,7 +59,8 @@ inline constexpr std::size_t int8_min_row_width = 512;
 /// True when experts run with int8 activations: `mode` resolved against the precisions the run's
 /// experts use, their narrowest row (`row_width` = min(hidden, expert ffn); `auto` only) and
 /// whether the CPU runs the int8 kernels (`cpu_has_int8`: AVX2 at least). An explicit int8
-/// without them throws `Error(unsupported)` naming the flag; with no quantized expert there is
+/// without them throws `Error(unsupported)` naming the flag; with no quantized expert (q8/q4/q2
+/// or a GGUF K-quant, which has int8 kernels of its own) there is
 /// nothing int8 could apply to, so the run is f32 whatever was asked.
 inline bool resolve_int8_activations(ActivationMode mode,
                                      std::span<const moekit::Precision> expert_precisions,
@@ -70,8 +71,9 @@ inline bool resolve_int8_activations(ActivationMode mode,
     moekit::detail::fail(moekit::ErrorKind::unsupported,
                          "--activations int8: this CPU has neither AVX-512 VNNI nor AVX2, which "
                          "the int8 kernels need (use f32 or auto)");
-  const bool quantized = std::any_of(expert_precisions.begin(), expert_precisions.end(),
-                                     [](moekit::Precision p) { return moekit::is_quantized(p); });
+  const bool quantized = std::any_of(
+      expert_precisions.begin(), expert_precisions.end(),
+      [](moekit::Precision p) { return moekit::is_quantized(p) || moekit::is_gguf_kquant(p); });
   if (mode == ActivationMode::automatic && row_width < int8_min_row_width) return false;
   return quantized && cpu_has_int8;
 }

@@ -93,6 +93,9 @@ struct ModelConfig {
   /// Grouping of the experts moekit quantizes: not from config.json, the run's codec
   /// (moe-run --group-size; EdgeMoE's default is per channel).
   moekit::QuantScheme expert_quant{};
+  /// The K-quant blob of experts read in place from a GGUF file (io::CheckpointExperts'
+  /// `shape().kquant`): not from the metadata, set by the run that reads them.
+  moekit::KquantBlob expert_kquant{};
   std::vector<std::uint32_t> eos_token_ids;
 
   [[nodiscard]] std::uint32_t q_dim() const noexcept { return n_heads * head_dim; }
@@ -107,7 +110,8 @@ struct ModelConfig {
                               .ffn = expert_ffn,
                               .n_shared_experts = shared_ffn ? 1u : 0u,
                               .shared_ffn = shared_ffn,
-                              .quant = expert_quant};
+                              .quant = expert_quant,
+                              .kquant = expert_kquant};
   }
 };
 

@@ -33,7 +33,7 @@ struct LoaderReadRate {
 /// Reads `n` experts of checkpoint `path` (a GGUF file or a Hugging Face directory) in place
 /// through ExpertLoader::checkpoint with `io`, `depth` loads outstanding, into `order` (quantized
 /// experts: blocked panels, moe-run's layout for int8 activations). Throws moekit::Error naming
-/// the path when its experts have no exact in-place type (K-quants).
+/// the path when its experts have no exact in-place type (Q2_K, Q3_K).
 inline LoaderReadRate loader_read_rate(const std::filesystem::path& path, std::uint32_t n,
                                        const StoreIo& io = {}, std::size_t depth = 4) {
   std::optional<moekit::io::GgufFile> gguf;
@@ -43,7 +43,7 @@ inline LoaderReadRate loader_read_rate(const std::filesystem::path& path, std::u
   if (!experts)
     throw moekit::Error(moekit::ErrorKind::unsupported,
                         "'" + path.string() + "': its experts' type has no exact in-place read");
-  const moekit::ModelShape s = cfg.shape();
+  const moekit::ModelShape s = experts->shape();  // K-quants: the blob's size (its kquant)
   const moekit::Precision p = experts->precision();
   const moekit::MatrixOrder order =
       moekit::bits(p) <= 8 ? moekit::MatrixOrder::blocked_panels4 : moekit::MatrixOrder::rows;

@@ -9,8 +9,11 @@
 /// A file's bytes become blob bytes in one of two ways, both without rounding anything again:
 /// - as they are: F32, F16 and BF16 matrices are moekit's f32/f16/bf16 rows byte for byte;
 /// - transcoded: GGUF Q8_0 and Q4_0 blocks are moekit's q8/q4 group-32 symmetric rows with the
-///   bytes moved (io/gguf_transcode.hpp), the same values bit for bit.
-/// Other types (K-quants) have no exact path: `in_place_precision` says so, and the caller
+///   bytes moved (io/gguf_transcode.hpp), the same values bit for bit;
+/// - the K-quants Q4_K, Q5_K and Q6_K as they are (moekit's q4_k/q5_k/q6_k rows), mixed as GGUF
+///   files mix them: each matrix in its slot of a K-quant blob (core/model_shape.hpp, KquantBlob)
+///   at its own type, which the blob's tag names.
+/// Other types (Q2_K, Q3_K) have no exact path: `in_place_precision` says so, and the caller
 /// converts them once into a store instead. `CheckpointExperts::locate_as_f32` reads every type
 /// io/dequantize.hpp knows, K-quants and mixes of types included, as f32 rows dequantized chunk by
 /// chunk on read: their exact values (gguf-py's, bit for bit) at four bytes a weight, with
@@ -40,6 +43,7 @@
 #include "moekit/io/aligned_buffer.hpp"
 #include "moekit/io/byte_source.hpp"
 #include "moekit/io/dequantize.hpp"
+#include "moekit/io/expert_blob.hpp"
 #include "moekit/io/expert_store.hpp"
 #include "moekit/io/gguf_transcode.hpp"
 #include "moekit/io/tensor.hpp"
@@ -50,7 +54,8 @@
 namespace moekit::io {
 
 /// The precision an expert matrix stored as `t` is read at in place, or nullopt when no exact
-/// path exists. Q8_0/Q4_0 map onto q8/q4 only with the group-32 symmetric scheme.
+/// path exists. Q8_0/Q4_0 map onto q8/q4 only with the group-32 symmetric scheme; the K-quants
+/// Q4_K/Q5_K/Q6_K are moekit formats as they lie (q4_k/q5_k/q6_k), whatever the scheme.
 inline std::optional<Precision> in_place_precision(DType t, QuantScheme scheme) noexcept {
   switch (t) {
     case DType::f32:
@@ -60,6 +65,7 @@ inline std::optional<Precision> in_place_precision(DType t, QuantScheme scheme) 
     case DType::bf16:
       return Precision::bf16;
     default:
+      if (const auto k = in_place_moekit_precision(t)) return k;
       return scheme == gguf_exact_scheme ? exact_moekit_precision(t) : std::nullopt;
   }
 }
@@ -80,7 +86,8 @@ class CheckpointExperts {
 
   /// Locates every expert of `shape` in `reader`; `layers[l]` is the checkpoint's decoder layer
   /// holding MoE layer l. Throws `Error(unsupported)` naming a tensor whose type has no exact
-  /// in-place path, or whose type differs from the first expert's (one precision per run).
+  /// in-place path, or whose type differs from the first expert's (one precision per run), unless
+  /// both are K-quants: then `shape().kquant` describes the K-quant blob they are read into.
   template <TensorReader R>
   static CheckpointExperts locate(const R& reader, Architecture arch, TensorFormat format,
                                   const ModelShape& shape, std::span<const std::uint32_t> layers) {
@@ -96,6 +103,7 @@ class CheckpointExperts {
     return locate_typed(reader, arch, format, shape, layers, true);
   }
 
+  /// The shape given to `locate`, with `kquant` set when the experts are K-quants.
   [[nodiscard]] const ModelShape& shape() const noexcept { return shape_; }
   /// The precision every expert is read at (the checkpoint's own, mapped exactly; f32 when
   /// dequantized).
@@ -133,17 +141,22 @@ class CheckpointExperts {
         Matrices& out = c.matrices_[shape.index({l, e})];
         for (std::size_t i = 0; i < 3; ++i) {
           const TensorView& t = m[all_expert_matrices[i]];
-          c.check_type(t);
+          c.check_type(t, i);
           auto [it, added] = file_index.try_emplace(std::string(t.file),
                                                     static_cast<std::uint32_t>(c.files_.size()));
           if (added) c.files_.emplace_back(t.file);
           out[i] = {it->second, t.file_offset, t.bytes.size(), t.dtype, t.rows(), t.cols()};
         }
       }
+    if (!as_f32 && is_gguf_kquant(c.precision_)) {
+      c.shape_.kquant = {c.precision_, c.widest_[0], c.widest_[1], c.widest_[2]};
+      c.shape_.validate();
+    }
     return c;
   }
 
-  void check_type(const TensorView& t) {
+  // `role`: 0 w1, 1 w3, 2 w2.
+  void check_type(const TensorView& t, std::size_t role) {
     if (dequantized_) {  // every type io/dequantize reads, mixed or not
       if (!typed_) dtype_ = t.dtype;
       typed_ = true;
@@ -156,10 +169,18 @@ class CheckpointExperts {
                   t.where() + ": type " + std::string(name(t.dtype)) +
                       " has no exact in-place path (F32, F16, BF16, and Q8_0/Q4_0 with group-32 "
                       "symmetric experts)");
+    if (is_gguf_kquant(*p) && t.cols() % kquant_block_weights != 0)
+      throw Error(ErrorKind::unsupported, t.where() + ": " + std::string(name(t.dtype)) +
+                                              " rows of " + std::to_string(t.cols()) +
+                                              " columns are not whole 256-weight super-blocks");
     if (!typed_) {
       typed_ = true;
       dtype_ = t.dtype;
       precision_ = *p;
+    }
+    if (is_gguf_kquant(*p) && is_gguf_kquant(precision_)) {  // K-quants mix: a slot per matrix
+      Precision& w = widest_[role];
+      if (w == Precision::skip || kquant_block_bytes(*p) > kquant_block_bytes(w)) w = *p;
     } else if (t.dtype != dtype_) {
       throw Error(ErrorKind::unsupported, t.where() + ": type " + std::string(name(t.dtype)) +
                                               " differs from the " + std::string(name(dtype_)) +
@@ -175,6 +196,7 @@ class CheckpointExperts {
   bool dequantized_ = false;
   DType dtype_ = DType::f32;
   Precision precision_ = Precision::f32;
+  Precision widest_[3] = {Precision::skip, Precision::skip, Precision::skip};
 };
 
 /// A ByteSource over a checkpoint's experts: blob i (`shape.index(key)`) at virtual offset
@@ -223,6 +245,7 @@ class CheckpointExpertSource {
     const std::uint64_t index = r.offset / n;
     const ExpertKey k{static_cast<std::uint32_t>(index / s.n_experts),
                       static_cast<std::uint32_t>(index % s.n_experts)};
+    if (s.kquant.set()) return read_kquant_blob(k, dest.first(n));
     std::uint64_t at = 0;
     for (const TensorLocation& m : experts_->matrices(k)) {
       const std::uint64_t out = matrix_bytes(m.rows, m.cols, experts_->precision(), s.quant);
@@ -242,13 +265,29 @@ class CheckpointExpertSource {
   /// Rows of one blocked_panels4 group, a whole number of panels4 panels.
   static constexpr std::uint64_t rows_per_group = PanelLayout::height * PanelLayout::blocked_group;
 
+  // A K-quant blob: each matrix's bytes as they lie, at the start of its slot, then the tag.
+  void read_kquant_blob(ExpertKey k, std::span<std::byte> dest) const {
+    const KquantBlob& kb = experts_->shape().kquant;
+    const Precision slots[3] = {kb.w1, kb.w3, kb.w2};
+    std::array<Precision, 3> types{};
+    std::uint64_t at = 0;
+    for (std::size_t i = 0; i < 3; ++i) {
+      const TensorLocation& m = experts_->matrices(k)[i];
+      types[i] = *in_place_moekit_precision(m.dtype);
+      read_matrix(m, dest.subspan(at, matrix_bytes(m.rows, m.cols, types[i])));
+      at += matrix_bytes(m.rows, m.cols, slots[i]);
+    }
+    write_kquant_tag(dest, types);
+  }
+
   // One matrix into `dest` in the blob's format and order, in chunks of whole rows through
   // staging. A chunk is a whole number of panel groups, whose bytes are the same contiguous
   // range whether the chunk is packed alone or as part of the matrix.
   void read_matrix(const TensorLocation& m, std::span<std::byte> dest) const {
     const Precision p = experts_->precision();
     const std::uint64_t src_row = m.bytes / m.rows;
-    const std::uint64_t dst_row = row_bytes(m.cols, p, experts_->shape().quant);
+    const std::uint64_t dst_row =  // a K-quant matrix at its own type, the bytes as they are
+        is_gguf_kquant(p) ? src_row : row_bytes(m.cols, p, experts_->shape().quant);
     const std::uint64_t rows_per_chunk = std::max<std::uint64_t>(
         rows_per_group, (staging_bytes_ - std::min(staging_bytes_, 2 * page)) / src_row /
                             rows_per_group * rows_per_group);

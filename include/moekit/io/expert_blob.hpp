@@ -7,8 +7,10 @@
 /// (`MatrixOrder`, precision/panels.hpp); f32/bf16/f16 blobs are always in rows.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -49,10 +51,51 @@ inline std::vector<std::byte> encode_expert_blob(const ModelShape& s, std::span<
   return b;
 }
 
+/// The types a K-quant blob's tag names (w1, w3, w2; core/model_shape.hpp, KquantBlob), each
+/// checked to be a K-quant no wider than its slot.
+inline std::array<Precision, 3> kquant_blob_types(const ModelShape& s,
+                                                  std::span<const std::byte> b) {
+  MOEKIT_EXPECTS(s.kquant.set() && b.size() == s.expert_bytes(s.kquant.precision),
+                 "kquant_blob_types: not a K-quant blob of this shape");
+  const Precision slots[3] = {s.kquant.w1, s.kquant.w3, s.kquant.w2};
+  std::array<Precision, 3> t{};
+  const std::byte* tag = b.data() + b.size() - kquant_tag_bytes;
+  for (std::size_t i = 0; i < 3; ++i) {
+    t[i] = static_cast<Precision>(tag[i]);
+    if (!is_gguf_kquant(t[i]) || kquant_block_bytes(t[i]) > kquant_block_bytes(slots[i]))
+      throw Error(ErrorKind::invalid_format, "K-quant expert blob: matrix " + std::to_string(i) +
+                                                 " has type byte " +
+                                                 std::to_string(unsigned(tag[i])) +
+                                                 ", not a K-quant no wider than its slot (" +
+                                                 std::string(name(slots[i])) + ")");
+  }
+  return t;
+}
+
+/// Writes the tag of a K-quant blob (its last kquant_tag_bytes bytes) naming `types`.
+inline void write_kquant_tag(std::span<std::byte> blob, const std::array<Precision, 3>& types) {
+  MOEKIT_EXPECTS(blob.size() >= kquant_tag_bytes, "write_kquant_tag: blob too small");
+  std::byte* tag = blob.data() + blob.size() - kquant_tag_bytes;
+  for (std::size_t i = 0; i < 3; ++i) tag[i] = static_cast<std::byte>(types[i]);
+  tag[3] = std::byte{0};
+}
+
 /// The three matrices of blob `b` at `p`; `order`: where the rows of a quantized blob's matrices
-/// are (ignored for f32/bf16/f16, always in rows).
+/// are (ignored for f32/bf16/f16, always in rows). A K-quant blob read in place
+/// (`s.kquant.precision == p`) has each matrix at the type its tag names, in its slot.
 inline ExpertWeights expert_view(const ModelShape& s, std::span<const std::byte> b, Precision p,
                                  MatrixOrder order = MatrixOrder::rows) {
+  if (s.kquant.set() && p == s.kquant.precision) {
+    const std::array<Precision, 3> t = kquant_blob_types(s, b);
+    const std::size_t slot1 = matrix_bytes(s.ffn, s.hidden, s.kquant.w1);
+    const std::size_t slot3 = matrix_bytes(s.ffn, s.hidden, s.kquant.w3);
+    return {make_matrix_view(b.subspan(0, matrix_bytes(s.ffn, s.hidden, t[0])), s.ffn, s.hidden,
+                             t[0], {}, "expert w1"),
+            make_matrix_view(b.subspan(slot1, matrix_bytes(s.ffn, s.hidden, t[1])), s.ffn, s.hidden,
+                             t[1], {}, "expert w3"),
+            make_matrix_view(b.subspan(slot1 + slot3, matrix_bytes(s.hidden, s.ffn, t[2])),
+                             s.hidden, s.ffn, t[2], {}, "expert w2")};
+  }
   const std::size_t m13 = matrix_bytes(s.ffn, s.hidden, p, s.quant);
   const std::size_t m2 = matrix_bytes(s.hidden, s.ffn, p, s.quant);
   MOEKIT_EXPECTS(b.size() == 2 * m13 + m2, "expert_view: blob size does not match the shape");

@@ -234,7 +234,7 @@ class SimLoader {
   Queue demand_q_, prefetch_q_;
   double link_free_ = 0.0;
   std::size_t queued_ = 0;  ///< records in State::queued (settle's fast exit when none)
-  std::array<std::size_t, precision_count + 1> bytes_{};  ///< expert bytes per precision
+  std::array<std::size_t, precision_slots> bytes_{};  ///< expert bytes per Precision
   SimLoaderStats stats_{};
 };
 static_assert(Loader<SimLoader>);
