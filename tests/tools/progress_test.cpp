@@ -13,8 +13,8 @@ using namespace moekit::tools;
 
 TEST_CASE("progress: bytes and durations formatted for people", "[tools][progress]") {
   CHECK(format_bytes(512) == "512 B");
-  CHECK(format_bytes(1536) == "1.50 KiB");                 // 1536 / 1024
-  CHECK(format_bytes(150.0 * 1024 * 1024) == "150 MiB");    // three digits, no decimals
+  CHECK(format_bytes(1536) == "1.50 KiB");                // 1536 / 1024
+  CHECK(format_bytes(150.0 * 1024 * 1024) == "150 MiB");  // three digits, no decimals
   CHECK(format_bytes(3.25 * 1024 * 1024 * 1024) == "3.25 GiB");
   CHECK(format_duration(7) == "0:07");
   CHECK(format_duration(750) == "12:30");  // 12 * 60 + 30
@@ -22,7 +22,8 @@ TEST_CASE("progress: bytes and durations formatted for people", "[tools][progres
   CHECK(format_duration(-5) == "0:00");
 }
 
-TEST_CASE("progress: the time left is the elapsed time scaled by what remains", "[tools][progress]") {
+TEST_CASE("progress: the time left is the elapsed time scaled by what remains",
+          "[tools][progress]") {
   // 25 of 100 in 10 s: 75 left at 2.5 a second = 30 s.
   REQUIRE(eta_seconds(25, 100, 10.0));
   CHECK(*eta_seconds(25, 100, 10.0) == Approx(30.0));
@@ -48,7 +49,8 @@ TEST_CASE("progress: one line with bar, counts, rate and ETA", "[tools][progress
   CHECK(progress_line(std::string(200, 'a'), 1, 2, ProgressUnit::items, 1.0).size() == 100);
 }
 
-TEST_CASE("progress: silent when the stream is not a terminal, or when quiet", "[tools][progress]") {
+TEST_CASE("progress: silent when the stream is not a terminal, or when quiet",
+          "[tools][progress]") {
   std::FILE* f = std::tmpfile();
   REQUIRE(f != nullptr);
   {
@@ -78,7 +80,7 @@ TEST_CASE("progress: drawn in place on a terminal, redraws rate-limited, the las
     p.update(1);  // drawn (the first)
     p.update(2);  // within the redraw interval: skipped
     p.update(3);  // the last: always drawn
-  }  // finish: a newline
+  }               // finish: a newline
   std::fclose(tty);
   std::string got;
   char buf[512];

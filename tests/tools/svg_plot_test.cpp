@@ -91,7 +91,8 @@ std::string xml_problem(const std::string& x) {
 
 std::vector<std::string> texts_of(const std::string& svg) {
   std::vector<std::string> out;
-  for (std::size_t at = svg.find("<text"); at != std::string::npos; at = svg.find("<text", at + 1)) {
+  for (std::size_t at = svg.find("<text"); at != std::string::npos;
+       at = svg.find("<text", at + 1)) {
     const std::size_t from = svg.find('>', at) + 1;
     out.push_back(svg.substr(from, svg.find("</text>", from) - from));
   }
@@ -176,17 +177,17 @@ TEST_CASE("svg plot: log ticks are decades, with 2 and 5 over two decades or few
 
 TEST_CASE("svg plot: tick labels are round", "[tools][plot]") {
   CHECK(tick_label(15, 5, 25) == "15");
-  CHECK(tick_label(0.4, 0.2, 1) == "0.4");          // one decimal for a step of 0.2
-  CHECK(tick_label(0.25, 0.05, 0.5) == "0.25");     // two for 0.05
-  CHECK(tick_label(5000, 5000, 20000) == "5k");     // 10^4 and above: k
+  CHECK(tick_label(0.4, 0.2, 1) == "0.4");       // one decimal for a step of 0.2
+  CHECK(tick_label(0.25, 0.05, 0.5) == "0.25");  // two for 0.05
+  CHECK(tick_label(5000, 5000, 20000) == "5k");  // 10^4 and above: k
   CHECK(tick_label(2.5e10, 5e9, 3e10) == "25G");
-  CHECK(tick_label(2000, 1000, 5000) == "2000");    // below 10^4: plain
-  CHECK(tick_label(9.765625, 0, 50) == "9.77");     // explicit ticks: three significant digits
+  CHECK(tick_label(2000, 1000, 5000) == "2000");  // below 10^4: plain
+  CHECK(tick_label(9.765625, 0, 50) == "9.77");   // explicit ticks: three significant digits
   CHECK(tick_label(50, 0, 50) == "50");
   CHECK(tick_label(1.6e10, 0, 3.2e10) == "16G");
   CHECK(tick_label(0.125, 0, 1) == "0.125");
   CHECK(tick_label(0, 0, 1) == "0");
-  CHECK(tick_label(0, 2000, 10000) == "0");  // not "0k"
+  CHECK(tick_label(0, 2000, 10000) == "0");   // not "0k"
   CHECK(tick_label(-0.0001, 0.5, 1) == "0");  // no "-0.0"
 }
 
@@ -213,15 +214,18 @@ TEST_CASE("svg plot: each family its colour, references dashed, no two series al
   CHECK(st[7].colour == reference_colour);  // the only all-reference family (Belady)
 }
 
-TEST_CASE("svg plot: well-formed, escaped, short title, sweep values as x ticks",
-          "[tools][plot]") {
+TEST_CASE("svg plot: well-formed, escaped, short title, sweep values as x ticks", "[tools][plot]") {
   PlotSpec spec;
   spec.title = "miss penalty vs cache size: " + std::string(300, 'p') + "/trace <a&b>.jsonl";
   spec.x_label = "cache (% of experts)";
   spec.y_label = "penalty";
   spec.x_ticks = {9.765625, 25, 50};
   const std::vector<PlotSeries> series = {
-      {"lru & \"friends\" with a very long legend name", {9.765625, 25, 50}, {30, 20, 10}, "lru", false},
+      {"lru & \"friends\" with a very long legend name",
+       {9.765625, 25, 50},
+       {30, 20, 10},
+       "lru",
+       false},
       {"belady", {9.765625, 25, 50}, {22.8125, 12, NAN}, "belady", true}};
   const std::string svg = svg_line_plot(spec, series);
   INFO(svg);
@@ -255,12 +259,12 @@ TEST_CASE("svg plot: log y leaves out values <= 0 and says so", "[tools][plot]")
 }
 
 TEST_CASE("svg plot: written with a PNG beside it, or a note saying why not", "[tools][plot]") {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("moekit-plot-test-" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("moekit-plot-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string svg = (dir / "p.svg").string();
-  const PlotFiles f = write_plot(svg, {"t", "x", "y", false, {}}, {{"a", {1, 2}, {1, 2}, "", false}},
-                                 false);
+  const PlotFiles f =
+      write_plot(svg, {"t", "x", "y", false, {}}, {{"a", {1, 2}, {1, 2}, "", false}}, false);
   REQUIRE(!f.written.empty());
   CHECK(f.written[0] == svg);
   const std::string png = (dir / "p.png").string();

@@ -30,8 +30,7 @@ enum class ProgressUnit { items, bytes };
   if (u == 0)
     std::snprintf(buf, sizeof buf, "%.0f B", bytes);
   else
-    std::snprintf(buf, sizeof buf, "%.*f %s", bytes < 10 ? 2 : bytes < 100 ? 1 : 0, bytes,
-                  unit[u]);
+    std::snprintf(buf, sizeof buf, "%.*f %s", bytes < 10 ? 2 : bytes < 100 ? 1 : 0, bytes, unit[u]);
   return buf;
 }
 
@@ -67,8 +66,8 @@ enum class ProgressUnit { items, bytes };
   };
   std::string s(label);
   if (total > 0) {
-    const auto fill = static_cast<std::size_t>(double(bar_width) *
-                                               double(std::min(done, total)) / double(total));
+    const auto fill =
+        static_cast<std::size_t>(double(bar_width) * double(std::min(done, total)) / double(total));
     s += " [" + std::string(fill, '#') + std::string(bar_width - fill, '.') + "] ";
     s += amount(done) + "/" + amount(total);
   } else {
@@ -78,8 +77,9 @@ enum class ProgressUnit { items, bytes };
     const double rate = double(done) / elapsed_s;
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f", rate);
-    s += "  " + (unit == ProgressUnit::items && rate < 10 ? std::string(buf)
-                                                          : amount(std::uint64_t(rate))) +
+    s += "  " +
+         (unit == ProgressUnit::items && rate < 10 ? std::string(buf)
+                                                   : amount(std::uint64_t(rate))) +
          "/s";
   }
   if (const auto eta = eta_seconds(done, total, elapsed_s); eta && done < total)
@@ -125,6 +125,12 @@ class Progress {
     std::fprintf(out_, "\r%s\x1b[K", line.c_str());  // ESC[K: clear the rest of the old line
     std::fflush(out_);
     drawn_ = true;
+  }
+
+  /// Erases the line, so that other output can be printed; the next `update` draws it again.
+  void clear() {
+    if (drawn_) std::fputs("\r\x1b[K", out_), std::fflush(out_);
+    drawn_ = false;
   }
 
   /// Ends the line (the next output starts on a new one).

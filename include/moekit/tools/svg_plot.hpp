@@ -146,7 +146,8 @@ inline std::string with_suffix(double v, int decimals, int power) {
 [[nodiscard]] inline std::string tick_label(double v, double step, double largest) {
   const int power = detail::thousands_power(std::abs(largest));
   const double scale = std::pow(1000.0, power);
-  if (step > 0) return detail::with_suffix(v, int(std::ceil(-std::log10(step / scale) - 1e-9)), power);
+  if (step > 0)
+    return detail::with_suffix(v, int(std::ceil(-std::log10(step / scale) - 1e-9)), power);
   if (v == 0) return "0";
   const int digits = int(std::floor(std::log10(std::abs(v) / scale) + 1e-9));
   std::string s = detail::with_suffix(v, std::max(0, 2 - digits), power);
@@ -202,10 +203,10 @@ struct SeriesStyle {
   for (std::size_t i = 0; i < series.size(); ++i) {
     const std::size_t f = family_of[i], kind = series[i].reference ? 1 : 0;
     const std::size_t n = used[f][kind]++;
-    out.push_back({colour[f],
-                   kind ? reference_dashes[n % reference_dashes.size()]
-                        : line_dashes[n % line_dashes.size()],
-                   kind == 1});
+    out.push_back(
+        {colour[f],
+         kind ? reference_dashes[n % reference_dashes.size()] : line_dashes[n % line_dashes.size()],
+         kind == 1});
   }
   return out;
 }
@@ -305,8 +306,8 @@ inline void write_axes(std::ostream& o, const PlotFrame& f, const PlotAxis& x, c
   double last_label_end = -1e9;  // x labels that would overlap the previous one are left out
   for (std::size_t i = 0; i < x.ticks.size(); ++i) {
     const double at = x.at(x.ticks[i]), half = 3.6 * double(x.labels[i].size());
-    o << "<line x1=\"" << px(at) << "\" y1=\"" << px(f.top) << "\" x2=\"" << px(at)
-      << "\" y2=\"" << px(bottom + 5) << "\" stroke=\"#e4e4e4\"/>\n";
+    o << "<line x1=\"" << px(at) << "\" y1=\"" << px(f.top) << "\" x2=\"" << px(at) << "\" y2=\""
+      << px(bottom + 5) << "\" stroke=\"#e4e4e4\"/>\n";
     if (at - half < last_label_end + 6) continue;
     last_label_end = at + half;
     o << "<text x=\"" << px(at) << "\" y=\"" << px(bottom + 19) << "\" text-anchor=\"middle\">"
@@ -319,9 +320,8 @@ inline void write_axes(std::ostream& o, const PlotFrame& f, const PlotAxis& x, c
       << "<text x=\"" << px(f.left - 8) << "\" y=\"" << px(at + 4) << "\" text-anchor=\"end\">"
       << xml_escape(y.labels[i]) << "</text>\n";
   }
-  o << "<rect x=\"" << px(f.left) << "\" y=\"" << px(f.top) << "\" width=\""
-    << px(f.plot_width()) << "\" height=\"" << px(f.plot_height())
-    << "\" fill=\"none\" stroke=\"black\"/>\n"
+  o << "<rect x=\"" << px(f.left) << "\" y=\"" << px(f.top) << "\" width=\"" << px(f.plot_width())
+    << "\" height=\"" << px(f.plot_height()) << "\" fill=\"none\" stroke=\"black\"/>\n"
     << "<text x=\"" << px(f.left + f.plot_width() / 2) << "\" y=\"" << px(f.height - 16)
     << "\" text-anchor=\"middle\">" << xml_escape(shorten(spec.x_label, 80)) << "</text>\n"
     << "<text transform=\"translate(16," << px(f.top + f.plot_height() / 2)
@@ -382,8 +382,8 @@ inline std::size_t write_series(std::ostream& o, const PlotFrame& f, const PlotA
   x.from = f.left, x.to = f.left + f.plot_width();
   y.from = f.top + f.plot_height(), y.to = f.top;
   std::ostringstream o;
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << f.width << "\" height=\""
-    << f.height << "\" viewBox=\"0 0 " << f.width << " " << f.height
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << f.width << "\" height=\"" << f.height
+    << "\" viewBox=\"0 0 " << f.width << " " << f.height
     << "\" font-family=\"DejaVu Sans, Arial, sans-serif\" font-size=\"12\">\n"
     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     << "<text x=\"" << f.width / 2 << "\" y=\"26\" text-anchor=\"middle\" font-size=\"15\">"
