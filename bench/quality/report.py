@@ -82,7 +82,7 @@ def plots(rows, out, moe_plot):
     for f in families:
         pts = sorted((r for r in mixes if r["family"] == f), key=lambda r: r["ppl_increase_pct"])
         series.append({"name": f, "family": f, "x": [r["ppl_increase_pct"] for r in pts],
-                       "y": [max(r["kl_mean"], 1e-9) for r in pts]})
+                       "y": [r["kl_mean"] if r["kl_mean"] > 0 else None for r in pts]})
     plot(moe_plot, out / "quality.svg", {
         "title": "precision mixes: quality loss against f32", "log_y": True,
         "x_label": "perplexity increase over f32 (%)",
@@ -95,7 +95,7 @@ def plots(rows, out, moe_plot):
             "y_label": "mean KL vs f32 (nats/token)",
             "series": [{"name": "mobile", "family": "mobile",
                         "x": [r["fallback_ratio"] for r in mob],
-                        "y": [max(r["kl_mean"], 1e-9) for r in mob]}]})
+                        "y": [r["kl_mean"] if r["kl_mean"] > 0 else None for r in mob]}]})
 
 
 def plot(moe_plot, svg, spec):

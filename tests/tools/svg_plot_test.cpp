@@ -187,6 +187,8 @@ TEST_CASE("svg plot: tick labels are round", "[tools][plot]") {
   CHECK(tick_label(1.6e10, 0, 3.2e10) == "16G");
   CHECK(tick_label(0.125, 0, 1) == "0.125");
   CHECK(tick_label(0, 0, 1) == "0");
+  CHECK(tick_label(1e-9, 0, 1) == "1e-9");  // log axes of small values: exponents
+  CHECK(tick_label(2e-5, 0, 1) == "2e-5");
   CHECK(tick_label(0, 2000, 10000) == "0");   // not "0k"
   CHECK(tick_label(-0.0001, 0.5, 1) == "0");  // no "-0.0"
 }

@@ -149,6 +149,15 @@ inline std::string with_suffix(double v, int decimals, int power) {
   if (step > 0)
     return detail::with_suffix(v, int(std::ceil(-std::log10(step / scale) - 1e-9)), power);
   if (v == 0) return "0";
+  if (std::abs(v) < 1e-3) {  // 1e-09 -> 1e-9
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", v);
+    std::string e = buf;
+    const std::size_t at = e.find("e-");
+    if (at != std::string::npos)
+      while (at + 2 < e.size() - 1 && e[at + 2] == '0') e.erase(at + 2, 1);
+    return e;
+  }
   const int digits = int(std::floor(std::log10(std::abs(v) / scale) + 1e-9));
   std::string s = detail::with_suffix(v, std::max(0, 2 - digits), power);
   if (s.find('.') != std::string::npos) {  // 2.50 -> 2.5, 3.00 -> 3
