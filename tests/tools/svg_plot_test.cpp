@@ -161,6 +161,12 @@ TEST_CASE("svg plot: nice ticks are the smallest 1-2-5 step within the count (ra
 TEST_CASE("svg plot: log ticks are decades, with 2 and 5 over two decades or fewer",
           "[tools][plot]") {
   CHECK(log_ticks(3, 4000).values == std::vector<double>{1, 10, 100, 1000, 10000});
+  // 1e-13..0.1: 12 decades, every second one labelled (stride (12 + 6) / 7 = 2): 7 ticks.
+  const std::vector<double> wide = log_ticks(1e-13, 0.1).values;
+  REQUIRE(wide.size() == 7);
+  CHECK(wide.front() == Approx(1e-13));
+  CHECK(wide[1] == Approx(1e-11));
+  CHECK(wide.back() == Approx(0.1));
   // 3..40 spans two decades (1..100): 1, 2, 5, 10, 20, 50, 100 trimmed to the last at or below 3
   // (2) and the first at or above 40 (50).
   const std::vector<double> fine = log_ticks(3, 40).values;

@@ -99,8 +99,8 @@ inline constexpr std::array<std::string_view, 3> reference_dashes = {"7,4", "12,
 }
 
 /// Ticks of a log axis over [lo, hi] (both > 0): powers of ten from the one at or below `lo` to
-/// the one at or above `hi`; over two decades or fewer, 1, 2 and 5 times them, from the last at
-/// or below `lo` to the first at or above `hi`.
+/// the one at or above `hi` (every second, third... when that is more than 8); over two decades or
+/// fewer, 1, 2 and 5 times them, from the last at or below `lo` to the first at or above `hi`.
 [[nodiscard]] inline Ticks log_ticks(double lo, double hi) {
   MOEKIT_EXPECTS(lo > 0 && hi >= lo && std::isfinite(hi), "log_ticks: needs 0 < lo <= hi");
   const int first = int(std::floor(std::log10(lo) + 1e-9));
@@ -108,7 +108,9 @@ inline constexpr std::array<std::string_view, 3> reference_dashes = {"7,4", "12,
   if (last == first) ++last;
   Ticks t;
   const bool fine = last - first <= 2;
-  for (int e = first; e <= last; ++e) {
+  const int stride = (last - first + 6) / 7;  // at most 8 decades labelled: every stride-th
+  last = first + (last - first + stride - 1) / stride * stride;
+  for (int e = first; e <= last; e += stride) {
     const double d = std::pow(10.0, e);
     t.values.push_back(d);
     if (fine && e < last) t.values.push_back(2 * d), t.values.push_back(5 * d);
