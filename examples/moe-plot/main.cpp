@@ -61,7 +61,8 @@ int run(const std::string& spec_path, const std::string& out, bool force) {
     spec.y_label = j.value("y_label", std::string());
     spec.log_y = j.value("log_y", false);
     spec.x_ticks = j.value("x_ticks", std::vector<double>{});
-    if (!j.contains("series") || !j["series"].is_array()) bad_spec(spec_path, "no \"series\" array");
+    if (!j.contains("series") || !j["series"].is_array())
+      bad_spec(spec_path, "no \"series\" array");
     std::vector<PlotSeries> series;
     for (std::size_t i = 0; i < j["series"].size(); ++i)
       series.push_back(series_of(j["series"][i], spec_path, i));
