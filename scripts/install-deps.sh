@@ -21,6 +21,7 @@ packages=(
   clang                   # libFuzzer targets
   libclang-rt-14-dev      # fuzzer and sanitizer runtimes for clang
   clang-format-14         # scripts/check-format.sh (the version pinned: formatting differs between versions)
+  librsvg2-bin            # rsvg-convert: a PNG beside each SVG plot (tools/svg_plot.hpp; without it, SVG only)
 )
 
 missing=()

@@ -7,7 +7,8 @@
 #
 # Builds moe-run and moekit_bench_edgemoe_search in build/quality (override: MOEKIT_QUALITY_BUILD),
 # then runs moe-run --perplexity for every configuration, prints a table and writes
-# bench/quality/results.csv, bench/quality/results.md, bench/quality/quality.svg and the EdgeMoE
+# bench/quality/results.csv, bench/quality/results.md, bench/quality/quality.svg and
+# quality-mobile.svg (moe-plot; a PNG beside each when rsvg-convert or ImageMagick is installed) and the EdgeMoE
 # tables (bench/quality/edgemoe-P*.table, edgemoe.json).
 #
 # Protocol (docs/engine.md, "Perplexity and KL divergence"): chunks of 512 tokens, each scored after
@@ -38,9 +39,8 @@ if [ "${1:-}" = "--quick" ]; then ctx=256 pchunks=1 dchunks=1 gammas="0 0.5 0.9"
 start=$SECONDS
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEKIT_CUDA=OFF \
   -DMOEKIT_BUILD_EXAMPLES=ON -DMOEKIT_BUILD_BENCHMARKS=ON > /dev/null
-cmake --build "$build" --target moe-run moekit_bench_edgemoe_search -j2 > /dev/null
+cmake --build "$build" --target moe-run moe-plot moekit_bench_edgemoe_search -j2 > /dev/null
 R="$build/examples/moe-run/moe-run"
-python3 -c "import matplotlib" 2> /dev/null || pip install --quiet matplotlib
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -114,7 +114,7 @@ for g in $gammas; do
 done
 
 python3 "$out/report.py" "$work/index.tsv" "$work/ref-prefill.json" "$work/ref-decode.json" \
-  "$out" "$(sha256sum "$model/model.safetensors" | cut -d' ' -f1)"
+  "$out" "$(sha256sum "$model/model.safetensors" | cut -d' ' -f1)" "$build/examples/moe-plot/moe-plot"
 
 # Cross-layer predictors on the recorded traces (bench/traces, bench/traces/record.sh).
 if ls "$root"/bench/traces/*.mktrace > /dev/null 2>&1; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Turns scripts/quality.sh's moe-run --perplexity --json outputs into bench/quality/results.csv,
-results.md (the table) and quality.svg (the plot). Called by scripts/quality.sh; plotting only
-needs matplotlib."""
+results.md (the table), quality.svg (KL and perplexity of the precision mixes) and
+quality-mobile.svg (MoBiLE's gamma sweep), each with a PNG beside it when an SVG converter is
+installed; the plots are drawn by moe-plot (argv[6]). Called by scripts/quality.sh."""
 import csv
 import json
 import sys
@@ -63,36 +64,51 @@ def main():
     (out / "results.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
-    import matplotlib
-    matplotlib.use("Agg")
-    matplotlib.rcParams["svg.hashsalt"] = "moekit"  # reproducible SVG ids
-    import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.8))
-    mix = [r for r in rows if r["family"] != "mobile"]
-    colors = {"uniform": "tab:blue", "hobbit": "tab:orange", "fate": "tab:green",
-              "edgemoe": "tab:purple"}
-    a.barh([f"{r['config']} ({r['mode']})" for r in mix], [max(r["kl_mean"], 1e-9) for r in mix],
-           color=[colors.get(r["family"], "gray") for r in mix])
-    a.set_xscale("log")
-    a.invert_yaxis()
-    a.set_xlabel("mean KL divergence vs f32 (nats / token, log scale)")
-    a.set_title("Precision mixes")
+    # The plots: moe-plot (tools/svg_plot.hpp, the same plots as moe-sim's), its path in argv[6].
+    if len(sys.argv) <= 6:
+        print("report.py: no moe-plot given: no plots", file=sys.stderr)
+        return
+    plots(rows, out, sys.argv[6])
+
+
+def plots(rows, out, moe_plot):
+    """quality.svg and quality-mobile.svg from the table's rows."""
+    mixes = [r for r in rows if r["family"] != "mobile"]
+    families = []
+    for r in mixes:
+        if r["family"] not in families:
+            families.append(r["family"])
+    series = []
+    for f in families:
+        pts = sorted((r for r in mixes if r["family"] == f), key=lambda r: r["ppl_increase_pct"])
+        series.append({"name": f, "family": f, "x": [r["ppl_increase_pct"] for r in pts],
+                       "y": [r["kl_mean"] if r["kl_mean"] > 0 else None for r in pts]})
+    plot(moe_plot, out / "quality.svg", {
+        "title": "precision mixes: quality loss against f32", "log_y": True,
+        "x_label": "perplexity increase over f32 (%)",
+        "y_label": "mean KL vs f32 (nats/token)", "series": series})
     mob = sorted((r for r in rows if r["family"] == "mobile"), key=lambda r: r["fallback_ratio"])
     if mob:
-        b.plot([r["fallback_ratio"] for r in mob], [r["kl_mean"] for r in mob], "o-", color="tab:red")
-        for r in mob:
-            b.annotate("γ=" + r["config"].split("-")[-1], (r["fallback_ratio"], r["kl_mean"]),
-                       textcoords="offset points", xytext=(4, 4), fontsize=8)
-        b.set_xlabel("fallback ratio (tokens recomputed with the full top-k)")
-        b.set_ylabel("mean KL divergence vs f32")
-        b.set_title("MoBiLE γ sweep (decode)")
-        b.grid(alpha=0.3)
-    fig.suptitle("moekit-tiny-moe on its held-out WikiText-2 text")
-    fig.tight_layout()
-    fig.savefig(out / "quality.svg", metadata={"Date": None})
-    if len(sys.argv) > 6:  # a PNG preview, e.g. for a quick look
-        fig.savefig(sys.argv[6], dpi=80)
+        plot(moe_plot, out / "quality-mobile.svg", {
+            "title": "MoBiLE gamma sweep (decode)", "log_y": True,
+            "x_label": "fallback ratio (tokens recomputed with the full top-k)",
+            "y_label": "mean KL vs f32 (nats/token)",
+            "series": [{"name": "mobile", "family": "mobile",
+                        "x": [r["fallback_ratio"] for r in mob],
+                        "y": [r["kl_mean"] if r["kl_mean"] > 0 else None for r in mob]}]})
 
+
+def plot(moe_plot, svg, spec):
+    """One plot through moe-plot (an SVG, and a PNG beside it when a converter is installed)."""
+    import subprocess
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    try:
+        subprocess.run([moe_plot, "--spec", f.name, "--out", str(svg), "--force"], check=True,
+                       stdout=sys.stderr)
+    finally:
+        Path(f.name).unlink()
 
 if __name__ == "__main__":
     main()

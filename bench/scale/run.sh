@@ -23,7 +23,8 @@
 #
 # Models are written by scripts/make_real_shape_model.sh into build/real-shape-models/ when
 # missing (mixtral-32L: 26.3 GB, olmoe-16L: 3.9 GB; the disk is checked first); --delete-models
-# removes them at the end. The default grid (both models) took 48 + 17 min on a 2-core Zen 5;
+# removes them at the end. Per model, build/scale/MODEL-decode.svg (and a PNG beside it when
+# rsvg-convert or ImageMagick is installed) plots decode tok/s against the limit per engine. The default grid (both models) took 48 + 17 min on a 2-core Zen 5;
 # mixtral-4L (3.4 GB) is the quick one. 100 = no limit. llama.cpp comes from bench/engine/llama_cpp_peer.sh's venv (built from the
 # llama-cpp-python sdist: about 24 min the first time). The page cache is dropped before every
 # run (root), so every run starts cold; the limit is scripts/run-in-memory-limit.sh's cgroup, in
@@ -57,8 +58,9 @@ done
 [[ $(id -u) -eq 0 ]] || { echo "run.sh: needs root (cgroups, dropping the page cache)" >&2; exit 2; }
 moe_run="$here/build/release/examples/moe-run/moe-run"
 bound_bench="$here/build/release/bench/moekit_bench_decode_bound"
-[[ -x "$moe_run" && -x "$bound_bench" ]] || { cmake --preset release >/dev/null &&
-  cmake --build --preset release --target moe-run moekit_bench_decode_bound; }
+moe_plot="$here/build/release/examples/moe-plot/moe-plot"
+[[ -x "$moe_run" && -x "$bound_bench" && -x "$moe_plot" ]] || { cmake --preset release >/dev/null &&
+  cmake --build --preset release --target moe-run moekit_bench_decode_bound moe-plot; }
 venv="${LLAMA_CPP_VENV:-$here/build/llama-cpp-venv}"
 if [[ "$engines" == *llama* ]]; then "$here/bench/engine/llama_cpp_peer.sh" install; fi
 out="$here/build/scale"
@@ -157,6 +159,21 @@ agreement() {
     echo "greedy agreement on $(basename "$1"): the check failed (see $out/last-check.err)"
 }
 
+# plot_decode MODEL -> build/scale/MODEL-decode.svg (and .png): decode tok/s against the memory
+# limit, one line per engine, at the grid's prompt length, by moe-plot (tools/svg_plot.hpp).
+plot_decode() {
+  [[ -x "$moe_plot" ]] || { echo "no plot: $moe_plot was not built" >&2; return 0; }
+  printf '%s\n' "${rows[@]}" | jq -s --arg m "$1" --argjson pt "$prompt_tokens" '
+    map(select(.prompt_tokens == $pt or .prompt_tokens == null)) as $r
+    | {title: "decode vs memory limit: \($m)", x_label: "memory limit (% of the file; 100 = none)",
+       y_label: "decode tokens/s", x_ticks: ($r | map(.limit_pct) | unique),
+       series: ($r | map(.engine) | unique | map(. as $e | {name: $e, family: $e,
+         x: ($r | map(select(.engine == $e)) | sort_by(.limit_pct) | map(.limit_pct)),
+         y: ($r | map(select(.engine == $e)) | sort_by(.limit_pct) | map(.decode_tps))}))}' \
+    > "$out/$1-decode-plot.json"
+  "$moe_plot" --spec "$out/$1-decode-plot.json" --out "$out/$1-decode.svg" --force >&2
+}
+
 cpu=$(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
 prompt=$(prompt_text "$prompt_tokens")
 long=""
@@ -196,5 +213,6 @@ for m in "${model_list[@]}"; do
   else
     echo "memory bound: not measured (see $out/last-bound.err)"
   fi
+  plot_decode "$m"
   [[ $delete -eq 1 ]] && rm -f "$file"
 done

@@ -47,6 +47,7 @@
 #include "moekit/precision/quantize.hpp"
 #include "moekit/precision/thread_pool.hpp"
 #include "moekit/sim/hardware.hpp"
+#include "moekit/tools/progress.hpp"
 
 namespace fs = std::filesystem;
 using namespace moekit;
@@ -158,7 +159,8 @@ class TempFile {
   void fill(std::size_t size) {
     std::vector<std::uint64_t> chunk((8u << 20) / 8);
     std::mt19937_64 g(42);
-    for (std::size_t done = 0; done < size;) {
+    tools::Progress progress("disk: writing", size, tools::ProgressUnit::bytes, false);
+    for (std::size_t done = 0; done < size; progress.update(done)) {
       for (auto& x : chunk) x = g();
       const std::size_t n = std::min(size - done, chunk.size() * 8);
       const ssize_t w = ::write(fd_, chunk.data(), n);
@@ -315,11 +317,17 @@ sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double o
   constexpr std::size_t rotation = 256u << 20;  // > 4x the LLC of large server CPUs
   sim::ProcessorModel cpu;
   cpu.call_overhead_s = overhead;
+  // Results on stdout; progress on stderr (a terminal only), erased before each result.
+  tools::Progress progress("kernels", std::size(all_precisions) + 6, tools::ProgressUnit::items,
+                           false);
+  std::size_t done = 0;
   for (Precision p : all_precisions) {
     if (p == Precision::skip) continue;
+    progress.update(done++, std::string(name(p)));
     const Expert e = make_expert(o.hidden, o.ffn, p, 2);
     const double t = time_expert(e, 1, pool, rotation, o.reps);
     const double rate = double(e.bytes()) / std::max(t - overhead, t * 1e-3);
+    progress.clear();
     cpu.weight_bytes_per_s[static_cast<std::size_t>(p)] = rate;
     std::printf("  %-5s %8.1f MiB  %9.3f ms  %7.2f GB/s\n", std::string(name(p)).c_str(),
                 double(e.bytes()) / 1048576.0, t * 1e3, rate / 1e9);
@@ -330,7 +338,9 @@ sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double o
   const Expert e = make_expert(o.hidden, o.ffn, Precision::f16, 3);
   double sn = 0, st = 0, snn = 0, snt = 0, k = 0;
   for (std::size_t n : {1, 2, 4, 8, 16, 32}) {
+    progress.update(done++, "f16 x " + std::to_string(n) + " tokens");
     const double t = time_expert(e, n, pool, rotation, o.reps);
+    progress.clear();
     sn += double(n), st += t, snn += double(n * n), snt += double(n) * t, ++k;
     std::printf("  f16 x %2zu tokens: %9.3f ms\n", n, t * 1e3);
   }

@@ -6,8 +6,6 @@
 //   moe-convert -m models/moekit-tiny-moe -o tiny.moestore --precisions f16,q8,q4,q2
 //   moe-run -m tiny.moestore -p "The history of"        (dense part from the recorded checkpoint)
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -23,6 +21,7 @@
 #include "moekit/error.hpp"
 #include "moekit/io/expert_store.hpp"
 #include "moekit/io/output_file.hpp"
+#include "moekit/tools/progress.hpp"
 
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/expert_source.hpp"
@@ -51,32 +50,6 @@ std::vector<moekit::Precision> parse_precisions(const std::string& text) {
   return out;
 }
 
-// A one-line progress bar on stderr (redrawn in place when stderr is a terminal).
-class Progress {
- public:
-  explicit Progress(const char* what)
-      : what_(what), t0_(std::chrono::steady_clock::now()), tty_(::isatty(2) == 1) {}
-  void operator()(std::size_t done, std::size_t total) {
-    const int width = 40;
-    const int fill = total ? static_cast<int>(width * done / total) : width;
-    if (done != total && fill == last_) return;
-    if (!tty_ && done != total && fill % 10 != 0) return;  // logs: a line per quarter
-    last_ = fill;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    if (tty_) std::fputc('\r', stderr);
-    std::fprintf(stderr, "%-9s [%s%s] %zu/%zu blobs %.1fs", what_,
-                 std::string(static_cast<std::size_t>(fill), '#').c_str(),
-                 std::string(static_cast<std::size_t>(width - fill), '.').c_str(), done, total, s);
-    if (done == total || !tty_) std::fputc('\n', stderr);
-  }
-
- private:
-  const char* what_;
-  std::chrono::steady_clock::time_point t0_;
-  bool tty_;
-  int last_ = -1;
-};
-
 int run(const std::string& model, const std::string& out, const std::string& precisions_text,
         const std::string& layout, bool force, bool resume) {
   const auto precisions = parse_precisions(precisions_text);
@@ -95,8 +68,11 @@ int run(const std::string& model, const std::string& out, const std::string& pre
   wo.verify = false;  // verified below, with a progress bar
   wo.order = *order;
   wo.encode_threads = moekit::engine::store_encode_threads();
-  Progress encode_bar("encoding");
-  wo.progress = [&](std::size_t d, std::size_t t) { encode_bar(d, t); };
+  moekit::tools::Progress encode_bar("encoding blobs", 0, moekit::tools::ProgressUnit::items,
+                                     false);
+  wo.progress = [&](std::size_t d, std::size_t t) {
+    encode_bar.set_total(t), encode_bar.update(d);
+  };
   moekit::io::ExpertStoreWriteReport r;
   if (fs::is_regular_file(model) && moekit::engine::is_gguf_file(model)) {  // by magic, as moe-run
     r = moekit::engine::build_store_from_gguf(model, precisions, out, wo);
@@ -110,8 +86,12 @@ int run(const std::string& model, const std::string& out, const std::string& pre
                             "+ safetensors) nor a .gguf file");
   }
   const auto store = moekit::io::ExpertStore::open(out);
-  Progress verify_bar("verifying");
-  store.verify([&](std::size_t d, std::size_t t) { verify_bar(d, t); });
+  encode_bar.finish();
+  moekit::tools::Progress verify_bar("verifying blobs", 0, moekit::tools::ProgressUnit::items,
+                                     false);
+  store.verify(
+      [&](std::size_t d, std::size_t t) { verify_bar.set_total(t), verify_bar.update(d); });
+  verify_bar.finish();
   std::fprintf(stderr,
                "%s: %zu blobs encoded, %zu resumed from an interrupted run, %llu bytes, "
                "checksums verified\n",

@@ -23,6 +23,7 @@
 #include "moekit/io/memory_limit.hpp"
 #include "moekit/io/output_file.hpp"
 #include "moekit/precision/thread_pool.hpp"
+#include "moekit/tools/progress.hpp"
 
 #include "moekit/engine/activations.hpp"
 #include "moekit/engine/calibration.hpp"
@@ -445,13 +446,18 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
   k.apply(model);
   model.set_row_streaming(o.row_streaming);
   const auto t0 = std::chrono::steady_clock::now();
+  moekit::tools::Progress bar("perplexity: chunk", 0, moekit::tools::ProgressUnit::items, o.json);
   const PerplexityResult r =
       score_text(model, tokens, *cfg.bos_token_id, s, meter, [&](std::size_t c, std::size_t n) {
         if (recorder) recorder->name_next_sequence("chunk-" + std::to_string(c));
-        if (!o.json && c > 0)
-          std::fprintf(stderr, "[%zu/%zu] perplexity so far %.4f\n", c, n,
-                       meter.result().perplexity());
+        char so_far[64] = "";
+        if (c > 0)
+          std::snprintf(so_far, sizeof so_far, "perplexity so far %.4f",
+                        meter.result().perplexity());
+        bar.set_total(n);
+        bar.update(c, so_far);
       });
+  bar.finish();
   const double seconds = seconds_since(t0);
   if (reference && r.tokens != reference->positions())
     fail("--kl-reference: the reference has " + std::to_string(reference->positions()) +
@@ -1116,7 +1122,15 @@ template <class Pipeline>
 ExpertWarmStart warm_start(const Options& o, Pipeline& pipeline) {
   if (o.lazy_load) return {};
   const auto t0 = std::chrono::steady_clock::now();
-  ExpertWarmStart w{moekit::engine::load_all_experts(pipeline), 0};
+  moekit::tools::Progress bar("experts: loading layer", 0, moekit::tools::ProgressUnit::items,
+                              o.json);
+  ExpertWarmStart w{moekit::engine::load_all_experts(pipeline,
+                                                     [&](std::size_t l, std::size_t n) {
+                                                       bar.set_total(n);
+                                                       bar.update(l);
+                                                     }),
+                    0};
+  bar.finish();
   w.seconds = seconds_since(t0);
   if (w.bytes > 0 && !o.json)
     std::fprintf(stderr,

@@ -34,6 +34,8 @@
 #include "moekit/sim/trace.hpp"
 #include "moekit/sim/trace_binary.hpp"
 #include "moekit/sim/trace_jsonl.hpp"
+#include "moekit/tools/progress.hpp"
+#include "moekit/tools/svg_plot.hpp"
 
 #include "moekit/sim/preset_runs.hpp"
 
@@ -218,6 +220,7 @@ struct Options {
   std::string routers, bitwidths;
   bool json = false, compare = false, no_belady = false, list = false, synthetic = false;
   bool force = false;  // --force: replace the sweep's existing output files
+  bool log_y = false;  // --log-y: the sweep's plots on a log y axis
   double t1 = RunParams{}.t1, t2 = RunParams{}.t2, gamma = RunParams{}.gamma;
   std::string hobbit_recall = "paper";
   double hobbit_high_pool = RunParams{}.hobbit_high_slots;
@@ -538,7 +541,8 @@ void write_text(const std::string& path, const std::string& text, bool force) {
   moekit::io::write_text_atomically(path, text, force, "--out");
 }
 
-// The files a sweep writes: the CSV, and one SVG per trace.
+// The files a sweep writes: the CSV, and one SVG per trace (a PNG beside each when a converter
+// is installed, tools/svg_plot.hpp).
 std::vector<std::string> sweep_paths(const std::string& prefix, std::size_t n_traces) {
   std::vector<std::string> out{prefix + ".csv"};
   for (std::size_t ti = 0; ti < n_traces; ++ti)
@@ -635,7 +639,8 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--sweep", o.sweeps,
                  "PARAM=V1,V2,...: budget, bandwidth, t1, t2 or fallback (one sweep per run)");
   app.add_option("--out", o.out, "file prefix of the sweep's CSV and SVG (default moe-sim-sweep)");
-  app.add_flag("--force", o.force, "overwrite the sweep's existing CSV and SVG files");
+  app.add_flag("--force", o.force, "overwrite the sweep's existing CSV, SVG and PNG files");
+  app.add_flag("--log-y", o.log_y, "the sweep's plots with a log y axis");
   app.add_flag("--json", o.json, "print JSON instead of the table");
   app.add_flag("--compare", o.compare,
                "every available preset + Belady on the repository's and the shared traces");
@@ -844,7 +849,7 @@ std::vector<Row> run_all(const Setup& s, const Traces& t,
                          std::vector<std::string>& calibration) {
   const std::vector<std::string> values = s.sweep ? s.sweep->values : std::vector<std::string>{""};
   const std::size_t total = t.list.size() * values.size() * chosen.size();
-  ProgressBar bar(stderr, total, isatty(2) != 0 && !s.o.json);
+  tools::Progress bar("moe-sim", total, tools::ProgressUnit::items, s.o.json);
   std::vector<Row> rows;
   std::size_t done = 0;
   for (const RoutingTrace& whole : t.list) {
@@ -863,8 +868,7 @@ std::vector<Row> run_all(const Setup& s, const Traces& t,
       Point pt = point_of(s, tr, shape, compute, t.dims, v);
       pt.rp.calibration = cal;
       for (const SimEntry* p : chosen) {
-        bar.update(done, tr.name().substr(tr.name().find_last_of('/') + 1) + " " +
-                             std::string(p->name) + " " + v);
+        bar.update(done, short_name(tr.name()) + " " + std::string(p->name) + " " + v);
         Row r = row_of(s, tr, v, pt, *p);
         ++done;
         try {
@@ -881,45 +885,67 @@ std::vector<Row> run_all(const Setup& s, const Traces& t,
       }
     }
   }
-  bar.update(done, "done");
+  bar.update(done);
   bar.finish();
   return rows;
 }
 
-/// The sweep's CSV and one SVG per trace; returns the files written.
+/// The plot family of each run: a preset's own name, a reference that of the first chosen preset it
+/// is the reference of (its colour, dashed), else its own (Belady's optimum).
+std::vector<tools::PlotSeries> plot_series_of(const std::vector<const SimEntry*>& chosen) {
+  std::vector<tools::PlotSeries> out;
+  for (const SimEntry* p : chosen) {
+    if (std::any_of(out.begin(), out.end(), [&](const auto& s) { return s.name == p->name; }))
+      continue;  // a reference of two presets runs twice (same rows): one line
+    tools::PlotSeries ps{std::string(p->name), {}, {}, std::string(p->name), p->preset == nullptr};
+    if (ps.reference)
+      for (const SimEntry* q : chosen)
+        if (q->preset != nullptr && q->reference == p->name) {
+          ps.family = std::string(q->name);
+          break;
+        }
+    out.push_back(std::move(ps));
+  }
+  return out;
+}
+
+/// The sweep's CSV and one SVG (and PNG) per trace; returns the files written, and adds to
+/// `notes` why a PNG is missing.
 std::vector<std::string> write_sweep(const Setup& s, const std::vector<RoutingTrace>& traces,
                                      const std::vector<const SimEntry*>& chosen,
-                                     const std::vector<Row>& rows) {
+                                     const std::vector<Row>& rows,
+                                     std::vector<std::string>& notes) {
   const Sweep& sweep = *s.sweep;
+  const bool by_budget = sweep.param == "budget";
   std::vector<std::string> written;
   const std::vector<std::string> paths = sweep_paths(s.o.out, traces.size());
-  const std::string& csv_path = paths[0];
-  write_text(csv_path, csv_of(rows), s.o.force);
-  written.push_back(csv_path);
+  write_text(paths[0], csv_of(rows), s.o.force);
+  written.push_back(paths[0]);
+  tools::PlotSpec spec;
+  spec.x_label = by_budget
+                     ? "expert cache (% of all experts)"
+                     : (sweep.param == "bandwidth" ? "link bandwidth (bytes/s)" : sweep.param);
+  spec.y_label =
+      by_budget ? "miss penalty (full-precision-equivalent misses)" : "simulated decode tokens/s";
+  spec.log_y = s.o.log_y;
   for (std::size_t ti = 0; ti < traces.size(); ++ti) {
-    std::vector<PlotSeries> series;
-    for (const SimEntry* p : chosen) {
-      PlotSeries ps{std::string(p->name), {}, {}, p == &belady_entry};
+    std::vector<tools::PlotSeries> series = plot_series_of(chosen);
+    spec.x_ticks.clear();
+    for (tools::PlotSeries& line : series)
       for (const Row& r : rows)
-        if (r.trace == traces[ti].name() && r.preset == p->name) {
-          ps.x.push_back(r.x);
-          ps.y.push_back(sweep.param == "budget" ? r.rep.miss_penalty()
-                                                 : r.rep.decode_tokens_per_s());
+        if (r.trace == traces[ti].name() && r.preset == line.name &&
+            std::find(line.x.begin(), line.x.end(), r.x) == line.x.end()) {
+          line.x.push_back(r.x);
+          line.y.push_back(by_budget ? r.rep.miss_penalty() : r.rep.decode_tokens_per_s());
+          if (std::find(spec.x_ticks.begin(), spec.x_ticks.end(), r.x) == spec.x_ticks.end())
+            spec.x_ticks.push_back(r.x);  // the sweep's own values
         }
-      series.push_back(std::move(ps));
-    }
-    const bool by_budget = sweep.param == "budget";
-    const std::string title = (by_budget ? "miss penalty vs cache size — "
-                                         : "decode tokens/s vs " + sweep.param + " — ") +
-                              traces[ti].name() + (traces[ti].synthetic() ? " (SYNTHETIC)" : "");
-    const std::string x_label =
-        by_budget ? "expert cache (% of all experts)"
-                  : (sweep.param == "bandwidth" ? "link bandwidth (bytes/s)" : sweep.param);
-    const std::string y_label =
-        by_budget ? "miss penalty (full-precision-equivalent misses)" : "simulated decode tokens/s";
-    const std::string& svg_path = paths[ti + 1];
-    write_text(svg_path, svg_line_plot(title, x_label, y_label, series), s.o.force);
-    written.push_back(svg_path);
+    spec.title =
+        (by_budget ? "miss penalty vs cache size: " : "decode tokens/s vs " + sweep.param + ": ") +
+        short_name(traces[ti].name()) + (traces[ti].synthetic() ? " (SYNTHETIC)" : "");
+    const tools::PlotFiles f = tools::write_plot(paths[ti + 1], spec, series, s.o.force);
+    written.insert(written.end(), f.written.begin(), f.written.end());
+    if (!f.note.empty()) notes.push_back(f.note);
   }
   return written;
 }
@@ -929,6 +955,7 @@ struct Outcome {
   std::vector<Row> rows;
   std::vector<std::string> unavailable, written;
   std::vector<std::string> calibration;  ///< per trace: which part calibrated, which replayed
+  std::vector<std::string> notes;        ///< about the files written (a PNG not made)
   bool with_belady = false;
 };
 
@@ -953,6 +980,7 @@ void print_json(const Setup& s, const Traces& t, const Outcome& out) {
   if (!out.with_belady) j["unavailable"].push_back("belady: left out");
   j["calibration"] = out.calibration;
   j["notes"] = t.notes;
+  for (const auto& n : out.notes) j["notes"].push_back(n);
   j["files"] = out.written;
   std::cout << j.dump(2) << "\n";
 }
@@ -986,6 +1014,7 @@ void print_text(const Setup& s, const Traces& t, const Outcome& out, double wall
   for (const auto& u : out.unavailable) std::printf("%s\n", u.c_str());
   for (const auto& c : out.calibration) std::printf("calibration: %s\n", c.c_str());
   for (const auto& n : t.notes) std::printf("note: %s\n", n.c_str());
+  for (const auto& n : out.notes) std::printf("note: %s\n", n.c_str());
   for (const auto& w : out.written) std::printf("wrote %s\n", w.c_str());
 }
 
@@ -1012,8 +1041,11 @@ int run(int argc, char** argv) {
                                          : o.out + (o.out.back() == '/' ? "" : "/") + "sweep") +
                           ": writes sweep.csv and sweep.svg)");
   if (s.sweep)  // before the runs: a sweep is not spent to find its files unwritable
-    for (const std::string& p : sweep_paths(o.out, t.list.size()))
+    for (const std::string& p : sweep_paths(o.out, t.list.size())) {
       moekit::io::check_output_path(p, o.force, "--out");
+      if (p.ends_with(".svg"))
+        moekit::io::check_output_path(tools::png_path_of(p), o.force, "--out");
+    }
   Outcome out;
   const std::vector<const SimEntry*> chosen =
       chosen_runs(o.compare ? "all" : o.preset, s.sweep, o.no_belady, out.with_belady);
@@ -1021,7 +1053,7 @@ int run(int argc, char** argv) {
   out.rows = run_all(s, t, chosen, out.unavailable, out.calibration);
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_wall).count();
-  if (s.sweep) out.written = write_sweep(s, t.list, chosen, out.rows);
+  if (s.sweep) out.written = write_sweep(s, t.list, chosen, out.rows, out.notes);
   if (o.json)
     print_json(s, t, out);
   else

@@ -407,7 +407,7 @@ TEST_CASE("replay: a narrowing token policy sees top-1 first, fallbacks are reco
   CHECK(r.pipeline.demands == calls[0].size() + calls[1].size() + 5 * 2 * (1 + 2));
 }
 
-TEST_CASE("report writers: CSV quoting, JSON fields, SVG plot", "[sim][report]") {
+TEST_CASE("report writers: CSV quoting, JSON fields", "[sim][report]") {
   CsvTable csv({"a", "b"});
   csv.add_row({"x,y", "say \"hi\""});
   CHECK(csv.text() == "a,b\n\"x,y\",\"say \"\"hi\"\"\"\n");
@@ -421,19 +421,6 @@ TEST_CASE("report writers: CSV quoting, JSON fields, SVG plot", "[sim][report]")
   const auto j = report_json(r);
   CHECK(j["misses"].get<std::uint64_t>() == r.misses());
   CHECK(j["prediction"].size() == 3);
-
-  const std::string svg =
-      svg_line_plot("t <1>", "x", "y",
-                    {{"lru", {1, 2, 3}, {3, 2, 1}, false}, {"belady", {1, 2, 3}, {2, 1, 0}, true}});
-  CHECK(svg.find("<svg") == 0);
-  CHECK(svg.find("t &lt;1&gt;") != std::string::npos);
-  std::size_t lines = 0;
-  for (std::size_t at = svg.find("<polyline"); at != std::string::npos;
-       at = svg.find("<polyline", at + 1))
-    ++lines;
-  CHECK(lines == 2);
-  CHECK(svg.find("stroke-dasharray") != std::string::npos);
-  CHECK_THROWS_AS(svg_line_plot("t", "x", "y", {{"bad", {1, 2}, {1}, false}}), Error);
 }
 
 TEST_CASE("replay: Fiddler's CPU experts run beside the device side (max, not sum)",

@@ -122,73 +122,13 @@ class BpeVocab {
       if (tokens_[i].empty()) continue;
       ids_.emplace(tokens_[i], static_cast<std::uint32_t>(i));  // a duplicate: the first id wins
     }
-    for (const AddedToken& a : spec.added) {
-      if (a.id >= n)
-        fail(spec.added_field, "names id " + std::to_string(a.id) + " ('" + a.content +
-                                   "') outside the vocabulary of " + std::to_string(n) + " tokens");
-      if (a.content.empty())
-        fail(spec.added_field, "has an empty token (id " + std::to_string(a.id) + ")");
-      if (!a.normalized) {
-        raw_added_.push_back({a.id, a.content});
-        continue;
-      }
-      normalized_added_.push_back({a.id, normalize(a.content)});
-      // HF (0.23's normalized_cache) decodes such a token from its normalized form too.
-      if (normalized_added_.back().text != a.content)
-        decode_as_.emplace(a.id, normalized_added_.back().text);
-    }
-    // Longest first, so the first match at a position is the longest.
-    for (auto* list : {&raw_added_, &normalized_added_})
-      std::stable_sort(list->begin(), list->end(), [](const Pattern& x, const Pattern& y) {
-        return x.text.size() > y.text.size();
-      });
+    index_added_tokens(spec);
     for (auto id : {special_.bos, special_.eos})
       if (id && (*id >= n || tokens_[*id].empty()))
         fail("bos/eos", "names id " + std::to_string(*id) + ", which is not a token");
-    // Byte symbols.
-    const auto table = byte_to_unicode();
-    for (unsigned b = 0; b < 256; ++b) {
-      byte_char_[b] = utf8_of(table[b]);
-      unicode_to_byte_.emplace(table[b], static_cast<std::uint8_t>(b));
-      const auto it = ids_.find(byte_char_[b]);
-      byte_id_[b] = it == ids_.end() ? -1 : static_cast<std::int64_t>(it->second);
-    }
-    // Merges: (left id, right id) -> (rank, merged id).
-    merges_.reserve(spec.merges.size());
-    for (std::size_t r = 0; r < spec.merges.size(); ++r) {
-      const std::string& m = spec.merges[r];
-      const std::string where = "entry " + std::to_string(r) + " '" + m + "'";
-      const std::size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
-      if (sp == std::string::npos || sp + 1 >= m.size())
-        fail(spec.merges_field, where + " is not two tokens separated by a space");
-      const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
-      const auto l = ids_.find(left), rt = ids_.find(right), lr = ids_.find(left + right);
-      if (l == ids_.end())
-        fail(spec.merges_field, where + " names '" + left + "', which is not a token");
-      if (rt == ids_.end())
-        fail(spec.merges_field, where + " names '" + right + "', which is not a token");
-      if (lr == ids_.end())
-        fail(spec.merges_field,
-             where + " merges into '" + left + right + "', which is not a token");
-      merges_.emplace(pair_key(l->second, rt->second),
-                      Merge{static_cast<std::uint32_t>(r), lr->second});
-    }
-    // The pre-tokenizer.
-    int err = 0;
-    PCRE2_SIZE at = 0;
-    pcre2_code* code =
-        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(spec.regex.data()), spec.regex.size(),
-                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, nullptr);
-    if (!code) {
-      std::array<PCRE2_UCHAR, 256> msg{};
-      pcre2_get_error_message(err, msg.data(), msg.size());
-      fail("pre-tokenizer regex", "'" + spec.regex + "' does not compile at offset " +
-                                      std::to_string(at) + ": " +
-                                      reinterpret_cast<const char*>(msg.data()));
-    }
-    regex_.reset(code);
-    (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter
-    regex_text_ = std::move(spec.regex);
+    index_byte_symbols();
+    index_merges(spec);
+    compile_pre_tokenizer(std::move(spec.regex));
   }
 
   /// The vocabulary of a Hugging Face `tokenizer.json` (model.type "BPE"); bos/eos from the
@@ -521,6 +461,82 @@ class BpeVocab {
       return std::hash<std::string_view>{}(s);
     }
   };
+
+  // The constructor's steps, in its order (their errors name `spec`'s fields).
+  void index_added_tokens(const Spec& spec) {
+    const std::size_t n = tokens_.size();
+    for (const AddedToken& a : spec.added) {
+      if (a.id >= n)
+        fail(spec.added_field, "names id " + std::to_string(a.id) + " ('" + a.content +
+                                   "') outside the vocabulary of " + std::to_string(n) + " tokens");
+      if (a.content.empty())
+        fail(spec.added_field, "has an empty token (id " + std::to_string(a.id) + ")");
+      if (!a.normalized) {
+        raw_added_.push_back({a.id, a.content});
+        continue;
+      }
+      normalized_added_.push_back({a.id, normalize(a.content)});
+      // HF (0.23's normalized_cache) decodes such a token from its normalized form too.
+      if (normalized_added_.back().text != a.content)
+        decode_as_.emplace(a.id, normalized_added_.back().text);
+    }
+    // Longest first, so the first match at a position is the longest.
+    for (auto* list : {&raw_added_, &normalized_added_})
+      std::stable_sort(list->begin(), list->end(), [](const Pattern& x, const Pattern& y) {
+        return x.text.size() > y.text.size();
+      });
+  }
+
+  void index_byte_symbols() {
+    const auto table = byte_to_unicode();
+    for (unsigned b = 0; b < 256; ++b) {
+      byte_char_[b] = utf8_of(table[b]);
+      unicode_to_byte_.emplace(table[b], static_cast<std::uint8_t>(b));
+      const auto it = ids_.find(byte_char_[b]);
+      byte_id_[b] = it == ids_.end() ? -1 : static_cast<std::int64_t>(it->second);
+    }
+  }
+
+  void index_merges(const Spec& spec) {
+    // Merges: (left id, right id) -> (rank, merged id).
+    merges_.reserve(spec.merges.size());
+    for (std::size_t r = 0; r < spec.merges.size(); ++r) {
+      const std::string& m = spec.merges[r];
+      const std::string where = "entry " + std::to_string(r) + " '" + m + "'";
+      const std::size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
+      if (sp == std::string::npos || sp + 1 >= m.size())
+        fail(spec.merges_field, where + " is not two tokens separated by a space");
+      const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
+      const auto l = ids_.find(left), rt = ids_.find(right), lr = ids_.find(left + right);
+      if (l == ids_.end())
+        fail(spec.merges_field, where + " names '" + left + "', which is not a token");
+      if (rt == ids_.end())
+        fail(spec.merges_field, where + " names '" + right + "', which is not a token");
+      if (lr == ids_.end())
+        fail(spec.merges_field,
+             where + " merges into '" + left + right + "', which is not a token");
+      merges_.emplace(pair_key(l->second, rt->second),
+                      Merge{static_cast<std::uint32_t>(r), lr->second});
+    }
+  }
+
+  void compile_pre_tokenizer(std::string regex) {
+    int err = 0;
+    PCRE2_SIZE at = 0;
+    pcre2_code* code =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(regex.data()), regex.size(),
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, nullptr);
+    if (!code) {
+      std::array<PCRE2_UCHAR, 256> msg{};
+      pcre2_get_error_message(err, msg.data(), msg.size());
+      fail("pre-tokenizer regex", "'" + regex + "' does not compile at offset " +
+                                      std::to_string(at) + ": " +
+                                      reinterpret_cast<const char*>(msg.data()));
+    }
+    regex_.reset(code);
+    (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter
+    regex_text_ = std::move(regex);
+  }
 
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
     throw moekit::Error(moekit::ErrorKind::invalid_format, source_ + ": " + field + " " + what);

@@ -216,84 +216,11 @@ class Cli {
  public:
   Cli() : app_("moe-run: Mixture-of-Experts inference with expert offloading (moekit)") {
     app_.option_defaults()->always_capture_default();
-    app_.add_option(
-        "-m,--model", o_.model,
-        "Hugging Face model directory (config.json, *.safetensors, tokenizer.model), a GGUF "
-        "file (its experts go to an expert store built at first use), or an expert "
-        "store made by moe-convert");
-    app_.add_option("-p,--prompt", o_.prompt, "prompt text");
-    app_.add_option("-n,--n-predict", o_.n_predict, "tokens to generate")
-        ->check(CLI::Range(0, 1 << 20));
-    app_.add_option("-t,--threads", o_.threads, "CPU threads")->check(CLI::Range(1u, 1024u));
-    app_.add_option("--temp", o_.temperature, "sampling temperature (0 = greedy)")
-        ->check(CLI::Range(0.0f, 100.0f));
-    app_.add_option("--top-p", o_.top_p, "nucleus sampling mass, in (0, 1]")
-        ->check(CLI::Range(0.0f, 1.0f));
-    app_.add_option("--top-k", o_.top_k,
-                    "sample among the k highest logits only, before --top-p (0 = all)");
-    app_.add_option("--seed", o_.seed, "sampling seed (0 .. 2^64-1)")
-        ->check(CLI::Validator(
-            [](const std::string& s) {  // "-1" would otherwise wrap to 2^64-1 silently
-              return !s.empty() && s.front() == '-' ? std::string("must not be negative")
-                                                    : std::string();
-            },
-            "NONNEGATIVE"));
-    std::string presets;
-    for (const auto& p : moekit::presets::entries)
-      presets += "\n  " + std::string(p.name) + ": " + std::string(p.summary);
-    app_.add_option("--preset", o_.preset, "offloading preset:" + presets);
-    app_.add_option("--expert-budget", o_.budget_text,
-                    "bytes of expert cache: auto (default: what the memory this process may use "
-                    "leaves after the dense part, KV cache and buffers), all, 2GiB, 512MiB, 1.5G, "
-                    "50% (of all experts)");
-    app_.add_option("--precision", precision_text_,
-                    "precision experts are stored and run at: auto (default: the checkpoint's "
-                    "own type, read in place), f32, bf16, f16, q8, q4, q2");
-    app_.add_option("--dense-precision", dense_precision_text_,
-                    "precision the dense matrices (embeddings, attention, LM head, shared "
-                    "experts) are held and run at: auto (the checkpoint's own float type: bf16 "
-                    "or f16 where stored so, else f32; lossless), f32, bf16, f16, q8, q4 "
-                    "(grouped as the experts); routers and norms stay f32");
-    app_.add_option("--group-size", group_size_text_,
-                    "weights per f16 scale of the experts moekit quantizes: auto (default: the "
-                    "preset's codec, per channel for edgemoe, else 32; experts read in place at "
-                    "a quantized type keep theirs), 0 (per output channel), 32, 64, 128")
-        ->check(CLI::IsMember({"auto", "0", "32", "64", "128"}));
-    app_.add_option("--activations", activations_text_,
-                    "activations of quantized experts and dense matrices, decode and prefill: f32, "
-                    "int8 (rounded per 32 values, VNNI kernels, like ggml's q8_0), auto (int8 on "
-                    "CPUs with AVX2 when the expert rows are >= 512 wide, where it is faster)");
-    app_.add_option("--row-streaming", row_streaming_text_,
-                    "how the int8-activation kernels read rows: auto (the table for this CPU "
-                    "core), or 1, 2, 4 streams per thread, with p: each prefetched in software "
-                    "(1p, 2p, 4p); moekit_bench_row_streaming measures each on this machine");
-    app_.add_option(
-        "--expert-layout", expert_layout_text_,
-        "where the rows of quantized experts are in the expert store: rows, panels "
-        "(four rows interleaved every 512 columns, one stream per thread for the int8 "
-        "kernels), blocked-panels (panels in groups of 16 in column blocks of at most "
-        "4096 columns; docs/formats.md), auto (with int8 activations what this CPU core "
-        "streams fastest, from a table: rows on Ice Lake server, blocked-panels elsewhere; "
-        "rows with f32 activations); a store given with --store or -m keeps "
-        "its own, and must match an explicit choice; experts in host memory are packed "
-        "after loading");
+    add_generation_options();
+    add_expert_format_options();
     add_offload_options();
     add_hobbit_options();
-    app_.add_option("-c,--ctx-size,--ctx", o_.context,
-                    "context length (0 = prompt + n-predict; with --perplexity: tokens per chunk, "
-                    "0 = 512)");
-    // llama.cpp spells it -ub; CLI11 takes only one-letter short names.
-    app_.add_option("--ubatch-size,--ubatch", o_.ubatch,
-                    "most prompt tokens per prefill forward (llama.cpp's -ub; chunked prefill, "
-                    "the logits do not depend on it)")
-        ->check(CLI::Range(1u, 1u << 24));
-    add_kv_options();
-    app_.add_flag("--no-bos", o_.no_bos, "do not prepend the BOS token to the prompt");
-    app_.add_flag("--json", o_.json, "print the text and statistics as one JSON object");
-    app_.add_flag("--profile", o_.profile,
-                  "time the parts of each decode token (attention, dense matrices, routing, "
-                  "experts, LM head, sampling, load waits, thread synchronisation): a table on "
-                  "stderr, or \"profile\" in --json");
+    add_context_and_output_options();
     add_quality_options();
     add_chat_options();
   }
@@ -510,8 +437,102 @@ class Cli {
         ->check(CLI::Range(0.0, 1.0));
   }
 
+  // The model, the prompt, generation and sampling.
+  void add_generation_options() {
+    app_.add_option(
+        "-m,--model", o_.model,
+        "Hugging Face model directory (config.json, *.safetensors, tokenizer.model), a GGUF "
+        "file (its experts go to an expert store built at first use), or an expert "
+        "store made by moe-convert");
+    app_.add_option("-p,--prompt", o_.prompt, "prompt text");
+    app_.add_option("-n,--n-predict", o_.n_predict, "tokens to generate")
+        ->check(CLI::Range(0, 1 << 20));
+    app_.add_option("-t,--threads", o_.threads, "CPU threads")->check(CLI::Range(1u, 1024u));
+    app_.add_option("--temp", o_.temperature, "sampling temperature (0 = greedy)")
+        ->check(CLI::Range(0.0f, 100.0f));
+    app_.add_option("--top-p", o_.top_p, "nucleus sampling mass, in (0, 1]")
+        ->check(CLI::Range(0.0f, 1.0f));
+    app_.add_option("--top-k", o_.top_k,
+                    "sample among the k highest logits only, before --top-p (0 = all)");
+    app_.add_option("--seed", o_.seed, "sampling seed (0 .. 2^64-1)")
+        ->check(CLI::Validator(
+            [](const std::string& s) {  // "-1" would otherwise wrap to 2^64-1 silently
+              return !s.empty() && s.front() == '-' ? std::string("must not be negative")
+                                                    : std::string();
+            },
+            "NONNEGATIVE"));
+  }
+
+  // The preset, the budget, and how experts and dense matrices are stored and run.
+  void add_expert_format_options() {
+    std::string presets;
+    for (const auto& p : moekit::presets::entries)
+      presets += "\n  " + std::string(p.name) + ": " + std::string(p.summary);
+    app_.add_option("--preset", o_.preset, "offloading preset:" + presets);
+    app_.add_option("--expert-budget", o_.budget_text,
+                    "bytes of expert cache: auto (default: what the memory this process may use "
+                    "leaves after the dense part, KV cache and buffers), all, 2GiB, 512MiB, 1.5G, "
+                    "50% (of all experts)");
+    app_.add_option("--precision", precision_text_,
+                    "precision experts are stored and run at: auto (default: the checkpoint's "
+                    "own type, read in place), f32, bf16, f16, q8, q4, q2");
+    app_.add_option("--dense-precision", dense_precision_text_,
+                    "precision the dense matrices (embeddings, attention, LM head, shared "
+                    "experts) are held and run at: auto (the checkpoint's own float type: bf16 "
+                    "or f16 where stored so, else f32; lossless), f32, bf16, f16, q8, q4 "
+                    "(grouped as the experts); routers and norms stay f32");
+    app_.add_option("--group-size", group_size_text_,
+                    "weights per f16 scale of the experts moekit quantizes: auto (default: the "
+                    "preset's codec, per channel for edgemoe, else 32; experts read in place at "
+                    "a quantized type keep theirs), 0 (per output channel), 32, 64, 128")
+        ->check(CLI::IsMember({"auto", "0", "32", "64", "128"}));
+    app_.add_option("--activations", activations_text_,
+                    "activations of quantized experts and dense matrices, decode and prefill: f32, "
+                    "int8 (rounded per 32 values, VNNI kernels, like ggml's q8_0), auto (int8 on "
+                    "CPUs with AVX2 when the expert rows are >= 512 wide, where it is faster)");
+    app_.add_option("--row-streaming", row_streaming_text_,
+                    "how the int8-activation kernels read rows: auto (the table for this CPU "
+                    "core), or 1, 2, 4 streams per thread, with p: each prefetched in software "
+                    "(1p, 2p, 4p); moekit_bench_row_streaming measures each on this machine");
+    app_.add_option(
+        "--expert-layout", expert_layout_text_,
+        "where the rows of quantized experts are in the expert store: rows, panels "
+        "(four rows interleaved every 512 columns, one stream per thread for the int8 "
+        "kernels), blocked-panels (panels in groups of 16 in column blocks of at most "
+        "4096 columns; docs/formats.md), auto (with int8 activations what this CPU core "
+        "streams fastest, from a table: rows on Ice Lake server, blocked-panels elsewhere; "
+        "rows with f32 activations); a store given with --store or -m keeps "
+        "its own, and must match an explicit choice; experts in host memory are packed "
+        "after loading");
+  }
+
+  // Context, batching, and what is printed.
+  void add_context_and_output_options() {
+    app_.add_option("-c,--ctx-size,--ctx", o_.context,
+                    "context length (0 = prompt + n-predict; with --perplexity: tokens per chunk, "
+                    "0 = 512)");
+    // llama.cpp spells it -ub; CLI11 takes only one-letter short names.
+    app_.add_option("--ubatch-size,--ubatch", o_.ubatch,
+                    "most prompt tokens per prefill forward (llama.cpp's -ub; chunked prefill, "
+                    "the logits do not depend on it)")
+        ->check(CLI::Range(1u, 1u << 24));
+    add_kv_options();
+    app_.add_flag("--no-bos", o_.no_bos, "do not prepend the BOS token to the prompt");
+    app_.add_flag("--json", o_.json, "print the text and statistics as one JSON object");
+    app_.add_flag("--profile", o_.profile,
+                  "time the parts of each decode token (attention, dense matrices, routing, "
+                  "experts, LM head, sampling, load waits, thread synchronisation): a table on "
+                  "stderr, or \"profile\" in --json");
+  }
+
   // Preset parameters and the expert store (docs/engine.md, "Presets" and "Expert store").
   void add_offload_options() {
+    add_preset_parameter_options();
+    add_store_options();
+  }
+
+  // The presets' own parameters, and the calibration text of those that calibrate.
+  void add_preset_parameter_options() {
     PresetParams& q = o_.preset_params;
     app_.add_option("--t1", q.t1, "hobbit/nextuse: cumulative gate weight run at --precision")
         ->check(CLI::Range(0.0f, 1.0f));
@@ -579,6 +600,10 @@ class Cli {
                     "edgemoe/fiddler: tokens of --calib-text in the calibration run (default 128), "
                     "or greedy tokens after the prompt with --calib-text prompt (default 16)")
         ->check(CLI::Range(0, 4096));
+  }
+
+  // Where experts are read from, and how.
+  void add_store_options() {
     app_.add_option("--store", o_.store,
                     "expert store (moe-convert) to read experts from with O_DIRECT; -m is the "
                     "checkpoint of the dense part (or the store itself, the checkpoint then comes "

@@ -43,6 +43,7 @@
 #include "moekit/io/memory_loader.hpp"
 #include "moekit/io/safetensors.hpp"
 #include "moekit/io/tensor_names.hpp"
+#include "moekit/tools/progress.hpp"
 #if defined(MOEKIT_HAS_URING)
 #include "moekit/io/uring_source.hpp"
 #endif
@@ -448,16 +449,16 @@ inline void check_disk_space(const std::filesystem::path& out, std::uint64_t byt
                           "give --store FILE on a disk with room)");
 }
 
-/// On a terminal: blobs and bytes written so far, and the time left, on one line.
+/// On a terminal: the bytes of the store written so far (its blobs are of one size per
+/// precision: the share of blobs done), their rate and the time left, on one line.
 inline std::function<void(std::size_t, std::size_t)> store_progress(std::uint64_t bytes) {
-  const auto t0 = std::chrono::steady_clock::now();
-  return [t0, bytes](std::size_t done, std::size_t total) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto bar = std::make_shared<moekit::tools::Progress>("  store", bytes,
+                                                       moekit::tools::ProgressUnit::bytes, false);
+  return [bar, bytes](std::size_t done, std::size_t total) {
     const double share = total ? double(done) / double(total) : 1.0;
-    std::fprintf(stderr, "\r  %zu/%zu experts, %s of %s, %.0f s left   %s", done, total,
-                 format_bytes(static_cast<std::uint64_t>(share * double(bytes))).c_str(),
-                 format_bytes(bytes).c_str(), share > 0 ? s / share - s : 0.0,
-                 done == total ? "\n" : "");
+    bar->update(static_cast<std::uint64_t>(share * double(bytes)),
+                std::to_string(done) + "/" + std::to_string(total) + " experts");
+    if (done == total) bar->finish();
   };
 }
 

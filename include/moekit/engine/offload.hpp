@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -92,16 +93,20 @@ inline moekit::PipelineConfig pipeline_config(const moekit::ModelShape& s,
 /// has read its file. Returns the bytes this loaded (0 when not every expert fits, or when a
 /// start-up placement already holds them; an expert a placement holds stays at its precision, as
 /// EdgeMoE's buffer holds each expert at its stored bit width). The loads are `preload`s: neither
-/// demands nor prefetches in the statistics.
+/// demands nor prefetches in the statistics. `on_layer(layers done, layers)`, when given, is
+/// called as each layer's loads are submitted (they block once the loader's queue is full).
 template <class Pipeline>
-std::uint64_t load_all_experts(Pipeline& p) {
+std::uint64_t load_all_experts(Pipeline& p,
+                               const std::function<void(std::size_t, std::size_t)>& on_layer = {}) {
   const moekit::ModelShape& s = p.shape();
   const moekit::Precision base = p.config().base_precision;
   if (p.config().expert_budget_bytes < all_resident_budget(s, base)) return 0;
   const std::uint64_t before = p.stats().bytes_preloaded;
-  for (std::uint32_t l = 0; l < s.n_layers; ++l)
+  for (std::uint32_t l = 0; l < s.n_layers; ++l) {
     for (std::uint32_t e = 0; e < s.n_experts; ++e)  // a placed expert keeps its precision
       if (!p.cache().resident({l, e}) && !p.preload({l, e}, base)) break;
+    if (on_layer) on_layer(l + 1, s.n_layers);
+  }
   p.finish_loads();
   return p.stats().bytes_preloaded - before;
 }

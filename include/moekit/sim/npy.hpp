@@ -100,40 +100,48 @@ inline NpyHeader parse_npy_header(std::string_view h, std::string_view source) {
   return out;
 }
 
-}  // namespace detail
+[[noreturn]] inline void npy_field_error(std::string_view source, const char* field,
+                                         const std::string& why) {
+  ::moekit::detail::fail(ErrorKind::invalid_format,
+                         "npy '" + std::string(source) + "': field '" + field + "': " + why);
+}
 
-/// Parses a .npy file from memory; `source` names it in errors.
-[[nodiscard]] inline NpyArray parse_npy(std::span<const std::byte> bytes,
-                                        std::string_view source = "<memory>") {
-  auto bad = [&](const char* field, const std::string& why) {
-    ::moekit::detail::fail(ErrorKind::invalid_format,
-                           "npy '" + std::string(source) + "': field '" + field + "': " + why);
-  };
+/// Where the header dict lies in the file: after the magic and its version's length field.
+struct NpyHeaderSpan {
+  std::size_t at = 0, length = 0;
+};
+
+inline NpyHeaderSpan locate_npy_header(std::span<const std::byte> bytes, std::string_view source) {
   static constexpr unsigned char magic[] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
   if (bytes.size() < 10 || std::memcmp(bytes.data(), magic, 6) != 0)
-    bad("magic", "not a .npy file");
+    npy_field_error(source, "magic", "not a .npy file");
   const auto major = static_cast<unsigned>(bytes[6]);
-  std::size_t header_len = 0, header_at = 0;
+  NpyHeaderSpan h;
   if (major == 1) {
-    header_len = std::size_t(bytes[8]) | (std::size_t(bytes[9]) << 8);
-    header_at = 10;
+    h.length = std::size_t(bytes[8]) | (std::size_t(bytes[9]) << 8);
+    h.at = 10;
   } else if (major == 2 || major == 3) {
-    if (bytes.size() < 12) bad("header_len", "truncated");
-    header_len = std::size_t(bytes[8]) | (std::size_t(bytes[9]) << 8) |
-                 (std::size_t(bytes[10]) << 16) | (std::size_t(bytes[11]) << 24);
-    header_at = 12;
+    if (bytes.size() < 12) npy_field_error(source, "header_len", "truncated");
+    h.length = std::size_t(bytes[8]) | (std::size_t(bytes[9]) << 8) |
+               (std::size_t(bytes[10]) << 16) | (std::size_t(bytes[11]) << 24);
+    h.at = 12;
   } else {
-    bad("version", "unsupported major version " + std::to_string(major));
+    npy_field_error(source, "version", "unsupported major version " + std::to_string(major));
   }
-  if (header_len > bytes.size() - header_at) bad("header_len", "truncated header");
-  const std::string_view header(reinterpret_cast<const char*>(bytes.data() + header_at),
-                                header_len);
-  const auto h = detail::parse_npy_header(header, source);
-  if (h.fortran) bad("fortran_order", "Fortran-order arrays are not supported");
-  // dtype: byte order + kind + size.
-  if (h.descr.size() < 3) bad("descr", "unsupported dtype '" + h.descr + "'");
-  const char order = h.descr[0], kind = h.descr[1];
-  const std::string size_str = h.descr.substr(2);
+  if (h.length > bytes.size() - h.at) npy_field_error(source, "header_len", "truncated header");
+  return h;
+}
+
+/// The element type a descr names: its kind ('f', 'i', 'u') and size in bytes.
+struct NpyItemType {
+  char kind = 0;
+  std::size_t size = 0;
+};
+
+inline NpyItemType npy_item_type(const std::string& descr, std::string_view source) {
+  if (descr.size() < 3) npy_field_error(source, "descr", "unsupported dtype '" + descr + "'");
+  const char order = descr[0], kind = descr[1];
+  const std::string size_str = descr.substr(2);
   std::size_t item = 0;
   if (size_str == "1")
     item = 1;
@@ -144,47 +152,70 @@ inline NpyHeader parse_npy_header(std::string_view h, std::string_view source) {
   else if (size_str == "8")
     item = 8;
   else
-    bad("descr", "unsupported item size in '" + h.descr + "'");
+    npy_field_error(source, "descr", "unsupported item size in '" + descr + "'");
   if (!(order == '<' || (order == '|' && item == 1) || (order == '=' && item == 1)))
-    bad("descr", "only little-endian arrays are supported, got '" + h.descr + "'");
+    npy_field_error(source, "descr",
+                    "only little-endian arrays are supported, got '" + descr + "'");
   if (!((kind == 'f' && (item == 4 || item == 8)) || kind == 'i' || kind == 'u'))
-    bad("descr", "only float32/float64 and integer arrays are supported, got '" + h.descr + "'");
+    npy_field_error(source, "descr",
+                    "only float32/float64 and integer arrays are supported, got '" + descr + "'");
+  return {kind, item};
+}
+
+/// One element at `p` as a double.
+inline double decode_npy_item(const std::byte* p, NpyItemType t) {
+  // Assemble little-endian bytes explicitly so the reader is correct on any host.
+  std::uint64_t bits = 0;
+  for (std::size_t b = 0; b < t.size; ++b)
+    bits |= std::uint64_t(std::to_integer<unsigned>(p[b])) << (8 * b);
+  double v = 0;
+  if (t.kind == 'f' && t.size == 4) {
+    float f;
+    const auto u = static_cast<std::uint32_t>(bits);
+    std::memcpy(&f, &u, 4);
+    v = f;
+  } else if (t.kind == 'f') {
+    std::memcpy(&v, &bits, 8);
+  } else if (t.kind == 'u') {
+    v = static_cast<double>(bits);
+  } else {
+    const unsigned shift = unsigned(64 - 8 * t.size);
+    v = static_cast<double>(static_cast<std::int64_t>(bits << shift) >> shift);
+  }
+  return v;
+}
+
+}  // namespace detail
+
+/// Parses a .npy file from memory; `source` names it in errors.
+[[nodiscard]] inline NpyArray parse_npy(std::span<const std::byte> bytes,
+                                        std::string_view source = "<memory>") {
+  const detail::NpyHeaderSpan hs = detail::locate_npy_header(bytes, source);
+  const std::string_view header(reinterpret_cast<const char*>(bytes.data() + hs.at), hs.length);
+  const auto h = detail::parse_npy_header(header, source);
+  if (h.fortran)
+    detail::npy_field_error(source, "fortran_order", "Fortran-order arrays are not supported");
+  const detail::NpyItemType type = detail::npy_item_type(h.descr, source);
+  const std::size_t item = type.size;
 
   std::uint64_t count = 1;
   for (std::size_t d : h.shape)
-    if (detail::mul_overflows(count, d, count)) bad("shape", "element count overflows");
-  const std::size_t payload_at = header_at + header_len;
+    if (detail::mul_overflows(count, d, count))
+      detail::npy_field_error(source, "shape", "element count overflows");
+  const std::size_t payload_at = hs.at + hs.length;
   const std::size_t payload = bytes.size() - payload_at;
   std::uint64_t need = 0;
   if (detail::mul_overflows(count, item, need) || need != payload)
-    bad("shape", "shape implies " + std::to_string(count) + " items of " + std::to_string(item) +
-                     " bytes but " + std::to_string(payload) + " bytes follow the header");
+    detail::npy_field_error(source, "shape",
+                            "shape implies " + std::to_string(count) + " items of " +
+                                std::to_string(item) + " bytes but " + std::to_string(payload) +
+                                " bytes follow the header");
   NpyArray a;
   a.shape = h.shape;
   a.dtype = h.descr;
   a.data.resize(count);
   const std::byte* p = bytes.data() + payload_at;
-  for (std::size_t i = 0; i < count; ++i, p += item) {
-    // Assemble little-endian bytes explicitly so the reader is correct on any host.
-    std::uint64_t bits = 0;
-    for (std::size_t b = 0; b < item; ++b)
-      bits |= std::uint64_t(std::to_integer<unsigned>(p[b])) << (8 * b);
-    double v = 0;
-    if (kind == 'f' && item == 4) {
-      float f;
-      const auto u = static_cast<std::uint32_t>(bits);
-      std::memcpy(&f, &u, 4);
-      v = f;
-    } else if (kind == 'f') {
-      std::memcpy(&v, &bits, 8);
-    } else if (kind == 'u') {
-      v = static_cast<double>(bits);
-    } else {
-      const unsigned shift = unsigned(64 - 8 * item);
-      v = static_cast<double>(static_cast<std::int64_t>(bits << shift) >> shift);
-    }
-    a.data[i] = v;
-  }
+  for (std::size_t i = 0; i < count; ++i, p += item) a.data[i] = detail::decode_npy_item(p, type);
   return a;
 }
 
