@@ -76,7 +76,8 @@ class RankedRoutingGuess {
     const std::uint32_t n = actual.n_tokens, k = actual.k;
     rank_tokens(actual);
     recall_.resize(std::max<std::size_t>(k, 1));
-    for (std::size_t r = 0; r < recall_.size(); ++r) recall_[r] = ranked_recall(recall, r, distance);
+    for (std::size_t r = 0; r < recall_.size(); ++r)
+      recall_[r] = ranked_recall(recall, r, distance);
     experts_.assign(ranked_.size(), 0);
     std::uint32_t kept = k;  // a call whose union covers the layer may predict fewer per token
     for (std::uint32_t t = 0; t < n; ++t) {
@@ -87,9 +88,11 @@ class RankedRoutingGuess {
       std::copy(token_.begin(), token_.end(), experts_.begin() + std::ptrdiff_t(first));
     }
     if (kept < k) compact(n, k, kept);
-    const GateView g{
-        .n_tokens = n, .k = kept, .n_experts = noise_.n_experts(), .experts = experts_,
-        .weights = ranked_weights_};
+    const GateView g{.n_tokens = n,
+                     .k = kept,
+                     .n_experts = noise_.n_experts(),
+                     .experts = experts_,
+                     .weights = ranked_weights_};
     collect_demands(g, slot_, demands_);
     prec_.assign(demands_.size(), Precision::skip);
     scorer.score(at, g, std::span<const ExpertDemand>(demands_), std::span<Precision>(prec_));
@@ -103,9 +106,8 @@ class RankedRoutingGuess {
   /// Pushes the guess for `layer`, `distance` ahead, as prefetches: skipped ones left out, and in
   /// a decode forward at most `max_nonresident` that `residency` does not hold (resident ones are
   /// always pushed: they get pinned). A prefetch's confidence is the recall of its best rank.
-  void push(std::uint32_t layer, std::uint32_t distance, bool decode,
-            std::uint32_t max_nonresident, const RecallByRank& recall,
-            const ResidencyView& residency, PrefetchList& out) const {
+  void push(std::uint32_t layer, std::uint32_t distance, bool decode, std::uint32_t max_nonresident,
+            const RecallByRank& recall, const ResidencyView& residency, PrefetchList& out) const {
     std::uint32_t nonresident = 0;
     for (std::size_t j = 0; j < demands_.size(); ++j) {
       if (prec_[j] == Precision::skip) continue;
