@@ -89,13 +89,14 @@ inline std::string describe(const HobbitRecallProfile& r) {
     for (std::size_t d = 0; d < v.size(); ++d) {
       char b[32];
       std::snprintf(b, sizeof b, "%.2f", v[d]);
-      s += (d ? "/" : "") + std::string(b);
+      if (d) s += '/';  // appended apart: GCC 12 warns (-Wrestrict) on "/" + std::string
+      s += b;
     }
     return s;
   };
   std::string at;
   for (std::size_t d = 0; d < std::max(r.top1.size(), r.lower.size()); ++d)
-    at += (d ? "/+" : "+") + std::to_string(d + 1);
+    at += d ? "/+" : "+", at += std::to_string(d + 1);
   return r.source + " recall: top-1 " + figures(r.top1) + ", ranks 2+ " + figures(r.lower) +
          " at " + at;
 }
