@@ -885,6 +885,18 @@ void measure_fate_timing(const Options& o, const ModelConfig& cfg, const ModelWe
                  std::floor(t.layer_seconds / t.expert_load_seconds));
 }
 
+// hobbit-oracle's figures (--hobbit-recall), as moe-sim prints its HOBBIT stand-in's.
+void note_hobbit_recall(const Options& o, nlohmann::json& notes) {
+  const std::string figures = moekit::presets::describe(
+      moekit::presets::parse_hobbit_recall(o.preset_params.hobbit_recall));
+  notes["hobbit_oracle_recall"] = figures;
+  if (!o.json)
+    std::fprintf(stderr,
+                 "hobbit-oracle: noisy oracle over the replayed routing, %s, precisions by T1/T2 "
+                 "on the predicted gate weights\n",
+                 figures.c_str());
+}
+
 // Router weights, calibration routing and measured latencies, for the presets that need them.
 PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const ModelConfig& cfg,
                            const ModelWeights& w, const Tokenizer& tok,
@@ -905,6 +917,7 @@ PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const Mo
   if (needs.bitwidths) in.bitwidths = bitwidth_table(shape, settings);
   if (preset.needs.lookahead && setup.replay)  // not owned: the replay outlives the pipeline
     in.lookahead = std::shared_ptr<moekit::RoutingLookahead>(std::shared_ptr<void>{}, setup.replay);
+  if (moekit::presets::is<moekit::presets::HobbitOracleSpec>(preset)) note_hobbit_recall(o, notes);
   if (needs.decode_timing) measure_fate_timing(o, cfg, w, tok, settings, backing, pool, in, notes);
   in.cpu_seconds_per_token = o.preset_params.cpu_seconds_per_token;
   in.copy_seconds = o.preset_params.copy_seconds;

@@ -225,6 +225,7 @@ struct Options {
   std::string hobbit_recall = "paper";
   double hobbit_high_pool = RunParams{}.hobbit_high_slots;
   double fate_recall = fate_paper_recall;
+  std::uint32_t fate_staging_slots = RunParams{}.fate_staging_slots;
   double fallback_ratio = mobile_paper_fallback_ratio;
   double replay_accuracy = mobile_paper_replay_accuracy;
   std::string big_pass = "little-plan";
@@ -621,6 +622,10 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--fate-recall", o.fate_recall,
                  "noisy-oracle recall standing in for Fate's cross-layer gate (default 0.9715)");
+  app.add_option("--fate-staging-slots", o.fate_staging_slots,
+                 "Fate: prefetch staging slots, taken from the budget (default 0: one per expert "
+                 "of a layer, at most half the budget's slots); a prefetch waits for a free one")
+      ->check(CLI::Range(0u, 1u << 16));
   app.add_option("--seed", o.seed, "noisy-oracle seed (default 1)");
   app.add_option("--replay-slice", o.replay_slice,
                  "PROMPT,DECODE: replay the tokens moe-run --routing-trace replays with a "
@@ -783,6 +788,7 @@ Point point_of(const Setup& s, const RoutingTrace& tr, const ModelShape& shape,
   rp.compute = compute;
   rp.t1 = o.t1, rp.t2 = o.t2, rp.gamma = o.gamma;
   rp.hobbit_recall = parse_hobbit_recall(o.hobbit_recall), rp.fate_recall = o.fate_recall;
+  rp.fate_staging_slots = o.fate_staging_slots;
   rp.hobbit_high_slots = o.hobbit_high_pool;
   rp.fallback_ratio = o.fallback_ratio, rp.seed = o.seed;
   rp.replay_accuracy = o.replay_accuracy;

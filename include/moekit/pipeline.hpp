@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -63,7 +64,9 @@ struct PipelineConfig {
   bool skip_even_if_resident = false;
   /// > 0: prefetches wait in this many staging slots outside the cache (Fate; see
   /// cache/prefetch_staging.hpp), whose bytes at `sizing_precision` come out of
-  /// `expert_budget_bytes`; the cache never sees a prefetch. 0: prefetches enter the cache.
+  /// `expert_budget_bytes`; the cache never sees a prefetch. A prefetch that finds every slot
+  /// taken waits for one (issued when a layer's slots are released), and is dropped when its layer
+  /// comes first. 0: prefetches enter the cache.
   std::uint32_t prefetch_staging_slots = 0;
   /// Not `skip`: a demand admitted to the cache below this precision is re-fetched at it in the
   /// background, once no other load is pending, and replaced in place (Fate's lazy int2 → int4;
@@ -105,6 +108,9 @@ struct PipelineStats {
   std::uint64_t prefetches_issued = 0;
   std::uint64_t prefetches_redundant = 0;  ///< predicted, already resident
   std::uint64_t prefetches_dropped = 0;    ///< no room, or outside the model / distance limit
+  /// Found every prefetch staging slot taken and waited for one (issued later, or dropped when
+  /// its layer came first: counted in `prefetches_dropped` too).
+  std::uint64_t prefetches_waited = 0;
   std::uint64_t prefetches_cancelled = 0;
   std::uint64_t prefetches_unused = 0;     ///< staged, not asked for, load not withdrawn in time
   std::uint64_t staged_prefetch_hits = 0;  ///< demands served from prefetch staging
@@ -193,12 +199,14 @@ class OffloadPipeline {
     const std::size_t E = shape_.n_experts;
     const std::size_t N = shape_.expert_count();
     demand_slot_.assign(E, -1);
+    tokens_asking_.assign(E, 0);
     demands_.reserve(E);
     precisions_.resize(E);
     plan_.experts.reserve(E);
     plan_.prefetches.reserve(prefetch_capacity());
     views_.reserve(E);
     prefetch_buf_.resize(prefetch_capacity());
+    if (staging_.enabled()) waiting_.reserve(prefetch_capacity());
     in_flight_.reserve(N + cfg_.staging_slots);
     truth_.assign(E, 0);
     for (auto& p : predicted_) p.assign(N, 0);
@@ -223,6 +231,7 @@ class OffloadPipeline {
     call_begin_sequence(token_policy_);
     for (std::uint32_t l = 0; l < shape_.n_layers; ++l) release_soft_pins(l);
     free_unused_staged(none_layer);
+    issue_waiting_prefetches(none_layer);
     release_retained();
     for (auto& p : predicted_) std::fill(p.begin(), p.end(), std::uint8_t{0});
     for (auto& p : pending_predictions_) std::fill(p.begin(), p.end(), 0u);
@@ -283,6 +292,11 @@ class OffloadPipeline {
     plan_.layer = ctx.layer;
     scorer_.score(ctx, gate, std::span<const ExpertDemand>(demands_),
                   std::span<Precision>(precisions_).first(demands_.size()));
+    for (std::size_t i = 0; i < demands_.size(); ++i) {
+      std::uint32_t& asking = tokens_asking_[demands_[i].expert];
+      asking = demands_[i].n_tokens;
+      if constexpr (declares<ScorerT>(Hook::tokens_asking)) asking = scorer_.tokens_asking(i);
+    }
     for (std::size_t i = 0; i < demands_.size(); ++i) plan_.experts.push_back(plan_for(ctx, i));
 
     scheduler_.schedule(ctx, std::span<ExpertPlan>(plan_.experts));
@@ -302,6 +316,9 @@ class OffloadPipeline {
       load_demand(ctx, p);
     }
 
+    // Slots freed by this layer's demands go to waiting prefetches first (at layer 0 every one
+    // left is from the last forward: dropped).
+    issue_waiting_prefetches(ctx.layer == 0 ? none_layer : ctx.layer);
     PrefetchList list{std::span<Prefetch>(prefetch_buf_)};
     const ResidencyView residency(this, &resident_fn);
     predictor_.predict(ctx, gate, residency, list);
@@ -361,6 +378,7 @@ class OffloadPipeline {
     }
     release_soft_pins(ctx.layer);
     release_served_staging(ctx.layer);
+    issue_waiting_after_layer(ctx.layer);
   }
 
   /// The token's forward is complete; `output_logits` are the model's output for it. On
@@ -519,6 +537,15 @@ class OffloadPipeline {
     }
   }
 
+  // A demand's access: asked at `asked` by `n_tokens` tokens, of which those the scorer counted
+  // asked `asked` themselves (HOBBIT's LHU counts only them as high-precision uses).
+  AccessInfo demand_access(Precision asked, std::uint32_t layer, std::uint32_t expert,
+                           std::uint32_t n_tokens) {
+    AccessInfo a = cache_.access(asked, layer, n_tokens);
+    a.n_tokens_asking = tokens_asking_[expert];
+    return a;
+  }
+
   ExpertPlan plan_for(const LayerContext& ctx, std::size_t i) {
     const ExpertDemand& d = demands_[i];
     ExpertPlan p;
@@ -548,7 +575,7 @@ class OffloadPipeline {
       }
       // The policy learns what was asked (a skip or a low request served by a more precise copy
       // is not a high-precision use: HOBBIT's LHU, §3.3).
-      cache_.on_hit(p.key, cache_.access(precisions_[i], ctx.layer, d.n_tokens));
+      cache_.on_hit(p.key, demand_access(precisions_[i], ctx.layer, d.expert, d.n_tokens));
       cache_.pin_hard(p.key);
       ++stats_.hits;
     } else if (staging_.enabled()) {
@@ -559,7 +586,8 @@ class OffloadPipeline {
 
   void load_demand(const LayerContext& ctx, ExpertPlan& p) {
     const std::size_t bytes = bytes_of(p.precision);
-    const auto r = cache_.insert(p.key, cache_.access(p.precision, ctx.layer, p.n_tokens));
+    const auto r =
+        cache_.insert(p.key, demand_access(p.precision, ctx.layer, p.key.expert, p.n_tokens));
     if (r.ok()) {
       p.slot = r.slot;
       p.ticket = start_load(p.key, p.precision, LoadPriority::on_demand, r.slot);
@@ -757,7 +785,8 @@ class OffloadPipeline {
   }
 
   // ---- prefetch staging (cfg_.prefetch_staging_slots > 0; cache/prefetch_staging.hpp) ----------
-  // A prefetch waits in a free staging slot (dropped when none is free); the cache is not touched.
+  // A prefetch waits in a free staging slot, or, when none is free, for one (issue_waiting_
+  // prefetches); the cache is not touched.
   void stage_prefetch(const Prefetch& pf) {
     if (staging_.find(pf.key, pf.precision) != PrefetchStaging::none) {
       ++stats_.prefetches_redundant;
@@ -765,16 +794,72 @@ class OffloadPipeline {
     }
     const std::size_t i = staging_.free_slot();
     if (i == PrefetchStaging::none) {
-      ++stats_.prefetches_dropped;
+      wait_for_staging_slot(pf);
       return;
     }
+    load_staged(i, pf);
+    plan_.prefetches.push_back(pf);
+  }
+  void load_staged(std::size_t i, const Prefetch& pf) {
     const std::size_t bytes = bytes_of(pf.precision);
     const LoadTicket t =
         submit(pf.key, pf.precision, LoadPriority::prefetch, staging_.slot_id(i), bytes);
     staging_.stage(i, pf.key, pf.precision, t, bytes);
     ++stats_.prefetches_issued;
     stats_.bytes_prefetched += bytes;
-    plan_.prefetches.push_back(pf);
+  }
+  // Fate's staging exhaustion: the prefetch waits until a slot is released (design spec fate.md
+  // §2.8; the paper does not say), once per expert, the most precise request kept.
+  void wait_for_staging_slot(const Prefetch& pf) {
+    for (Prefetch& w : waiting_)
+      if (w.key == pf.key) {
+        if (bits(pf.precision) > bits(w.precision)) w.precision = pf.precision;
+        ++stats_.prefetches_redundant;
+        return;
+      }
+    if (waiting_.size() == waiting_.capacity()) {  // bounded: no allocation on the layer path
+      ++stats_.prefetches_dropped;
+      return;
+    }
+    waiting_.push_back(pf);
+    ++stats_.prefetches_waited;
+  }
+  // From end_layer (noexcept, and run by LayerCall's destructor, also while an exception
+  // unwinds): a prefetch is worth no failure, so one that cannot be submitted is dropped with
+  // those still waiting; the demand for it, if any, meets the same error on the normal path.
+  void issue_waiting_after_layer(std::uint32_t layer) noexcept {
+    if (waiting_.empty()) return;
+    try {
+      if (std::uncaught_exceptions() == 0) return issue_waiting_prefetches(layer);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): dropped below
+    }
+    stats_.prefetches_dropped += waiting_.size();
+    waiting_.clear();
+  }
+  // Waiting prefetches take the slots free now, first come first served, once `layer` has
+  // routed or ended; one for `layer` or an earlier layer (every one, with `none_layer`) is
+  // dropped: its layer loads what it needs on demand.
+  void issue_waiting_prefetches(std::uint32_t layer) {
+    std::size_t w = 0;
+    for (const Prefetch& pf : waiting_) {
+      const bool stale = layer == none_layer || pf.key.layer <= layer;
+      if (stale) {
+        ++stats_.prefetches_dropped;
+        continue;
+      }
+      if (cache_.resident_at(pf.key, pf.precision) ||
+          staging_.find(pf.key, pf.precision) != PrefetchStaging::none) {
+        ++stats_.prefetches_redundant;
+        continue;
+      }
+      const std::size_t i = staging_.free_slot();
+      if (i == PrefetchStaging::none) {
+        waiting_[w++] = pf;
+        continue;
+      }
+      load_staged(i, pf);
+    }
+    waiting_.resize(w);
   }
 
   // A demand not in the cache that waits in staging is a hit: it is admitted to the cache as a
@@ -872,7 +957,9 @@ class OffloadPipeline {
   std::vector<ExpertDemand> demands_;
   std::vector<int> demand_slot_;
   std::vector<Precision> precisions_;
+  std::vector<std::uint32_t> tokens_asking_;  // per expert of the layer call: the scorer's
   std::vector<Prefetch> prefetch_buf_;
+  std::vector<Prefetch> waiting_;  // prefetches waiting for a staging slot, in arrival order
   std::vector<InFlight> in_flight_;
   std::vector<std::uint8_t> truth_;
   // [distance][expert index]: predicted?

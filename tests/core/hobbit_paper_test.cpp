@@ -1,6 +1,7 @@
 // HOBBIT's cache as the paper keeps it (Tang et al., arXiv:2411.01433, §3.3): the LHU record
-// counts high-precision uses only, and the high-precision pool is the larger one. Scripted
-// scenarios through the pipeline and the preset's spec.
+// counts high-precision uses only (in a prefill forward, the tokens that asked high), and the
+// high-precision pool is the larger one. Scripted scenarios through the pipeline and the preset's
+// spec.
 #include <catch2/catch.hpp>
 
 #include <vector>
@@ -54,6 +55,41 @@ TEST_CASE("HOBBIT LHU: a skip or low request served by a resident high copy is n
   // The top-1 expert, high every time.
   CHECK(p.cache().policy().record({0, 2}).high_uses == 3);
   CHECK(p.stats().misses == 2);
+}
+
+TEST_CASE("HOBBIT LHU in prefill: only the tokens that asked high are high uses",
+          "[preset][hobbit][lhu]") {
+  using Pipeline = OffloadPipeline<HobbitThresholdScorer, NoPredictor, MultiDimPolicy, ManualLoader,
+                                   OnDemandScheduler>;
+  using hobbit_paper_test::tiny;
+  const std::size_t budget = 16 * tiny.expert_bytes(Precision::f16);  // every expert fits
+  Pipeline p(tiny, {.expert_budget_bytes = budget}, ManualLoader{}, HobbitThresholdScorer{},
+             NoPredictor{}, MultiDimPolicy{});
+  p.begin_sequence();
+  // A prefill forward of 4 tokens: expert 0 is token 1's top-1 (high) and tokens 2-4's second
+  // expert at cumulative weight 0.8 (low). The forward loads it high for token 1 and all four run
+  // it; LHU's H counts the one use that asked high (was 4: every token of an expert any token
+  // asked high for), F all four.
+  const Route r(4, {{0, 1}, {2, 0}, {3, 0}, {1, 0}},
+                {{0.8f, 0.2f}, {0.8f, 0.2f}, {0.8f, 0.2f}, {0.8f, 0.2f}});
+  const auto& plan = p.route(ctx(0, 3, 0, Phase::prefill, 4), r.view());
+  p.resolve(plan);
+  p.end_layer(ctx(0, 3, 0, Phase::prefill, 4));
+  const ExpertKey e0{0, 0};
+  CHECK(p.cache().entry(e0).precision == Precision::f16);
+  CHECK(p.cache().policy().record(e0).uses == 4);
+  CHECK(p.cache().policy().record(e0).high_uses == 1);
+  // Expert 1: token 1's low second (0.8) and token 4's high top-1: one high use of two.
+  CHECK(p.cache().policy().record({0, 1}).uses == 2);
+  CHECK(p.cache().policy().record({0, 1}).high_uses == 1);
+  // The next forward, hits: the same count (2 tokens ask expert 0 low, 1 high).
+  const Route hit(4, {{0, 2}, {2, 0}, {3, 0}}, {{0.9f, 0.1f}, {0.7f, 0.3f}, {0.7f, 0.3f}});
+  const auto& again = p.route(ctx(0, 3, 4, Phase::prefill, 3), hit.view());
+  CHECK(again.experts[0].hit);
+  p.resolve(again);
+  p.end_layer(ctx(0, 3, 4, Phase::prefill, 3));
+  CHECK(p.cache().policy().record(e0).uses == 7);
+  CHECK(p.cache().policy().record(e0).high_uses == 2);
 }
 
 TEST_CASE("HOBBIT's high-precision pool is larger by default and settable (--hobbit-high-pool)",

@@ -116,18 +116,34 @@ TEST_CASE("presets registry: needs and precisions are declared per preset", "[pr
   CHECK_THROWS_WITH(presets::check(presets::entry_of<presets::MobileOracleSpec>, Precision::q8, q),
                     Catch::Contains("--fallback-ratio"));
 
-  // The oracle stand-ins: their recall defaults to the paper's, --oracle-recall is checked, and
-  // building one without the routing ahead names the flag it needs.
+  // The oracle stand-ins: their recall defaults to the paper's, hobbit-oracle's per rank from
+  // --hobbit-recall (moe-sim's flag), fate-oracle's from --oracle-recall, both checked; building
+  // one without the routing ahead names the flag it needs.
   q = {};
-  CHECK(presets::HobbitOracleSpec::configure(reg_shape, Precision::q8, q).recall ==
-        std::vector<double>{0.96, 0.90, 0.90});
+  const auto hobbit = presets::HobbitOracleSpec::configure(reg_shape, Precision::q8, q).recall;
+  CHECK(hobbit.top1 == std::vector<double>{0.96, 0.90, 0.90});
+  CHECK(hobbit.lower == std::vector<double>{0.96, 0.90, 0.90});
+  CHECK(presets::HobbitOracleSpec::Config{}.recall.top1 == hobbit.top1);
   CHECK(presets::FateOracleSpec::configure(reg_shape, Precision::q8, q).recall ==
         std::vector<double>{0.9715});
+  CHECK(presets::FateOracleSpec::Config{}.recall == std::vector<double>{0.9715});
+  q.hobbit_recall = "measured";
+  CHECK(presets::HobbitOracleSpec::configure(reg_shape, Precision::q8, q).recall.lower ==
+        std::vector<double>{0.764, 0.726, 0.665});
+  q.hobbit_recall = "0.5,0.25/0.125";
+  const auto given = presets::HobbitOracleSpec::configure(reg_shape, Precision::q8, q).recall;
+  CHECK(given.top1 == std::vector<double>{0.5, 0.25});
+  CHECK(given.lower == std::vector<double>{0.125});
+  q.hobbit_recall = "1.5";
+  CHECK_THROWS_WITH(presets::check(presets::entry_of<presets::BaselineSpec>, Precision::q8, q),
+                    Catch::Contains("--hobbit-recall"));
+  q = {};
   q.oracle_recall = {0.5, 0.25};
-  CHECK(presets::HobbitOracleSpec::configure(reg_shape, Precision::q8, q).recall ==
-        q.oracle_recall);
-  q.oracle_recall = {1.5};
+  CHECK(presets::FateOracleSpec::configure(reg_shape, Precision::q8, q).recall == q.oracle_recall);
   CHECK_THROWS_WITH(presets::check(presets::entry_of<presets::HobbitOracleSpec>, Precision::q8, q),
+                    Catch::Contains("--hobbit-recall"));  // one figure per distance: not its model
+  q.oracle_recall = {1.5};
+  CHECK_THROWS_WITH(presets::check(presets::entry_of<presets::FateOracleSpec>, Precision::q8, q),
                     Catch::Contains("--oracle-recall"));
   q.oracle_recall = {0.9, 0.9, 0.9, 0.9};
   CHECK_THROWS_WITH(presets::check(presets::entry_of<presets::FateOracleSpec>, Precision::q8, q),

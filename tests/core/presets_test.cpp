@@ -404,6 +404,106 @@ TEST_CASE("presets::Fate: a decode miss loads at int2, serves, and is upgraded t
   p->cache().check_invariants();
 }
 
+TEST_CASE("presets::Fate: prefill misses load at int2 too, as decode misses do",
+          "[preset][fate][upgrade]") {
+  // The paper's precisions (q4 cache and decode prefetches, prefill's least popular quarter of the
+  // predicted experts at q2, every on-demand load at q2: §5.3, both stages).
+  presets::FateSpec::Config c;
+  c.cache.shallow_layers = 1;
+  c.staging_slots = 2;
+  presets::PresetInputs in;
+  in.routers = identity_routers;
+  auto p = presets::FateSpec::build(
+      shape, {.expert_budget_bytes = 6 * q4, .base_precision = Precision::q4}, ManualLoader{}, c,
+      in);
+  // Prefill of 4 tokens at layer 0: expert 1 is the most popular (4 tokens); before, the three
+  // popular ones loaded at q4 and only the least popular at q2.
+  Route keep(4, {{0}});
+  Route r(4, {{1, 2}, {1, 3}, {1, 0}, {1, 2}});
+  r.hidden.assign(4 * 4, 0.0f);
+  keep = r;
+  const LayerContext prefill = ctx(0, 3, 0, Phase::prefill, 4);
+  const auto& a = p->route(prefill, keep.view());
+  REQUIRE(a.experts.size() == 4);
+  for (const ExpertPlan& e : a.experts) CHECK(e.precision == Precision::q2);
+  p->resolve(a);
+  p->end_layer(prefill);
+  std::size_t on_demand = 0;
+  for (const Load& l : loads(p->loader())) {
+    if (l.priority != OD) continue;
+    CHECK(l.precision == Precision::q2);
+    ++on_demand;
+  }
+  CHECK(on_demand == 4);
+  CHECK(p->stats().misses_by_precision[static_cast<std::size_t>(Precision::q2)] == 4);
+  // ... and admitted as they are, each upgraded to q4 later (one at a time while the link idles).
+  CHECK(p->cache().entry({0, 1}).precision == Precision::q2);
+  p->cache().check_invariants();
+}
+
+TEST_CASE("presets::Fate: a prefetch that finds staging full waits for a slot, not dropped",
+          "[preset][fate][staging]") {
+  // 5 q4 experts: 1 staging slot (--fate-staging-slots 1), the cache the other 4, all in shallow
+  // layer 0: layers 1 and 2 have no cache slot.
+  auto p = fate_pipeline(5 * q4, 1, 1);
+  REQUIRE(p->cache().policy().layer_slots() == std::vector<std::uint32_t>{4, 0, 0});
+  Route keep(4, {{0}});
+  // Layer 0 predicts layer 1's expert 1, staged in the one slot.
+  const auto& a = p->route(ctx(0, 3), with_hidden(keep, Route(4, {{1, 2}}), {0, 5, 0, 0}));
+  REQUIRE(a.prefetches.size() == 1);
+  p->resolve(a);
+  p->end_layer(ctx(0, 3));
+  // Layer 1 uses it from staging (no cache slot: the slot serves until the layer ends) and
+  // predicts layer 2's expert 2: staging is full, so the prefetch waits (before: dropped, and
+  // layer 2's demand missed).
+  const auto& b = p->route(ctx(1, 3), with_hidden(keep, Route(4, {{1, 0}}), {0, 0, 5, 0}));
+  CHECK(b.experts[0].hit);
+  CHECK(b.prefetches.empty());  // not issued yet
+  CHECK(p->stats().prefetches_waited == 1);
+  p->resolve(b);
+  const auto before = loads(p->loader()).size();
+  p->end_layer(ctx(1, 3));  // the slot is released: the waiting prefetch takes it
+  const auto after = loads(p->loader());
+  REQUIRE(after.size() == before + 1);
+  CHECK(after.back() == Load{{2, 2}, Precision::q4, PF});
+  const auto& c = p->route(ctx(2, 3), with_hidden(keep, Route(4, {{2, 3}}), {0, 0, 0, 0}));
+  CHECK(c.experts[0].key == ExpertKey{2, 2});
+  CHECK(c.experts[0].hit);  // served from staging
+  p->resolve(c);
+  p->end_layer(ctx(2, 3));
+  const auto st = p->stats();
+  CHECK(st.prefetches_dropped == 0);
+  CHECK(st.staged_prefetch_hits == 2);
+  CHECK(st.prefetches_issued == 2);
+  p->cache().check_invariants();
+
+  // A waiting prefetch whose layer routes before a slot frees is dropped: the layer loads it on
+  // demand. The 50th percentile predicts two experts of layer 1: one takes the slot, one waits,
+  // and the slot is still taken (by the first, waiting for its layer) when layer 1 routes.
+  presets::PresetParams params;
+  params.shallow_layers = 1;
+  params.fate_percentile = 0.5;
+  params.fate_staging_slots = 1;
+  presets::PresetInputs in;
+  in.routers = identity_routers;
+  auto q = presets::FateSpec::build(
+      shape, {.expert_budget_bytes = 5 * q4, .base_precision = Precision::q4}, ManualLoader{},
+      presets::FateSpec::configure(shape, Precision::q4, params), in);
+  const auto& d = q->route(ctx(0, 3), with_hidden(keep, Route(4, {{1, 2}}), {0, 5, 4, 0}));
+  CHECK(d.prefetches.size() == 1);
+  CHECK(q->stats().prefetches_waited == 1);
+  q->resolve(d);
+  q->end_layer(ctx(0, 3));
+  const auto& e = q->route(ctx(1, 3), with_hidden(keep, Route(4, {{1, 2}}), {0, 0, 0, 0}));
+  REQUIRE(e.experts.size() == 2);
+  CHECK(e.experts[0].hit + e.experts[1].hit == 1);
+  CHECK(q->stats().prefetches_dropped == 1);
+  CHECK(q->stats().staged_prefetch_hits == 1);
+  q->resolve(e);
+  q->end_layer(ctx(1, 3));
+  q->cache().check_invariants();
+}
+
 TEST_CASE("presets::EdgeMoe: per-expert bit widths and activation-path preloading",
           "[preset][edgemoe]") {
   PrecisionTable table(3, 4, Precision::q4);

@@ -1,7 +1,9 @@
 // LookaheadOraclePredictor (the oracle stand-in moe-run runs under --routing-trace): it predicts
 // what its RoutingLookahead says at each distance with the recall of that distance, the precision
 // of the run's scorer, set padding and the decode cap; it is the same model as moe-sim's
-// NoisyOraclePredictor (same predictions for the same calls and seed); it refuses a missing source.
+// NoisyOraclePredictor (same predictions for the same calls and seed), and with a recall per rank
+// the same as moe-sim's RankedNoisyOraclePredictor (hobbit-oracle: precisions from the predicted
+// gate weights); it refuses a missing source.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -13,6 +15,8 @@
 
 #include "moekit/predict/lookahead_oracle.hpp"
 #include "moekit/predict/noisy_oracle.hpp"
+#include "moekit/predict/ranked_noisy_oracle.hpp"
+#include "moekit/presets/hobbit_oracle.hpp"
 #include "moekit/score/hobbit_threshold.hpp"
 #include "moekit/score/uniform.hpp"
 #include "predict_test_support.hpp"
@@ -199,4 +203,127 @@ TEST_CASE("lookahead oracle: an unknown routing predicts nothing; no source is r
   CHECK_THROWS_WITH(Oracle(config({1.5}, 1), src, UniformScorer{}), Catch::Contains("[0, 1]"));
   CHECK_THROWS_WITH(Oracle(config({}, 1), src, UniformScorer{}), Catch::Contains("empty"));
   CHECK_THROWS_WITH(Oracle(config({1.0}, 4), src, UniformScorer{}), Catch::Contains("distance"));
+}
+
+namespace lookahead_oracle_test {
+// Forwards over L layers of 1 to 3 tokens (prefill-like forwards too), each token two distinct
+// random experts with random weights (descending): the calls as moe-sim's script holds them.
+struct RankedSource final : RoutingLookahead {
+  std::vector<RoutedCall> calls;  // forward f, layer l is calls[f * L + l]
+  std::size_t forward = 0;
+
+  explicit RankedSource(std::uint32_t seed, std::size_t forwards = 200) {
+    std::mt19937 g(seed);
+    std::uniform_real_distribution<float> u(0.5f, 1.0f);
+    for (std::size_t f = 0; f < forwards; ++f) {
+      const std::uint32_t n = 1 + g() % 3;
+      for (std::uint32_t l = 0; l < L; ++l) {
+        RoutedCall c{l, n, 2, {}, {}};
+        for (std::uint32_t t = 0; t < n; ++t) {
+          const std::uint32_t a = g() % E;
+          std::uint32_t b = g() % (E - 1);
+          b += b >= a;
+          const float w = u(g);
+          c.experts.insert(c.experts.end(), {a, b});
+          c.weights.insert(c.weights.end(), {w, 1.0f - w});
+        }
+        calls.push_back(std::move(c));
+      }
+    }
+  }
+  [[nodiscard]] GateView view(std::size_t i) const {
+    const RoutedCall& c = calls[i];
+    return {.n_tokens = c.n_tokens,
+            .k = c.k,
+            .n_experts = E,
+            .experts = c.experts,
+            .weights = c.weights};
+  }
+  std::optional<GateView> routing_at(std::uint32_t layer) override {
+    return view(forward * L + layer);
+  }
+};
+
+// Drives `p` over every call of `src` (observe, then predict); each call's prefetches.
+template <class P>
+std::vector<std::vector<Prefetch>> drive_ranked(P& p, RankedSource& src) {
+  std::vector<std::vector<Prefetch>> out;
+  test::ResidentSet none;
+  for (std::size_t i = 0; i < src.calls.size(); ++i) {
+    src.forward = i / L;
+    const RoutedCall& c = src.calls[i];
+    const LayerContext ctx{c.layer, L,         0, c.n_tokens > 1 ? Phase::prefill : Phase::decode,
+                           0,       c.n_tokens};
+    test::OwnedList list;
+    p.observe(ctx, src.view(i));
+    p.predict(ctx, src.view(i), none.view(), list.list);
+    out.push_back(list.items());
+  }
+  return out;
+}
+}  // namespace lookahead_oracle_test
+
+TEST_CASE("lookahead oracle per rank: the same model as moe-sim's RankedNoisyOraclePredictor",
+          "[predict][lookahead-oracle][hobbit]") {
+  using namespace lookahead_oracle_test;  // function scope: the unity build shares the file
+  auto src = std::make_shared<RankedSource>(8);
+  const HobbitRule rule{.t1 = 0.6f, .t2 = 0.9f, .high = Precision::q8, .low = Precision::q2};
+  for (const RecallByRank& recall : {RecallByRank{{0.7}}, RecallByRank{{0.9, 0.6, 0.5}, {0.4}}}) {
+    LookaheadOraclePredictor<HobbitThresholdScorer> a(
+        {.recall_by_rank = recall, .seed = 11, .distance = 3, .n_layers = L, .n_experts = E}, src,
+        HobbitThresholdScorer({rule}));
+    RankedNoisyOraclePredictor<HobbitThresholdScorer> b(
+        {.calls = src->calls, .recall_by_rank = recall, .seed = 11, .distance = 3, .n_experts = E},
+        HobbitThresholdScorer({rule}));
+    const auto pa = drive_ranked(a, *src), pb = drive_ranked(b, *src);
+    REQUIRE(pa.size() == pb.size());
+    std::size_t n = 0, wrong = 0, low = 0;
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      REQUIRE(pa[i].size() == pb[i].size());
+      for (std::size_t j = 0; j < pa[i].size(); ++j) {
+        CHECK(pa[i][j].key == pb[i][j].key);
+        CHECK(pa[i][j].precision == pb[i][j].precision);
+        CHECK(pa[i][j].distance == pb[i][j].distance);
+        CHECK(pa[i][j].confidence == pb[i][j].confidence);
+        const auto& truth = src->calls[(i / L) * L + pa[i][j].key.layer].experts;
+        wrong += std::find(truth.begin(), truth.end(), pa[i][j].key.expert) == truth.end();
+        low += pa[i][j].precision == Precision::q2;
+        ++n;
+      }
+    }
+    CHECK(n > 1000);  // the comparison covers wrong guesses and both precisions
+    CHECK(wrong > 0);
+    CHECK(low > 0);
+  }
+}
+
+TEST_CASE("hobbit-oracle: each rank at its own recall, precisions from the predicted gate",
+          "[predict][lookahead-oracle][hobbit]") {
+  using namespace lookahead_oracle_test;  // function scope: the unity build shares the file
+  // One decode token per forward, weights 0.8 / 0.2 (T1 = 0.6: the top-1 high, rank 2 low).
+  // --hobbit-recall 0/1: the gate always misses the actual top-1 and keeps rank 2, which it
+  // ranks first: prefetched high although its actual demand asks low (the true demand's
+  // precision, the model before, would have asked low); the wrong guess ranks second: low.
+  auto src = std::make_shared<RankedSource>(9);
+  for (RoutedCall& c : src->calls) {
+    c.experts.resize(2), c.weights = {0.8f, 0.2f};
+    c.n_tokens = 1;
+  }
+  presets::PresetParams q;
+  q.hobbit_recall = "0/1";
+  const auto c = presets::HobbitOracleSpec::configure(
+      {.n_layers = L, .n_experts = E, .top_k = 2, .hidden = 4, .ffn = 8}, Precision::f16, q);
+  auto p = presets::HobbitOracleSpec::predictor(
+      {.n_layers = L, .n_experts = E, .top_k = 2, .hidden = 4, .ffn = 8}, c, {.lookahead = src});
+  const auto got = drive_ranked(p, *src);
+  std::size_t checked = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    for (const Prefetch& f : got[i]) {
+      const auto& truth = src->calls[(i / L) * L + f.key.layer].experts;
+      CHECK(f.key.expert != truth[0]);  // the actual top-1: never predicted
+      if (f.key.expert == truth[1]) CHECK(f.precision == Precision::f16);
+      if (f.key.expert != truth[1]) CHECK(f.precision == q.low);
+      ++checked;
+    }
+  CHECK(checked > 100);
 }

@@ -131,6 +131,12 @@ TEST_CASE("moe-sim presets: every preset and reference replays a synthetic trace
                                       "predicted gate weights") != std::string::npos);
   CHECK(run_hobbit(rp, tr).label.find("high pool 69% of the slots") != std::string::npos);
   CHECK(run_fate(rp, tr).label.find("noisy-oracle predictor, recall 0.9715") != std::string::npos);
+  // Fate's staging: one slot per expert of a layer by default, --fate-staging-slots sets it.
+  const std::string slots = std::to_string(rp.shape.n_experts) + " staging slots";
+  CHECK(run_fate(rp, tr).label.find(slots) != std::string::npos);
+  RunParams one = rp;
+  one.fate_staging_slots = 1;
+  CHECK(run_fate(one, tr).label.find(", 1 staging slots") != std::string::npos);
   CHECK(run_mobile(rp, tr).note.find("router logits made from each record's top-k") !=
         std::string::npos);
   CHECK(run_mobile(rp, tr).label.find("router replay, big pass little-plan, plan accuracy 0.8") !=

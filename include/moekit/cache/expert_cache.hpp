@@ -185,6 +185,7 @@ class ExpertCache {
     a.tick = ++tick_;
     a.token = token_;
     a.n_tokens = n_tokens;
+    a.n_tokens_asking = n_tokens;
     a.prefetch = prefetch;
     return a;
   }

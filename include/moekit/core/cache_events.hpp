@@ -17,7 +17,10 @@ struct AccessInfo {
   std::uint64_t tick = 0;      ///< monotonically increasing access clock of the cache
   std::uint64_t token = 0;     ///< token counter of the cache (advanced by begin_token)
   std::uint32_t n_tokens = 1;  ///< tokens of the forward that used the expert
-  bool prefetch = false;       ///< inserted by a prefetch, not by a demand
+  /// Of those, the tokens whose own request was `precision` (the others asked for less and are
+  /// served by the copy the most demanding one asked for; Scorer's `tokens_asking`).
+  std::uint32_t n_tokens_asking = 1;
+  bool prefetch = false;  ///< inserted by a prefetch, not by a demand
 };
 
 /// Predicate handed to a policy: may `key` be evicted now? (resident in the pool, not pinned)

@@ -88,7 +88,9 @@ concept has_schedule = requires(S& s, const LayerContext& ctx, std::span<ExpertP
 
 /// **Scorer** — decides the precision of each expert a layer call needs (or `skip`).
 /// 1. `s.score(ctx, gate, demands, out)` writes `out[i]` for `demands[i]`.
-/// Declared hook: `begin_sequence()`.
+/// Declared hooks: `begin_sequence()`; `tokens_asking(i)`: of `demands[i]`'s tokens in the last
+/// `score`, how many asked for `out[i]` itself (the rest asked for less; undeclared: all of them),
+/// which a policy counting high-precision uses reads (HOBBIT's LHU).
 /// Not checked: `score` must not allocate; it must be deterministic for the same inputs.
 template <class S>
 concept Scorer = detail::has_score<S>;
@@ -153,7 +155,7 @@ consteval bool assert_scorer() {
   static_assert(detail::has_score<S>,
                 "moekit::Scorer: missing member `void score(const LayerContext&, const GateView&, "
                 "std::span<const ExpertDemand>, std::span<Precision>)`");
-  static_assert(assert_hooks<S, sequence_hooks>());
+  static_assert(assert_hooks<S, scorer_hooks>());
   return true;
 }
 template <class T>

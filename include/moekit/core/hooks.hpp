@@ -52,7 +52,8 @@ enum class Hook : std::uint16_t {
   host_bytes = 1u << 9,            ///< loader: an expert's bytes in host memory (CPU execution)
   prepare_host_bytes = 1u << 10,   ///< loader: `host_bytes` of this expert will be asked for soon
   planned_experts = 1u << 11,      ///< predictor: experts fixed in advance for a layer (MoBiLE)
-  matrix_order = 1u << 12,  ///< loader: where the rows of the blobs it delivers are (else rows)
+  matrix_order = 1u << 12,   ///< loader: where the rows of the blobs it delivers are (else rows)
+  tokens_asking = 1u << 13,  ///< scorer: how many of a demand's tokens asked its precision
 };
 
 /// A set of hooks; `Hook::a | Hook::b` builds one.
@@ -111,7 +112,8 @@ inline constexpr Hooks cache_policy_hooks =
     Hook::prepare_insert | Hook::set_layer_capacities | Hook::end_layer_call;
 inline constexpr Hooks predictor_hooks =
     Hook::begin_sequence | Hook::on_verdict | Hook::planned_experts;
-inline constexpr Hooks sequence_hooks = Hook::begin_sequence;  ///< scorer, scheduler, token policy
+inline constexpr Hooks sequence_hooks = Hook::begin_sequence;  ///< scheduler, token policy
+inline constexpr Hooks scorer_hooks = Hook::begin_sequence | Hook::tokens_asking;
 inline constexpr Hooks loader_hooks =
     Hook::host_bytes | Hook::prepare_host_bytes | Hook::matrix_order;
 
@@ -170,6 +172,10 @@ template <class C>  // const: asked by the pipeline for each view it resolves
 concept hook_matrix_order = requires(const C& c, Precision p) {
   { c.matrix_order(p) } -> std::same_as<MatrixOrder>;
 };
+template <class C>  // const: asked by the pipeline after `score`, per demand of that call
+concept hook_tokens_asking = requires(const C& c, std::size_t demand) {
+  { c.tokens_asking(demand) } -> std::convertible_to<std::uint32_t>;
+};
 
 // ---- a member of the hook's name, whatever its signature ---------------------------------------
 // `&C::name` finds a single non-template member; the signature test finds overloaded ones.
@@ -191,6 +197,7 @@ MOEKIT_DETAIL_NAMES_HOOK(planned_experts)
 MOEKIT_DETAIL_NAMES_HOOK(host_bytes)
 MOEKIT_DETAIL_NAMES_HOOK(prepare_host_bytes)
 MOEKIT_DETAIL_NAMES_HOOK(matrix_order)
+MOEKIT_DETAIL_NAMES_HOOK(tokens_asking)
 #undef MOEKIT_DETAIL_NAMES_HOOK
 
 /// Hooks a wrapper must declare: those its wrapped component declares, less the ones it consumes.
@@ -241,6 +248,7 @@ consteval bool assert_hooks() {
                            "std::span<const std::byte> host_bytes(ExpertKey, Precision)")
   MOEKIT_DETAIL_CHECK_HOOK(prepare_host_bytes, "void prepare_host_bytes(ExpertKey, Precision)")
   MOEKIT_DETAIL_CHECK_HOOK(matrix_order, "MatrixOrder matrix_order(Precision) const")
+  MOEKIT_DETAIL_CHECK_HOOK(tokens_asking, "std::uint32_t tokens_asking(std::size_t demand) const")
   return true;
 }
 #undef MOEKIT_DETAIL_CHECK_HOOK

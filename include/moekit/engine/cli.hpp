@@ -428,13 +428,24 @@ class Cli {
                   "recorded checkpoint fingerprint differs from the checkpoint's");
   }
 
-  // HOBBIT's cache beyond the T1/T2 rule (docs/presets.md, "HOBBIT").
+  // HOBBIT's cache beyond the T1/T2 rule and its stand-in's accuracy, Fate's staging
+  // (docs/presets.md, "HOBBIT" and "Fate").
   void add_hobbit_options() {
     PresetParams& q = o_.preset_params;
     app_.add_option("--hobbit-high-pool", q.high_slot_fraction,
                     "hobbit: share of the cache's slots in the high-precision pool (default "
                     "0.69: the paper's 67 : 30 split of high and low decisions; 0.5: equal)")
         ->check(CLI::Range(0.0, 1.0));
+    app_.add_option("--hobbit-recall", q.hobbit_recall,
+                    "hobbit-oracle: the noisy oracle's recall per rank, as moe-sim's: paper "
+                    "(default: top-1 0.96,0.90,0.90 at +1,+2,+3, the lower ranks assumed equal), "
+                    "measured (moekit's stacked gate on its default model), R1[,R2[,R3]] for "
+                    "every rank, or TOP1,../LOWER,.. for the top-1 and ranks 2+");
+    app_.add_option("--fate-staging-slots", q.fate_staging_slots,
+                    "fate, fate-oracle: prefetch staging slots, taken from the budget (default 0: "
+                    "one per expert of a layer, at most half the budget's slots); a prefetch "
+                    "waits for a free one")
+        ->check(CLI::Range(0u, 1u << 16));
   }
 
   // The model, the prompt, generation and sampling.
@@ -567,8 +578,8 @@ class Cli {
                     "(default: the paper's 0.8)")
         ->check(CLI::Range(0.0, 1.0));
     app_.add_option("--oracle-recall", q.oracle_recall,
-                    "hobbit-oracle, fate-oracle: the noisy oracle's recall at +1[,+2[,+3]] layers "
-                    "(default: the paper's figures)")
+                    "fate-oracle: the noisy oracle's recall at +1[,+2[,+3]] layers (default: the "
+                    "paper's 0.9715; hobbit-oracle's is --hobbit-recall)")
         ->delimiter(',');
     app_.add_option("--big-pass", big_pass_text_,
                     "mobile: the recomputation after a fallback runs the little pass's plan "

@@ -4,18 +4,19 @@
 /// own gates (random weights) cannot predict it.
 ///
 /// At each layer call it asks a `RoutingLookahead` what the forward's tokens will select at the
-/// next `distance` MoE layers, scores those demands with a copy of the run's scorer (so each
-/// prediction carries the precision the scorer will ask for), and degrades them through
-/// RecallNoise (predict/recall_noise.hpp) with the recall measured for a real predictor at that
-/// distance: a kept expert is right, a dropped one is replaced by a random wrong expert of its
-/// layer at the same precision, and `set_size` pads the prediction with wrong experts. This is
-/// the model NoisyOraclePredictor runs over a script in moe-sim, so moe-run and moe-sim replay the
-/// same stand-in: only the random draws differ (a hash of seed, layer call and position here, of
-/// the script's call index there).
-///
-/// Stand-in, stated: the precisions come from the true gate weights, not from predicted ones
-/// (a real predictor's wrong gate value can also pick the wrong precision); the recall is one
-/// figure per distance, not per rank.
+/// next `distance` MoE layers and predicts those calls with one of the two noise models moe-sim's
+/// stand-ins run, so moe-run and moe-sim replay the same stand-in: only the random draws' keys
+/// differ in origin (the layer call's index here, the script's call index there, equal when every
+/// call is replayed; tests/predict/lookahead_oracle_test.cpp checks both models against moe-sim's).
+///  * Per distance (Fate's stand-in, moe-sim's NoisyOraclePredictor): the demands are scored by a
+///    copy of the run's scorer (so each carries the precision the scorer will ask for) and degraded
+///    through RecallNoise (predict/recall_noise.hpp) with one recall per distance: a kept expert is
+///    right, a dropped one is replaced by a random wrong expert of its layer at the same precision,
+///    and `set_size` pads the prediction with wrong experts. Stated: the precisions are the true
+///    demand's.
+///  * Per rank (`Config::recall_by_rank`; HOBBIT's stand-in, moe-sim's RankedNoisyOraclePredictor):
+///    each token's actual rank-r expert is kept at its own recall and the scorer decides the
+///    precisions on the *predicted* routing (predict/ranked_guess.hpp).
 
 #include <algorithm>
 #include <cstddef>
@@ -33,6 +34,7 @@
 #include "moekit/core/hooks.hpp"
 #include "moekit/core/plan.hpp"
 #include "moekit/error.hpp"
+#include "moekit/predict/ranked_guess.hpp"
 #include "moekit/predict/recall_noise.hpp"
 
 namespace moekit {
@@ -57,6 +59,9 @@ class LookaheadOraclePredictor {
   struct Config {
     /// Recall at 1, 2, 3 layers ahead (the last entry serves farther distances).
     std::vector<double> recall_by_distance{0.96};
+    /// Not empty: the per-rank model instead of `recall_by_distance`, [rank][distance - 1]
+    /// (predict/ranked_guess.hpp); `set_size` must then be 0.
+    RecallByRank recall_by_rank{};
     std::uint64_t seed = 0;
     std::uint32_t distance = 1;   ///< layers ahead to predict (0..max_prediction_distance)
     std::uint32_t set_size = 0;   ///< pad each predicted layer to this many (0: no pad)
@@ -71,14 +76,20 @@ class LookaheadOraclePredictor {
       : cfg_(std::move(c)),
         source_(std::move(source)),
         scorer_(std::move(scorer)),
-        noise_(cfg_.seed, std::max(cfg_.n_experts, 1u)) {
+        noise_(cfg_.seed, std::max(cfg_.n_experts, 1u)),
+        ranked_(cfg_.seed, std::max(cfg_.n_experts, 1u)) {
     const std::string who = "LookaheadOraclePredictor: ";
     MOEKIT_EXPECTS(source_ != nullptr, who + "needs a RoutingLookahead");
     MOEKIT_EXPECTS(cfg_.n_layers > 0 && cfg_.n_experts > 0,
                    who + "Config.n_layers and n_experts must be > 0");
-    MOEKIT_EXPECTS(!cfg_.recall_by_distance.empty(), who + "Config.recall_by_distance is empty");
-    for (double r : cfg_.recall_by_distance)
-      MOEKIT_EXPECTS(r >= 0.0 && r <= 1.0, who + "every recall must be in [0, 1]");
+    if (ranked()) {
+      check_ranked_recall(who + "Config.recall_by_rank: ", cfg_.recall_by_rank);
+      MOEKIT_EXPECTS(cfg_.set_size == 0, who + "Config.set_size must be 0 with recall_by_rank");
+    } else {
+      MOEKIT_EXPECTS(!cfg_.recall_by_distance.empty(), who + "Config.recall_by_distance is empty");
+      for (double r : cfg_.recall_by_distance)
+        MOEKIT_EXPECTS(r >= 0.0 && r <= 1.0, who + "every recall must be in [0, 1]");
+    }
     MOEKIT_EXPECTS(
         cfg_.distance <= max_prediction_distance,
         who + "Config.distance must be in [0, " + std::to_string(max_prediction_distance) + "]");
@@ -109,10 +120,18 @@ class LookaheadOraclePredictor {
     return r[std::min<std::size_t>(distance, r.size()) - 1];
   }
   [[nodiscard]] const Config& config() const noexcept { return cfg_; }
+  /// Whether each rank has its own recall (`Config::recall_by_rank`).
+  [[nodiscard]] bool ranked() const noexcept { return !cfg_.recall_by_rank.empty(); }
 
  private:
   void predict_layer(const LayerContext& at, const GateView& g, std::uint64_t call,
                      std::uint32_t dist, const ResidencyView& residency, PrefetchList& out) {
+    if (ranked()) {
+      ranked_.guess(call, at, g, cfg_.recall_by_rank, dist, scorer_);
+      ranked_.push(at.layer, dist, at.phase == Phase::decode, cfg_.max_nonresident,
+                   cfg_.recall_by_rank, residency, out);
+      return;
+    }
     collect_demands(g, slot_, demands_);
     std::sort(demands_.begin(), demands_.end(),
               [](const ExpertDemand& a, const ExpertDemand& b) { return a.expert < b.expert; });
@@ -139,6 +158,7 @@ class LookaheadOraclePredictor {
   std::shared_ptr<RoutingLookahead> source_;
   S scorer_;
   RecallNoise noise_;
+  RankedRoutingGuess ranked_;
   std::uint64_t calls_ = 0;
   std::vector<int> slot_;
   std::vector<ExpertDemand> demands_;

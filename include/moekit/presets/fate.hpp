@@ -39,7 +39,8 @@ struct FateSpec : PresetDefaults {
   /// The predictor moves what the scorer asks for: its decode and prefill precisions and its
   /// low-precision share are the scorer's. The cache is sized at the decode precision.
   struct Config {
-    /// Decode misses (wrong prefetches) load at int2 (Fate §5.3) and are upgraded to int4 later.
+    /// Misses (wrong prefetches), in decode and prefill, load at int2 (Fate §5.3) and are
+    /// upgraded to int4 later.
     PopularityScorer::Config scorer{.on_demand_precision = Precision::q2};
     double percentile = CrossLayerGatePredictor::Config{}.percentile;
     /// Decode prefetch cap n = floor(budget_time / expert_time); expert_time <= 0: taken from
@@ -47,9 +48,11 @@ struct FateSpec : PresetDefaults {
     double budget_time = 0;
     double expert_time = 0;
     Cache::Config cache{};
-    /// Prefetch staging slots, taken from the budget (0: one per expert of a layer, the spec's
-    /// max(E, n) since n <= E), at most half the budget's slots. Prefetches wait there, outside
-    /// the ARC caches.
+    /// Prefetch staging slots (`--fate-staging-slots`), taken from the budget, at most half the
+    /// budget's slots. 0: one per expert of a layer (moekit's: the paper does not size its
+    /// staging; the design spec's S_stage = max(E, n), and n <= E). Prefetches wait there,
+    /// outside the ARC caches; one that finds them full waits for a slot (PipelineConfig::
+    /// prefetch_staging_slots).
     std::uint32_t staging_slots = 0;
   };
 
@@ -61,7 +64,8 @@ struct FateSpec : PresetDefaults {
                        .decode_precision = base,
                        .on_demand_precision = low},
             .percentile = q.fate_percentile,
-            .cache = {.shallow_layers = std::min(q.shallow_layers, s.n_layers)}};
+            .cache = {.shallow_layers = std::min(q.shallow_layers, s.n_layers)},
+            .staging_slots = q.fate_staging_slots};
   }
   static void check(Precision base, const PresetParams& q) { check_low_precision(base, q); }
   static std::vector<Precision> precisions(const ModelShape&, Precision base, const PresetParams& q,

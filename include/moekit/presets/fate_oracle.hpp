@@ -1,16 +1,16 @@
 #pragma once
 /// \file fate-oracle: Fate with its cross-layer gate replaced by a noisy oracle over a routing
-/// known ahead (moe-run --routing-trace), for the reason hobbit_oracle.hpp gives: the oracle
+/// known ahead (moe-run --routing-trace; presets/oracle_stand_in.hpp says why): the oracle
 /// predicts the next layer's replayed routing with the paper's recall and pads the prediction to
 /// the percentile rule's ceil((1 − q)·E) experts, under the same decode cap, spent in the order of
 /// a score blind to which predictions are true (ScoreRankedCap, as moe-sim's Fate stand-in).
 /// Everything else is Fate's.
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <memory>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -18,7 +18,7 @@
 #include "moekit/predict/lookahead_oracle.hpp"
 #include "moekit/predict/score_ranked_cap.hpp"
 #include "moekit/presets/fate.hpp"
-#include "moekit/presets/hobbit_oracle.hpp"
+#include "moekit/presets/oracle_stand_in.hpp"
 
 namespace moekit::presets {
 
@@ -26,7 +26,9 @@ namespace moekit::presets {
 /// 75th-percentile candidate set (Fang et al., 2025, §4.2; paper). Fate predicts one layer ahead.
 inline constexpr std::array<double, 1> fate_paper_recall{0.9715};
 
-struct FateOracleSpec : FateSpec {
+struct FateOracleSpec : OracleStandIn<FateSpec, FateOracleSpec,
+                                      ScoreRankedCap<LookaheadOraclePredictor<PopularityScorer>>,
+                                      std::vector<double>> {
   static constexpr std::string_view name = "fate-oracle";
   static constexpr std::string_view summary =
       "Fate with a noisy oracle over --routing-trace instead of its cross-layer gate (recall "
@@ -34,17 +36,12 @@ struct FateOracleSpec : FateSpec {
   static constexpr PresetNeeds needs{
       .decode_timing = true, .lookahead = true, .staged_misses = true};
 
-  using Predictor = ScoreRankedCap<LookaheadOraclePredictor<PopularityScorer>>;
-  template <class Loader>
-  using Pipeline = PipelineWith<Loader, Predictor>;
-
-  struct Config : FateSpec::Config {
-    std::vector<double> recall{fate_paper_recall.begin(), fate_paper_recall.end()};
-  };
-  static Config configure(const ModelShape& s, Precision base, const PresetParams& q) {
-    Config c{FateSpec::configure(s, base, q)};
-    c.recall = oracle_recall(q.oracle_recall, fate_paper_recall);
-    return c;
+  static std::vector<double> paper_recall() {
+    return {fate_paper_recall.begin(), fate_paper_recall.end()};
+  }
+  /// `--oracle-recall`, or the paper's.
+  static std::vector<double> recall(const PresetParams& q) {
+    return q.oracle_recall.empty() ? paper_recall() : q.oracle_recall;
   }
 
   /// The decode cap n = floor(T / t_expert): `c`'s times, else the measured inputs (as
@@ -70,13 +67,6 @@ struct FateOracleSpec : FateSpec {
                                                       lookahead_of(name, in), PopularityScorer(sc));
     return Predictor(std::move(oracle),
                      {.max_nonresident = decode_cap(c, in), .n_experts = s.n_experts});
-  }
-
-  template <class Loader>
-  static std::unique_ptr<Pipeline<Loader>> build(const ModelShape& s, const PipelineConfig& pc,
-                                                 Loader loader, const Config& c,
-                                                 const PresetInputs& in) {
-    return build_with(s, pc, std::move(loader), c, predictor(s, c, in));
   }
 };
 

@@ -40,6 +40,7 @@
 #include "moekit/predict/lookahead_oracle.hpp"
 #include "moekit/predict/router_replay.hpp"
 #include "moekit/predict/stacked_gate.hpp"
+#include "moekit/presets/hobbit_recall.hpp"
 #include "moekit/score/big_little.hpp"
 #include "moekit/score/hobbit_threshold.hpp"
 #include "moekit/score/popularity.hpp"
@@ -71,13 +72,16 @@ struct PresetParams {
       ShallowFavoring<ArcPolicy>::Config{}.shallow_layers;                ///< --shallow-layers
   double fate_low_fraction = PopularityScorer::Config{}.int2_fraction;    ///< --fate-low-fraction
   double fate_percentile = CrossLayerGatePredictor::Config{}.percentile;  ///< --fate-percentile
+  /// --fate-staging-slots: prefetch staging slots (0: one per expert of a layer, FateSpec's)
+  std::uint32_t fate_staging_slots = 0;
   // MoBiLE
   float gamma = BigLittlePolicy::Config{}.gamma;                ///< --gamma
   std::uint32_t k_little = BigLittlePolicy::Config{}.k_little;  ///< --k-little (0 = K/2)
   double fallback_ratio = mobile_paper_fallback_ratio;    ///< --fallback-ratio (mobile-oracle)
   double replay_accuracy = mobile_paper_replay_accuracy;  ///< --replay-accuracy (mobile-oracle)
   // the oracle stand-ins (hobbit-oracle, fate-oracle)
-  std::vector<double> oracle_recall{};  ///< --oracle-recall: at +1, +2, +3 (empty: the paper's)
+  std::string hobbit_recall = "paper";  ///< --hobbit-recall: hobbit-oracle's figures per rank
+  std::vector<double> oracle_recall{};  ///< --oracle-recall: fate-oracle's (empty: the paper's)
   RouterReplayPredictor::BigPass big_pass =
       RouterReplayPredictor::Config{}.big_pass;  ///< --big-pass
   std::uint32_t big_pass_lookahead =
@@ -167,6 +171,7 @@ inline void check_params(const PresetParams& q) {
         " figures (+1, +2, +3 layers ahead)");
   for (double r : q.oracle_recall)
     if (!(r >= 0 && r <= 1)) bad("--oracle-recall: every figure must be in [0, 1]");
+  (void)parse_hobbit_recall(q.hobbit_recall);  // throws naming --hobbit-recall
   if (!(q.big_pass_lookahead >= 1 && q.big_pass_lookahead <= max_prediction_distance))
     bad("--big-pass-lookahead: must be in [1, " + std::to_string(max_prediction_distance) + "]");
 }

@@ -8,7 +8,9 @@
 /// s_0 = 0, s_i = Σ_{j<i} w_j. Rank 0 is always high precision; otherwise s ≤ T1 → high,
 /// s ≤ T2 → low, else skip. Defaults T1 = 0.6, T2 = 0.9 (the paper's Mixtral profile) with f16/q4
 /// (a q8 model uses q8/q2). A forward of several tokens gives each expert the most demanding
-/// decision among the tokens that selected it (high > low > skip).
+/// decision among the tokens that selected it (high > low > skip); `tokens_asking` says how many
+/// of its tokens asked for that decision themselves (a token that asked low is served by the high
+/// copy another token asked for, but it is not a high-precision use for HOBBIT's LHU).
 ///
 /// `HobbitRule` is the rule alone; the stacked-gate predictor applies it to predicted weights.
 
@@ -96,6 +98,7 @@ struct HobbitRule {
 class HobbitThresholdScorer {
  public:
   static constexpr std::string_view name = "hobbit-threshold";
+  static constexpr Hooks hooks = Hook::tokens_asking;
   struct Config {
     HobbitRule rule{};  ///< thresholds and precisions (defaults: 0.6 / 0.9, f16 / q4)
   };
@@ -107,21 +110,32 @@ class HobbitThresholdScorer {
              std::span<Precision> out) {
     MOEKIT_EXPECTS(gate.k <= HobbitRule::max_k,
                    "HobbitThresholdScorer: GateView.k exceeds HobbitRule::max_k (64)");
-    if (best_.size() < gate.n_experts) best_.resize(gate.n_experts);  // grows once
+    if (best_.size() < gate.n_experts) best_.resize(gate.n_experts), asking_.resize(gate.n_experts);
     for (const ExpertDemand& d : demands) best_[d.expert] = HobbitDecision::skip;
+    for (const ExpertDemand& d : demands) asking_[d.expert] = 0;
     std::array<HobbitDecision, HobbitRule::max_k> dec{};
     for (std::uint32_t t = 0; t < gate.n_tokens; ++t) {
       const TokenRoute r = gate.token(t);
       cfg_.rule.decide(r.experts, r.weights,
                        std::span<HobbitDecision>(dec).first(r.experts.size()));
-      for (std::size_t j = 0; j < r.experts.size(); ++j)
-        best_[r.experts[j]] = std::max(best_[r.experts[j]], dec[j]);
+      for (std::size_t j = 0; j < r.experts.size(); ++j) {
+        const std::uint32_t e = r.experts[j];
+        if (dec[j] > best_[e]) best_[e] = dec[j], asking_[e] = 0;
+        asking_[e] += dec[j] == best_[e];
+      }
     }
+    if (asking_by_demand_.size() < demands.size()) asking_by_demand_.resize(demands.size());
     for (std::size_t i = 0; i < demands.size(); ++i) {
       const HobbitDecision d = best_[demands[i].expert];
       out[i] = cfg_.rule.precision(d);
+      asking_by_demand_[i] = asking_[demands[i].expert];
       ++counts_[static_cast<std::size_t>(d)];
     }
+  }
+
+  /// Of demand `i`'s tokens in the last `score`, those whose own decision was the one it got.
+  [[nodiscard]] std::uint32_t tokens_asking(std::size_t i) const noexcept {
+    return asking_by_demand_[i];
   }
 
   /// Decisions made so far, per expert of a layer call: [skip, low, high].
@@ -133,6 +147,7 @@ class HobbitThresholdScorer {
  private:
   Config cfg_{};
   std::vector<HobbitDecision> best_;
+  std::vector<std::uint32_t> asking_, asking_by_demand_;
   std::array<std::uint64_t, 3> counts_{};
 };
 static_assert(Scorer<HobbitThresholdScorer>);

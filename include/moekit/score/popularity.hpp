@@ -6,9 +6,10 @@
 /// popularity, the number of tokens that selected them (descending; ties → smaller id is more
 /// popular). The least popular fraction p of them, floor(p·|A|) experts, moves at int2 and the rest
 /// at int4: unpopular experts serve few tokens, so their precision barely moves accuracy (p = 25 %
-/// keeps Qwen1.5-MoE within 1 % on MMLU). Decode uses int4 only. (The paper loads mispredicted
-/// experts at int2 in both stages; `decode_precision = q2` reproduces that, since a prefetched q4
-/// copy still satisfies a q2 request.)
+/// keeps Qwen1.5-MoE within 1 % on MMLU). Decode uses int4 only. The paper loads mispredicted
+/// experts at int2 in both stages (§5.3): with `on_demand_precision` set, every demand of either
+/// stage asks for it, so a resident or prefetched copy at any precision serves it and a miss loads
+/// at it; the prefill split then decides only what a predictor scoring with this scorer moves.
 
 #include <algorithm>
 #include <cmath>
@@ -33,9 +34,9 @@ class PopularityScorer {
     Precision high = Precision::q4;  ///< precision of the popular prefill experts
     Precision low = Precision::q2;   ///< precision of the least popular prefill experts
     Precision decode_precision = Precision::q4;  ///< every decode expert
-    /// Not `skip`: what a decode expert asks for instead, so that a resident or prefetched copy
-    /// at `decode_precision` serves it and a miss loads at this one (Fate §5.3: int2 for
-    /// mispredictions).
+    /// Not `skip`: what every demand asks for instead, in decode and prefill, so that a resident
+    /// or prefetched copy at a higher precision serves it and a miss loads at this one (Fate §5.3:
+    /// int2 for mispredictions, in both stages).
     Precision on_demand_precision = Precision::skip;
   };
   PopularityScorer() = default;
@@ -50,7 +51,9 @@ class PopularityScorer {
 
   void score(const LayerContext& ctx, const GateView&, std::span<const ExpertDemand> demands,
              std::span<Precision> out) noexcept {
-    if (ctx.phase == Phase::decode) {  // a multi-request decode batch too (Fate §6 A23)
+    // Misses of either stage load at the on-demand precision; a decode step (a multi-request
+    // batch too, Fate §6 A23) otherwise at the decode precision.
+    if (cfg_.on_demand_precision != Precision::skip || ctx.phase == Phase::decode) {
       const Precision p = cfg_.on_demand_precision == Precision::skip ? cfg_.decode_precision
                                                                       : cfg_.on_demand_precision;
       for (std::size_t i = 0; i < demands.size(); ++i) out[i] = p;

@@ -97,7 +97,9 @@ struct RunParams {
   moekit::presets::HobbitRecallProfile hobbit_recall = moekit::presets::hobbit_paper_profile();
   /// HOBBIT's share of cache slots in the high-precision pool (MultiDimPolicy's default)
   double hobbit_high_slots = moekit::MultiDimPolicy::Config{}.high_slot_fraction;
-  double fate_recall = fate_paper_recall;                 ///< ... and for Fate's cross-layer gate
+  double fate_recall = fate_paper_recall;  ///< ... and for Fate's cross-layer gate
+  /// Fate's prefetch staging slots (0: FateSpec's default, one per expert of a layer)
+  std::uint32_t fate_staging_slots = moekit::presets::FateSpec::Config{}.staging_slots;
   double fallback_ratio = mobile_paper_fallback_ratio;    ///< MoBiLE without output logits
   double replay_accuracy = mobile_paper_replay_accuracy;  ///< MoBiLE's plan agreement stand-in
   /// MoBiLE's big pass: the little pass's plan (paper) or re-routed.
@@ -312,56 +314,8 @@ inline moekit::presets::PresetInputs gate_inputs(const RunParams& rp,
   return {.routers = *rp.routers, .router_hidden = tr.dims().hidden};
 }
 
-/// "0.96/0.90/0.90": figures as the output states them.
-inline std::string figures_text(const std::vector<double>& r) {
-  std::string v;
-  for (std::size_t d = 0; d < r.size(); ++d) v += (d ? "/" : "") + fmt_num(r[d]);
-  return v;
-}
-
-/// "paper (...) recall: top-1 0.96/0.90/0.90, ranks 2+ 0.96/0.90/0.90 at +1/+2/+3".
-inline std::string recall_text(const moekit::presets::HobbitRecallProfile& r) {
-  std::string at;
-  for (std::size_t d = 0; d < std::max(r.top1.size(), r.lower.size()); ++d)
-    at += (d ? "/+" : "+") + std::to_string(d + 1);
-  return r.source + " recall: top-1 " + figures_text(r.top1) + ", ranks 2+ " +
-         figures_text(r.lower) + " at " + at;
-}
-
-/// `--hobbit-recall`: `paper`, `measured`, or figures at +1[,+2[,+3]] for every rank, or
-/// `TOP1/LOWER` with figures for the actual top-1 and for ranks 2+. Throws naming the flag.
-inline moekit::presets::HobbitRecallProfile parse_hobbit_recall(const std::string& text) {
-  using moekit::presets::HobbitRecallProfile;
-  if (text == "paper") return moekit::presets::hobbit_paper_profile();
-  if (text == "measured") return moekit::presets::hobbit_measured_profile();
-  auto bad = [&](const std::string& why) {
-    moekit::detail::fail(moekit::ErrorKind::invalid_argument,
-                         "--hobbit-recall '" + text + "': " + why +
-                             " (paper, measured, R1[,R2[,R3]] or TOP1,../LOWER,..)");
-  };
-  auto figures = [&](std::string_view part) {
-    std::vector<double> v;
-    while (!part.empty()) {
-      const std::size_t comma = std::min(part.find(','), part.size());
-      double x = 0;
-      const auto [end, ec] = std::from_chars(part.data(), part.data() + comma, x);
-      if (ec != std::errc{} || end != part.data() + comma) bad("not a number list");
-      if (!(x >= 0 && x <= 1)) bad("every figure must be in [0, 1]");
-      v.push_back(x);
-      part.remove_prefix(std::min(comma + 1, part.size()));
-    }
-    if (v.empty() || v.size() > moekit::max_prediction_distance)
-      bad("needs 1 to 3 figures (+1, +2, +3 layers ahead)");
-    return v;
-  };
-  const std::size_t slash = text.find('/');
-  const std::string_view all(text);
-  HobbitRecallProfile r;
-  r.top1 = figures(all.substr(0, slash));
-  r.lower = slash == std::string::npos ? r.top1 : figures(all.substr(slash + 1));
-  r.source = "given";
-  return r;
-}
+/// `--hobbit-recall` (presets/hobbit_recall.hpp: moe-run's `hobbit-oracle` reads the same flag).
+using moekit::presets::parse_hobbit_recall;
 
 /// HOBBIT's Config for the run: its precision rule and pool split.
 inline moekit::presets::HobbitSpec::Config hobbit_config(const RunParams& rp) {
@@ -400,7 +354,7 @@ inline PresetResult run_hobbit(const RunParams& rp, const moekit::sim::RoutingTr
               .n_experts = rp.shape.n_experts},
              HobbitSpec::scorer(cfg)));
   return {sim::replay(*p, tr, rp.compute),
-          "hobbit (noisy-oracle predictor, " + recall_text(rp.hobbit_recall) +
+          "hobbit (noisy-oracle predictor, " + presets::describe(rp.hobbit_recall) +
               ", precisions by T1/T2 on the predicted gate weights, p = " +
               std::to_string(cfg.lookahead) + ", " + pool_text(cfg) + ")",
           "stacked-gate predictor not run: " + gap};
@@ -424,10 +378,13 @@ inline PresetResult run_fate(const RunParams& rp, const moekit::sim::RoutingTrac
   using namespace moekit;
   using presets::FateSpec;
   FateSpec::Config cfg;  // the paper's precisions and shallow layers
+  cfg.staging_slots = rp.fate_staging_slots;
   const std::uint32_t cap = fate_decode_cap(rp, &cfg.budget_time, &cfg.expert_time);
-  const std::string cap_text = "decode cap n = floor(" + fmt_num(cfg.budget_time * 1e3, 3) +
-                               " ms / " + fmt_num(cfg.expert_time * 1e3, 3) +
-                               " ms) = " + std::to_string(cap);
+  const std::string cap_text =
+      "decode cap n = floor(" + fmt_num(cfg.budget_time * 1e3, 3) + " ms / " +
+      fmt_num(cfg.expert_time * 1e3, 3) + " ms) = " + std::to_string(cap) + ", " +
+      std::to_string(FateSpec::pipeline_config(rp.shape, rp.config, cfg).prefetch_staging_slots) +
+      " staging slots";
   const std::string gap = gate_predictor_gap(rp, tr);
   if (gap.empty()) {
     auto p = FateSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link), cfg,

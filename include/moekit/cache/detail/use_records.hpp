@@ -35,12 +35,13 @@ class UseRecords {
   void clear_counts() noexcept {
     for (UseRecord& r : records_) r.uses = r.high_uses = r.last_token = 0;
   }
-  /// Records a use by `a.n_tokens` tokens at sequence token `token`; a use counts as high when
-  /// the precision it asked for is at least `high`.
+  /// Records a use by `a.n_tokens` tokens at sequence token `token`; a token's use counts as high
+  /// when the precision it asked for is at least `high` (of a forward's tokens, those asking
+  /// `a.precision`: a prefill token that asked low is not a high use because another asked high).
   void use(std::uint32_t i, const AccessInfo& a, std::uint64_t token, Precision high) noexcept {
     UseRecord& r = records_[i];
     r.uses += a.n_tokens;
-    if (bits(a.precision) >= bits(high)) r.high_uses += a.n_tokens;
+    if (bits(a.precision) >= bits(high)) r.high_uses += a.n_tokens_asking;
     r.last_token = token;
     r.last_tick = a.tick;
   }
