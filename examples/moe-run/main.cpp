@@ -1299,6 +1299,43 @@ moekit::ThreadPool thread_pool(unsigned threads) {
   }
 }
 
+// The checkpoint's experts (none with a store). Located with --in-memory too: --precision auto
+// is the checkpoint's own type either way, except for K-quants, which moekit reads but never
+// encodes (host experts are encoded): those go to the nearest moekit format as when they had no
+// in-place path.
+std::shared_ptr<const moekit::io::CheckpointExperts> locate_experts(const Options& o,
+                                                                    OpenModel& m) {
+  if (!m.src.store.empty()) return nullptr;
+  auto located = locate_checkpoint_experts(m.cfg, m.src.model.dir, m.gguf ? &*m.gguf : nullptr);
+  if (located && located->shape().kquant.set()) {
+    if (o.in_memory) return nullptr;
+    m.cfg.expert_kquant = located->shape().kquant;  // the blob the pipeline's slots hold
+  }
+  return located;
+}
+
+// The dense part, and the experts when they live in host memory (packed into the run's panels).
+ModelWeights load_model_weights(const Options& o, const OpenModel& m,
+                                const std::vector<moekit::Precision>& host_precisions,
+                                bool experts_outside, moekit::MatrixOrder order) {
+  const DenseStorage dense{o.dense_precision, m.cfg.shape().quant};
+  ModelWeights l = m.gguf ? load_gguf_weights(m.cfg, *m.gguf, host_precisions, dense)
+                          : load_weights(m.cfg, m.src.model.dir, host_precisions, dense);
+  if (!experts_outside && moekit::in_panels(order)) l.experts.pack_panels(order);
+  return l;
+}
+
+// An allocation failed after the up-front checks passed (their sizes are lower bounds: code,
+// thread stacks and small buffers come on top): say what bounds this process and what to lower.
+std::string out_of_memory_message() {
+  const moekit::io::MemoryLimits now = moekit::io::read_memory_limits();
+  return "out of memory (std::bad_alloc) with " +
+         (now.usable_bytes() ? format_bytes(*now.usable_bytes()) : std::string("?")) +
+         " left under " + now.source() +
+         ": the run's KV cache, experts and buffers fit the check but not what the process "
+         "also needs; lower -c, --expert-budget or -t, or raise the limit";
+}
+
 int run(Options o) {
   // Before anything is loaded: the dense part, KV cache and buffers are then counted once each.
   const moekit::io::MemoryLimits limits_at_start = moekit::io::read_memory_limits();
@@ -1315,18 +1352,7 @@ int run(Options o) {
   std::optional<RoutingReplay> replay = load_replay(o, cfg, preset);
   const std::optional<ChatTemplate> chat = chat_template(o, m, tok);
 
-  // Located with --in-memory too: --precision auto is the checkpoint's own type either way,
-  // except for K-quants, which moekit reads but never encodes (host experts are encoded): those
-  // go to the nearest moekit format as when they had no in-place path.
-  auto located = m.src.store.empty()
-                     ? locate_checkpoint_experts(cfg, mp.dir, m.gguf ? &*m.gguf : nullptr)
-                     : nullptr;
-  if (located && located->shape().kquant.set()) {
-    if (o.in_memory)
-      located = nullptr;
-    else
-      m.cfg.expert_kquant = located->shape().kquant;  // the blob the pipeline's slots hold
-  }
+  const auto located = locate_experts(o, m);
   const auto in_place = o.in_memory ? nullptr : located;
   // Refuse an impossible budget before loading any weight.
   const moekit::ModelShape shape = cfg.shape();
@@ -1344,13 +1370,7 @@ int run(Options o) {
   const bool experts_outside = where.store || where.checkpoint;
   const std::vector<moekit::Precision> host_precisions =
       experts_outside ? std::vector<moekit::Precision>{} : needed;
-  const ModelWeights w = [&] {
-    const DenseStorage dense{o.dense_precision, shape.quant};
-    ModelWeights l = m.gguf ? load_gguf_weights(cfg, *m.gguf, host_precisions, dense)
-                            : load_weights(cfg, mp.dir, host_precisions, dense);
-    if (!experts_outside && moekit::in_panels(order)) l.experts.pack_panels(order);
-    return l;
-  }();
+  const ModelWeights w = load_model_weights(o, m, host_precisions, experts_outside, order);
   const std::string budget_note = resolve_auto_budget(o, cfg, limits_at_start, preset, w,
                                                       prompt_tokens, experts_outside, settings);
   ExpertBacking backing{experts_outside ? nullptr : &w.experts, where.store,
@@ -1400,6 +1420,8 @@ int main(int argc, char** argv) {
     return run(cli.options());
   } catch (const moekit::Error& e) {
     std::cerr << "moe-run: " << e.message() << "\n";
+  } catch (const std::bad_alloc&) {
+    std::cerr << "moe-run: " << out_of_memory_message() << "\n";
   } catch (const std::exception& e) {
     std::cerr << "moe-run: " << e.what() << "\n";
   }

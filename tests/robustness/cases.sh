@@ -386,13 +386,17 @@ case_config_disagrees_with_tensors() {  # fewer or more layers/experts than the 
 case_memory_does_not_fit() {  # KV cache, experts... beyond the memory the process may use
   model_copy m
   sed -i 's/"max_position_embeddings": 128/"max_position_embeddings": 4000000000/' m/config.json
-  # 715 GiB of KV cache: beyond any machine this runs on, refused before a byte is allocated
-  expect_refusal "-c: the KV cache at -c 3000000000 \(715\.3 GiB\) does not fit in the .* this process may use" \
+  # 358 GiB of f16 KV cache: beyond any machine this runs on, refused before a byte is allocated
+  expect_refusal "-c: the KV cache \(f16\) at -c 3000000000 \(357\.6 GiB\) does not fit in the .* this process may use" \
     "$moe_run" -m m --expert-budget all "${run_args[@]}" -c 3000000000
   expect_refusal "--expert-budget auto: .* of memory missing.*KV cache" \
     "$moe_run" -m m --expert-budget auto "${run_args[@]}" -c 3000000000
   if [[ -z "${MOEKIT_SANITIZED:-}" ]]; then  # ulimit -v counts: 7.2 GiB of KV cache in 4 GB
-    expect_refusal "-c: the KV cache at -c 30000000 \(7\.2 GiB\) does not fit .*\(ulimit -v \(RLIMIT_AS\)\)" \
+    expect_refusal "-c: the KV cache \(f32\) at -c 30000000 \(7\.2 GiB\) does not fit .*\(ulimit -v \(RLIMIT_AS\)\)" \
+      limited "$moe_run" -m m --expert-budget all "${run_args[@]}" -c 30000000 --kv-type f32
+    # 3.6 GiB of f16 KV cache passes the check (its sizes are lower bounds) and the rest of the
+    # address space runs out: a named error, not a bare std::bad_alloc
+    expect_refusal "out of memory .*ulimit -v \(RLIMIT_AS\).*-c" \
       limited "$moe_run" -m m --expert-budget all "${run_args[@]}" -c 30000000
   fi
 }
