@@ -42,8 +42,8 @@ struct KernelOptions {
   ThreadPool* pool = nullptr;  ///< threads to split rows over; nullptr: the calling thread only
   /// GEMV of quantized rows with the activation rounded to int8 per 32 values (ggml's q8_0
   /// activations), error ≤ max|x|/254 per element of each 32-block: the AVX-512 VNNI kernels
-  /// (about 3× fewer instructions than the float path), else the AVX2 ones (AVX-VNNI when the CPU
-  /// has it). Ignored for f32/bf16/f16 rows, and by the GEMV on the generic path (float
+  /// (fewer instructions per weight than the float path), else the AVX2 ones (AVX-VNNI when the
+  /// CPU has it). Ignored for f32/bf16/f16 rows, and by the GEMV on the generic path (float
   /// activations); gemm with n >= 2 runs the int8 GEMM (int8_gemm.hpp), scalar there.
   bool int8_activations = false;
   /// GEMV of bf16 rows with the activation rounded to bf16 (round to nearest even: error
