@@ -35,9 +35,9 @@ __attribute__((target("avx512f"))) inline float stream_sum_avx512(const float* p
 }
 
 /// The same sum read as the int8 GEMV reads its rows: four quarters side by side, each prefetched
-/// into L2 12 KiB ahead. Measured 5-15% faster than one stream on this machine, so the kernel
-/// benchmarks take the faster of the two as their bound (with one stream alone the GEMV ran at
-/// 105-141% of "the read").
+/// into L2 12 KiB ahead. It can read faster than one stream, so the kernel benchmarks take the
+/// faster of the two as their bound (bench/RESULTS.md, "Dequant-GEMV kernels against ggml and the
+/// memory bound").
 __attribute__((target("avx512f"))) inline float stream_sum4_avx512(const float* p, std::size_t n) {
   constexpr std::size_t ahead = 12 * 1024 / sizeof(float);
   const std::size_t part = n / 4 / 16 * 16;

@@ -6,8 +6,8 @@
 // dotted with vdpbf16ps (bf16x, KernelOptions::bf16_activations; where the CPU has AVX512_BF16).
 // Every f32x way must give the same result bit for bit. Each fraction is the median of per-round
 // ratios (the read's time in a round, the faster of its two, over the kernel's): on a machine
-// shared with builds the bandwidth moved 3x within a run, over seconds, and the calls of one round
-// (tens of ms) see the same machine.
+// shared with builds the bandwidth moves severalfold within a run, over seconds, and the calls of
+// one round see the same machine.
 //
 // Usage: moekit_bench_float_gemv [--reps N] [--threads N] [--isa avx2|avx512]
 #include <algorithm>

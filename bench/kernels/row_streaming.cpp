@@ -99,7 +99,7 @@ int run_kquants(int reps, int only_threads) {
                     bytes / bound / 1e9);
         for (std::size_t v = 0; v < n_ways; ++v)
           std::printf(" %4.0f%%%s", 100 * bound / bench::median(t[v]),
-                      ways[v] == detail::kquant_row_streaming ? "*" : " ");
+                      ways[v] == kquant_row_streaming ? "*" : " ");
         std::printf("\n");
       }
   }

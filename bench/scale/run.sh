@@ -24,9 +24,11 @@
 # Models are written by scripts/make_real_shape_model.sh into build/real-shape-models/ when
 # missing (mixtral-32L: 26.3 GB, olmoe-16L: 3.9 GB; the disk is checked first); --delete-models
 # removes them at the end. Per model, build/scale/MODEL-decode.svg (and a PNG beside it when
-# rsvg-convert or ImageMagick is installed) plots decode tok/s against the limit per engine. The default grid (both models) took 48 + 17 min on a 2-core Zen 5;
-# mixtral-4L (3.4 GB) is the quick one. 100 = no limit. llama.cpp comes from bench/engine/llama_cpp_peer.sh's venv (built from the
-# llama-cpp-python sdist: about 24 min the first time). The page cache is dropped before every
+# rsvg-convert or ImageMagick is installed) plots decode tok/s against the limit per engine. The
+# default grid (both models) takes about an hour on 2 cores (each model's run time is in its
+# bench/RESULTS.md section); mixtral-4L (3.4 GB) is the quick one. 100 = no limit. llama.cpp comes
+# from bench/engine/llama_cpp_peer.sh's venv (built from the llama-cpp-python sdist once, the
+# first time: tens of minutes). The page cache is dropped before every
 # run (root), so every run starts cold; the limit is scripts/run-in-memory-limit.sh's cgroup, in
 # which page cache is charged. Both engines get the same prompt ids (moe-run's tokenisation) and
 # generate -n tokens greedily; "same tokens" compares them. A run still going after --timeout

@@ -70,7 +70,9 @@ struct ServerTotals {
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
-namespace detail {
+// The HTTP side of the server (stop signal, admission queue, request parsing, error replies): used
+// by OpenAiServer only.
+namespace http_internal {
 
 inline std::atomic<bool> stop_requested{false};
 extern "C" inline void on_stop_signal(int) { stop_requested.store(true); }
@@ -244,7 +246,7 @@ inline std::string request_prompt(const nlohmann::json& body) {
 
 inline std::string sse(const nlohmann::json& j) { return "data: " + j.dump() + "\n\n"; }
 
-}  // namespace detail
+}  // namespace http_internal
 
 /// Serves until SIGINT or SIGTERM (in-flight requests end, their replies cut short), then
 /// returns the totals. Throws `moekit::Error` when the address cannot be bound.
@@ -275,9 +277,9 @@ class OpenAiServer {
       throw moekit::Error(moekit::ErrorKind::io, "--host/--port: cannot listen on " + cfg_.host +
                                                      ":" + std::to_string(cfg_.port));
     snapshot_counters();
-    detail::stop_requested.store(false);
+    http_internal::stop_requested.store(false);
     struct sigaction sa {};
-    sa.sa_handler = detail::on_stop_signal;
+    sa.sa_handler = http_internal::on_stop_signal;
     sigemptyset(&sa.sa_mask);
     struct sigaction old_int {
     }, old_term{};
@@ -287,13 +289,13 @@ class OpenAiServer {
                  port, cfg_.model_name.c_str());
     std::fflush(stderr);
     std::thread watcher([&] {  // a signal handler may only set a flag: stop from a thread
-      while (!detail::stop_requested.load())
+      while (!http_internal::stop_requested.load())
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       admission_.wake_all();
       svr.stop();
     });
     const bool ok = svr.listen_after_bind();
-    detail::stop_requested.store(true);
+    http_internal::stop_requested.store(true);
     watcher.join();
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGTERM, &old_term, nullptr);
@@ -330,7 +332,7 @@ class OpenAiServer {
           const std::string msg = res.status == 413   ? "request body larger than --server-max-body"
                                   : res.status == 404 ? "no such endpoint"
                                                       : "HTTP error " + std::to_string(res.status);
-          detail::send_error(res, {res.status, msg});
+          http_internal::send_error(res, {res.status, msg});
           return httplib::Server::HandlerResponse::Handled;
         }));
     svr.set_exception_handler(
@@ -342,7 +344,7 @@ class OpenAiServer {
             msg = e.what();
           } catch (...) {
           }
-          detail::send_error(res, {500, msg, "server_error"});
+          http_internal::send_error(res, {500, msg, "server_error"});
         });
   }
 
@@ -355,31 +357,32 @@ class OpenAiServer {
       try {
         body = nlohmann::json::parse(req.body);
       } catch (const nlohmann::json::exception& e) {
-        throw detail::HttpError{400, std::string("request body is not JSON: ") + e.what()};
+        throw http_internal::HttpError{400, std::string("request body is not JSON: ") + e.what()};
       }
-      if (!body.is_object()) throw detail::HttpError{400, "request body must be a JSON object"};
-      const detail::RequestParams p = detail::request_params(body, cfg_);
+      if (!body.is_object())
+        throw http_internal::HttpError{400, "request body must be a JSON object"};
+      const http_internal::RequestParams p = http_internal::request_params(body, cfg_);
       std::vector<ChatMessage> messages;
       std::string prompt;
       if (chat) {
         if (!engine_.has_chat_template)
-          throw detail::HttpError{400, engine_.no_chat_template_reason};
-        messages = detail::request_messages(body);
+          throw http_internal::HttpError{400, engine_.no_chat_template_reason};
+        messages = http_internal::request_messages(body);
       } else {
-        prompt = detail::request_prompt(body);
+        prompt = http_internal::request_prompt(body);
       }
       auto ticket = admission_.enter();
       if (!ticket) {
         count([](ServerTotals& t) { ++t.rejected; });
-        throw detail::HttpError{503, "the server is busy: its queue is full, retry later",
-                                "server_overloaded"};
+        throw http_internal::HttpError{503, "the server is busy: its queue is full, retry later",
+                                       "server_overloaded"};
       }
       const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(cfg_.timeout_seconds));
       if (!ticket->wait_turn(deadline)) {
         count([](ServerTotals& t) { ++t.rejected; });
-        throw detail::HttpError{503, "timed out waiting for the engine (--server-timeout)",
-                                "server_overloaded"};
+        throw http_internal::HttpError{503, "timed out waiting for the engine (--server-timeout)",
+                                       "server_overloaded"};
       }
       auto job = std::make_shared<Job>(Job{chat, std::move(messages), std::move(prompt), p,
                                            deadline, next_id(chat), std::time(nullptr)});
@@ -387,8 +390,8 @@ class OpenAiServer {
         stream(res, job, ticket);
       else
         respond(res, *job);
-    } catch (const detail::HttpError& e) {
-      detail::send_error(res, e);
+    } catch (const http_internal::HttpError& e) {
+      http_internal::send_error(res, e);
     }
   }
 
@@ -396,7 +399,7 @@ class OpenAiServer {
     bool chat;
     std::vector<ChatMessage> messages;
     std::string prompt;
-    detail::RequestParams params;
+    http_internal::RequestParams params;
     Clock::time_point deadline;
     std::string id;
     std::time_t created;
@@ -409,7 +412,9 @@ class OpenAiServer {
     TurnRequest tr;
     tr.max_tokens = job.params.max_tokens;
     tr.on_text = std::move(on_text);
-    tr.should_stop = [&] { return detail::stop_requested.load() || Clock::now() > job.deadline; };
+    tr.should_stop = [&] {
+      return http_internal::stop_requested.load() || Clock::now() > job.deadline;
+    };
     TurnResult r;
     try {
       r = job.chat ? engine_.chat(job.messages, job.params.sampling, tr)
@@ -417,10 +422,10 @@ class OpenAiServer {
     } catch (const moekit::Error& e) {  // the request's fault: a refused conversation, no room
       count([](ServerTotals& t) { ++t.failed; });
       snapshot_counters();
-      throw detail::HttpError{400, e.message()};
+      throw http_internal::HttpError{400, e.message()};
     } catch (const std::exception& e) {
       count([](ServerTotals& t) { ++t.failed; });
-      throw detail::HttpError{500, e.what(), "server_error"};
+      throw http_internal::HttpError{500, e.what(), "server_error"};
     }
     if (r.finish_reason == "cancelled") r.finish_reason = "length";  // timeout or shutdown
     count([&](ServerTotals& t) {
@@ -467,12 +472,12 @@ class OpenAiServer {
   // Server-sent events: one chunk per piece of text, a last one with the finish reason, then
   // [DONE]. A client that goes away stops the generation at its next piece.
   void stream(httplib::Response& res, std::shared_ptr<Job> job,
-              std::shared_ptr<detail::Admission::Ticket> ticket) {
+              std::shared_ptr<http_internal::Admission::Ticket> ticket) {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream", [this, job, ticket](std::size_t, httplib::DataSink& sink) {
           auto send = [&](const nlohmann::json& choice) {
-            const std::string s = detail::sse(chunk(*job, choice));
+            const std::string s = http_internal::sse(chunk(*job, choice));
             return sink.write(s.data(), s.size());
           };
           bool open = true;
@@ -495,8 +500,8 @@ class OpenAiServer {
           TurnResult r;
           try {
             r = run_job(*job, piece);
-          } catch (const detail::HttpError& e) {
-            const std::string s = "data: " + detail::error_body(e) + "\n\n";
+          } catch (const http_internal::HttpError& e) {
+            const std::string s = "data: " + http_internal::error_body(e) + "\n\n";
             sink.write(s.data(), s.size());
             sink.done();
             return true;
@@ -558,7 +563,7 @@ class OpenAiServer {
 
   ServerConfig cfg_;
   ServerEngine engine_;
-  detail::Admission admission_;
+  http_internal::Admission admission_;
   std::mutex totals_m_;
   ServerTotals totals_;
   std::vector<std::pair<std::string, double>> counters_;

@@ -10,8 +10,9 @@
 #include "moekit/io/dequantize.hpp"
 #include "moekit/io/gguf.hpp"
 #include "moekit/io/gguf_transcode.hpp"
-#include "moekit/precision/detail/scalar_kquant_rows.hpp"
 #include "moekit/precision/format.hpp"
+#include "moekit/precision/kquant_activation.hpp"
+#include "moekit/precision/kquant_int8_rows.hpp"
 
 namespace {
 // The K-quant rows of a tensor through the portable int8-activation kernel, as a moekit matrix
@@ -22,15 +23,11 @@ void kquant_rows(std::span<const std::byte> bytes, std::size_t rows, std::size_t
   const moekit::MatrixView w = moekit::make_matrix_view(bytes, rows, cols, p);
   std::vector<float> x(cols);
   for (std::size_t c = 0; c < cols; ++c) x[c] = static_cast<float>(c % 7) - 3.f;
-  moekit::detail::KQuantStorage st;
-  const auto a = moekit::detail::prepare_kquant(x.data(), cols, p, st);
+  moekit::KQuantStorage st;
+  const moekit::KQuantActivation a = moekit::prepare_kquant(x.data(), cols, p, st);
   float sink = 0;
   for (std::size_t r = 0; r < rows; ++r)
-    sink += p == moekit::Precision::q6_k
-                ? moekit::detail::scalar_kquant::q6_k_row_dot(w.row(r), cols / 256, a)
-            : p == moekit::Precision::q5_k
-                ? moekit::detail::scalar_kquant::q4_k_row_dot<true>(w.row(r), cols / 256, a)
-                : moekit::detail::scalar_kquant::q4_k_row_dot(w.row(r), cols / 256, a);
+    sink += moekit::scalar_kquant::row_dot(p, w.row(r), cols / 256, a);
   volatile float keep = sink;
   (void)keep;
 }

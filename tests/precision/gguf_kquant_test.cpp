@@ -89,7 +89,7 @@ double kquant_magnitude(const MatrixView& w, std::size_t r, const float* x) {
 // of 2^-24). A wrong code, scale or order moves the result by about one term.
 double kquant_int8_bound(const MatrixView& w, std::size_t r, const std::vector<float>& x) {
   const RowLayout l = w.layout();
-  const std::size_t span = detail::block_scaled(w.precision) ? 256 : 32;
+  const std::size_t span = kquant_block_scaled(w.precision) ? 256 : 32;
   double bound = 0;
   for (std::size_t col = 0; col < w.cols; ++col) {
     float amax = 0;
@@ -171,19 +171,18 @@ TEST_CASE("gguf K-quants: the vectorised activation preparations give the scalar
     auto x = test::random_normal(cols, 5);
     for (std::size_t i = 0; i < 32; ++i) x[64 + i] = 0.f;  // an all-zero chunk
     x[300] = 2.5f * 127;                                   // a value on a rounding tie
-    detail::KQuantStorage s0, s1, s2;
-    const detail::KQuantActivation want = detail::prepare_kquant(x.data(), cols, p, s0);
-    std::vector<detail::KQuantActivation> got;
-    if (isa_supported(Isa::avx2))
-      got.push_back(detail::avx2_kquant::prepare(x.data(), cols, p, s1));
+    KQuantStorage s0, s1, s2;
+    const KQuantActivation want = prepare_kquant(x.data(), cols, p, s0);
+    std::vector<KQuantActivation> got;
+    if (isa_supported(Isa::avx2)) got.push_back(prepare_kquant(x.data(), cols, p, s1, Isa::avx2));
     if (isa_supported(Isa::avx512) && has_avx512_vnni())
-      got.push_back(detail::avx512_kquant::prepare(x.data(), cols, p, s2));
+      got.push_back(prepare_kquant(x.data(), cols, p, s2, Isa::avx512));
     for (const auto& g : got) {
       INFO(name(p));
       CHECK(std::memcmp(g.xq, want.xq, cols) == 0);
-      const std::size_t scales = detail::block_scaled(p) ? cols / 256 : cols / 16;
+      const std::size_t scales = kquant_block_scaled(p) ? cols / 256 : cols / 16;
       CHECK(std::memcmp(g.dx, want.dx, 4 * scales) == 0);
-      if (detail::block_scaled(p))
+      if (kquant_block_scaled(p))
         CHECK(std::memcmp(g.sums, want.sums, 2 * (cols / 32)) == 0);
       else
         CHECK(std::memcmp(g.dx_sum, want.dx_sum, 4 * (cols / 16)) == 0);

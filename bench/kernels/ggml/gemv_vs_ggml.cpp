@@ -181,8 +181,8 @@ void run_float(Precision p, ggml_type gtype, std::size_t rows, std::size_t cols,
         tf.push_back(a), tb.push_back(b), tg.push_back(g), tr.push_back(s), tr4.push_back(s4);
     }
   }
-  // Per-round ratios, then their median: on a machine shared with builds the bandwidth moved 3x
-  // within a run, over seconds; calls of one round (tens of ms) see the same machine.
+  // Per-round ratios, then their median: on a machine shared with builds the bandwidth moves
+  // severalfold within a run, over seconds; calls of one round see the same machine.
   auto ratio = [&](const std::vector<double>& num, const std::vector<double>& den) {
     std::vector<double> q(num.size());
     for (std::size_t i = 0; i < q.size(); ++i) q[i] = num[i] / den[i];

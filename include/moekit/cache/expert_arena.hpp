@@ -9,8 +9,8 @@
 /// last-freed-first), so a steady workload allocates nothing after warm-up. A slot holds a buffer
 /// of exactly its load's size: when the size changes (another precision), the slot takes an idle
 /// buffer of that size from another slot, or a new one. (Reusing a larger buffer for a smaller
-/// load made the memory held exceed what the cache accounts: a q4 buffer serving a q2 entry in
-/// every slot could hold up to ~1.8× the budget; bench/RESULTS.md, "Fate's memory".) Released
+/// load made the memory held exceed what the cache accounts, a q4 buffer serving a q2 entry:
+/// bench/RESULTS.md, "Fate's memory".) Released
 /// buffers are freed once the arena holds more than its limit, so the memory held stays within the
 /// limit plus what is live.
 

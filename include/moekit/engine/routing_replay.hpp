@@ -136,8 +136,8 @@ class RoutingReplay : public moekit::RoutingLookahead {
   }
 
   /// Replaces the router's logits [rows × n_experts] of the current forward at MoE layer `layer`
-  /// with the trace's, when `replace_logits` is set (else leaves them): the record's stored logits,
-  /// or, for a trace without them, logits made from its experts and weights
+  /// with the trace's, when `set_replace_logits(true)` asked (else leaves them): the record's
+  /// stored logits, or, for a trace without them, logits made from its experts and weights
   /// (sim/route_logits.hpp). For stand-ins whose predictor reads the logits as the trace's router
   /// would have produced them (mobile-oracle's plan); a missing record keeps the router's.
   void apply_logits(std::uint32_t layer, std::span<float> logits) {

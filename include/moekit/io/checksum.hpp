@@ -3,10 +3,11 @@
 ///
 /// Why XXH64: it is specified publicly (Collet, "xxHash fast digest algorithm", XXH64) with test
 /// vectors, so other tools can check a store; it processes 32 bytes per step with four
-/// independent lanes (several GB/s per core, well above disk bandwidth, so verifying a 117 MB
-/// expert on load is cheap); and 64 bits make an accidental match of a corrupted blob negligible.
-/// FNV-1a 64 is simpler but byte-serial (~1 GB/s); CRC32C needs SSE4.2 to be fast and has only
-/// 32 bits. Implemented here from the specification; streaming and one-shot give equal results.
+/// independent lanes, faster than a disk reads, so verifying an expert on load is cheap
+/// (bench/RESULTS.md, "Verifying blobs on load"); and 64 bits make an accidental match of a
+/// corrupted blob negligible. FNV-1a 64 is simpler but byte-serial (a multiply per byte); CRC32C
+/// needs SSE4.2 to be fast and has only 32 bits. Implemented here from the specification; streaming
+/// and one-shot give equal results.
 
 #include <bit>
 #include <cstddef>

@@ -23,12 +23,12 @@
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
 #include "moekit/precision/detail/avx512_kquant_rows.hpp"
 #include "moekit/precision/detail/avx512_rows.hpp"
-#include "moekit/precision/detail/kquant_activation.hpp"
 #include "moekit/precision/detail/prepared_activation.hpp"
-#include "moekit/precision/detail/scalar_kquant_rows.hpp"
 #include "moekit/precision/format.hpp"
 #include "moekit/precision/int8_gemm.hpp"
 #include "moekit/precision/isa.hpp"
+#include "moekit/precision/kquant_activation.hpp"
+#include "moekit/precision/kquant_int8_rows.hpp"
 #include "moekit/precision/panels.hpp"
 #include "moekit/precision/quantize.hpp"
 #include "moekit/precision/row_streaming.hpp"
@@ -42,8 +42,8 @@ struct KernelOptions {
   ThreadPool* pool = nullptr;  ///< threads to split rows over; nullptr: the calling thread only
   /// GEMV of quantized rows with the activation rounded to int8 per 32 values (ggml's q8_0
   /// activations), error ≤ max|x|/254 per element of each 32-block: the AVX-512 VNNI kernels
-  /// (about 3× fewer instructions than the float path), else the AVX2 ones (AVX-VNNI when the CPU
-  /// has it). Ignored for f32/bf16/f16 rows, and by the GEMV on the generic path (float
+  /// (fewer instructions per weight than the float path), else the AVX2 ones (AVX-VNNI when the
+  /// CPU has it). Ignored for f32/bf16/f16 rows, and by the GEMV on the generic path (float
   /// activations); gemm with n >= 2 runs the int8 GEMM (int8_gemm.hpp), scalar there.
   bool int8_activations = false;
   /// GEMV of bf16 rows with the activation rounded to bf16 (round to nearest even: error
@@ -64,6 +64,35 @@ struct Epilogue {
   float scale = 1.f;
   bool accumulate = false;
 };
+
+/// How the K-quant int8 kernels stream rows unless KernelOptions::streaming says: two streams,
+/// prefetched, on every core. Measured on Zen 5 only, on a loaded machine
+/// (`moekit_bench_row_streaming --kquant`; bench/RESULTS.md, "GGUF K-quants read in place"): at
+/// one thread ahead of or close to every other way in each cell and clearly ahead at 14336
+/// columns, where four streams (Zen 4's entry for the other int8 kernels) fell far behind.
+inline constexpr RowStreaming kquant_row_streaming{2, true};
+
+namespace detail {
+/// `prepare_kquant` for `isa`, which the caller has checked.
+inline KQuantActivation prepare_kquant_for(Isa isa, const float* x, std::size_t cols, Precision p,
+                                           KQuantStorage& st) {
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  if (isa == Isa::avx512 && has_avx512_vnni()) return avx512_kquant::prepare(x, cols, p, st);
+  if (isa != Isa::generic) return avx2_kquant::prepare(x, cols, p, st);
+#endif
+  (void)isa;
+  return prepare_kquant(x, cols, p, st);
+}
+}  // namespace detail
+
+/// The activation of a GEMV over K-quant rows of format `p` as the int8 kernels of `isa` prepare
+/// it: vectorised on AVX-512 with VNNI and on AVX2, `prepare_kquant` (kquant_activation.hpp) on
+/// the generic path, the same bytes on every one. `isa` must be supported.
+inline KQuantActivation prepare_kquant(const float* x, std::size_t cols, Precision p,
+                                       KQuantStorage& st, Isa isa) {
+  MOEKIT_EXPECTS(isa_supported(isa), "prepare_kquant: the ISA is not supported by this CPU");
+  return detail::prepare_kquant_for(isa, x, cols, p, st);
+}
 
 namespace detail {
 
@@ -295,13 +324,6 @@ enum class Int8Kernel : std::uint8_t {
   avx_vnni,     ///< avx2_int8_rows.hpp, AVX-VNNI's 256-bit vpdpbusd
 };
 
-/// How the K-quant int8 kernels stream rows unless KernelOptions::streaming says: two streams,
-/// prefetched, on every core. Measured on Zen 5 only, on a loaded machine
-/// (`moekit_bench_row_streaming --kquant`; bench/RESULTS.md, "GGUF K-quants read in place"): at
-/// one thread ahead of or close to every other way in each cell and clearly ahead at 14336
-/// columns, where four streams (Zen 4's entry for the other int8 kernels) fell far behind.
-inline constexpr RowStreaming kquant_row_streaming{2, true};
-
 /// Which kernel runs a GEMV of K-quant rows with int8 activations (none: float activations).
 enum class KQuantKernel : std::uint8_t { none, scalar, avx512_vnni, avx2, avx_vnni };
 
@@ -476,14 +498,7 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
 #endif
     if (p.kquant != KQuantKernel::scalar)
       p.streaming = o.streaming ? resolve_streaming(o, w.cols) : kquant_row_streaming;
-#if defined(MOEKIT_HAS_X86_KERNELS)
-    if (p.kquant == KQuantKernel::avx512_vnni)
-      p.actk = avx512_kquant::prepare(x, w.cols, w.precision, st.k);
-    else if (p.kquant != KQuantKernel::scalar)
-      p.actk = avx2_kquant::prepare(x, w.cols, w.precision, st.k);
-    else
-#endif
-      p.actk = prepare_kquant(x, w.cols, w.precision, st.k);
+    p.actk = prepare_kquant_for(isa, x, w.cols, w.precision, st.k);
     return p;
   }
 #if defined(MOEKIT_HAS_X86_KERNELS)
@@ -522,8 +537,8 @@ inline Int8GemmPath int8_gemm_path(const KernelOptions& o) {
 }
 
 /// Rows of `stride` bytes that make the int8 kernels' prefetch distance: the first whole row at
-/// least 12 KiB ahead (8, 16 and 24 KiB measured alike; four streams of it are a twentieth of
-/// the 1 MiB L2).
+/// least 12 KiB ahead (four streams of it are a twentieth of a 1 MiB L2). On Zen 4,
+/// bench/kernels/ggml_peer.sh: 2, 4 and 32 KiB ran as 12 KiB (bench/RESULTS.md, "Zen 4").
 inline std::size_t prefetch_rows(std::size_t stride) noexcept {
   constexpr std::size_t distance = 12 * 1024;
   return (distance + stride - 1) / stride;

@@ -7,8 +7,7 @@
 /// with several streams, and with rows much longer than a page, differs between CPU cores
 /// (row_streaming.hpp). In panels the four rows of a panel share every activation load and the
 /// whole matrix is one sequential stream per thread, prefetched by the kernel a fixed distance
-/// ahead, whatever the width (cold Mixtral shapes on Zen 5, one thread: w2's 14336-column rows
-/// went from 55-67% of the streaming read in rows to 85-98% in panels; bench/RESULTS.md).
+/// ahead, whatever the width (bench/RESULTS.md, "Panels (`MatrixOrder::panels4`)").
 ///
 /// Layout of a `rows × cols` matrix in format (p, scheme), `RowLayout row = RowLayout::of(cols,
 /// p, scheme)`, `S = cols / 512` whole steps, `tail = RowLayout::of(cols − 512·S, p, scheme)`:

@@ -15,10 +15,7 @@
 /// each prefetching its stream into L2 when the streaming prefetches.
 /// Chunks after the last step go block by block, chunks after the last whole block one by one
 /// (plain decode order), columns after the last chunk in floats.
-///
-/// Measured on this machine (Zen 4, one thread, a 128-row GEMV in L2, min of 3000 calls, ns per
-/// row at 4096 / 14336 columns): q8 117 / 494 → 72 / 334, q4 112 / 436 → 77 / 329, q2 109 / 429
-/// → 77 / 333 against the per-block version; cold Mixtral shapes against ggml in bench/RESULTS.md.
+/// Against the per-block version it replaced and against ggml: bench/RESULTS.md, "Zen 4".
 
 #include <algorithm>
 #include <cmath>
@@ -473,7 +470,7 @@ MOEKIT_TARGET_AVX512_VNNI inline void panel_steps(const std::byte* first, const 
 /// (finish_row, each tail a row of its own). Blocked, a panel's running sums wait in `PanelSums`
 /// between blocks while the activation of one block (<= 4 KiB of int8) stays in L1; read whole,
 /// a 14336-column q4 panel streams 32 KiB between two uses of the same activation byte and
-/// evicts the 17.5 KiB activation (Zen 5: folding it onto 2-4 KiB gained 5 points of the read).
+/// evicts the 17.5 KiB activation (bench/RESULTS.md, "Panels (`MatrixOrder::panels4`)").
 /// Results are bit-identical to row_dots on the same rows (every row's operations in the same
 /// order). `sdx`: scratch of >= 16 floats.
 template <unsigned Bits>

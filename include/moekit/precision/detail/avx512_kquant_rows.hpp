@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
-#include "moekit/precision/detail/kquant_activation.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
 #include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
+#include "moekit/precision/kquant_activation.hpp"
 
 #if defined(MOEKIT_HAS_X86_KERNELS)
 
@@ -68,18 +68,18 @@ MOEKIT_TARGET_AVX512_VNNI inline float max_abs(const float* x, std::size_t n) no
 }
 
 /// prepare_kquant (kquant_activation.hpp) vectorised, with the same values (the same products and
-/// rounding to nearest even): it runs once per GEMV, and in scalar code it cost about 3% of a cold
-/// Mixtral-shape GEMV.
+/// rounding to nearest even): it runs once per GEMV (its scalar cost: bench/RESULTS.md, "GGUF
+/// K-quants read in place").
 MOEKIT_TARGET_AVX512_VNNI inline KQuantActivation prepare(const float* x, std::size_t cols,
                                                           Precision p, KQuantStorage& st) {
   st.grow(cols, p);
   std::int8_t* xq = st.q.data();
   float* dx = st.f.data();
-  const std::size_t span = block_scaled(p) ? 256 : 32;  // values per activation scale
+  const std::size_t span = kquant_block_scaled(p) ? 256 : 32;  // values per activation scale
   for (std::size_t c = 0; c < cols; c += span) {
     const float amax = max_abs(x + c, span);
     const float d = amax / 127.f, inv = amax > 0 ? 127.f / amax : 0.f;
-    if (block_scaled(p)) {
+    if (kquant_block_scaled(p)) {
       dx[c / 256] = d;
       for (std::size_t j = 0; j < 8; ++j) {
         const auto [s0, s1] = round_chunk(x + c + 32 * j, inv, xq + c + 32 * q4_k_chunk_slot(j));

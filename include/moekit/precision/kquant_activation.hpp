@@ -17,7 +17,8 @@
 /// order its codes unpack from 64 bytes: the low nibbles of qs[0..63] are sub-blocks 0 and 2, the
 /// high nibbles 1 and 3, and so on, so the activation of each unpacked 64-byte vector is one load.
 /// This scalar version is the definition (and the generic path); the AVX-512 and AVX2 ones
-/// (avx512_kquant_rows.hpp, avx2_kquant_rows.hpp) give the same bytes.
+/// (detail/avx512_kquant_rows.hpp, detail/avx2_kquant_rows.hpp; `prepare_kquant` with an `Isa`
+/// in gemv.hpp) give the same bytes.
 
 #include <algorithm>
 #include <cmath>
@@ -27,7 +28,7 @@
 
 #include "moekit/core/precision.hpp"
 
-namespace moekit::detail {
+namespace moekit {
 
 /// Prepared activation of K-quant rows; views into caller-owned storage.
 struct KQuantActivation {
@@ -43,9 +44,11 @@ constexpr std::size_t kquant_sub_block(Precision p) noexcept {
 }
 
 /// True for the formats whose activation has one scale per super-block (q4_k, q5_k).
-constexpr bool block_scaled(Precision p) noexcept {
+constexpr bool kquant_block_scaled(Precision p) noexcept {
   return p == Precision::q4_k || p == Precision::q5_k;
 }
+
+namespace detail {
 
 /// Where chunk j (0..7) of a q4_k super-block's activation goes: 0 2 1 3 4 6 5 7.
 constexpr std::size_t q4_k_chunk_slot(std::size_t j) noexcept {
@@ -63,6 +66,8 @@ inline float round_int8(const float* x, std::size_t n, std::int8_t* q) noexcept 
   return amax / 127.f;
 }
 
+}  // namespace detail
+
 /// Storage of a prepared activation: q (cols codes), f (floats), s (int16 sums).
 struct KQuantStorage {
   std::vector<std::int8_t> q;
@@ -73,22 +78,24 @@ struct KQuantStorage {
   void grow(std::size_t cols, Precision p) {
     if (q.size() < cols) q.resize(cols);
     if (f.size() < cols / 8) f.resize(cols / 8);  // q6_k: dx and dx·Σxq per 16; q4/5_k: fewer
-    if (block_scaled(p) && s.size() < cols / 32) s.resize(cols / 32);
+    if (kquant_block_scaled(p) && s.size() < cols / 32) s.resize(cols / 32);
   }
   /// The view of the prepared activation in this storage.
   KQuantActivation view(std::size_t cols, Precision p) const noexcept {
-    if (block_scaled(p)) return {q.data(), f.data(), nullptr, s.data()};
+    if (kquant_block_scaled(p)) return {q.data(), f.data(), nullptr, s.data()};
     return {q.data(), f.data(), f.data() + cols / 16, nullptr};
   }
 };
 
-/// Rounds x (cols, a multiple of 256) for rows of format `p` into `st`.
+/// Rounds x (cols, a multiple of 256) for rows of format `p` into `st`: the definition (and the
+/// generic path) the vectorised preparations give the bytes of.
 inline KQuantActivation prepare_kquant(const float* x, std::size_t cols, Precision p,
                                        KQuantStorage& st) {
+  using detail::q4_k_chunk_slot, detail::round_int8;
   st.grow(cols, p);
   std::int8_t* xq = st.q.data();
   float* dx = st.f.data();
-  if (block_scaled(p)) {
+  if (kquant_block_scaled(p)) {
     std::int16_t* sums = st.s.data();
     for (std::size_t b = 0; b < cols / 256; ++b) {
       std::int8_t codes[256];
@@ -117,4 +124,4 @@ inline KQuantActivation prepare_kquant(const float* x, std::size_t cols, Precisi
   return st.view(cols, p);
 }
 
-}  // namespace moekit::detail
+}  // namespace moekit

@@ -7,12 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "moekit/precision/detail/kquant_activation.hpp"
+#include "moekit/core/precision.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
 #include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
+#include "moekit/precision/kquant_activation.hpp"
 
-namespace moekit::detail::scalar_kquant {
+namespace moekit::scalar_kquant {
 
 /// A q4_k row of `blocks` super-blocks · the prepared activation: per block,
 /// d·dx·Σ_j sc_j·(Σ q·xq)_j − dmin·dx·Σ_j m_j·(Σ xq)_j, the sums in integers. Q5: q5_k rows
@@ -28,7 +29,7 @@ float q4_k_row_dot(const std::byte* row, std::size_t blocks, const KQuantActivat
     int codes = 0, sums = 0;
     for (std::size_t j = 0; j < 8; ++j) {
       const std::uint8_t* q = qs + 32 * (j / 2);
-      const std::int8_t* xq = a.xq + 256 * b + 32 * q4_k_chunk_slot(j);
+      const std::int8_t* xq = a.xq + 256 * b + 32 * detail::q4_k_chunk_slot(j);
       const int shift = 4 * (j % 2);
       int s = 0;
       for (std::size_t l = 0; l < 32; ++l) {
@@ -66,4 +67,13 @@ inline float q6_k_row_dot(const std::byte* row, std::size_t blocks,
   return acc - 32.f * offset;
 }
 
-}  // namespace moekit::detail::scalar_kquant
+/// A row of K-quant format `p` (q4_k, q5_k or q6_k) of `blocks` super-blocks · the activation
+/// `prepare_kquant` rounded for `p`.
+inline float row_dot(Precision p, const std::byte* row, std::size_t blocks,
+                     const KQuantActivation& a) noexcept {
+  if (p == Precision::q6_k) return q6_k_row_dot(row, blocks, a);
+  if (p == Precision::q5_k) return q4_k_row_dot<true>(row, blocks, a);
+  return q4_k_row_dot(row, blocks, a);
+}
+
+}  // namespace moekit::scalar_kquant
