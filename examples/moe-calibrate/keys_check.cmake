@@ -22,6 +22,7 @@ expect(3 link reads_in_flight)  # a store: one read per --io-threads
 expect(OFF host_holds_experts)
 expect(ON host_is_device)
 expect(ON experts_after_all_loads)
+expect(ON fixed_includes_first_token)
 expect(1 timed threads)
 expect(f32 timed activations q4)
 expect(panels timed layout q4)

@@ -19,9 +19,10 @@
 //    (auto: engine/expert_layout.hpp's table for this core). The batch slope (least squares over
 //    1, 2, 4, …, 32 tokens at --slope-precision, each count timed on cold copies of the expert)
 //    → flops_per_s; the call overhead = the median call of a tiny (64 × 64) f32 expert; weight
-//    rate = expert bytes / (one token's time − call overhead − one token of the slope) →
-//    weight_bytes_per_s[p], so the model's decode call costs the measured time. "timed" records
-//    the activations and layout of each precision, the threads and the ISA.
+//    rate = expert bytes / (one token's time − call overhead) → weight_bytes_per_s[p], and
+//    fixed_includes_first_token: a decode call costs the measured one-token time, a batch of n
+//    adds n − 1 slopes. "timed" records the activations and layout of each precision, the
+//    threads and the ISA.
 // "cpu" gets the same numbers as "device"; layer_overhead_s = the call overhead [choice]. The
 // file says host_is_device and experts_after_all_loads (moe-run's engine on a CPU-only machine).
 
@@ -402,8 +403,9 @@ double batch_slope(const Options& o, Precision p, ThreadPool& pool, std::size_t 
 
 /// The CPU's expert kernels, each precision timed as moe-run runs it (kernel_for): the batch
 /// slope at --slope-precision → flops_per_s; per precision, the weight rate from one token's time
-/// less the call overhead and the slope's one token, so that the model's cost of a decode call
-/// (overhead + bytes / rate + one token) is the measured time. `timed` records what ran.
+/// less the call overhead. A one-token call (decode: a GEMV) and the slope of a batch (prefill:
+/// the GEMM) are different kernels, so the file says fixed_includes_first_token: the model's
+/// decode call costs the measured time, a batch of n adds n − 1 slopes. `timed` records what ran.
 sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double overhead,
                                     sim::TimedKernels& timed) {
   constexpr std::size_t rotation = 256u << 20;  // > 4x the LLC of large server CPUs
@@ -431,7 +433,7 @@ sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double o
     const KernelChoice kc = kernel_for(o, p);
     const Expert e = make_expert(o.hidden, o.ffn, p, kc, 2);
     const double t = time_expert(e, 1, pool, rotation, o.reps);
-    const double rate = double(e.bytes()) / std::max(t - overhead - per_token, t * 1e-3);
+    const double rate = double(e.bytes()) / std::max(t - overhead, t * 1e-3);
     progress.clear();
     const auto i = static_cast<std::size_t>(p);
     cpu.weight_bytes_per_s[i] = rate;
@@ -440,9 +442,6 @@ sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double o
     std::printf("  %-5s %8.1f MiB  %9.3f ms  %7.2f GB/s  (%s activations, %s)\n",
                 std::string(name(p)).c_str(), double(e.bytes()) / 1048576.0, t * 1e3, rate / 1e9,
                 timed.activations[i].c_str(), timed.layout[i].c_str());
-    if (t - overhead - per_token < t * 1e-3)
-      std::printf("  (%s: one token is not slower than the overhead and the slope: rate capped)\n",
-                  std::string(name(p)).c_str());
     std::fflush(stdout);
   }
   return cpu;
@@ -541,9 +540,10 @@ int run(int argc, char** argv) {
             .reads_in_flight = reads_in_flight(o)};
   h.device = h.cpu = cpu;
   h.layer_overhead_s = overhead;
-  h.host_holds_experts = false;      // CPU-only: the expert cache is this host's memory
-  h.host_is_device = true;           // ... and the host CPU runs every expert, one after another
-  h.experts_after_all_loads = true;  // moe-run's MoeLayer resolves the whole plan first
+  h.host_holds_experts = false;         // CPU-only: the expert cache is this host's memory
+  h.host_is_device = true;              // ... and the host CPU runs every expert, one after another
+  h.experts_after_all_loads = true;     // moe-run's MoeLayer resolves the whole plan first
+  h.fixed_includes_first_token = true;  // the rates are one-token calls (measure_kernels)
   h.timed = timed;
   sim::write_hardware_json(h, o.out, o.force);
   std::printf("wrote %s (use: moe-sim --hardware this_machine --hardware-file %s)\n", o.out.c_str(),

@@ -347,7 +347,10 @@ ModelShape shape_for(const RoutingTrace& tr, Options o, const ExpertDims& dims) 
 }
 
 DenseLayerShape dense_for(const ModelShape& s, Precision p) {
-  if (s == mixtral_8x7b) return {mixtral_8x7b_dense().params, p};
+  // Mixtral-8x7B's layers (any number of them: a model cut to its first layers has the same).
+  if (s.hidden == mixtral_8x7b.hidden && s.ffn == mixtral_8x7b.ffn &&
+      s.n_experts == mixtral_8x7b.n_experts && s.top_k == mixtral_8x7b.top_k)
+    return {mixtral_8x7b_dense().params, p};
   // Not Mixtral: assume multi-head attention (4·d² projections) plus the router.
   return DenseLayerShape{4ull * s.hidden * s.hidden + std::uint64_t{s.n_experts} * s.hidden, p};
 }

@@ -193,11 +193,13 @@ TEST_CASE("this_machine JSON: the link's readers, the CPU-only engine and what w
   old["link"].erase("reads_in_flight");
   old.erase("host_is_device");
   old.erase("experts_after_all_loads");
+  old.erase("fixed_includes_first_token");
   old.erase("timed");
   const HardwareModel o = parse_hardware_json(old.dump(), "old.json");
   CHECK(o.link.reads_in_flight == 1);
   CHECK_FALSE(o.host_is_device);
   CHECK_FALSE(o.experts_after_all_loads);
+  CHECK_FALSE(o.fixed_includes_first_token);
   CHECK_FALSE(o.timed);
 
   auto rejects = [&](auto&& f, const std::string& field) {
@@ -215,6 +217,7 @@ TEST_CASE("this_machine JSON: the link's readers, the CPU-only engine and what w
   rejects([](auto& j) { j["link"]["reads_in_flight"] = 1.5; }, "link.reads_in_flight");
   rejects([](auto& j) { j["host_is_device"] = "yes"; }, "host_is_device");
   rejects([](auto& j) { j["experts_after_all_loads"] = 0; }, "experts_after_all_loads");
+  rejects([](auto& j) { j["fixed_includes_first_token"] = 1; }, "fixed_includes_first_token");
   rejects([](auto& j) { j["timed"]["activations"]["q3"] = "int8"; }, "timed.activations.q3");
   rejects([](auto& j) { j["timed"]["layout"]["q4"] = ""; }, "timed.layout.q4");
   rejects([](auto& j) { j["timed"].erase("threads"); }, "timed.threads");
@@ -243,4 +246,16 @@ TEST_CASE("compute_model: a CPU-only machine runs host experts in line, after th
   CHECK(cpu_only.cpu_expert_s[q4] == h.cpu.fixed_s(s, Precision::q4));
   h.host_holds_experts = true;
   CHECK_FALSE(h.compute_model(s, dense).cpu_reads_over_link);
+
+  // fixed_includes_first_token: a one-token call costs the fixed part, n tokens n − 1 slopes more.
+  CHECK(cpu_only.device(Precision::q4, 1) ==
+        cpu_only.device_expert_s[q4] + cpu_only.device_expert_token_s[q4]);
+  h.fixed_includes_first_token = true;
+  const ComputeModel first = h.compute_model(s, dense);
+  CHECK(first.device(Precision::q4, 1) == first.device_expert_s[q4]);
+  CHECK(first.device(Precision::q4, 3) ==
+        first.device_expert_s[q4] + 2 * first.device_expert_token_s[q4]);
+  CHECK(first.layer(1) == first.layer_s);
+  CHECK(first.cpu(Precision::q4, 0) == first.cpu_expert_s[q4]);
+  CHECK(parse_hardware_json(serialize_hardware_json(h), "mem").fixed_includes_first_token);
 }

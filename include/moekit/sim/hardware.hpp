@@ -139,6 +139,11 @@ struct HardwareModel {
   /// MoeLayer resolves the whole plan, then runs the experts). False: each device expert runs as
   /// soon as its own load is in, overlapping the loads of the ones after it.
   bool experts_after_all_loads = false;
+  /// The fixed parts (call overhead + bytes / weight rate, the dense part's too) are what a
+  /// one-token call costs, measured so: a call over n tokens adds the per-token part for the
+  /// n − 1 others (moe-calibrate: decode runs a GEMV, a batch the GEMM, whose slope would count
+  /// the first token twice). False: the per-token part for all n (the papers' presets).
+  bool fixed_includes_first_token = false;
   /// What the device's and CPU's rates were measured on (moe-calibrate writes it; descriptive,
   /// not used by the cost model).
   std::optional<TimedKernels> timed;
@@ -184,6 +189,7 @@ struct HardwareModel {
     m.cpu_beside_device = !host_is_device;
     m.cpu_reads_over_link = host_is_device && !host_holds_experts;
     m.experts_after_all_loads = experts_after_all_loads;
+    m.first_token_in_fixed = fixed_includes_first_token;
     return m;
   }
 };
@@ -294,18 +300,20 @@ inline std::vector<std::string> hardware_preset_names() {
 //             "flops_per_s": num, "call_overhead_s": num},
 //  "cpu":    {same fields as "device"},
 //  "layer_overhead_s": num, "host_holds_experts": bool, "host_is_device": bool,
-//  "experts_after_all_loads": bool,
+//  "experts_after_all_loads": bool, "fixed_includes_first_token": bool,
 //  "timed":  {"threads": int, "isa": str, "activations": {precision: str, ...},
 //             "layout": {precision: str, ...}}}
 // All numbers SI (bytes, seconds). Every key is required but these optional ones, whose
 // defaults are the model before they existed (a file without them replays as it did):
 // "link.reads_in_flight" (default 1: one transfer at a time), "host_holds_experts" (default
-// true), "host_is_device" (default false), "experts_after_all_loads" (default false) and "timed"
+// true), "host_is_device", "experts_after_all_loads", "fixed_includes_first_token" (default
+// false each) and "timed"
 // (what was measured: descriptive only; "activations" and "layout" name some of the precisions).
 // No other key is allowed. On a CPU-only machine "device" is the CPU running the project's
 // kernels from the RAM cache, "link" is the expert-store read path (O_DIRECT disk bandwidth, with
 // as many reads in flight as the loader runs), "host_holds_experts" is false (the cache is the
-// host memory), "host_is_device" and "experts_after_all_loads" are true (moe-run's engine).
+// host memory), "host_is_device" and "experts_after_all_loads" are true (moe-run's engine), and
+// "fixed_includes_first_token" is true (the rates come from one-token calls).
 
 inline constexpr std::string_view hardware_json_format = "moekit-hardware";
 
@@ -332,7 +340,8 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
       {"layer_overhead_s", h.layer_overhead_s},
       {"host_holds_experts", h.host_holds_experts},
       {"host_is_device", h.host_is_device},
-      {"experts_after_all_loads", h.experts_after_all_loads}};
+      {"experts_after_all_loads", h.experts_after_all_loads},
+      {"fixed_includes_first_token", h.fixed_includes_first_token}};
   j["link"]["reads_in_flight"] = h.link.reads_in_flight;
   if (h.timed) {
     nlohmann::json acts = nlohmann::json::object(), layout = nlohmann::json::object();
@@ -446,7 +455,8 @@ struct HardwareJsonReader {
   }
   r.object(j, "",
            {"format", "version", "name", "source", "link", "device", "cpu", "layer_overhead_s"},
-           {"host_holds_experts", "host_is_device", "experts_after_all_loads", "timed"});
+           {"host_holds_experts", "host_is_device", "experts_after_all_loads",
+            "fixed_includes_first_token", "timed"});
   if (!j["format"].is_string() || j["format"].get<std::string>() != hardware_json_format)
     r.bad("format", "must be \"moekit-hardware\"");
   if (!j["version"].is_number_integer() || j["version"].get<std::int64_t>() != 1)
@@ -471,6 +481,7 @@ struct HardwareJsonReader {
   h.host_holds_experts = r.flag(j, "host_holds_experts", true);
   h.host_is_device = r.flag(j, "host_is_device", false);
   h.experts_after_all_loads = r.flag(j, "experts_after_all_loads", false);
+  h.fixed_includes_first_token = r.flag(j, "fixed_includes_first_token", false);
   if (j.contains("timed")) h.timed = r.timed(j["timed"]);
   h.validate();
   return h;

@@ -73,6 +73,9 @@ struct ComputeModel {
   /// A layer's experts start once every load of its plan has arrived (moe-run's engine); false:
   /// each device expert after its own load.
   bool experts_after_all_loads = false;
+  /// The fixed parts are a one-token call (measured so): a call over n tokens costs
+  /// fixed + per_token · (n − 1). False: fixed + per_token · n.
+  bool first_token_in_fixed = false;
 
   /// Throws `moekit::Error` naming the first negative or non-finite field.
   void validate() const {
@@ -89,14 +92,18 @@ struct ComputeModel {
   }
   [[nodiscard]] double device(Precision p, std::uint32_t n_tokens) const noexcept {
     const auto i = static_cast<std::size_t>(p);
-    return device_expert_s[i] + device_expert_token_s[i] * n_tokens;
+    return device_expert_s[i] + device_expert_token_s[i] * extra(n_tokens);
   }
   [[nodiscard]] double cpu(Precision p, std::uint32_t n_tokens) const noexcept {
     const auto i = static_cast<std::size_t>(p);
-    return cpu_expert_s[i] + cpu_expert_token_s[i] * n_tokens;
+    return cpu_expert_s[i] + cpu_expert_token_s[i] * extra(n_tokens);
   }
   [[nodiscard]] double layer(std::uint32_t n_tokens) const noexcept {
-    return layer_s + layer_token_s * n_tokens;
+    return layer_s + layer_token_s * extra(n_tokens);
+  }
+  /// Tokens a call pays the per-token part for (first_token_in_fixed: all but the first).
+  [[nodiscard]] std::uint32_t extra(std::uint32_t n_tokens) const noexcept {
+    return first_token_in_fixed && n_tokens > 0 ? n_tokens - 1 : n_tokens;
   }
 };
 
