@@ -19,6 +19,7 @@ function(expect want)
   endif()
 endfunction()
 expect(3 link reads_in_flight)  # a store: one read per --io-threads
+expect(0.0 link read_bandwidth_bytes_per_s)  # no --checkpoint: the raw read is one reader's
 expect(OFF host_holds_experts)
 expect(ON host_is_device)
 expect(ON experts_after_all_loads)

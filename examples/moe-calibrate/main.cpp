@@ -11,7 +11,7 @@
 //    the median 4 KiB O_DIRECT read → link.latency_s; with --checkpoint, the rate moe-run's own
 //    loader reads that file's experts in place with as many reads in flight as it keeps (two per
 //    --io-threads) → link.bandwidth_bytes_per_s, and that count → link.reads_in_flight (a store:
-//    one per --io-threads);
+//    one per --io-threads); the rate of one read at a time → link.read_bandwidth_bytes_per_s;
 //  * the project's fused expert FFN (precision/expert_ffn.hpp) per stored precision for one
 //    expert of --hidden × --ffn, run as moe-run runs it at -t --threads: the activations
 //    --activations resolves to for that precision (auto: int8 for quantized experts on AVX2 or
@@ -493,18 +493,19 @@ int run(int argc, char** argv) {
   std::printf("disk: O_DIRECT sequential read %.2f GB/s, 4 KiB read latency %.1f us\n",
               disk.bandwidth / 1e9, disk.latency * 1e6);
 
-  std::optional<engine::LoaderReadRate> in_place;
+  std::optional<engine::LoaderReadRate> in_place, one_read;
   if (!o.checkpoint.empty()) {
     if (!fs::exists(o.checkpoint))
       bad_flag("--checkpoint", "'" + o.checkpoint + "' does not exist");
-    in_place =
-        engine::loader_read_rate(o.checkpoint, o.checkpoint_experts,
-                                 engine::StoreIo{.io_threads = o.io_threads}, reads_in_flight(o));
+    const engine::StoreIo io{.io_threads = o.io_threads};
+    in_place = engine::loader_read_rate(o.checkpoint, o.checkpoint_experts, io, reads_in_flight(o));
+    one_read = engine::loader_read_rate(o.checkpoint, o.checkpoint_experts, io, 1);
     std::printf(
-        "checkpoint: %u experts at %s read in place by moe-run's loader (%s): %.2f GB/s "
-        "(%.2f of the raw read)\n",
+        "checkpoint: %u experts at %s read in place by moe-run's loader (%s): %.2f GB/s with %u "
+        "reads in flight (%.2f of the raw read), %.2f GB/s one read at a time\n",
         in_place->experts, std::string(name(in_place->precision)).c_str(), in_place->reader.c_str(),
-        in_place->bytes_per_s / 1e9, in_place->bytes_per_s / disk.bandwidth);
+        in_place->bytes_per_s / 1e9, reads_in_flight(o), in_place->bytes_per_s / disk.bandwidth,
+        one_read->bytes_per_s / 1e9);
   }
 
   const double overhead = time_expert(make_expert(64, 64, Precision::f32, KernelChoice{}, 1), 1,
@@ -537,7 +538,9 @@ int run(int argc, char** argv) {
   h.source = src;
   h.link = {.bandwidth_bytes_per_s = in_place ? in_place->bytes_per_s : disk.bandwidth,
             .latency_s = disk.latency,
-            .reads_in_flight = reads_in_flight(o)};
+            .reads_in_flight = reads_in_flight(o),
+            .read_bandwidth_bytes_per_s =
+                one_read ? std::min(one_read->bytes_per_s, in_place->bytes_per_s) : 0.0};
   h.device = h.cpu = cpu;
   h.layer_overhead_s = overhead;
   h.host_holds_experts = false;         // CPU-only: the expert cache is this host's memory

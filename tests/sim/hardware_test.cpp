@@ -166,6 +166,7 @@ TEST_CASE("this_machine JSON: the link's readers, the CPU-only engine and what w
   HardwareModel h = rtx4080_pcie4();
   h.name = "this_machine";
   h.link.reads_in_flight = 4;
+  h.link.read_bandwidth_bytes_per_s = h.link.bandwidth_bytes_per_s / 4;
   h.host_holds_experts = false;
   h.host_is_device = true;
   h.experts_after_all_loads = true;
@@ -180,6 +181,7 @@ TEST_CASE("this_machine JSON: the link's readers, the CPU-only engine and what w
   const std::string text = serialize_hardware_json(h);
   const HardwareModel back = parse_hardware_json(text, "mem");
   CHECK(back.link.reads_in_flight == 4);
+  CHECK(back.link.read_bandwidth_bytes_per_s == h.link.read_bandwidth_bytes_per_s);
   CHECK(back.host_is_device);
   CHECK(back.experts_after_all_loads);
   REQUIRE(back.timed);
@@ -191,12 +193,14 @@ TEST_CASE("this_machine JSON: the link's readers, the CPU-only engine and what w
   // A file without the new keys (written before them) reads as the model it was made for.
   nlohmann::json old = nlohmann::json::parse(text);
   old["link"].erase("reads_in_flight");
+  old["link"].erase("read_bandwidth_bytes_per_s");
   old.erase("host_is_device");
   old.erase("experts_after_all_loads");
   old.erase("fixed_includes_first_token");
   old.erase("timed");
   const HardwareModel o = parse_hardware_json(old.dump(), "old.json");
   CHECK(o.link.reads_in_flight == 1);
+  CHECK(o.link.read_bandwidth_bytes_per_s == 0.0);
   CHECK_FALSE(o.host_is_device);
   CHECK_FALSE(o.experts_after_all_loads);
   CHECK_FALSE(o.fixed_includes_first_token);
@@ -215,6 +219,8 @@ TEST_CASE("this_machine JSON: the link's readers, the CPU-only engine and what w
   };
   rejects([](auto& j) { j["link"]["reads_in_flight"] = 0; }, "link.reads_in_flight");
   rejects([](auto& j) { j["link"]["reads_in_flight"] = 1.5; }, "link.reads_in_flight");
+  rejects([](auto& j) { j["link"]["read_bandwidth_bytes_per_s"] = 1e300; },
+          "link.read_bandwidth_bytes_per_s");
   rejects([](auto& j) { j["host_is_device"] = "yes"; }, "host_is_device");
   rejects([](auto& j) { j["experts_after_all_loads"] = 0; }, "experts_after_all_loads");
   rejects([](auto& j) { j["fixed_includes_first_token"] = 1; }, "fixed_includes_first_token");

@@ -237,3 +237,24 @@ TEST_CASE("SimLoader: host reads go over the link only when switched on",
   l.clear_host_reads();
   CHECK_FALSE(l.host_read({0, 1}, Precision::f16).valid());
 }
+
+TEST_CASE("SimLoader: one read alone gets at most read_bandwidth_bytes_per_s",
+          "[sim][loader][reads_in_flight]") {
+  // One read alone moves at half the link, two together fill it: both as slow as one alone.
+  SimLoader l(tiny, LinkModel{bw, 0.0, 4, bw / 2});
+  const LoadTicket a = l.submit(req(0, 0, LoadPriority::on_demand));
+  CHECK(l.completion_time(a) == 2 * dur);
+  CHECK(l.link_free_at() == 2 * dur);
+  const LoadTicket b = l.submit(req(0, 1, LoadPriority::on_demand));
+  CHECK(l.completion_time(b) == 2 * dur);
+  l.clock().advance(dur);  // both half done; a third takes a third of the link each
+  const LoadTicket c = l.submit(req(0, 2, LoadPriority::on_demand));
+  CHECK(l.completion_time(a) == Approx(dur + 1.5 * dur).epsilon(1e-12));
+  // a and b end at 2.5 dur with c half done; c alone at half the link: its half takes dur more
+  CHECK(l.link_free_at() == Approx(3.5 * dur).epsilon(1e-12));
+  l.wait(c);
+  CHECK(l.clock().now() == Approx(3.5 * dur).epsilon(1e-12));
+  CHECK(l.poll(a));
+  CHECK(l.poll(b));
+  CHECK_THROWS_AS(SimLoader(tiny, LinkModel{bw, 0.0, 2, 2 * bw}), Error);
+}

@@ -294,7 +294,8 @@ inline std::vector<std::string> hardware_preset_names() {
 // ---- this_machine: JSON written by a calibration command ----------------------------------------
 //
 // {"format": "moekit-hardware", "version": 1, "name": str, "source": str,
-//  "link":   {"bandwidth_bytes_per_s": num, "latency_s": num, "reads_in_flight": int},
+//  "link":   {"bandwidth_bytes_per_s": num, "latency_s": num, "reads_in_flight": int,
+//             "read_bandwidth_bytes_per_s": num},
 //  "device": {"weight_bytes_per_s": {"f32": num, "bf16": num, "f16": num, "q8": num, "q4": num,
 //                                    "q2": num},
 //             "flops_per_s": num, "call_overhead_s": num},
@@ -305,7 +306,8 @@ inline std::vector<std::string> hardware_preset_names() {
 //             "layout": {precision: str, ...}}}
 // All numbers SI (bytes, seconds). Every key is required but these optional ones, whose
 // defaults are the model before they existed (a file without them replays as it did):
-// "link.reads_in_flight" (default 1: one transfer at a time), "host_holds_experts" (default
+// "link.reads_in_flight" (default 1: one transfer at a time), "link.read_bandwidth_bytes_per_s"
+// (default 0: one read alone gets the whole bandwidth), "host_holds_experts" (default
 // true), "host_is_device", "experts_after_all_loads", "fixed_includes_first_token" (default
 // false each) and "timed"
 // (what was measured: descriptive only; "activations" and "layout" name some of the precisions).
@@ -343,6 +345,7 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
       {"experts_after_all_loads", h.experts_after_all_loads},
       {"fixed_includes_first_token", h.fixed_includes_first_token}};
   j["link"]["reads_in_flight"] = h.link.reads_in_flight;
+  j["link"]["read_bandwidth_bytes_per_s"] = h.link.read_bandwidth_bytes_per_s;
   if (h.timed) {
     nlohmann::json acts = nlohmann::json::object(), layout = nlohmann::json::object();
     for (std::size_t i = 0; i < precision_count; ++i) {
@@ -468,13 +471,20 @@ struct HardwareJsonReader {
   h.name = j["name"].get<std::string>();
   h.source = j["source"].get<std::string>();
   const auto& link = j["link"];
-  r.object(link, "link", {"bandwidth_bytes_per_s", "latency_s"}, {"reads_in_flight"});
+  r.object(link, "link", {"bandwidth_bytes_per_s", "latency_s"},
+           {"reads_in_flight", "read_bandwidth_bytes_per_s"});
   h.link.bandwidth_bytes_per_s =
       r.number(link["bandwidth_bytes_per_s"], "link.bandwidth_bytes_per_s", false);
   h.link.latency_s = r.number(link["latency_s"], "link.latency_s", true);
   if (link.contains("reads_in_flight"))
     h.link.reads_in_flight =
         r.count(link["reads_in_flight"], "link.reads_in_flight", LinkModel::max_reads_in_flight);
+  if (link.contains("read_bandwidth_bytes_per_s")) {
+    h.link.read_bandwidth_bytes_per_s =
+        r.number(link["read_bandwidth_bytes_per_s"], "link.read_bandwidth_bytes_per_s", true);
+    if (h.link.read_bandwidth_bytes_per_s > h.link.bandwidth_bytes_per_s)
+      r.bad("link.read_bandwidth_bytes_per_s", "must be at most link.bandwidth_bytes_per_s");
+  }
   h.device = r.processor(j["device"], "device");
   h.cpu = r.processor(j["cpu"], "cpu");
   h.layer_overhead_s = r.number(j["layer_overhead_s"], "layer_overhead_s", true);

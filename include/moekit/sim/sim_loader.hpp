@@ -4,7 +4,8 @@
 /// Model: one link (bandwidth B bytes/s, latency L s) with `reads_in_flight` R readers. A transfer
 /// of an expert at precision p needs w = L + bytes(p) / B seconds of the whole link; up to R
 /// transfers run at once and share it equally (processor sharing: with n running, each advances
-/// at 1/n of the link, so two equal reads started together both finish after 2w), without
+/// at 1/n of the link, so two equal reads started together both finish after 2w; no faster than
+/// `read_bandwidth_bytes_per_s`, what one read gets alone, when that is set), without
 /// preemption: a started transfer runs to its end. Waiting requests form two FIFO queues; whenever
 /// a reader is free the oldest on-demand request goes first, then the oldest prefetch (on-demand
 /// before prefetch, as the Loader concept asks). R = 1 is one transfer at a time: a transfer
@@ -20,6 +21,7 @@
 /// `host_read` returns its ticket for the replay to wait on before the expert runs (moe-run's
 /// HostReadRing, io/host_read_ring.hpp). Off by default: the hook does nothing.
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +45,9 @@ struct LinkModel {
   /// Transfers in flight at once, sharing the bandwidth (the loader's reader threads); 1: one at
   /// a time.
   std::uint32_t reads_in_flight = 1;
+  /// The most one transfer gets alone (one reader thread reading and transcoding in turn), at
+  /// most `bandwidth_bytes_per_s`; 0: the whole bandwidth.
+  double read_bandwidth_bytes_per_s = 0.0;
 
   /// Throws `moekit::Error` naming the bad field.
   void validate() const {
@@ -53,8 +58,19 @@ struct LinkModel {
     MOEKIT_EXPECTS(
         reads_in_flight >= 1 && reads_in_flight <= max_reads_in_flight,
         "LinkModel.reads_in_flight must be in [1, " + std::to_string(max_reads_in_flight) + "]");
+    MOEKIT_EXPECTS(
+        read_bandwidth_bytes_per_s >= 0 && read_bandwidth_bytes_per_s <= bandwidth_bytes_per_s,
+        "LinkModel.read_bandwidth_bytes_per_s must be in [0, bandwidth_bytes_per_s]");
   }
-  /// Seconds one transfer of `bytes` occupies the whole link (alone on it).
+  /// The share of the link each of `n` running transfers gets: 1/n, at most one read's own rate.
+  [[nodiscard]] double share(std::size_t n) const noexcept {
+    const double even = 1.0 / double(n);
+    const double alone =
+        read_bandwidth_bytes_per_s > 0 ? read_bandwidth_bytes_per_s / bandwidth_bytes_per_s : 1.0;
+    return even < alone ? even : alone;
+  }
+  /// Seconds of the whole link's work one transfer of `bytes` needs (its time alone without
+  /// `read_bandwidth_bytes_per_s`).
   [[nodiscard]] double transfer_s(std::size_t bytes) const noexcept {
     return latency_s + double(bytes) / bandwidth_bytes_per_s;
   }
@@ -72,7 +88,7 @@ struct SimLoaderStats {
   std::uint64_t late_waits = 0;  ///< waits on a prefetch that had not completed yet
   std::uint64_t late_bytes = 0;  ///< bytes of those prefetches
   double late_stall_s = 0.0;     ///< stall spent in those waits
-  double busy_s = 0.0;           ///< time the link spent transferring
+  double busy_s = 0.0;           ///< seconds of the whole link's work transferred
   std::uint64_t host_reads = 0;  ///< transfers for the host CPU (set_host_reads), in `loads`
 };
 
@@ -187,11 +203,18 @@ class SimLoader {
     return r.done;
   }
   /// Time at which the link finishes everything started so far (if nothing else starts).
-  [[nodiscard]] double link_free_at() const noexcept {
+  [[nodiscard]] double link_free_at() const {
     if (active_.empty()) return link_free_;
-    double work = 0.0;  // the link serves its running transfers at full rate in total
-    for (std::uint32_t id : active_) work += records_[id].work_left;
-    return last_event_ + work;
+    if (active_.size() == 1) return last_event_ + records_[active_[0]].work_left / link_.share(1);
+    std::vector<double> left;  // the running ones end least work first, the rest speeding up
+    for (std::uint32_t id : active_) left.push_back(records_[id].work_left);
+    std::sort(left.begin(), left.end());
+    double t = last_event_, before = 0.0;
+    for (std::size_t i = 0; i < left.size(); ++i) {
+      t += (left[i] - before) / link_.share(left.size() - i);
+      before = left[i];
+    }
+    return t;
   }
   /// Requests queued and not started at the current time.
   [[nodiscard]] std::size_t queued() {
@@ -288,8 +311,8 @@ class SimLoader {
   /// Credits the running transfers with the link's work from the last event to `t`.
   void advance(double t) noexcept {
     if (!active_.empty() && t > last_event_) {
-      const double share = (t - last_event_) / double(active_.size());
-      for (std::uint32_t id : active_) records_[id].work_left -= share;
+      const double done = (t - last_event_) * link_.share(active_.size());
+      for (std::uint32_t id : active_) records_[id].work_left -= done;
     }
     last_event_ = t > last_event_ ? t : last_event_;
   }
@@ -308,13 +331,13 @@ class SimLoader {
       stats_.bytes += r->bytes;
       (r->priority == LoadPriority::on_demand ? stats_.demand_bytes : stats_.prefetch_bytes) +=
           r->bytes;
-      stats_.busy_s += dur;  // work-conserving: the link is busy for the sum of the works
+      stats_.busy_s += dur;  // the whole link's work (its busy time when the reads fill it)
     }
-    const double n = double(active_.size());
+    const double share = link_.share(active_.size());
     for (std::uint32_t id : active_) {
       Record& r = records_[id];
       r.work_left = r.work_left > 0.0 ? r.work_left : 0.0;  // a rounding tie: it ends now
-      r.done = t + r.work_left * n;
+      r.done = t + r.work_left / share;
     }
   }
 
