@@ -27,8 +27,10 @@
 #
 # --sim FILE (moe-calibrate's hardware file of this machine; made by `moe-calibrate --checkpoint
 # <the model>` first when FILE does not exist): after each run, moe-sim replays the same trace
-# tokens (--replay-slice: the run's prompt and decode tokens) at the run's expert budget on
-# `--hardware this_machine`, and a second table sets its predicted decode tok/s against the
+# tokens (--replay-slice: the run's prompt and decode tokens) at the run's expert budget and
+# dense precision (moe-run's dense_precision) on `--hardware this_machine`; a file written before
+# moe-calibrate recorded the link's reads in flight and the kernels it timed is measured again.
+# A second table sets its predicted decode tok/s against the
 # measured one (issue 21: within ±20%). moe-run's oracle stand-ins are simulated by moe-sim's noisy
 # oracles (hobbit-oracle → hobbit, fate-oracle → fate, mobile-oracle → mobile), nextuse by
 # nextuse-fit; `hobbit`, `fate` and `mobile` run their real gates (or confidence) on random weights

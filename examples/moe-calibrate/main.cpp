@@ -379,6 +379,15 @@ KernelChoice kernel_for(const Options& o, Precision p) {
   return k;
 }
 
+/// --slope-precision: one of the formats moekit quantizes into.
+Precision slope_precision(const Options& o) {
+  const auto p = parse_precision(o.slope_precision);
+  if (!p || std::find(std::begin(all_precisions), std::end(all_precisions), *p) ==
+                std::end(all_precisions))
+    bad_flag("--slope-precision", "'" + o.slope_precision + "' (f32, bf16, f16, q8, q4 or q2)");
+  return *p;
+}
+
 /// The per-token slope: least squares over 1..32 tokens at `p` (Fiddler's calibration,
 /// fiddler.md §2.1), each count timed on cold copies of the expert (time_expert rotates them).
 double batch_slope(const Options& o, Precision p, ThreadPool& pool, std::size_t rotation,
@@ -409,17 +418,14 @@ double batch_slope(const Options& o, Precision p, ThreadPool& pool, std::size_t 
 sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double overhead,
                                     sim::TimedKernels& timed) {
   constexpr std::size_t rotation = 256u << 20;  // > 4x the LLC of large server CPUs
-  const auto slope_p = parse_precision(o.slope_precision);
-  if (!slope_p || std::find(std::begin(all_precisions), std::end(all_precisions), *slope_p) ==
-                      std::end(all_precisions))
-    bad_flag("--slope-precision", "'" + o.slope_precision + "' (f32, bf16, f16, q8, q4 or q2)");
+  const Precision slope_p = slope_precision(o);
   sim::ProcessorModel cpu;
   cpu.call_overhead_s = overhead;
   // Results on stdout; progress on stderr (a terminal only), erased before each result.
   tools::Progress progress("kernels", std::size(all_precisions) + 6, tools::ProgressUnit::items,
                            false);
   std::size_t done = 0;
-  const double per_token = batch_slope(o, *slope_p, pool, rotation, progress, done);
+  const double per_token = batch_slope(o, slope_p, pool, rotation, progress, done);
   cpu.flops_per_s = 6.0 * double(o.hidden) * double(o.ffn) / per_token;
   std::printf(
       "  batch slope (least squares, 1..32 tokens, %s): %.3f ms per extra token → %.1f "
@@ -464,6 +470,7 @@ std::size_t check_flags(const Options& o) {
   if (o.reps < 1) bad_flag("--reps", "must be >= 1");
   if (o.io_threads == 0 || o.io_threads > 256) bad_flag("--io-threads", "must be in [1, 256]");
   (void)kernel_for(o, Precision::q4);  // --activations and --expert-layout, before measuring
+  (void)slope_precision(o);
   const std::size_t asked = parse_size("--disk-size", o.disk_size);
   if (asked < disk_chunk)
     bad_flag("--disk-size",
