@@ -27,8 +27,10 @@
 #
 # --sim FILE (moe-calibrate's hardware file of this machine; made by `moe-calibrate --checkpoint
 # <the model>` first when FILE does not exist): after each run, moe-sim replays the same trace
-# tokens (--replay-slice: the run's prompt and decode tokens) at the run's expert budget on
-# `--hardware this_machine`, and a second table sets its predicted decode tok/s against the
+# tokens (--replay-slice: the run's prompt and decode tokens) at the run's expert budget and
+# dense precision (moe-run's dense_precision) on `--hardware this_machine`; a file written before
+# moe-calibrate recorded the link's reads in flight and the kernels it timed is measured again.
+# A second table sets its predicted decode tok/s against the
 # measured one (issue 21: within ±20%). moe-run's oracle stand-ins are simulated by moe-sim's noisy
 # oracles (hobbit-oracle → hobbit, fate-oracle → fate, mobile-oracle → mobile), nextuse by
 # nextuse-fit; `hobbit`, `fate` and `mobile` run their real gates (or confidence) on random weights
@@ -74,6 +76,12 @@ sim_rows="$out/policies-sim.md"
 : > "$sim_rows"
 if [[ -n "$sim" ]]; then
   [[ -x "$moe_sim" ]] || cmake --build --preset release --target moe-sim moe-calibrate
+  # A file from before the link's reads in flight and the timed kernels (moe-calibrate of session
+  # 17) times the experts with f32 activations and serialises the link: measured again.
+  if [[ -f "$sim" ]] && ! jq -e '.link.reads_in_flight and .timed' "$sim" > /dev/null; then
+    echo "policies.sh: $sim predates the link's reads in flight and the timed kernels: recalibrating" >&2
+    rm -f "$sim"
+  fi
   if [[ ! -f "$sim" ]]; then
     echo "policies.sh: calibrating this machine into $sim (moe-calibrate) ..." >&2
     "$here/build/release/examples/moe-calibrate/moe-calibrate" --checkpoint "$file" \
@@ -91,10 +99,12 @@ simulate() {
     nextuse) sp=nextuse-fit ;;
     *) return 0 ;;
   esac
-  local prompt_n decode_n budget prec sim_json
-  read -r prompt_n decode_n budget prec < <(jq -r '"\(.prompt_tokens) \(.decode_tokens) \(.expert_budget_bytes) \(.precision)"' <<< "$row")
+  local prompt_n decode_n budget prec dense sim_json
+  # The dense matrices' precision: moe-run's dense_precision ("q4+f32": the first that is not f32).
+  read -r prompt_n decode_n budget prec dense < <(jq -r '"\(.prompt_tokens) \(.decode_tokens) \(.expert_budget_bytes) \(.precision) \((.dense_precision // "bf16") | split("+") | (map(select(. != "f32")) + ["f32"])[0])"' <<< "$row")
   sim_json=$("$moe_sim" --import-mixtral "$trace_dir/$tr" --preset "$sp" --no-belady \
-             --budget "${budget}B" --precision "$prec" --replay-slice "$prompt_n,$decode_n" \
+             --budget "${budget}B" --precision "$prec" --dense-precision "$dense" \
+             --replay-slice "$prompt_n,$decode_n" \
              --hardware this_machine --hardware-file "$sim" --json 2>> "$out/last-sim.err") ||
     { echo "| $tr | $p | moe-sim failed: $(tail -c 200 "$out/last-sim.err" | tr '\n|' '  ') | | | | |" >> "$sim_rows"; return 0; }
   jq -r --arg t "$tr" --arg p "$p" --arg sp "$sp" --argjson m "$row" '.runs[0] as $r |
@@ -120,7 +130,7 @@ for tr in "${trace_list[@]}"; do
         prefill_tps: .prefill_tokens_per_s, decode_hit_rate, error,
         decode_tokens: ((.generated_tokens // 1) - 1), decode_bytes: .decode_bytes_loaded,
         decode_stall: .decode_stall_seconds, missing: .routing_trace_missing,
-        expert_budget_bytes, prompt_tokens, precision, fate_decode_timing}' <<< "$json")
+        expert_budget_bytes, prompt_tokens, precision, dense_precision, fate_decode_timing}' <<< "$json")
     echo "$row" >> "$out/policies.jsonl"
     [[ "$p" == baseline && $rc -eq 0 ]] && base=$(jq .decode_tps <<< "$row")
     [[ -n "$sim" && $rc -eq 0 ]] && simulate "$row" "$tr" "$p"

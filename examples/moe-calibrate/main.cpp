@@ -8,13 +8,23 @@
 //    reported in `source`, for reference;
 //  * disk read bandwidth with O_DIRECT on a temporary file of --disk-size bytes created in
 //    --disk-dir with O_EXCL (never overwrites; deleted afterwards) → link.bandwidth_bytes_per_s;
-//    the median 4 KiB O_DIRECT read → link.latency_s;
-//  * the project's fused expert FFN (precision/expert_ffn.hpp over precision/gemv.hpp) per stored
-//    precision for one expert of --hidden × --ffn: weight rate = expert bytes / (time of one
-//    token − call overhead) → weight_bytes_per_s[p]; call overhead = the median call of a tiny
-//    (64 × 64) f32 expert; flops_per_s from the least-squares slope over 1, 2, 4, …, 32 tokens at
-//    f16 (each count timed on cold copies of the expert).
-// "cpu" gets the same numbers as "device"; layer_overhead_s = the call overhead [choice].
+//    the median 4 KiB O_DIRECT read → link.latency_s; with --checkpoint, the rate moe-run's own
+//    loader reads that file's experts in place with as many reads in flight as it keeps (two per
+//    --io-threads) → link.bandwidth_bytes_per_s, and that count → link.reads_in_flight (a store:
+//    one per --io-threads); the rate of one read at a time → link.read_bandwidth_bytes_per_s;
+//  * the project's fused expert FFN (precision/expert_ffn.hpp) per stored precision for one
+//    expert of --hidden × --ffn, run as moe-run runs it at -t --threads: the activations
+//    --activations resolves to for that precision (auto: int8 for quantized experts on AVX2 or
+//    better, engine/activations.hpp) and the quantized matrices in the --expert-layout order
+//    (auto: engine/expert_layout.hpp's table for this core). The batch slope (least squares over
+//    1, 2, 4, …, 32 tokens at --slope-precision, each count timed on cold copies of the expert)
+//    → flops_per_s; the call overhead = the median call of a tiny (64 × 64) f32 expert; weight
+//    rate = expert bytes / (one token's time − call overhead) → weight_bytes_per_s[p], and
+//    fixed_includes_first_token: a decode call costs the measured one-token time, a batch of n
+//    adds n − 1 slopes. "timed" records the activations and layout of each precision, the
+//    threads and the ISA.
+// "cpu" gets the same numbers as "device"; layer_overhead_s = the call overhead [choice]. The
+// file says host_is_device and experts_after_all_loads (moe-run's engine on a CPU-only machine).
 
 #include <fcntl.h>
 #include <sys/vfs.h>
@@ -36,14 +46,18 @@
 #include <CLI/CLI.hpp>
 
 #include "moekit/core/precision.hpp"
+#include "moekit/engine/activations.hpp"
+#include "moekit/engine/expert_layout.hpp"
 #include "moekit/engine/loader_read_rate.hpp"
 #include "moekit/engine/memory_budget.hpp"
 #include "moekit/error.hpp"
 #include "moekit/io/aligned_buffer.hpp"
+#include "moekit/io/expert_blob.hpp"
 #include "moekit/io/output_file.hpp"
 #include "moekit/precision/expert_ffn.hpp"
 #include "moekit/precision/gemv.hpp"
 #include "moekit/precision/isa.hpp"
+#include "moekit/precision/panels.hpp"
 #include "moekit/precision/quantize.hpp"
 #include "moekit/precision/thread_pool.hpp"
 #include "moekit/sim/hardware.hpp"
@@ -241,38 +255,57 @@ DiskResult disk_read(const fs::path& dir, std::size_t size) {
 
 // ---- kernels ----------------------------------------------------------------------------------
 
-struct Expert {
-  std::vector<std::byte> w1, w3, w2;
-  std::size_t hidden, ffn;
-  Precision p;
-  [[nodiscard]] ExpertWeights view() const {
-    return {MatrixView{w1.data(), ffn, hidden, p, {}}, MatrixView{w3.data(), ffn, hidden, p, {}},
-            MatrixView{w2.data(), hidden, ffn, p, {}}};
-  }
-  [[nodiscard]] std::size_t bytes() const { return w1.size() + w3.size() + w2.size(); }
+/// How moe-run runs an expert at one precision: the activation type and the order of the
+/// quantized matrices (--activations / --expert-layout, both auto by default).
+struct KernelChoice {
+  bool int8 = false;
+  MatrixOrder order = MatrixOrder::rows;
 };
 
-Expert make_expert(std::size_t hidden, std::size_t ffn, Precision p, unsigned seed) {
+/// An expert blob (w1, w3, w2 back to back, io/expert_blob.hpp) in the order moe-run reads it.
+struct Expert {
+  std::vector<std::byte> blob;
+  ModelShape shape;
+  Precision p;
+  KernelChoice kernel;
+  [[nodiscard]] ExpertWeights view() const { return io::expert_view(shape, blob, p, kernel.order); }
+  [[nodiscard]] std::size_t bytes() const { return blob.size(); }
+};
+
+Expert make_expert(std::size_t hidden, std::size_t ffn, Precision p, KernelChoice kernel,
+                   unsigned seed) {
   std::mt19937 g(seed);
   std::normal_distribution<float> d(0.0f, 0.02f);
-  auto mat = [&](std::size_t rows, std::size_t cols) {
-    std::vector<float> w(rows * cols);
+  const ModelShape shape{.n_layers = 1,
+                         .n_experts = 1,
+                         .top_k = 1,
+                         .hidden = static_cast<std::uint32_t>(hidden),
+                         .ffn = static_cast<std::uint32_t>(ffn)};
+  std::vector<std::byte> rows;  // io::encode_expert_blob's layout, one matrix in floats at a time
+  rows.reserve(shape.expert_bytes(p));
+  for (auto [r, c] : {std::pair{ffn, hidden}, std::pair{ffn, hidden}, std::pair{hidden, ffn}}) {
+    std::vector<float> w(r * c);
     for (auto& v : w) v = d(g);
-    return encode_matrix<float>(w, rows, cols, p, QuantScheme{});
-  };
-  Expert e{mat(ffn, hidden), mat(ffn, hidden), mat(hidden, ffn), hidden, ffn, p};
-  return e;
+    const auto enc = encode_matrix<float>(w, r, c, p, shape.quant);
+    rows.insert(rows.end(), enc.begin(), enc.end());
+  }
+  if (is_quantized(p) && in_panels(kernel.order))
+    rows = io::expert_blob_in_panels(shape, p, rows, kernel.order);
+  return Expert{std::move(rows), shape, p, kernel};
 }
 
 /// Median seconds of one expert_ffn call over `n` tokens, rotating over copies of `e` whose
-/// total exceeds `rotation` bytes (cold weights, as in MoE decode).
+/// total exceeds `rotation` bytes (cold weights, as in MoE decode), with the activations of
+/// `e.kernel` (moe-run's MoeLayer: KernelOptions::int8_activations, the pool of -t threads).
 double time_expert(const Expert& e, std::size_t n, ThreadPool& pool, std::size_t rotation,
                    int reps) {
   const std::size_t copies =
       std::max<std::size_t>(2, rotation / std::max<std::size_t>(1, e.bytes()));
   std::vector<Expert> cs(copies, e);
-  std::vector<float> x(n * e.hidden, 0.5f), out(n * e.hidden, 0.0f);
-  const KernelOptions opts{std::nullopt, &pool};
+  const std::size_t hidden = e.shape.hidden;
+  std::vector<float> x(n * hidden, 0.5f), out(n * hidden, 0.0f);
+  KernelOptions opts{std::nullopt, &pool};
+  opts.int8_activations = e.kernel.int8;
   std::vector<double> t;
   for (int r = -static_cast<int>(copies); r < reps; ++r) {
     const Expert& c = cs[static_cast<std::size_t>(r + static_cast<int>(copies)) % copies];
@@ -288,6 +321,8 @@ struct Options {
   std::uint32_t checkpoint_experts = 32;
   std::size_t hidden = 4096, ffn = 14336;
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  unsigned io_threads = 2;
+  std::string activations = "auto", expert_layout = "auto", slope_precision = "q4";
   int reps = 9;
   bool force = false;
 };
@@ -307,42 +342,64 @@ void add_flags(CLI::App& app, Options& o) {
                  "experts --checkpoint reads (default 32)");
   app.add_option("--hidden", o.hidden, "expert hidden size (default 4096, Mixtral-8x7B)");
   app.add_option("--ffn", o.ffn, "expert ffn size (default 14336, Mixtral-8x7B)");
-  app.add_option("--threads", o.threads, "kernel threads (default: all cores)");
+  app.add_option("--threads", o.threads,
+                 "kernel threads: moe-run's -t of the runs to simulate (default: all cores, as "
+                 "moe-run's)");
+  app.add_option("--io-threads", o.io_threads,
+                 "moe-run's --io-threads (default 2): the reads its loader keeps in flight");
+  app.add_option("--activations", o.activations,
+                 "moe-run's --activations: auto (default), f32 or int8");
+  app.add_option("--expert-layout", o.expert_layout,
+                 "moe-run's --expert-layout: auto (default), rows, panels or blocked-panels");
+  app.add_option("--slope-precision", o.slope_precision,
+                 "precision whose batch slope (1..32 tokens) gives flops_per_s (default q4)");
   app.add_option("--reps", o.reps, "timed repetitions per measurement (median; default 9)");
 }
 
-/// The CPU's expert kernels: the weight rate per stored precision (one token, less the call
-/// overhead) and the flop rate from the least-squares slope over 1..32 tokens at f16.
-sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double overhead) {
-  constexpr std::size_t rotation = 256u << 20;  // > 4x the LLC of large server CPUs
-  sim::ProcessorModel cpu;
-  cpu.call_overhead_s = overhead;
-  // Results on stdout; progress on stderr (a terminal only), erased before each result.
-  tools::Progress progress("kernels", std::size(all_precisions) + 6, tools::ProgressUnit::items,
-                           false);
-  std::size_t done = 0;
-  for (Precision p : all_precisions) {
-    if (p == Precision::skip) continue;
-    progress.update(done++, std::string(name(p)));
-    const Expert e = make_expert(o.hidden, o.ffn, p, 2);
-    const double t = time_expert(e, 1, pool, rotation, o.reps);
-    const double rate = double(e.bytes()) / std::max(t - overhead, t * 1e-3);
-    progress.clear();
-    cpu.weight_bytes_per_s[static_cast<std::size_t>(p)] = rate;
-    std::printf("  %-5s %8.1f MiB  %9.3f ms  %7.2f GB/s\n", std::string(name(p)).c_str(),
-                double(e.bytes()) / 1048576.0, t * 1e3, rate / 1e9);
-    std::fflush(stdout);
+/// The kernel moe-run runs an expert at `p` with: int8 activations as `--activations` resolves
+/// for that precision (engine/activations.hpp), and the quantized matrices in the order of
+/// `--expert-layout` (auto: engine/expert_layout.hpp's table for this core); float experts in
+/// rows with float activations.
+KernelChoice kernel_for(const Options& o, Precision p) {
+  const auto mode = engine::parse_activation_mode(o.activations);
+  if (!mode) bad_flag("--activations", "'" + o.activations + "' (auto, f32 or int8)");
+  const Precision one[] = {p};
+  KernelChoice k;
+  k.int8 = engine::resolve_int8_activations(*mode, std::span<const Precision>(one),
+                                            std::min(o.hidden, o.ffn));
+  if (!is_quantized(p) || !panels_supported(QuantScheme{})) return k;
+  if (o.expert_layout == "auto") {
+    k.order = engine::auto_expert_order(detect_core(), k.int8);
+  } else {
+    const auto order = engine::parse_layout_word(o.expert_layout);
+    if (!order)
+      bad_flag("--expert-layout", "'" + o.expert_layout + "' (auto, " + engine::layout_words + ")");
+    k.order = *order;
   }
-  // The slope: least squares over 1..32 tokens (Fiddler's calibration, fiddler.md §2.1), each
-  // count timed on cold copies of the expert (time_expert rotates over them).
-  const Expert e = make_expert(o.hidden, o.ffn, Precision::f16, 3);
+  return k;
+}
+
+/// --slope-precision: one of the formats moekit quantizes into.
+Precision slope_precision(const Options& o) {
+  const auto p = parse_precision(o.slope_precision);
+  if (!p || std::find(std::begin(all_precisions), std::end(all_precisions), *p) ==
+                std::end(all_precisions))
+    bad_flag("--slope-precision", "'" + o.slope_precision + "' (f32, bf16, f16, q8, q4 or q2)");
+  return *p;
+}
+
+/// The per-token slope: least squares over 1..32 tokens at `p` (Fiddler's calibration,
+/// fiddler.md §2.1), each count timed on cold copies of the expert (time_expert rotates them).
+double batch_slope(const Options& o, Precision p, ThreadPool& pool, std::size_t rotation,
+                   tools::Progress& progress, std::size_t& done) {
+  const Expert e = make_expert(o.hidden, o.ffn, p, kernel_for(o, p), 3);
   double sn = 0, st = 0, snn = 0, snt = 0, k = 0;
   for (std::size_t n : {1, 2, 4, 8, 16, 32}) {
-    progress.update(done++, "f16 x " + std::to_string(n) + " tokens");
+    progress.update(done++, std::string(name(p)) + " x " + std::to_string(n) + " tokens");
     const double t = time_expert(e, n, pool, rotation, o.reps);
     progress.clear();
     sn += double(n), st += t, snn += double(n * n), snt += double(n) * t, ++k;
-    std::printf("  f16 x %2zu tokens: %9.3f ms\n", n, t * 1e3);
+    std::printf("  %s x %2zu tokens: %9.3f ms\n", std::string(name(p)).c_str(), n, t * 1e3);
   }
   const double per_token = (k * snt - sn * st) / (k * snn - sn * sn);
   if (!(per_token > 0))
@@ -350,12 +407,77 @@ sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double o
                         "the expert calls did not get slower with more tokens (least-squares "
                         "slope over 1..32 tokens <= 0); rerun with more --reps on a quieter "
                         "machine");
+  return per_token;
+}
+
+/// The CPU's expert kernels, each precision timed as moe-run runs it (kernel_for): the batch
+/// slope at --slope-precision → flops_per_s; per precision, the weight rate from one token's time
+/// less the call overhead. A one-token call (decode: a GEMV) and the slope of a batch (prefill:
+/// the GEMM) are different kernels, so the file says fixed_includes_first_token: the model's
+/// decode call costs the measured time, a batch of n adds n − 1 slopes. `timed` records what ran.
+sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double overhead,
+                                    sim::TimedKernels& timed) {
+  constexpr std::size_t rotation = 256u << 20;  // > 4x the LLC of large server CPUs
+  const Precision slope_p = slope_precision(o);
+  sim::ProcessorModel cpu;
+  cpu.call_overhead_s = overhead;
+  // Results on stdout; progress on stderr (a terminal only), erased before each result.
+  tools::Progress progress("kernels", std::size(all_precisions) + 6, tools::ProgressUnit::items,
+                           false);
+  std::size_t done = 0;
+  const double per_token = batch_slope(o, slope_p, pool, rotation, progress, done);
   cpu.flops_per_s = 6.0 * double(o.hidden) * double(o.ffn) / per_token;
   std::printf(
-      "  batch slope (least squares, 1..32 tokens): %.3f ms per extra token → %.1f "
+      "  batch slope (least squares, 1..32 tokens, %s): %.3f ms per extra token → %.1f "
       "GFLOP/s\n",
-      per_token * 1e3, cpu.flops_per_s / 1e9);
+      o.slope_precision.c_str(), per_token * 1e3, cpu.flops_per_s / 1e9);
+  timed.threads = o.threads;
+  timed.isa = std::string(name(detect_isa()));
+  for (Precision p : all_precisions) {
+    if (p == Precision::skip) continue;
+    progress.update(done++, std::string(name(p)));
+    const KernelChoice kc = kernel_for(o, p);
+    const Expert e = make_expert(o.hidden, o.ffn, p, kc, 2);
+    const double t = time_expert(e, 1, pool, rotation, o.reps);
+    const double rate = double(e.bytes()) / std::max(t - overhead, t * 1e-3);
+    progress.clear();
+    const auto i = static_cast<std::size_t>(p);
+    cpu.weight_bytes_per_s[i] = rate;
+    timed.activations[i] = kc.int8 ? "int8" : "f32";
+    timed.layout[i] = is_quantized(p) ? engine::layout_word(kc.order) : "rows";
+    std::printf("  %-5s %8.1f MiB  %9.3f ms  %7.2f GB/s  (%s activations, %s)\n",
+                std::string(name(p)).c_str(), double(e.bytes()) / 1048576.0, t * 1e3, rate / 1e9,
+                timed.activations[i].c_str(), timed.layout[i].c_str());
+    std::fflush(stdout);
+  }
   return cpu;
+}
+
+/// Reads moe-run's loader keeps in flight: its checkpoint reader runs two threads per
+/// --io-threads (ExpertLoader::checkpoint, engine/expert_source.hpp), its store reader one.
+std::uint32_t reads_in_flight(const Options& o) {
+  return o.checkpoint.empty() ? o.io_threads : 2 * o.io_threads;
+}
+
+/// Checks the flags before any measurement (the output path included: the directory exists and
+/// is writable, the target is not a directory or device, and an existing file is replaced only
+/// with --force, written atomically at the end); returns the disk measurement's size.
+std::size_t check_flags(const Options& o) {
+  if (o.hidden == 0 || o.ffn == 0) bad_flag("--hidden/--ffn", "must be > 0");
+  if (o.hidden % 32 || o.ffn % 32)
+    bad_flag("--hidden/--ffn", "must be multiples of 32 (q4/q2 groups)");
+  if (o.threads == 0 || o.threads > 1024) bad_flag("--threads", "must be in [1, 1024]");
+  if (o.reps < 1) bad_flag("--reps", "must be >= 1");
+  if (o.io_threads == 0 || o.io_threads > 256) bad_flag("--io-threads", "must be in [1, 256]");
+  (void)kernel_for(o, Precision::q4);  // --activations and --expert-layout, before measuring
+  (void)slope_precision(o);
+  const std::size_t asked = parse_size("--disk-size", o.disk_size);
+  if (asked < disk_chunk)
+    bad_flag("--disk-size",
+             "'" + o.disk_size + "' is below the 4MiB read chunk of the measurement");
+  check_disk_dir(o.disk_dir);
+  moekit::io::check_output_path(o.out, o.force, "--out");
+  return asked / disk_chunk * disk_chunk;  // whole chunks: what is measured
 }
 
 int run(int argc, char** argv) {
@@ -369,21 +491,7 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (o.hidden == 0 || o.ffn == 0) bad_flag("--hidden/--ffn", "must be > 0");
-  if (o.hidden % 32 || o.ffn % 32)
-    bad_flag("--hidden/--ffn", "must be multiples of 32 (q4/q2 groups)");
-  if (o.threads == 0 || o.threads > 1024) bad_flag("--threads", "must be in [1, 1024]");
-  if (o.reps < 1) bad_flag("--reps", "must be >= 1");
-  const std::size_t asked = parse_size("--disk-size", o.disk_size);
-  if (asked < disk_chunk)
-    bad_flag("--disk-size",
-             "'" + o.disk_size + "' is below the 4MiB read chunk of the measurement");
-  const std::size_t dsize = asked / disk_chunk * disk_chunk;  // whole chunks: what is measured
-  check_disk_dir(o.disk_dir);
-  // Before any measurement: the directory exists and is writable, the target is not a directory
-  // or device, and an existing file is replaced only with --force (written atomically at the end).
-  moekit::io::check_output_path(o.out, o.force, "--out");
-
+  const std::size_t dsize = check_flags(o);
   ThreadPool pool(o.threads);
   const double mem = memory_bandwidth(pool, 64u << 20, 4, o.reps);
   std::printf("memory: streaming read %.2f GB/s (%u threads)\n", mem / 1e9, o.threads);
@@ -392,23 +500,27 @@ int run(int argc, char** argv) {
   std::printf("disk: O_DIRECT sequential read %.2f GB/s, 4 KiB read latency %.1f us\n",
               disk.bandwidth / 1e9, disk.latency * 1e6);
 
-  std::optional<engine::LoaderReadRate> in_place;
+  std::optional<engine::LoaderReadRate> in_place, one_read;
   if (!o.checkpoint.empty()) {
     if (!fs::exists(o.checkpoint))
       bad_flag("--checkpoint", "'" + o.checkpoint + "' does not exist");
-    in_place = engine::loader_read_rate(o.checkpoint, o.checkpoint_experts);
+    const engine::StoreIo io{.io_threads = o.io_threads};
+    in_place = engine::loader_read_rate(o.checkpoint, o.checkpoint_experts, io, reads_in_flight(o));
+    one_read = engine::loader_read_rate(o.checkpoint, o.checkpoint_experts, io, 1);
     std::printf(
-        "checkpoint: %u experts at %s read in place by moe-run's loader (%s): %.2f GB/s "
-        "(%.2f of the raw read)\n",
+        "checkpoint: %u experts at %s read in place by moe-run's loader (%s): %.2f GB/s with %u "
+        "reads in flight (%.2f of the raw read), %.2f GB/s one read at a time\n",
         in_place->experts, std::string(name(in_place->precision)).c_str(), in_place->reader.c_str(),
-        in_place->bytes_per_s / 1e9, in_place->bytes_per_s / disk.bandwidth);
+        in_place->bytes_per_s / 1e9, reads_in_flight(o), in_place->bytes_per_s / disk.bandwidth,
+        one_read->bytes_per_s / 1e9);
   }
 
-  const double overhead =
-      time_expert(make_expert(64, 64, Precision::f32, 1), 1, pool, 0, std::max(o.reps, 31));
+  const double overhead = time_expert(make_expert(64, 64, Precision::f32, KernelChoice{}, 1), 1,
+                                      pool, 0, std::max(o.reps, 31));
   std::printf("kernels (ISA %s): call overhead %.1f us; expert %zux%zu:\n",
               std::string(name(detect_isa())).c_str(), overhead * 1e6, o.hidden, o.ffn);
-  const sim::ProcessorModel cpu = measure_kernels(o, pool, overhead);
+  sim::TimedKernels timed;
+  const sim::ProcessorModel cpu = measure_kernels(o, pool, overhead, timed);
 
   sim::HardwareModel h;
   h.name = "this_machine";
@@ -422,17 +534,27 @@ int run(int argc, char** argv) {
   char src[1024];
   std::snprintf(src, sizeof src,
                 "moe-calibrate: link = %s [measured]; "
-                "device = cpu = moekit's CPU expert_ffn, %u threads, ISA %s, expert %zux%zu "
+                "%u reads in flight (moe-run's loader at --io-threads %u); "
+                "device = cpu = moekit's CPU expert_ffn as moe-run runs it (activations %s, "
+                "layout %s: see \"timed\"), %u threads, ISA %s, expert %zux%zu "
                 "[measured]; memory streaming read %.2f GB/s [measured, reference]; "
                 "layer_overhead_s = call overhead [choice]",
-                link, o.threads, std::string(name(detect_isa())).c_str(), o.hidden, o.ffn,
-                mem / 1e9);
+                link, reads_in_flight(o), o.io_threads, o.activations.c_str(),
+                o.expert_layout.c_str(), o.threads, std::string(name(detect_isa())).c_str(),
+                o.hidden, o.ffn, mem / 1e9);
   h.source = src;
   h.link = {.bandwidth_bytes_per_s = in_place ? in_place->bytes_per_s : disk.bandwidth,
-            .latency_s = disk.latency};
+            .latency_s = disk.latency,
+            .reads_in_flight = reads_in_flight(o),
+            .read_bandwidth_bytes_per_s =
+                one_read ? std::min(one_read->bytes_per_s, in_place->bytes_per_s) : 0.0};
   h.device = h.cpu = cpu;
   h.layer_overhead_s = overhead;
-  h.host_holds_experts = false;  // CPU-only: the expert cache is this host's memory
+  h.host_holds_experts = false;         // CPU-only: the expert cache is this host's memory
+  h.host_is_device = true;              // ... and the host CPU runs every expert, one after another
+  h.experts_after_all_loads = true;     // moe-run's MoeLayer resolves the whole plan first
+  h.fixed_includes_first_token = true;  // the rates are one-token calls (measure_kernels)
+  h.timed = timed;
   sim::write_hardware_json(h, o.out, o.force);
   std::printf("wrote %s (use: moe-sim --hardware this_machine --hardware-file %s)\n", o.out.c_str(),
               o.out.c_str());

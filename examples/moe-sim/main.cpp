@@ -214,6 +214,8 @@ struct Options {
   std::string hardware_file;
   std::string bandwidth;
   std::string precision = "f16";
+  std::string dense_precision = "bf16";  // --dense-precision: the dense matrices' storage
+  std::uint32_t reads_in_flight = 0;     // --reads-in-flight: override the hardware's (0: keep)
   std::uint32_t hidden = 0, ffn = 0;
   std::vector<std::string> sweeps;
   std::string out = "moe-sim-sweep";
@@ -344,11 +346,13 @@ ModelShape shape_for(const RoutingTrace& tr, Options o, const ExpertDims& dims) 
   return s;
 }
 
-DenseLayerShape dense_for(const ModelShape& s) {
-  if (s == mixtral_8x7b) return mixtral_8x7b_dense();
+DenseLayerShape dense_for(const ModelShape& s, Precision p) {
+  // Mixtral-8x7B's layers (any number of them: a model cut to its first layers has the same).
+  if (s.hidden == mixtral_8x7b.hidden && s.ffn == mixtral_8x7b.ffn &&
+      s.n_experts == mixtral_8x7b.n_experts && s.top_k == mixtral_8x7b.top_k)
+    return {mixtral_8x7b_dense().params, p};
   // Not Mixtral: assume multi-head attention (4·d² projections) plus the router.
-  return DenseLayerShape{4ull * s.hidden * s.hidden + std::uint64_t{s.n_experts} * s.hidden,
-                         Precision::bf16};
+  return DenseLayerShape{4ull * s.hidden * s.hidden + std::uint64_t{s.n_experts} * s.hidden, p};
 }
 
 HardwareModel hardware_for(const Options& o) {
@@ -361,6 +365,7 @@ HardwareModel hardware_for(const Options& o) {
   HardwareModel h = hardware_preset(name, o.hardware_file);
   if (!o.bandwidth.empty())
     h.link.bandwidth_bytes_per_s = parse_bandwidth("--bandwidth", o.bandwidth);
+  if (o.reads_in_flight != 0) h.link.reads_in_flight = o.reads_in_flight;
   return h;
 }
 
@@ -578,13 +583,8 @@ std::vector<const SimEntry*> chosen_presets(const std::string& name) {
   return out;
 }
 
-void add_flags(CLI::App& app, Options& o) {
-  app.add_option("--trace", o.traces, "trace file: moekit binary (.mktrace) or JSONL");
-  app.add_option("--import-mixtral", o.mixtral,
-                 "shared Mixtral JSONL trace (*.decode.jsonl or *.prefill-decode.raw.jsonl)");
-  app.add_option("--preset", o.preset, preset_names("|") + "|all (default " + o.preset + ")");
-  app.add_option("--budget", o.budget,
-                 "expert cache: slots (128), bytes (24GiB, 1.5e9B) or share of experts (50%)");
+/// The simulated machine and the model's storage: --hardware and what overrides or completes it.
+void add_machine_flags(CLI::App& app, Options& o) {
   app.add_option("--hardware", o.hardware,
                  "rtx4090-pcie4|jetson-orin-ssd|rtx3090-pcie3|rtx4080-pcie4|"
                  "quadro-rtx6000-pcie3|this_machine (default rtx4090-pcie4)");
@@ -592,6 +592,23 @@ void add_flags(CLI::App& app, Options& o) {
                  "JSON for --hardware this_machine (written by moe-calibrate)");
   app.add_option("--bandwidth", o.bandwidth, "override the link bandwidth (e.g. 16GB/s)");
   app.add_option("--precision", o.precision, "the model's own (base) precision (default f16)");
+  app.add_option("--dense-precision", o.dense_precision,
+                 "what the dense matrices (attention, router) are stored at (default bf16; "
+                 "moe-run's --json says dense_precision)");
+  app.add_option("--reads-in-flight", o.reads_in_flight,
+                 "transfers the link runs at once, sharing its bandwidth (default: the "
+                 "hardware's; 1 for the paper presets)")
+      ->check(CLI::Range(1u, LinkModel::max_reads_in_flight));
+}
+
+void add_flags(CLI::App& app, Options& o) {
+  app.add_option("--trace", o.traces, "trace file: moekit binary (.mktrace) or JSONL");
+  app.add_option("--import-mixtral", o.mixtral,
+                 "shared Mixtral JSONL trace (*.decode.jsonl or *.prefill-decode.raw.jsonl)");
+  app.add_option("--preset", o.preset, preset_names("|") + "|all (default " + o.preset + ")");
+  app.add_option("--budget", o.budget,
+                 "expert cache: slots (128), bytes (24GiB, 1.5e9B) or share of experts (50%)");
+  add_machine_flags(app, o);
   // Bounded so that an expert's bytes (3·hidden·ffn·4) cannot overflow.
   app.add_option("--hidden", o.hidden, "expert hidden size, for traces not shaped like Mixtral")
       ->check(CLI::Range(0u, 1u << 20));
@@ -670,6 +687,7 @@ void print_list() {
 struct Setup {
   Options o;
   Precision base = Precision::f16;
+  Precision dense = Precision::bf16;
   std::optional<Sweep> sweep;
   BudgetSpec budget;
   HardwareModel hw;
@@ -696,6 +714,11 @@ Setup setup_of(const Options& o) {
   if (!base || *base == Precision::skip)
     bad_flag("--precision", "unknown precision '" + o.precision + "'");
   s.base = *base;
+  const auto dense = parse_precision(o.dense_precision);
+  if (!dense || std::find(std::begin(all_precisions), std::end(all_precisions), *dense) ==
+                    std::end(all_precisions))
+    bad_flag("--dense-precision", "unknown precision '" + o.dense_precision + "'");
+  s.dense = *dense;
   if (!o.replay_slice.empty() && o.replay_slice[0] + o.replay_slice[1] == 0)
     bad_flag("--replay-slice", "replays no token (give PROMPT,DECODE with a token in either)");
   if (o.sweeps.size() > 1) bad_flag("--sweep", "give one sweep per run");
@@ -869,7 +892,7 @@ std::vector<Row> run_all(const Setup& s, const Traces& t,
     const auto cal = std::make_shared<const RoutingTrace>(std::move(split.calibration));
     calibration.push_back(tr.name() + ": " + split.text);
     const ModelShape shape = shape_for(tr, s.o, t.dims);
-    const ComputeModel compute = s.hw.compute_model(shape, dense_for(shape));
+    const ComputeModel compute = s.hw.compute_model(shape, dense_for(shape, s.dense));
     for (const std::string& v : values) {
       Point pt = point_of(s, tr, shape, compute, t.dims, v);
       pt.rp.calibration = cal;

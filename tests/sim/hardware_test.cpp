@@ -160,3 +160,108 @@ TEST_CASE("this_machine JSON round-trips and is validated field by field", "[sim
     CHECK(e.message().find("invalid JSON") != std::string::npos);
   }
 }
+
+TEST_CASE("this_machine JSON: the link's readers, the CPU-only engine and what was timed",
+          "[sim][hardware]") {
+  HardwareModel h = rtx4080_pcie4();
+  h.name = "this_machine";
+  h.link.reads_in_flight = 4;
+  h.link.read_bandwidth_bytes_per_s = h.link.bandwidth_bytes_per_s / 4;
+  h.host_holds_experts = false;
+  h.host_is_device = true;
+  h.experts_after_all_loads = true;
+  TimedKernels t;
+  t.threads = 2;
+  t.isa = "avx2";
+  t.activations[static_cast<std::size_t>(Precision::q4)] = "int8";
+  t.layout[static_cast<std::size_t>(Precision::q4)] = "blocked-panels";
+  t.activations[static_cast<std::size_t>(Precision::f16)] = "f32";
+  t.layout[static_cast<std::size_t>(Precision::f16)] = "rows";
+  h.timed = t;
+  const std::string text = serialize_hardware_json(h);
+  const HardwareModel back = parse_hardware_json(text, "mem");
+  CHECK(back.link.reads_in_flight == 4);
+  CHECK(back.link.read_bandwidth_bytes_per_s == h.link.read_bandwidth_bytes_per_s);
+  CHECK(back.host_is_device);
+  CHECK(back.experts_after_all_loads);
+  REQUIRE(back.timed);
+  CHECK(back.timed->threads == 2);
+  CHECK(back.timed->isa == "avx2");
+  CHECK(back.timed->activations == t.activations);
+  CHECK(back.timed->layout == t.layout);
+
+  // A file without the new keys (written before them) reads as the model it was made for.
+  nlohmann::json old = nlohmann::json::parse(text);
+  old["link"].erase("reads_in_flight");
+  old["link"].erase("read_bandwidth_bytes_per_s");
+  old.erase("host_is_device");
+  old.erase("experts_after_all_loads");
+  old.erase("fixed_includes_first_token");
+  old.erase("timed");
+  const HardwareModel o = parse_hardware_json(old.dump(), "old.json");
+  CHECK(o.link.reads_in_flight == 1);
+  CHECK(o.link.read_bandwidth_bytes_per_s == 0.0);
+  CHECK_FALSE(o.host_is_device);
+  CHECK_FALSE(o.experts_after_all_loads);
+  CHECK_FALSE(o.fixed_includes_first_token);
+  CHECK_FALSE(o.timed);
+
+  auto rejects = [&](auto&& f, const std::string& field) {
+    nlohmann::json j = nlohmann::json::parse(text);
+    f(j);
+    try {
+      (void)parse_hardware_json(j.dump(), "hw.json");
+      FAIL("accepted a document with a bad '" << field << "'");
+    } catch (const Error& e) {
+      INFO(e.message());
+      CHECK(e.message().find("'" + field + "'") != std::string::npos);
+    }
+  };
+  rejects([](auto& j) { j["link"]["reads_in_flight"] = 0; }, "link.reads_in_flight");
+  rejects([](auto& j) { j["link"]["reads_in_flight"] = 1.5; }, "link.reads_in_flight");
+  rejects([](auto& j) { j["link"]["read_bandwidth_bytes_per_s"] = 1e300; },
+          "link.read_bandwidth_bytes_per_s");
+  rejects([](auto& j) { j["host_is_device"] = "yes"; }, "host_is_device");
+  rejects([](auto& j) { j["experts_after_all_loads"] = 0; }, "experts_after_all_loads");
+  rejects([](auto& j) { j["fixed_includes_first_token"] = 1; }, "fixed_includes_first_token");
+  rejects([](auto& j) { j["timed"]["activations"]["q3"] = "int8"; }, "timed.activations.q3");
+  rejects([](auto& j) { j["timed"]["layout"]["q4"] = ""; }, "timed.layout.q4");
+  rejects([](auto& j) { j["timed"].erase("threads"); }, "timed.threads");
+}
+
+TEST_CASE("compute_model: a CPU-only machine runs host experts in line, after their reads",
+          "[sim][hardware]") {
+  const ModelShape& s = mixtral_8x7b;
+  const DenseLayerShape dense = mixtral_8x7b_dense();
+  HardwareModel h = rtx4080_pcie4();
+  h.host_holds_experts = false;
+  const auto q4 = static_cast<std::size_t>(Precision::q4);
+  // A GPU machine whose host does not hold the experts: the CPU side pays the transfer itself.
+  const ComputeModel gpu = h.compute_model(s, dense);
+  CHECK(gpu.cpu_beside_device);
+  CHECK_FALSE(gpu.cpu_reads_over_link);
+  CHECK_FALSE(gpu.experts_after_all_loads);
+  CHECK(gpu.cpu_expert_s[q4] ==
+        h.cpu.fixed_s(s, Precision::q4) + h.link.transfer_s(s.expert_bytes(Precision::q4)));
+  h.host_is_device = true;
+  h.experts_after_all_loads = true;
+  const ComputeModel cpu_only = h.compute_model(s, dense);
+  CHECK_FALSE(cpu_only.cpu_beside_device);
+  CHECK(cpu_only.cpu_reads_over_link);  // the SimLoader reads them; the CPU time is compute only
+  CHECK(cpu_only.experts_after_all_loads);
+  CHECK(cpu_only.cpu_expert_s[q4] == h.cpu.fixed_s(s, Precision::q4));
+  h.host_holds_experts = true;
+  CHECK_FALSE(h.compute_model(s, dense).cpu_reads_over_link);
+
+  // fixed_includes_first_token: a one-token call costs the fixed part, n tokens n − 1 slopes more.
+  CHECK(cpu_only.device(Precision::q4, 1) ==
+        cpu_only.device_expert_s[q4] + cpu_only.device_expert_token_s[q4]);
+  h.fixed_includes_first_token = true;
+  const ComputeModel first = h.compute_model(s, dense);
+  CHECK(first.device(Precision::q4, 1) == first.device_expert_s[q4]);
+  CHECK(first.device(Precision::q4, 3) ==
+        first.device_expert_s[q4] + 2 * first.device_expert_token_s[q4]);
+  CHECK(first.layer(1) == first.layer_s);
+  CHECK(first.cpu(Precision::q4, 0) == first.cpu_expert_s[q4]);
+  CHECK(parse_hardware_json(serialize_hardware_json(h), "mem").fixed_includes_first_token);
+}

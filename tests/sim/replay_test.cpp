@@ -456,3 +456,71 @@ TEST_CASE("replay: Fiddler's CPU experts run beside the device side (max, not su
     CHECK(r.compute_s == Approx(3 * std::max(dev, cpu)).epsilon(1e-9));
   }
 }
+
+TEST_CASE("replay: experts_after_all_loads starts a layer's experts once all its loads are in",
+          "[sim][replay][time]") {
+  // The top-2 case above with moe-run's engine: per layer both loads, then both computes.
+  const TraceDims d{.n_layers = 3, .n_experts = 8, .top_k = 2};
+  const ModelShape s = shape_for(d);
+  RoutingTrace tr(d, "disjoint");
+  tr.begin_sequence("s");
+  const std::size_t g = tr.append_token(Phase::decode);
+  const std::vector<float> w{0.75f, 0.25f};
+  for (std::uint32_t l = 0; l < 3; ++l) {
+    const std::vector<std::uint32_t> ids{2 * l, 2 * l + 1};
+    tr.set_route(g, l, ids, w);
+  }
+  const double bw = 1073741824.0;
+  const double load = double(s.expert_bytes(Precision::f16)) / bw;
+  ComputeModel cm;
+  cm.device_expert_s[std::size_t(Precision::f16)] = load / 4;
+  cm.experts_after_all_loads = true;
+  LruSim p(s, config_slots(s, 2), SimLoader(s, LinkModel{bw, 0.0}));
+  const ReplayReport r = replay(p, tr, cm);
+  CHECK(r.total_s == Approx(3 * (2 * load + 2 * load / 4)).epsilon(1e-12));
+  CHECK(r.stall_s == Approx(3 * 2 * load).epsilon(1e-12));
+  // Two readers: the two loads share the link and end together, at the same 2 loads' time.
+  LruSim p2(s, config_slots(s, 2), SimLoader(s, LinkModel{bw, 0.0, 2}));
+  CHECK(replay(p2, tr, cm).total_s == Approx(3 * (2 * load + 2 * load / 4)).epsilon(1e-12));
+}
+
+TEST_CASE("replay: on a CPU-only machine Fiddler's CPU experts run in line, after their reads",
+          "[sim][replay][time][fiddler]") {
+  // The Fiddler case above with the host CPU as the device and experts outside host memory:
+  // per layer, expert 1's read (over the link, `load` s) and then both computes, one after the
+  // other: load + dev + cpu (not max(dev, cpu)).
+  const TraceDims d{.n_layers = 3, .n_experts = 4, .top_k = 2};
+  const ModelShape s = shape_for(d);
+  RoutingTrace tr(d, "fiddler");
+  tr.begin_sequence("s");
+  const std::size_t g = tr.append_token(Phase::decode);
+  const std::vector<std::uint32_t> ids{0, 1};
+  const std::vector<float> w{0.5f, 0.5f};
+  for (std::uint32_t l = 0; l < 3; ++l) tr.set_route(g, l, ids, w);
+  const double bw = 1073741824.0;
+  const double load = double(s.expert_bytes(Precision::f16)) / bw;
+  const double dev = 2 * load, cpu = 3 * load;
+  for (bool after_all : {false, true}) {
+    INFO("experts_after_all_loads " << after_all);
+    ComputeModel cm;
+    cm.device_expert_s[std::size_t(Precision::f16)] = dev;
+    cm.cpu_expert_s[std::size_t(Precision::f16)] = cpu;
+    cm.cpu_beside_device = false;
+    cm.cpu_reads_over_link = true;
+    cm.experts_after_all_loads = after_all;
+    OffloadPipeline<UniformScorer, NoPredictor, LruPolicy, SimLoader, FiddlerScheduler> p(
+        s, config_slots(s, 3), SimLoader(s, LinkModel{bw, 0.0}), UniformScorer{}, NoPredictor{},
+        LruPolicy{},
+        FiddlerScheduler(
+            {.cpu_seconds_per_token = 1e-9, .copy_seconds = 100, .cpu_seconds_per_expert = 1}));
+    for (std::uint32_t l = 0; l < 3; ++l) REQUIRE(p.preload({l, 0}, Precision::f16));
+    p.finish_loads();
+    const ReplayReport r = replay(p, tr, cm);
+    REQUIRE(r.pipeline.host_cpu_runs == 3);
+    CHECK(r.loader.host_reads == 3);
+    // Without waiting for all loads, expert 0 (resident) computes during expert 1's read.
+    const double layer = after_all ? load + dev + cpu : std::max(load, dev) + cpu;
+    CHECK(r.total_s == Approx(3 * layer).epsilon(1e-9));
+    CHECK(r.compute_s == Approx(3 * (dev + cpu)).epsilon(1e-9));
+  }
+}

@@ -143,3 +143,118 @@ TEST_CASE("SimLoader rejects bad links, keys and tickets", "[sim][loader]") {
   CHECK_THROWS_AS(l.poll(LoadTicket{0}), Error);
   static_assert(!SimLoader::keeps_bytes);
 }
+
+// ---- reads_in_flight: R transfers share the link ------------------------------------------------
+
+TEST_CASE("SimLoader: two equal reads started together with two readers both take twice one",
+          "[sim][loader][reads_in_flight]") {
+  SimLoader l(tiny, LinkModel{bw, 0.0, 2});
+  const LoadTicket a = l.submit(req(0, 0, LoadPriority::on_demand));
+  const LoadTicket b = l.submit(req(0, 1, LoadPriority::on_demand));
+  CHECK(l.queued() == 0);  // both running
+  CHECK(l.completion_time(a) == 2 * dur);
+  CHECK(l.link_free_at() == 2 * dur);
+  l.wait(a);
+  CHECK(l.clock().now() == 2 * dur);
+  CHECK(l.poll(b));  // finished together
+  CHECK(l.stats().busy_s == 2 * dur);
+  CHECK(l.stats().loads == 2);
+}
+
+TEST_CASE("SimLoader: a read joining a running one slows it; the survivor speeds up again",
+          "[sim][loader][reads_in_flight]") {
+  SimLoader l(tiny, LinkModel{bw, 0.0, 2});
+  const LoadTicket a = l.submit(req(0, 0, LoadPriority::on_demand));
+  l.clock().advance(dur / 2);  // a is half done
+  const LoadTicket b = l.submit(req(0, 1, LoadPriority::on_demand));
+  CHECK(l.completion_time(a) == dur / 2 + dur);  // its half at half the link
+  l.wait(b);
+  // b: half done when a ends at 1.5 dur, the other half alone: 2 dur in all
+  CHECK(l.clock().now() == 2 * dur);
+  CHECK(l.completion_time(a) == 1.5 * dur);
+  CHECK(l.clock().stall() == 1.5 * dur);
+}
+
+TEST_CASE("SimLoader: with every reader busy, an on-demand load starts before a queued prefetch",
+          "[sim][loader][reads_in_flight]") {
+  SimLoader l(tiny, LinkModel{bw, 0.0, 2});
+  const LoadTicket p1 = l.submit(req(1, 0, LoadPriority::prefetch));  // an upgrade, say
+  l.clock().advance(dur / 2);
+  const LoadTicket p2 = l.submit(req(1, 1, LoadPriority::prefetch));
+  const LoadTicket p3 = l.submit(req(2, 0, LoadPriority::prefetch));
+  const LoadTicket d = l.submit(req(0, 3, LoadPriority::on_demand));
+  CHECK(l.queued() == 2);
+  CHECK_FALSE(l.cancel(p1));  // running: never preempted
+  l.wait(d);
+  // p1 ends at 1.5 dur and its reader takes d, not the older p3; p2 ends at 2.5 dur, p3 starts
+  // beside d, which ends at 3.5 dur; p3 then has half its work left, alone.
+  CHECK(l.completion_time(p1) == 1.5 * dur);
+  CHECK(l.completion_time(p2) == 2.5 * dur);
+  CHECK(l.clock().now() == 3.5 * dur);
+  CHECK(l.completion_time(p3) == 4 * dur);
+  CHECK(l.link_free_at() == 4 * dur);
+  l.wait(p3);
+  CHECK(l.clock().now() == 4 * dur);
+  CHECK(l.stats().busy_s == 4 * dur);
+  CHECK(l.stats().late_waits == 1);
+}
+
+TEST_CASE("SimLoader: one reader is the serial link (a second read waits for the first)",
+          "[sim][loader][reads_in_flight]") {
+  // The same requests as the test above on reads_in_flight = 1: the former serial schedule.
+  SimLoader l(tiny, LinkModel{bw, 0.0, 1});
+  const LoadTicket a = l.submit(req(0, 0, LoadPriority::on_demand));
+  const LoadTicket b = l.submit(req(0, 1, LoadPriority::on_demand));
+  CHECK(l.completion_time(a) == dur);
+  l.wait(b);
+  CHECK(l.clock().now() == 2 * dur);
+  CHECK(l.completion_time(a) == dur);
+  CHECK(LinkModel{}.reads_in_flight == 1);  // the default
+  CHECK_THROWS_AS(SimLoader(tiny, LinkModel{bw, 0.0, 0}), Error);
+}
+
+TEST_CASE("SimLoader: host reads go over the link only when switched on",
+          "[sim][loader][host_reads]") {
+  static_assert(declares<SimLoader>(Hook::prepare_host_bytes));
+  SimLoader off(tiny, LinkModel{bw, 0.0});
+  off.prepare_host_bytes({0, 1}, Precision::f16);
+  CHECK_FALSE(off.host_read({0, 1}, Precision::f16).valid());
+  CHECK(off.stats().loads == 0);
+
+  SimLoader l(tiny, LinkModel{bw, 0.0, 2});
+  l.set_host_reads(true);
+  const LoadTicket p = l.submit(req(1, 0, LoadPriority::prefetch));
+  l.prepare_host_bytes({0, 1}, Precision::f16);
+  l.prepare_host_bytes({0, 1}, Precision::f16);  // pending already: one read
+  const LoadTicket h = l.host_read({0, 1}, Precision::f16);
+  REQUIRE(h.valid());
+  CHECK_FALSE(l.host_read({0, 1}, Precision::q8).valid());
+  l.wait(h);
+  CHECK(l.clock().now() == 2 * dur);  // beside the prefetch
+  CHECK(l.stats().host_reads == 1);
+  CHECK(l.stats().demand_bytes == 6144);
+  CHECK(l.poll(p));
+  l.clear_host_reads();
+  CHECK_FALSE(l.host_read({0, 1}, Precision::f16).valid());
+}
+
+TEST_CASE("SimLoader: one read alone gets at most read_bandwidth_bytes_per_s",
+          "[sim][loader][reads_in_flight]") {
+  // One read alone moves at half the link, two together fill it: both as slow as one alone.
+  SimLoader l(tiny, LinkModel{bw, 0.0, 4, bw / 2});
+  const LoadTicket a = l.submit(req(0, 0, LoadPriority::on_demand));
+  CHECK(l.completion_time(a) == 2 * dur);
+  CHECK(l.link_free_at() == 2 * dur);
+  const LoadTicket b = l.submit(req(0, 1, LoadPriority::on_demand));
+  CHECK(l.completion_time(b) == 2 * dur);
+  l.clock().advance(dur);  // both half done; a third takes a third of the link each
+  const LoadTicket c = l.submit(req(0, 2, LoadPriority::on_demand));
+  CHECK(l.completion_time(a) == Approx(dur + 1.5 * dur).epsilon(1e-12));
+  // a and b end at 2.5 dur with c half done; c alone at half the link: its half takes dur more
+  CHECK(l.link_free_at() == Approx(3.5 * dur).epsilon(1e-12));
+  l.wait(c);
+  CHECK(l.clock().now() == Approx(3.5 * dur).epsilon(1e-12));
+  CHECK(l.poll(a));
+  CHECK(l.poll(b));
+  CHECK_THROWS_AS(SimLoader(tiny, LinkModel{bw, 0.0, 2, 2 * bw}), Error);
+}

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -106,6 +107,16 @@ inline DenseLayerShape mixtral_8x7b_dense() {
   return DenseLayerShape::from(mixtral_8x7b, 32, 8, 128);
 }
 
+/// What a calibration timed for the processors' rates: per stored precision, the activation type
+/// ("f32", "int8", "bf16") and the matrix order ("rows", "panels", "blocked-panels") of the kernel
+/// run, on `threads` threads with instruction set `isa`. Empty strings: that precision not timed.
+struct TimedKernels {
+  std::uint32_t threads = 0;
+  std::string isa;
+  std::array<std::string, precision_count> activations{};
+  std::array<std::string, precision_count> layout{};
+};
+
 /// A machine: the link into the expert cache, the device and the host CPU.
 struct HardwareModel {
   std::string name;
@@ -118,6 +129,24 @@ struct HardwareModel {
   /// machine's RAM: Fiddler's setting). False on a CPU-only machine, where the expert cache is
   /// the host memory: an expert the host CPU runs outside the cache is read over the link first.
   bool host_holds_experts = true;
+  /// The device is the host CPU (a CPU-only machine running moe-run): experts placed on the host
+  /// CPU run on the same cores as the device's, one after another in the plan's order, not beside
+  /// them; with `host_holds_experts` false each is read over the link (shared with the cache's
+  /// loads, SimLoader's host reads) before it runs. False: a separate device (GPU), the host CPU
+  /// side runs beside it and its reads, if any, cost their transfer time on the CPU side.
+  bool host_is_device = false;
+  /// A layer's experts run only once every load of its plan has arrived (moe-run's engine:
+  /// MoeLayer resolves the whole plan, then runs the experts). False: each device expert runs as
+  /// soon as its own load is in, overlapping the loads of the ones after it.
+  bool experts_after_all_loads = false;
+  /// The fixed parts (call overhead + bytes / weight rate, the dense part's too) are what a
+  /// one-token call costs, measured so: a call over n tokens adds the per-token part for the
+  /// n − 1 others (moe-calibrate: decode runs a GEMV, a batch the GEMM, whose slope would count
+  /// the first token twice). False: the per-token part for all n (the papers' presets).
+  bool fixed_includes_first_token = false;
+  /// What the device's and CPU's rates were measured on (moe-calibrate writes it; descriptive,
+  /// not used by the cost model).
+  std::optional<TimedKernels> timed;
 
   void validate() const {
     MOEKIT_EXPECTS(!name.empty(), "HardwareModel.name must not be empty");
@@ -150,12 +179,17 @@ struct HardwareModel {
       const auto idx = static_cast<std::size_t>(p);
       m.device_expert_s[idx] = device.fixed_s(shape, p);
       m.device_expert_token_s[idx] = device.per_token_s(shape);
-      m.cpu_expert_s[idx] = cpu.fixed_s(shape, p) +
-                            (host_holds_experts ? 0.0 : link.transfer_s(shape.expert_bytes(p)));
+      m.cpu_expert_s[idx] =
+          cpu.fixed_s(shape, p) +
+          (host_holds_experts || host_is_device ? 0.0 : link.transfer_s(shape.expert_bytes(p)));
       m.cpu_expert_token_s[idx] = cpu.per_token_s(shape);
     }
     m.layer_s = dense_layer_s(dense, 0);
     m.layer_token_s = 2.0 * double(dense.params) / device.flops_per_s;
+    m.cpu_beside_device = !host_is_device;
+    m.cpu_reads_over_link = host_is_device && !host_holds_experts;
+    m.experts_after_all_loads = experts_after_all_loads;
+    m.first_token_in_fixed = fixed_includes_first_token;
     return m;
   }
 };
@@ -260,16 +294,28 @@ inline std::vector<std::string> hardware_preset_names() {
 // ---- this_machine: JSON written by a calibration command ----------------------------------------
 //
 // {"format": "moekit-hardware", "version": 1, "name": str, "source": str,
-//  "link":   {"bandwidth_bytes_per_s": num, "latency_s": num},
+//  "link":   {"bandwidth_bytes_per_s": num, "latency_s": num, "reads_in_flight": int,
+//             "read_bandwidth_bytes_per_s": num},
 //  "device": {"weight_bytes_per_s": {"f32": num, "bf16": num, "f16": num, "q8": num, "q4": num,
 //                                    "q2": num},
 //             "flops_per_s": num, "call_overhead_s": num},
 //  "cpu":    {same fields as "device"},
-//  "layer_overhead_s": num, "host_holds_experts": bool}
-// All numbers SI (bytes, seconds). Every key is required but "host_holds_experts" (default
-// true), and no other key is allowed. On a CPU-only machine "device" is the CPU running the
-// project's kernels from the RAM cache, "link" is the expert-store read path (O_DIRECT disk
-// bandwidth) and "host_holds_experts" is false (the cache is the host memory).
+//  "layer_overhead_s": num, "host_holds_experts": bool, "host_is_device": bool,
+//  "experts_after_all_loads": bool, "fixed_includes_first_token": bool,
+//  "timed":  {"threads": int, "isa": str, "activations": {precision: str, ...},
+//             "layout": {precision: str, ...}}}
+// All numbers SI (bytes, seconds). Every key is required but these optional ones, whose
+// defaults are the model before they existed (a file without them replays as it did):
+// "link.reads_in_flight" (default 1: one transfer at a time), "link.read_bandwidth_bytes_per_s"
+// (default 0: one read alone gets the whole bandwidth), "host_holds_experts" (default
+// true), "host_is_device", "experts_after_all_loads", "fixed_includes_first_token" (default
+// false each) and "timed"
+// (what was measured: descriptive only; "activations" and "layout" name some of the precisions).
+// No other key is allowed. On a CPU-only machine "device" is the CPU running the project's
+// kernels from the RAM cache, "link" is the expert-store read path (O_DIRECT disk bandwidth, with
+// as many reads in flight as the loader runs), "host_holds_experts" is false (the cache is the
+// host memory), "host_is_device" and "experts_after_all_loads" are true (moe-run's engine), and
+// "fixed_includes_first_token" is true (the rates come from one-token calls).
 
 inline constexpr std::string_view hardware_json_format = "moekit-hardware";
 
@@ -294,26 +340,42 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
       {"device", proc(h.device)},
       {"cpu", proc(h.cpu)},
       {"layer_overhead_s", h.layer_overhead_s},
-      {"host_holds_experts", h.host_holds_experts}};
+      {"host_holds_experts", h.host_holds_experts},
+      {"host_is_device", h.host_is_device},
+      {"experts_after_all_loads", h.experts_after_all_loads},
+      {"fixed_includes_first_token", h.fixed_includes_first_token}};
+  j["link"]["reads_in_flight"] = h.link.reads_in_flight;
+  j["link"]["read_bandwidth_bytes_per_s"] = h.link.read_bandwidth_bytes_per_s;
+  if (h.timed) {
+    nlohmann::json acts = nlohmann::json::object(), layout = nlohmann::json::object();
+    for (std::size_t i = 0; i < precision_count; ++i) {
+      const std::string n(name(all_precisions[i]));
+      const auto k = static_cast<std::size_t>(all_precisions[i]);
+      if (!h.timed->activations[k].empty()) acts[n] = h.timed->activations[k];
+      if (!h.timed->layout[k].empty()) layout[n] = h.timed->layout[k];
+    }
+    j["timed"] = {{"threads", h.timed->threads},
+                  {"isa", h.timed->isa},
+                  {"activations", acts},
+                  {"layout", layout}};
+  }
   return j.dump(2) + "\n";
 }
 
-/// Parses and validates a hardware JSON document; `source` names it in errors.
-[[nodiscard]] inline HardwareModel parse_hardware_json(std::string_view text,
-                                                       std::string_view source = "<memory>") {
-  auto bad = [&](const std::string& field, const std::string& why) -> void {
+namespace detail {
+
+/// The checks parse_hardware_json makes, each failing with the file and the field's path.
+struct HardwareJsonReader {
+  std::string_view source;
+
+  [[noreturn]] void bad(const std::string& field, const std::string& why) const {
     ::moekit::detail::fail(ErrorKind::invalid_format, "hardware file '" + std::string(source) +
                                                           "': field '" + field + "': " + why);
-  };
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    bad("<document>", std::string("invalid JSON: ") + e.what());
   }
-  auto object = [&](const nlohmann::json& o, const std::string& path,
-                    std::initializer_list<const char*> keys,
-                    std::initializer_list<const char*> optional = {}) {
+  /// `o` is an object with every key of `keys`, and no key outside `keys` and `optional`.
+  void object(const nlohmann::json& o, const std::string& path,
+              std::initializer_list<const char*> keys,
+              std::initializer_list<const char*> optional = {}) const {
     if (!o.is_object()) bad(path, "must be an object");
     for (const char* k : keys)
       if (!o.contains(k)) bad(path.empty() ? k : path + "." + k, "missing");
@@ -323,32 +385,28 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
       for (const char* x : optional) known = known || k == x;
       if (!known) bad(path.empty() ? k : path + "." + k, "unknown key");
     }
-  };
-  auto number = [&](const nlohmann::json& v, const std::string& path, bool allow_zero) {
+  }
+  [[nodiscard]] double number(const nlohmann::json& v, const std::string& path,
+                              bool allow_zero) const {
     if (!v.is_number()) bad(path, "must be a number");
     const double x = v.get<double>();
     if (!std::isfinite(x) || x < 0 || (!allow_zero && x == 0))
       bad(path, allow_zero ? "must be finite and >= 0" : "must be finite and > 0");
     return x;
-  };
-  object(j, "",
-         {"format", "version", "name", "source", "link", "device", "cpu", "layer_overhead_s"},
-         {"host_holds_experts"});
-  if (!j["format"].is_string() || j["format"].get<std::string>() != hardware_json_format)
-    bad("format", "must be \"moekit-hardware\"");
-  if (!j["version"].is_number_integer() || j["version"].get<std::int64_t>() != 1)
-    bad("version", "unsupported (this reader: 1)");
-  if (!j["name"].is_string() || j["name"].get<std::string>().empty())
-    bad("name", "must be a non-empty string");
-  if (!j["source"].is_string()) bad("source", "must be a string");
-  HardwareModel h;
-  h.name = j["name"].get<std::string>();
-  h.source = j["source"].get<std::string>();
-  object(j["link"], "link", {"bandwidth_bytes_per_s", "latency_s"});
-  h.link.bandwidth_bytes_per_s =
-      number(j["link"]["bandwidth_bytes_per_s"], "link.bandwidth_bytes_per_s", false);
-  h.link.latency_s = number(j["link"]["latency_s"], "link.latency_s", true);
-  auto proc = [&](const nlohmann::json& o, const std::string& path) {
+  }
+  [[nodiscard]] std::uint32_t count(const nlohmann::json& v, const std::string& path,
+                                    std::uint32_t max) const {
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 1 || v.get<std::int64_t>() > max)
+      bad(path, "must be an integer in [1, " + std::to_string(max) + "]");
+    return static_cast<std::uint32_t>(v.get<std::int64_t>());
+  }
+  /// An optional boolean: `fallback` when absent.
+  [[nodiscard]] bool flag(const nlohmann::json& j, const char* key, bool fallback) const {
+    if (!j.contains(key)) return fallback;
+    if (!j[key].is_boolean()) bad(key, "must be true or false");
+    return j[key].get<bool>();
+  }
+  [[nodiscard]] ProcessorModel processor(const nlohmann::json& o, const std::string& path) const {
     object(o, path, {"weight_bytes_per_s", "flops_per_s", "call_overhead_s"});
     ProcessorModel p;
     const auto& rates = o["weight_bytes_per_s"];
@@ -361,14 +419,80 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
     p.flops_per_s = number(o["flops_per_s"], path + ".flops_per_s", false);
     p.call_overhead_s = number(o["call_overhead_s"], path + ".call_overhead_s", true);
     return p;
-  };
-  h.device = proc(j["device"], "device");
-  h.cpu = proc(j["cpu"], "cpu");
-  h.layer_overhead_s = number(j["layer_overhead_s"], "layer_overhead_s", true);
-  if (j.contains("host_holds_experts")) {
-    if (!j["host_holds_experts"].is_boolean()) bad("host_holds_experts", "must be true or false");
-    h.host_holds_experts = j["host_holds_experts"].get<bool>();
   }
+  /// Per precision name, a string (some precisions only).
+  void names(const nlohmann::json& o, const std::string& path,
+             std::array<std::string, precision_count>& out) const {
+    object(o, path, {}, {"f32", "bf16", "f16", "q8", "q4", "q2"});
+    for (Precision q : all_precisions) {
+      const std::string n(name(q));
+      if (!o.contains(n)) continue;
+      if (!o[n].is_string() || o[n].get<std::string>().empty())
+        bad(path + "." + n, "must be a non-empty string");
+      out[static_cast<std::size_t>(q)] = o[n].get<std::string>();
+    }
+  }
+  [[nodiscard]] TimedKernels timed(const nlohmann::json& o) const {
+    object(o, "timed", {"threads", "isa", "activations", "layout"});
+    TimedKernels t;
+    t.threads = count(o["threads"], "timed.threads", 1u << 20);
+    if (!o["isa"].is_string()) bad("timed.isa", "must be a string");
+    t.isa = o["isa"].get<std::string>();
+    names(o["activations"], "timed.activations", t.activations);
+    names(o["layout"], "timed.layout", t.layout);
+    return t;
+  }
+};
+
+}  // namespace detail
+
+/// Parses and validates a hardware JSON document; `source` names it in errors.
+[[nodiscard]] inline HardwareModel parse_hardware_json(std::string_view text,
+                                                       std::string_view source = "<memory>") {
+  const detail::HardwareJsonReader r{source};
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    r.bad("<document>", std::string("invalid JSON: ") + e.what());
+  }
+  r.object(j, "",
+           {"format", "version", "name", "source", "link", "device", "cpu", "layer_overhead_s"},
+           {"host_holds_experts", "host_is_device", "experts_after_all_loads",
+            "fixed_includes_first_token", "timed"});
+  if (!j["format"].is_string() || j["format"].get<std::string>() != hardware_json_format)
+    r.bad("format", "must be \"moekit-hardware\"");
+  if (!j["version"].is_number_integer() || j["version"].get<std::int64_t>() != 1)
+    r.bad("version", "unsupported (this reader: 1)");
+  if (!j["name"].is_string() || j["name"].get<std::string>().empty())
+    r.bad("name", "must be a non-empty string");
+  if (!j["source"].is_string()) r.bad("source", "must be a string");
+  HardwareModel h;
+  h.name = j["name"].get<std::string>();
+  h.source = j["source"].get<std::string>();
+  const auto& link = j["link"];
+  r.object(link, "link", {"bandwidth_bytes_per_s", "latency_s"},
+           {"reads_in_flight", "read_bandwidth_bytes_per_s"});
+  h.link.bandwidth_bytes_per_s =
+      r.number(link["bandwidth_bytes_per_s"], "link.bandwidth_bytes_per_s", false);
+  h.link.latency_s = r.number(link["latency_s"], "link.latency_s", true);
+  if (link.contains("reads_in_flight"))
+    h.link.reads_in_flight =
+        r.count(link["reads_in_flight"], "link.reads_in_flight", LinkModel::max_reads_in_flight);
+  if (link.contains("read_bandwidth_bytes_per_s")) {
+    h.link.read_bandwidth_bytes_per_s =
+        r.number(link["read_bandwidth_bytes_per_s"], "link.read_bandwidth_bytes_per_s", true);
+    if (h.link.read_bandwidth_bytes_per_s > h.link.bandwidth_bytes_per_s)
+      r.bad("link.read_bandwidth_bytes_per_s", "must be at most link.bandwidth_bytes_per_s");
+  }
+  h.device = r.processor(j["device"], "device");
+  h.cpu = r.processor(j["cpu"], "cpu");
+  h.layer_overhead_s = r.number(j["layer_overhead_s"], "layer_overhead_s", true);
+  h.host_holds_experts = r.flag(j, "host_holds_experts", true);
+  h.host_is_device = r.flag(j, "host_is_device", false);
+  h.experts_after_all_loads = r.flag(j, "experts_after_all_loads", false);
+  h.fixed_includes_first_token = r.flag(j, "fixed_includes_first_token", false);
+  if (j.contains("timed")) h.timed = r.timed(j["timed"]);
   h.validate();
   return h;
 }

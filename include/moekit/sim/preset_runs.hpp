@@ -646,10 +646,16 @@ inline PresetResult run_fiddler(const RunParams& rp, const moekit::sim::RoutingT
   const Precision base = rp.config.base_precision;
   const auto b = static_cast<std::size_t>(base);
   const bool sloped = rp.compute.cpu_expert_token_s[b] > 0;  // else the paper's line through 0
+  // The line's intercept, cpu(base, n) = intercept + slope · n; a fixed part that holds the first
+  // token (first_token_in_fixed) less one slope, 0 at least (as moe-run's fit_cpu_line).
+  const double intercept =
+      rp.compute.first_token_in_fixed
+          ? std::max(0.0, rp.compute.cpu_expert_s[b] - rp.compute.cpu_expert_token_s[b])
+          : rp.compute.cpu_expert_s[b];
   const presets::PresetInputs in{
       .popularity = sim::expert_shares(calibration_of(rp, "fiddler")),
       .cpu_seconds_per_token = sloped ? rp.compute.cpu_expert_token_s[b] : rp.compute.cpu(base, 1),
-      .cpu_seconds_per_expert = sloped ? rp.compute.cpu_expert_s[b] : 0.0,
+      .cpu_seconds_per_expert = sloped ? intercept : 0.0,
       .copy_seconds = rp.link.transfer_s(rp.shape.expert_bytes(base)) + rp.compute.device(base, 1)};
   auto p = FiddlerSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
                               {.scorer = {.precision = base}}, in);

@@ -64,6 +64,18 @@ struct ComputeModel {
   std::array<double, precision_count> cpu_expert_token_s{};
   double layer_s = 0.0;        ///< dense part of a layer (gate, attention, norms), per forward
   double layer_token_s = 0.0;  ///< ... plus per token
+  /// host_cpu experts run beside the device side (a GPU machine); false: on the device's cores,
+  /// one after another with the device experts in the plan's order (a CPU-only machine).
+  bool cpu_beside_device = true;
+  /// host_cpu experts are read over the link first (the SimLoader's host reads) and run after
+  /// their read; false: they cost only `cpu_expert_s`.
+  bool cpu_reads_over_link = false;
+  /// A layer's experts start once every load of its plan has arrived (moe-run's engine); false:
+  /// each device expert after its own load.
+  bool experts_after_all_loads = false;
+  /// The fixed parts are a one-token call (measured so): a call over n tokens costs
+  /// fixed + per_token · (n − 1). False: fixed + per_token · n.
+  bool first_token_in_fixed = false;
 
   /// Throws `moekit::Error` naming the first negative or non-finite field.
   void validate() const {
@@ -80,14 +92,18 @@ struct ComputeModel {
   }
   [[nodiscard]] double device(Precision p, std::uint32_t n_tokens) const noexcept {
     const auto i = static_cast<std::size_t>(p);
-    return device_expert_s[i] + device_expert_token_s[i] * n_tokens;
+    return device_expert_s[i] + device_expert_token_s[i] * extra(n_tokens);
   }
   [[nodiscard]] double cpu(Precision p, std::uint32_t n_tokens) const noexcept {
     const auto i = static_cast<std::size_t>(p);
-    return cpu_expert_s[i] + cpu_expert_token_s[i] * n_tokens;
+    return cpu_expert_s[i] + cpu_expert_token_s[i] * extra(n_tokens);
   }
   [[nodiscard]] double layer(std::uint32_t n_tokens) const noexcept {
-    return layer_s + layer_token_s * n_tokens;
+    return layer_s + layer_token_s * extra(n_tokens);
+  }
+  /// Tokens a call pays the per-token part for (first_token_in_fixed: all but the first).
+  [[nodiscard]] std::uint32_t extra(std::uint32_t n_tokens) const noexcept {
+    return first_token_in_fixed && n_tokens > 0 ? n_tokens - 1 : n_tokens;
   }
 };
 
@@ -328,20 +344,44 @@ class Replayer {
     ctx.n_tokens = gate.n_tokens;
     {
       LayerCall<Pipeline> call(pipeline_, ctx, gate);  // the layer ends with the scope
-      double cpu_free_at = clock_.now();  // the host CPU side runs beside the device side
-      for (const ExpertPlan& p : call.plan().experts) {
-        if (p.placement == Placement::device) {
-          if (p.ticket.valid()) loader_.wait(p.ticket);
-          run(compute_.device(p.precision, p.n_tokens));
-        } else if (p.placement == Placement::host_cpu) {
+      run_experts(call.plan());
+      (void)call.resolve();
+    }
+    loader_.clear_host_reads();
+    if constexpr (declares<typename Pipeline::CachePolicy>(Hook::end_layer_call))
+      pipeline_.cache().policy().end_layer_call();
+  }
+
+  // The plan's experts in the scheduler's order: each device expert after its load (or, with
+  // experts_after_all_loads, once every load of the plan is in), host_cpu ones beside the device
+  // side or, on a CPU-only machine, on the same clock after their reads.
+  void run_experts(const LayerPlan& plan) {
+    if (compute_.experts_after_all_loads)
+      for (const ExpertPlan& p : plan.experts) wait_for(p);
+    double cpu_free_at = clock_.now();  // the host CPU side, when it runs beside the device side
+    for (const ExpertPlan& p : plan.experts) {
+      if (p.placement == Placement::device) {
+        wait_for(p);
+        run(compute_.device(p.precision, p.n_tokens));
+      } else if (p.placement == Placement::host_cpu) {
+        if (!compute_.cpu_beside_device) {
+          wait_for(p);
+          run(compute_.cpu(p.precision, p.n_tokens));
+        } else {
           cpu_free_at += compute_.cpu(p.precision, p.n_tokens);
         }
       }
-      if (cpu_free_at > clock_.now()) run(cpu_free_at - clock_.now());
-      (void)call.resolve();
     }
-    if constexpr (declares<typename Pipeline::CachePolicy>(Hook::end_layer_call))
-      pipeline_.cache().policy().end_layer_call();
+    if (cpu_free_at > clock_.now()) run(cpu_free_at - clock_.now());
+  }
+
+  // Waits (stall) for the load `p` runs after: its cache load, or its host read.
+  void wait_for(const ExpertPlan& p) {
+    if (p.placement == Placement::device && p.ticket.valid()) loader_.wait(p.ticket);
+    if (p.placement == Placement::host_cpu && compute_.cpu_reads_over_link) {
+      const LoadTicket t = loader_.host_read(p.key, p.precision);
+      if (t.valid()) loader_.wait(t);
+    }
   }
 
   // The GateView of decode token `token` at `layer` with the planned experts (weights 1/k), the
@@ -403,6 +443,7 @@ ReplayReport replay(Pipeline& pipeline, const RoutingTrace& trace, const Compute
                                              std::to_string(shape.top_k));
 
   SimLoader& loader = pipeline.loader();
+  loader.set_host_reads(compute.cpu_reads_over_link);
   VirtualClock& clock = loader.clock();
   ReplayReport rep;
   rep.trace_name = trace.name();

@@ -1,15 +1,27 @@
 #pragma once
 /// \file SimLoader: a Loader that moves no bytes and computes when each load would complete.
 ///
-/// Model: one link (bandwidth B bytes/s, latency L s) serves one transfer at a time, without
-/// preemption. A transfer of an expert at precision p takes L + bytes(p) / B and occupies the link
-/// for all of it. Waiting requests form two FIFO queues; whenever the link is free the oldest
-/// on-demand request goes first, then the oldest prefetch (on-demand before prefetch, as the
-/// Loader concept asks). A queued (not started) prefetch can be cancelled. Time is a VirtualClock
-/// owned by the loader: `poll` answers at the clock's current time, `wait` advances the clock to
-/// the completion and counts the difference as stall. Completion times are computed lazily from
-/// the submit times, so the result equals an event-driven simulation and is deterministic.
+/// Model: one link (bandwidth B bytes/s, latency L s) with `reads_in_flight` R readers. A transfer
+/// of an expert at precision p needs w = L + bytes(p) / B seconds of the whole link; up to R
+/// transfers run at once and share it equally (processor sharing: with n running, each advances
+/// at 1/n of the link, so two equal reads started together both finish after 2w; no faster than
+/// `read_bandwidth_bytes_per_s`, what one read gets alone, when that is set), without
+/// preemption: a started transfer runs to its end. Waiting requests form two FIFO queues; whenever
+/// a reader is free the oldest on-demand request goes first, then the oldest prefetch (on-demand
+/// before prefetch, as the Loader concept asks). R = 1 is one transfer at a time: a transfer
+/// submitted while another runs starts when it ends. A queued (not started) prefetch can be
+/// cancelled. Time is a VirtualClock owned by the loader: `poll` answers at the clock's current
+/// time, `wait` advances the clock to the completion and counts the difference as stall.
+/// Completion times are computed lazily from the submit times (events in time order up to the
+/// clock), so the result equals an event-driven simulation and is deterministic.
+///
+/// Host reads (`set_host_reads(true)`: experts the host CPU runs outside the cache are read over
+/// the link first, a CPU-only machine): `prepare_host_bytes`, which the pipeline calls in `route`
+/// for each expert it places on the host CPU, submits an on-demand transfer of it, and
+/// `host_read` returns its ticket for the replay to wait on before the expert runs (moe-run's
+/// HostReadRing, io/host_read_ring.hpp). Off by default: the hook does nothing.
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +30,7 @@
 #include <vector>
 
 #include "moekit/core/concepts.hpp"
+#include "moekit/core/hooks.hpp"
 #include "moekit/core/model_shape.hpp"
 #include "moekit/core/plan.hpp"
 #include "moekit/error.hpp"
@@ -27,8 +40,14 @@ namespace moekit::sim {
 
 /// A transfer link between the slow tier and the expert cache.
 struct LinkModel {
-  double bandwidth_bytes_per_s = 16e9;  ///< sustained bandwidth
+  double bandwidth_bytes_per_s = 16e9;  ///< sustained bandwidth (of all readers together)
   double latency_s = 0.0;               ///< fixed cost of each transfer (setup, first byte)
+  /// Transfers in flight at once, sharing the bandwidth (the loader's reader threads); 1: one at
+  /// a time.
+  std::uint32_t reads_in_flight = 1;
+  /// The most one transfer gets alone (one reader thread reading and transcoding in turn), at
+  /// most `bandwidth_bytes_per_s`; 0: the whole bandwidth.
+  double read_bandwidth_bytes_per_s = 0.0;
 
   /// Throws `moekit::Error` naming the bad field.
   void validate() const {
@@ -36,11 +55,26 @@ struct LinkModel {
                    "LinkModel.bandwidth_bytes_per_s must be finite and > 0");
     MOEKIT_EXPECTS(latency_s >= 0 && latency_s < 1e300,
                    "LinkModel.latency_s must be finite and >= 0");
+    MOEKIT_EXPECTS(
+        reads_in_flight >= 1 && reads_in_flight <= max_reads_in_flight,
+        "LinkModel.reads_in_flight must be in [1, " + std::to_string(max_reads_in_flight) + "]");
+    MOEKIT_EXPECTS(
+        read_bandwidth_bytes_per_s >= 0 && read_bandwidth_bytes_per_s <= bandwidth_bytes_per_s,
+        "LinkModel.read_bandwidth_bytes_per_s must be in [0, bandwidth_bytes_per_s]");
   }
-  /// Seconds one transfer of `bytes` occupies the link.
+  /// The share of the link each of `n` running transfers gets: 1/n, at most one read's own rate.
+  [[nodiscard]] double share(std::size_t n) const noexcept {
+    const double even = 1.0 / double(n);
+    const double alone =
+        read_bandwidth_bytes_per_s > 0 ? read_bandwidth_bytes_per_s / bandwidth_bytes_per_s : 1.0;
+    return even < alone ? even : alone;
+  }
+  /// Seconds of the whole link's work one transfer of `bytes` needs (its time alone without
+  /// `read_bandwidth_bytes_per_s`).
   [[nodiscard]] double transfer_s(std::size_t bytes) const noexcept {
     return latency_s + double(bytes) / bandwidth_bytes_per_s;
   }
+  static constexpr std::uint32_t max_reads_in_flight = 1024;
 };
 
 /// Counters of a SimLoader.
@@ -54,7 +88,8 @@ struct SimLoaderStats {
   std::uint64_t late_waits = 0;  ///< waits on a prefetch that had not completed yet
   std::uint64_t late_bytes = 0;  ///< bytes of those prefetches
   double late_stall_s = 0.0;     ///< stall spent in those waits
-  double busy_s = 0.0;           ///< time the link spent transferring
+  double busy_s = 0.0;           ///< seconds of the whole link's work transferred
+  std::uint64_t host_reads = 0;  ///< transfers for the host CPU (set_host_reads), in `loads`
 };
 
 /// The simulator's Loader: see the file comment.
@@ -62,12 +97,14 @@ class SimLoader {
  public:
   static constexpr std::string_view name = "sim";
   static constexpr bool keeps_bytes = false;
+  static constexpr Hooks hooks = Hook::prepare_host_bytes;
 
   SimLoader(const ModelShape& shape, const LinkModel& link) : shape_(shape), link_(link) {
     shape_.validate();
     link_.validate();
     for (std::size_t i = 0; i < bytes_.size(); ++i)  // every Precision, `skip` included
       bytes_[i] = shape_.expert_bytes(static_cast<Precision>(i));
+    active_.reserve(link_.reads_in_flight);
   }
 
   // ---- Loader concept ------------------------------------------------------------------------
@@ -84,14 +121,14 @@ class SimLoader {
     const auto id = static_cast<std::uint32_t>(records_.size() - 1);
     (r.priority == LoadPriority::on_demand ? demand_q_ : prefetch_q_).push(id);
     ++queued_;
-    settle();  // an idle link starts it at once
+    settle();  // a free reader starts it at once
     return LoadTicket{records_.size()};
   }
   /// True when the load has completed by the current simulated time.
   bool poll(LoadTicket t) {
     Record& r = at(t, "poll");
     settle();
-    return r.state == State::started && r.done <= clock_.now();
+    return r.state == State::finished;
   }
   /// Advances the clock to the load's completion (stall); waits behind the transfers that the
   /// link serves first. Throws on a cancelled or unknown ticket.
@@ -101,8 +138,11 @@ class SimLoader {
       moekit::detail::fail(ErrorKind::invalid_argument, "SimLoader::wait: load was cancelled");
     settle();
     const double entered = clock_.now();
-    while (r.state == State::queued) {
-      clock_.stall_until(next_start());  // the link frees up, or the next request arrives
+    while (r.state != State::finished) {
+      const double next = next_completion();  // a reader frees up: the next event
+      if (next >= 1e300)
+        moekit::detail::fail(ErrorKind::internal, "SimLoader::wait: a queued load with no reader");
+      clock_.stall_until(next);
       settle();
     }
     const bool late = r.priority == LoadPriority::prefetch && r.done > entered && !r.waited;
@@ -127,22 +167,55 @@ class SimLoader {
     return true;
   }
 
+  // ---- host reads (see the file comment) -------------------------------------------------------
+  /// Experts the host CPU runs are read over the link first (false: they cost no transfer here).
+  void set_host_reads(bool on) noexcept { host_reads_on_ = on; }
+  [[nodiscard]] bool host_reads() const noexcept { return host_reads_on_; }
+  /// The pipeline places `k` at `p` on the host CPU: with host reads on, its transfer starts
+  /// (on-demand) unless one for it is pending already.
+  void prepare_host_bytes(ExpertKey k, Precision p) {
+    if (!host_reads_on_ || host_read(k, p).valid()) return;
+    host_pending_.push_back({k, p, submit({k, p, LoadPriority::on_demand, {}})});
+    ++stats_.host_reads;
+  }
+  /// The ticket of the pending host read of `k` at `p` (invalid when there is none).
+  [[nodiscard]] LoadTicket host_read(ExpertKey k, Precision p) const noexcept {
+    for (const HostRead& h : host_pending_)
+      if (h.key == k && h.precision == p) return h.ticket;
+    return {};
+  }
+  /// Forgets the pending host reads (the replay calls it once a layer call's experts have run).
+  void clear_host_reads() noexcept { host_pending_.clear(); }
+
   // ---- simulation ------------------------------------------------------------------------------
   [[nodiscard]] VirtualClock& clock() noexcept { return clock_; }
   [[nodiscard]] const VirtualClock& clock() const noexcept { return clock_; }
   [[nodiscard]] const LinkModel& link() const noexcept { return link_; }
   [[nodiscard]] const SimLoaderStats& stats() const noexcept { return stats_; }
-  /// Simulated completion time of a started load (for tests and traces of the schedule);
-  /// throws if it has not started.
+  /// Simulated completion time of a started load (for tests and traces of the schedule): final
+  /// once it has completed; while it runs beside others, the time it would complete if no other
+  /// transfer started or ended first. Throws if it has not started.
   [[nodiscard]] double completion_time(LoadTicket t) {
     Record& r = at(t, "completion_time");
     settle();
-    MOEKIT_EXPECTS(r.state == State::started,
+    MOEKIT_EXPECTS(r.state == State::started || r.state == State::finished,
                    "SimLoader::completion_time: load has not started by the current time");
     return r.done;
   }
-  /// Time at which the link finishes everything started so far.
-  [[nodiscard]] double link_free_at() const noexcept { return link_free_; }
+  /// Time at which the link finishes everything started so far (if nothing else starts).
+  [[nodiscard]] double link_free_at() const {
+    if (active_.empty()) return link_free_;
+    if (active_.size() == 1) return last_event_ + records_[active_[0]].work_left / link_.share(1);
+    std::vector<double> left;  // the running ones end least work first, the rest speeding up
+    for (std::uint32_t id : active_) left.push_back(records_[id].work_left);
+    std::sort(left.begin(), left.end());
+    double t = last_event_, before = 0.0;
+    for (std::size_t i = 0; i < left.size(); ++i) {
+      t += (left[i] - before) / link_.share(left.size() - i);
+      before = left[i];
+    }
+    return t;
+  }
   /// Requests queued and not started at the current time.
   [[nodiscard]] std::size_t queued() {
     settle();
@@ -150,14 +223,20 @@ class SimLoader {
   }
 
  private:
-  enum class State : std::uint8_t { queued, started, cancelled };
+  enum class State : std::uint8_t { queued, started, finished, cancelled };
   struct Record {
     std::size_t bytes = 0;
     double submitted = 0.0;
-    double done = 0.0;
+    double done = 0.0;       ///< completion (while running: if the set of running ones stays)
+    double work_left = 0.0;  ///< seconds of the whole link it still needs (while running)
     LoadPriority priority = LoadPriority::on_demand;
     State state = State::queued;
     bool waited = false;
+  };
+  struct HostRead {
+    ExpertKey key;
+    Precision precision;
+    LoadTicket ticket;
   };
   /// FIFO of record ids; cancelled ids are skipped when they reach the head.
   struct Queue {
@@ -196,34 +275,69 @@ class SimLoader {
         std::string("SimLoader::") + what + ": unknown ticket " + std::to_string(t.id));
   }
 
-  /// When the next queued request can start (link free and request submitted); +inf if none.
-  [[nodiscard]] double next_start() {
-    const Record* d = demand_q_.front(*this);
-    const Record* p = prefetch_q_.front(*this);
-    if (!d && !p) return 1e300;
-    double first = d ? d->submitted : p->submitted;
-    if (d && p && p->submitted < first) first = p->submitted;
-    return first > link_free_ ? first : link_free_;
+  /// Time of the next completion among the running transfers; +inf if none runs.
+  [[nodiscard]] double next_completion() const noexcept {
+    double t = 1e300;
+    for (std::uint32_t id : active_) t = records_[id].done < t ? records_[id].done : t;
+    return t;
   }
 
-  /// Starts every queued transfer that the link would have started by the current time.
+  /// Processes, in time order, every completion up to the current time (each frees a reader
+  /// that the oldest waiting request takes, on-demand first), then starts what a free reader
+  /// takes now.
   void settle() {
     const double now = clock_.now();
-    while (queued_ > 0) {
-      const double t = next_start();
-      if (t > now) return;
-      const Record* d = demand_q_.front(*this);
-      Record* r = (d && d->submitted <= t) ? demand_q_.pop(*this) : prefetch_q_.pop(*this);
+    for (double t = next_completion(); t <= now; t = next_completion()) {
+      advance(t);
+      std::size_t w = 0;
+      for (std::uint32_t id : active_) {
+        Record& r = records_[id];
+        if (r.done <= t) {
+          r.state = State::finished;
+          link_free_ = r.done > link_free_ ? r.done : link_free_;
+        } else {
+          active_[w++] = id;
+        }
+      }
+      active_.resize(w);
+      start_queued(t);
+    }
+    if (queued_ > 0 && active_.size() < link_.reads_in_flight) {
+      advance(now);
+      start_queued(now);
+    }
+  }
+
+  /// Credits the running transfers with the link's work from the last event to `t`.
+  void advance(double t) noexcept {
+    if (!active_.empty() && t > last_event_) {
+      const double done = (t - last_event_) * link_.share(active_.size());
+      for (std::uint32_t id : active_) records_[id].work_left -= done;
+    }
+    last_event_ = t > last_event_ ? t : last_event_;
+  }
+
+  /// Starts waiting requests at `t` while a reader is free, then sets every running transfer's
+  /// completion for the new number running.
+  void start_queued(double t) {
+    while (queued_ > 0 && active_.size() < link_.reads_in_flight) {
+      Record* r = demand_q_.front(*this) ? demand_q_.pop(*this) : prefetch_q_.pop(*this);
       r->state = State::started;
       --queued_;
       const double dur = link_.transfer_s(r->bytes);
-      r->done = t + dur;
-      link_free_ = r->done;
+      r->work_left = dur;
+      active_.push_back(static_cast<std::uint32_t>(r - records_.data()));
       ++stats_.loads;
       stats_.bytes += r->bytes;
       (r->priority == LoadPriority::on_demand ? stats_.demand_bytes : stats_.prefetch_bytes) +=
           r->bytes;
-      stats_.busy_s += dur;
+      stats_.busy_s += dur;  // the whole link's work (its busy time when the reads fill it)
+    }
+    const double share = link_.share(active_.size());
+    for (std::uint32_t id : active_) {
+      Record& r = records_[id];
+      r.work_left = r.work_left > 0.0 ? r.work_left : 0.0;  // a rounding tie: it ends now
+      r.done = t + r.work_left / share;
     }
   }
 
@@ -232,8 +346,12 @@ class SimLoader {
   VirtualClock clock_;
   std::vector<Record> records_;
   Queue demand_q_, prefetch_q_;
-  double link_free_ = 0.0;
-  std::size_t queued_ = 0;  ///< records in State::queued (settle's fast exit when none)
+  std::vector<std::uint32_t> active_;  ///< running transfers (at most link_.reads_in_flight)
+  std::vector<HostRead> host_pending_;
+  double last_event_ = 0.0;  ///< time up to which the running transfers' work is credited
+  double link_free_ = 0.0;   ///< latest completion so far
+  std::size_t queued_ = 0;   ///< records in State::queued
+  bool host_reads_on_ = false;
   std::array<std::size_t, precision_slots> bytes_{};  ///< expert bytes per Precision
   SimLoaderStats stats_{};
 };

@@ -1,0 +1,32 @@
+# Runs moe-calibrate on a tiny expert and checks the keys it writes for moe-sim: the link's reads
+# in flight, the CPU-only engine flags, and what was timed (activations and layout per precision).
+# -DCALIBRATE=<binary> -DDIR=<scratch directory on a disk>
+set(out "${DIR}/moe-calibrate-keys.json")
+execute_process(
+  COMMAND "${CALIBRATE}" --out "${out}" --force --disk-dir "${DIR}" --disk-size 4MiB --reps 1
+          --hidden 64 --ffn 64 --threads 1 --io-threads 3 --activations f32 --expert-layout panels
+          --slope-precision f16
+  RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "moe-calibrate failed (${rc}):\n${stdout}\n${stderr}")
+endif()
+file(READ "${out}" json)
+file(REMOVE "${out}")
+function(expect want)
+  string(JSON got ERROR_VARIABLE err GET "${json}" ${ARGN})
+  if(err OR NOT "${got}" STREQUAL "${want}")
+    message(FATAL_ERROR "moe-calibrate wrote ${ARGN} = '${got}' (${err}), expected '${want}':\n${json}")
+  endif()
+endfunction()
+expect(3 link reads_in_flight)  # a store: one read per --io-threads
+expect(0.0 link read_bandwidth_bytes_per_s)  # no --checkpoint: the raw read is one reader's
+expect(OFF host_holds_experts)
+expect(ON host_is_device)
+expect(ON experts_after_all_loads)
+expect(ON fixed_includes_first_token)
+expect(1 timed threads)
+expect(f32 timed activations q4)
+expect(panels timed layout q4)
+expect(rows timed layout f16)
+expect(f32 timed activations f16)
+message(STATUS "moe-calibrate keys: ok")
