@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -456,4 +457,26 @@ TEST_CASE("moe-sim mobile: the plan's accuracy is a stated stand-in, not the tra
   CHECK_THAT(exact.label, Catch::Contains("big pass recompute"));
   CHECK(exact.report.pipeline.bytes_demand_loaded > plan.report.pipeline.bytes_demand_loaded);
   CHECK(exact.report.pipeline.fallbacks == plan.report.pipeline.fallbacks);
+}
+
+TEST_CASE("docs/simulator.md states what moe-sim's mobile substitutes (issue 22, claims)",
+          "[sim][moe-sim][mobile][docs]") {
+  // The run's note says it: on a trace without router logits (the shared Mixtral traces, the
+  // synthetic one) MoBiLE plans from logits made from each record's top-k, at the stated accuracy.
+  const auto& tr = mixtral_trace();
+  REQUIRE_FALSE(tr.has_logits());
+  const PresetResult r = run_mobile(mixtral_params(), tr);
+  REQUIRE_THAT(r.note, Catch::Contains("router logits made from each record's top-k"));
+  // The docs' substitution table says the same (it said "LRU without replay" after the code
+  // changed).
+  std::ifstream docs(std::string(MOEKIT_SOURCE_DIR) + "/docs/simulator.md");
+  REQUIRE(docs);
+  std::string line, row;
+  while (std::getline(docs, line))
+    if (line.rfind("  | mobile |", 0) == 0) row = line;
+  REQUIRE_FALSE(row.empty());
+  CHECK_THAT(row, Catch::Contains("made from each record's top-k") &&
+                      Catch::Contains("`--replay-accuracy`") &&
+                      Catch::Contains("`--fallback-ratio`"));
+  CHECK_THAT(row, !Catch::Contains("LRU without replay"));
 }
