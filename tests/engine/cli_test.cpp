@@ -231,3 +231,30 @@ TEST_CASE("moe-run --routing-trace takes a file and refuses --perplexity",
   CHECK(q.err.find("--routing-trace") != std::string::npos);
   CHECK(q.err.find("--perplexity") != std::string::npos);
 }
+
+TEST_CASE("moe-run --help states what each input file and calibration is (issue 22, claims)",
+          "[engine][cli]") {
+  const auto help = parse({"--help"});
+  REQUIRE(help.rc == 0);
+  // The help entry of `flag`: its line and, when CLI11 moved the description below a long
+  // option column, the lines up to the next option.
+  auto line_of = [&](const std::string& flag) {
+    const auto at = help.out.find("  " + flag + " ");
+    REQUIRE(at != std::string::npos);
+    return help.out.substr(at, help.out.find("\n  -", at) - at);
+  };
+  // --bitwidth-table reads PrecisionTable's text format; only --popularity is JSON.
+  const std::string table = line_of("--bitwidth-table");
+  CHECK_THAT(table,
+             Catch::Contains("text file (not JSON)") && Catch::Contains("moekit-precision-table"));
+  CHECK_THAT(line_of("--popularity"), Catch::Contains("JSON"));
+  // --lookahead says the predictor's range, and the parser holds to it.
+  CHECK_THAT(line_of("--lookahead"), Catch::Contains("1..3"));
+  CHECK(parse({"--preset", "hobbit", "--lookahead", "3"}).rc == 0);
+  check_refused("--lookahead", {"0", "4", "64"}, "not in range 1 to 3");
+  // Fiddler calibrates on --calib-text, not on the prompt (issue 22, calibration).
+  const auto fiddler = help.out.find("fiddler: Fiddler:");
+  REQUIRE(fiddler != std::string::npos);
+  CHECK_THAT(help.out.substr(fiddler, help.out.find('\n', fiddler) - fiddler),
+             Catch::Contains("calibration run on --calib-text"));
+}

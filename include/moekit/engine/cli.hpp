@@ -591,8 +591,9 @@ class Cli {
         ->check(CLI::Range(1u, 3u));
     app_.add_option(
         "--bitwidth-table", q.bitwidth_table,
-        "edgemoe: per-expert precision table (JSON, score/static_bitwidth.hpp; default: "
-        "every expert at --precision)");
+        "edgemoe: per-expert precision table, a text file (not JSON): the "
+        "moekit-precision-table format of score/static_bitwidth.hpp, docs/presets.md; default: "
+        "every expert at --precision");
     app_.add_option("--popularity", q.popularity_file,
                     "fiddler: tokens per expert, JSON [[layer 0 counts], ...] (default: counted "
                     "in the calibration run, --calib-text)");

@@ -24,7 +24,7 @@ struct FiddlerSpec : PresetDefaults {
   static constexpr std::string_view name = "fiddler";
   static constexpr std::string_view summary =
       "Fiddler: most popular experts placed at start (--popularity or a calibration run "
-      "of the prompt), misses run on the CPU from host memory when cheaper than a load "
+      "on --calib-text), misses run on the CPU from host memory when cheaper than a load "
       "(latencies measured at start-up)";
   static constexpr PresetNeeds needs{.popularity = true, .latencies = true, .host_bytes = true};
 
