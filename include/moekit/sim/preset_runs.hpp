@@ -10,11 +10,16 @@
 ///
 /// Substitutions (each visible in the output):
 ///  * hobbit / fate: their gate predictors need the gate-input hidden states (traces may lack
-///    them) and the model's router weights (`--routers`). Without both, a NoisyOraclePredictor
-///    stands in: the trace's true next-layer experts, each kept with the paper's recall (HOBBIT
-///    0.96 top-1 at distance 1, Fig. 7; Fate 0.9715 with the 75th-percentile set, §4.2), otherwise
-///    replaced by a random wrong expert (design spec fate.md §3).
-///  * edgemoe: bit widths uniform q4 unless a table is given (`--bitwidths`); the activation-path
+///    them) and the model's router weights (`--routers`). Without both, an oracle degraded to the
+///    paper's accuracy stands in. HOBBIT: RankedNoisyOraclePredictor, per distance and per rank
+///    (`--hobbit-recall`, the paper's figures by default), precisions from the predicted gate
+///    values by T1/T2. Fate: NoisyOraclePredictor, the trace's true next-layer experts each kept
+///    with recall 0.9715 (the 75th-percentile set, §4.2), otherwise a random wrong expert (design
+///    spec fate.md §3); the decode cap is spent in the stand-in's score order, blind to the truth
+///    (`ScoreRankedCap`); prefetches wait in staging outside the cache, misses load at q2 and are
+///    upgraded to q4 when the link is idle.
+///  * edgemoe: bit widths uniform q4 unless a table is given (`--bitwidths`), sized per output
+///    channel as the preset's codec; the activation-path
 ///    profile and the eviction prior come from the calibration trace (`RunParams::calibration`:
 ///    moe-sim's first half of each trace, `split_for_calibration`; the replayed trace is the
 ///    other half).
