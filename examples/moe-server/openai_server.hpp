@@ -288,13 +288,19 @@ class OpenAiServer {
     std::fprintf(stderr, "moe-server: listening on http://%s:%d (model %s)\n", cfg_.host.c_str(),
                  port, cfg_.model_name.c_str());
     std::fflush(stderr);
+    std::atomic<bool> listener_returned{false};
     std::thread watcher([&] {  // a signal handler may only set a flag: stop from a thread
       while (!http_internal::stop_requested.load())
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       admission_.wake_all();
+      // A stop() before the listener runs is lost (a signal right after "listening on", on a
+      // loaded machine): wait until it runs (or has returned), then stop it once.
+      while (!svr.is_running() && !listener_returned.load())
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
       svr.stop();
     });
     const bool ok = svr.listen_after_bind();
+    listener_returned.store(true);
     http_internal::stop_requested.store(true);
     watcher.join();
     sigaction(SIGINT, &old_int, nullptr);
