@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <optional>
 #include <random>
@@ -294,11 +295,21 @@ Expert make_expert(std::size_t hidden, std::size_t ffn, Precision p, KernelChoic
   return Expert{std::move(rows), shape, p, kernel};
 }
 
+/// Seconds of CPU time the calling thread has used.
+double thread_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
 /// Median seconds of one expert_ffn call over `n` tokens, rotating over copies of `e` whose
 /// total exceeds `rotation` bytes (cold weights, as in MoE decode), with the activations of
 /// `e.kernel` (moe-run's MoeLayer: KernelOptions::int8_activations, the pool of -t threads).
+/// A one-thread pool runs the call on this thread alone: timed by its CPU clock, which other
+/// processes sharing the cores do not inflate (memory stalls count, as on a quiet machine).
 double time_expert(const Expert& e, std::size_t n, ThreadPool& pool, std::size_t rotation,
                    int reps) {
+  const bool cpu_clock = pool.size() == 1;
   const std::size_t copies =
       std::max<std::size_t>(2, rotation / std::max<std::size_t>(1, e.bytes()));
   std::vector<Expert> cs(copies, e);
@@ -310,8 +321,9 @@ double time_expert(const Expert& e, std::size_t n, ThreadPool& pool, std::size_t
   for (int r = -static_cast<int>(copies); r < reps; ++r) {
     const Expert& c = cs[static_cast<std::size_t>(r + static_cast<int>(copies)) % copies];
     const auto t0 = Clock::now();
+    const double c0 = cpu_clock ? thread_cpu_seconds() : 0.0;
     expert_ffn(c.view(), x, n, out, 1.0f, opts);
-    if (r >= 0) t.push_back(seconds_since(t0));
+    if (r >= 0) t.push_back(cpu_clock ? thread_cpu_seconds() - c0 : seconds_since(t0));
   }
   return median(t);
 }
@@ -513,6 +525,36 @@ std::size_t check_flags(const Options& o) {
   return asked / disk_chunk * disk_chunk;  // whole chunks: what is measured
 }
 
+/// The hardware file's "source": what each part was measured on.
+std::string source_text(const Options& o, const std::optional<engine::LoaderReadRate>& in_place,
+                        std::size_t dsize, double mem, bool solo) {
+  char link[512];
+  if (in_place)
+    std::snprintf(link, sizeof link, "moe-run's loader reading %u experts of '%s' in place",
+                  in_place->experts, o.checkpoint.c_str());
+  else
+    std::snprintf(link, sizeof link, "O_DIRECT read of a %s file in '%s'",
+                  engine::format_bytes(dsize).c_str(), o.disk_dir.c_str());
+  char src[1024];
+  std::snprintf(src, sizeof src,
+                "moe-calibrate: link = %s [measured]; "
+                "%u reads in flight (moe-run's loader at --io-threads %u); "
+                "device = cpu = moekit's CPU expert_ffn as moe-run runs it (activations %s, "
+                "layout %s: see \"timed\"), %u threads, ISA %s, expert %zux%zu "
+                "[measured]; memory streaming read %.2f GB/s [measured, reference]; "
+                "layer_overhead_s = call overhead [choice]",
+                link, reads_in_flight(o), o.io_threads, o.activations.c_str(),
+                o.expert_layout.c_str(), o.threads, std::string(name(detect_isa())).c_str(),
+                o.hidden, o.ffn, mem / 1e9);
+  std::string text = src;
+  if (solo)
+    text +=
+        "; solo = the same kernels on one thread, timed by its CPU clock [measured]; "
+        "decode_team_fraction " +
+        std::to_string(o.decode_team_fraction) + " [choice: --decode-team-fraction]";
+  return text;
+}
+
 int run(int argc, char** argv) {
   Options o;
   CLI::App app{
@@ -562,28 +604,7 @@ int run(int argc, char** argv) {
 
   sim::HardwareModel h;
   h.name = "this_machine";
-  char link[512];
-  if (in_place)
-    std::snprintf(link, sizeof link, "moe-run's loader reading %u experts of '%s' in place",
-                  in_place->experts, o.checkpoint.c_str());
-  else
-    std::snprintf(link, sizeof link, "O_DIRECT read of a %s file in '%s'",
-                  engine::format_bytes(dsize).c_str(), o.disk_dir.c_str());
-  char src[1024];
-  std::snprintf(src, sizeof src,
-                "moe-calibrate: link = %s [measured]; "
-                "%u reads in flight (moe-run's loader at --io-threads %u); "
-                "device = cpu = moekit's CPU expert_ffn as moe-run runs it (activations %s, "
-                "layout %s: see \"timed\"), %u threads, ISA %s, expert %zux%zu "
-                "[measured]; memory streaming read %.2f GB/s [measured, reference]; "
-                "layer_overhead_s = call overhead [choice]",
-                link, reads_in_flight(o), o.io_threads, o.activations.c_str(),
-                o.expert_layout.c_str(), o.threads, std::string(name(detect_isa())).c_str(),
-                o.hidden, o.ffn, mem / 1e9);
-  h.source = src;
-  if (solo)
-    h.source += "; solo = the same kernels on one thread [measured]; decode_team_fraction " +
-                std::to_string(o.decode_team_fraction) + " [choice: --decode-team-fraction]";
+  h.source = source_text(o, in_place, dsize, mem, solo.has_value());
   h.link = {.bandwidth_bytes_per_s = in_place ? in_place->bytes_per_s : disk.bandwidth,
             .latency_s = disk.latency,
             .reads_in_flight = reads_in_flight(o),
