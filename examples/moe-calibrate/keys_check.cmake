@@ -29,4 +29,26 @@ expect(f32 timed activations q4)
 expect(panels timed layout q4)
 expect(rows timed layout f16)
 expect(f32 timed activations f16)
+string(JSON solo ERROR_VARIABLE no_solo GET "${json}" solo)
+if(NOT no_solo)
+  message(FATAL_ERROR "moe-calibrate --threads 1 wrote one-thread rates (\"solo\"):\n${json}")
+endif()
+
+# More than one thread: the one-thread rates beside them, and the decode steps' share on all.
+execute_process(
+  COMMAND "${CALIBRATE}" --out "${out}" --force --disk-dir "${DIR}" --disk-size 4MiB --reps 1
+          --hidden 64 --ffn 64 --threads 2 --activations f32 --expert-layout panels
+          --slope-precision f16 --decode-team-fraction 0.25
+  RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "moe-calibrate --threads 2 failed (${rc}):\n${stdout}\n${stderr}")
+endif()
+file(READ "${out}" json)
+file(REMOVE "${out}")
+expect(2 timed threads)
+expect(0.25 decode_team_fraction)
+string(JSON q4 ERROR_VARIABLE err GET "${json}" solo weight_bytes_per_s q4)
+if(err OR NOT q4 GREATER 0)
+  message(FATAL_ERROR "moe-calibrate --threads 2 wrote no solo q4 rate (${err}):\n${json}")
+endif()
 message(STATUS "moe-calibrate keys: ok")

@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <optional>
 #include <random>
@@ -294,11 +295,21 @@ Expert make_expert(std::size_t hidden, std::size_t ffn, Precision p, KernelChoic
   return Expert{std::move(rows), shape, p, kernel};
 }
 
+/// Seconds of CPU time the calling thread has used.
+double thread_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
 /// Median seconds of one expert_ffn call over `n` tokens, rotating over copies of `e` whose
 /// total exceeds `rotation` bytes (cold weights, as in MoE decode), with the activations of
 /// `e.kernel` (moe-run's MoeLayer: KernelOptions::int8_activations, the pool of -t threads).
+/// A one-thread pool runs the call on this thread alone: timed by its CPU clock, which other
+/// processes sharing the cores do not inflate (memory stalls count, as on a quiet machine).
 double time_expert(const Expert& e, std::size_t n, ThreadPool& pool, std::size_t rotation,
                    int reps) {
+  const bool cpu_clock = pool.size() == 1;
   const std::size_t copies =
       std::max<std::size_t>(2, rotation / std::max<std::size_t>(1, e.bytes()));
   std::vector<Expert> cs(copies, e);
@@ -310,8 +321,9 @@ double time_expert(const Expert& e, std::size_t n, ThreadPool& pool, std::size_t
   for (int r = -static_cast<int>(copies); r < reps; ++r) {
     const Expert& c = cs[static_cast<std::size_t>(r + static_cast<int>(copies)) % copies];
     const auto t0 = Clock::now();
+    const double c0 = cpu_clock ? thread_cpu_seconds() : 0.0;
     expert_ffn(c.view(), x, n, out, 1.0f, opts);
-    if (r >= 0) t.push_back(seconds_since(t0));
+    if (r >= 0) t.push_back(cpu_clock ? thread_cpu_seconds() - c0 : seconds_since(t0));
   }
   return median(t);
 }
@@ -324,6 +336,8 @@ struct Options {
   unsigned io_threads = 2;
   std::string activations = "auto", expert_layout = "auto", slope_precision = "q4";
   int reps = 9;
+  /// Share of decode steps moe-run runs on all threads [choice, see the flag's help].
+  double decode_team_fraction = 0.0;
   bool force = false;
 };
 
@@ -354,6 +368,12 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--slope-precision", o.slope_precision,
                  "precision whose batch slope (1..32 tokens) gives flops_per_s (default q4)");
   app.add_option("--reps", o.reps, "timed repetitions per measurement (median; default 9)");
+  app.add_option("--decode-team-fraction", o.decode_team_fraction,
+                 "share of decode steps moe-run runs on all --threads, written beside the "
+                 "one-thread rates (default 0: its StepChooser times whole decode steps, load "
+                 "waits included, and on an offloaded decode kept one thread after the first "
+                 "step; moe-run --json says decode_steps_on_all_threads)")
+      ->check(CLI::Range(0.0, 1.0));
 }
 
 /// The kernel moe-run runs an expert at `p` with: int8 activations as `--activations` resolves
@@ -410,6 +430,9 @@ double batch_slope(const Options& o, Precision p, ThreadPool& pool, std::size_t 
   return per_token;
 }
 
+void one_token_rates(const Options& o, ThreadPool& pool, double overhead, sim::ProcessorModel& p,
+                     sim::TimedKernels* timed, tools::Progress& progress, std::size_t& done);
+
 /// The CPU's expert kernels, each precision timed as moe-run runs it (kernel_for): the batch
 /// slope at --slope-precision → flops_per_s; per precision, the weight rate from one token's time
 /// less the call overhead. A one-token call (decode: a GEMV) and the slope of a batch (prefill:
@@ -433,24 +456,46 @@ sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double o
       o.slope_precision.c_str(), per_token * 1e3, cpu.flops_per_s / 1e9);
   timed.threads = o.threads;
   timed.isa = std::string(name(detect_isa()));
-  for (Precision p : all_precisions) {
-    if (p == Precision::skip) continue;
-    progress.update(done++, std::string(name(p)));
-    const KernelChoice kc = kernel_for(o, p);
-    const Expert e = make_expert(o.hidden, o.ffn, p, kc, 2);
+  one_token_rates(o, pool, overhead, cpu, &timed, progress, done);
+  return cpu;
+}
+
+/// Per precision, the weight rate of a one-token call on `pool` (the time less the call
+/// overhead) into `p.weight_bytes_per_s`; `timed` (when set) records the kernels run.
+void one_token_rates(const Options& o, ThreadPool& pool, double overhead, sim::ProcessorModel& p,
+                     sim::TimedKernels* timed, tools::Progress& progress, std::size_t& done) {
+  constexpr std::size_t rotation = 256u << 20;  // as measure_kernels
+  for (Precision q : all_precisions) {
+    if (q == Precision::skip) continue;
+    progress.update(done++, std::string(name(q)));
+    const KernelChoice kc = kernel_for(o, q);
+    const Expert e = make_expert(o.hidden, o.ffn, q, kc, 2);
     const double t = time_expert(e, 1, pool, rotation, o.reps);
     const double rate = double(e.bytes()) / std::max(t - overhead, t * 1e-3);
     progress.clear();
-    const auto i = static_cast<std::size_t>(p);
-    cpu.weight_bytes_per_s[i] = rate;
-    timed.activations[i] = kc.int8 ? "int8" : "f32";
-    timed.layout[i] = is_quantized(p) ? engine::layout_word(kc.order) : "rows";
-    std::printf("  %-5s %8.1f MiB  %9.3f ms  %7.2f GB/s  (%s activations, %s)\n",
-                std::string(name(p)).c_str(), double(e.bytes()) / 1048576.0, t * 1e3, rate / 1e9,
-                timed.activations[i].c_str(), timed.layout[i].c_str());
+    const auto i = static_cast<std::size_t>(q);
+    p.weight_bytes_per_s[i] = rate;
+    const std::string acts = kc.int8 ? "int8" : "f32";
+    const std::string layout = is_quantized(q) ? engine::layout_word(kc.order) : "rows";
+    if (timed) timed->activations[i] = acts, timed->layout[i] = layout;
+    std::printf("  %-5s %8.1f MiB  %9.3f ms  %7.2f GB/s  (%s activations, %s, %u threads)\n",
+                std::string(name(q)).c_str(), double(e.bytes()) / 1048576.0, t * 1e3, rate / 1e9,
+                acts.c_str(), layout.c_str(), pool.size());
     std::fflush(stdout);
   }
-  return cpu;
+}
+
+/// The device on a one-thread pool: moe-run's decode steps its StepChooser runs on the caller
+/// alone. The per-token rate is the all-thread one's (a one-token decode call pays none of it).
+sim::ProcessorModel measure_solo(const Options& o, double overhead,
+                                 const sim::ProcessorModel& team) {
+  ThreadPool one(1);
+  sim::ProcessorModel solo = team;
+  tools::Progress progress("kernels, one thread", std::size(all_precisions),
+                           tools::ProgressUnit::items, false);
+  std::size_t done = 0;
+  one_token_rates(o, one, overhead, solo, nullptr, progress, done);
+  return solo;
 }
 
 /// Reads moe-run's loader keeps in flight: its checkpoint reader runs two threads per
@@ -478,6 +523,36 @@ std::size_t check_flags(const Options& o) {
   check_disk_dir(o.disk_dir);
   moekit::io::check_output_path(o.out, o.force, "--out");
   return asked / disk_chunk * disk_chunk;  // whole chunks: what is measured
+}
+
+/// The hardware file's "source": what each part was measured on.
+std::string source_text(const Options& o, const std::optional<engine::LoaderReadRate>& in_place,
+                        std::size_t dsize, double mem, bool solo) {
+  char link[512];
+  if (in_place)
+    std::snprintf(link, sizeof link, "moe-run's loader reading %u experts of '%s' in place",
+                  in_place->experts, o.checkpoint.c_str());
+  else
+    std::snprintf(link, sizeof link, "O_DIRECT read of a %s file in '%s'",
+                  engine::format_bytes(dsize).c_str(), o.disk_dir.c_str());
+  char src[1024];
+  std::snprintf(src, sizeof src,
+                "moe-calibrate: link = %s [measured]; "
+                "%u reads in flight (moe-run's loader at --io-threads %u); "
+                "device = cpu = moekit's CPU expert_ffn as moe-run runs it (activations %s, "
+                "layout %s: see \"timed\"), %u threads, ISA %s, expert %zux%zu "
+                "[measured]; memory streaming read %.2f GB/s [measured, reference]; "
+                "layer_overhead_s = call overhead [choice]",
+                link, reads_in_flight(o), o.io_threads, o.activations.c_str(),
+                o.expert_layout.c_str(), o.threads, std::string(name(detect_isa())).c_str(),
+                o.hidden, o.ffn, mem / 1e9);
+  std::string text = src;
+  if (solo)
+    text +=
+        "; solo = the same kernels on one thread, timed by its CPU clock [measured]; "
+        "decode_team_fraction " +
+        std::to_string(o.decode_team_fraction) + " [choice: --decode-team-fraction]";
+  return text;
 }
 
 int run(int argc, char** argv) {
@@ -521,28 +596,15 @@ int run(int argc, char** argv) {
               std::string(name(detect_isa())).c_str(), overhead * 1e6, o.hidden, o.ffn);
   sim::TimedKernels timed;
   const sim::ProcessorModel cpu = measure_kernels(o, pool, overhead, timed);
+  std::optional<sim::ProcessorModel> solo;
+  if (o.threads > 1) {
+    std::printf("kernels on one thread (decode steps moe-run runs on the caller alone):\n");
+    solo = measure_solo(o, overhead, cpu);
+  }
 
   sim::HardwareModel h;
   h.name = "this_machine";
-  char link[512];
-  if (in_place)
-    std::snprintf(link, sizeof link, "moe-run's loader reading %u experts of '%s' in place",
-                  in_place->experts, o.checkpoint.c_str());
-  else
-    std::snprintf(link, sizeof link, "O_DIRECT read of a %s file in '%s'",
-                  engine::format_bytes(dsize).c_str(), o.disk_dir.c_str());
-  char src[1024];
-  std::snprintf(src, sizeof src,
-                "moe-calibrate: link = %s [measured]; "
-                "%u reads in flight (moe-run's loader at --io-threads %u); "
-                "device = cpu = moekit's CPU expert_ffn as moe-run runs it (activations %s, "
-                "layout %s: see \"timed\"), %u threads, ISA %s, expert %zux%zu "
-                "[measured]; memory streaming read %.2f GB/s [measured, reference]; "
-                "layer_overhead_s = call overhead [choice]",
-                link, reads_in_flight(o), o.io_threads, o.activations.c_str(),
-                o.expert_layout.c_str(), o.threads, std::string(name(detect_isa())).c_str(),
-                o.hidden, o.ffn, mem / 1e9);
-  h.source = src;
+  h.source = source_text(o, in_place, dsize, mem, solo.has_value());
   h.link = {.bandwidth_bytes_per_s = in_place ? in_place->bytes_per_s : disk.bandwidth,
             .latency_s = disk.latency,
             .reads_in_flight = reads_in_flight(o),
@@ -555,6 +617,8 @@ int run(int argc, char** argv) {
   h.experts_after_all_loads = true;     // moe-run's MoeLayer resolves the whole plan first
   h.fixed_includes_first_token = true;  // the rates are one-token calls (measure_kernels)
   h.timed = timed;
+  h.solo = solo;
+  if (solo) h.decode_team_fraction = o.decode_team_fraction;
   sim::write_hardware_json(h, o.out, o.force);
   std::printf("wrote %s (use: moe-sim --hardware this_machine --hardware-file %s)\n", o.out.c_str(),
               o.out.c_str());

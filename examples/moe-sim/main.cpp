@@ -216,6 +216,7 @@ struct Options {
   std::string precision = "f16";
   std::string dense_precision = "bf16";  // --dense-precision: the dense matrices' storage
   std::uint32_t reads_in_flight = 0;     // --reads-in-flight: override the hardware's (0: keep)
+  double decode_team_fraction = -1;      // --decode-team-fraction: override the file's (< 0: keep)
   std::uint32_t hidden = 0, ffn = 0;
   std::vector<std::string> sweeps;
   std::string out = "moe-sim-sweep";
@@ -366,6 +367,12 @@ HardwareModel hardware_for(const Options& o) {
   if (!o.bandwidth.empty())
     h.link.bandwidth_bytes_per_s = parse_bandwidth("--bandwidth", o.bandwidth);
   if (o.reads_in_flight != 0) h.link.reads_in_flight = o.reads_in_flight;
+  if (o.decode_team_fraction >= 0) {
+    if (!h.solo)
+      bad_flag("--decode-team-fraction",
+               "needs a hardware file with \"solo\" (one-thread rates: moe-calibrate writes them)");
+    h.decode_team_fraction = o.decode_team_fraction;
+  }
   return h;
 }
 
@@ -599,6 +606,11 @@ void add_machine_flags(CLI::App& app, Options& o) {
                  "transfers the link runs at once, sharing its bandwidth (default: the "
                  "hardware's; 1 for the paper presets)")
       ->check(CLI::Range(1u, LinkModel::max_reads_in_flight));
+  app.add_option("--decode-team-fraction", o.decode_team_fraction,
+                 "share of decode steps run on all threads, the rest at the hardware file's "
+                 "one-thread (\"solo\") rates (default: the file's; moe-run's --json says "
+                 "decode_steps_on_all_threads)")
+      ->check(CLI::Range(0.0, 1.0));
 }
 
 void add_flags(CLI::App& app, Options& o) {

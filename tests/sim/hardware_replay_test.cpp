@@ -46,3 +46,44 @@ TEST_CASE("synthetic Mixtral trace on the Fiddler machine: time within physical 
   // (Fiddler runs misses on the CPU instead; this is the plain offloading baseline).
   CHECK(r.decode_tokens_per_s() < 3.0);
 }
+
+TEST_CASE("solo: decode steps at the one-thread rates slow decode only, by the expert count",
+          "[sim][hardware][synthetic]") {
+  const RoutingTrace trace = generate_synthetic_trace(
+      "mixtral-8x7b", MOEKIT_SOURCE_DIR "/data/stats", {.decode_tokens = 8, .seed = 3});
+  const ModelShape shape = mixtral_8x7b;
+  const DenseLayerShape dense{mixtral_8x7b_dense().params, Precision::q4};
+  HardwareModel hw = rtx4080_pcie4();
+  hw.cpu = hw.device;
+  hw.host_holds_experts = false;
+  hw.host_is_device = true;
+  hw.experts_after_all_loads = true;
+  hw.fixed_includes_first_token = true;
+  auto run = [&](const HardwareModel& h) {
+    // Every expert fits (the pipeline's default f16 experts); the loads are the same in both.
+    presets::Baseline<SimLoader> pipe(
+        shape,
+        PipelineConfig{.expert_budget_bytes =
+                           shape.expert_count() * shape.expert_bytes(Precision::f16)},
+        SimLoader(shape, h.link));
+    return replay(pipe, trace, h.compute_model(shape, dense));
+  };
+  const ReplayReport team = run(hw);
+  ProcessorModel one = hw.device;
+  for (double& r : one.weight_bytes_per_s) r /= 2;
+  hw.solo = one;
+  hw.decode_team_fraction = 0.0;
+  const ReplayReport solo = run(hw);
+  REQUIRE(solo.decode_tokens == team.decode_tokens);
+  CHECK(solo.prefill_s == Approx(team.prefill_s));  // batches keep the all-thread rates
+  CHECK(solo.stall_s == Approx(team.stall_s));
+  // Per decode token and layer: the dense part and top_k experts, each twice as long.
+  const double per_layer =
+      (one.fixed_s(shape, Precision::f16) - hw.device.fixed_s(shape, Precision::f16)) *
+          shape.top_k +
+      double(matrix_bytes(1, dense.params, dense.precision)) /
+          hw.device.weight_bytes_per_s[static_cast<std::size_t>(Precision::q4)];
+  const double extra = solo.decode_s - team.decode_s;
+  CHECK(extra > 0);
+  CHECK(extra == Approx(double(solo.decode_tokens) * shape.n_layers * per_layer).epsilon(1e-6));
+}

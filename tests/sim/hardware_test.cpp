@@ -265,3 +265,73 @@ TEST_CASE("compute_model: a CPU-only machine runs host experts in line, after th
   CHECK(first.cpu(Precision::q4, 0) == first.cpu_expert_s[q4]);
   CHECK(parse_hardware_json(serialize_hardware_json(h), "mem").fixed_includes_first_token);
 }
+
+TEST_CASE("solo: one-token calls at the decode blend of all-thread and one-thread rates",
+          "[sim][hardware]") {
+  const ModelShape& s = mixtral_8x7b;
+  const DenseLayerShape dense{mixtral_8x7b_dense().params, Precision::q4};
+  HardwareModel h = rtx4080_pcie4();
+  h.host_holds_experts = false;
+  h.host_is_device = true;
+  h.experts_after_all_loads = true;
+  h.fixed_includes_first_token = true;
+  h.cpu = h.device;
+  const auto q4 = static_cast<std::size_t>(Precision::q4);
+  const ComputeModel team = h.compute_model(s, dense);
+  CHECK_FALSE(team.one_token);
+
+  ProcessorModel one = h.device;
+  for (double& r : one.weight_bytes_per_s) r /= 2;  // one thread streams at half the rate
+  h.solo = one;
+  // Without a fraction below 1 the solo rates change nothing.
+  CHECK_FALSE(h.compute_model(s, dense).one_token);
+
+  h.decode_team_fraction = 0.25;
+  const ComputeModel m = h.compute_model(s, dense);
+  REQUIRE(m.one_token);
+  const double team_q4 = team.device_expert_s[q4], solo_q4 = one.fixed_s(s, Precision::q4);
+  CHECK(solo_q4 > team_q4);
+  CHECK(m.device(Precision::q4, 1) == Approx(0.25 * team_q4 + 0.75 * solo_q4));
+  CHECK(m.cpu(Precision::q4, 1) == Approx(0.25 * team_q4 + 0.75 * solo_q4));  // same cores
+  const double solo_dense =
+      h.layer_overhead_s +
+      double(matrix_bytes(1, dense.params, dense.precision)) / one.weight_bytes_per_s[q4];
+  CHECK(m.layer(1) == Approx(0.25 * team.layer_s + 0.75 * solo_dense));
+  // Batches (prefill) keep the all-thread costs.
+  CHECK(m.device(Precision::q4, 4) == team.device(Precision::q4, 4));
+  CHECK(m.layer(4) == team.layer(4));
+
+  // A separate device (GPU): the host CPU's experts keep their own costs.
+  h.host_is_device = false;
+  CHECK(h.compute_model(s, dense).cpu(Precision::q4, 1) ==
+        team.cpu_expert_s[q4] + h.link.transfer_s(s.expert_bytes(Precision::q4)));
+
+  // JSON: round-trips; a file without the keys has no solo; the fraction needs solo, in [0, 1].
+  h.host_is_device = true;
+  const std::string text = serialize_hardware_json(h);
+  const HardwareModel back = parse_hardware_json(text, "mem");
+  REQUIRE(back.solo);
+  CHECK(back.solo->weight_bytes_per_s == one.weight_bytes_per_s);
+  CHECK(back.decode_team_fraction == 0.25);
+  nlohmann::json old = nlohmann::json::parse(text);
+  old.erase("solo");
+  old.erase("decode_team_fraction");
+  const HardwareModel o = parse_hardware_json(old.dump(), "old.json");
+  CHECK_FALSE(o.solo);
+  CHECK(o.decode_team_fraction == 1.0);
+  auto rejects = [&](auto&& f, const std::string& field) {
+    nlohmann::json j = nlohmann::json::parse(text);
+    f(j);
+    try {
+      (void)parse_hardware_json(j.dump(), "hw.json");
+      FAIL("accepted a document with a bad '" << field << "'");
+    } catch (const Error& e) {
+      INFO(e.message());
+      CHECK(e.message().find("'" + field + "'") != std::string::npos);
+    }
+  };
+  rejects([](auto& j) { j["decode_team_fraction"] = 1.5; }, "decode_team_fraction");
+  rejects([](auto& j) { j["decode_team_fraction"] = -0.1; }, "decode_team_fraction");
+  rejects([](auto& j) { j.erase("solo"); }, "decode_team_fraction");
+  rejects([](auto& j) { j["solo"]["weight_bytes_per_s"]["q4"] = 0; }, "solo.weight_bytes_per_s.q4");
+}

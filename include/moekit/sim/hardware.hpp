@@ -144,6 +144,14 @@ struct HardwareModel {
   /// n − 1 others (moe-calibrate: decode runs a GEMV, a batch the GEMM, whose slope would count
   /// the first token twice). False: the per-token part for all n (the papers' presets).
   bool fixed_includes_first_token = false;
+  /// The device run on one thread (moe-calibrate: the same kernels on a one-thread pool), for
+  /// the decode steps moe-run runs on the caller alone: its ThreadPool's StepChooser times whole
+  /// decode steps, load waits included, and keeps the mode whose steps were shorter.
+  std::optional<ProcessorModel> solo;
+  /// The share of decode steps run on all threads; the others run at `solo`'s rates. A
+  /// one-token call costs decode_team_fraction · (all threads) + (1 − it) · (one thread). Only
+  /// with `solo`; 1 without it.
+  double decode_team_fraction = 1.0;
   /// What the device's and CPU's rates were measured on (moe-calibrate writes it; descriptive,
   /// not used by the cost model).
   std::optional<TimedKernels> timed;
@@ -155,6 +163,9 @@ struct HardwareModel {
     cpu.validate("HardwareModel.cpu");
     MOEKIT_EXPECTS(layer_overhead_s >= 0 && std::isfinite(layer_overhead_s),
                    "HardwareModel.layer_overhead_s must be finite and >= 0");
+    if (solo) solo->validate("HardwareModel.solo");
+    MOEKIT_EXPECTS(decode_team_fraction >= 0 && decode_team_fraction <= 1,
+                   "HardwareModel.decode_team_fraction must be in [0, 1]");
   }
   /// Seconds to move `bytes` over the link.
   [[nodiscard]] double transfer_s(std::size_t bytes) const noexcept {
@@ -163,10 +174,12 @@ struct HardwareModel {
   /// Seconds for the dense part of one layer over `n_tokens` tokens.
   [[nodiscard]] double dense_layer_s(const DenseLayerShape& dense,
                                      std::uint32_t n_tokens) const noexcept {
-    const double bytes = double(matrix_bytes(1, dense.params, dense.precision));
-    return layer_overhead_s +
-           bytes / device.weight_bytes_per_s[static_cast<std::size_t>(dense.precision)] +
+    return dense_fixed_s(dense, device) +
            2.0 * double(dense.params) * n_tokens / device.flops_per_s;
+  }
+  /// A one-token call's fixed part when `solo` is set: the blend decode_team_fraction gives.
+  [[nodiscard]] double decode_blend(double team_s, double solo_s) const noexcept {
+    return decode_team_fraction * team_s + (1.0 - decode_team_fraction) * solo_s;
   }
   /// The replay's per-call compute model for a model of `shape` with dense layers `dense`.
   [[nodiscard]] ComputeModel compute_model(const ModelShape& shape,
@@ -190,7 +203,33 @@ struct HardwareModel {
     m.cpu_reads_over_link = host_is_device && !host_holds_experts;
     m.experts_after_all_loads = experts_after_all_loads;
     m.first_token_in_fixed = fixed_includes_first_token;
+    if (solo && decode_team_fraction < 1.0) m.one_token = one_token_costs(shape, dense, m);
     return m;
+  }
+
+ private:
+  [[nodiscard]] double dense_fixed_s(const DenseLayerShape& dense,
+                                     const ProcessorModel& p) const noexcept {
+    const double bytes = double(matrix_bytes(1, dense.params, dense.precision));
+    return layer_overhead_s +
+           bytes / p.weight_bytes_per_s[static_cast<std::size_t>(dense.precision)];
+  }
+  // One-token calls at the decode blend: device experts and the dense part from `solo`; host
+  // CPU experts too when the host CPU is the device (the same cores, the same pool).
+  [[nodiscard]] ComputeModel::OneToken one_token_costs(const ModelShape& shape,
+                                                       const DenseLayerShape& dense,
+                                                       const ComputeModel& m) const {
+    ComputeModel::OneToken o;
+    for (std::size_t i = 0; i < precision_count; ++i) {
+      const Precision p = all_precisions[i];
+      const auto idx = static_cast<std::size_t>(p);
+      o.device_expert_s[idx] = decode_blend(m.device_expert_s[idx], solo->fixed_s(shape, p));
+      o.cpu_expert_s[idx] = host_is_device
+                                ? decode_blend(m.cpu_expert_s[idx], solo->fixed_s(shape, p))
+                                : m.cpu_expert_s[idx];
+    }
+    o.layer_s = decode_blend(m.layer_s, dense_fixed_s(dense, *solo));
+    return o;
   }
 };
 
@@ -302,6 +341,7 @@ inline std::vector<std::string> hardware_preset_names() {
 //  "cpu":    {same fields as "device"},
 //  "layer_overhead_s": num, "host_holds_experts": bool, "host_is_device": bool,
 //  "experts_after_all_loads": bool, "fixed_includes_first_token": bool,
+//  "solo": {same fields as "device"}, "decode_team_fraction": num,
 //  "timed":  {"threads": int, "isa": str, "activations": {precision: str, ...},
 //             "layout": {precision: str, ...}}}
 // All numbers SI (bytes, seconds). Every key is required but these optional ones, whose
@@ -309,7 +349,8 @@ inline std::vector<std::string> hardware_preset_names() {
 // "link.reads_in_flight" (default 1: one transfer at a time), "link.read_bandwidth_bytes_per_s"
 // (default 0: one read alone gets the whole bandwidth), "host_holds_experts" (default
 // true), "host_is_device", "experts_after_all_loads", "fixed_includes_first_token" (default
-// false each) and "timed"
+// false each), "solo" (default none: decode runs at "device"'s rates), "decode_team_fraction"
+// (in [0, 1], default 1; only with "solo") and "timed"
 // (what was measured: descriptive only; "activations" and "layout" name some of the precisions).
 // No other key is allowed. On a CPU-only machine "device" is the CPU running the project's
 // kernels from the RAM cache, "link" is the expert-store read path (O_DIRECT disk bandwidth, with
@@ -346,6 +387,10 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
       {"fixed_includes_first_token", h.fixed_includes_first_token}};
   j["link"]["reads_in_flight"] = h.link.reads_in_flight;
   j["link"]["read_bandwidth_bytes_per_s"] = h.link.read_bandwidth_bytes_per_s;
+  if (h.solo) {
+    j["solo"] = proc(*h.solo);
+    j["decode_team_fraction"] = h.decode_team_fraction;
+  }
   if (h.timed) {
     nlohmann::json acts = nlohmann::json::object(), layout = nlohmann::json::object();
     for (std::size_t i = 0; i < precision_count; ++i) {
@@ -459,7 +504,7 @@ struct HardwareJsonReader {
   r.object(j, "",
            {"format", "version", "name", "source", "link", "device", "cpu", "layer_overhead_s"},
            {"host_holds_experts", "host_is_device", "experts_after_all_loads",
-            "fixed_includes_first_token", "timed"});
+            "fixed_includes_first_token", "solo", "decode_team_fraction", "timed"});
   if (!j["format"].is_string() || j["format"].get<std::string>() != hardware_json_format)
     r.bad("format", "must be \"moekit-hardware\"");
   if (!j["version"].is_number_integer() || j["version"].get<std::int64_t>() != 1)
@@ -492,6 +537,12 @@ struct HardwareJsonReader {
   h.host_is_device = r.flag(j, "host_is_device", false);
   h.experts_after_all_loads = r.flag(j, "experts_after_all_loads", false);
   h.fixed_includes_first_token = r.flag(j, "fixed_includes_first_token", false);
+  if (j.contains("solo")) h.solo = r.processor(j["solo"], "solo");
+  if (j.contains("decode_team_fraction")) {
+    if (!h.solo) r.bad("decode_team_fraction", "needs \"solo\" (the one-thread rates)");
+    h.decode_team_fraction = r.number(j["decode_team_fraction"], "decode_team_fraction", true);
+    if (h.decode_team_fraction > 1) r.bad("decode_team_fraction", "must be in [0, 1]");
+  }
   if (j.contains("timed")) h.timed = r.timed(j["timed"]);
   h.validate();
   return h;

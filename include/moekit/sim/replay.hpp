@@ -76,6 +76,15 @@ struct ComputeModel {
   /// The fixed parts are a one-token call (measured so): a call over n tokens costs
   /// fixed + per_token · (n − 1). False: fixed + per_token · n.
   bool first_token_in_fixed = false;
+  /// What a one-token call (a decode step's) costs when it differs from the fixed parts above
+  /// (HardwareModel::solo: moe-run runs most offloaded decode steps on one thread). Unset: the
+  /// fixed parts.
+  struct OneToken {
+    std::array<double, precision_count> device_expert_s{};
+    std::array<double, precision_count> cpu_expert_s{};
+    double layer_s = 0.0;
+  };
+  std::optional<OneToken> one_token;
 
   /// Throws `moekit::Error` naming the first negative or non-finite field.
   void validate() const {
@@ -89,17 +98,29 @@ struct ComputeModel {
     }
     MOEKIT_EXPECTS(ok(layer_s) && ok(layer_token_s),
                    "ComputeModel.layer_s must be finite and >= 0");
+    if (!one_token) return;
+    for (std::size_t i = 0; i < precision_count; ++i)
+      MOEKIT_EXPECTS(ok(one_token->device_expert_s[i]) && ok(one_token->cpu_expert_s[i]),
+                     "ComputeModel.one_token.*_expert_s[" + std::string(name(all_precisions[i])) +
+                         "] must be finite and >= 0");
+    MOEKIT_EXPECTS(ok(one_token->layer_s),
+                   "ComputeModel.one_token.layer_s must be finite and >= 0");
   }
   [[nodiscard]] double device(Precision p, std::uint32_t n_tokens) const noexcept {
     const auto i = static_cast<std::size_t>(p);
-    return device_expert_s[i] + device_expert_token_s[i] * extra(n_tokens);
+    const bool one = n_tokens == 1 && one_token;
+    return (one ? one_token->device_expert_s[i] : device_expert_s[i]) +
+           device_expert_token_s[i] * extra(n_tokens);
   }
   [[nodiscard]] double cpu(Precision p, std::uint32_t n_tokens) const noexcept {
     const auto i = static_cast<std::size_t>(p);
-    return cpu_expert_s[i] + cpu_expert_token_s[i] * extra(n_tokens);
+    const bool one = n_tokens == 1 && one_token;
+    return (one ? one_token->cpu_expert_s[i] : cpu_expert_s[i]) +
+           cpu_expert_token_s[i] * extra(n_tokens);
   }
   [[nodiscard]] double layer(std::uint32_t n_tokens) const noexcept {
-    return layer_s + layer_token_s * extra(n_tokens);
+    const bool one = n_tokens == 1 && one_token;
+    return (one ? one_token->layer_s : layer_s) + layer_token_s * extra(n_tokens);
   }
   /// Tokens a call pays the per-token part for (first_token_in_fixed: all but the first).
   [[nodiscard]] std::uint32_t extra(std::uint32_t n_tokens) const noexcept {
