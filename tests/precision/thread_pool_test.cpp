@@ -247,3 +247,25 @@ TEST_CASE("ThreadPool refuses, joining its workers, when threads cannot be creat
   CHECK(WEXITSTATUS(status) == 0);
 #endif
 }
+
+TEST_CASE("an adaptive step's discounted wait is left out of the chooser's step time",
+          "[precision][thread_pool]") {
+  // A decode step that waits for loads: the wait (which no thread count shortens) must not
+  // decide between all threads and one; the chooser's first step runs on all threads.
+  ThreadPool pool(2);
+  const auto wait = std::chrono::milliseconds(40);
+  {
+    ThreadPool::Active step(pool, /*adaptive=*/true);
+    std::this_thread::sleep_for(wait);
+    step.discount(wait);
+  }
+  REQUIRE(pool.adaptive_steps() == 1);
+  REQUIRE(pool.team_steps() == 1);
+  // The step did nothing else: what is left is the clock reads' and the sleep's overshoot.
+  CHECK(pool.average_step_ns(/*team=*/true) < 0.5 * 1e9 * 0.040);
+  {
+    ThreadPool::Active step(pool, /*adaptive=*/true);  // solo: the chooser measures both
+    std::this_thread::sleep_for(wait);
+  }
+  CHECK(pool.average_step_ns(/*team=*/false) >= 1e9 * 0.040);
+}

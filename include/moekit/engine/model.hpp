@@ -10,6 +10,7 @@
 /// the KV cache is rolled back one position and the token recomputed (MoBiLE).
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -156,9 +157,12 @@ class Model {
     kv_.check_room(n);
     // The pool's workers poll through the serial gaps of the forward instead of sleeping in them;
     // a decode forward is a step of the pool's StepChooser (all threads, or the caller alone if
-    // that is faster on this machine now); a prefill forward always uses every thread.
+    // that is faster on this machine now), timed without its waits for expert loads (an
+    // offloaded decode's waits would otherwise decide it); a prefill forward always uses every
+    // thread.
     std::optional<moekit::ThreadPool::Active> awake;
     if (opts_.pool) awake.emplace(*opts_.pool, phase == moekit::Phase::decode);
+    const double stalled_before = moe_.stall_seconds();
     const std::size_t H = cfg_.hidden;
     x_.resize(n * H);
     h_.resize(n * H);
@@ -183,6 +187,9 @@ class Model {
       for (std::size_t i = 0; i < x_.size(); ++i) x_[i] += t_[i];
     }
     kv_.advance(n);
+    if (awake)
+      awake->discount(std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::duration<double>(moe_.stall_seconds() - stalled_before)));
     // Prefill forwards are always kept; a decode forward is kept once its token is accepted.
     if (replay_ && phase == moekit::Phase::prefill) replay_->end_forward();
     if (!logits) return {};

@@ -120,15 +120,15 @@ class MoeLayer {
     if (!w.shared.empty()) add_shared_expert(w, x, n, out, opts);
   }
 
- private:
-  // The pipeline's load-wait seconds so far (0 for a pipeline without statistics).
-  double stall_seconds() const {
+  /// The pipeline's load-wait seconds so far (0 for a pipeline without statistics).
+  [[nodiscard]] double stall_seconds() const {
     if constexpr (requires { pipeline_.stats().stall_seconds; })
       return pipeline_.stats().stall_seconds;
     else
       return 0;
   }
 
+ private:
   // Router: logits, softmax, top-k (descending, ties to the lower id), optional renormalisation.
   std::uint32_t route(const LayerWeights& w, std::span<const float> x, std::uint32_t n,
                       std::uint32_t k, const moekit::KernelOptions& opts) {

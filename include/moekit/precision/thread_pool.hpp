@@ -177,6 +177,12 @@ class ThreadPool {
     }
     Active(Active&& o) noexcept
         : pool_(std::exchange(o.pool_, nullptr)), step_(o.step_), start_(o.start_) {}
+    /// Leaves `waited` out of this step's measured time: time the step spent waiting for
+    /// something other than its jobs (loads from disk), which no thread count shortens and which
+    /// would otherwise decide the choice by the luck of each step's misses.
+    void discount(std::chrono::nanoseconds waited) noexcept {
+      if (step_) start_ += std::max(waited, std::chrono::nanoseconds{0});
+    }
     Active& operator=(Active&&) = delete;
     Active(const Active&) = delete;
     ~Active() {
@@ -243,6 +249,8 @@ class ThreadPool {
           std::min<double>(last_probe, std::max<double>(2.0 * probe_every_, affordable)));
     }
     [[nodiscard]] std::uint64_t steps() const noexcept { return seen_[0] + seen_[1]; }
+    /// Moving average of the steps run on all threads (`team`) or on the caller alone, in ns.
+    [[nodiscard]] double average_ns(bool team) const noexcept { return avg_[team]; }
     [[nodiscard]] std::uint64_t team_steps() const noexcept { return team_steps_; }
 
    private:
@@ -256,6 +264,10 @@ class ThreadPool {
   /// Steps (adaptive Active regions) run so far, and how many of them ran on all threads.
   [[nodiscard]] std::uint64_t adaptive_steps() const noexcept { return chooser_.steps(); }
   [[nodiscard]] std::uint64_t team_steps() const noexcept { return chooser_.team_steps(); }
+  /// The StepChooser's moving average of team (all threads) or solo steps, in ns.
+  [[nodiscard]] double average_step_ns(bool team) const noexcept {
+    return chooser_.average_ns(team);
+  }
   /// Whether the last adaptive step ran on all threads (true before the first). Work between
   /// steps that splits itself over the pool (the sampler's passes) follows the chooser: when the
   /// caller alone was faster, a job beside it would mostly wait for the other core.
