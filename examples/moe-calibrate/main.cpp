@@ -337,7 +337,7 @@ struct Options {
   std::string activations = "auto", expert_layout = "auto", slope_precision = "q4";
   int reps = 9;
   /// Share of decode steps moe-run runs on all threads [choice, see the flag's help].
-  double decode_team_fraction = 0.0;
+  double decode_team_fraction = 1.0;
   bool force = false;
 };
 
@@ -370,9 +370,9 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--reps", o.reps, "timed repetitions per measurement (median; default 9)");
   app.add_option("--decode-team-fraction", o.decode_team_fraction,
                  "share of decode steps moe-run runs on all --threads, written beside the "
-                 "one-thread rates (default 0: its StepChooser times whole decode steps, load "
-                 "waits included, and on an offloaded decode kept one thread after the first "
-                 "step; moe-run --json says decode_steps_on_all_threads)")
+                 "one-thread rates (default 1: its StepChooser times decode steps without "
+                 "their load waits, and a quiet machine runs them on all threads; moe-run "
+                 "--json says decode_steps_on_all_threads)")
       ->check(CLI::Range(0.0, 1.0));
 }
 
