@@ -258,3 +258,14 @@ TEST_CASE("SimLoader: one read alone gets at most read_bandwidth_bytes_per_s",
   CHECK(l.poll(b));
   CHECK_THROWS_AS(SimLoader(tiny, LinkModel{bw, 0.0, 2, 2 * bw}), Error);
 }
+
+TEST_CASE("SimLoader: a link far faster than one read does not inflate the read's latency",
+          "[sim][loader][reads_in_flight]") {
+  // moe-sim --bandwidth 100000GB/s over a calibrated one-read rate once gave 0.0086 tok/s: the
+  // latency was divided by the tiny one-read share of the link.
+  const double fast = 1e14, one_read = 2e9, latency = 1e-4;
+  SimLoader l(tiny, LinkModel{fast, latency, 4, one_read});
+  const LoadTicket a = l.submit(req(0, 0, LoadPriority::on_demand));
+  const double bytes = double(tiny.expert_bytes(Precision::f16));
+  CHECK(l.completion_time(a) == Approx(latency + bytes / one_read).epsilon(1e-9));
+}

@@ -74,6 +74,13 @@ struct LinkModel {
   [[nodiscard]] double transfer_s(std::size_t bytes) const noexcept {
     return latency_s + double(bytes) / bandwidth_bytes_per_s;
   }
+  /// The work a transfer of `bytes` puts on the shared link, in seconds of the whole link: its
+  /// bytes, and its latency scaled by one read's share, so that a read alone takes exactly
+  /// `latency_s` + bytes ÷ (what one read gets). (The latency is not divided by a small share:
+  /// with a link far faster than one read it would grow by their ratio.)
+  [[nodiscard]] double work_s(std::size_t bytes) const noexcept {
+    return latency_s * share(1) + double(bytes) / bandwidth_bytes_per_s;
+  }
   static constexpr std::uint32_t max_reads_in_flight = 1024;
 };
 
@@ -324,14 +331,14 @@ class SimLoader {
       Record* r = demand_q_.front(*this) ? demand_q_.pop(*this) : prefetch_q_.pop(*this);
       r->state = State::started;
       --queued_;
-      const double dur = link_.transfer_s(r->bytes);
-      r->work_left = dur;
+      r->work_left = link_.work_s(r->bytes);
       active_.push_back(static_cast<std::uint32_t>(r - records_.data()));
       ++stats_.loads;
       stats_.bytes += r->bytes;
       (r->priority == LoadPriority::on_demand ? stats_.demand_bytes : stats_.prefetch_bytes) +=
           r->bytes;
-      stats_.busy_s += dur;  // the whole link's work (its busy time when the reads fill it)
+      stats_.busy_s +=
+          r->work_left;  // the whole link's work (its busy time when the reads fill it)
     }
     const double share = link_.share(active_.size());
     for (std::uint32_t id : active_) {
