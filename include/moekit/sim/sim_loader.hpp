@@ -2,7 +2,8 @@
 /// \file SimLoader: a Loader that moves no bytes and computes when each load would complete.
 ///
 /// Model: one link (bandwidth B bytes/s, latency L s) with `reads_in_flight` R readers. A transfer
-/// of an expert at precision p needs w = L + bytes(p) / B seconds of the whole link; up to R
+/// of an expert at precision p needs w = L·s1 + bytes(p) / B seconds of the whole link (s1: one
+/// read's share alone, below; 1 without a one-read rate); up to R
 /// transfers run at once and share it equally (processor sharing: with n running, each advances
 /// at 1/n of the link, so two equal reads started together both finish after 2w; no faster than
 /// `read_bandwidth_bytes_per_s`, what one read gets alone, when that is set), without
