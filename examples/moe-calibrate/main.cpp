@@ -70,6 +70,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// Bytes of expert copies a timing cycles through, so every call reads cold weights (as in MoE
+// decode): more than 4x the last-level cache of large server CPUs.
+constexpr std::size_t rotation = 256u << 20;
+
 [[noreturn]] void bad_flag(const std::string& flag, const std::string& why) {
   throw moekit::Error(ErrorKind::invalid_argument, flag + ": " + why);
 }
@@ -440,7 +444,6 @@ void one_token_rates(const Options& o, ThreadPool& pool, double overhead, sim::P
 /// decode call costs the measured time, a batch of n adds n − 1 slopes. `timed` records what ran.
 sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double overhead,
                                     sim::TimedKernels& timed) {
-  constexpr std::size_t rotation = 256u << 20;  // > 4x the LLC of large server CPUs
   const Precision slope_p = slope_precision(o);
   sim::ProcessorModel cpu;
   cpu.call_overhead_s = overhead;
@@ -464,7 +467,6 @@ sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double o
 /// overhead) into `p.weight_bytes_per_s`; `timed` (when set) records the kernels run.
 void one_token_rates(const Options& o, ThreadPool& pool, double overhead, sim::ProcessorModel& p,
                      sim::TimedKernels* timed, tools::Progress& progress, std::size_t& done) {
-  constexpr std::size_t rotation = 256u << 20;  // as measure_kernels
   for (Precision q : all_precisions) {
     if (q == Precision::skip) continue;
     progress.update(done++, std::string(name(q)));

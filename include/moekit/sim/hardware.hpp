@@ -145,8 +145,9 @@ struct HardwareModel {
   /// the first token twice). False: the per-token part for all n (the papers' presets).
   bool fixed_includes_first_token = false;
   /// The device run on one thread (moe-calibrate: the same kernels on a one-thread pool), for
-  /// the decode steps moe-run runs on the caller alone: its ThreadPool's StepChooser times whole
-  /// decode steps, load waits included, and keeps the mode whose steps were shorter.
+  /// the decode steps moe-run runs on the caller alone: its ThreadPool's StepChooser keeps the
+  /// mode whose steps (less their load waits) were shorter, one thread when other processes take
+  /// the cores.
   std::optional<ProcessorModel> solo;
   /// The share of decode steps run on all threads; the others run at `solo`'s rates. A
   /// one-token call costs decode_team_fraction · (all threads) + (1 − it) · (one thread). Only

@@ -213,7 +213,6 @@ class SimLoader {
   /// Time at which the link finishes everything started so far (if nothing else starts).
   [[nodiscard]] double link_free_at() const {
     if (active_.empty()) return link_free_;
-    if (active_.size() == 1) return last_event_ + records_[active_[0]].work_left / link_.share(1);
     std::vector<double> left;  // the running ones end least work first, the rest speeding up
     for (std::uint32_t id : active_) left.push_back(records_[id].work_left);
     std::sort(left.begin(), left.end());
