@@ -3,7 +3,7 @@
 # -DCALIBRATE=<binary> -DDIR=<scratch directory on a disk>
 set(out "${DIR}/moe-calibrate-keys.json")
 execute_process(
-  COMMAND "${CALIBRATE}" --out "${out}" --force --disk-dir "${DIR}" --disk-size 4MiB --reps 1
+  COMMAND "${CALIBRATE}" --out "${out}" --force --disk-dir "${DIR}" --disk-size 4MiB --reps 3
           --hidden 64 --ffn 64 --threads 1 --io-threads 3 --activations f32 --expert-layout panels
           --slope-precision f16
   RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
@@ -36,7 +36,7 @@ endif()
 
 # More than one thread: the one-thread rates beside them, and the decode steps' share on all.
 execute_process(
-  COMMAND "${CALIBRATE}" --out "${out}" --force --disk-dir "${DIR}" --disk-size 4MiB --reps 1
+  COMMAND "${CALIBRATE}" --out "${out}" --force --disk-dir "${DIR}" --disk-size 4MiB --reps 3
           --hidden 64 --ffn 64 --threads 2 --activations f32 --expert-layout panels
           --slope-precision f16 --decode-team-fraction 0.25
   RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)

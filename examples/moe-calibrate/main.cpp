@@ -16,7 +16,7 @@
 //    expert of --hidden × --ffn, run as moe-run runs it at -t --threads: the activations
 //    --activations resolves to for that precision (auto: int8 for quantized experts on AVX2 or
 //    better, engine/activations.hpp) and the quantized matrices in the --expert-layout order
-//    (auto: engine/expert_layout.hpp's table for this core). The batch slope (least squares over
+//    (auto: engine/expert_layout.hpp's table for this core). The batch slope (Theil-Sen slope over
 //    1, 2, 4, …, 32 tokens at --slope-precision, each count timed on cold copies of the expert)
 //    → flops_per_s; the call overhead = the median call of a tiny (64 × 64) f32 expert; weight
 //    rate = expert bytes / (one token's time − call overhead) → weight_bytes_per_s[p], and
@@ -49,6 +49,7 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/engine/activations.hpp"
 #include "moekit/engine/expert_layout.hpp"
+#include "moekit/engine/line_fit.hpp"
 #include "moekit/engine/loader_read_rate.hpp"
 #include "moekit/engine/memory_budget.hpp"
 #include "moekit/error.hpp"
@@ -412,25 +413,25 @@ Precision slope_precision(const Options& o) {
   return *p;
 }
 
-/// The per-token slope: least squares over 1..32 tokens at `p` (Fiddler's calibration,
-/// fiddler.md §2.1), each count timed on cold copies of the expert (time_expert rotates them).
+/// The per-token slope over 1..32 tokens at `p` (Fiddler's calibration, fiddler.md §2.1, fitted
+/// as Theil–Sen: one count hit by a neighbour's burst does not move it, a least-squares line
+/// can tip below zero), each count timed on cold copies of the expert (time_expert rotates them).
 double batch_slope(const Options& o, Precision p, ThreadPool& pool, std::size_t rotation,
                    tools::Progress& progress, std::size_t& done) {
   const Expert e = make_expert(o.hidden, o.ffn, p, kernel_for(o, p), 3);
-  double sn = 0, st = 0, snn = 0, snt = 0, k = 0;
+  std::vector<double> ns, ts;
   for (std::size_t n : {1, 2, 4, 8, 16, 32}) {
     progress.update(done++, std::string(name(p)) + " x " + std::to_string(n) + " tokens");
     const double t = time_expert(e, n, pool, rotation, o.reps);
     progress.clear();
-    sn += double(n), st += t, snn += double(n * n), snt += double(n) * t, ++k;
+    ns.push_back(double(n)), ts.push_back(t);
     std::printf("  %s x %2zu tokens: %9.3f ms\n", std::string(name(p)).c_str(), n, t * 1e3);
   }
-  const double per_token = (k * snt - sn * st) / (k * snn - sn * sn);
+  const double per_token = engine::theil_sen_slope(ns, ts);
   if (!(per_token > 0))
     throw moekit::Error(ErrorKind::internal,
-                        "the expert calls did not get slower with more tokens (least-squares "
-                        "slope over 1..32 tokens <= 0); rerun with more --reps on a quieter "
-                        "machine");
+                        "the expert calls did not get slower with more tokens (Theil-Sen slope "
+                        "over 1..32 tokens <= 0); rerun with more --reps on a quieter machine");
   return per_token;
 }
 
@@ -454,7 +455,7 @@ sim::ProcessorModel measure_kernels(const Options& o, ThreadPool& pool, double o
   const double per_token = batch_slope(o, slope_p, pool, rotation, progress, done);
   cpu.flops_per_s = 6.0 * double(o.hidden) * double(o.ffn) / per_token;
   std::printf(
-      "  batch slope (least squares, 1..32 tokens, %s): %.3f ms per extra token → %.1f "
+      "  batch slope (Theil-Sen, 1..32 tokens, %s): %.3f ms per extra token → %.1f "
       "GFLOP/s\n",
       o.slope_precision.c_str(), per_token * 1e3, cpu.flops_per_s / 1e9);
   timed.threads = o.threads;

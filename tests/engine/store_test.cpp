@@ -280,6 +280,23 @@ TEST_CASE("Fiddler's latencies are measured through the run's loader", "[engine]
   }
 }
 
+TEST_CASE("theil_sen_slope: exact on a line; one burst-hit count does not tip it below zero",
+          "[engine][calibration]") {
+  const std::vector<double> n{1, 2, 4, 8, 16, 32};
+  std::vector<double> t;
+  for (double x : n) t.push_back(7e-6 + 8e-7 * x);
+  CHECK(theil_sen_slope(n, t) == Approx(8e-7));
+  // A CI run's timings (ms) of a 64 x 64 expert, the 4-token call hit by a neighbour: least
+  // squares gives a negative slope, the median of the pairwise slopes stays near the others'.
+  const std::vector<double> ci{0.005, 0.008, 0.150, 0.012, 0.018, 0.031};
+  const double slope = theil_sen_slope(n, ci);
+  CHECK(slope > 0.0);
+  CHECK(slope < 2e-3);
+  CHECK(theil_sen_slope(std::vector<double>{1, 3}, std::vector<double>{1, 2}) == Approx(0.5));
+  CHECK_THROWS_AS(theil_sen_slope(std::vector<double>{2, 2}, std::vector<double>{1, 2}),
+                  moekit::Error);
+}
+
 TEST_CASE("fit_cpu_line: least squares over the token counts; the paper's line when a < 0",
           "[engine][fiddler]") {
   const std::vector<double> n{1, 2, 4, 8, 16, 32};

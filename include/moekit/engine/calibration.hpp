@@ -35,6 +35,7 @@
 #include "moekit/engine/config.hpp"
 #include "moekit/engine/expert_source.hpp"
 #include "moekit/engine/forwarding_pipeline.hpp"
+#include "moekit/engine/line_fit.hpp"
 #include "moekit/engine/model.hpp"
 #include "moekit/engine/offload.hpp"
 #include "moekit/engine/popularity_file.hpp"
@@ -192,21 +193,6 @@ struct FiddlerLatencies {
 
 /// Token counts the CPU line is fitted over (design spec fiddler.md §2.1: n ∈ {1, ..., 32}).
 inline constexpr std::uint32_t fiddler_token_counts[] = {1, 2, 4, 8, 16, 32};
-
-/// The least-squares line t = a + c·n through (n_i, t_i); with a negative intercept, the line
-/// through 0 (Fiddler's own model). Returns {a, c}, c > 0.
-inline std::pair<double, double> fit_cpu_line(std::span<const double> n,
-                                              std::span<const double> t) {
-  MOEKIT_EXPECTS(n.size() == t.size() && n.size() >= 2, "fit_cpu_line: need >= 2 points");
-  double sn = 0, st = 0, snn = 0, snt = 0;
-  for (std::size_t i = 0; i < n.size(); ++i)
-    sn += n[i], st += t[i], snn += n[i] * n[i], snt += n[i] * t[i];
-  const double k = double(n.size()), den = k * snn - sn * sn;
-  double c = den > 0 ? (k * snt - sn * st) / den : 0.0;
-  double a = (st - c * sn) / k;
-  if (a < 0 || !(c > 0)) a = 0, c = snt / snn;
-  return {a, std::max(c, 1e-12)};
-}
 
 /// Fiddler's latencies. CPU: up to 8 experts spread over the model (different layers, each read
 /// from host memory as the engine's CPU path reads it) run at every token count of
