@@ -131,17 +131,13 @@ ModelSource resolve_model(const Options& o) {
 // prefill (activations.hpp), and the routing replayed from --routing-trace (null: the router's
 // own). Where the experts' rows are comes with each resolved expert (WeightView::order).
 struct ModelSetup {
-  bool int8_experts = false;
-  bool int8_dense = false;
+  ModelKernels kernels;  // --activations, --kv-type, --row-streaming
   RoutingReplay* replay = nullptr;
   const ChatTemplate* chat = nullptr;  // --chat-template (null: -p as it is)
-  KvType kv_type = KvType::f32;        // --kv-type
 
   template <class M>
   void apply(M& model) const {
-    model.set_kv_type(kv_type);
-    model.set_int8_expert_activations(int8_experts);
-    model.set_int8_dense_activations(int8_dense);
+    kernels.apply(model);
     model.set_routing_replay(replay);
   }
 };
@@ -221,8 +217,8 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   j["architecture"] = name(cfg.arch);
   j["preset"] = o.preset;
   j["precision"] = std::string(moekit::name(o.precision));
-  j["activations"] = std::string(activations_name(k.int8_experts));
-  j["dense_activations"] = std::string(activations_name(k.int8_dense));
+  j["activations"] = std::string(activations_name(k.kernels.int8_experts));
+  j["dense_activations"] = std::string(activations_name(k.kernels.int8_dense));
   j["threads"] = o.threads;
   j["expert_budget_bytes"] = pipeline.config().expert_budget_bytes;
   const Timings& t = g.t;
@@ -323,7 +319,6 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   Model<Pipeline> model(cfg, w.dense, pipeline, ctx, &pool);
   model.set_ubatch(o.ubatch);
   k.apply(model);
-  model.set_row_streaming(o.row_streaming);
   Sampler sampler({o.temperature, o.top_p, o.seed, o.top_k});
   sampler.set_thread_pool(&pool);  // its passes over the vocabulary too
   StreamDecoder stream(tok, prompt);
@@ -444,7 +439,6 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
   Model<Pipeline> model(cfg, w.dense, pipeline, s.ctx, &pool);
   model.set_ubatch(o.ubatch);
   k.apply(model);
-  model.set_row_streaming(o.row_streaming);
   const auto t0 = std::chrono::steady_clock::now();
   moekit::tools::Progress bar("perplexity: chunk", 0, moekit::tools::ProgressUnit::items, o.json);
   const PerplexityResult r =
@@ -470,8 +464,8 @@ nlohmann::json perplexity(const Options& o, const ModelConfig& cfg, const ModelW
   j["file"] = o.perplexity;
   j["preset"] = o.preset;
   j["precision"] = std::string(moekit::name(o.precision));
-  j["activations"] = std::string(activations_name(k.int8_experts));
-  j["dense_activations"] = std::string(activations_name(k.int8_dense));
+  j["activations"] = std::string(activations_name(k.kernels.int8_experts));
+  j["dense_activations"] = std::string(activations_name(k.kernels.int8_dense));
   j["mode"] = s.decode ? "decode" : "prefill";
   j["ctx"] = s.ctx;
   j["chunks"] = r.chunks;
@@ -557,7 +551,6 @@ std::unique_ptr<Model<Pipeline>> chat_model(const Options& o, const ModelConfig&
       std::make_unique<Model<Pipeline>>(cfg, w.dense, pipeline, chat_context(o, cfg), &pool);
   model->set_ubatch(o.ubatch);
   k.apply(*model);
-  model->set_row_streaming(o.row_streaming);
   return model;
 }
 
@@ -843,13 +836,15 @@ Calibration calibration_run(const Options& o, const ModelConfig& cfg, const Mode
     if (bos) prompt.insert(prompt.begin(), *bos);
     if (prompt.empty()) fail("-p: the prompt encodes to no tokens (calibration run)");
     const int extra = o.calib_tokens < 0 ? 16 : o.calib_tokens;
-    c = calibrate(cfg, w.dense, settings, backing, prompt, extra, &pool, setup.replay);
+    c = calibrate(cfg, w.dense, settings, backing, prompt, extra, &pool, setup.replay,
+                  setup.kernels);
     c.source = "the prompt plus " + std::to_string(extra) + " greedy tokens" + fallback +
                (o.perplexity.empty() ? ": the start of the generated text itself" : "");
   } else {
     const CalibrationText t = calibration_text(
         file, tok, bos, o.calib_tokens < 0 ? 128 : std::size_t(o.calib_tokens), o.perplexity);
-    c = calibrate(cfg, w.dense, settings, backing, t.tokens, 0, &pool, setup.replay);
+    c = calibrate(cfg, w.dense, settings, backing, t.tokens, 0, &pool, setup.replay,
+                  setup.kernels);
     c.source = t.source;
   }
   if (setup.replay)
@@ -863,13 +858,14 @@ Calibration calibration_run(const Options& o, const ModelConfig& cfg, const Mode
 // one expert's load at the decode prefetch precision (t_expert); engine/decode_timing.hpp.
 void measure_fate_timing(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                          const Tokenizer& tok, const OffloadSettings& settings,
-                         const ExpertBacking& backing, moekit::ThreadPool& pool, PresetInputs& in,
-                         nlohmann::json& notes) {
+                         const ExpertBacking& backing, moekit::ThreadPool& pool,
+                         const ModelKernels& kernels, PresetInputs& in, nlohmann::json& notes) {
   std::vector<Token> prompt = tok.encode(o.prompt, false);
   if (!o.no_bos && cfg.bos_token_id) prompt.insert(prompt.begin(), *cfg.bos_token_id);
   if (prompt.empty()) fail("-p: the prompt encodes to no tokens (decode timing run)");
   const DecodeTiming t = measure_decode_timing(cfg, w.dense, settings, backing, prompt,
-                                               /*decode_tokens=*/8, o.precision, &pool);
+                                               /*decode_tokens=*/8, o.precision, &pool,
+                                               /*reps=*/9, kernels);
   in.layer_seconds = t.layer_seconds;
   in.expert_load_seconds = t.expert_load_seconds;
   notes["fate_decode_timing"] = {
@@ -918,12 +914,13 @@ PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const Mo
   if (preset.needs.lookahead && setup.replay)  // not owned: the replay outlives the pipeline
     in.lookahead = std::shared_ptr<moekit::RoutingLookahead>(std::shared_ptr<void>{}, setup.replay);
   if (moekit::presets::is<moekit::presets::HobbitOracleSpec>(preset)) note_hobbit_recall(o, notes);
-  if (needs.decode_timing) measure_fate_timing(o, cfg, w, tok, settings, backing, pool, in, notes);
+  if (needs.decode_timing)
+    measure_fate_timing(o, cfg, w, tok, settings, backing, pool, setup.kernels, in, notes);
   in.cpu_seconds_per_token = o.preset_params.cpu_seconds_per_token;
   in.copy_seconds = o.preset_params.copy_seconds;
   if (needs.latencies) {
     const FiddlerLatencies l = measure_fiddler_latencies(shape, o.precision, backing, &pool,
-                                                         /*reps=*/9, setup.int8_experts);
+                                                         /*reps=*/9, setup.kernels.int8_experts);
     if (!(in.cpu_seconds_per_token > 0)) {  // the measured line (--cpu-latency: its own slope)
       in.cpu_seconds_per_token = l.cpu_seconds_per_token;
       in.cpu_seconds_per_expert = l.cpu_seconds_per_expert;
@@ -1381,8 +1378,9 @@ int run(Options o) {
                         where.checkpoint, order};
   // The dense matrices follow --activations as the experts do, judged on their own precisions.
   const ModelSetup setup{
-      int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
-      replay ? &*replay : nullptr, chat ? &*chat : nullptr, o.kv_type};
+      {int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
+       o.kv_type, o.row_streaming},
+      replay ? &*replay : nullptr, chat ? &*chat : nullptr};
   moekit::ThreadPool pool = thread_pool(o.threads);
   nlohmann::json notes;  // conversion_loss and calibration, added to the stats when not null
   // A store made from K-quant experts is a conversion of them, measured as before they were

@@ -153,11 +153,12 @@ CalibrationText calibration_text(const std::string& path, const Tokenizer& tok,
 /// Runs `prompt` and then `extra` greedy tokens through the baseline preset (same experts, same
 /// budget) and records the routing. With `replay` (moe-run --routing-trace) the run replays the
 /// trace, as the measured run will, and the replay is rewound afterwards, so that the measured
-/// run starts at the trace's first token as it would without calibration.
+/// run starts at the trace's first token as it would without calibration. `kernels`: the run's
+/// (at real size a calibration with f32 activations over quantized experts takes minutes).
 inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
                              const OffloadSettings& o, const ExpertBacking& experts,
                              std::span<const Token> prompt, int extra, moekit::ThreadPool* pool,
-                             RoutingReplay* replay = nullptr) {
+                             RoutingReplay* replay = nullptr, const ModelKernels& kernels = {}) {
   const moekit::ModelShape s = cfg.shape();
   OffloadSettings base = o;
   base.preset = {};
@@ -166,6 +167,7 @@ inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
         RouteRecorder rec(p, s.n_layers, s.n_experts);
         const auto ctx = static_cast<std::uint32_t>(prompt.size() + std::max(extra, 0) + 1);
         Model<decltype(rec)> model(cfg, dense, rec, ctx, pool);
+        kernels.apply(model);
         model.set_routing_replay(replay);
         model.begin_sequence();
         auto logits = model.prefill(prompt);

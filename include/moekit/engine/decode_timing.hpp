@@ -68,13 +68,15 @@ struct DecodeTiming {
   std::size_t layer_samples = 0;   ///< intervals T is the median of
 };
 
-/// Measures T over `decode_tokens` greedy tokens after `prompt` (baseline preset, budget and
-/// experts of the run) and t_expert at `load_precision` (median of `reps` loads).
+/// Measures T over `decode_tokens` greedy tokens after `prompt` (baseline preset, budget, experts
+/// and `kernels` of the run: T is the compute of the kernels the run will use) and t_expert at
+/// `load_precision` (median of `reps` loads).
 inline DecodeTiming measure_decode_timing(const ModelConfig& cfg, const DenseWeights& dense,
                                           const OffloadSettings& o, const ExpertBacking& experts,
                                           std::span<const Token> prompt, int decode_tokens,
                                           moekit::Precision load_precision,
-                                          moekit::ThreadPool* pool, int reps = 9) {
+                                          moekit::ThreadPool* pool, int reps = 9,
+                                          const ModelKernels& kernels = {}) {
   const moekit::ModelShape s = cfg.shape();
   auto median = [](std::vector<double> v) {
     if (v.empty()) return 0.0;
@@ -89,6 +91,7 @@ inline DecodeTiming measure_decode_timing(const ModelConfig& cfg, const DenseWei
         LayerClock clock(p);
         const auto ctx = static_cast<std::uint32_t>(prompt.size() + std::max(decode_tokens, 1) + 1);
         Model<decltype(clock)> model(cfg, dense, clock, ctx, pool);
+        kernels.apply(model);
         model.begin_sequence();
         auto logits = model.prefill(prompt);
         for (int i = 0; i < decode_tokens; ++i) {

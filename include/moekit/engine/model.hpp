@@ -35,6 +35,26 @@
 
 namespace moekit::engine {
 
+/// How a Model's kernels run beyond its weights (moe-run's --activations, --kv-type and
+/// --row-streaming). The measured run and every start-up run that times or records it
+/// (calibration, Fate's decode timing) apply the same, so a start-up timing is of the kernels the
+/// run will use.
+struct ModelKernels {
+  bool int8_experts = false;  ///< routed experts with int8 activations (activations.hpp)
+  bool int8_dense = false;    ///< quantized dense matrices with int8 activations
+  KvType kv_type = KvType::f32;
+  std::optional<moekit::RowStreaming> row_streaming;  ///< nullopt: the table for this core
+
+  /// Sets them on `m` (a Model, before its first forward).
+  template <class M>
+  void apply(M& m) const {
+    m.set_kv_type(kv_type);
+    m.set_int8_expert_activations(int8_experts);
+    m.set_int8_dense_activations(int8_dense);
+    m.set_row_streaming(row_streaming);
+  }
+};
+
 /// Token id type of the vocabulary.
 using Token = std::uint32_t;
 
