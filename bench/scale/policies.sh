@@ -32,8 +32,7 @@
 # moe-calibrate recorded the link's reads in flight and the kernels it timed is measured again.
 # A second table sets its predicted decode tok/s against the
 # measured one (issue 21: within ±20%). moe-run's oracle stand-ins are simulated by moe-sim's noisy
-# oracles (hobbit-oracle → hobbit, fate-oracle → fate, mobile-oracle → mobile), nextuse by
-# nextuse-fit; `hobbit`, `fate` and `mobile` run their real gates (or confidence) on random weights
+# oracles (hobbit-oracle → hobbit, fate-oracle → fate, mobile-oracle → mobile); `hobbit`, `fate` and `mobile` run their real gates (or confidence) on random weights
 # in moe-run, which moe-sim does not model: not simulated.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -92,11 +91,10 @@ fi
 simulate() {
   local row="$1" tr="$2" p="$3" sp
   case "$p" in
-    baseline | edgemoe | fiddler) sp="$p" ;;
+    baseline | edgemoe | fiddler | nextuse | nextuse-fit) sp="$p" ;;
     hobbit-oracle) sp=hobbit ;;
     fate-oracle) sp=fate ;;
     mobile-oracle) sp=mobile ;;
-    nextuse) sp=nextuse-fit ;;
     *) return 0 ;;
   esac
   local prompt_n decode_n budget prec dense sim_json

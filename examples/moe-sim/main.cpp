@@ -797,7 +797,9 @@ std::vector<const SimEntry*> chosen_runs(const std::string& preset,
     if (!sweep || (sweep->param != "t1" && sweep->param != "t2")) refs.push_back(&belady_entry);
     for (const auto* p : chosen)
       if (p->reference != "belady")
-        if (const SimEntry* r = find_reference(p->reference)) refs.push_back(r);
+        if (const SimEntry* r = find_reference(p->reference);
+            r && std::find(refs.begin(), refs.end(), r) == refs.end())
+          refs.push_back(r);  // once, however many presets it is the reference of
     chosen.insert(chosen.end(), refs.begin(), refs.end());
   }
   if (chosen.empty()) bad_flag("--preset", "no available preset to run");
@@ -937,7 +939,7 @@ std::vector<tools::PlotSeries> plot_series_of(const std::vector<const SimEntry*>
   std::vector<tools::PlotSeries> out;
   for (const SimEntry* p : chosen) {
     if (std::any_of(out.begin(), out.end(), [&](const auto& s) { return s.name == p->name; }))
-      continue;  // a reference of two presets runs twice (same rows): one line
+      continue;  // one line per name
     tools::PlotSeries ps{std::string(p->name), {}, {}, std::string(p->name), p->preset == nullptr};
     if (ps.reference)
       for (const SimEntry* q : chosen)

@@ -4,7 +4,8 @@
 /// through its spec, and says what it substituted (the run's `label` and `note`; every substitution
 /// is listed below and, against each paper, in docs/presets.md: none of these runs is its paper's
 /// whole mechanism); the references (Belady, cost-aware Belady) run beside them. A registered
-/// preset without an adapter is not replayed (NextUse; nextuse-fit, its fitted variant, is). Tests
+/// preset without an adapter is not replayed: the oracle stand-ins (hobbit-oracle, fate-oracle,
+/// mobile-oracle), which moe-sim's hobbit, fate and mobile rows are on traces. Tests
 /// call the same functions (tests/sim/moe_sim_presets_test.cpp), so what they check is what moe-sim
 /// runs. In namespace `moekit::sim::preset_runs`.
 ///
@@ -677,15 +678,14 @@ inline PresetResult run_fiddler(const RunParams& rp, const moekit::sim::RoutingT
               " GB, counted in bytes moved) completes before the clock starts"};
 }
 
-/// nextuse-fit: HOBBIT's T1/T2 precisions over ExpectedNextUse with its fitted statistics, no
-/// predictor: nothing to substitute.
-inline PresetResult run_nextuse_fit(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
-  using moekit::presets::NextUseFitSpec;
-  NextUseFitSpec::Config cfg = NextUseFitSpec::configure(rp.shape, rp.config.base_precision, {});
+/// nextuse and nextuse-fit: HOBBIT's T1/T2 precisions over ExpectedNextUse (the spec's
+/// statistics), no predictor: nothing to substitute.
+template <class Spec>
+inline PresetResult run_nextuse(const RunParams& rp, const moekit::sim::RoutingTrace& tr) {
+  typename Spec::Config cfg = Spec::configure(rp.shape, rp.config.base_precision, {});
   cfg.rule = hobbit_rule(rp);
-  auto p = NextUseFitSpec::build(rp.shape, rp.config, moekit::sim::SimLoader(rp.shape, rp.link),
-                                 cfg, {});
-  return {moekit::sim::replay(*p, tr, rp.compute), std::string(NextUseFitSpec::name), ""};
+  auto p = Spec::build(rp.shape, rp.config, moekit::sim::SimLoader(rp.shape, rp.link), cfg, {});
+  return {moekit::sim::replay(*p, tr, rp.compute), std::string(Spec::name), ""};
 }
 
 inline PresetResult run_belady_cost_hobbit(const RunParams& rp,
@@ -789,12 +789,23 @@ struct SimPreset<moekit::presets::FiddlerSpec> {
 };
 
 template <>
+struct SimPreset<moekit::presets::NextUseSpec> {
+  static constexpr bool replayed = true;
+  static constexpr SimEntry entry{"",
+                                  "nextuse: T1/T2 precisions over ExpectedNextUse with its "
+                                  "default statistics, no prediction",
+                                  &run_nextuse<moekit::presets::NextUseSpec>,
+                                  true,
+                                  false,
+                                  "belady-hobbit"};
+};
+template <>
 struct SimPreset<moekit::presets::NextUseFitSpec> {
   static constexpr bool replayed = true;
   static constexpr SimEntry entry{"",
                                   "nextuse-fit: T1/T2 precisions over ExpectedNextUse with "
                                   "(gamma, prior) fitted on real Mixtral routing, no prediction",
-                                  &run_nextuse_fit,
+                                  &run_nextuse<moekit::presets::NextUseFitSpec>,
                                   true,
                                   false,
                                   "belady-hobbit"};
