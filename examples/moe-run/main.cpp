@@ -843,8 +843,7 @@ Calibration calibration_run(const Options& o, const ModelConfig& cfg, const Mode
   } else {
     const CalibrationText t = calibration_text(
         file, tok, bos, o.calib_tokens < 0 ? 128 : std::size_t(o.calib_tokens), o.perplexity);
-    c = calibrate(cfg, w.dense, settings, backing, t.tokens, 0, &pool, setup.replay,
-                  setup.kernels);
+    c = calibrate(cfg, w.dense, settings, backing, t.tokens, 0, &pool, setup.replay, setup.kernels);
     c.source = t.source;
   }
   if (setup.replay)
@@ -1380,7 +1379,8 @@ int run(Options o) {
   const ModelSetup setup{
       {int8, resolve_int8_activations(o.activations, w.dense.held_precisions(), cfg.hidden),
        o.kv_type, o.row_streaming},
-      replay ? &*replay : nullptr, chat ? &*chat : nullptr};
+      replay ? &*replay : nullptr,
+      chat ? &*chat : nullptr};
   moekit::ThreadPool pool = thread_pool(o.threads);
   nlohmann::json notes;  // conversion_loss and calibration, added to the stats when not null
   // A store made from K-quant experts is a conversion of them, measured as before they were
