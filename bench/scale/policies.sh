@@ -20,6 +20,9 @@
 # build/, inside the timed run but outside its prefill and decode timings). The generated text
 # is meaningless (the routing is not the model's own); only the speed and the I/O are measured.
 #
+# MB read per decode token counts the cache's loads and the reads of Fiddler's CPU path
+# (host_read_bytes: experts read for a CPU run, outside the cache); a run with such reads has no
+# serial bound here (their waits are inside its compute time, not its stall).
 # The serial bound of a run is 1/(compute + I/O) per decode token: compute = its decode time less
 # the time it stalled waiting for loads, I/O = its bytes read ÷ the loader's cold read rate on the
 # same file (moekit_bench_checkpoint_read, measured first). A run that overlaps loads with compute
@@ -127,15 +130,16 @@ for tr in "${trace_list[@]}"; do
       '{trace: $t, preset: $p, rc: $rc, cgroup: $r, decode_tps: .decode_tokens_per_s,
         prefill_tps: .prefill_tokens_per_s, decode_hit_rate, error,
         decode_tokens: ((.generated_tokens // 1) - 1), decode_bytes: .decode_bytes_loaded,
+        decode_host_read: (.decode_host_read_bytes // 0),
         decode_stall: .decode_stall_seconds, missing: .routing_trace_missing,
         expert_budget_bytes, prompt_tokens, precision, dense_precision, fate_decode_timing}' <<< "$json")
     echo "$row" >> "$out/policies.jsonl"
     [[ "$p" == baseline && $rc -eq 0 ]] && base=$(jq .decode_tps <<< "$row")
     [[ -n "$sim" && $rc -eq 0 ]] && simulate "$row" "$tr" "$p"
     jq -r --arg base "${base:-0}" --argjson raw "$raw" '
-      (if .decode_tps and .decode_stall != null and .decode_bytes != null then
+      (if .decode_tps and .decode_stall != null and .decode_bytes != null and .decode_host_read == 0 then
          1 / (1 / .decode_tps - .decode_stall / .decode_tokens + .decode_bytes / .decode_tokens / $raw)
-       else null end) as $bound | "| \(.trace) | \(.preset) | \(.rc) | \(.decode_tps // 0 | . * 100 | round / 100) | \(if ($base | tonumber) > 0 and .decode_tps then (.decode_tps / ($base | tonumber) * 100 | round / 100) else "-" end) | \(.decode_hit_rate // 0 | . * 1000 | round / 10)% | \(if .decode_bytes then (.decode_bytes / .decode_tokens / 1e6 | round) else "-" end) | \(if .decode_stall then (.decode_stall / .decode_tokens * 100 | round / 100) else "-" end) | \(if $bound then ($bound * 100 | round / 100) else "-" end) | \(if $bound then "\(.decode_tps / $bound * 100 | round)%" else "-" end) | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(if .error then (.error | gsub("\\|"; "/") | .[0:160]) else "\(.missing // 0) trace records missing (router used)" end) |"' <<< "$row"
+       else null end) as $bound | "| \(.trace) | \(.preset) | \(.rc) | \(.decode_tps // 0 | . * 100 | round / 100) | \(if ($base | tonumber) > 0 and .decode_tps then (.decode_tps / ($base | tonumber) * 100 | round / 100) else "-" end) | \(.decode_hit_rate // 0 | . * 1000 | round / 10)% | \(if .decode_bytes then ((.decode_bytes + .decode_host_read) / .decode_tokens / 1e6 | round) else "-" end) | \(if .decode_stall then (.decode_stall / .decode_tokens * 100 | round / 100) else "-" end) | \(if $bound then ($bound * 100 | round / 100) else "-" end) | \(if $bound then "\(.decode_tps / $bound * 100 | round)%" else "-" end) | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(if .error then (.error | gsub("\\|"; "/") | .[0:160]) else "\(.missing // 0) trace records missing (router used)" end) |"' <<< "$row"
   done
 done
 if [[ -s "$sim_rows" ]]; then
