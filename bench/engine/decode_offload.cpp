@@ -170,7 +170,7 @@ int main(int argc, char** argv) try {
     in.routers = routers;
     const StartupNeeds needs = startup_needs(preset, half);
     if (needs.calibration) {
-      const Calibration c = calibrate(cfg, w.dense, half, disk, prompt, 16, &pool);
+      const Calibration c = calibrate(cfg, w.dense, half, disk, prompt, 16, &pool, {});
       in.popularity = c.counts;
       in.paths = c.paths;
     }
@@ -182,7 +182,8 @@ int main(int argc, char** argv) try {
     }
     char note[128] = "";
     if (needs.decode_timing) {
-      const DecodeTiming t = measure_decode_timing(cfg, w.dense, half, disk, prompt, 8, p, &pool);
+      const DecodeTiming t =
+          measure_decode_timing(cfg, w.dense, half, disk, prompt, 8, p, &pool, {});
       in.layer_seconds = t.layer_seconds;
       in.expert_load_seconds = t.expert_load_seconds;
       std::snprintf(note, sizeof note, "decode cap n = floor(%.3f ms / %.3f ms) = %.0f",

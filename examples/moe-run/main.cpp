@@ -836,14 +836,14 @@ Calibration calibration_run(const Options& o, const ModelConfig& cfg, const Mode
     if (bos) prompt.insert(prompt.begin(), *bos);
     if (prompt.empty()) fail("-p: the prompt encodes to no tokens (calibration run)");
     const int extra = o.calib_tokens < 0 ? 16 : o.calib_tokens;
-    c = calibrate(cfg, w.dense, settings, backing, prompt, extra, &pool, setup.replay,
-                  setup.kernels);
+    c = calibrate(cfg, w.dense, settings, backing, prompt, extra, &pool, setup.kernels,
+                  setup.replay);
     c.source = "the prompt plus " + std::to_string(extra) + " greedy tokens" + fallback +
                (o.perplexity.empty() ? ": the start of the generated text itself" : "");
   } else {
     const CalibrationText t = calibration_text(
         file, tok, bos, o.calib_tokens < 0 ? 128 : std::size_t(o.calib_tokens), o.perplexity);
-    c = calibrate(cfg, w.dense, settings, backing, t.tokens, 0, &pool, setup.replay, setup.kernels);
+    c = calibrate(cfg, w.dense, settings, backing, t.tokens, 0, &pool, setup.kernels, setup.replay);
     c.source = t.source;
   }
   if (setup.replay)
@@ -863,8 +863,7 @@ void measure_fate_timing(const Options& o, const ModelConfig& cfg, const ModelWe
   if (!o.no_bos && cfg.bos_token_id) prompt.insert(prompt.begin(), *cfg.bos_token_id);
   if (prompt.empty()) fail("-p: the prompt encodes to no tokens (decode timing run)");
   const DecodeTiming t = measure_decode_timing(cfg, w.dense, settings, backing, prompt,
-                                               /*decode_tokens=*/8, o.precision, &pool,
-                                               /*reps=*/9, kernels);
+                                               /*decode_tokens=*/8, o.precision, &pool, kernels);
   in.layer_seconds = t.layer_seconds;
   in.expert_load_seconds = t.expert_load_seconds;
   notes["fate_decode_timing"] = {

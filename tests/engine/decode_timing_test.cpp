@@ -29,7 +29,7 @@ TEST_CASE("Fate's decode cap comes from measured T and t_expert", "[engine][fate
   const OffloadSettings o{all_resident_budget(s, Precision::f16) / 2, Precision::f16};
   const std::vector<Token> prompt{1, 5, 9};
   const DecodeTiming t =
-      measure_decode_timing(cfg, w.dense, o, host, prompt, 4, Precision::f16, &pool, 5);
+      measure_decode_timing(cfg, w.dense, o, host, prompt, 4, Precision::f16, &pool, {}, 5);
   CHECK(t.layer_samples == 4u * (s.n_layers - 1));  // layers 1.. of each decode token
   CHECK(t.layer_seconds > 0);
   CHECK(t.expert_load_seconds > 0);

@@ -67,7 +67,7 @@ TEST_CASE("every preset at full precision and exact routing equals baseline bit 
 
     PresetInputs in;
     in.routers = routers;
-    const Calibration cal = calibrate(cfg, w.dense, o, backing, ref.prompt_ids, 4, &pool);
+    const Calibration cal = calibrate(cfg, w.dense, o, backing, ref.prompt_ids, 4, &pool, {});
     in.popularity = cal.counts;
     in.paths = cal.paths;
     REQUIRE(cal.paths);

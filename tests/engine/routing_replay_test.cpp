@@ -472,7 +472,7 @@ TEST_CASE("every preset runs the replayed experts", "[engine][replay][presets]")
   PresetInputs in;
   in.routers = routers;
   const Calibration cal =
-      calibrate(cfg, m->weights.dense, o, backing, tokens.prompt, 2, &pool, &replay);
+      calibrate(cfg, m->weights.dense, o, backing, tokens.prompt, 2, &pool, {}, &replay);
   CHECK(replay.tokens() == 0);  // rewound after calibration
   // The calibration counted the trace's experts: 4 prompt + 2 greedy tokens replay trace tokens
   // 0 1 2 3 4 0, of which 0, 3, 4 and 0 again hold expert 0.

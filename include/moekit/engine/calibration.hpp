@@ -153,12 +153,13 @@ CalibrationText calibration_text(const std::string& path, const Tokenizer& tok,
 /// Runs `prompt` and then `extra` greedy tokens through the baseline preset (same experts, same
 /// budget) and records the routing. With `replay` (moe-run --routing-trace) the run replays the
 /// trace, as the measured run will, and the replay is rewound afterwards, so that the measured
-/// run starts at the trace's first token as it would without calibration. `kernels`: the run's
-/// (at real size a calibration with f32 activations over quantized experts takes minutes).
+/// run starts at the trace's first token as it would without calibration. `kernels`: the run's,
+/// given explicitly (at real size a calibration with f32 activations over quantized experts takes
+/// minutes).
 inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
                              const OffloadSettings& o, const ExpertBacking& experts,
                              std::span<const Token> prompt, int extra, moekit::ThreadPool* pool,
-                             RoutingReplay* replay = nullptr, const ModelKernels& kernels = {}) {
+                             const ModelKernels& kernels, RoutingReplay* replay = nullptr) {
   const moekit::ModelShape s = cfg.shape();
   OffloadSettings base = o;
   base.preset = {};

@@ -69,14 +69,14 @@ struct DecodeTiming {
 };
 
 /// Measures T over `decode_tokens` greedy tokens after `prompt` (baseline preset, budget, experts
-/// and `kernels` of the run: T is the compute of the kernels the run will use) and t_expert at
-/// `load_precision` (median of `reps` loads).
+/// and `kernels` of the run, given explicitly: T is the compute of the kernels the run will use)
+/// and t_expert at `load_precision` (median of `reps` loads).
 inline DecodeTiming measure_decode_timing(const ModelConfig& cfg, const DenseWeights& dense,
                                           const OffloadSettings& o, const ExpertBacking& experts,
                                           std::span<const Token> prompt, int decode_tokens,
                                           moekit::Precision load_precision,
-                                          moekit::ThreadPool* pool, int reps = 9,
-                                          const ModelKernels& kernels = {}) {
+                                          moekit::ThreadPool* pool, const ModelKernels& kernels,
+                                          int reps = 9) {
   const moekit::ModelShape s = cfg.shape();
   auto median = [](std::vector<double> v) {
     if (v.empty()) return 0.0;
