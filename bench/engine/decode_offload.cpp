@@ -175,7 +175,7 @@ int main(int argc, char** argv) try {
       in.paths = c.paths;
     }
     if (needs.latencies) {
-      const FiddlerLatencies l = measure_fiddler_latencies(s, p, disk, &pool);
+      const FiddlerLatencies l = measure_fiddler_latencies(s, p, disk, &pool, {});
       in.cpu_seconds_per_token = l.cpu_seconds_per_token;
       in.cpu_seconds_per_expert = l.cpu_seconds_per_expert;
       in.copy_seconds = l.copy_seconds;

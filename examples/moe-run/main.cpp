@@ -917,8 +917,8 @@ PresetInputs preset_inputs(const Options& o, const PresetEntry& preset, const Mo
   in.cpu_seconds_per_token = o.preset_params.cpu_seconds_per_token;
   in.copy_seconds = o.preset_params.copy_seconds;
   if (needs.latencies) {
-    const FiddlerLatencies l = measure_fiddler_latencies(shape, o.precision, backing, &pool,
-                                                         /*reps=*/9, setup.kernels.int8_experts);
+    const FiddlerLatencies l =
+        measure_fiddler_latencies(shape, o.precision, backing, &pool, setup.kernels);
     if (!(in.cpu_seconds_per_token > 0)) {  // the measured line (--cpu-latency: its own slope)
       in.cpu_seconds_per_token = l.cpu_seconds_per_token;
       in.cpu_seconds_per_expert = l.cpu_seconds_per_expert;

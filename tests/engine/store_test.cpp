@@ -268,7 +268,7 @@ TEST_CASE("Fiddler's latencies are measured through the run's loader", "[engine]
   moekit::ThreadPool pool(1);
   for (const ExpertBacking& b :
        {ExpertBacking{&w.experts, nullptr, {}}, ExpertBacking{nullptr, store, {}}}) {
-    const FiddlerLatencies l = measure_fiddler_latencies(s, Precision::f16, b, &pool, 5);
+    const FiddlerLatencies l = measure_fiddler_latencies(s, Precision::f16, b, &pool, {}, 5);
     CHECK(l.cpu_seconds_per_token > 0);
     CHECK(l.copy_seconds > 0);
     CHECK(l.cpu_seconds_per_token < 1.0);

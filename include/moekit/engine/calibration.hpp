@@ -202,16 +202,17 @@ inline constexpr std::uint32_t fiddler_token_counts[] = {1, 2, 4, 8, 16, 32};
 /// `fiddler_token_counts`; per count the median over the experts; then the line a + c·n fitted
 /// through the medians (`fit_cpu_line`). Copy: the median of `reps` loads of a different expert
 /// each through a fresh loader of `experts` into a 4 KiB-aligned buffer, each followed by a
-/// one-token run. `int8_activations`: the experts run as the engine will run them
-/// (activations.hpp).
+/// one-token run. `kernels`: the run's, given explicitly, so the experts run as the engine will
+/// run them (their activations and row streaming; activations.hpp).
 inline FiddlerLatencies measure_fiddler_latencies(const moekit::ModelShape& s, moekit::Precision p,
                                                   const ExpertBacking& experts,
-                                                  moekit::ThreadPool* pool, int reps = 9,
-                                                  bool int8_activations = false) {
+                                                  moekit::ThreadPool* pool,
+                                                  const ModelKernels& kernels, int reps = 9) {
   using clock = std::chrono::steady_clock;
   moekit::KernelOptions opts{};
   opts.pool = pool;
-  opts.int8_activations = int8_activations;
+  opts.int8_activations = kernels.int8_experts;
+  opts.streaming = kernels.row_streaming;
   constexpr std::uint32_t max_n = 32;
   std::vector<float> x(std::size_t{max_n} * s.hidden, 0.01f), y(std::size_t{max_n} * s.hidden);
   ExpertLoader loader = experts.make_loader();

@@ -337,8 +337,8 @@ class SimLoader {
       stats_.bytes += r->bytes;
       (r->priority == LoadPriority::on_demand ? stats_.demand_bytes : stats_.prefetch_bytes) +=
           r->bytes;
-      stats_.busy_s +=
-          r->work_left;  // the whole link's work (its busy time when the reads fill it)
+      // The whole link's work (its busy time when the reads fill it).
+      stats_.busy_s += r->work_left;
     }
     const double share = link_.share(active_.size());
     for (std::uint32_t id : active_) {
