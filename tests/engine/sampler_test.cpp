@@ -425,6 +425,27 @@ TEST_CASE("top-p edge cases: 1, tiny, ties, -inf, signed zeros", "[engine][sampl
     same_tokens(small, {1.0f, 1.0f, 3}, isa, 500);
     same_tokens({lm_logits(32000, 2)}, {0.8f, 1.0f, 3}, isa, 10);
   }
+  SECTION("p = 1 is decided without the reference's sort, and draws only when it keeps two") {
+    Rows rows;
+    for (std::uint64_t s = 0; s < 4; ++s) rows.push_back(lm_logits(32000, s));
+    rows.push_back(lm_logits(32000, 99, 1.0f, 0));  // flat: the draw falls deep in the vocabulary
+    const auto p = same_tokens(rows, {0.8f, 1.0f, 11}, isa, 200);
+    INFO("approximate " << p.approximate << ", exact candidates " << p.exact_candidates
+                        << ", exact all " << p.exact_all << ", reference " << p.reference);
+    CHECK(p.approximate > 4 * (p.exact_candidates + p.exact_all + p.reference));
+    // One token far ahead: the reference keeps it alone (every other weight rounds away in its
+    // sum) and draws no number, so the draws on the next rows must still agree. The second
+    // logit sits around 36.7 T below the top, where a weight of 2^-53 decides.
+    for (const float gap : {20.f, 36.5f, 36.7f, 36.75f, 37.f, 60.f}) {
+      auto peaked = lm_logits(32000, 5, 0.5f, 0);
+      const float t = 0.8f, top = 40.f;
+      for (float& x : peaked) x = std::min(x, top - (gap + 2) * t);
+      peaked[1234] = top;
+      peaked[777] = top - gap * t;
+      INFO("gap " << gap << " T");
+      same_tokens({peaked, rows[0], peaked, rows[4]}, {t, 1.0f, 5}, isa, 40);
+    }
+  }
   SECTION("a tiny p keeps the top token, or the reference's pick among tied tops") {
     const auto l = lm_logits(32000, 3);
     Sampler s({0.8f, 1e-6f, 9}, isa);

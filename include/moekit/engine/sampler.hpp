@@ -18,9 +18,13 @@
 ///     decision (where the cut is, which kept token the uniform number falls on) is taken only
 ///     when it holds by more than that. Otherwise the sample is redone with expf weights for the
 ///     candidates, then for all, then by the original's arithmetic in a radix sort's order
-///     (`reference`; top-p 1 goes there at once), and by the original itself when the drawn
-///     logit is tied with another (only std::sort defines their order). The draws are recorded:
-///     every attempt sees the same numbers, and the generator moves on as the original moves it.
+///     (`reference`), and by the original itself when the drawn logit is tied with another (only
+///     std::sort defines their order). The draws are recorded: every attempt sees the same
+///     numbers, and the generator moves on as the original moves it.
+/// At top-p 1 the original keeps every token but a tail that its rounded running probability may
+/// cut (at most the margin's share of the mass), so the cut decides nothing but that tail: the
+/// uniform number is taken first, and the candidates need only hold the mass up to where it
+/// falls.
 /// With top-k, the k highest logits (ties: lower token id first) are found by a threshold on the
 /// maxima of disjoint sets of logits that the first pass reports, sorted, and the original's
 /// arithmetic runs on them.
@@ -329,6 +333,12 @@ class Sampler {
   };
 
   enum class Verdict { token, unsure, reference };
+  /// The share of the total mass the candidates must hold: top_p, or at top-p 1 the uniform
+  /// number of the draw (`whole`), taken before the candidates are gathered.
+  struct Need {
+    double share;
+    bool whole = false;
+  };
   struct Pick {
     Verdict verdict;
     std::uint32_t token = 0;
@@ -374,10 +384,17 @@ class Sampler {
   /// prove the reference decides.
   std::uint32_t nucleus(std::span<const float> l, float top) {
     Draws draws(rng_);
-    if (cfg_.top_p >= 1) {  // the cut is where rounding puts it: only the reference's sums say
+#if !defined(__GLIBCXX__)  // the draw's arithmetic below is libstdc++'s
+    if (cfg_.top_p >= 1) {
       ++paths_.reference;
       return reference(l, draws);
     }
+#else
+    if (cfg_.top_p >= 1 && !keeps_second(l, top)) {  // the reference draws nothing: the top
+      ++paths_.approximate;
+      return first_with_key(l, detail::order_key(top));
+    }
+#endif
     Pick p = approximate(l, top, draws);
     std::uint64_t* path = &paths_.approximate;
     if (p.verdict == Verdict::unsure) {
@@ -417,9 +434,10 @@ class Sampler {
     const float floor = first_rung_ < kRungs ? floors[first_rung_] : -inf_;
     const auto sums = exp_weights(l, top, floor);
     const double eps = margin(1, n, 1);  // the draw's sums come from the weights alone
-    if (gather(l, top, floors, sums.total, eps, first_rung_, sums.collected) == 0)
+    const Need need = needed(draws);
+    if (gather(l, top, floors, sums.total, eps, need, first_rung_, sums.collected) == 0)
       return {Verdict::unsure};
-    return decide(n, sums.total, eps, margin(1, n), draws);
+    return decide(n, sums.total, eps, margin(1, n), need, draws);
   }
 
   /// Second: expf's weights for the candidates of the first; the total is off by at most the
@@ -432,8 +450,9 @@ class Sampler {
     ranked_.reweigh([&](float logit) { return std::exp((logit - top) / cfg_.temperature); });
     const double held = ranked_.held(), rest = std::max(0.0, approx_total - approx_held);
     const double total = held + rest, eps = margin(rest / approx_total, n);
-    if (!(held / total * (1 - eps) >= cfg_.top_p) && ranked_.size() < n) return {Verdict::unsure};
-    return decide(n, total, eps, margin(0, n), draws);
+    const Need need = needed(draws);
+    if (!holds(held, total, eps, need) && ranked_.size() < n) return {Verdict::unsure};
+    return decide(n, total, eps, margin(0, n), need, draws);
   }
 
   /// Third: expf's weights for the whole vocabulary.
@@ -444,9 +463,10 @@ class Sampler {
     for (std::size_t i = 0; i < n; ++i)
       total += weights_[i] = std::exp((l[i] - top) / cfg_.temperature);
     const double eps = margin(0, n);
-    if (gather(l, top, rung_floors(top), total, eps, first_rung_, kNotCollected) == 0)
+    const Need need = needed(draws);
+    if (gather(l, top, rung_floors(top), total, eps, need, first_rung_, kNotCollected) == 0)
       return {Verdict::unsure};
-    return decide(n, total, eps, eps, draws);
+    return decide(n, total, eps, eps, need, draws);
   }
 
   /// How many ranges of at most `grain` logits a pass over n splits into: one per thread of pool_
@@ -535,9 +555,9 @@ class Sampler {
   /// hold the nucleus with room to spare) into `ranked_`; returns how many, 0 when none proves
   /// to hold it. `collected`: cand_idx_ already holds rung r's logits, that many.
   std::size_t gather(std::span<const float> l, float top, const std::array<float, kRungs>& floors,
-                     double total, double eps, std::size_t r, std::size_t collected) {
+                     double total, double eps, Need need, std::size_t r, std::size_t collected) {
     const std::size_t n = l.size();
-    const double p = cfg_.top_p;
+    const double p = need.share;
     cand_idx_.resize(n + 16);
     for (;; ++r) {
       const bool all = r >= kRungs;
@@ -548,12 +568,49 @@ class Sampler {
       paths_.candidates += c;
       ranked_.assign(l.data(), weights_.data(), cand_idx_.data(), c, top,
                      all ? 2 * kRungNats.back() * cfg_.temperature : top - floor);
-      if (c == n || ranked_.held() / total * (1 - eps) >= p) {
+      if (c == n || holds(ranked_.held(), total, eps, need)) {
         learn_first_rung(std::min(r, kRungs), (p + kRungRoom * (1 - p)) * total);
         return c;
       }
       if (all) return 0;
     }
+  }
+
+  /// The uniform number std::discrete_distribution draws (libstdc++: one generate_canonical).
+  static double canonical(Draws& draws) {
+    return std::generate_canonical<double, std::numeric_limits<double>::digits>(draws);
+  }
+
+  /// Whether the reference keeps more than the top token at top-p 1 (and so draws): its running
+  /// probability starts at 1 / sum, 1 only when the sum stays 1, every other weight at most 2^-53
+  /// (a logit more than 36.7 T below the top). The lane maxima of the scan usually show a second
+  /// one above e^-36 > 2^-53; else a pass collects those within 37 T and expf decides.
+  bool keeps_second(std::span<const float> l, float top) {
+    const float t = cfg_.temperature;
+    const std::int32_t floor = detail::order_key(top - 36 * t);
+    std::size_t above = 0;
+    for (const std::int32_t key : lane_max_)
+      if (key > floor && ++above == 2) return true;  // the top's lane and another
+    cand_idx_.resize(l.size() + kCollectSlack);
+    const std::size_t c = passes_.collect(l.data(), l.size(), top - 37 * t, cand_idx_.data());
+    const std::uint32_t first = first_with_key(l, detail::order_key(top));
+    for (std::size_t i = 0; i < c; ++i)
+      if (cand_idx_[i] != first && double(std::exp((l[cand_idx_[i]] - top) / t)) > 0x1p-53)
+        return true;
+    return false;
+  }
+
+  /// What this attempt's candidates must hold: top_p, or at top-p 1 the draw's uniform number.
+  Need needed(Draws& draws) const {
+    if (cfg_.top_p < 1) return {cfg_.top_p};
+    return {canonical(draws), true};
+  }
+
+  /// Whether candidates of mass `held` hold what `need` asks of a total within `eps` (at top-p 1
+  /// with room for the draw's margin, which is wider: see decide_whole).
+  static bool holds(double held, double total, double eps, Need need) noexcept {
+    const double share = need.whole ? std::min(1.0, need.share * (1 + 4 * eps)) : need.share;
+    return held / total * (1 - eps) >= share;
   }
 
   /// Records that `ranked_`, collected at rung r, held this sample's nucleus, and which rung
@@ -569,7 +626,9 @@ class Sampler {
   /// Where the reference cuts and which kept token it draws, from the candidates in `ranked_`,
   /// whose running sums over `total` are within `cut_eps` of the reference's probabilities (and
   /// whose kept weights, over their sum, within `draw_eps` of its cumulative ones).
-  Pick decide(std::size_t n, double total, double cut_eps, double draw_eps, Draws& draws) {
+  Pick decide(std::size_t n, double total, double cut_eps, double draw_eps, Need need,
+              Draws& draws) {
+    if (need.whole) return decide_whole(n, total, cut_eps, draw_eps, need.share);
     const double p = cfg_.top_p;
     const auto cut = ranked_.locate(p * total, ranked_.size());
     if (!(cut.before / total * (1 + cut_eps) < p)) return {Verdict::unsure};
@@ -579,12 +638,25 @@ class Sampler {
     return draw(keep, cut.through, draw_eps, draws);
   }
 
+  /// At top-p 1: the token the uniform number u falls on. The reference keeps all but a tail its
+  /// rounded running probability cuts where it reaches 1, of at most cut_eps of the mass, so its
+  /// cumulative probabilities are ours within draw_eps and, for the kept mass, 2 cut_eps (margin
+  /// doubles); u on the last token, the cut's side of the tail, is the reference's.
+  Pick decide_whole(std::size_t n, double total, double cut_eps, double draw_eps, double u) {
+    const double eps = draw_eps + 2 * cut_eps;
+    const auto at = ranked_.locate(u * total, ranked_.size());
+    if (at.tied) return {Verdict::reference};
+    if (at.rank > 0 && !(at.before / total * (1 + eps) < u)) return {Verdict::unsure};
+    if (at.rank + 1 == n || !(u <= at.through / total * (1 - eps))) return {Verdict::unsure};
+    return {Verdict::token, at.token};
+  }
+
   /// The kept token std::discrete_distribution picks: libstdc++'s takes one generate_canonical
   /// number u and returns the first index whose cumulative probability (a running sum of the
   /// weights divided by their sum) reaches it. Elsewhere the reference decides.
   Pick draw(std::size_t keep, double kept_mass, double eps, Draws& draws) {
 #if defined(__GLIBCXX__)
-    const double u = std::generate_canonical<double, std::numeric_limits<double>::digits>(draws);
+    const double u = canonical(draws);
     const auto at = ranked_.locate(u * kept_mass, keep);
     if (at.tied) return {Verdict::reference};
     if (at.rank > 0 && !(at.before / kept_mass * (1 + eps) < u)) return {Verdict::unsure};
