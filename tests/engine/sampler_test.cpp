@@ -311,7 +311,10 @@ TEST_CASE("a cut that only expf weights for every logit place draws the original
   // Ten distinct logits near the top and 990 far below (out of the first attempt's candidates,
   // with 62% of the mass), top-p set just below where the running probability crosses at the
   // fifth token: closer than the first two attempts' margins (the fast exp's error, then its
-  // share of the rest), farther than the third's (double rounding only).
+  // share of the rest), farther than the third's (double rounding only). Where the cut is
+  // matters to a draw near any boundary between kept tokens: they all move with the kept mass,
+  // which a sixth token would raise by an eighth. Those seeds need the third attempt; the others
+  // are decided by the first.
   std::vector<float> l(1000, -4.5f);
   for (int i = 0; i < 10; ++i) l[std::size_t(i) * 97] = -0.1f * float(i);
   std::vector<float> w(l.size());
@@ -320,13 +323,24 @@ TEST_CASE("a cut that only expf weights for every logit place draws the original
   for (const float x : w) total += x;
   for (int i = 0; i < 5; ++i) top5 += w[std::size_t(i) * 97];
   const auto p = static_cast<float>(top5 / total * (1 - 2e-7));
-  for (const auto isa : runnable_isas())
-    for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+  for (const auto isa : runnable_isas()) {
+    Sampler::PathCounts sum;
+    for (std::uint64_t seed = 1; seed <= 64; ++seed) {
       INFO(moekit::name(isa) << ", seed " << seed);
       const auto paths = same_tokens({l}, {1.0f, p, seed}, isa, 1);
-      CHECK(paths.exact_all == 1);
-      CHECK(paths.approximate + paths.exact_candidates + paths.reference == 0);
+      sum.approximate += paths.approximate;
+      sum.exact_candidates += paths.exact_candidates;
+      sum.exact_all += paths.exact_all;
+      sum.reference += paths.reference;
     }
+    INFO(moekit::name(isa) << ": approximate " << sum.approximate << ", exact candidates "
+                           << sum.exact_candidates << ", exact all " << sum.exact_all
+                           << ", reference " << sum.reference);
+    CHECK(sum.exact_all > 0);
+    CHECK(sum.exact_candidates == 0);
+    CHECK(sum.reference == 0);
+    CHECK(sum.approximate > 0);
+  }
 }
 
 TEST_CASE("sampled frequencies match the exact distribution, and a wrong one is rejected",

@@ -607,7 +607,7 @@ class Sampler {
   }
 
   /// Whether candidates of mass `held` hold what `need` asks of a total within `eps` (at top-p 1
-  /// with room for the draw's margin, which is wider: see decide_whole).
+  /// with room for the draw's margin, which is wider: see draw).
   static bool holds(double held, double total, double eps, Need need) noexcept {
     const double share = need.whole ? std::min(1.0, need.share * (1 + 4 * eps)) : need.share;
     return held / total * (1 - eps) >= share;
@@ -628,44 +628,45 @@ class Sampler {
   /// whose kept weights, over their sum, within `draw_eps` of its cumulative ones).
   Pick decide(std::size_t n, double total, double cut_eps, double draw_eps, Need need,
               Draws& draws) {
-    if (need.whole) return decide_whole(n, total, cut_eps, draw_eps, need.share);
     const double p = cfg_.top_p;
-    const auto cut = ranked_.locate(p * total, ranked_.size());
-    if (!(cut.before / total * (1 + cut_eps) < p)) return {Verdict::unsure};
-    if (!(cut.rank + 1 == n || cut.through / total * (1 - cut_eps) >= p)) return {Verdict::unsure};
-    const std::size_t keep = cut.rank + 1;
-    if (keep == 1) return cut.tied ? Pick{Verdict::reference} : Pick{Verdict::token, cut.token};
-    return draw(keep, cut.through, draw_eps, draws);
-  }
-
-  /// At top-p 1: the token the uniform number u falls on. The reference keeps all but a tail its
-  /// rounded running probability cuts where it reaches 1, of at most cut_eps of the mass, so its
-  /// cumulative probabilities are ours within draw_eps and, for the kept mass, 2 cut_eps (margin
-  /// doubles); u on the last token, the cut's side of the tail, is the reference's.
-  Pick decide_whole(std::size_t n, double total, double cut_eps, double draw_eps, double u) {
-    const double eps = draw_eps + 2 * cut_eps;
-    const auto at = ranked_.locate(u * total, ranked_.size());
-    if (at.tied) return {Verdict::reference};
-    if (at.rank > 0 && !(at.before / total * (1 + eps) < u)) return {Verdict::unsure};
-    if (at.rank + 1 == n || !(u <= at.through / total * (1 - eps))) return {Verdict::unsure};
-    return {Verdict::token, at.token};
+    // The kept mass lies between the reference's earliest possible cut and its latest: at top-p 1
+    // all but a tail of at most cut_eps of the total (margin doubles).
+    double kept_low = total * (1 - 2 * cut_eps), kept_high = total;
+    if (!need.whole) {
+      const auto low = ranked_.locate(p * total / (1 + cut_eps), ranked_.size());
+      const auto high = ranked_.locate(p * total / (1 - cut_eps), ranked_.size());
+      if (!(high.through / total * (1 - cut_eps) >= p || high.rank + 1 == n))
+        return {Verdict::unsure};
+      if (low.rank == 0) {  // the reference may keep the top alone, and then draws nothing
+        if (high.rank != 0) return {Verdict::unsure};
+        return low.tied ? Pick{Verdict::reference} : Pick{Verdict::token, low.token};
+      }
+      kept_low = low.through;
+      kept_high = high.through;
+    }
+#if defined(__GLIBCXX__)
+    return draw(need.whole ? need.share : canonical(draws), total, cut_eps, kept_low, kept_high,
+                2 * draw_eps);
+#else
+    (void)draw_eps, (void)draws;
+    return {Verdict::reference};
+#endif
   }
 
   /// The kept token std::discrete_distribution picks: libstdc++'s takes one generate_canonical
-  /// number u and returns the first index whose cumulative probability (a running sum of the
-  /// weights divided by their sum) reaches it. Elsewhere the reference decides.
-  Pick draw(std::size_t keep, double kept_mass, double eps, Draws& draws) {
-#if defined(__GLIBCXX__)
-    const double u = canonical(draws);
-    const auto at = ranked_.locate(u * kept_mass, keep);
+  /// number u and returns the first kept index whose cumulative probability (a running sum of the
+  /// weights over the kept ones' sum, the last set to 1) reaches it. Decided when u falls on one
+  /// token whichever kept mass in [kept_low, kept_high] the reference has and with its sums within
+  /// eps of ours, and the token is kept wherever the reference cuts (no earlier rank may be the
+  /// cut: it is at most the first possible cut).
+  Pick draw(double u, double total, double cut_eps, double kept_low, double kept_high, double eps) {
+    const auto at = ranked_.locate(u * kept_low, ranked_.size());
     if (at.tied) return {Verdict::reference};
-    if (at.rank > 0 && !(at.before / kept_mass * (1 + eps) < u)) return {Verdict::unsure};
-    if (at.rank + 1 < keep && !(u <= at.through / kept_mass * (1 - eps))) return {Verdict::unsure};
+    if (at.rank > 0 && !(at.before / total * (1 + cut_eps) < cfg_.top_p)) return {Verdict::unsure};
+    if (at.rank > 0 && !(at.before * (1 + eps) / (kept_low * (1 - eps)) < u))
+      return {Verdict::unsure};
+    if (!(u <= at.through * (1 - eps) / (kept_high * (1 + eps)))) return {Verdict::unsure};
     return {Verdict::token, at.token};
-#else
-    (void)keep, (void)kept_mass, (void)eps, (void)draws;
-    return {Verdict::reference};
-#endif
   }
 
   /// The k highest logits (ties: lower token first), then the reference's arithmetic on them.
