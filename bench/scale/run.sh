@@ -8,8 +8,10 @@
 #                      [-n 16] [--prompt-tokens 128] [--long-prompt 512]
 #                      [--engines moe-run,llama-repack,llama-norepack]
 #                      [--threads 2] [--timeout 300] [--no-check] [--delete-models]
-#                      [--kv-type f16|f32]
+#                      [--kv-type f16|f32] [--moe-run-args "FLAGS"]
 #
+# --moe-run-args "FLAGS": more flags for every moe-run run (split on spaces), e.g.
+# "--expert-layout rows" to compare a choice against llama.cpp in the same grid.
 # --kv-type T: both engines keep their KV cache at T (moe-run --kv-type, llama.cpp's
 # --cache-type-k/-v; default f16, llama.cpp's own default), so a long-context decode reads the
 # same bytes per cached position on both sides; the header line says which.
@@ -37,7 +39,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 models=mixtral-32L,olmoe-16L limits=25,50,75,100 n=16 prompt_tokens=128 long_prompt=512 threads=2
-delete=0 timeout=300 check=1 kv_type=f16
+delete=0 timeout=300 check=1 kv_type=f16 moe_run_args=
 engines=moe-run,llama-repack,llama-norepack
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -52,6 +54,7 @@ while [[ $# -gt 0 ]]; do
     --timeout) timeout="$2"; shift 2 ;;
     --delete-models) delete=1; shift ;;
     --kv-type) kv_type="$2"; shift 2 ;;
+    --moe-run-args) moe_run_args="$2"; shift 2 ;;
     *) echo "run.sh: unknown flag $1 (see the header)" >&2; exit 2 ;;
   esac
 done
@@ -94,7 +97,9 @@ run_one() {
   local cmd=()
   case "$engine" in
     moe-run) cmd=("$moe_run" -m "$file" -p "$prompt" -n "$n" --temp 0 -t "$threads" --json
-                  --kv-type "$kv_type") ;;
+                  --kv-type "$kv_type")
+             # shellcheck disable=SC2206  # flags split on spaces, as documented
+             [[ -n "$moe_run_args" ]] && cmd+=($moe_run_args) ;;
     llama-repack | llama-norepack)
       local ids repack=on
       [[ "$engine" == llama-norepack ]] && repack=off
@@ -180,7 +185,7 @@ cpu=$(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
 prompt=$(prompt_text "$prompt_tokens")
 long=""
 [[ "$long_prompt" -gt 0 ]] && long=$(prompt_text "$long_prompt")
-echo "# $(date -u +%F) | CPU: $cpu (family $(lscpu | awk -F: '/CPU family/ {gsub(/ /, "", $2); print $2}'), model $(lscpu | awk -F: '/^Model:/ {gsub(/ /, "", $2); print $2}')) | $threads threads | KV cache $kv_type on both engines (moe-run --kv-type, llama.cpp --cache-type-k/-v) | -n $n | prompt $prompt_tokens tokens (long: $long_prompt) | load average at start: $(cut -d" " -f1-3 /proc/loadavg)"
+echo "# $(date -u +%F) | CPU: $cpu (family $(lscpu | awk -F: '/CPU family/ {gsub(/ /, "", $2); print $2}'), model $(lscpu | awk -F: '/^Model:/ {gsub(/ /, "", $2); print $2}')) | $threads threads | KV cache $kv_type on both engines (moe-run --kv-type, llama.cpp --cache-type-k/-v) | -n $n | prompt $prompt_tokens tokens (long: $long_prompt) | moe-run flags: ${moe_run_args:-none} | load average at start: $(cut -d" " -f1-3 /proc/loadavg)"
 printf "| model | limit | engine | rc | peak GiB | OOM | read GiB | prompt | prefill tok/s | decode tok/s | same first tokens | MB read per decode token | I/O bound tok/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 IFS=, read -ra model_list <<< "$models"
 IFS=, read -ra limit_list <<< "$limits"

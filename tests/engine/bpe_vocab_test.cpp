@@ -86,7 +86,9 @@ template <class Edit>
 fs::path bpe_edited_json(const std::string& name, const std::string& case_name, Edit edit) {
   nlohmann::json j = nlohmann::json::parse(bpe_read(bpe_data / name / "tokenizer.json"));
   edit(j);
-  const fs::path dir = engine_test::scratch("bpe_vocab", case_name);
+  // Own names ("json-", "gguf-" below): ctest runs the test cases at once, and a case of the
+  // same name in the other would remove this one's directory under it.
+  const fs::path dir = engine_test::scratch("bpe_vocab", "json-" + case_name);
   bpe_write(dir / "tokenizer.json", j.dump());
   return dir / "tokenizer.json";
 }
@@ -99,7 +101,7 @@ fs::path bpe_patched_gguf(const std::string& name, const std::string& case_name,
   const auto at = bytes.find(from);
   REQUIRE(at != std::string::npos);
   bytes.replace(at, from.size(), to);
-  const fs::path p = engine_test::scratch("bpe_vocab", case_name) / (name + ".gguf");
+  const fs::path p = engine_test::scratch("bpe_vocab", "gguf-" + case_name) / (name + ".gguf");
   bpe_write(p, bytes);
   return p;
 }

@@ -146,6 +146,58 @@ TEST_CASE("int8 expert activations stay close to f32 activations at q8 and q4",
   }
 }
 
+TEST_CASE("a decode step's experts, each whole on one thread, give the split GEMVs' logits",
+          "[engine][precision][int8]") {
+  // The int8 row kernels round a row the same however the rows are cut, so running each expert on
+  // one thread (two threads, two or four experts a token) must give the one-thread run's logits
+  // bit for bit; and it must have run (three experts a token over two threads does not: one
+  // thread would idle while the other runs the third).
+  if (!moekit::isa_supported(moekit::Isa::avx2)) {
+    WARN("SKIPPED: this CPU has no AVX2; int8 expert activations cannot run");
+    return;
+  }
+  for (const auto& dir : engine_test::architecture_fixtures()) {
+    const auto m = engine_test::load_model(dir, Precision::q4);
+    if (!m) {
+      WARN("fixture " << dir.string() << " is missing; skipped");
+      continue;
+    }
+    const auto ref = engine_test::load_reference(dir);
+    const std::size_t n_prompt = ref.prompt_ids.size();
+    const std::span<const Token> ids = ref.sequence_ids;
+    const auto shape = m->cfg.shape();
+    const auto logits = [&](moekit::ThreadPool& pool, std::uint64_t& apart) {
+      Baseline pipeline(shape, pipeline_config(shape, {0, Precision::q4}),
+                        host_loader(m->weights.experts), moekit::UniformScorer({Precision::q4}));
+      Model<Baseline> model(m->cfg, m->weights.dense, pipeline,
+                            static_cast<std::uint32_t>(ids.size() + 1), &pool);
+      model.set_int8_expert_activations(true);
+      model.begin_sequence();
+      (void)model.prefill(ids.first(n_prompt), false);
+      std::vector<float> rows;
+      for (std::size_t t = n_prompt; t < ids.size(); ++t) {
+        const auto lg = model.decode(ids[t]);
+        rows.insert(rows.end(), lg.begin(), lg.end());
+      }
+      apart = model.experts_apart_layers();
+      return rows;
+    };
+    moekit::ThreadPool one(1), two(2);
+    std::uint64_t apart_one = 0, apart_two = 0;
+    const auto split = logits(one, apart_one);
+    const auto apart = logits(two, apart_two);
+    const std::uint32_t k = m->cfg.top_k;
+    INFO(dir.filename().string() << ": " << k << " experts a token");
+    CHECK(apart_one == 0);
+    // Steps the pool's StepChooser runs on the caller alone split nothing: some, not all.
+    if (k % 2 == 0)
+      CHECK(apart_two > 0);
+    else
+      CHECK(apart_two == 0);
+    CHECK(apart == split);
+  }
+}
+
 TEST_CASE("int8 activations leave f32 and f16 experts bit-identical", "[engine][precision][int8]") {
   moekit::ThreadPool pool(2);
   for (const Precision p : {Precision::f32, Precision::f16}) {

@@ -105,6 +105,11 @@ class Model {
   [[nodiscard]] bool int8_expert_activations() const noexcept {
     return moe_.int8_expert_activations();
   }
+  /// MoE layer forwards whose experts ran each whole on one thread of the pool (decode steps
+  /// with experts of one format filling the threads; moe_layer.hpp).
+  [[nodiscard]] std::uint64_t experts_apart_layers() const noexcept {
+    return moe_.experts_apart_layers();
+  }
   /// Quantized dense matrices (attention, LM head, shared experts, dense MLPs) with int8
   /// activations, decode and prefill forwards; float matrices are unaffected (default off).
   void set_int8_dense_activations(bool on) noexcept { opts_.int8_activations = on; }

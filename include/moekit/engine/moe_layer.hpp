@@ -27,6 +27,7 @@
 #include <numeric>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "moekit/core/gate_view.hpp"
@@ -120,6 +121,9 @@ class MoeLayer {
     if (!w.shared.empty()) add_shared_expert(w, x, n, out, opts);
   }
 
+  /// Layer forwards whose experts ran each whole on one thread (run_experts_apart).
+  [[nodiscard]] std::uint64_t experts_apart_layers() const noexcept { return apart_layers_; }
+
   /// The pipeline's load-wait seconds so far (0 for a pipeline without statistics).
   [[nodiscard]] double stall_seconds() const {
     if constexpr (requires { pipeline_.stats().stall_seconds; })
@@ -189,12 +193,14 @@ class MoeLayer {
     const moekit::ModelShape shape = cfg_.shape();
     moekit::KernelOptions expert_opts = opts;
     expert_opts.int8_activations = int8_experts_;
-    for (const moekit::WeightView& v : views) {
-      if (v.placement == moekit::Placement::skipped) continue;
-      if (v.bytes.empty())
+    for (const moekit::WeightView& v : views)
+      if (v.placement != moekit::Placement::skipped && v.bytes.empty())
         moekit::detail::fail(moekit::ErrorKind::internal,
                              "pipeline resolved an expert without bytes (a loader that keeps no "
                              "bytes cannot drive the engine)");
+    if (n == 1 && !batched_ && run_experts_apart(views, x, k, expert_opts)) return;
+    for (const moekit::WeightView& v : views) {
+      if (v.placement == moekit::Placement::skipped) continue;
       rows_.clear();
       for (std::uint32_t i = 0; i < n * k; ++i)
         if (experts_[i] == v.key.expert) rows_.push_back(i);
@@ -209,6 +215,44 @@ class MoeLayer {
         ran_[rows_[r]] = 1;
       }
     }
+  }
+
+  // A decode step's experts, each whole on one thread of the pool (its GEMVs not split): one job
+  // for the layer instead of one per matrix of each expert, and each thread streams one expert at
+  // a time. Taken when the experts share one format (equal work) and fill every thread evenly or
+  // twice over. Not in prefill: a one-token chunk keeps the split GEMVs' rounding, so chunked
+  // prefill stays bit-identical to one forward (the float multi-row kernels round by how a
+  // range is cut). Returns false when not taken.
+  bool run_experts_apart(std::span<const moekit::WeightView> views, std::span<const float> x,
+                         std::uint32_t k, const moekit::KernelOptions& opts) {
+    const std::size_t threads = opts.pool ? opts.pool->team_size() : 1;
+    work_.clear();
+    for (std::uint32_t i = 0; i < views.size(); ++i) {
+      const moekit::WeightView& v = views[i];
+      if (v.placement == moekit::Placement::skipped) continue;
+      if (!work_.empty() && (v.precision != views[work_[0].first].precision ||
+                             v.order != views[work_[0].first].order))
+        return false;
+      for (std::uint32_t j = 0; j < k; ++j)
+        if (experts_[j] == v.key.expert) work_.emplace_back(i, j);
+    }
+    const std::size_t m = work_.size();
+    if (threads < 2 || m < threads || (m % threads != 0 && m < 2 * threads)) return false;
+    const moekit::ModelShape shape = cfg_.shape();
+    moekit::KernelOptions one = opts;
+    one.pool = nullptr;
+    const std::size_t H = cfg_.hidden;
+    opts.pool->parallel_for(0, m, 1, [&](std::size_t b, std::size_t e) {
+      for (std::size_t w = b; w < e; ++w) {
+        const auto [i, j] = work_[w];
+        const moekit::WeightView& v = views[i];
+        moekit::expert_ffn(moekit::io::expert_view(shape, v.bytes, v.precision, v.order), x, 1,
+                           std::span<float>(y_.data() + std::size_t{j} * H, H), 1.f, one);
+        ran_[j] = 1;
+      }
+    });
+    ++apart_layers_;
+    return true;
   }
 
   // out[t] = Σ_j weight(t, j)·y(t, j) over the token's experts in ascending expert id.
@@ -263,6 +307,9 @@ class MoeLayer {
   std::vector<float> logits_, weights_, probs_, y_, in_, res_, gate_;
   std::vector<std::uint32_t> experts_, order_, rank_, rows_;
   std::vector<std::uint8_t> ran_;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>>
+      work_;  ///< (view, rank) of run_experts_apart
+  std::uint64_t apart_layers_ = 0;
 };
 
 }  // namespace moekit::engine
