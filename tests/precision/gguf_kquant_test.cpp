@@ -102,14 +102,17 @@ double kquant_int8_bound(const MatrixView& w, std::size_t r, const std::vector<f
 
 }  // namespace
 
-TEST_CASE("gguf K-quants: q4_k, q5_k and q6_k blocks decode to gguf-py's values bit for bit",
+TEST_CASE("gguf K-quants: q2_k .. q6_k blocks decode to gguf-py's values bit for bit",
           "[precision][kquant]") {
   // tests/io/data/gguf_kquants.gguf (scripts/make_gguf_transcode_fixture.py): special f16 fields
   // (zeros, subnormals, the largest finite) with extreme code bytes, then random blocks;
   // "<type>.expected" is gguf-py's `dequantize` of them.
   io::GgufFile f(MOEKIT_SOURCE_DIR "/tests/io/data/gguf_kquants.gguf");
-  for (const auto& [tensor, p] :
-       {std::pair{"q4_k", Precision::q4_k}, {"q5_k", Precision::q5_k}, {"q6_k", Precision::q6_k}}) {
+  for (const auto& [tensor, p] : {std::pair{"q2_k", Precision::q2_k},
+                                  {"q3_k", Precision::q3_k},
+                                  {"q4_k", Precision::q4_k},
+                                  {"q5_k", Precision::q5_k},
+                                  {"q6_k", Precision::q6_k}}) {
     INFO(tensor);
     const auto q = f.tensor(tensor);
     const auto e = f.tensor(std::string(tensor) + ".expected");

@@ -210,6 +210,10 @@ const float* kquant_row_decode(const std::byte* row, const RowLayout& l, float* 
       q4_k::decode_block(block, buf + b * kquant_block_weights);
     else if constexpr (P == Precision::q5_k)
       q5_k::decode_block(block, buf + b * kquant_block_weights);
+    else if constexpr (P == Precision::q2_k)
+      q2_k::decode_block(block, buf + b * kquant_block_weights);
+    else if constexpr (P == Precision::q3_k)
+      q3_k::decode_block(block, buf + b * kquant_block_weights);
     else
       q6_k::decode_block(block, buf + b * kquant_block_weights);
   }
@@ -264,6 +268,10 @@ inline RowKernels row_kernels(Precision p, Isa isa) {
       return kquant_row_kernels<Precision::q5_k>(isa);
     case Precision::q6_k:
       return kquant_row_kernels<Precision::q6_k>(isa);
+    case Precision::q2_k:
+      return kquant_row_kernels<Precision::q2_k>(isa);
+    case Precision::q3_k:
+      return kquant_row_kernels<Precision::q3_k>(isa);
     case Precision::skip:
       break;
   }
