@@ -47,10 +47,9 @@ inline void scales(const std::byte* block, std::int8_t out[16]) noexcept {
   std::uint32_t w[3];
   std::memcpy(w, block + scales_offset, 12);
   const std::uint32_t nib = 0x0f0f0f0fu, two = 0x03030303u;
-  const std::uint32_t words[4] = {(w[0] & nib) | (w[2] & two) << 4,
-                                  (w[1] & nib) | (w[2] >> 2 & two) << 4,
-                                  (w[0] >> 4 & nib) | (w[2] >> 4 & two) << 4,
-                                  (w[1] >> 4 & nib) | (w[2] >> 6 & two) << 4};
+  const std::uint32_t words[4] = {
+      (w[0] & nib) | (w[2] & two) << 4, (w[1] & nib) | (w[2] >> 2 & two) << 4,
+      (w[0] >> 4 & nib) | (w[2] >> 4 & two) << 4, (w[1] >> 4 & nib) | (w[2] >> 6 & two) << 4};
   for (std::size_t t = 0; t < 4; ++t)
     for (std::size_t k = 0; k < 4; ++k)
       out[4 * t + k] = static_cast<std::int8_t>(static_cast<int>(words[t] >> (8 * k) & 63) - 32);
@@ -59,9 +58,9 @@ inline void scales(const std::byte* block, std::int8_t out[16]) noexcept {
 /// The unsigned code u (0..7) of weight i: q = u − 4.
 inline unsigned code(const std::byte* block, std::size_t i) noexcept {
   const std::size_t l = i % 32;
-  const auto low = std::to_integer<unsigned>(block[codes_offset + 32 * (i / 128) + l]) >>
-                       (2 * (i % 128 / 32)) &
-                   3;
+  const auto low =
+      std::to_integer<unsigned>(block[codes_offset + 32 * (i / 128) + l]) >> (2 * (i % 128 / 32)) &
+      3;
   const auto high = std::to_integer<unsigned>(block[l]) >> (i / 32) & 1;
   return low | high << 2;
 }
