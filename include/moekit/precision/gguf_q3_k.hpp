@@ -41,18 +41,24 @@ inline int scale(const std::byte* block, std::size_t s) noexcept {
   return static_cast<int>(low | high << 4) - 32;
 }
 
-/// The 16 signed scales of a block (scale(block, s) for s = 0..15), four sub-blocks at a time on
-/// 32-bit words: byte k of word t (t = 0..3) is sub-block 4t + k.
-inline void scales(const std::byte* block, std::int8_t out[16]) noexcept {
+/// The 16 stored scales sc_s (0..63, before the offset 32) of a block, four sub-blocks at a time
+/// on 32-bit words: byte k of words[t] (t = 0..3) is sub-block 4t + k.
+inline void scale_words(const std::byte* block, std::uint32_t words[4]) noexcept {
   std::uint32_t w[3];
   std::memcpy(w, block + scales_offset, 12);
   const std::uint32_t nib = 0x0f0f0f0fu, two = 0x03030303u;
-  const std::uint32_t words[4] = {
-      (w[0] & nib) | (w[2] & two) << 4, (w[1] & nib) | (w[2] >> 2 & two) << 4,
-      (w[0] >> 4 & nib) | (w[2] >> 4 & two) << 4, (w[1] >> 4 & nib) | (w[2] >> 6 & two) << 4};
-  for (std::size_t t = 0; t < 4; ++t)
-    for (std::size_t k = 0; k < 4; ++k)
-      out[4 * t + k] = static_cast<std::int8_t>(static_cast<int>(words[t] >> (8 * k) & 63) - 32);
+  words[0] = (w[0] & nib) | (w[2] & two) << 4;
+  words[1] = (w[1] & nib) | (w[2] >> 2 & two) << 4;
+  words[2] = (w[0] >> 4 & nib) | (w[2] >> 4 & two) << 4;
+  words[3] = (w[1] >> 4 & nib) | (w[2] >> 6 & two) << 4;
+}
+
+/// The 16 signed scales of a block (scale(block, s) for s = 0..15).
+inline void scales(const std::byte* block, std::int8_t out[16]) noexcept {
+  std::uint32_t words[4];
+  scale_words(block, words);
+  for (std::size_t s = 0; s < 16; ++s)
+    out[s] = static_cast<std::int8_t>(static_cast<int>(words[s / 4] >> (8 * (s % 4)) & 63) - 32);
 }
 
 /// The unsigned code u (0..7) of weight i: q = u − 4.

@@ -233,6 +233,14 @@ MOEKIT_TARGET_AVX2 inline __m256i half_scales(__m128i bytes8) noexcept {
                                             : _mm_cvtepu8_epi16(bytes8));
 }
 
+/// 4 in each byte of v whose bit k is set, else 0 (two operations: the 16-bit shift moves bit k of
+/// each byte to its bit 2, and the mask drops what came from the neighbouring byte).
+MOEKIT_TARGET_AVX2 inline __m256i mask_bit_as_4(__m256i v, int k) noexcept {
+  const __m256i four = _mm256_set1_epi8(4);
+  if (k >= 2) return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(k - 2)), four);
+  return _mm256_and_si256(_mm256_sll_epi16(v, _mm_cvtsi32_si128(2 - k)), four);
+}
+
 /// A q2_k row of `blocks` super-blocks · the prepared activation; `next` (optional) is
 /// prefetched into L2 at the same offsets. Per half, run r's 2-bit codes (bits 2r of qs) by
 /// 32 activations with `vpmaddubsw`, weighted by the scales of sub-blocks 2r, 2r + 1 in `vpmaddwd`;
@@ -278,14 +286,17 @@ MOEKIT_TARGET_AVX2 inline float q2_k_row_dot(const std::byte* row, std::size_t b
 MOEKIT_TARGET_AVX2 inline float q3_k_row_dot(const std::byte* row, std::size_t blocks,
                                              const KQuantActivation& a,
                                              const std::byte* next) noexcept {
-  const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+  const __m256i three = _mm256_set1_epi8(3);
   __m256 acc = _mm256_setzero_ps();
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* block = row + b * q3_k::block_bytes;
     if (next) prefetch_l2(next, b * q3_k::block_bytes, q3_k::block_bytes);
-    std::int8_t sc8[16];
-    q3_k::scales(block, sc8);
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc8));
+    std::uint32_t w[4];
+    q3_k::scale_words(block, w);
+    const __m128i sc =  // sc_s − 32 in byte s
+        _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(w[0]), static_cast<int>(w[1]),
+                                    static_cast<int>(w[2]), static_cast<int>(w[3])),
+                     _mm_set1_epi8(32));
     const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums + 16 * b));
     // Σ_s sc_s·(Σ u·xq)_s − 4·Σ_s sc_s·Σxq_s, lane by lane (only the total matters).
     __m256i total =
@@ -297,11 +308,8 @@ MOEKIT_TARGET_AVX2 inline float q3_k_row_dot(const std::byte* row, std::size_t b
       const __m256i scales = half_scales<true>(h == 0 ? sc : _mm_srli_si128(sc, 8));
       const __m256i q = load32(block + q3_k::codes_offset + 32 * h);
       for (int r = 0; r < 4; ++r) {
-        const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << (4 * h + r)));
-        const __m256i high =
-            _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(mask, bit), bit), four);
-        const __m256i u =
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * r), three), high);
+        const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * r), three),
+                                          mask_bit_as_4(mask, 4 * h + r));
         const __m256i p = _mm256_maddubs_epi16(u, load32(xq + 128 * h + 32 * r));
         total = _mm256_add_epi32(total, _mm256_madd_epi16(p, run_scales(scales, r)));
       }
