@@ -61,15 +61,22 @@ inline unsigned code(const std::byte* block, std::size_t i) noexcept {
 #endif
 #endif
 
-/// The 256 values of one block into y.
+/// The 256 values of one block into y: per half, byte l of qs gives weights l, 32 + l, 64 + l and
+/// 96 + l (run r: bits 2r); sub-block by sub-block.
 inline void decode_block(const std::byte* block, float* y) noexcept {
   MOEKIT_Q2_K_NO_CONTRACT
   const float d = d_of(block), dmin = dmin_of(block);
+  float ds[16], ms[16];
   for (std::size_t s = 0; s < 16; ++s) {
-    const float ds = d * static_cast<float>(scale(block, s));
-    const float ms = dmin * static_cast<float>(min(block, s));
-    for (std::size_t i = 16 * s; i < 16 * s + 16; ++i)
-      y[i] = ds * static_cast<float>(code(block, i)) - ms;
+    ds[s] = d * static_cast<float>(scale(block, s));
+    ms[s] = dmin * static_cast<float>(min(block, s));
+  }
+  const auto* qs = reinterpret_cast<const std::uint8_t*>(block + codes_offset);
+  for (std::size_t s = 0; s < 16; ++s) {  // sub-block s: half s / 8, run s % 8 / 2
+    const std::uint8_t* q = qs + 32 * (s / 8) + 16 * (s % 2);
+    const int shift = static_cast<int>(2 * (s % 8 / 2));
+    for (std::size_t l = 0; l < 16; ++l)
+      y[16 * s + l] = ds[s] * static_cast<float>((q[l] >> shift) & 3) - ms[s];
   }
 }
 

@@ -77,15 +77,24 @@ inline float weight(const std::byte* block, std::size_t i) noexcept {
   return ds * static_cast<float>(static_cast<int>(code(block, i)) - 4);
 }
 
-/// The 256 values of one block into y.
+/// The 256 values of one block into y: per half h, byte l of qs (and of hmask) gives weights l,
+/// 32 + l, 64 + l and 96 + l (run r: bits 2r of qs, bit 4h + r of hmask); sub-block by sub-block.
 inline void decode_block(const std::byte* block, float* y) noexcept {
   const float d = d_of(block);
   std::int8_t sc[16];
   scales(block, sc);
-  for (std::size_t s = 0; s < 16; ++s) {
-    const float ds = d * static_cast<float>(sc[s]);
-    for (std::size_t i = 16 * s; i < 16 * s + 16; ++i)
-      y[i] = ds * static_cast<float>(static_cast<int>(code(block, i)) - 4);
+  float ds[16];
+  for (std::size_t s = 0; s < 16; ++s) ds[s] = d * static_cast<float>(sc[s]);
+  const auto* u = reinterpret_cast<const std::uint8_t*>(block);
+  for (std::size_t s = 0; s < 16; ++s) {  // sub-block s: half h = s / 8, run r = s % 8 / 2
+    const std::size_t l0 = 16 * (s % 2);
+    const std::uint8_t* q = u + codes_offset + 32 * (s / 8) + l0;
+    const std::uint8_t* m = u + l0;
+    const int shift = static_cast<int>(2 * (s % 8 / 2)), bit = static_cast<int>(s / 2);
+    for (std::size_t l = 0; l < 16; ++l) {
+      const int code = ((q[l] >> shift) & 3) | ((m[l] >> bit) & 1) << 2;
+      y[16 * s + l] = ds[s] * static_cast<float>(code - 4);
+    }
   }
 }
 
