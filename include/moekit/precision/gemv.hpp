@@ -423,8 +423,8 @@ struct GemvPlan {
                    const std::byte* const* next) const noexcept {
     const std::size_t blocks = layout.groups;
     auto with = [&]<Precision P>() {
-      constexpr bool q6 = P == Precision::q6_k, q5 = P == Precision::q5_k;
 #if defined(MOEKIT_HAS_X86_KERNELS)
+      constexpr bool q6 = P == Precision::q6_k, q5 = P == Precision::q5_k;
       if constexpr (kquant_avx2_only(P)) {  // AVX2 kernel on every x86 path (make_plan)
         if (kquant != KQuantKernel::scalar) {
           for (std::size_t n = 0; n < N; ++n) {
@@ -454,13 +454,7 @@ struct GemvPlan {
         return each.template operator()<false>();
       }
 #endif
-      for (std::size_t n = 0; n < N; ++n) {
-        if constexpr (kquant_avx2_only(P))
-          out[n] = scalar_kquant::row_dot(P, rows[n], blocks, actk);
-        else
-          out[n] = q6 ? scalar_kquant::q6_k_row_dot(rows[n], blocks, actk)
-                      : scalar_kquant::q4_k_row_dot<q5>(rows[n], blocks, actk);
-      }
+      for (std::size_t n = 0; n < N; ++n) out[n] = scalar_kquant::row_dot(P, rows[n], blocks, actk);
     };
     (void)next;
     if (precision == Precision::q2_k) return with.template operator()<Precision::q2_k>();
