@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes tests/io/data/gguf_transcode.gguf for tests/io/gguf_transcode_test.cpp,
-tests/io/data/gguf_kquants.gguf for tests/io/gguf_test.cpp and tests/engine/data/kquant_moe.gguf
-for tests/engine/conversion_loss_test.cpp.
+tests/io/data/gguf_kquants.gguf for tests/io/gguf_test.cpp, tests/engine/data/kquant_moe.gguf
+for tests/engine/conversion_loss_test.cpp and tests/engine/data/kquant_q2_moe.gguf for
+tests/engine/kquant_in_place_test.cpp.
 
 Two raw tensors, "q4_0" and "q8_0" (GGUF blocks as llama.cpp stores them), each followed by
 "<name>.expected": the F32 values that the `gguf` Python package (llama.cpp's gguf-py, MIT)
@@ -30,7 +31,9 @@ vocabulary of tests/data/mixtral/model-f32.gguf (its tokenizer metadata copied),
 dense matrices are K-quants too (attn_q Q3_K, attn_k Q2_K, attn_v Q5_K, attn_output Q4_K,
 token_embd Q6_K), the norms and the router F32. gguf-py cannot quantize K-quants, so the blocks
 are random bytes whose f16 d (and dmin) are set so that the weights have the wanted RMS and, for
-the types with a minimum, mean about 0.
+the types with a minimum, mean about 0. kquant_q2_moe.gguf is the same model with two decoder
+layers whose experts are mixed as a Q2_K file's small types: layer 0 gate and up Q2_K, down Q3_K;
+layer 1 gate and up Q3_K, down Q4_K (tests/engine/kquant_in_place_test.cpp).
 
 Pinned versions (what the committed file was made with): gguf==0.19.0 numpy==2.4.6, e.g.
   python3 -m venv build/venv && build/venv/bin/pip install gguf==0.19.0 numpy==2.4.6
@@ -48,6 +51,7 @@ DATA = Path(__file__).resolve().parent.parent / "tests" / "io" / "data"
 OUT = DATA / "gguf_transcode.gguf"
 KQUANT_OUT = DATA / "gguf_kquants.gguf"
 MODEL_OUT = DATA.parent.parent / "engine" / "data" / "kquant_moe.gguf"
+Q2_MODEL_OUT = DATA.parent.parent / "engine" / "data" / "kquant_q2_moe.gguf"
 TOKENIZER_SOURCE = DATA.parent.parent / "data" / "mixtral" / "model-f32.gguf"
 # For the types with a minimum, dmin / d that centres the weights: mean(sc)·mean(q) / mean(m).
 KQUANT_DMIN_RATIO = {T.Q2_K: 1.5, T.Q4_K: 7.5, T.Q5_K: 15.5}
@@ -174,16 +178,21 @@ def random_kquant_tensor(rng: np.random.Generator, qt: T, rows: int, cols: int,
     return raw.reshape(rows, cols // block * nbytes)
 
 
-def write_kquant_model() -> None:
-    rng = np.random.default_rng(20261128)
+def write_kquant_model(out: Path = MODEL_OUT, seed: int = 20261128,
+                       name: str = "moekit-fixture-kquant-moe",
+                       file_type: gguf.LlamaFileType = gguf.LlamaFileType.MOSTLY_Q4_K_M,
+                       expert_types: tuple = ((T.Q4_K, T.Q4_K, T.Q6_K),)) -> None:
+    """A random-weight MoE GGUF (the file comment); layer l's experts (gate, up, down) at
+    expert_types[l]."""
+    rng = np.random.default_rng(seed)
     hidden, ffn, experts, heads, kv_heads, vocab = 256, 256, 4, 4, 2, 320
     head_dim = hidden // heads
     src = gguf.GGUFReader(str(TOKENIZER_SOURCE))
-    w = gguf.GGUFWriter(str(MODEL_OUT), arch="llama")
-    w.add_name("moekit-fixture-kquant-moe")
+    w = gguf.GGUFWriter(str(out), arch="llama")
+    w.add_name(name)
     w.add_context_length(128)
     w.add_embedding_length(hidden)
-    w.add_block_count(1)
+    w.add_block_count(len(expert_types))
     w.add_feed_forward_length(ffn)
     w.add_rope_dimension_count(head_dim)
     w.add_head_count(heads)
@@ -193,7 +202,7 @@ def write_kquant_model() -> None:
     w.add_expert_count(experts)
     w.add_expert_used_count(2)
     w.add_vocab_size(vocab)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    w.add_file_type(file_type)
     for f in src.fields.values():
         if not f.name.startswith("tokenizer."):
             continue
@@ -214,23 +223,25 @@ def write_kquant_model() -> None:
         w.add_tensor(name, raw.reshape(shape), raw_dtype=qt)
 
     add("token_embd.weight", T.Q6_K, vocab, hidden, 0.15)
-    w.add_tensor("blk.0.attn_norm.weight", ones)
-    add("blk.0.attn_q.weight", T.Q3_K, hidden, hidden, 0.08)
-    add("blk.0.attn_k.weight", T.Q2_K, kv_heads * head_dim, hidden, 0.08)
-    add("blk.0.attn_v.weight", T.Q5_K, kv_heads * head_dim, hidden, 0.08)
-    add("blk.0.attn_output.weight", T.Q4_K, hidden, hidden, 0.08)
-    w.add_tensor("blk.0.ffn_norm.weight", ones)
-    w.add_tensor("blk.0.ffn_gate_inp.weight",
-                 rng.normal(0, 0.5, size=(experts, hidden)).astype(np.float32))
-    add("blk.0.ffn_gate_exps.weight", T.Q4_K, ffn, hidden, 0.08, experts)
-    add("blk.0.ffn_up_exps.weight", T.Q4_K, ffn, hidden, 0.08, experts)
-    add("blk.0.ffn_down_exps.weight", T.Q6_K, hidden, ffn, 0.08, experts)
+    for layer, (gate, up, down) in enumerate(expert_types):
+        blk = f"blk.{layer}."
+        w.add_tensor(blk + "attn_norm.weight", ones)
+        add(blk + "attn_q.weight", T.Q3_K, hidden, hidden, 0.08)
+        add(blk + "attn_k.weight", T.Q2_K, kv_heads * head_dim, hidden, 0.08)
+        add(blk + "attn_v.weight", T.Q5_K, kv_heads * head_dim, hidden, 0.08)
+        add(blk + "attn_output.weight", T.Q4_K, hidden, hidden, 0.08)
+        w.add_tensor(blk + "ffn_norm.weight", ones)
+        w.add_tensor(blk + "ffn_gate_inp.weight",
+                     rng.normal(0, 0.5, size=(experts, hidden)).astype(np.float32))
+        add(blk + "ffn_gate_exps.weight", gate, ffn, hidden, 0.08, experts)
+        add(blk + "ffn_up_exps.weight", up, ffn, hidden, 0.08, experts)
+        add(blk + "ffn_down_exps.weight", down, hidden, ffn, 0.08, experts)
     w.add_tensor("output_norm.weight", ones)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    print(f"wrote {MODEL_OUT} ({MODEL_OUT.stat().st_size} bytes)")
+    print(f"wrote {out} ({out.stat().st_size} bytes)")
 
 
 def main() -> None:
@@ -250,6 +261,9 @@ def main() -> None:
     write_kquants()
     write_fuzz_seed()
     write_kquant_model()
+    write_kquant_model(Q2_MODEL_OUT, 20261129, "moekit-fixture-kquant-q2-moe",
+                       gguf.LlamaFileType.MOSTLY_Q2_K,
+                       ((T.Q2_K, T.Q2_K, T.Q3_K), (T.Q3_K, T.Q3_K, T.Q4_K)))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@
 # --float: f16 and bf16 rows (Hugging Face checkpoints' experts) against ggml's F16 and BF16
 # mul_mat instead: moekit's float-activation GEMV and, for bf16 on AVX512_BF16, its vdpbf16ps path.
 #
-# The K-quant cells (q4_K, q5_K, q6_K) follow the others; --kquant runs them alone: ggml quantizes the
-# matrix and moekit runs its bytes as they lie (Precision::q4_k / q5_k / q6_k, no transcode), moekit's
-# int8-activation kernels against ggml's q4_K / q5_K / q6_K mul_mat (issue 23 point 1).
+# The K-quant cells (q4_K, q5_K, q6_K, q2_K, q3_K) follow the others; --kquant runs them alone: ggml
+# quantizes the matrix and moekit runs its bytes as they lie (Precision::q4_k .. q3_k, no transcode),
+# moekit's int8-activation kernels against ggml's mul_mat of the same type (issue 23 point 1;
+# q2_K/q3_K: moekit's AVX2 kernel on every x86 CPU, AVX-512 ones included). `--only q2_K` selects
+# both the K-quant q2_K cell and the other cells' q2 line (moekit's q2 against ggml's Q2_K).
 #
 # --gemm: the prefill GEMM instead (bench/kernels/ggml/gemm_vs_ggml.cpp): moekit's int8 GEMM
 # against ggml's mul_mat with n = 8, 32, 128, 512 tokens, q8_0 and q4_0, warm weights.

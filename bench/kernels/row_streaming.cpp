@@ -9,8 +9,8 @@
 // moekit/engine/expert_layout.hpp) and in how many cells this run's rows (at the default streaming)
 // or blocked panels were closer to the read: how that table is filled for a new core.
 //
-// --kquant: the GGUF K-quant formats (q4_k, q5_k, q6_k; random blocks) instead, whose kernels
-// have their own streaming (kquant_row_streaming in gemv.hpp, marked *; no panels).
+// --kquant: the GGUF K-quant formats (q4_k, q5_k, q6_k, q2_k, q3_k; random blocks) instead, whose
+// kernels have their own streaming (kquant_row_streaming in gemv.hpp, marked *; no panels).
 //
 // Usage: moekit_bench_row_streaming [--reps N] [--threads N] [--kquant]
 #include <algorithm>
@@ -43,9 +43,15 @@ std::vector<std::byte> random_kquant(std::size_t rows, std::size_t cols, Precisi
   std::vector<std::byte> b(matrix_bytes(rows, cols, p));
   for (auto& v : b) v = static_cast<std::byte>(rng() & 0xff);
   const std::uint16_t d = float_to_half_bits(0.002f);
+  // Where d lies (and dmin after it, for the formats with minimums).
+  const std::size_t at = p == Precision::q6_k   ? q6_k::d_offset
+                         : p == Precision::q3_k ? q3_k::d_offset
+                         : p == Precision::q2_k ? q2_k::d_offset
+                                                : 0;
+  const bool dmin = p != Precision::q6_k && p != Precision::q3_k;
   for (std::size_t off = 0; off < b.size(); off += kquant_block_bytes(p)) {
-    std::memcpy(b.data() + off + (p == Precision::q6_k ? 208 : 0), &d, 2);
-    if (p != Precision::q6_k) std::memcpy(b.data() + off + 2, &d, 2);
+    std::memcpy(b.data() + off + at, &d, 2);
+    if (dmin) std::memcpy(b.data() + off + at + 2, &d, 2);
   }
   return b;
 }
@@ -63,7 +69,8 @@ int run_kquants(int reps, int only_threads) {
     std::printf("\n== %d thread(s)\nformat shape       read GB/s |", threads);
     for (const RowStreaming& w : ways) std::printf("  S%u%s", w.streams, w.prefetch ? "p" : " ");
     std::printf("\n");
-    for (Precision p : {Precision::q4_k, Precision::q5_k, Precision::q6_k})
+    for (Precision p :
+         {Precision::q4_k, Precision::q5_k, Precision::q6_k, Precision::q2_k, Precision::q3_k})
       for (const auto& shape : shapes) {
         const std::size_t rows = shape[0], cols = shape[1];
         const std::vector<std::byte> enc = random_kquant(rows, cols, p);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The loss moe-run measures when it converts GGUF K-quant experts into a store (issue 20, point 2;
-# at --precision auto, Q4_K/Q5_K/Q6_K experts are read in place and nothing is converted;
+# at --precision auto, K-quant experts (Q2_K..Q6_K) are read in place and nothing is converted;
 # include/moekit/engine/conversion_loss.hpp): the default model written as GGUF by
 # bench/engine/llama_cpp_gguf.py, quantized by llama.cpp's own quantizer (llama-cpp-python's
 # llama_model_quantize, the mixes a downloaded Q4_K_M / Q6_K / Q2_K file holds), then run by
@@ -31,7 +31,7 @@ row=$(cat <<'PY'
 import json, sys
 j = json.load(sys.stdin)
 c = j.get("conversion_loss")
-if c is None:  # Q4_K/Q5_K/Q6_K at their own types: read in place, nothing converted
+if c is None:  # K-quants at their own types: read in place, nothing converted
     assert j["expert_source"].startswith("in place"), j["expert_source"]
     print(f"| {sys.argv[1]} | as in the file | {j['precision']} (auto) | none: read in place "
           f"| 0 | 0 | 100% | exact |")

@@ -943,8 +943,8 @@ Tokenizer load_tokenizer(const ModelPath& m, const moekit::io::GgufFile* gguf) {
 }
 
 // --precision auto: the experts' own type in the checkpoint when read in place; otherwise (types
-// without an exact path, e.g. K-quants) the nearest moekit format, into which they are converted
-// once, said on stderr.
+// without an exact path, or K-quants held in host memory) the nearest moekit format, into which
+// they are converted once, said on stderr.
 moekit::Precision auto_precision(const moekit::io::CheckpointExperts* in_place,
                                  const moekit::io::GgufFile* gguf, const ModelConfig& cfg,
                                  bool quiet) {
@@ -1296,8 +1296,7 @@ moekit::ThreadPool thread_pool(unsigned threads) {
 
 // The checkpoint's experts (none with a store). Located with --in-memory too: --precision auto
 // is the checkpoint's own type either way, except for K-quants, which moekit reads but never
-// encodes (host experts are encoded): those go to the nearest moekit format as when they had no
-// in-place path.
+// encodes (host experts are encoded): those go to the nearest moekit format.
 std::shared_ptr<const moekit::io::CheckpointExperts> locate_experts(const Options& o,
                                                                     OpenModel& m) {
   if (!m.src.store.empty()) return nullptr;

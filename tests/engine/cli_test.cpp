@@ -200,8 +200,9 @@ TEST_CASE("moe-run --activations resolves against the experts' precisions, width
   CHECK_FALSE(resolve_int8_activations(ActivationMode::automatic, q4, wide, false));
   CHECK_FALSE(resolve_int8_activations(ActivationMode::automatic, f16, wide, true));
   // GGUF K-quants read in place have int8 kernels of their own.
-  const std::vector<Precision> q4_k{Precision::q4_k};
+  const std::vector<Precision> q4_k{Precision::q4_k}, q2_k{Precision::q2_k, Precision::q3_k};
   CHECK(resolve_int8_activations(ActivationMode::automatic, q4_k, wide, true));
+  CHECK(resolve_int8_activations(ActivationMode::automatic, q2_k, wide, true));
   CHECK_FALSE(resolve_int8_activations(ActivationMode::f32, q4, wide, true));
   // An explicit int8 ignores the width (narrow rows run, just not faster).
   CHECK(resolve_int8_activations(ActivationMode::int8, mixed, narrow, true));

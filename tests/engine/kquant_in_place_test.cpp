@@ -1,7 +1,7 @@
 // GGUF K-quant experts read in place (io/checkpoint_experts.hpp, a K-quant blob: core/
 // model_shape.hpp's KquantBlob): each matrix's bytes as they lie in the file, at its own type
-// (Q4_K, Q5_K, Q6_K, mixed per matrix and per layer as Q4_K_M files mix them), with no store and
-// no conversion; their values are the file's dequantized ones bit for bit, and a model run over
+// (Q2_K .. Q6_K, mixed per matrix and per layer as Q4_K_M and Q2_K files mix them), with no store
+// and no conversion; their values are the file's dequantized ones bit for bit, and a model run over
 // them gives the logits of the same model over those values as f32 experts (float activations:
 // the same products in the same order, bit for bit; int8 activations: within the bound of
 // rounding the activations).
@@ -52,6 +52,10 @@ using Types = std::array<Precision, 3>;  // w1 (gate), w3 (up), w2 (down)
 
 const fs::path kquant_model =
     fs::path(MOEKIT_SOURCE_DIR) / "tests" / "engine" / "data" / "kquant_moe.gguf";
+// Two layers, experts as a Q2_K file's small types: gate/up Q2_K and down Q3_K, then gate/up Q3_K
+// and down Q4_K (scripts/make_gguf_transcode_fixture.py).
+const fs::path kquant_q2_model =
+    fs::path(MOEKIT_SOURCE_DIR) / "tests" / "engine" / "data" / "kquant_q2_moe.gguf";
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -59,6 +63,10 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 std::uint32_t ggml_type_of(Precision p) {
   switch (p) {
+    case Precision::q2_k:
+      return mio::ggml_type::q2_k;
+    case Precision::q3_k:
+      return mio::ggml_type::q3_k;
     case Precision::q4_k:
       return mio::ggml_type::q4_k;
     case Precision::q5_k:
@@ -69,7 +77,7 @@ std::uint32_t ggml_type_of(Precision p) {
 }
 
 // `weights` weights of random `p` blocks: random codes, sub-block scales and minimums, and small
-// finite f16 super-block scales (d, and dmin for Q4_K/Q5_K).
+// finite f16 super-block scales (d, and dmin for Q2_K/Q4_K/Q5_K).
 std::vector<std::byte> random_kquant(Precision p, std::uint64_t weights, std::uint32_t seed) {
   std::mt19937 rng(seed);
   const std::size_t bb = moekit::kquant_block_bytes(p);
@@ -78,11 +86,12 @@ std::vector<std::byte> random_kquant(Precision p, std::uint64_t weights, std::ui
   for (std::size_t i = 0; i < out.size(); i += bb) {
     const std::uint16_t d = moekit::float_to_half_bits(0.0005f * float(1 + rng() % 50));
     const std::uint16_t dmin = moekit::float_to_half_bits(0.0002f * float(1 + rng() % 50));
-    if (p == Precision::q6_k) {
-      std::memcpy(out.data() + i + 208, &d, 2);
+    if (p == Precision::q6_k || p == Precision::q3_k) {
+      std::memcpy(out.data() + i + (p == Precision::q6_k ? 208 : 108), &d, 2);
     } else {
-      std::memcpy(out.data() + i, &d, 2);
-      std::memcpy(out.data() + i + 2, &dmin, 2);
+      const std::size_t at = p == Precision::q2_k ? 80 : 0;
+      std::memcpy(out.data() + i + at, &d, 2);
+      std::memcpy(out.data() + i + at + 2, &dmin, 2);
     }
   }
   return out;
@@ -140,14 +149,17 @@ TEST_CASE(
     "GGUF K-quant experts mixed per matrix and per layer are read in place into K-quant blobs",
     "[engine][in_place][kquant]") {
   using namespace kquant_in_place_test;
-  // Layer 0 as a Q4_K_M file's "more bits" layers, layer 1 as its others, layer 2 a Q5_K mix.
-  const moekit::ModelShape s{.n_layers = 3, .n_experts = 2, .top_k = 1, .hidden = 512, .ffn = 768};
+  // Layer 0 as a Q4_K_M file's "more bits" layers, layer 1 as its others, layer 2 a Q5_K mix,
+  // layers 3 and 4 as a Q2_K file's.
+  const moekit::ModelShape s{.n_layers = 5, .n_experts = 2, .top_k = 1, .hidden = 512, .ffn = 768};
   const Types types[] = {{Precision::q4_k, Precision::q4_k, Precision::q6_k},
                          {Precision::q4_k, Precision::q4_k, Precision::q4_k},
-                         {Precision::q5_k, Precision::q4_k, Precision::q5_k}};
+                         {Precision::q5_k, Precision::q4_k, Precision::q5_k},
+                         {Precision::q2_k, Precision::q2_k, Precision::q3_k},
+                         {Precision::q3_k, Precision::q2_k, Precision::q4_k}};
   const fs::path d = engine_test::scratch("engine-kquant-in-place", "mixed");
   const mio::GgufFile g(write_mixed_gguf(s, types, d / "mixed.gguf").string());
-  const std::uint32_t layers[] = {0, 1, 2};
+  const std::uint32_t layers[] = {0, 1, 2, 3, 4};
   const auto experts =
       std::make_shared<const mio::CheckpointExperts>(mio::CheckpointExperts::locate(
           g, mio::Architecture::mixtral, mio::TensorFormat::gguf, s, layers));
@@ -227,19 +239,22 @@ Forced forced(const ModelConfig& cfg, const DenseWeights& dense, const ExpertBac
 
 }  // namespace kquant_in_place_test
 
-TEST_CASE(
-    "a Q4_K_M-like MoE GGUF runs its K-quant experts in place with the logits of their exact "
-    "values",
-    "[engine][in_place][kquant]") {
-  using namespace kquant_in_place_test;
-  const mio::GgufFile g(kquant_model.string());
+namespace kquant_in_place_test {
+
+// The K-quant MoE GGUF at `model` read in place into blobs `want` (named for precision
+// want.precision) gives, teacher-forced with one token's experts of budget, the logits of the
+// same experts as f32 rows of gguf-py's values: bit for bit with float activations (each K-quant
+// row is decoded to those values and dotted on the same float kernel), within `int8_tolerance`
+// (relative, per position) with int8 ones.
+void check_in_place_logits(const fs::path& model, const moekit::KquantBlob& want_blob,
+                           double int8_tolerance) {
+  const mio::GgufFile g(model.string());
   const ModelConfig cfg = gguf_config(g);
-  // Gate and up Q4_K, down Q6_K: read in place, no longer converted into a store.
   const auto experts = locate_checkpoint_experts(cfg, {}, &g);
   REQUIRE(experts != nullptr);
-  REQUIRE(experts->precision() == Precision::q4_k);
-  CHECK(experts->shape().kquant ==
-        moekit::KquantBlob{Precision::q4_k, Precision::q4_k, Precision::q4_k, Precision::q6_k});
+  const Precision p = want_blob.precision;
+  REQUIRE(experts->precision() == p);
+  CHECK(experts->shape().kquant == want_blob);
   ModelConfig kcfg = cfg;  // as moe-run sets it
   kcfg.expert_kquant = experts->shape().kquant;
   REQUIRE(kcfg.shape() == experts->shape());
@@ -250,7 +265,8 @@ TEST_CASE(
 
   // The reference: the same experts as f32 rows of gguf-py's values (the conversion-loss
   // reference), through the same loader, dense part and kernels.
-  const std::vector<std::uint32_t> layers{0};
+  std::vector<std::uint32_t> layers(cfg.shape().n_layers);
+  for (std::uint32_t l = 0; l < layers.size(); ++l) layers[l] = l;
   const auto exact =
       std::make_shared<const mio::CheckpointExperts>(mio::CheckpointExperts::locate_as_f32(
           g, io_architecture(cfg.arch), mio::TensorFormat::gguf, cfg.shape(), layers));
@@ -260,30 +276,60 @@ TEST_CASE(
   const std::size_t prompt = 9;
   moekit::ThreadPool pool(2);
   const Forced want = forced(cfg, w.dense, reference, Precision::f32, seq, prompt, false, &pool);
-  // Float activations: each K-quant row is decoded to the f32 values and dotted on the same
-  // float kernel, so the logits are the reference's bit for bit.
-  const Forced f32 = forced(kcfg, w.dense, in_place, Precision::q4_k, seq, prompt, false, &pool);
+  const Forced f32 = forced(kcfg, w.dense, in_place, p, seq, prompt, false, &pool);
   CHECK(f32.stats.cache.evictions > 0);
-  CHECK(f32.stats.misses_by_precision[std::size_t(Precision::q4_k)] > 0);
+  CHECK(f32.stats.misses_by_precision[std::size_t(p)] > 0);
   CHECK(same_bits(f32.logits, want.logits));
   // Int8 activations (moe-run's default for K-quants): the K-quant kernels, x rounded to int8.
-  const Forced i8 = forced(kcfg, w.dense, in_place, Precision::q4_k, seq, prompt, true, &pool);
+  const Forced i8 = forced(kcfg, w.dense, in_place, p, seq, prompt, true, &pool);
   REQUIRE(i8.logits.size() == want.logits.size());
   const double err = engine_test::worst_relative_error(i8.logits, want.logits, cfg.vocab_size);
   INFO("int8 activations: worst relative error against the exact values " << err);
   CHECK(err > 0);  // another path: the test has teeth
-  CHECK(err <= 2e-2);
+  CHECK(err <= int8_tolerance);
+}
+
+}  // namespace kquant_in_place_test
+
+TEST_CASE(
+    "a Q4_K_M-like MoE GGUF runs its K-quant experts in place with the logits of their exact "
+    "values",
+    "[engine][in_place][kquant]") {
+  using namespace kquant_in_place_test;
+  // Gate and up Q4_K, down Q6_K: read in place, no longer converted into a store.
+  check_in_place_logits(
+      kquant_model,
+      moekit::KquantBlob{Precision::q4_k, Precision::q4_k, Precision::q4_k, Precision::q6_k}, 2e-2);
+}
+
+TEST_CASE(
+    "a Q2_K-like MoE GGUF runs its Q2_K/Q3_K/Q4_K experts in place with the logits of their "
+    "exact values",
+    "[engine][in_place][kquant]") {
+  using namespace kquant_in_place_test;
+  // Layer 0 gate/up Q2_K, down Q3_K; layer 1 gate/up Q3_K, down Q4_K: each slot sized for its
+  // matrix's widest type, the blob named for the first gate's.
+  // Int8 activations: two layers, and every expert matrix's activation rounded per 256 values
+  // (q6_k's down rows in the Q4_K_M model round per 32): 3.1% measured, 5e-2 allowed.
+  check_in_place_logits(
+      kquant_q2_model,
+      moekit::KquantBlob{Precision::q2_k, Precision::q3_k, Precision::q3_k, Precision::q4_k}, 5e-2);
 }
 
 namespace kquant_in_place_test {
 
 const fs::path moe_run = fs::path(MOEKIT_BINARY_DIR) / "examples" / "moe-run" / "moe-run";
 
-nlohmann::json run_json(const std::string& args, const fs::path& scratch) {
-  const engine_test::Command c =
-      engine_test::run_command("'" + moe_run.string() + "' -m '" + kquant_model.string() +
-                                   "' -p 'Once upon a time' --json -n 4 --temp 0 " + args,
-                               scratch);
+engine_test::Command run_moe(const std::string& args, const fs::path& scratch,
+                             const fs::path& model) {
+  return engine_test::run_command("'" + moe_run.string() + "' -m '" + model.string() +
+                                      "' -p 'Once upon a time' --json -n 4 --temp 0 " + args,
+                                  scratch);
+}
+
+nlohmann::json run_json(const std::string& args, const fs::path& scratch,
+                        const fs::path& model = kquant_model) {
+  const engine_test::Command c = run_moe(args, scratch, model);
   INFO("moe-run " << args << "\nstderr: " << c.err);
   REQUIRE(c.status == 0);
   return nlohmann::json::parse(c.out);
@@ -334,4 +380,54 @@ TEST_CASE("moe-run reads a Q4_K_M-like GGUF's experts in place with every preset
   const nlohmann::json m = run_json("--in-memory --expert-budget 50%", d);
   CHECK(m.at("expert_source") == "host memory");
   CHECK(m.at("precision") == "q4");
+}
+
+TEST_CASE("moe-run reads a Q2_K-like GGUF's Q2_K/Q3_K/Q4_K experts in place",
+          "[engine][in_place][kquant][moe_run]") {
+  using namespace kquant_in_place_test;
+  if (!fs::exists(moe_run)) {
+    WARN(moe_run.string() << " is missing (build the moe-run target); skipped");
+    return;
+  }
+  const fs::path d = engine_test::scratch("engine-kquant-in-place", "moe-run-q2");
+  const std::string in_place = "in place: " + kquant_q2_model.string();
+  nlohmann::json baseline_tokens;
+  namespace ps = moekit::presets;
+  for (const ps::PresetEntry* preset :
+       {&ps::entry_of<ps::BaselineSpec>, &ps::entry_of<ps::FateSpec>,
+        &ps::entry_of<ps::EdgeMoeSpec>, &ps::entry_of<ps::MobileSpec>,
+        &ps::entry_of<ps::FiddlerSpec>, &ps::entry_of<ps::NextUseSpec>}) {
+    const std::string name(preset->name);
+    const bool fiddler = ps::is<ps::FiddlerSpec>(*preset);
+    const std::string extra = fiddler ? " --cpu-latency 0.0001 --copy-latency 0.0002" : "";
+    const nlohmann::json j =
+        run_json("--preset " + name + " --expert-budget 50%" + extra, d, kquant_q2_model);
+    const std::string source = j.at("expert_source");
+    INFO(name << ": expert_source " << source);
+    CHECK(j.at("generated_tokens") == 4);
+    CHECK(j.at("precision") == "q2_k");  // --precision auto: the file's own types, in place
+    CHECK(source.starts_with(in_place));
+    // A store, when a preset needs one, holds only what the file lacks (q2, Fate's and NextUse's
+    // low precision; no conversion of the K-quants the run reads in place).
+    CHECK(source.find("-q4") == std::string::npos);
+    CHECK(source.find("-q8") == std::string::npos);
+    if (ps::is<ps::BaselineSpec>(*preset)) {
+      CHECK(source == in_place);                   // no store at all
+      CHECK_FALSE(j.contains("conversion_loss"));  // nothing converted, nothing measured
+      baseline_tokens = j.at("token_ids");
+    }
+    if (fiddler) {  // its CPU path reads the same bytes through the loader: the same tokens
+      CHECK(j.at("host_read_bytes").get<std::uint64_t>() > 0);
+      CHECK(j.at("token_ids") == baseline_tokens);
+    }
+  }
+  // HOBBIT needs a low precision with fewer bits than the base; q2_k has two, so it is refused
+  // as `--precision q2` is.
+  const engine_test::Command h = run_moe("--preset hobbit --expert-budget 50%", d, kquant_q2_model);
+  CHECK(h.status != 0);
+  CHECK(h.err.find("fewer bits") != std::string::npos);
+  // Held in host memory, K-quants are converted (moekit never encodes into them): Q2_K -> q2.
+  const nlohmann::json m = run_json("--in-memory --expert-budget 50%", d, kquant_q2_model);
+  CHECK(m.at("expert_source") == "host memory");
+  CHECK(m.at("precision") == "q2");
 }

@@ -1,6 +1,6 @@
 // libFuzzer target: a whole GGUF file must parse or raise moekit::Error; every tensor it accepts
 // must dequantize inside the file's bytes, and the K-quant ones (read in place as moekit's
-// q4_k/q5_k/q6_k) must run through the int8-activation row kernel inside those bytes.
+// q2_k .. q6_k) must run through the int8-activation row kernel inside those bytes.
 #include <cstddef>
 #include <cstdint>
 #include <span>

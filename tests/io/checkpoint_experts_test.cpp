@@ -174,12 +174,11 @@ TEST_CASE("checkpoint experts: types without an exact path are refused naming th
   CHECK(in_place_precision(DType::bf16, {}) == Precision::bf16);
   CHECK(in_place_precision(DType::q4_0, {}) == Precision::q4);
   CHECK_FALSE(in_place_precision(DType::q4_0, {64, false}));
-  // The K-quants Q4_K/Q5_K/Q6_K are moekit formats as they lie, whatever the scheme; Q2_K/Q3_K
-  // are not.
+  // The K-quants Q2_K..Q6_K are moekit formats as they lie, whatever the scheme.
   CHECK(in_place_precision(DType::q4_k, {}) == Precision::q4_k);
   CHECK(in_place_precision(DType::q6_k, {64, false}) == Precision::q6_k);
-  CHECK_FALSE(in_place_precision(DType::q3_k, {}));
-  CHECK_FALSE(in_place_precision(DType::q2_k, {}));
+  CHECK(in_place_precision(DType::q3_k, {}) == Precision::q3_k);
+  CHECK(in_place_precision(DType::q2_k, {64, false}) == Precision::q2_k);
   test::TempDir dir;
   const ModelShape s{
       .n_layers = 1, .n_experts = 2, .top_k = 1, .hidden = 64, .ffn = 96, .quant = {64, false}};
@@ -226,8 +225,9 @@ TEST_CASE(
     if (types[0] == DType::q4_k)  // K-quants mixed among themselves: a K-quant blob in place
       CHECK(locate().shape().kquant ==
             KquantBlob{Precision::q4_k, Precision::q4_k, Precision::q4_k, Precision::q6_k});
-    else if (types[0] == DType::q3_k)
-      test::require_error(locate, ErrorKind::unsupported, {"Q3_K", "no exact in-place path"});
+    else if (types[0] == DType::q3_k)  // Q3_K and Q2_K too, each matrix at its own type
+      CHECK(locate().shape().kquant ==
+            KquantBlob{Precision::q3_k, Precision::q3_k, Precision::q5_k, Precision::q2_k});
     else  // a K-quant beside other types: one precision per run
       test::require_error(locate, ErrorKind::unsupported, {"F16", "differs from the Q8_0"});
     auto experts = std::make_shared<const CheckpointExperts>(

@@ -1,4 +1,4 @@
-// GGUF K-quant formats (q4_k, q5_k, q6_k) as moekit formats: decoding bit for bit against gguf-py,
+// GGUF K-quant formats (q2_k .. q6_k) as moekit formats: decoding bit for bit against gguf-py,
 // the int8-activation GEMV on every ISA against the float64 reference with a derived bound, the
 // float-activation path and the batched GEMM, and the fused expert FFN on K-quant experts.
 #include <cmath>
@@ -21,7 +21,8 @@ using namespace moekit;
 // Names unique in the area: its tests are built as one unity unit.
 namespace {
 
-const Precision kquants[] = {Precision::q4_k, Precision::q5_k, Precision::q6_k};
+const Precision kquants[] = {Precision::q4_k, Precision::q5_k, Precision::q6_k, Precision::q2_k,
+                             Precision::q3_k};
 
 std::vector<Isa> kquant_isas() {
   std::vector<Isa> v;
@@ -45,25 +46,33 @@ std::vector<std::byte> random_kquant(std::size_t rows, std::size_t cols, Precisi
   std::uniform_real_distribution<float> scale(-0.004f, 0.004f);
   const std::size_t bb = kquant_block_bytes(p);
   for (std::size_t off = 0; off < b.size(); off += bb) {
-    if (p != Precision::q6_k) {
-      put_half(b.data() + off, std::fabs(scale(rng)));
-      put_half(b.data() + off + 2, std::fabs(scale(rng)));
-    } else {
-      put_half(b.data() + off + q6_k::d_offset, scale(rng));
+    if (p == Precision::q6_k || p == Precision::q3_k) {  // d alone, signed scales
+      put_half(b.data() + off + (p == Precision::q6_k ? q6_k::d_offset : q3_k::d_offset),
+               scale(rng));
+    } else {  // d and dmin
+      const std::size_t at = p == Precision::q2_k ? q2_k::d_offset : 0;
+      put_half(b.data() + off + at, std::fabs(scale(rng)));
+      put_half(b.data() + off + at + 2, std::fabs(scale(rng)));
     }
   }
   return b;
 }
 
 // What the int8 kernels add up in floats for row r, per weight: the code's product and the
-// minimum (q4_k, q5_k) or the code offset 32 (q6_k), by |x|.
+// minimum (q4_k, q5_k, q2_k) or the code offset (32 for q6_k, 4 for q3_k), by |x|.
 double kquant_magnitude(const MatrixView& w, std::size_t r, const float* x) {
   double m = 0;
   for (std::size_t c = 0; c < w.cols; ++c) {
     const std::byte* block = w.row(r) + c / 256 * kquant_block_bytes(w.precision);
     const std::size_t i = c % 256;
     double term;
-    if (w.precision != Precision::q6_k) {
+    if (w.precision == Precision::q2_k) {
+      term = std::fabs(q2_k::d_of(block)) * q2_k::scale(block, i / 16) * q2_k::code(block, i) +
+             std::fabs(q2_k::dmin_of(block)) * q2_k::min(block, i / 16);
+    } else if (w.precision == Precision::q3_k) {
+      term =
+          std::fabs(q3_k::d_of(block) * q3_k::scale(block, i / 16)) * (q3_k::code(block, i) + 4.0);
+    } else if (w.precision != Precision::q6_k) {
       std::uint8_t sc[8], mn[8];
       q4_k::scales_mins(block, sc, mn);
       const unsigned q = w.precision == Precision::q5_k
@@ -84,7 +93,7 @@ double kquant_magnitude(const MatrixView& w, std::size_t r, const float* x) {
 
 // Bound of an int8-activation result of row r: each activation moves by at most half its int8
 // step, max|x|/254 over the values sharing its scale (32 for q6_k, the 256 of a super-block for
-// q4_k and q5_k; ×1.01 for the rounding of the step itself), plus float accumulation of the
+// the others; ×1.01 for the rounding of the step itself), plus float accumulation of the
 // kernel's terms (kquant_magnitude) with a relative error far below 2^-16 (a few hundred roundings
 // of 2^-24). A wrong code, scale or order moves the result by about one term.
 double kquant_int8_bound(const MatrixView& w, std::size_t r, const std::vector<float>& x) {
@@ -102,14 +111,17 @@ double kquant_int8_bound(const MatrixView& w, std::size_t r, const std::vector<f
 
 }  // namespace
 
-TEST_CASE("gguf K-quants: q4_k, q5_k and q6_k blocks decode to gguf-py's values bit for bit",
+TEST_CASE("gguf K-quants: q2_k .. q6_k blocks decode to gguf-py's values bit for bit",
           "[precision][kquant]") {
   // tests/io/data/gguf_kquants.gguf (scripts/make_gguf_transcode_fixture.py): special f16 fields
   // (zeros, subnormals, the largest finite) with extreme code bytes, then random blocks;
   // "<type>.expected" is gguf-py's `dequantize` of them.
   io::GgufFile f(MOEKIT_SOURCE_DIR "/tests/io/data/gguf_kquants.gguf");
-  for (const auto& [tensor, p] :
-       {std::pair{"q4_k", Precision::q4_k}, {"q5_k", Precision::q5_k}, {"q6_k", Precision::q6_k}}) {
+  for (const auto& [tensor, p] : {std::pair{"q2_k", Precision::q2_k},
+                                  {"q3_k", Precision::q3_k},
+                                  {"q4_k", Precision::q4_k},
+                                  {"q5_k", Precision::q5_k},
+                                  {"q6_k", Precision::q6_k}}) {
     INFO(tensor);
     const auto q = f.tensor(tensor);
     const auto e = f.tensor(std::string(tensor) + ".expected");
@@ -183,7 +195,7 @@ TEST_CASE("gguf K-quants: the vectorised activation preparations give the scalar
       const std::size_t scales = kquant_block_scaled(p) ? cols / 256 : cols / 16;
       CHECK(std::memcmp(g.dx, want.dx, 4 * scales) == 0);
       if (kquant_block_scaled(p))
-        CHECK(std::memcmp(g.sums, want.sums, 2 * (cols / 32)) == 0);
+        CHECK(std::memcmp(g.sums, want.sums, 2 * (cols / kquant_sub_block(p))) == 0);
       else
         CHECK(std::memcmp(g.dx_sum, want.dx_sum, 4 * (cols / 16)) == 0);
     }
@@ -220,18 +232,20 @@ TEST_CASE("gguf K-quants: float-activation GEMV and batched GEMM match the refer
   }
 }
 
-TEST_CASE("gguf K-quants: the fused expert FFN on q4_k gate/up and q6_k down experts",
+TEST_CASE("gguf K-quants: the fused expert FFN on K-quant gate/up and down experts",
           "[precision][kquant]") {
-  // Q4_K_M's mix: w1/w3 in q4_k, w2 in q6_k; Q5_K_M's: q5_k and q6_k; then all q6_k.
+  // Q4_K_M's mix: w1/w3 in q4_k, w2 in q6_k; Q5_K_M's: q5_k and q6_k; all q6_k; Q2_K's: q2_k
+  // and q3_k; q3_k and q6_k.
   const std::size_t hidden = 512, ffn = 768;
   ThreadPool pool(2);
   for (const Precision gate_up : kquants) {
+    const Precision down = gate_up == Precision::q2_k ? Precision::q3_k : Precision::q6_k;
     const auto b1 = random_kquant(ffn, hidden, gate_up, 1);
     const auto b3 = random_kquant(ffn, hidden, gate_up, 3);
-    const auto b2 = random_kquant(hidden, ffn, Precision::q6_k, 2);
+    const auto b2 = random_kquant(hidden, ffn, down, 2);
     const ExpertWeights e{make_matrix_view(b1, ffn, hidden, gate_up),
                           make_matrix_view(b3, ffn, hidden, gate_up),
-                          make_matrix_view(b2, hidden, ffn, Precision::q6_k)};
+                          make_matrix_view(b2, hidden, ffn, down)};
     for (std::size_t n : {1u, 3u}) {
       const auto x = test::random_normal(n * hidden, 11 + n);
       std::vector<float> want(n * hidden, 0.5f);

@@ -20,12 +20,14 @@
 // the widening kernels) and, for bf16 where the CPU has AVX512_BF16, with the activation rounded
 // to bf16 and dotted with vdpbf16ps (bf16x, KernelOptions::bf16_activations).
 //
-// K-quant cells (q4_K, q5_K, q6_K; after the others, or alone with --kquant): the matrix is
-// quantized by ggml and moekit runs ggml's very bytes as its q4_k / q6_k format (Precision::q4_k,
-// q6_k: read in place, no transcode), so both read the same bytes; i8x is moekit's int8-activation
-// kernel (ggml rounds the activation to q8_K, one scale per 256 values; moekit to int8 per 32).
+// K-quant cells (q4_K, q5_K, q6_K, q2_K, q3_K; after the others, or alone with --kquant): the
+// matrix is quantized by ggml and moekit runs ggml's very bytes as its format of the same name
+// (Precision::q4_k .. q3_k: read in place, no transcode), so both read the same bytes; i8x is
+// moekit's int8-activation kernel (ggml rounds the activation to q8_K, one scale per 256 values;
+// moekit too, except for q6_k: int8 per 32).
 //
-// Usage: gemv_vs_ggml [--reps N] [--quick] [--only q8_0|q4_0|q2_K|q4_K|q5_K|q6_K] [--threads N]
+// Usage: gemv_vs_ggml [--reps N] [--quick] [--only q8_0|q4_0|q2_K|q3_K|q4_K|q5_K|q6_K] [--threads
+// N]
 //                     [--float | --kquant]
 #include <algorithm>
 #include <chrono>
@@ -292,11 +294,13 @@ void run_kquant(Precision p, ggml_type gtype, std::size_t rows, std::size_t cols
       best(tg) / best(t8));
 }
 
-/// The K-quant cells: q4_K, q5_K and q6_K on the Mixtral expert shapes, 1 and 2 threads.
+/// The K-quant cells: q4_K, q5_K, q6_K, q2_K and q3_K on the Mixtral expert shapes, 1 and 2
+/// threads.
 void run_kquants(int reps, bool quick, const std::string& only, int only_threads,
                  std::optional<Isa> isa) {
   std::printf(
-      "\nK-quants: moekit runs ggml's bytes as Precision::q4_k / q5_k / q6_k (in place). ms are "
+      "\nK-quants: moekit runs ggml's bytes as Precision::q4_k / q5_k / q6_k / q2_k / q3_k (in "
+      "place; q2_k and q3_k: the AVX2 kernel on every x86 CPU). ms are "
       "medians; "
       "i8x rd, ggml rd and i8x/gg are medians of per-round ratios (rd: the read's time / the "
       "kernel's, the read the faster of one stream and four prefetched ones in the round; /gg: "
@@ -314,7 +318,9 @@ void run_kquants(int reps, bool quick, const std::string& only, int only_threads
         "i8x rd", "ggml rd", "f32x/gg", "i8x/gg", "f err", "i8err", "gg er");
     for (auto [p, gtype, gname] : {std::tuple{Precision::q4_k, GGML_TYPE_Q4_K, "q4_K"},
                                    std::tuple{Precision::q5_k, GGML_TYPE_Q5_K, "q5_K"},
-                                   std::tuple{Precision::q6_k, GGML_TYPE_Q6_K, "q6_K"}}) {
+                                   std::tuple{Precision::q6_k, GGML_TYPE_Q6_K, "q6_K"},
+                                   std::tuple{Precision::q2_k, GGML_TYPE_Q2_K, "q2_K"},
+                                   std::tuple{Precision::q3_k, GGML_TYPE_Q3_K, "q3_K"}}) {
       if (!only.empty() && only != gname) continue;
       for (const auto& shape : shapes) {
         if (quick && shape[0] != 14336) continue;
@@ -351,12 +357,12 @@ int main(int argc, char** argv) {
              isa_supported(*parse_isa(argv[i + 1])))
       isa = parse_isa(argv[++i]);
     else {
-      std::fprintf(
-          stderr,
-          "usage: %s [--reps N] [--quick] [--only q8_0|q4_0|q2_K|q4_K|q5_K|q6_K] [--threads N] "
-          "[--float | --kquant] "
-          "[--isa avx2|avx512 (moekit's path; must be supported)]\n",
-          argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--reps N] [--quick] [--only q8_0|q4_0|q2_K|q3_K|q4_K|q5_K|q6_K] "
+                   "[--threads N] "
+                   "[--float | --kquant] "
+                   "[--isa avx2|avx512 (moekit's path; must be supported)]\n",
+                   argv[0]);
       return 2;
     }
   }

@@ -15,11 +15,24 @@
 namespace moekit {
 
 /// Storage/compute format of an expert's weights, or the decision to skip it.
-/// `q6_k`, `q4_k` and `q5_k` are GGUF's K-quant super-block formats (precision/gguf_q6_k.hpp,
-/// gguf_q4_k.hpp, gguf_q5_k.hpp), read in place from GGUF files and never produced by moekit's
-/// quantizer; they come after `skip` so that the formats before it keep their numbers (arrays
-/// indexed by them).
-enum class Precision : std::uint8_t { f32, bf16, f16, q8, q4, q2, skip, q6_k, q4_k, q5_k };
+/// `q6_k`, `q4_k`, `q5_k`, `q2_k` and `q3_k` are GGUF's K-quant super-block formats
+/// (precision/gguf_q6_k.hpp, gguf_q4_k.hpp, ...), read in place from GGUF files and never produced
+/// by moekit's quantizer; they come after `skip` so that the formats before it keep their numbers
+/// (arrays indexed by them).
+enum class Precision : std::uint8_t {
+  f32,
+  bf16,
+  f16,
+  q8,
+  q4,
+  q2,
+  skip,
+  q6_k,
+  q4_k,
+  q5_k,
+  q2_k,
+  q3_k
+};
 
 /// Every precision moekit quantizes into and the policies choose among, highest first (excludes
 /// `skip` and the GGUF K-quant formats, which are only read).
@@ -31,8 +44,8 @@ inline constexpr std::size_t precision_count = 6;
 /// stays the number of formats moekit quantizes into and the simulator models (loops over
 /// `all_precisions`); arrays the engine's pipeline indexes by the precision it was asked for use
 /// this one.
-inline constexpr std::size_t precision_slots = 10;
-static_assert(precision_slots == std::size_t(Precision::q5_k) + 1,
+inline constexpr std::size_t precision_slots = 12;
+static_assert(precision_slots == std::size_t(Precision::q3_k) + 1,
               "precision_slots: one past the last Precision value");
 
 /// Bits per weight of the format, excluding group metadata (0 for `skip`).
@@ -49,7 +62,10 @@ MOEKIT_HOST_DEVICE constexpr unsigned bits(Precision p) noexcept {
     case Precision::q4_k:
       return 4;
     case Precision::q2:
+    case Precision::q2_k:
       return 2;
+    case Precision::q3_k:
+      return 3;
     case Precision::q6_k:
       return 6;
     case Precision::q5_k:
@@ -62,7 +78,8 @@ MOEKIT_HOST_DEVICE constexpr unsigned bits(Precision p) noexcept {
 
 /// True for GGUF's K-quant formats: rows of 256-weight super-blocks laid out as ggml lays them.
 MOEKIT_HOST_DEVICE constexpr bool is_gguf_kquant(Precision p) noexcept {
-  return p == Precision::q6_k || p == Precision::q5_k || p == Precision::q4_k;
+  return p == Precision::q6_k || p == Precision::q5_k || p == Precision::q4_k ||
+         p == Precision::q3_k || p == Precision::q2_k;
 }
 
 /// Weights and bytes of one super-block of a GGUF K-quant format (0 for the other formats).
@@ -75,6 +92,10 @@ MOEKIT_HOST_DEVICE constexpr std::size_t kquant_block_bytes(Precision p) noexcep
       return 176;
     case Precision::q4_k:
       return 144;
+    case Precision::q3_k:
+      return 110;
+    case Precision::q2_k:
+      return 84;
     default:
       return 0;
   }
@@ -111,6 +132,10 @@ constexpr std::string_view name(Precision p) noexcept {
       return "q4_k";
     case Precision::q5_k:
       return "q5_k";
+    case Precision::q2_k:
+      return "q2_k";
+    case Precision::q3_k:
+      return "q3_k";
     case Precision::skip:
       return "skip";
   }

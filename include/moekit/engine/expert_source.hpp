@@ -338,8 +338,8 @@ struct ExpertBacking {
 
 /// The routed experts of the checkpoint `cfg` was read from — GGUF file `gguf`, else the Hugging
 /// Face directory `hf_dir` — where they lie (io/checkpoint_experts.hpp), or null when their type
-/// has no exact in-place path (Q2_K, Q3_K, or types mixed other than K-quants among themselves:
-/// converted once into a store instead).
+/// has no exact in-place path (types mixed other than K-quants among themselves: converted once
+/// into a store instead).
 inline std::shared_ptr<const moekit::io::CheckpointExperts> locate_checkpoint_experts(
     const ModelConfig& cfg, const std::filesystem::path& hf_dir, const moekit::io::GgufFile* gguf) {
   namespace io = moekit::io;

@@ -33,7 +33,8 @@ struct LoaderReadRate {
 /// Reads `n` experts of checkpoint `path` (a GGUF file or a Hugging Face directory) in place
 /// through ExpertLoader::checkpoint with `io`, `depth` loads outstanding, into `order` (quantized
 /// experts: blocked panels, moe-run's layout for int8 activations). Throws moekit::Error naming
-/// the path when its experts have no exact in-place type (Q2_K, Q3_K).
+/// the path when its experts have no exact in-place type (types mixed other than K-quants among
+/// themselves).
 inline LoaderReadRate loader_read_rate(const std::filesystem::path& path, std::uint32_t n,
                                        const StoreIo& io = {}, std::size_t depth = 4) {
   std::optional<moekit::io::GgufFile> gguf;

@@ -10,11 +10,12 @@
 /// - as they are: F32, F16 and BF16 matrices are moekit's f32/f16/bf16 rows byte for byte;
 /// - transcoded: GGUF Q8_0 and Q4_0 blocks are moekit's q8/q4 group-32 symmetric rows with the
 ///   bytes moved (io/gguf_transcode.hpp), the same values bit for bit;
-/// - the K-quants Q4_K, Q5_K and Q6_K as they are (moekit's q4_k/q5_k/q6_k rows), mixed as GGUF
-///   files mix them: each matrix in its slot of a K-quant blob (core/model_shape.hpp, KquantBlob)
-///   at its own type, which the blob's tag names.
-/// Other types (Q2_K, Q3_K) have no exact path: `in_place_precision` says so, and the caller
-/// converts them once into a store instead. `CheckpointExperts::locate_as_f32` reads every type
+/// - the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K as they are (moekit's q2_k .. q6_k rows),
+///   mixed as GGUF files mix them: each matrix in its slot of a K-quant blob (core/model_shape.hpp,
+///   KquantBlob) at its own type, which the blob's tag names.
+/// Other types (Q8_0/Q4_0 under another scheme, or types mixed other than K-quants among
+/// themselves) have no exact path: `in_place_precision` says so, and the caller converts them once
+/// into a store instead. `CheckpointExperts::locate_as_f32` reads every type
 /// io/dequantize.hpp knows, K-quants and mixes of types included, as f32 rows dequantized chunk by
 /// chunk on read: their exact values (gguf-py's, bit for bit) at four bytes a weight, with
 /// nothing model-sized in memory. It is the reference that a conversion's loss is measured
@@ -55,7 +56,7 @@ namespace moekit::io {
 
 /// The precision an expert matrix stored as `t` is read at in place, or nullopt when no exact
 /// path exists. Q8_0/Q4_0 map onto q8/q4 only with the group-32 symmetric scheme; the K-quants
-/// Q4_K/Q5_K/Q6_K are moekit formats as they lie (q4_k/q5_k/q6_k), whatever the scheme.
+/// Q2_K..Q6_K are moekit formats as they lie (q2_k..q6_k), whatever the scheme.
 inline std::optional<Precision> in_place_precision(DType t, QuantScheme scheme) noexcept {
   switch (t) {
     case DType::f32:

@@ -30,8 +30,8 @@
 ///
 /// Every product is rounded as gguf-py's `gguf.quants.dequantize` rounds it (f32; d·sc first,
 /// then ·q, then − dmin·m), so the values are bit-identical to it (tests/io/data/quant_blocks.gguf
-/// holds gguf-py's values). A fused multiply-add would round once instead of twice, so the block
-/// decoders below are compiled with floating-point contraction off.
+/// holds gguf-py's values). A fused multiply-add would round once instead of twice, so the K-quant
+/// block decoders (precision/gguf_q*_k.hpp) are compiled with floating-point contraction off.
 
 #include <cstddef>
 #include <cstdint>
@@ -42,6 +42,8 @@
 #include "moekit/error.hpp"
 #include "moekit/io/detail/bytes.hpp"
 #include "moekit/io/tensor.hpp"
+#include "moekit/precision/gguf_q2_k.hpp"
+#include "moekit/precision/gguf_q3_k.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
 #include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
@@ -50,17 +52,6 @@
 namespace moekit::io {
 
 namespace detail {
-
-// No fused multiply-add in the block decoders: gguf-py rounds d·sc·q and dmin·m separately.
-#if defined(__clang__)
-#define MOEKIT_DEQUANTIZE_NO_CONTRACT _Pragma("clang fp contract(off)")
-#else
-#define MOEKIT_DEQUANTIZE_NO_CONTRACT
-#if defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-#endif
-#endif
 
 // f16/bf16 decoding is moekit/precision/half.hpp's, the one the kernels and quantizers use.
 inline float half_at(const std::byte* p) noexcept {
@@ -96,55 +87,17 @@ inline void dequantize_q4_0(const std::byte* b, float* y) noexcept {
   }
 }
 
-// Q4_K, Q5_K and Q6_K are moekit formats too (Precision::q4_k / q5_k / q6_k): their decoders are
-// the ones the kernels use.
+// The K-quants are moekit formats too (Precision::q2_k .. q6_k): their decoders are the ones the
+// kernels use.
 inline void dequantize_q4_k(const std::byte* b, float* y) noexcept { q4_k::decode_block(b, y); }
 
-inline void dequantize_q2_k(const std::byte* b, float* y) noexcept {
-  MOEKIT_DEQUANTIZE_NO_CONTRACT
-  const std::byte* scales = b;
-  const std::byte* qs = b + 16;
-  const float d = half_at(b + 80);
-  const float dmin = half_at(b + 82);
-  int s = 0;
-  for (int half = 0; half < 2; ++half) {
-    const std::byte* q = qs + 32 * half;
-    for (int shift = 0; shift < 8; shift += 2) {
-      for (int part = 0; part < 2; ++part, ++s) {
-        const std::uint8_t sc = u8_at(scales + s);
-        const float dl = d * static_cast<float>(sc & 0xF);
-        const float ml = dmin * static_cast<float>(sc >> 4);
-        for (int l = 0; l < 16; ++l)
-          *y++ = dl * static_cast<float>((u8_at(q + 16 * part + l) >> shift) & 3) - ml;
-      }
-    }
-  }
-}
+inline void dequantize_q2_k(const std::byte* b, float* y) noexcept { q2_k::decode_block(b, y); }
 
-inline void dequantize_q3_k(const std::byte* b, float* y) noexcept {
-  const std::byte* hmask = b;
-  const std::byte* qs = b + 32;
-  const std::byte* scales = b + 96;
-  const float d = half_at(b + 108);
-  for (int i = 0; i < 256; ++i) {
-    const int s = i / 16, half = i / 128, shift = 2 * ((i % 128) / 32), l = i % 32;
-    const int low = (u8_at(scales + s % 8) >> (4 * (s / 8))) & 0xF;
-    const int high = (u8_at(scales + 8 + s % 4) >> (2 * (s / 4))) & 3;
-    const float dl = d * static_cast<float>((low | (high << 4)) - 32);
-    const int q2 = (u8_at(qs + 32 * half + l) >> shift) & 3;
-    const int hbit = (u8_at(hmask + l) >> (i / 32)) & 1;
-    y[i] = dl * static_cast<float>(q2 - (hbit ? 0 : 4));
-  }
-}
+inline void dequantize_q3_k(const std::byte* b, float* y) noexcept { q3_k::decode_block(b, y); }
 
 inline void dequantize_q5_k(const std::byte* b, float* y) noexcept { q5_k::decode_block(b, y); }
 
 inline void dequantize_q6_k(const std::byte* b, float* y) noexcept { q6_k::decode_block(b, y); }
-
-#if !defined(__clang__) && defined(__GNUC__)
-#pragma GCC pop_options
-#endif
-#undef MOEKIT_DEQUANTIZE_NO_CONTRACT
 
 }  // namespace detail
 

@@ -67,9 +67,11 @@ constexpr std::optional<Precision> exact_moekit_precision(std::uint32_t type) no
 }
 
 /// The moekit format whose rows are `t`'s blocks as they lie in the file, so a tensor of type `t`
-/// is used in place (no transcode): the K-quants Q4_K, Q5_K and Q6_K (Precision::q4_k, q5_k,
-/// q6_k; precision/gguf_q4_k.hpp etc.); nullopt for the other types.
+/// is used in place (no transcode): the K-quants Q2_K .. Q6_K (Precision::q2_k .. q6_k;
+/// precision/gguf_q4_k.hpp etc.); nullopt for the other types.
 constexpr std::optional<Precision> in_place_moekit_precision(DType t) noexcept {
+  if (t == DType::q2_k) return Precision::q2_k;
+  if (t == DType::q3_k) return Precision::q3_k;
   if (t == DType::q4_k) return Precision::q4_k;
   if (t == DType::q5_k) return Precision::q5_k;
   if (t == DType::q6_k) return Precision::q6_k;

@@ -9,7 +9,7 @@
 /// of byte c·bits/8 (lower column in the lower bits). Value: w = scale · (q − zero), where zero is
 /// the stored f16 zero point (affine) or 2^(bits−1) (symmetric).
 ///
-/// GGUF K-quant row (q6_k, q4_k): cols / 256 super-blocks back to back, each as ggml lays it out
+/// GGUF K-quant row (q2_k .. q6_k): cols / 256 super-blocks back to back, each as ggml lays it out
 /// (precision/gguf_q6_k.hpp, gguf_q4_k.hpp), so a row is the bytes of a GGUF tensor row as they
 /// lie in the file; `cols` must be a multiple of 256.
 

@@ -72,12 +72,19 @@ struct Epilogue {
 /// columns, where four streams (Zen 4's entry for the other int8 kernels) fell far behind.
 inline constexpr RowStreaming kquant_row_streaming{2, true};
 
+/// True for the K-quants whose int8 kernels are AVX2's on every x86 CPU, AVX-512 ones included
+/// (q2_k, q3_k: no AVX-512 kernel; and no AVX-VNNI, `vpmaddubsw` alone, docs/formats.md).
+constexpr bool kquant_avx2_only(Precision p) noexcept {
+  return p == Precision::q2_k || p == Precision::q3_k;
+}
+
 namespace detail {
 /// `prepare_kquant` for `isa`, which the caller has checked.
 inline KQuantActivation prepare_kquant_for(Isa isa, const float* x, std::size_t cols, Precision p,
                                            KQuantStorage& st) {
 #if defined(MOEKIT_HAS_X86_KERNELS)
-  if (isa == Isa::avx512 && has_avx512_vnni()) return avx512_kquant::prepare(x, cols, p, st);
+  if (isa == Isa::avx512 && has_avx512_vnni() && !kquant_avx2_only(p))
+    return avx512_kquant::prepare(x, cols, p, st);
   if (isa != Isa::generic) return avx2_kquant::prepare(x, cols, p, st);
 #endif
   (void)isa;
@@ -210,6 +217,10 @@ const float* kquant_row_decode(const std::byte* row, const RowLayout& l, float* 
       q4_k::decode_block(block, buf + b * kquant_block_weights);
     else if constexpr (P == Precision::q5_k)
       q5_k::decode_block(block, buf + b * kquant_block_weights);
+    else if constexpr (P == Precision::q2_k)
+      q2_k::decode_block(block, buf + b * kquant_block_weights);
+    else if constexpr (P == Precision::q3_k)
+      q3_k::decode_block(block, buf + b * kquant_block_weights);
     else
       q6_k::decode_block(block, buf + b * kquant_block_weights);
   }
@@ -264,6 +275,10 @@ inline RowKernels row_kernels(Precision p, Isa isa) {
       return kquant_row_kernels<Precision::q5_k>(isa);
     case Precision::q6_k:
       return kquant_row_kernels<Precision::q6_k>(isa);
+    case Precision::q2_k:
+      return kquant_row_kernels<Precision::q2_k>(isa);
+    case Precision::q3_k:
+      return kquant_row_kernels<Precision::q3_k>(isa);
     case Precision::skip:
       break;
   }
@@ -408,9 +423,18 @@ struct GemvPlan {
                    const std::byte* const* next) const noexcept {
     const std::size_t blocks = layout.groups;
     auto with = [&]<Precision P>() {
-      constexpr bool q6 = P == Precision::q6_k, q5 = P == Precision::q5_k;
 #if defined(MOEKIT_HAS_X86_KERNELS)
-      if (kquant == KQuantKernel::avx512_vnni) {
+      constexpr bool q6 = P == Precision::q6_k, q5 = P == Precision::q5_k;
+      if constexpr (kquant_avx2_only(P)) {  // AVX2 kernel on every x86 path (make_plan)
+        if (kquant != KQuantKernel::scalar) {
+          for (std::size_t n = 0; n < N; ++n) {
+            const std::byte* ahead = next ? next[n] : nullptr;
+            out[n] = P == Precision::q2_k ? avx2_kquant::q2_k_row_dot(rows[n], blocks, actk, ahead)
+                                          : avx2_kquant::q3_k_row_dot(rows[n], blocks, actk, ahead);
+          }
+          return;
+        }
+      } else if (kquant == KQuantKernel::avx512_vnni) {
         if constexpr (q6)
           return avx512_kquant::q6_k_row_dots<N>(rows, blocks, actk, out, next);
         else
@@ -430,11 +454,11 @@ struct GemvPlan {
         return each.template operator()<false>();
       }
 #endif
-      for (std::size_t n = 0; n < N; ++n)
-        out[n] = q6 ? scalar_kquant::q6_k_row_dot(rows[n], blocks, actk)
-                    : scalar_kquant::q4_k_row_dot<q5>(rows[n], blocks, actk);
+      for (std::size_t n = 0; n < N; ++n) out[n] = scalar_kquant::row_dot(P, rows[n], blocks, actk);
     };
     (void)next;
+    if (precision == Precision::q2_k) return with.template operator()<Precision::q2_k>();
+    if (precision == Precision::q3_k) return with.template operator()<Precision::q3_k>();
     if (precision == Precision::q6_k) return with.template operator()<Precision::q6_k>();
     if (precision == Precision::q5_k) return with.template operator()<Precision::q5_k>();
     with.template operator()<Precision::q4_k>();
@@ -491,7 +515,9 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
     // K-quants run their own int8 kernels on every ISA (the scalar one on the generic path).
     p.kquant = KQuantKernel::scalar;
 #if defined(MOEKIT_HAS_X86_KERNELS)
-    if (isa == Isa::avx512 && has_avx512_vnni())
+    if (isa != Isa::generic && kquant_avx2_only(w.precision))
+      p.kquant = KQuantKernel::avx2;
+    else if (isa == Isa::avx512 && has_avx512_vnni())
       p.kquant = KQuantKernel::avx512_vnni;
     else if (isa != Isa::generic)
       p.kquant = o.avx_vnni && has_avx_vnni() ? KQuantKernel::avx_vnni : KQuantKernel::avx2;

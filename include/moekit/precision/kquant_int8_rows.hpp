@@ -8,6 +8,8 @@
 #include <cstdint>
 
 #include "moekit/core/precision.hpp"
+#include "moekit/precision/gguf_q2_k.hpp"
+#include "moekit/precision/gguf_q3_k.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
 #include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
@@ -67,10 +69,58 @@ inline float q6_k_row_dot(const std::byte* row, std::size_t blocks,
   return acc - 32.f * offset;
 }
 
-/// A row of K-quant format `p` (q4_k, q5_k or q6_k) of `blocks` super-blocks · the activation
+/// A q2_k row of `blocks` super-blocks · the prepared activation: per block,
+/// d·dx·Σ_s sc_s·(Σ q·xq)_s − dmin·dx·Σ_s m_s·(Σ xq)_s over its 16 sub-blocks, the sums in
+/// integers.
+inline float q2_k_row_dot(const std::byte* row, std::size_t blocks,
+                          const KQuantActivation& a) noexcept {
+  float acc = 0, mins = 0;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* block = row + b * q2_k::block_bytes;
+    const std::int8_t* xq = a.xq + 256 * b;
+    int codes = 0, sums = 0;
+    for (std::size_t s = 0; s < 16; ++s) {
+      int t = 0;
+      for (std::size_t i = 16 * s; i < 16 * s + 16; ++i)
+        t += static_cast<int>(q2_k::code(block, i)) * xq[i];
+      codes += static_cast<int>(q2_k::scale(block, s)) * t;
+      sums += static_cast<int>(q2_k::min(block, s)) * a.sums[16 * b + s];
+    }
+    acc += q2_k::d_of(block) * a.dx[b] * static_cast<float>(codes);
+    mins += q2_k::dmin_of(block) * a.dx[b] * static_cast<float>(sums);
+  }
+  return acc - mins;
+}
+
+/// A q3_k row of `blocks` super-blocks · the prepared activation: per block,
+/// d·dx·Σ_s sc_s·(Σ u·xq − 4·Σ xq)_s over its 16 sub-blocks (u the unsigned 3-bit code, q = u − 4),
+/// the sums in integers.
+inline float q3_k_row_dot(const std::byte* row, std::size_t blocks,
+                          const KQuantActivation& a) noexcept {
+  float acc = 0;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* block = row + b * q3_k::block_bytes;
+    const std::int8_t* xq = a.xq + 256 * b;
+    std::int8_t sc[16];
+    q3_k::scales(block, sc);
+    int total = 0;
+    for (std::size_t s = 0; s < 16; ++s) {
+      int t = 0;
+      for (std::size_t i = 16 * s; i < 16 * s + 16; ++i)
+        t += static_cast<int>(q3_k::code(block, i)) * xq[i];
+      total += sc[s] * (t - 4 * a.sums[16 * b + s]);
+    }
+    acc += q3_k::d_of(block) * a.dx[b] * static_cast<float>(total);
+  }
+  return acc;
+}
+
+/// A row of K-quant format `p` (q2_k .. q6_k) of `blocks` super-blocks · the activation
 /// `prepare_kquant` rounded for `p`.
 inline float row_dot(Precision p, const std::byte* row, std::size_t blocks,
                      const KQuantActivation& a) noexcept {
+  if (p == Precision::q2_k) return q2_k_row_dot(row, blocks, a);
+  if (p == Precision::q3_k) return q3_k_row_dot(row, blocks, a);
   if (p == Precision::q6_k) return q6_k_row_dot(row, blocks, a);
   if (p == Precision::q5_k) return q4_k_row_dot<true>(row, blocks, a);
   return q4_k_row_dot(row, blocks, a);

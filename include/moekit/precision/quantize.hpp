@@ -22,6 +22,8 @@
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
 #include "moekit/precision/format.hpp"
+#include "moekit/precision/gguf_q2_k.hpp"
+#include "moekit/precision/gguf_q3_k.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
 #include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
@@ -235,6 +237,12 @@ inline float weight_at(const std::byte* row, const RowLayout& l, Precision p,
     case Precision::q6_k:
       return q6_k::weight(row + c / q6_k::block_weights * q6_k::block_bytes,
                           c % q6_k::block_weights);
+    case Precision::q2_k:
+      return q2_k::weight(row + c / q2_k::block_weights * q2_k::block_bytes,
+                          c % q2_k::block_weights);
+    case Precision::q3_k:
+      return q3_k::weight(row + c / q3_k::block_weights * q3_k::block_bytes,
+                          c % q3_k::block_weights);
     default:
       break;
   }

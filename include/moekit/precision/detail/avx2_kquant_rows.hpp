@@ -1,11 +1,14 @@
 #pragma once
-/// \file AVX2 row dots of the GGUF K-quant formats (q4_k, q5_k, q6_k) with int8 activations
+/// \file AVX2 row dots of the GGUF K-quant formats (q2_k .. q6_k) with int8 activations
 /// (kquant_activation.hpp), through AVX-VNNI's `vpdpbusd` where the CPU has it, else
 /// `vpmaddubsw` + `vpmaddwd` (codes ≤ 63 by |xq| ≤ 127: no int16 pair sum reaches 32767).
 ///
 /// As the AVX-512 kernels (avx512_kquant_rows.hpp) at half the width: 32 codes per dot, whose
 /// int32 lanes lie in one q4_k sub-block (lanes 0-7; weighted by the scales in integers) or two
 /// q6_k sub-blocks (lanes 0-3, 4-7; converted and multiplied by d·scale·dx in one FMA).
+/// q2_k and q3_k (16-weight sub-blocks, codes ≤ 7) take `vpmaddubsw` alone on every CPU, its
+/// int16 pair sums weighted by the sub-blocks' scales in the `vpmaddwd` that sums them anyway; no
+/// AVX-512 kernel: AVX-512 CPUs run these (docs/formats.md).
 
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +17,8 @@
 #include <vector>
 
 #include "moekit/precision/detail/avx2_int8_rows.hpp"
+#include "moekit/precision/gguf_q2_k.hpp"
+#include "moekit/precision/gguf_q3_k.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
 #include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
@@ -23,13 +28,13 @@
 
 namespace moekit::detail::avx2_kquant {
 
-MOEKIT_TARGET_AVX2_VNNI inline float sum8(__m256 v) noexcept {
+MOEKIT_TARGET_AVX2 inline float sum8(__m256 v) noexcept {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-MOEKIT_TARGET_AVX2_VNNI inline __m256i load32(const void* p) noexcept {
+MOEKIT_TARGET_AVX2 inline __m256i load32(const void* p) noexcept {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
 
@@ -80,8 +85,14 @@ MOEKIT_TARGET_AVX2_VNNI inline KQuantActivation prepare(const float* x, std::siz
     if (kquant_block_scaled(p)) {
       dx[c / 256] = d;
       for (std::size_t j = 0; j < 8; ++j) {
-        const auto [s0, s1] = round_chunk(x + c + 32 * j, inv, xq + c + 32 * q4_k_chunk_slot(j));
-        st.s[c / 32 + j] = static_cast<std::int16_t>(s0 + s1);
+        const std::size_t slot = kquant_chunk_order(p) ? q4_k_chunk_slot(j) : j;
+        const auto [s0, s1] = round_chunk(x + c + 32 * j, inv, xq + c + 32 * slot);
+        if (kquant_sub_block(p) == 32) {
+          st.s[c / 32 + j] = static_cast<std::int16_t>(s0 + s1);
+        } else {
+          st.s[c / 16 + 2 * j] = static_cast<std::int16_t>(s0);
+          st.s[c / 16 + 2 * j + 1] = static_cast<std::int16_t>(s1);
+        }
       }
     } else {
       const auto [s0, s1] = round_chunk(x + c, inv, xq + c);
@@ -95,8 +106,8 @@ MOEKIT_TARGET_AVX2_VNNI inline KQuantActivation prepare(const float* x, std::siz
 }
 
 /// Prefetches into L2 the cache lines of `row` that start in [off, off + bytes) (each line once).
-MOEKIT_TARGET_AVX2_VNNI inline void prefetch_l2(const std::byte* row, std::size_t off,
-                                                std::size_t bytes) noexcept {
+MOEKIT_TARGET_AVX2 inline void prefetch_l2(const std::byte* row, std::size_t off,
+                                           std::size_t bytes) noexcept {
   for (std::size_t o = (off + 63) / 64 * 64; o < off + bytes; o += 64)
     _mm_prefetch(reinterpret_cast<const char*>(row + o), _MM_HINT_T1);
 }
@@ -203,6 +214,111 @@ MOEKIT_TARGET_AVX2_VNNI inline float q6_k_row_dot(const std::byte* row, std::siz
     }
   }
   return sum8(acc) - 32.f * sum8(offset);
+}
+
+/// The multipliers of run r (weights 32r .. 32r+31 of a half) for `vpmaddwd` after `vpmaddubsw`:
+/// the int16 scale of the half's sub-block 2r in the lower 128 bits, of 2r + 1 in the upper.
+/// `half` holds the half's eight int16 scales in both 128-bit lanes.
+MOEKIT_TARGET_AVX2 inline __m256i run_scales(__m256i half, int r) noexcept {
+  const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,  //
+                                        2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  return _mm256_shuffle_epi8(half,
+                             _mm256_add_epi8(pick, _mm256_set1_epi8(static_cast<char>(4 * r))));
+}
+
+/// The low eight bytes of `bytes8` (unsigned or signed) as int16, in both 128-bit lanes.
+template <bool Signed>
+MOEKIT_TARGET_AVX2 inline __m256i half_scales(__m128i bytes8) noexcept {
+  return _mm256_broadcastsi128_si256(Signed ? _mm_cvtepi8_epi16(bytes8)
+                                            : _mm_cvtepu8_epi16(bytes8));
+}
+
+/// 4 in each byte of v whose bit k is set, else 0 (two operations: the 16-bit shift moves bit k of
+/// each byte to its bit 2, and the mask drops what came from the neighbouring byte).
+MOEKIT_TARGET_AVX2 inline __m256i mask_bit_as_4(__m256i v, int k) noexcept {
+  const __m256i four = _mm256_set1_epi8(4);
+  if (k >= 2) return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(k - 2)), four);
+  return _mm256_and_si256(_mm256_sll_epi16(v, _mm_cvtsi32_si128(2 - k)), four);
+}
+
+/// A q2_k row of `blocks` super-blocks · the prepared activation; `next` (optional) is
+/// prefetched into L2 at the same offsets. Per half, run r's 2-bit codes (bits 2r of qs) by
+/// 32 activations with `vpmaddubsw`, weighted by the scales of sub-blocks 2r, 2r + 1 in `vpmaddwd`;
+/// the minimums Σ_s m_s·Σxq_s in one `vpmaddwd` per block.
+MOEKIT_TARGET_AVX2 inline float q2_k_row_dot(const std::byte* row, std::size_t blocks,
+                                             const KQuantActivation& a,
+                                             const std::byte* next) noexcept {
+  const __m256i three = _mm256_set1_epi8(3);
+  const __m128i nib = _mm_set1_epi8(15);
+  __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* block = row + b * q2_k::block_bytes;
+    if (next) prefetch_l2(next, b * q2_k::block_bytes, q2_k::block_bytes);
+    std::uint32_t dd;
+    std::memcpy(&dd, block + q2_k::d_offset, 4);
+    const __m128 ddx =  // d·dx, dmin·dx
+        _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dd))), _mm_set1_ps(a.dx[b]));
+    const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), nib));
+    const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums + 16 * b));
+    mins = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(m16, sums)),
+                           _mm256_broadcastss_ps(_mm_movehdup_ps(ddx)), mins);
+    const __m128i sc = _mm_and_si128(sm, nib);
+    const std::int8_t* xq = a.xq + 256 * b;
+    __m256i codes = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i scales = half_scales<false>(h == 0 ? sc : _mm_srli_si128(sc, 8));
+      const __m256i q = load32(block + q2_k::codes_offset + 32 * h);
+      for (int r = 0; r < 4; ++r) {
+        const __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * r), three);
+        const __m256i p = _mm256_maddubs_epi16(u, load32(xq + 128 * h + 32 * r));
+        codes = _mm256_add_epi32(codes, _mm256_madd_epi16(p, run_scales(scales, r)));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(codes), _mm256_broadcastss_ps(ddx), acc);
+  }
+  return sum8(acc) - sum8(mins);
+}
+
+/// A q3_k row of `blocks` super-blocks · the prepared activation; `next` as q2_k_row_dot. The
+/// unsigned codes u = low 2 bits | mask bit << 2 as q2_k's, weighted by the signed scales; the
+/// offset 4·Σ_s sc_s·Σxq_s subtracted in integers, one conversion per block.
+MOEKIT_TARGET_AVX2 inline float q3_k_row_dot(const std::byte* row, std::size_t blocks,
+                                             const KQuantActivation& a,
+                                             const std::byte* next) noexcept {
+  const __m256i three = _mm256_set1_epi8(3);
+  __m256 acc = _mm256_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* block = row + b * q3_k::block_bytes;
+    if (next) prefetch_l2(next, b * q3_k::block_bytes, q3_k::block_bytes);
+    std::uint32_t w[4];
+    q3_k::scale_words(block, w);
+    const __m128i sc =  // sc_s − 32 in byte s
+        _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(w[0]), static_cast<int>(w[1]),
+                                    static_cast<int>(w[2]), static_cast<int>(w[3])),
+                     _mm_set1_epi8(32));
+    const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums + 16 * b));
+    // Σ_s sc_s·(Σ u·xq)_s − 4·Σ_s sc_s·Σxq_s, lane by lane (only the total matters).
+    __m256i total =
+        _mm256_sub_epi32(_mm256_setzero_si256(),
+                         _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(sc), sums), 2));
+    const __m256i mask = load32(block);
+    const std::int8_t* xq = a.xq + 256 * b;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i scales = half_scales<true>(h == 0 ? sc : _mm_srli_si128(sc, 8));
+      const __m256i q = load32(block + q3_k::codes_offset + 32 * h);
+      for (int r = 0; r < 4; ++r) {
+        const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * r), three),
+                                          mask_bit_as_4(mask, 4 * h + r));
+        const __m256i p = _mm256_maddubs_epi16(u, load32(xq + 128 * h + 32 * r));
+        total = _mm256_add_epi32(total, _mm256_madd_epi16(p, run_scales(scales, r)));
+      }
+    }
+    std::uint16_t dh;
+    std::memcpy(&dh, block + q3_k::d_offset, 2);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(_cvtsh_ss(dh) * a.dx[b]), acc);
+  }
+  return sum8(acc);
 }
 
 }  // namespace moekit::detail::avx2_kquant

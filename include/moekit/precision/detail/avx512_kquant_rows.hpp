@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "moekit/error.hpp"
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
 #include "moekit/precision/gguf_q5_k.hpp"
@@ -69,9 +70,12 @@ MOEKIT_TARGET_AVX512_VNNI inline float max_abs(const float* x, std::size_t n) no
 
 /// prepare_kquant (kquant_activation.hpp) vectorised, with the same values (the same products and
 /// rounding to nearest even): it runs once per GEMV (its scalar cost: bench/RESULTS.md, "GGUF
-/// K-quants read in place").
+/// K-quants read in place"). For q4_k, q5_k and q6_k only: q2_k and q3_k rows run the AVX2
+/// kernels and their preparation on every x86 CPU (gemv.hpp, `kquant_avx2_only`).
 MOEKIT_TARGET_AVX512_VNNI inline KQuantActivation prepare(const float* x, std::size_t cols,
                                                           Precision p, KQuantStorage& st) {
+  MOEKIT_EXPECTS(kquant_chunk_order(p) || p == Precision::q6_k,
+                 "avx512_kquant::prepare: q2_k and q3_k take the AVX2 preparation");
   st.grow(cols, p);
   std::int8_t* xq = st.q.data();
   float* dx = st.f.data();
