@@ -27,17 +27,22 @@ PINS = ["transformers==5.23.0", "jinja2==3.1.6"]
 OUT = ROOT / "tests" / "data" / "chat_templates" / "fixtures.json"
 
 
-def ensure_venv():
-    """Re-runs this script inside a venv with the pinned transformers and jinja2."""
+def ensure_venv_for(script, probe="import transformers, jinja2"):
+    """Re-runs `script` inside the venv, installing PINS unless `probe` already imports there
+    (make_chat_token_fixtures.py shares the venv and adds its pins)."""
     python = VENV / "bin" / "python"
     if Path(sys.prefix).resolve() == VENV.resolve():
         return
     if not python.exists():
         subprocess.check_call([sys.executable, "-m", "venv", str(VENV)])
-    if subprocess.call([str(python), "-c", "import transformers, jinja2"],
-                       stderr=subprocess.DEVNULL) != 0:
+    if subprocess.call([str(python), "-c", probe], stderr=subprocess.DEVNULL) != 0:
         subprocess.check_call([str(python), "-m", "pip", "install", "--quiet", *PINS])
-    os.execv(str(python), [str(python), __file__, *sys.argv[1:]])
+    os.execv(str(python), [str(python), script, *sys.argv[1:]])
+
+
+def ensure_venv():
+    """Re-runs this script inside a venv with the pinned transformers and jinja2."""
+    ensure_venv_for(__file__)
 
 
 # mistralai/Mixtral-8x7B-Instruct-v0.1 (current revision; Mistral's "v1" format).

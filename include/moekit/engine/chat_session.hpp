@@ -31,8 +31,10 @@ namespace moekit::engine {
 /// Token ids of rendered chat text: the template's special texts (BOS, EOS, <|im_start|>, ...)
 /// become their token ids, the text between them is encoded without BOS. A SentencePiece-style
 /// vocabulary adds a word-start marker ("▁") to each stretch it encodes, which stands for one
-/// leading space: a stretch after a special token drops one leading space (as HF's Llama
-/// tokenizers do), so "<s> [INST]" is <s>, "▁[", "INST", "]".
+/// leading space: a stretch after a special token drops one leading space, so "<s> [INST]" is <s>,
+/// "▁[", "INST", "]", and "</s>[INST]" is </s>, "▁[", ... too: HF's LlamaTokenizer with
+/// `legacy: true`, as Mixtral-Instruct's has it (tests/chat/chat_token_ids_test.cpp compares with
+/// its ids; where a run of spaces is cut differently, SentencePiece's own ids, see docs/engine.md).
 class ChatEncoder {
  public:
   /// Without a template (plain completions): no special texts, EOS stops.
