@@ -10,13 +10,15 @@
 // the table shows medians over the repetitions and the ratio's min..max. Raw = the better of 1 and
 // 4 outstanding 8 MiB reads over the whole blob region (the harder bound).
 // Each loader runs three times per repetition: without XXH64 verification of every blob, with it
-// (the default since issue 24: the blob read in pieces hashed while the next is read), and with it
-// reading each blob in one read hashed after it (verify_tail 0); the cost of verifying is
+// (the default since issue 24: the blob read in pieces hashed while the next is read, down to
+// --verify-tail-mib, default the loader's verify_tail), and with it reading each blob in one read
+// hashed after it (verify_tail 0); the cost of verifying is
 // 1 − verified / unverified within the repetition, target < 3% (median). "cores u+s": user and
 // system CPU time of the process over the job's wall time (the hash's share of the CPU; the reads'
 // system time).
 //
 // Usage: moekit_bench_loader_throughput [--dir /var/tmp] [--reps 5] [--experts-per-layer 4]
+//        [--verify-tail-mib N]
 // The store file (~1.2 GB) is created in --dir and removed at the end.
 #include <sys/resource.h>
 
@@ -90,8 +92,9 @@ CpuTimes cpu_times() {
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const Flags flags{argc, argv, "[--dir /var/tmp] [--reps 5] [--experts-per-layer 4]"};
-  flags.check({"--dir", "--reps", "--experts-per-layer"});
+  const Flags flags{argc, argv,
+                    "[--dir /var/tmp] [--reps 5] [--experts-per-layer 4] [--verify-tail-mib N]"};
+  flags.check({"--dir", "--reps", "--experts-per-layer", "--verify-tail-mib"});
   const std::string dir = flags.get("--dir", "/var/tmp");
   const int reps = std::max(1, std::atoi(flags.get("--reps", "5").c_str()));
   const auto experts = static_cast<std::uint32_t>(
@@ -117,8 +120,13 @@ int main(int argc, char** argv) {
     std::function<LoadResult()> run;
   };
   std::vector<Job> jobs;
-  // Verified: in pieces down to the default verify_tail, and in one read (verify_tail 0).
-  const std::size_t tail = AsyncLoader<PreadSource>::Config{}.verify_tail;
+  // Verified: in pieces down to --verify-tail-mib (default: the loader's), and in one read
+  // (verify_tail 0).
+  const std::string default_tail =
+      std::to_string(AsyncLoader<PreadSource>::Config{}.verify_tail >> 20);
+  const std::size_t tail =
+      std::size_t(std::max(0, std::atoi(flags.get("--verify-tail-mib", default_tail).c_str())))
+      << 20;
   for (Precision p : {Precision::f16, Precision::q4})
     for (int mode = 0; mode < 3; ++mode) {
       const bool verify = mode > 0;

@@ -72,10 +72,11 @@ class AsyncLoader {
     bool verify_checksums = true;           ///< XXH64-check every loaded blob
     /// Verifying, a blob is read in a few pieces, each 3/4 of what is left, down to this many
     /// bytes (a multiple of 4096); each is hashed on a thread of its own while the next is read,
-    /// so only the hash of the last adds to a load's latency. 0: one read, hashed after it.
-    /// Either way the I/O thread reads the next blob while a hash ends (bench/RESULTS.md,
-    /// "Verifying blobs on load").
-    std::size_t verify_tail = 2u << 20;
+    /// so a load waits for the hash of its last piece only; 0: one read, hashed after it. Either
+    /// way the I/O thread reads the next blob while a hash ends. 8 MiB: a q4 expert in 2 pieces,
+    /// f16 in 3 (2 MiB, 3 and 4 pieces, cost q4 throughput: bench/RESULTS.md, "Verifying blobs on
+    /// load").
+    std::size_t verify_tail = 8u << 20;
   };
 
   AsyncLoader(Source source, BlobLocator locate, Config config)
