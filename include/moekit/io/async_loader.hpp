@@ -13,8 +13,10 @@
 ///   cancelled or reclaimed) returns at once. Failed loads keep their slot until waited on.
 /// - Optional bandwidth cap (TokenBucket) paced per `throttle_chunk` bytes, and XXH64 verification
 ///   of every loaded blob (on by default: a flipped byte, a store overwritten while it is read or
-///   a wrong manifest is an error naming the file, layer, expert and precision, not changed text;
-///   its cost is measured by moekit_bench_loader_throughput).
+///   a wrong manifest is an error naming the file, layer, expert and precision, not changed text).
+///   Each I/O thread hands the pieces it reads to a verifier thread of its own, which hashes them
+///   and finishes the load while the I/O thread reads the next blob; the cost is measured by
+///   moekit_bench_loader_throughput.
 /// Blobs are located by a callback `(ExpertKey, Precision) → StoreBlob` (an ExpertStore's `blob`).
 
 #include <algorithm>
