@@ -197,6 +197,9 @@ case_store_truncated_while_running() {  # a store, or a checkpoint read in place
   cut_while_running m m/model.safetensors
 }
 
+# A file size limit (ulimit -f) stops moe-convert where it sizes OUT.partial (ftruncate to the
+# store's size: EFBIG, "cannot size"), before any blob is written; a disk that fills up lets that
+# sparse ftruncate pass and fails a write in the middle: case_convert_disk_full_mid_write.
 case_convert_disk_full() {  # moe-convert out of disk: only OUT.partial is left; a rerun resumes it
   model_copy m
   allow_new='s\.moestore\.partial'
@@ -209,6 +212,34 @@ case_convert_disk_full() {  # moe-convert out of disk: only OUT.partial is left;
   [[ -e s.moestore.partial ]] && fail "the .partial file was left after the resumed run"
   expect_success "$moe_convert" -m m -o fresh.moestore --precisions f32,q8
   cmp -s s.moestore fresh.moestore || fail "the resumed store differs from one converted at once"
+}
+
+case_convert_disk_full_mid_write() {  # the file system fills up while the blobs are written
+  model_copy m
+  expect_success "$moe_convert" -m m -o whole.moestore --precisions f32,q8
+  local bytes
+  bytes=$(stat -c %s whole.moestore)
+  # A tmpfs of half the store: the sizing ftruncate passes (sparse), a blob's write fails.
+  mkdir small
+  if [[ $EUID -ne 0 ]] || ! mount -t tmpfs -o "size=$((bytes / 2))" moekit-full small 2>/dev/null; then
+    echo "WARN: skipped: mounting a small tmpfs needs root (and mount(2) allowed)"
+    return
+  fi
+  trap 'umount "$work/small" 2>/dev/null; rm -rf "$root"' EXIT
+  allow_new='^\./small( |/s\.moestore\.partial(\.journal)? )'  # the directory, the .partial
+  expect_refusal "small/s\.moestore\.partial.*(No space left on device|write)" \
+    "$moe_convert" -m m -o small/s.moestore --precisions f32,q8
+  [[ -e small/s.moestore.partial ]] || fail "no small/s.moestore.partial kept to resume"
+  local written
+  written=$(du -B1 small/s.moestore.partial | cut -f1)
+  [[ $written -gt 0 ]] || fail "nothing was written before the disk was full: not a mid-write failure"
+  # room again: the rerun resumes the .partial and leaves the same store as one converted at once
+  mount -o remount,size=$((bytes * 3)) small || fail "cannot grow the tmpfs"
+  allow_new='^$'
+  expect_success "$moe_convert" -m m -o small/s.moestore --precisions f32,q8
+  [[ -e small/s.moestore.partial ]] && fail "the .partial file was left after the resumed run"
+  cmp -s small/s.moestore whole.moestore || fail "the resumed store differs from one converted at once"
+  umount small || fail "cannot unmount the tmpfs"
 }
 
 # ---- writers ----------------------------------------------------------------------------------

@@ -13,8 +13,10 @@
 ///   cancelled or reclaimed) returns at once. Failed loads keep their slot until waited on.
 /// - Optional bandwidth cap (TokenBucket) paced per `throttle_chunk` bytes, and XXH64 verification
 ///   of every loaded blob (on by default: a flipped byte, a store overwritten while it is read or
-///   a wrong manifest is an error naming the file, layer, expert and precision, not changed text;
-///   its cost is measured by moekit_bench_loader_throughput).
+///   a wrong manifest is an error naming the file, layer, expert and precision, not changed text).
+///   Each I/O thread hands the pieces it reads to a verifier thread of its own, which hashes them
+///   and finishes the load while the I/O thread reads the next blob; the cost is measured by
+///   moekit_bench_loader_throughput.
 /// Blobs are located by a callback `(ExpertKey, Precision) → StoreBlob` (an ExpertStore's `blob`).
 
 #include <algorithm>
@@ -51,6 +53,14 @@ namespace moekit::io {
 /// Finds the blob of an expert at a precision (throws when absent).
 using BlobLocator = std::function<StoreBlob(ExpertKey, Precision)>;
 
+/// The next piece a verifying loader reads of a blob with `left` bytes to read: 3/4 of them (a
+/// multiple of 4096), so that its hash, several times faster than the read, ends while the rest
+/// is read, but at least `tail`; all of them when that is at most `tail` (or `tail` is 0).
+[[nodiscard]] inline std::uint64_t verify_piece(std::uint64_t left, std::uint64_t tail) noexcept {
+  if (tail == 0 || left <= tail) return left;
+  return std::max<std::uint64_t>(tail, left / 4 * 3 / 4096 * 4096);
+}
+
 /// Asynchronous loader over a ByteSource. Thread-safe: any thread may submit, poll, wait, cancel.
 template <ByteSource Source>
 class AsyncLoader {
@@ -62,11 +72,13 @@ class AsyncLoader {
     double bandwidth_bytes_per_s = 0;       ///< 0: no cap; else a token bucket paces the reads
     std::size_t throttle_chunk = 1u << 20;  ///< bytes per paced read (multiple of 4096)
     bool verify_checksums = true;           ///< XXH64-check every loaded blob
-    /// With verification, a blob is read in pieces of at most this many bytes (a multiple of
-    /// 4096), each hashed on a thread of its own while the next is read. Pieces halve towards the
-    /// end of the blob (down to 1 MiB): large reads keep the disk busy, and the check costs only
-    /// the hash of the last, small piece (bench/RESULTS.md, "Verifying blobs on load").
-    std::size_t verify_chunk = 32u << 20;
+    /// Verifying, a blob is read in a few pieces, each 3/4 of what is left, down to this many
+    /// bytes (a multiple of 4096); each is hashed on a thread of its own while the next is read,
+    /// so a load waits for the hash of its last piece only; 0: one read, hashed after it. Either
+    /// way the I/O thread reads the next blob while a hash ends. 8 MiB: a q4 expert in 2 pieces,
+    /// f16 in 3 (2 MiB, 3 and 4 pieces, cost q4 throughput: bench/RESULTS.md, "Verifying blobs on
+    /// load").
+    std::size_t verify_tail = 8u << 20;
   };
 
   AsyncLoader(Source source, BlobLocator locate, Config config)
@@ -81,16 +93,16 @@ class AsyncLoader {
                    "AsyncLoader: max_outstanding must be in [1, 2^31)");
     MOEKIT_EXPECTS(config.throttle_chunk >= 4096 && config.throttle_chunk % 4096 == 0,
                    "AsyncLoader: throttle_chunk must be a positive multiple of 4096");
+    MOEKIT_EXPECTS(config.verify_tail % 4096 == 0,
+                   "AsyncLoader: verify_tail must be a multiple of 4096");
     MOEKIT_EXPECTS(config.bandwidth_bytes_per_s >= 0,
                    "AsyncLoader: bandwidth_bytes_per_s must be >= 0");
-    MOEKIT_EXPECTS(config.verify_chunk >= 4096 && config.verify_chunk % 4096 == 0,
-                   "AsyncLoader: verify_chunk must be a positive multiple of 4096");
     if (config.bandwidth_bytes_per_s > 0)
       bucket_.emplace(config.bandwidth_bytes_per_s, static_cast<double>(config.throttle_chunk));
     for (std::size_t i = slots_.size(); i-- > 0;) free_.push_back(static_cast<std::uint32_t>(i));
     if (config.verify_checksums)
       for (unsigned t = 0; t < config.io_threads; ++t)
-        hashers_.push_back(std::make_unique<ChunkHasher>());
+        verifiers_.push_back(std::make_unique<Verifier>(*this));
     for (unsigned t = 0; t < config.io_threads; ++t) threads_.emplace_back([this, t] { run(t); });
   }
 
@@ -112,6 +124,7 @@ class AsyncLoader {
     }
     ready_.release(static_cast<std::ptrdiff_t>(threads_.size()));
     for (auto& t : threads_) t.join();
+    verifiers_.clear();  // each finishes the loads it was handed
   }
 
   /// Queues `r`; blocks while `max_outstanding` loads are outstanding. Throws
@@ -242,46 +255,96 @@ class AsyncLoader {
     return true;
   }
 
-  // Hashes the pieces of one blob, in order, on a thread of its own: `hash` hands it a piece (after
-  // `wait` returned for the previous one), the I/O thread reads the next meanwhile.
-  class ChunkHasher {
+  // Hashes the blobs one I/O thread reads, on a thread of its own, and finishes their loads: the
+  // I/O thread hands over each blob's pieces in order as they are read (`begin`, `ready`, `end`)
+  // and goes on to read the next blob while the hash of this one ends, so the disk never waits
+  // for a hash (bench/RESULTS.md, "Verifying blobs on load"). At most two loads are unfinished
+  // per verifier (one read, one hashed): `begin` waits for the one before the last.
+  class Verifier {
    public:
-    ChunkHasher() : thread_([this] { work(); }) {}
-    ChunkHasher(const ChunkHasher&) = delete;
-    ChunkHasher& operator=(const ChunkHasher&) = delete;
-    ~ChunkHasher() {
-      stop_.store(true);
-      ready_.release();
+    explicit Verifier(AsyncLoader& owner) : owner_(owner), thread_([this] { work(); }) {}
+    Verifier(const Verifier&) = delete;
+    Verifier& operator=(const Verifier&) = delete;
+    /// Finishes every load handed over (their reads have ended), then stops.
+    ~Verifier() {
+      {
+        std::lock_guard lock(m_);
+        stop_ = true;
+      }
+      cv_.notify_all();
       thread_.join();
     }
-    void reset() noexcept { h_.reset(); }
-    void hash(std::span<const std::byte> piece) {
-      piece_ = piece;
-      busy_ = true;
-      ready_.release();
+
+    /// A load whose blob will be read into `bytes`.
+    void begin(Slot& s, std::span<const std::byte> bytes) {
+      std::unique_lock lock(m_);
+      cv_.wait(lock, [&] { return jobs_.size() < 2; });
+      jobs_.push_back(Job{&s, bytes, 0, false, nullptr});
     }
-    void wait() {
-      if (!busy_) return;
-      done_.acquire();
-      busy_ = false;
+    /// The blob's bytes [0, upto) are in place.
+    void ready(std::uint64_t upto) {
+      {
+        std::lock_guard lock(m_);
+        jobs_.back().ready = upto;
+      }
+      cv_.notify_all();
     }
-    [[nodiscard]] std::uint64_t digest() const noexcept { return h_.digest(); }
+    /// The read has ended: every byte is in place, or it failed with `error`.
+    void end(std::exception_ptr error) {
+      {
+        std::lock_guard lock(m_);
+        jobs_.back().ended = true;
+        jobs_.back().error = std::move(error);
+      }
+      cv_.notify_all();
+    }
 
    private:
+    struct Job {
+      Slot* slot;
+      std::span<const std::byte> bytes;
+      std::uint64_t ready = 0;  // bytes in place (a prefix)
+      bool ended = false;
+      std::exception_ptr error;
+    };
+
     void work() {
+      Xxh64 h;
+      std::uint64_t hashed = 0;  // of the first job
+      std::unique_lock lock(m_);
       for (;;) {
-        ready_.acquire();
-        if (stop_.load()) return;
-        h_.update(piece_);
-        done_.release();
+        cv_.wait(lock, [&] {
+          return (stop_ && jobs_.empty()) ||
+                 (!jobs_.empty() && (jobs_.front().ready > hashed || jobs_.front().ended));
+        });
+        if (jobs_.empty()) return;
+        Job& j = jobs_.front();  // a deque's push_back leaves references to it valid
+        if (j.ready > hashed && !j.error) {
+          const auto piece = j.bytes.subspan(hashed, j.ready - hashed);
+          lock.unlock();
+          h.update(piece);
+          lock.lock();
+          hashed += piece.size();
+          continue;
+        }
+        Job finished = std::move(j);
+        jobs_.pop_front();
+        const std::uint64_t digest = h.digest();
+        h.reset();
+        hashed = 0;
+        lock.unlock();
+        cv_.notify_all();  // begin may go on
+        owner_.finish_verified(*finished.slot, std::move(finished.error), digest);
+        lock.lock();
       }
     }
-    Xxh64 h_;
-    std::span<const std::byte> piece_;
-    bool busy_ = false;  // used by the I/O thread only
-    std::binary_semaphore ready_{0}, done_{0};
-    std::atomic<bool> stop_{false};
-    std::thread thread_;  // last: starts once the rest exists
+
+    AsyncLoader& owner_;
+    std::mutex m_;
+    std::condition_variable cv_;
+    std::deque<Job> jobs_;  // guarded by m_; front: the load being hashed
+    bool stop_ = false;     // guarded by m_
+    std::thread thread_;    // last: starts once the rest exists
   };
 
   void run(unsigned thread_index) {
@@ -302,27 +365,37 @@ class AsyncLoader {
           finish_cancelled_later_.push_back(idx);
         continue;
       }
+      if (config_.verify_checksums) {
+        read_verified(s, *verifiers_[thread_index]);  // the verifier finishes the load
+        continue;
+      }
       std::exception_ptr error;
       try {
-        load(s.request, s.blob, thread_index);
+        read_range(s.blob, s.request.dest, 0, s.blob.bytes);
+        bytes_loaded_.fetch_add(s.blob.bytes, std::memory_order_relaxed);
       } catch (...) {
         error = std::current_exception();
       }
-      {
-        std::lock_guard lock(m_);
-        const std::uint32_t outcome = error ? failed : done;
-        // Moved, not copied: this thread keeps no reference, so the error is destroyed by the
-        // thread that consumes it (a copy released here, after the waiter rethrew and dropped
-        // its own, freed the exception on this thread: a race TSan cannot see through
-        // libstdc++'s reference count).
-        s.error = std::move(error);
-        s.finished_seq = ++finished_counter_;
-        s.state.store(outcome, std::memory_order_release);
-        slot_freed_.notify_all();  // a finished load can be reclaimed
-        sweep_cancelled();
-      }
-      s.state.notify_all();
+      finish(s, std::move(error));
     }
+  }
+
+  // Marks a started load done (or failed with `error`) and wakes its waiters.
+  void finish(Slot& s, std::exception_ptr error) {
+    {
+      std::lock_guard lock(m_);
+      const std::uint32_t outcome = error ? failed : done;
+      // Moved, not copied: this thread keeps no reference, so the error is destroyed by the
+      // thread that consumes it (a copy released here, after the waiter rethrew and dropped
+      // its own, freed the exception on this thread: a race TSan cannot see through
+      // libstdc++'s reference count).
+      s.error = std::move(error);
+      s.finished_seq = ++finished_counter_;
+      s.state.store(outcome, std::memory_order_release);
+      slot_freed_.notify_all();  // a finished load can be reclaimed
+      sweep_cancelled();
+    }
+    s.state.notify_all();
   }
 
   // Requires m_: frees cancelled slots whose waiters have left.
@@ -354,56 +427,42 @@ class AsyncLoader {
     }
   }
 
-  // The next piece of a blob with `left` bytes to read: half of them (the hash of a piece, several
-  // times faster than the read, ends while the next half is read), between 1 MiB and
-  // verify_chunk, a multiple of 4096; all of them when that is at most 1 MiB.
-  [[nodiscard]] std::uint64_t next_piece(std::uint64_t left) const noexcept {
-    constexpr std::uint64_t smallest = 1u << 20;
-    if (left <= smallest) return left;
-    const std::uint64_t half = (left / 2) / 4096 * 4096;
-    return std::min<std::uint64_t>(config_.verify_chunk, std::max(half, smallest));
-  }
-
-  // The blob read piece by piece, each piece hashed while the next is read; its XXH64.
-  std::uint64_t read_hashed(const StoreBlob& b, std::span<std::byte> dest, ChunkHasher& hasher) {
-    hasher.reset();
+  // Reads the blob of a started load in pieces (verify_piece) and hands each to `v` as it is in;
+  // `v` hashes it while the next is read, and finishes the load while this thread goes on to the
+  // next one.
+  void read_verified(Slot& s, Verifier& v) {
+    const StoreBlob& b = s.blob;
+    const std::span<std::byte> dest = s.request.dest;
+    v.begin(s, dest.first(b.bytes));
+    std::exception_ptr error;
     try {
-      for (std::uint64_t from = 0, n = 0; from < b.bytes; from += n) {
-        n = next_piece(b.bytes - from);
+      for (std::uint64_t from = 0; from < b.bytes;) {
+        const std::uint64_t n = verify_piece(b.bytes - from, config_.verify_tail);
         read_range(b, dest, from, n);
-        hasher.wait();
-        hasher.hash(dest.subspan(from, n));
+        from += n;
+        v.ready(from);
       }
+      bytes_loaded_.fetch_add(b.bytes, std::memory_order_relaxed);
     } catch (...) {
-      hasher.wait();  // never leave it reading a buffer the caller may free
-      throw;
+      error = std::current_exception();
     }
-    hasher.wait();
-    return hasher.digest();
+    v.end(std::move(error));
   }
 
-  void load(const LoadRequest& r, const StoreBlob& b, unsigned thread_index) {
-    std::span<std::byte> dest = r.dest;
-    std::uint64_t got = 0;
-    if (!config_.verify_checksums)
-      read_range(b, dest, 0, b.bytes);
-    else if (b.bytes <= (2u << 20)) {  // small: hashed after the read
-      read_range(b, dest, 0, b.bytes);
-      got = xxh64(dest.first(b.bytes));
-    } else {
-      got = read_hashed(b, dest, *hashers_[thread_index]);
-    }
-    bytes_loaded_.fetch_add(b.bytes, std::memory_order_relaxed);
-    if (config_.verify_checksums) {
-      if (got != b.checksum)
-        throw Error(ErrorKind::checksum,
-                    "'" + std::string(source_.name()) + "': blob (layer " +
-                        std::to_string(r.key.layer) + ", expert " + std::to_string(r.key.expert) +
-                        ", " + std::string(moekit::name(r.precision)) + ") at offset " +
-                        std::to_string(b.offset) + " loaded with XXH64 " + detail::hex64(got) +
-                        ", expected " + detail::hex64(b.checksum) +
-                        ": the file is damaged or changed since it was written (rebuild it)");
-    }
+  // Called by a Verifier with a read's digest (or its read error): finishes the load.
+  void finish_verified(Slot& s, std::exception_ptr error, std::uint64_t got) {
+    const StoreBlob& b = s.blob;
+    const LoadRequest& r = s.request;
+    if (!error && got != b.checksum)
+      error = std::make_exception_ptr(
+          Error(ErrorKind::checksum,
+                "'" + std::string(source_.name()) + "': blob (layer " +
+                    std::to_string(r.key.layer) + ", expert " + std::to_string(r.key.expert) +
+                    ", " + std::string(moekit::name(r.precision)) + ") at offset " +
+                    std::to_string(b.offset) + " loaded with XXH64 " + detail::hex64(got) +
+                    ", expected " + detail::hex64(b.checksum) +
+                    ": the file is damaged or changed since it was written (rebuild it)"));
+    finish(s, std::move(error));
   }
 
   Source source_;
@@ -421,7 +480,7 @@ class AsyncLoader {
   std::counting_semaphore<> ready_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> bytes_loaded_{0};
-  std::vector<std::unique_ptr<ChunkHasher>> hashers_;  // one per I/O thread, when verifying
+  std::vector<std::unique_ptr<Verifier>> verifiers_;  // one per I/O thread, when verifying
   std::vector<std::thread> threads_;
 };
 
