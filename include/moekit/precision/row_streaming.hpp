@@ -76,8 +76,10 @@ constexpr std::string_view name(CpuCore c) noexcept {
 }
 
 /// This CPU's core (CPUID vendor, family and model, read once): AMD family 0x19 with AVX-512 is
-/// Zen 4 (Zen 3 shares the family but has no AVX-512, so never runs the int8 kernels), 0x1A is
-/// Zen 5; Intel family 6 model 0x6A or 0x6C (Xeon 3rd gen., Ice Lake server) is icelake_server.
+/// Zen 4, 0x1A is Zen 5; Intel family 6 model 0x6A or 0x6C (Xeon 3rd gen., Ice Lake server) is
+/// icelake_server. Zen 3 shares family 0x19 without AVX-512: it runs the AVX2 int8 kernels and is
+/// `other` (the per-core tables have no measured entry for it; bench/RESULTS.md, "Experts apart",
+/// has its expert-layout comparison on OLMoE, where blocked panels, the `other` choice, won).
 inline CpuCore detect_core() noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const CpuCore core = [] {
