@@ -135,13 +135,20 @@ class ThreadPool {
     MOEKIT_EXPECTS((end - begin - 1) / grain < 0xFFFF'FFFFu,
                    "ThreadPool::parallel_for: more than 2^32 - 1 chunks (raise the grain)");
     std::lock_guard<std::mutex> one_job(call_mutex_);
+    // Close the last job's claim word before its fields change: a worker still in run_chunks for
+    // it, between reading claim_ and its compare-exchange, would otherwise claim chunks past the
+    // last job's count against this job's (larger) chunks_, run them on this job's fields and
+    // count them in this job's done_, which then passes chunks_ and the caller waits forever
+    // (seen once: done_ 1533 of 1024 chunks, the caller stopped by SIGSTOP in this window).
+    claim_.store(std::uint64_t{job_} << 32 | 0xFFFF'FFFFu, std::memory_order_seq_cst);
     fn_ = [](void* ctx, std::size_t b, std::size_t e) { (*static_cast<B*>(ctx))(b, e); };
     ctx_ = const_cast<void*>(static_cast<const void*>(&body));
     begin_ = begin;
     end_ = end;
     grain_ = grain;
+    // Release: a worker that reads this count has seen the claim word closed above.
     chunks_.store(static_cast<std::uint32_t>((end - begin + grain - 1) / grain),
-                  std::memory_order_relaxed);
+                  std::memory_order_release);
     failed_.store(false, std::memory_order_relaxed);
     error_ = nullptr;
     done_.store(0, std::memory_order_relaxed);
@@ -324,10 +331,11 @@ class ThreadPool {
   void run_chunks(std::uint32_t job) noexcept {
     std::uint64_t c = claim_.load(std::memory_order_acquire);
     for (;;) {
-      // A stale tag (the job is over) or no chunk left; chunks_ may already be the next job's
-      // then, which only ends this loop early or fails the compare-exchange below.
+      // A stale tag (the job is over) or no chunk left. chunks_ may already be the next job's
+      // then: its caller closed this job's claim word first (parallel_for), so the
+      // compare-exchange below fails and the next pass returns.
       if (c >> 32 != job ||
-          static_cast<std::uint32_t>(c) >= chunks_.load(std::memory_order_relaxed))
+          static_cast<std::uint32_t>(c) >= chunks_.load(std::memory_order_acquire))
         return;
       if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel,
                                         std::memory_order_acquire))
