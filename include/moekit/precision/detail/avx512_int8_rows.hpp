@@ -267,11 +267,17 @@ MOEKIT_TARGET_AVX512_VNNI inline __m512 per_chunk_values(const std::byte* v, uns
 /// The end of one row after the 16-chunk steps: chunks from `c` on (fewer than 16, or all of them
 /// for group sizes other than 32/64/128) block by block with their sdx (`sdx`: per-thread scratch
 /// of >= cols/32 floats), columns after the last chunk in floats; `acc`/`zt` carry the steps'
-/// products and zero-point terms.
+/// products and zero-point terms. They come by reference: GCC compiles a function with vector
+/// parameters to return with the upper halves of the vector registers dirty, and its callers
+/// assume every call returns them clean, so a kernel ending in this call returned to generic
+/// (SSE-encoded) code dirty, where every SSE instruction then stalls on Intel cores
+/// (bench/RESULTS.md, "The SSE/AVX transition"; scripts/check-vzeroupper.sh checks the binaries).
 template <unsigned Bits>
 MOEKIT_TARGET_AVX512_VNNI inline float finish_row(const std::byte* row, const RowLayout& l,
                                                   const Int8Activation& a, float* sdx,
-                                                  std::size_t c, __m512 acc0, __m512 zt) noexcept {
+                                                  std::size_t c, const __m512& acc_steps,
+                                                  const __m512& zt_steps) noexcept {
+  __m512 acc0 = acc_steps, zt = zt_steps;
   constexpr std::size_t chunk_bytes = 4 * Bits;
   const std::size_t chunks = l.cols / 32;
   const std::size_t per_group = l.group_size / 32;
