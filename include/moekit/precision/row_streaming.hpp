@@ -11,12 +11,15 @@
 ///   prefetcher alone fell behind the loop).
 /// - Zen 5 (EPYC 9005): two streams; prefetched in software only on rows of 14336 columns (on
 ///   rows of 4096 the prefetch instructions cost more than they saved).
+/// - Emerald Rapids (Xeon 5th gen., Intel family 6 model 0xCF): four streams, each prefetched
+///   (the fastest, or within 5 points of it, in every cell at one and two threads).
 /// - Other cores (Ice Lake server included: its figures in bench/RESULTS.md ran the default) are
 ///   not measured: two prefetched streams, the middle of both.
 /// The float-row kernels (f32/bf16/f16 rows, float or bf16 activations) have their own column
 /// (`default_float_row_streaming`): they do less work per byte, and on Zen 5 four streams on the
-/// hardware prefetcher alone beat every other way on both shapes ("bf16/f16 experts" in
-/// bench/RESULTS.md, `moekit_bench_float_gemv`).
+/// hardware prefetcher alone beat every other way on both shapes, on Emerald Rapids four
+/// prefetched streams ("bf16/f16 experts" and "Emerald Rapids" in bench/RESULTS.md,
+/// `moekit_bench_float_gemv`).
 /// A matrix in panels (MatrixOrder::panels4, panels.hpp) is one stream per thread whatever the
 /// core, and reads closer to the streaming bound than any row streaming on w2. The measurements:
 /// bench/RESULTS.md, "Zen 5, rows", "Zen 4" and "Panels".
@@ -59,7 +62,7 @@ constexpr std::optional<RowStreaming> parse_row_streaming(std::string_view s) no
 
 /// The CPU cores the per-core tables distinguish (this one, and the expert layout's in
 /// engine/expert_layout.hpp).
-enum class CpuCore : std::uint8_t { other, zen4, zen5, icelake_server };
+enum class CpuCore : std::uint8_t { other, zen4, zen5, icelake_server, emerald_rapids };
 
 constexpr std::string_view name(CpuCore c) noexcept {
   switch (c) {
@@ -69,6 +72,8 @@ constexpr std::string_view name(CpuCore c) noexcept {
       return "zen5";
     case CpuCore::icelake_server:
       return "icelake-server";
+    case CpuCore::emerald_rapids:
+      return "emerald-rapids";
     case CpuCore::other:
       return "other";
   }
@@ -77,9 +82,11 @@ constexpr std::string_view name(CpuCore c) noexcept {
 
 /// This CPU's core (CPUID vendor, family and model, read once): AMD family 0x19 with AVX-512 is
 /// Zen 4, 0x1A is Zen 5; Intel family 6 model 0x6A or 0x6C (Xeon 3rd gen., Ice Lake server) is
-/// icelake_server. Zen 3 shares family 0x19 without AVX-512: it runs the AVX2 int8 kernels and is
-/// `other` (the per-core tables have no measured entry for it; bench/RESULTS.md, "Experts apart",
-/// has its expert-layout comparison on OLMoE, where blocked panels, the `other` choice, won).
+/// icelake_server, model 0xCF (Xeon 5th gen.) emerald_rapids (Sapphire Rapids, 0x8F, has the same
+/// core but is not measured: `other`). Zen 3 shares family 0x19 without AVX-512: it runs the AVX2
+/// int8 kernels and is `other` (the per-core tables have no measured entry for it;
+/// bench/RESULTS.md, "Experts apart", has its expert-layout comparison on OLMoE, where blocked
+/// panels, the `other` choice, won).
 inline CpuCore detect_core() noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const CpuCore core = [] {
@@ -92,9 +99,9 @@ inline CpuCore detect_core() noexcept {
     const unsigned family = base == 0xfu ? base + ((a >> 20) & 0xffu) : base;
     const unsigned model = (a >> 4 & 0xfu) | (base == 6 || base == 0xf ? (a >> 12 & 0xf0u) : 0u);
     __builtin_cpu_init();
-    if (intel)
-      return family == 6 && (model == 0x6a || model == 0x6c) ? CpuCore::icelake_server
-                                                             : CpuCore::other;
+    if (intel && family == 6 && (model == 0x6a || model == 0x6c)) return CpuCore::icelake_server;
+    if (intel && family == 6 && model == 0xcf) return CpuCore::emerald_rapids;
+    if (intel) return CpuCore::other;
     if (family == 0x19 && __builtin_cpu_supports("avx512f")) return CpuCore::zen4;
     if (family == 0x1a) return CpuCore::zen5;
     return CpuCore::other;
@@ -116,6 +123,8 @@ constexpr RowStreaming default_row_streaming(CpuCore core, std::size_t cols) noe
     // bench/RESULTS.md, "Zen 5, rows".
     case CpuCore::zen5:
       return {2, cols > 8192};
+    case CpuCore::emerald_rapids:
+      return {4, true};
     case CpuCore::icelake_server:  // streaming not measured there: as other cores
     case CpuCore::other:
       break;
@@ -124,12 +133,12 @@ constexpr RowStreaming default_row_streaming(CpuCore core, std::size_t cols) noe
 }
 
 /// The measured best way for `core` to stream rows of a float format (f32/bf16/f16). Measured on
-/// Zen 5 only (four streams, no software prefetch, whatever the width); other cores get the
-/// same until a `moekit_bench_float_gemv` run on them says otherwise.
+/// Zen 5 (four streams, no software prefetch, whatever the width) and Emerald Rapids (four
+/// prefetched streams); other cores get Zen 5's until a `moekit_bench_float_gemv` run on them
+/// says otherwise.
 constexpr RowStreaming default_float_row_streaming(CpuCore core, std::size_t cols) noexcept {
-  (void)core;
   (void)cols;
-  return {4, false};
+  return {4, core == CpuCore::emerald_rapids};
 }
 
 }  // namespace moekit
