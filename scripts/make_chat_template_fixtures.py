@@ -12,8 +12,8 @@ template that raises (roles that do not alternate, a role it refuses) is recorde
 
 Template texts: each is meant to be the `chat_template` of the named model's tokenizer_config.json
 after JSON decoding. They are copies quoted in public code (this machine cannot fetch the hub), not
-read from the model files; OLMoE-0924-Instruct's is taken to be the OLMo-2/Tulu template with a
-leading {{ bos_token }}, unchecked against its file.
+read from the model files; each says where it was found. Qwen1.5's and OLMoE-0924-Instruct's were
+checked against several independent copies (see their comments).
 """
 import json
 import os
@@ -96,12 +96,19 @@ LLAMA2_CHAT = (
     "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == "
     "'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
 
-# Qwen/Qwen1.5-MoE-A2.7B-Chat (ChatML with a default system message).
+# Qwen/Qwen1.5-MoE-A2.7B-Chat (ChatML with a default system message, no full stop after it: the
+# Qwen1.5 chat models' tokenizer_config.json as printed from Qwen/Qwen1.5-0.5B-Chat at revision
+# f82bd36 in public notes, and the tiny Qwen2-MoE test model onnx-internal-testing/
+# tiny-random-Qwen2MoeForCausalLM's tokenizer_config.json; Qwen2 and later add the full stop).
 QWEN15_CHAT = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant<|im_end|>\n' }}{% endif %}"
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+# Qwen/Qwen2.5-0.5B-Instruct's first template (its tokenizer_config.json before tools were added):
+# Qwen1.5's with a full stop after the default system message.
+QWEN2_INSTRUCT = QWEN15_CHAT.replace("assistant<|im_end|>", "assistant.<|im_end|>")
 
 # ChatML without a default system message (e.g. teknium/OpenHermes-2.5-Mistral-7B).
 CHATML = (
@@ -109,8 +116,9 @@ CHATML = (
     "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\n' }}{% endif %}")
 
-# allenai/OLMoE-1B-7B-0924-Instruct and the OLMo-2 Instruct models (Tulu's format); without the
-# leading {{ bos_token }} it is allenai/Llama-3.1-Tulu-3-8B's.
+# allenai/OLMo-2-1124-7B-Instruct (Tulu 3's format, tokenizer_config.json chat_template as quoted in
+# public code citing allenai/OLMo-2-1124-7B-SFT's file); without the leading {{ bos_token }} it is
+# allenai/Llama-3.1-Tulu-3-8B's.
 TULU = (
     "{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + "
     "message['content'] + '\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + "
@@ -118,7 +126,21 @@ TULU = (
     "{{ '<|assistant|>\n'  + message['content'] + eos_token + '\n' }}{% else %}"
     "{{ '<|assistant|>\n'  + message['content'] + eos_token }}{% endif %}{% endif %}"
     "{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}{% endfor %}")
-OLMOE_INSTRUCT = "{{ bos_token }}" + TULU
+OLMO2_INSTRUCT = "{{ bos_token }}" + TULU
+
+# allenai/OLMoE-1B-7B-0924-Instruct, tokenizer_config.json chat_template: Tulu 2's format, whose
+# newlines are the template's own line breaks after each {{ }} (HF renders with trim_blocks, so
+# those after {% %} go). Found the same in three places: the model's discussion #8 ("Differences in
+# chat template compared to Zephyr", reformatted there), a llama-cpp-python preset for
+# allenai/OLMoE-1B-7B-0924-Instruct-GGUF, and an offline renderer that refuses any tokenizer_config
+# whose chat_template is not exactly this string.
+OLMOE_0924_INSTRUCT = (
+    "{{ bos_token }}{% for message in messages %}\n{% if message['role'] == 'system' %}\n"
+    "{{ '<|system|>\n' + message['content'] }}\n{% elif message['role'] == 'user' %}\n"
+    "{{ '<|user|>\n' + message['content'] }}\n{% elif message['role'] == 'assistant' %}\n"
+    "{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n{% endif %}\n"
+    "{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n"
+    "{% endfor %}")
 
 # meta-llama/Meta-Llama-3-8B-Instruct.
 LLAMA3_INSTRUCT = (
@@ -135,11 +157,13 @@ TEMPLATES = {
     "mistral-instruct-legacy": (MISTRAL_INSTRUCT_LEGACY, "<s>", "</s>", "llama2",
                                 "mistralai/Mistral-7B-Instruct-v0.2"),
     "llama2-chat": (LLAMA2_CHAT, "<s>", "</s>", "llama2-sys", "meta-llama/Llama-2-7b-chat-hf"),
-    "qwen1.5-chat": (QWEN15_CHAT, None, "<|endoftext|>", "chatml",
-                     "Qwen/Qwen1.5-MoE-A2.7B-Chat"),
+    "qwen1.5-chat": (QWEN15_CHAT, None, "<|im_end|>", "chatml", "Qwen/Qwen1.5-MoE-A2.7B-Chat"),
+    "qwen2-instruct": (QWEN2_INSTRUCT, None, "<|im_end|>", "chatml", "Qwen/Qwen2.5-0.5B-Instruct"),
     "chatml": (CHATML, "<s>", "<|im_end|>", "chatml", "teknium/OpenHermes-2.5-Mistral-7B"),
-    "olmoe-instruct": (OLMOE_INSTRUCT, "<|endoftext|>", "<|endoftext|>", "tulu",
+    "olmoe-instruct": (OLMOE_0924_INSTRUCT, "<|endoftext|>", "<|endoftext|>", "tulu2",
                        "allenai/OLMoE-1B-7B-0924-Instruct"),
+    "olmo2-instruct": (OLMO2_INSTRUCT, "<|endoftext|>", "<|endoftext|>", "tulu",
+                       "allenai/OLMo-2-1124-7B-Instruct"),
     "tulu3": (TULU, "<|begin_of_text|>", "<|end_of_text|>", "tulu",
               "allenai/Llama-3.1-Tulu-3-8B"),
     "llama3-instruct": (LLAMA3_INSTRUCT, "<|begin_of_text|>", "<|eot_id|>", "llama3",

