@@ -637,8 +637,11 @@ TEST_CASE("the sampler draws the original's tokens where the largest logit is la
           "[engine][sampler]") {
   for (const std::size_t n : {17u, 100u, 32000u}) {
     Rows rows{lm_logits(n, 1), lm_logits(n, 2, 1.0f, 0), std::vector<float>(n, 3.5f)};
-    rows[0].back() = 40.f;                  // far ahead, last: the nucleus is it alone
-    rows[1][n - 1] = rows[1][n - 2] = 6.f;  // tied at the end
+    rows[0].back() = 40.f;                   // far ahead, last: the nucleus is it alone
+    rows[1][n - 1] = rows[1][n - 2] = 6.f;   // tied at the end
+    auto middle = lm_logits(n, 5, 1.0f, 0);  // within the vector passes' last whole steps
+    middle[n * 7 / 10] = 4.f;
+    rows.push_back(middle);
     auto huge = lm_logits(n, 3);
     for (std::size_t i = 0; i < n; ++i) huge[i] = huge[i] * 1e30f;
     huge[n - 1] = 3e38f;
