@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -581,4 +582,77 @@ TEST_CASE("moe-run --top-k: 0 by default, a count, refused when negative", "[eng
   const auto [rc, err] = parse({"--top-k", "-1"});
   CHECK(rc != 0);
   CHECK(err.find("--top-k") != std::string::npos);
+}
+
+TEST_CASE("the pass for the largest logit alone agrees with the scan, on every vector path",
+          "[engine][sampler]") {
+  constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+  constexpr float big = std::numeric_limits<float>::max();
+  const SamplerVectorPasses portable{moekit::Isa::generic};
+  for (const std::size_t n :
+       {1u, 2u, 15u, 16u, 17u, 31u, 33u, 63u, 64u, 65u, 257u, 1000u, 32000u}) {
+    std::vector<std::pair<std::string, std::vector<float>>> rows;
+    rows.emplace_back("lm", lm_logits(n, n));
+    auto late = lm_logits(n, n + 1);
+    late.back() = 50.f;  // the largest in the tail after the last whole vector
+    rows.emplace_back("largest last", late);
+    if (n >= 2) {
+      late[n - 2] = 60.f;  // then in a lane of the last whole step, or the tail
+      rows.emplace_back("largest second to last", late);
+    }
+    auto first = lm_logits(n, n + 2);
+    first[0] = 50.f;
+    rows.emplace_back("largest first", first);
+    rows.emplace_back("all equal", std::vector<float>(n, -1.25f));
+    auto huge = lm_logits(n, n + 3);
+    for (std::size_t i = 0; i < n; ++i) huge[i] = (i % 3 == 0 ? -big : 1e30f * huge[i]);
+    rows.emplace_back("huge range", huge);
+    std::vector<float> zeros(n, -0.0f);
+    rows.emplace_back("negative zeros", zeros);
+    zeros[n / 2] = 0.0f;
+    rows.emplace_back("signed zeros", zeros);
+    for (const float bad : {-inf, inf, nan, -nan})
+      for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+        auto l = lm_logits(n, n + 4);
+        l[at] = bad;
+        rows.emplace_back("non-finite " + std::to_string(bad) + " at " + std::to_string(at), l);
+      }
+    for (const auto& [name, l] : rows) {
+      std::vector<std::int32_t> lanes(sampler_scan_lanes(n));
+      const auto want = portable.scan(l.data(), n, lanes.data());
+      const bool finite = std::all_of(l.begin(), l.end(), [](float v) { return std::isfinite(v); });
+      for (const auto isa : runnable_isas()) {
+        INFO(moekit::name(isa) << ", vocabulary " << n << ", " << name);
+        const auto got = SamplerVectorPasses{isa}.top(l.data(), n);
+        CHECK(got.finite == finite);
+        if (finite)
+          CHECK(std::bit_cast<std::uint32_t>(got.top) ==
+                std::bit_cast<std::uint32_t>(detail::from_key(want.max_key)));
+      }
+    }
+  }
+}
+
+TEST_CASE("the sampler draws the original's tokens where the largest logit is late, tied or huge",
+          "[engine][sampler]") {
+  for (const std::size_t n : {17u, 100u, 32000u}) {
+    Rows rows{lm_logits(n, 1), lm_logits(n, 2, 1.0f, 0), std::vector<float>(n, 3.5f)};
+    rows[0].back() = 40.f;                   // far ahead, last: the nucleus is it alone
+    rows[1][n - 1] = rows[1][n - 2] = 6.f;   // tied at the end
+    auto middle = lm_logits(n, 5, 1.0f, 0);  // within the vector passes' last whole steps
+    middle[n * 7 / 10] = 4.f;
+    rows.push_back(middle);
+    auto huge = lm_logits(n, 3);
+    for (std::size_t i = 0; i < n; ++i) huge[i] = huge[i] * 1e30f;
+    huge[n - 1] = 3e38f;
+    rows.push_back(huge);
+    auto some_inf = lm_logits(n, 4, 1.0f, 0);  // -inf: the full scan decides the top
+    for (std::size_t i = 0; i < n; i += 2) some_inf[i] = -inf;
+    rows.push_back(some_inf);
+    for (const auto isa : runnable_isas())
+      for (const float p : {0.95f, 0.5f}) {
+        INFO(moekit::name(isa) << ", vocabulary " << n << ", top-p " << p);
+        same_tokens(rows, {0.8f, p, n}, isa, 3 * rows.size());
+      }
+  }
 }

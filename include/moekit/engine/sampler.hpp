@@ -8,7 +8,8 @@
 /// sort the whole vocabulary, weights expf((l - max) / T) summed in that order, cut where the
 /// running probability reaches top_p, std::discrete_distribution over the kept weights), but
 /// without sorting the vocabulary:
-///  1. vector passes find the largest logit, then every weight with a fast exp and their sum,
+///  1. vector passes find the largest logit (below top-p 1 a pass that finds nothing else, when
+///     every logit is finite), then every weight with a fast exp and their sum,
 ///     collecting on the way the logits above a floor (a rung of distance below the largest) that
 ///     held the last few samples' nuclei;
 ///  2. those candidates, or those above a lower floor when they prove not to hold the nucleus,
@@ -30,7 +31,8 @@
 /// arithmetic runs on them.
 ///
 /// With a thread pool (`set_thread_pool`), the two passes over the whole vocabulary (the scan and
-/// the weight pass) run as one range per thread. Only the order of the weight sums changes, which
+/// the weight pass; the lighter pass for the largest logit alone stays on the caller) run as one
+/// range per thread. Only the order of the weight sums changes, which
 /// the margins already allow for (any order), so every seed still draws the same tokens.
 
 #include <algorithm>
@@ -265,7 +267,30 @@ class Sampler {
 
   /// The next token. Throws on empty logits, NaN, +inf, or when every logit is -inf.
   std::uint32_t sample(std::span<const float> logits) {
+    split_ = false;
+    const std::uint32_t token = pick(logits);
+    paths_.split += split_;
+    return token;
+  }
+
+  /// Runs the passes over the vocabulary on `pool`'s threads (null: on the caller alone), when
+  /// the pool's last decode step ran on all of them (ThreadPool::last_step_on_team) and the
+  /// vocabulary is large enough to repay a job. The pool must outlive the sampler's use of it.
+  void set_thread_pool(moekit::ThreadPool* pool) noexcept { pool_ = pool; }
+
+  [[nodiscard]] const SamplerConfig& config() const noexcept { return cfg_; }
+  [[nodiscard]] const PathCounts& paths() const noexcept { return paths_; }
+
+ private:
+  std::uint32_t pick(std::span<const float> logits) {
     MOEKIT_EXPECTS(!logits.empty(), "Sampler: empty logits");
+    // Nucleus sampling below top-p 1 needs the largest logit alone, which a lighter vector pass
+    // finds when every logit is finite; the rest (and any -inf, NaN or +inf) take the full scan,
+    // as does the portable path (its compiled lighter pass is no faster than the scan).
+    if (cfg_.temperature != 0 && cfg_.top_p < 1 && passes_.isa != moekit::Isa::generic &&
+        (cfg_.top_k == 0 || cfg_.top_k >= logits.size()))
+      if (const SamplerTop t = passes_.top(logits.data(), logits.size()); t.finite)
+        return nucleus(logits, t.top);
     const std::int32_t top_key = check(logits);
     if (cfg_.temperature == 0) {
       ++paths_.greedy;
@@ -278,15 +303,6 @@ class Sampler {
     return nucleus(logits, detail::from_key(top_key));
   }
 
-  /// Runs the passes over the vocabulary on `pool`'s threads (null: on the caller alone), when
-  /// the pool's last decode step ran on all of them (ThreadPool::last_step_on_team) and the
-  /// vocabulary is large enough to repay a job. The pool must outlive the sampler's use of it.
-  void set_thread_pool(moekit::ThreadPool* pool) noexcept { pool_ = pool; }
-
-  [[nodiscard]] const SamplerConfig& config() const noexcept { return cfg_; }
-  [[nodiscard]] const PathCounts& paths() const noexcept { return paths_; }
-
- private:
   /// Distances below the largest logit, in units of the temperature, of the floors above which
   /// candidates are collected: a floor whose candidates hold the nucleus bounds them.
   static constexpr std::array<float, 17> kRungNats = {1, 1.5, 2, 2.5, 3,  3.5, 4,  4.5, 5,
@@ -489,7 +505,7 @@ class Sampler {
     std::size_t grain;
     const std::size_t k = ranges(n, grain);
     if (k == 1) return passes_.scan(l.data(), n, lane_max_.data());
-    ++paths_.split;
+    split_ = true;
     range_scans_.resize(k);
     pool_->parallel_for(0, n, grain, [&](std::size_t b, std::size_t e) {
       const std::size_t lanes = b / detail::kGroup * detail::kLanes;
@@ -515,6 +531,7 @@ class Sampler {
     const float t = cfg_.temperature;
     if (k == 1)
       return passes_.exp_weights(l.data(), n, top, t, floor, weights_.data(), cand_idx_.data());
+    split_ = true;
     range_sums_.resize(k);
     pool_->parallel_for(0, n, grain, [&](std::size_t b, std::size_t e) {
       const std::size_t r = b / grain;
@@ -769,6 +786,7 @@ class Sampler {
   std::vector<SamplerScan> range_scans_;
   std::vector<SamplerExpSums> range_sums_;
   PathCounts paths_;
+  bool split_ = false;  ///< whether this sample's passes ran on the pool
   std::vector<std::int32_t> lane_max_, keys_;
   std::vector<float> weights_;
   std::vector<std::uint32_t> cand_idx_, order_;

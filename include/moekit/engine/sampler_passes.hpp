@@ -48,6 +48,13 @@ struct SamplerScan {
   std::int32_t min_key;
 };
 
+/// What `top` found: the largest logit (+0 for a zero), meaningful only when every logit is
+/// finite (`finite`; a NaN or an infinity of either sign clears it).
+struct SamplerTop {
+  float top;
+  bool finite;
+};
+
 /// What `exp_weights` found: the sum of all weights, and how many logits reached the floor.
 struct SamplerExpSums {
   double total = 0;
@@ -109,6 +116,32 @@ inline SamplerScan scan(const float* l, std::size_t n, std::int32_t* lane_max) n
   return {mx, mn};
 }
 
+/// On order keys, as `scan`, without its lane maxima (the vector versions use float maxima):
+/// every logit is finite when every key lies strictly between -inf's and +inf's.
+inline SamplerTop top(const float* l, std::size_t n) noexcept {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  std::int32_t high[kLanes],
+      low[kLanes];  // lane by lane, in locals, so that the compiler vectorizes
+  std::fill(high, high + kLanes, std::numeric_limits<std::int32_t>::min());
+  std::fill(low, low + kLanes, std::numeric_limits<std::int32_t>::max());
+  const std::size_t whole = n / kGroup * kGroup;
+  for (std::size_t g = 0; g < whole; g += kGroup)  // in groups, as scan: GCC vectorizes this form
+    for (std::size_t v = 0; v < kGroup; v += kLanes)
+      for (std::size_t j = 0; j < kLanes; ++j) {
+        const std::int32_t k = order_key(l[g + v + j]);
+        high[j] = std::max(high[j], k);
+        low[j] = std::min(low[j], k);
+      }
+  std::int32_t hi = *std::max_element(high, high + kLanes);
+  std::int32_t lo = *std::min_element(low, low + kLanes);
+  const float* tail = l + whole;  // counted from 0 (GCC then sees no wrap-around)
+  for (std::size_t j = 0; j < n - whole; ++j) {
+    hi = std::max(hi, order_key(tail[j]));
+    lo = std::min(lo, order_key(tail[j]));
+  }
+  return {from_key(hi), lo > order_key(-inf) && hi < order_key(inf)};
+}
+
 inline std::size_t collect(const float* l, std::size_t n, float floor, std::uint32_t* idx,
                            std::uint32_t first = 0) noexcept {
   std::size_t c = 0;
@@ -134,6 +167,11 @@ inline SamplerExpSums exp_weights(const float* l, std::size_t n, float top, floa
   for (std::size_t j = 0; j < kLanes; ++j) s.total += total[j];
   s.collected = collect(l, n, floor, idx, first);
   return s;
+}
+
+/// Combines a vector pass's top and finiteness with the tail's.
+inline SamplerTop merge_top(float top, bool finite, SamplerTop tail) noexcept {
+  return {std::max(top, tail.top) + 0.0f, finite && tail.finite};
 }
 
 }  // namespace generic
@@ -176,6 +214,33 @@ MOEKIT_SAMPLER_AVX512 inline SamplerScan scan(const float* l, std::size_t n,
     mns = std::min(mns, k);
   }
   return {mxs, mns};
+}
+
+/// generic::top's result from float maxima, 64 logits a step in four chains: fma(v, 0, z) turns
+/// z into NaN for a NaN or an infinite v (the maxima are read only when every z stays 0).
+MOEKIT_SAMPLER_AVX512 inline SamplerTop top(const float* l, std::size_t n) noexcept {
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 m[4], z[4];
+  for (std::size_t k = 0; k < 4; ++k) {
+    m[k] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    z[k] = zero;
+  }
+  std::size_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    for (std::size_t k = 0; k < 4; ++k) {
+      const __m512 v = _mm512_loadu_ps(l + i + 16 * k);
+      m[k] = _mm512_max_ps(v, m[k]);
+      z[k] = _mm512_fmadd_ps(v, zero, z[k]);
+    }
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(l + i);
+    m[0] = _mm512_max_ps(v, m[0]);
+    z[0] = _mm512_fmadd_ps(v, zero, z[0]);
+  }
+  const __m512 mm = _mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3]));
+  const __m512 zz = _mm512_add_ps(_mm512_add_ps(z[0], z[1]), _mm512_add_ps(z[2], z[3]));
+  const bool finite = _mm512_cmp_ps_mask(zz, zero, _CMP_EQ_OQ) == 0xffff;
+  return generic::merge_top(_mm512_reduce_max_ps(mm), finite, generic::top(l + i, n - i));
 }
 
 /// exp_approx on 16 lanes (with FMA, and scalef for the power of two).
@@ -296,6 +361,29 @@ MOEKIT_SAMPLER_AVX2 inline SamplerScan scan(const float* l, std::size_t n,
   return {mxs, mns};
 }
 
+/// avx512::top on 8 lanes.
+MOEKIT_SAMPLER_AVX2 inline SamplerTop top(const float* l, std::size_t n) noexcept {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 m[4], z[4];
+  for (std::size_t k = 0; k < 4; ++k) {
+    m[k] = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    z[k] = zero;
+  }
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (std::size_t k = 0; k < 4; ++k) {
+      const __m256 v = _mm256_loadu_ps(l + i + 8 * k);
+      m[k] = _mm256_max_ps(v, m[k]);
+      z[k] = _mm256_fmadd_ps(v, zero, z[k]);
+    }
+  const __m256 mm = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+  const __m256 zz = _mm256_add_ps(_mm256_add_ps(z[0], z[1]), _mm256_add_ps(z[2], z[3]));
+  alignas(32) float a[8];
+  _mm256_store_ps(a, mm);
+  const bool finite = _mm256_movemask_ps(_mm256_cmp_ps(zz, zero, _CMP_EQ_OQ)) == 0xff;
+  return generic::merge_top(*std::max_element(a, a + 8), finite, generic::top(l + i, n - i));
+}
+
 /// exp_approx on 8 lanes (with FMA; the power of two built in the exponent bits).
 MOEKIT_SAMPLER_AVX2 inline __m256 exp8(__m256 x) noexcept {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
@@ -371,6 +459,14 @@ struct SamplerVectorPasses {
     if (isa == moekit::Isa::avx2) return detail::avx2::scan(l, n, lane_max);
 #endif
     return detail::generic::scan(l, n, lane_max);
+  }
+  /// The largest logit, and whether every logit is finite (`scan` reports more, at more cost).
+  SamplerTop top(const float* l, std::size_t n) const noexcept {
+#if defined(MOEKIT_SAMPLER_X86)
+    if (isa == moekit::Isa::avx512) return detail::avx512::top(l, n);
+    if (isa == moekit::Isa::avx2) return detail::avx2::top(l, n);
+#endif
+    return detail::generic::top(l, n);
   }
   /// w[i] = exp_approx((l[i] - top) / temp) (n entries) and their sum; also collects, as
   /// `collect` does, the indices of the logits >= floor into `idx` (room for n + 16).
