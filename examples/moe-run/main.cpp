@@ -830,6 +830,11 @@ Calibration calibration_run(const Options& o, const ModelConfig& cfg, const Mode
   std::string fallback;
   if (o.calib_text.empty() && !std::filesystem::exists(file))
     fallback = " (" + file + " not found)", file = "prompt";
+  moekit::tools::Progress bar("calibration: layer", 0, moekit::tools::ProgressUnit::items, o.json);
+  const moekit::engine::LayerProgress progress = [&](std::uint64_t done, std::uint64_t total) {
+    bar.set_total(total);
+    bar.update(done);
+  };
   Calibration c;
   if (file == "prompt") {
     std::vector<Token> prompt = tok.encode(o.prompt, false);
@@ -837,15 +842,17 @@ Calibration calibration_run(const Options& o, const ModelConfig& cfg, const Mode
     if (prompt.empty()) fail("-p: the prompt encodes to no tokens (calibration run)");
     const int extra = o.calib_tokens < 0 ? 16 : o.calib_tokens;
     c = calibrate(cfg, w.dense, settings, backing, prompt, extra, &pool, setup.kernels,
-                  setup.replay);
+                  setup.replay, progress);
     c.source = "the prompt plus " + std::to_string(extra) + " greedy tokens" + fallback +
                (o.perplexity.empty() ? ": the start of the generated text itself" : "");
   } else {
     const CalibrationText t = calibration_text(
         file, tok, bos, o.calib_tokens < 0 ? 128 : std::size_t(o.calib_tokens), o.perplexity);
-    c = calibrate(cfg, w.dense, settings, backing, t.tokens, 0, &pool, setup.kernels, setup.replay);
+    c = calibrate(cfg, w.dense, settings, backing, t.tokens, 0, &pool, setup.kernels, setup.replay,
+                  progress);
     c.source = t.source;
   }
+  bar.finish();
   if (setup.replay)
     c.source += ", routed by --routing-trace's first " + std::to_string(c.tokens) +
                 " tokens, which the measured run replays too (not held out)";

@@ -67,7 +67,19 @@ TEST_CASE("every preset at full precision and exact routing equals baseline bit 
 
     PresetInputs in;
     in.routers = routers;
-    const Calibration cal = calibrate(cfg, w.dense, o, backing, ref.prompt_ids, 4, &pool, {});
+    // The progress hook hears of every layer of the prefill and of the 4 greedy decodes, in
+    // order, against a total known from the first call (moe-run's calibration progress line).
+    std::vector<std::uint64_t> heard;
+    std::uint64_t total = 0;
+    const LayerProgress progress = [&](std::uint64_t done, std::uint64_t t) {
+      heard.push_back(done);
+      total = t;
+    };
+    const Calibration cal =
+        calibrate(cfg, w.dense, o, backing, ref.prompt_ids, 4, &pool, {}, nullptr, progress);
+    CHECK(total == std::uint64_t{5} * s.n_layers);
+    REQUIRE(heard.size() == total);
+    for (std::size_t i = 0; i < heard.size(); ++i) CHECK(heard[i] == i + 1);
     in.popularity = cal.counts;
     in.paths = cal.paths;
     REQUIRE(cal.paths);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -43,12 +44,19 @@
 
 namespace moekit::engine {
 
+/// Called after each layer a calibration run routes, with the layers routed so far and the
+/// run's total (layers × forwards): what a progress line needs.
+using LayerProgress = std::function<void(std::uint64_t done, std::uint64_t total)>;
+
 /// Forwards a pipeline's per-layer calls and records the routing it sees.
 template <class Pipeline>
 class RouteRecorder : public ForwardingPipeline<Pipeline> {
  public:
-  RouteRecorder(Pipeline& inner, std::uint32_t n_layers, std::uint32_t n_experts)
+  RouteRecorder(Pipeline& inner, std::uint32_t n_layers, std::uint32_t n_experts,
+                LayerProgress progress = {}, std::uint64_t forwards = 1)
       : ForwardingPipeline<Pipeline>(inner),
+        progress_(std::move(progress)),
+        total_layers_(forwards * n_layers),
         n_layers_(n_layers),
         n_experts_(n_experts),
         counts_(std::size_t{n_layers} * n_experts, 0.0),
@@ -64,7 +72,9 @@ class RouteRecorder : public ForwardingPipeline<Pipeline> {
     k_ = g.k;
     n_tokens_ = g.n_tokens;
     for (std::uint32_t e : g.experts) counts_[std::size_t{c.layer} * n_experts_ + e] += 1;
-    return this->inner().route(c, g);
+    const moekit::LayerPlan& plan = this->inner().route(c, g);
+    if (progress_) progress_(++layers_routed_, total_layers_);
+    return plan;
   }
 
   /// Tokens routed to each (layer, expert) so far, [L × E].
@@ -98,6 +108,8 @@ class RouteRecorder : public ForwardingPipeline<Pipeline> {
     n_tokens_ = 0;
   }
 
+  LayerProgress progress_;
+  std::uint64_t total_layers_, layers_routed_ = 0;
   std::uint32_t n_layers_, n_experts_;
   std::vector<double> counts_;
   std::vector<std::vector<std::uint32_t>> sets_;
@@ -155,17 +167,19 @@ CalibrationText calibration_text(const std::string& path, const Tokenizer& tok,
 /// trace, as the measured run will, and the replay is rewound afterwards, so that the measured
 /// run starts at the trace's first token as it would without calibration. `kernels`: the run's,
 /// given explicitly (at real size a calibration with f32 activations over quantized experts takes
-/// minutes).
+/// minutes). `progress` (optional) hears of every layer routed (LayerProgress).
 inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
                              const OffloadSettings& o, const ExpertBacking& experts,
                              std::span<const Token> prompt, int extra, moekit::ThreadPool* pool,
-                             const ModelKernels& kernels, RoutingReplay* replay = nullptr) {
+                             const ModelKernels& kernels, RoutingReplay* replay = nullptr,
+                             const LayerProgress& progress = {}) {
   const moekit::ModelShape s = cfg.shape();
   OffloadSettings base = o;
   base.preset = {};
   return with_pipeline<moekit::presets::BaselineSpec>(
       s, base, experts.make_loader(), PresetInputs{}, [&](auto& p) {
-        RouteRecorder rec(p, s.n_layers, s.n_experts);
+        RouteRecorder rec(p, s.n_layers, s.n_experts, progress,
+                          1 + static_cast<std::uint64_t>(std::max(extra, 0)));
         const auto ctx = static_cast<std::uint32_t>(prompt.size() + std::max(extra, 0) + 1);
         Model<decltype(rec)> model(cfg, dense, rec, ctx, pool);
         kernels.apply(model);
