@@ -18,7 +18,8 @@
 #    fallback act): 2 chunks (1024 tokens);
 #  * presets whose precision depends on residency (HOBBIT, Fate) run at the minimum expert budget,
 #    so every demand is a miss and every expert runs at the precision the scorer picks (the worst
-#    case for quality; larger budgets keep more experts at the high precision);
+#    case for quality; larger budgets keep more experts at the high precision); Fate also at half
+#    the budget;
 #  * EdgeMoE's bit widths come from tools/bitwidth_search.hpp with the engine as evaluator
 #    (loss P in % = next-token top-1 disagreement with the f32 model, EdgeMoE's "accuracy drop";
 #    the perplexity of this small model moves by fractions of a percent either way under
@@ -92,10 +93,15 @@ run "hobbit-t1-0.6-t2-0.9" hobbit decode --preset hobbit --precision f16 --low-p
 run "hobbit-t1-0.6-t2-0.9-q2" hobbit decode --preset hobbit --precision f16 --low-precision q2 \
   --t1 0.6 --t2 0.9 --expert-budget "$b16"
 
-# Fate: q4 for the popular prefill experts, q2 for the least popular 25 %, every demand a miss.
+# Fate: prefetches at q4 for the popular prefill experts, q2 for the least popular 25 %, and every
+# miss at q2 in prefill as in decode (Fate §5.3; upgraded to q4 when the link is idle). At the
+# minimum budget the staging area holds one expert, so nearly every expert is a q2 miss (the worst
+# case); at half the budget most of a layer is prefetched into staging and the misses are few.
 b4=$(min_budget q4)
 run "fate-prefill-q4-q2" fate prefill --preset fate --precision q4 --low-precision q2 \
   --fate-low-fraction 0.25 --expert-budget "$b4"
+run "fate-prefill-q4-q2-half" fate prefill --preset fate --precision q4 --low-precision q2 \
+  --fate-low-fraction 0.25 --expert-budget 50%
 
 # EdgeMoE: searched bit widths at P = 1 % and 5 % (search on the first chunk).
 (cd "$root" && "$build/bench/moekit_bench_edgemoe_search" --moe-run "$R" --model "$model" \

@@ -14,6 +14,37 @@ def load(path):
     return json.loads(text[text.index("{"):])
 
 
+def shares(counts):
+    """"q4:77% q8:23%" from {precision: count}."""
+    total = sum(counts.values()) or 1
+    return " ".join(f"{k}:{100 * v / total:.0f}%" for k, v in counts.items())
+
+
+def table_counts(path):
+    """Experts per precision in a moekit-precision-table (score/static_bitwidth.hpp)."""
+    counts = {}
+    lines = [l.split("#")[0].split() for l in Path(path).read_text().splitlines()]
+    for words in [w for w in lines if w][2:]:  # after the header and the `layers L experts E` line
+        for p in words:
+            counts[p] = counts.get(p, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def misses_column(misses, args):
+    """The misses' precisions; a run without misses (every expert resident from the start: the
+    warm start, EdgeMoE's buffer initialisation) says so, with the widths it ran at when a
+    --bitwidth-table or --precision fixes them."""
+    if misses:
+        return shares(misses)
+    words = args.split()
+    if "--bitwidth-table" in words:
+        return "none (resident at the table's " + shares(table_counts(
+            words[words.index("--bitwidth-table") + 1])) + ")"
+    if "--precision" in words:
+        return f"none (resident at {words[words.index('--precision') + 1]})"
+    return "none"
+
+
 def main():
     index, ref_prefill, ref_decode, out, sha = sys.argv[1:6]
     out = Path(out)
@@ -24,7 +55,6 @@ def main():
         j = load(path)
         ref = refs[j["mode"]]
         misses = j.get("misses_by_precision", {})
-        total = sum(misses.values()) or 1
         rows.append({
             "config": name,
             "family": family,
@@ -37,7 +67,7 @@ def main():
             "kl_max": j["kl_max"],
             "top1_agreement": j["top1_agreement"],
             "fallback_ratio": j["fallback_ratio"],
-            "loads_by_precision": " ".join(f"{k}:{100 * v / total:.0f}%" for k, v in misses.items()),
+            "misses_by_precision": misses_column(misses, args),
             "skipped": j["skipped"],
             "hit_rate": j["hit_rate"],
             "seconds": j["seconds"],
@@ -54,13 +84,13 @@ def main():
           f"f32 reference perplexity {refs['prefill']['perplexity']:.3f} (prefill, "
           f"{refs['prefill']['tokens']} tokens), {refs['decode']['perplexity']:.3f} (decode, "
           f"{refs['decode']['tokens']} tokens).", "",
-          "| config | mode | tokens | perplexity | Δppl % | KL mean | KL max | top-1 agree | fallback ratio | expert loads by precision | skipped |",
+          "| config | mode | tokens | perplexity | Δppl % | KL mean | KL max | top-1 agree | fallback ratio | misses by precision | skipped |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['config']} | {r['mode']} | {r['tokens']} | {r['perplexity']:.3f} | "
                   f"{r['ppl_increase_pct']:+.3f} | {r['kl_mean']:.2e} | {r['kl_max']:.3f} | "
                   f"{100 * r['top1_agreement']:.2f} % | {r['fallback_ratio']:.3f} | "
-                  f"{r['loads_by_precision']} | {r['skipped']} |")
+                  f"{r['misses_by_precision']} | {r['skipped']} |")
     (out / "results.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
@@ -73,16 +103,20 @@ def main():
 
 def plots(rows, out, moe_plot):
     """quality.svg and quality-mobile.svg from the table's rows."""
-    mixes = [r for r in rows if r["family"] != "mobile"]
-    families = []
+    # One series per family and mode (prefill and decode runs score other tokens); a KL below
+    # 1e-9 (f16 against f32: rounding) is left out, not drawn as a point decades below the rest.
+    mixes = [r for r in rows if r["family"] != "mobile" and r["kl_mean"] > 1e-9]
+    groups = []
     for r in mixes:
-        if r["family"] not in families:
-            families.append(r["family"])
+        if (r["family"], r["mode"]) not in groups:
+            groups.append((r["family"], r["mode"]))
     series = []
-    for f in families:
-        pts = sorted((r for r in mixes if r["family"] == f), key=lambda r: r["ppl_increase_pct"])
-        series.append({"name": f, "family": f, "x": [r["ppl_increase_pct"] for r in pts],
-                       "y": [r["kl_mean"] if r["kl_mean"] > 0 else None for r in pts]})
+    for f, mode in groups:
+        pts = sorted((r for r in mixes if (r["family"], r["mode"]) == (f, mode)),
+                     key=lambda r: r["ppl_increase_pct"])
+        series.append({"name": f"{f}, {mode}", "family": f,
+                       "x": [r["ppl_increase_pct"] for r in pts],
+                       "y": [r["kl_mean"] for r in pts]})
     plot(moe_plot, out / "quality.svg", {
         "title": "precision mixes: quality loss against f32", "log_y": True,
         "x_label": "perplexity increase over f32 (%)",
@@ -95,7 +129,7 @@ def plots(rows, out, moe_plot):
             "y_label": "mean KL vs f32 (nats/token)",
             "series": [{"name": "mobile", "family": "mobile",
                         "x": [r["fallback_ratio"] for r in mob],
-                        "y": [r["kl_mean"] if r["kl_mean"] > 0 else None for r in mob]}]})
+                        "y": [r["kl_mean"] if r["kl_mean"] > 1e-9 else None for r in mob]}]})
 
 
 def plot(moe_plot, svg, spec):

@@ -1221,22 +1221,6 @@ std::string resolve_auto_budget(const Options& o, const ModelConfig& cfg,
   return b.explanation;
 }
 
-// --group-size: the codec of the experts moekit quantizes itself (from an HF checkpoint, in
-// memory or into a store it builds); auto is the preset's (EdgeMoE: per output channel). GGUF
-// experts and a --store keep their own grouping (GGUF's blocks of 32; the store's manifest).
-moekit::QuantScheme expert_codec(const Options& o, const ModelSource& src, bool gguf,
-                                 const PresetEntry& preset) {
-  const moekit::QuantScheme fixed{};
-  if (gguf || !src.store.empty()) {
-    if (o.group_size && *o.group_size != fixed.group_size)
-      fail("--group-size " + std::to_string(*o.group_size) + ": the experts of " +
-           (gguf ? std::string("a GGUF file") : "--store " + src.store) + " are grouped by " +
-           std::to_string(fixed.group_size) + " (convert an HF checkpoint instead)");
-    return fixed;
-  }
-  return {.group_size = o.group_size.value_or(preset.quant_group_size), .zero_point = false};
-}
-
 // The experts' codec in the JSON and on stderr, and the `notes` that are not null in the JSON.
 void report_codec(nlohmann::json& stats, const Options& o, const moekit::ModelShape& shape,
                   const std::vector<moekit::Precision>& needed, const nlohmann::json& notes) {
@@ -1344,7 +1328,11 @@ int run(Options o) {
   const ModelPath& mp = m.src.model;
   const ModelConfig& cfg = open_config(m);
   const PresetEntry& preset = find_preset(o.preset);
-  m.cfg.expert_quant = expert_codec(o, m.src, m.gguf.has_value(), preset);
+  // The experts' codec: --group-size, else the preset's; a GGUF file or a store keeps its own.
+  m.cfg.expert_quant = expert_codec(o.group_size, preset,
+                                    m.gguf                ? std::string("a GGUF file")
+                                    : m.src.store.empty() ? ""
+                                                          : "--store " + m.src.store);
   const Tokenizer tok = load_tokenizer(mp, m.gguf ? &*m.gguf : nullptr);
   if (tok.vocab_size() > cfg.vocab_size)
     fail("-m: the tokenizer has " + std::to_string(tok.vocab_size()) +

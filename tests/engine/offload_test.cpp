@@ -343,3 +343,21 @@ TEST_CASE("moe-run parses --group-size, --calib-text and --calib-tokens",
   CHECK(parse({"--group-size", "32"}).second.group_size == 32u);
   CHECK(parse({"--group-size", "16"}).first != 0);  // not a codec moekit has
 }
+
+TEST_CASE("EdgeMoE's experts are quantized per output channel unless --group-size says otherwise",
+          "[engine][offload][edgemoe]") {
+  // Issue 22: the preset's codec is the paper's (one scale per output channel); the others, and
+  // EdgeMoE with --group-size 32, group by 32. What moe-run quantizes itself follows the preset;
+  // experts that arrive quantized (a GGUF file, a store) keep their groups of 32.
+  const PresetEntry& edgemoe = find_preset("edgemoe");
+  const PresetEntry& baseline = find_preset("baseline");
+  CHECK(expert_codec(std::nullopt, edgemoe).group_size == 0);
+  CHECK_FALSE(expert_codec(std::nullopt, edgemoe).zero_point);
+  CHECK(expert_codec(32u, edgemoe).group_size == 32);
+  CHECK(expert_codec(std::nullopt, baseline).group_size == 32);
+  CHECK(expert_codec(0u, baseline).group_size == 0);
+  CHECK(expert_codec(std::nullopt, edgemoe, "a GGUF file").group_size == 32);
+  CHECK(expert_codec(32u, edgemoe, "--store e.moestore").group_size == 32);
+  CHECK_THROWS_WITH(expert_codec(0u, edgemoe, "--store e.moestore"),
+                    Catch::Contains("--group-size 0") && Catch::Contains("--store e.moestore"));
+}

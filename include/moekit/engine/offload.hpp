@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -119,6 +120,25 @@ inline const PresetEntry& find_preset(std::string_view name) {
   moekit::detail::fail(moekit::ErrorKind::invalid_argument,
                        "--preset: unknown preset '" + std::string(name) +
                            "' (known: " + moekit::presets::names() + ")");
+}
+
+/// The codec of the experts moe-run quantizes itself (from an HF checkpoint, in memory or into a
+/// store it builds): `group_size` (--group-size) when given, else the preset's
+/// (`PresetEntry::quant_group_size`: EdgeMoE's per output channel, 0; groups of 32 for the
+/// others). Experts that arrive quantized (`prequantized` names their source: a GGUF file, a
+/// --store) keep moekit's groups of 32, and another --group-size is refused naming both.
+inline moekit::QuantScheme expert_codec(std::optional<std::uint32_t> group_size,
+                                        const PresetEntry& preset,
+                                        const std::string& prequantized = {}) {
+  const moekit::QuantScheme fixed{};
+  if (prequantized.empty())
+    return {.group_size = group_size.value_or(preset.quant_group_size), .zero_point = false};
+  if (group_size && *group_size != fixed.group_size)
+    moekit::detail::fail(moekit::ErrorKind::invalid_argument,
+                         "--group-size " + std::to_string(*group_size) + ": the experts of " +
+                             prequantized + " are grouped by " + std::to_string(fixed.group_size) +
+                             " (convert an HF checkpoint instead)");
+  return fixed;
 }
 
 /// Checks the preset flags against each other; names the flag.
