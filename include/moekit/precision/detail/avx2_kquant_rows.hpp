@@ -73,36 +73,8 @@ MOEKIT_TARGET_AVX2_VNNI inline std::pair<int, int> round_chunk(const float* x, f
 
 /// prepare_kquant (kquant_activation.hpp) vectorised, with the same values (the same products and
 /// rounding to nearest even): it runs once per GEMV.
-MOEKIT_TARGET_AVX2_VNNI inline KQuantActivation prepare(const float* x, std::size_t cols,
-                                                        Precision p, KQuantStorage& st) {
-  st.grow(cols, p);
-  std::int8_t* xq = st.q.data();
-  float* dx = st.f.data();
-  const std::size_t span = kquant_block_scaled(p) ? 256 : 32;  // values per activation scale
-  for (std::size_t c = 0; c < cols; c += span) {
-    const float amax = max_abs(x + c, span);
-    const float d = amax / 127.f, inv = amax > 0 ? 127.f / amax : 0.f;
-    if (kquant_block_scaled(p)) {
-      dx[c / 256] = d;
-      for (std::size_t j = 0; j < 8; ++j) {
-        const std::size_t slot = kquant_chunk_order(p) ? q4_k_chunk_slot(j) : j;
-        const auto [s0, s1] = round_chunk(x + c + 32 * j, inv, xq + c + 32 * slot);
-        if (kquant_sub_block(p) == 32) {
-          st.s[c / 32 + j] = static_cast<std::int16_t>(s0 + s1);
-        } else {
-          st.s[c / 16 + 2 * j] = static_cast<std::int16_t>(s0);
-          st.s[c / 16 + 2 * j + 1] = static_cast<std::int16_t>(s1);
-        }
-      }
-    } else {
-      const auto [s0, s1] = round_chunk(x + c, inv, xq + c);
-      float* dxs = dx + cols / 16;
-      dx[c / 16] = dx[c / 16 + 1] = d;
-      dxs[c / 16] = d * static_cast<float>(s0);
-      dxs[c / 16 + 1] = d * static_cast<float>(s1);
-    }
-  }
-  return st.view(cols, p);
+inline KQuantActivation prepare(const float* x, std::size_t cols, Precision p, KQuantStorage& st) {
+  return prepare_kquant_with<&max_abs, &round_chunk>(x, cols, p, st);
 }
 
 /// Prefetches into L2 the cache lines of `row` that start in [off, off + bytes) (each line once).

@@ -12,14 +12,16 @@
 /// (one activation scale per block): the lanes are weighted by the 6-bit scales in integers and
 /// converted once per block (q4_k_row_dots), which keeps its kernel up with the memory.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
 
-#include "moekit/error.hpp"
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
+#include "moekit/precision/gguf_q2_k.hpp"
+#include "moekit/precision/gguf_q3_k.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
 #include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
@@ -70,34 +72,9 @@ MOEKIT_TARGET_AVX512_VNNI inline float max_abs(const float* x, std::size_t n) no
 
 /// prepare_kquant (kquant_activation.hpp) vectorised, with the same values (the same products and
 /// rounding to nearest even): it runs once per GEMV (its scalar cost: bench/RESULTS.md, "GGUF
-/// K-quants read in place"). For q4_k, q5_k and q6_k only: q2_k and q3_k rows run the AVX2
-/// kernels and their preparation on every x86 CPU (gemv.hpp, `kquant_avx2_only`).
-MOEKIT_TARGET_AVX512_VNNI inline KQuantActivation prepare(const float* x, std::size_t cols,
-                                                          Precision p, KQuantStorage& st) {
-  MOEKIT_EXPECTS(kquant_chunk_order(p) || p == Precision::q6_k,
-                 "avx512_kquant::prepare: q2_k and q3_k take the AVX2 preparation");
-  st.grow(cols, p);
-  std::int8_t* xq = st.q.data();
-  float* dx = st.f.data();
-  const std::size_t span = kquant_block_scaled(p) ? 256 : 32;  // values per activation scale
-  for (std::size_t c = 0; c < cols; c += span) {
-    const float amax = max_abs(x + c, span);
-    const float d = amax / 127.f, inv = amax > 0 ? 127.f / amax : 0.f;
-    if (kquant_block_scaled(p)) {
-      dx[c / 256] = d;
-      for (std::size_t j = 0; j < 8; ++j) {
-        const auto [s0, s1] = round_chunk(x + c + 32 * j, inv, xq + c + 32 * q4_k_chunk_slot(j));
-        st.s[c / 32 + j] = static_cast<std::int16_t>(s0 + s1);
-      }
-    } else {
-      const auto [s0, s1] = round_chunk(x + c, inv, xq + c);
-      float* dxs = dx + cols / 16;
-      dx[c / 16] = dx[c / 16 + 1] = d;
-      dxs[c / 16] = d * static_cast<float>(s0);
-      dxs[c / 16 + 1] = d * static_cast<float>(s1);
-    }
-  }
-  return st.view(cols, p);
+/// K-quants read in place").
+inline KQuantActivation prepare(const float* x, std::size_t cols, Precision p, KQuantStorage& st) {
+  return prepare_kquant_with<&max_abs, &round_chunk>(x, cols, p, st);
 }
 
 /// Bytes 1 << a in the lower 256 bits, 1 << b in the upper.
@@ -232,6 +209,131 @@ MOEKIT_TARGET_AVX512_VNNI inline void q6_k_row_dots(const std::byte* const* rows
   }
   for (std::size_t n = 0; n < N; ++n)
     out[n] = _mm512_reduce_add_ps(acc[n]) - 32.f * _mm512_reduce_add_ps(offset[n]);
+}
+
+/// The activation of a q2_k / q3_k block as low2_dots takes it: vector r holds run r of both
+/// halves (xq[32r ..] in the lower 256 bits, xq[128 + 32r ..] in the upper).
+MOEKIT_TARGET_AVX512_VNNI inline void load_runs(const std::int8_t* xq, __m512i x[4]) noexcept {
+  for (int r = 0; r < 4; ++r)
+    x[r] = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * r))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 128 + 32 * r)), 1);
+}
+
+/// The int16 multipliers of packs(P_2k, P_2k+1) for `vpdpwssd` (k = 0, 1): P_r's int32 lanes
+/// 4g..4g+3 lie in sub-block 2r + (g & 1) + 8·(g >> 1), and the pack puts P_2k's four of group g,
+/// then P_2k+1's, in 128-bit group g; returns, per 16-bit lane, the index of its scale.
+MOEKIT_TARGET_AVX512_VNNI inline __m512i run_pair_spread(int k) noexcept {
+  static constexpr auto index = [] {
+    std::array<std::int16_t, 64> v{};
+    for (int i = 0; i < 64; ++i) {
+      const int g = i % 32 / 8, r = 2 * (i / 32) + i % 8 / 4;
+      v[static_cast<std::size_t>(i)] = static_cast<std::int16_t>(2 * r + (g & 1) + 8 * (g >> 1));
+    }
+    return v;
+  }();
+  return _mm512_loadu_si512(index.data() + 32 * k);
+}
+
+/// t + Σ_s sc_s·(Σ u·xq)_s over one q2_k / q3_k block, in int32 lanes (only their total
+/// matters): per run r the 2-bit codes of both halves, (qs >> 2r) & 3, or'ed (Q3) with the hmask
+/// bit as 4, by the activation's run r in one `vpdpbusd` (each lane in one sub-block, ≤ 4·7·127),
+/// packed in pairs to int16 and weighted by the scales `sc16` (int16, lanes 0-15) in `vpdpwssd`.
+template <bool Q3>
+MOEKIT_TARGET_AVX512_VNNI inline __m512i low2_dots(const std::byte* block, const __m512i x[4],
+                                                   __m512i sc16, const __m512i spread[2],
+                                                   __m512i t) noexcept {
+  const __m512i three = _mm512_set1_epi8(3), zero = _mm512_setzero_si512();
+  const __m512i q = _mm512_loadu_si512(block + (Q3 ? q3_k::codes_offset : q2_k::codes_offset));
+  const __m512i hmask =
+      Q3 ? _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)))
+         : zero;
+  __m512i p[4];
+  for (int r = 0; r < 4; ++r) {
+    __m512i u = _mm512_and_si512(_mm512_srli_epi16(q, 2 * r), three);
+    if constexpr (Q3)  // hmask bit r (lower half), 4 + r (upper) as 4
+      u = _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(hmask, halves_of_bits(r, 4 + r)), u,
+                               _mm512_set1_epi8(4));
+    p[r] = _mm512_dpbusd_epi32(zero, u, x[r]);
+  }
+  t = _mm512_dpwssd_epi32(t, _mm512_packs_epi32(p[0], p[1]),
+                          _mm512_permutexvar_epi16(spread[0], sc16));
+  return _mm512_dpwssd_epi32(t, _mm512_packs_epi32(p[2], p[3]),
+                             _mm512_permutexvar_epi16(spread[1], sc16));
+}
+
+/// rows[n] · x for n < N: `blocks` q2_k super-blocks per row; `next` as q4_k_row_dots. Per block
+/// d·dx·Σ_s sc_s·(Σ q·xq)_s (low2_dots) − dmin·dx·Σ_s m_s·Σxq_s (one `vpmaddwd`).
+template <std::size_t N>
+MOEKIT_TARGET_AVX512_VNNI inline void q2_k_row_dots(const std::byte* const* rows,
+                                                    std::size_t blocks, const KQuantActivation& a,
+                                                    float* out,
+                                                    const std::byte* const* next) noexcept {
+  const __m128i nib = _mm_set1_epi8(15);
+  const __m512i spread[2] = {run_pair_spread(0), run_pair_spread(1)};
+  __m512 acc[N];
+  __m256 mins[N];
+  for (std::size_t n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps(), mins[n] = _mm256_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::size_t off = b * q2_k::block_bytes;
+    __m512i x[4];
+    load_runs(a.xq + 256 * b, x);
+    const __m128 dx = _mm_set1_ps(a.dx[b]);
+    const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums + 16 * b));
+    for (std::size_t n = 0; n < N; ++n) {
+      const std::byte* block = rows[n] + off;
+      if (next) prefetch_l2(next[n], off, q2_k::block_bytes);
+      const __m128 dd = _mm_mul_ps(two_halves(block + q2_k::d_offset), dx);  // d·dx, dmin·dx
+      const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
+      const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), nib));
+      mins[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(m16, sums)),
+                                _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mins[n]);
+      const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(sm, nib)));
+      const __m512i t = low2_dots<false>(block, x, sc16, spread, _mm512_setzero_si512());
+      acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_broadcastss_ps(dd), acc[n]);
+    }
+  }
+  for (std::size_t n = 0; n < N; ++n)
+    out[n] = _mm512_reduce_add_ps(acc[n]) - _mm512_reduce_add_ps(_mm512_zextps256_ps512(mins[n]));
+}
+
+/// rows[n] · x for n < N: `blocks` q3_k super-blocks per row; `next` as q4_k_row_dots. Per block
+/// d·dx·(Σ_s sc_s·(Σ u·xq)_s − 4·Σ_s sc_s·Σxq_s), u the unsigned codes (q = u − 4), all in
+/// integers: the offset is one `vpdpwssd` of the signed scales by −4·Σxq, converted with the rest.
+template <std::size_t N>
+MOEKIT_TARGET_AVX512_VNNI inline void q3_k_row_dots(const std::byte* const* rows,
+                                                    std::size_t blocks, const KQuantActivation& a,
+                                                    float* out,
+                                                    const std::byte* const* next) noexcept {
+  const __m512i spread[2] = {run_pair_spread(0), run_pair_spread(1)};
+  __m512 acc[N];
+  for (std::size_t n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::size_t off = b * q3_k::block_bytes;
+    __m512i x[4];
+    load_runs(a.xq + 256 * b, x);
+    const __m512i sums4 = _mm512_zextsi256_si512(_mm256_mullo_epi16(  // −4·Σxq: |·| ≤ 4·16·127
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums + 16 * b)),
+        _mm256_set1_epi16(-4)));
+    for (std::size_t n = 0; n < N; ++n) {
+      const std::byte* block = rows[n] + off;
+      if (next) prefetch_l2(next[n], off, q3_k::block_bytes);
+      std::uint32_t w[4];
+      q3_k::scale_words(block, w);
+      const __m128i sc =  // sc_s − 32 in byte s
+          _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(w[0]), static_cast<int>(w[1]),
+                                      static_cast<int>(w[2]), static_cast<int>(w[3])),
+                       _mm_set1_epi8(32));
+      const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(sc));
+      const __m512i t = low2_dots<true>(block, x, sc16, spread,
+                                        _mm512_dpwssd_epi32(_mm512_setzero_si512(), sc16, sums4));
+      std::uint16_t dh;
+      std::memcpy(&dh, block + q3_k::d_offset, 2);
+      acc[n] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(_cvtsh_ss(dh) * a.dx[b]), acc[n]);
+    }
+  }
+  for (std::size_t n = 0; n < N; ++n) out[n] = _mm512_reduce_add_ps(acc[n]);
 }
 
 }  // namespace moekit::detail::avx512_kquant
