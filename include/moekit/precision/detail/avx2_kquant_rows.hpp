@@ -7,8 +7,8 @@
 /// int32 lanes lie in one q4_k sub-block (lanes 0-7; weighted by the scales in integers) or two
 /// q6_k sub-blocks (lanes 0-3, 4-7; converted and multiplied by d·scale·dx in one FMA).
 /// q2_k and q3_k (16-weight sub-blocks, codes ≤ 7) take `vpmaddubsw` alone on every CPU, its
-/// int16 pair sums weighted by the sub-blocks' scales in the `vpmaddwd` that sums them anyway; no
-/// AVX-512 kernel: AVX-512 CPUs run these (docs/formats.md).
+/// int16 pair sums weighted by the sub-blocks' scales in the `vpmaddwd` that sums them anyway
+/// (AVX-512 VNNI CPUs run avx512_kquant's `vpdpbusd` kernels instead).
 
 #include <cstddef>
 #include <cstdint>

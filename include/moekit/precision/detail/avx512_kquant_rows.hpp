@@ -1,5 +1,5 @@
 #pragma once
-/// \file AVX-512 VNNI row dots of the GGUF K-quant formats (q4_k, q5_k, q6_k) with int8 activations
+/// \file AVX-512 VNNI row dots of the GGUF K-quant formats (q2_k .. q6_k) with int8 activations
 /// (kquant_activation.hpp), N rows side by side sharing the activation's loads.
 ///
 /// Per super-block, the codes are unpacked 64 at a time into unsigned bytes (q4_k: the low or
@@ -10,7 +10,9 @@
 /// converted to float and multiplied, in one FMA, by their sub-block's d·scale·dx, spread to the
 /// lanes by one permute; the code offset 32 is one FMA per block with dx·Σxq per sub-block. q4_k
 /// (one activation scale per block): the lanes are weighted by the 6-bit scales in integers and
-/// converted once per block (q4_k_row_dots), which keeps its kernel up with the memory.
+/// converted once per block (q4_k_row_dots), which keeps its kernel up with the memory. q2_k and
+/// q3_k (16-weight sub-blocks, one activation scale per block) as q4_k: the 2-bit codes of run r
+/// of both halves in one vector (q3_k: the hmask bit added as 4), four lanes per sub-block.
 
 #include <array>
 #include <cstddef>
