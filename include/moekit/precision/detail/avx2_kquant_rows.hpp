@@ -252,6 +252,15 @@ MOEKIT_TARGET_AVX2 inline float q2_k_row_dot(const std::byte* row, std::size_t b
   return sum8(acc) - sum8(mins);
 }
 
+/// The signed scales sc_s − 32 of a q3_k block, sub-block s in byte s.
+MOEKIT_TARGET_AVX2 inline __m128i q3_k_scales(const std::byte* block) noexcept {
+  std::uint32_t w[4];
+  q3_k::scale_words(block, w);
+  return _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(w[0]), static_cast<int>(w[1]),
+                                     static_cast<int>(w[2]), static_cast<int>(w[3])),
+                      _mm_set1_epi8(32));
+}
+
 /// A q3_k row of `blocks` super-blocks · the prepared activation; `next` as q2_k_row_dot. The
 /// unsigned codes u = low 2 bits | mask bit << 2 as q2_k's, weighted by the signed scales; the
 /// offset 4·Σ_s sc_s·Σxq_s subtracted in integers, one conversion per block.
@@ -263,12 +272,7 @@ MOEKIT_TARGET_AVX2 inline float q3_k_row_dot(const std::byte* row, std::size_t b
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* block = row + b * q3_k::block_bytes;
     if (next) prefetch_l2(next, b * q3_k::block_bytes, q3_k::block_bytes);
-    std::uint32_t w[4];
-    q3_k::scale_words(block, w);
-    const __m128i sc =  // sc_s − 32 in byte s
-        _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(w[0]), static_cast<int>(w[1]),
-                                    static_cast<int>(w[2]), static_cast<int>(w[3])),
-                     _mm_set1_epi8(32));
+    const __m128i sc = q3_k_scales(block);
     const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums + 16 * b));
     // Σ_s sc_s·(Σ u·xq)_s − 4·Σ_s sc_s·Σxq_s, lane by lane (only the total matters).
     __m256i total =

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "moekit/precision/detail/avx2_kquant_rows.hpp"
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
 #include "moekit/precision/gguf_q2_k.hpp"
 #include "moekit/precision/gguf_q3_k.hpp"
@@ -320,13 +321,8 @@ MOEKIT_TARGET_AVX512_VNNI inline void q3_k_row_dots(const std::byte* const* rows
     for (std::size_t n = 0; n < N; ++n) {
       const std::byte* block = rows[n] + off;
       if (next) prefetch_l2(next[n], off, q3_k::block_bytes);
-      std::uint32_t w[4];
-      q3_k::scale_words(block, w);
-      const __m128i sc =  // sc_s − 32 in byte s
-          _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(w[0]), static_cast<int>(w[1]),
-                                      static_cast<int>(w[2]), static_cast<int>(w[3])),
-                       _mm_set1_epi8(32));
-      const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(sc));
+      const __m512i sc16 =
+          _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(avx2_kquant::q3_k_scales(block)));
       const __m512i t = low2_dots<true>(block, x, sc16, spread,
                                         _mm512_dpwssd_epi32(_mm512_setzero_si512(), sc16, sums4));
       std::uint16_t dh;
