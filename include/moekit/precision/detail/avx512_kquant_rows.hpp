@@ -21,7 +21,6 @@
 #include <utility>
 #include <vector>
 
-#include "moekit/precision/detail/avx2_kquant_rows.hpp"
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
 #include "moekit/precision/gguf_q2_k.hpp"
 #include "moekit/precision/gguf_q3_k.hpp"
@@ -214,50 +213,56 @@ MOEKIT_TARGET_AVX512_VNNI inline void q6_k_row_dots(const std::byte* const* rows
     out[n] = _mm512_reduce_add_ps(acc[n]) - 32.f * _mm512_reduce_add_ps(offset[n]);
 }
 
-/// The activation of a q2_k / q3_k block as low2_dots takes it: vector r holds run r of both
-/// halves (xq[32r ..] in the lower 256 bits, xq[128 + 32r ..] in the upper).
-MOEKIT_TARGET_AVX512_VNNI inline void load_runs(const std::int8_t* xq, __m512i x[4]) noexcept {
-  for (int r = 0; r < 4; ++r)
-    x[r] = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * r))),
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 128 + 32 * r)), 1);
-}
-
-/// The int16 multipliers of packs(P_2k, P_2k+1) for `vpdpwssd` (k = 0, 1): P_r's int32 lanes
-/// 4g..4g+3 lie in sub-block 2r + (g & 1) + 8·(g >> 1), and the pack puts P_2k's four of group g,
-/// then P_2k+1's, in 128-bit group g; returns, per 16-bit lane, the index of its scale.
-MOEKIT_TARGET_AVX512_VNNI inline __m512i run_pair_spread(int k) noexcept {
+/// The int16 multipliers of packs(P_2j, P_2j+1) for `vpdpwssd` (j = 0, 1): vector v's int32
+/// lanes 4g..4g+3 lie in sub-block 4v + g (low2_dots), and the pack puts P_2j's four of group g,
+/// then P_2j+1's, in 128-bit group g; returns, per 16-bit lane, the index of its scale.
+MOEKIT_TARGET_AVX512_VNNI inline __m512i run_pair_spread(int j) noexcept {
   static constexpr auto index = [] {
     std::array<std::int16_t, 64> v{};
-    for (int i = 0; i < 64; ++i) {
-      const int g = i % 32 / 8, r = 2 * (i / 32) + i % 8 / 4;
-      v[static_cast<std::size_t>(i)] = static_cast<std::int16_t>(2 * r + (g & 1) + 8 * (g >> 1));
-    }
+    for (int i = 0; i < 64; ++i)
+      v[static_cast<std::size_t>(i)] =
+          static_cast<std::int16_t>(4 * (2 * (i / 32) + i % 8 / 4) + i % 32 / 8);
     return v;
   }();
-  return _mm512_loadu_si512(index.data() + 32 * k);
+  return _mm512_loadu_si512(index.data() + 32 * j);
 }
 
 /// t + Σ_s sc_s·(Σ u·xq)_s over one q2_k / q3_k block, in int32 lanes (only their total
-/// matters): per run r the 2-bit codes of both halves, (qs >> 2r) & 3, or'ed (Q3) with the hmask
-/// bit as 4, by the activation's run r in one `vpdpbusd` (each lane in one sub-block, ≤ 4·7·127),
-/// packed in pairs to int16 and weighted by the scales `sc16` (int16, lanes 0-15) in `vpdpwssd`.
+/// matters). Vector v = 2h + k holds the codes of half h's runs 2k (lower 256 bits) and 2k + 1
+/// (upper), weights 64v .. 64v+63 in column order: one broadcast of the half's 32 bytes of qs,
+/// the upper half shifted 2 more by a masked shift, then `& 3` (Q3: or'ed with the hmask bit
+/// 4h + 2k, + 1 in the upper half, moved to bit 2). Dotted with 64 activations by `vpdpbusd`
+/// (each lane in one sub-block, ≤ 4·7·127), packed in pairs to int16 and weighted by the scales
+/// `sc16` (int16, lanes 0-15) in `vpdpwssd`.
 template <bool Q3>
-MOEKIT_TARGET_AVX512_VNNI inline __m512i low2_dots(const std::byte* block, const __m512i x[4],
+MOEKIT_TARGET_AVX512_VNNI inline __m512i low2_dots(const std::byte* block, const std::int8_t* xq,
                                                    __m512i sc16, const __m512i spread[2],
                                                    __m512i t) noexcept {
-  const __m512i three = _mm512_set1_epi8(3), zero = _mm512_setzero_si512();
-  const __m512i q = _mm512_loadu_si512(block + (Q3 ? q3_k::codes_offset : q2_k::codes_offset));
-  const __m512i hmask =
-      Q3 ? _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)))
-         : zero;
+  const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+  const __m512i zero = _mm512_setzero_si512();
+  const __mmask32 upper = 0xffff0000u;  // the upper 256 bits' 16-bit lanes
+  const std::byte* qs = block + (Q3 ? q3_k::codes_offset : q2_k::codes_offset);
+  __m512i hm = zero;
+  if constexpr (Q3) {
+    hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+    hm = _mm512_mask_srli_epi16(hm, upper, hm, 1);  // bit j of hmask, j + 1 in the upper half
+  }
   __m512i p[4];
-  for (int r = 0; r < 4; ++r) {
-    __m512i u = _mm512_and_si512(_mm512_srli_epi16(q, 2 * r), three);
-    if constexpr (Q3)  // hmask bit r (lower half), 4 + r (upper) as 4
-      u = _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(hmask, halves_of_bits(r, 4 + r)), u,
-                               _mm512_set1_epi8(4));
-    p[r] = _mm512_dpbusd_epi32(zero, u, x[r]);
+  for (int h = 0; h < 2; ++h) {
+    __m512i q =
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * h)));
+    q = _mm512_mask_srli_epi16(q, upper, q, 2);
+    for (int k = 0; k < 2; ++k) {
+      __m512i u = _mm512_and_si512(k ? _mm512_srli_epi16(q, 4) : q, three);
+      if constexpr (Q3) {  // bit j = 4h + 2k of hm to bit 2: u | (hm moved & 4)
+        const int j = 4 * h + 2 * k;
+        const __m512i bit = j == 0   ? _mm512_slli_epi16(hm, 2)
+                            : j == 2 ? hm
+                                     : _mm512_srli_epi16(hm, static_cast<unsigned>(j - 2));
+        u = _mm512_ternarylogic_epi32(u, bit, four, 0xf8);
+      }
+      p[2 * h + k] = _mm512_dpbusd_epi32(zero, u, _mm512_loadu_si512(xq + 64 * (2 * h + k)));
+    }
   }
   t = _mm512_dpwssd_epi32(t, _mm512_packs_epi32(p[0], p[1]),
                           _mm512_permutexvar_epi16(spread[0], sc16));
@@ -272,32 +277,45 @@ MOEKIT_TARGET_AVX512_VNNI inline void q2_k_row_dots(const std::byte* const* rows
                                                     std::size_t blocks, const KQuantActivation& a,
                                                     float* out,
                                                     const std::byte* const* next) noexcept {
-  const __m128i nib = _mm_set1_epi8(15);
+  const __m256i nib = _mm256_set1_epi16(15);
   const __m512i spread[2] = {run_pair_spread(0), run_pair_spread(1)};
   __m512 acc[N];
   __m256 mins[N];
   for (std::size_t n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps(), mins[n] = _mm256_setzero_ps();
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::size_t off = b * q2_k::block_bytes;
-    __m512i x[4];
-    load_runs(a.xq + 256 * b, x);
     const __m128 dx = _mm_set1_ps(a.dx[b]);
     const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums + 16 * b));
+#pragma GCC unroll 4  // the accumulators in registers, not on the stack
     for (std::size_t n = 0; n < N; ++n) {
       const std::byte* block = rows[n] + off;
       if (next) prefetch_l2(next[n], off, q2_k::block_bytes);
       const __m128 dd = _mm_mul_ps(two_halves(block + q2_k::d_offset), dx);  // d·dx, dmin·dx
-      const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
-      const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), nib));
-      mins[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(m16, sums)),
-                                _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mins[n]);
-      const __m512i sc16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(sm, nib)));
-      const __m512i t = low2_dots<false>(block, x, sc16, spread, _mm512_setzero_si512());
+      const __m256i sm =  // sc_s | m_s << 4 in int16 lane s
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+      mins[n] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_srli_epi16(sm, 4), sums)),
+                          _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mins[n]);
+      const __m512i sc16 = _mm512_zextsi256_si512(_mm256_and_si256(sm, nib));
+      const __m512i t =
+          low2_dots<false>(block, a.xq + 256 * b, sc16, spread, _mm512_setzero_si512());
       acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_broadcastss_ps(dd), acc[n]);
     }
   }
   for (std::size_t n = 0; n < N; ++n)
     out[n] = _mm512_reduce_add_ps(acc[n]) - _mm512_reduce_add_ps(_mm512_zextps256_ps512(mins[n]));
+}
+
+/// The signed scales sc_s − 32 of a q3_k block as int16, sub-block s in lane s: scale_words
+/// (gguf_q3_k.hpp) on one vector of the 12 bytes.
+MOEKIT_TARGET_AVX512_VNNI inline __m256i q3_k_scales16(const std::byte* block) noexcept {
+  const __m128i w = _mm_maskz_loadu_epi8(0x0fff, block + q3_k::scales_offset);  // w0 w1 w2 0
+  const __m128i low = _mm_and_si128(
+      _mm_srlv_epi32(_mm_shuffle_epi32(w, 0x44), _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(15));
+  const __m128i high = _mm_and_si128(
+      _mm_srlv_epi32(_mm_shuffle_epi32(w, 0xaa), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+  return _mm256_cvtepi8_epi16(
+      _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi32(high, 4)), _mm_set1_epi8(32)));
 }
 
 /// rows[n] · x for n < N: `blocks` q3_k super-blocks per row; `next` as q4_k_row_dots. Per block
@@ -313,17 +331,15 @@ MOEKIT_TARGET_AVX512_VNNI inline void q3_k_row_dots(const std::byte* const* rows
   for (std::size_t n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps();
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::size_t off = b * q3_k::block_bytes;
-    __m512i x[4];
-    load_runs(a.xq + 256 * b, x);
     const __m512i sums4 = _mm512_zextsi256_si512(_mm256_mullo_epi16(  // −4·Σxq: |·| ≤ 4·16·127
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums + 16 * b)),
         _mm256_set1_epi16(-4)));
+#pragma GCC unroll 4  // the accumulators in registers, not on the stack
     for (std::size_t n = 0; n < N; ++n) {
       const std::byte* block = rows[n] + off;
       if (next) prefetch_l2(next[n], off, q3_k::block_bytes);
-      const __m512i sc16 =
-          _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(avx2_kquant::q3_k_scales(block)));
-      const __m512i t = low2_dots<true>(block, x, sc16, spread,
+      const __m512i sc16 = _mm512_zextsi256_si512(q3_k_scales16(block));
+      const __m512i t = low2_dots<true>(block, a.xq + 256 * b, sc16, spread,
                                         _mm512_dpwssd_epi32(_mm512_setzero_si512(), sc16, sums4));
       std::uint16_t dh;
       std::memcpy(&dh, block + q3_k::d_offset, 2);
