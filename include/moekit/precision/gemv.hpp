@@ -72,9 +72,10 @@ struct Epilogue {
 /// columns, where four streams (Zen 4's entry for the other int8 kernels) fell far behind.
 inline constexpr RowStreaming kquant_row_streaming{2, true};
 
-/// True for the K-quants whose AVX2 int8 kernel has no AVX-VNNI variant (q2_k, q3_k: codes ≤ 7,
-/// `vpmaddubsw` alone; docs/formats.md). Their AVX-512 VNNI kernels use `vpdpbusd`.
-constexpr bool kquant_no_avx_vnni(Precision p) noexcept {
+/// True for q2_k and q3_k, whose int8 kernels are picked apart from the other K-quants': their
+/// AVX2 kernel has no AVX-VNNI variant (codes ≤ 7, `vpmaddubsw` alone) and their AVX-512 one needs
+/// GFNI and VBMI too (`has_avx512_kq2`; without them, the AVX2 kernel; docs/formats.md).
+constexpr bool kquant_low2(Precision p) noexcept {
   return p == Precision::q2_k || p == Precision::q3_k;
 }
 
@@ -514,12 +515,12 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
     // K-quants run their own int8 kernels on every ISA (the scalar one on the generic path).
     p.kquant = KQuantKernel::scalar;
 #if defined(MOEKIT_HAS_X86_KERNELS)
-    if (isa == Isa::avx512 && has_avx512_vnni())
+    const bool low2 = kquant_low2(w.precision);
+    if (isa == Isa::avx512 && has_avx512_vnni() && (!low2 || has_avx512_kq2()))
       p.kquant = KQuantKernel::avx512_vnni;
     else if (isa != Isa::generic)
-      p.kquant = o.avx_vnni && has_avx_vnni() && !kquant_no_avx_vnni(w.precision)
-                     ? KQuantKernel::avx_vnni
-                     : KQuantKernel::avx2;
+      p.kquant =
+          o.avx_vnni && has_avx_vnni() && !low2 ? KQuantKernel::avx_vnni : KQuantKernel::avx2;
 #endif
     if (p.kquant != KQuantKernel::scalar)
       p.streaming = o.streaming ? resolve_streaming(o, w.cols) : kquant_row_streaming;

@@ -8,7 +8,7 @@
 /// q6_k sub-blocks (lanes 0-3, 4-7; converted and multiplied by d·scale·dx in one FMA).
 /// q2_k and q3_k (16-weight sub-blocks, codes ≤ 7) take `vpmaddubsw` alone on every CPU, its
 /// int16 pair sums weighted by the sub-blocks' scales in the `vpmaddwd` that sums them anyway
-/// (AVX-512 VNNI CPUs run avx512_kquant's `vpdpbusd` kernels instead).
+/// (AVX-512 VNNI CPUs with GFNI and VBMI run avx512_kquant's kernels instead).
 
 #include <cstddef>
 #include <cstdint>
