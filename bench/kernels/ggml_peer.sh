@@ -13,7 +13,7 @@
 # The K-quant cells (q4_K, q5_K, q6_K, q2_K, q3_K) follow the others; --kquant runs them alone: ggml
 # quantizes the matrix and moekit runs its bytes as they lie (Precision::q4_k .. q3_k, no transcode),
 # moekit's int8-activation kernels against ggml's mul_mat of the same type (issue 23 point 1;
-# q2_K/q3_K: moekit's AVX2 kernel on every x86 CPU, AVX-512 ones included). `--only q2_K` selects
+# `--isa avx2` runs moekit's AVX2 kernels on an AVX-512 CPU, ggml unchanged). `--only q2_K` selects
 # both the K-quant q2_K cell and the other cells' q2 line (moekit's q2 against ggml's Q2_K).
 #
 # --gemm: the prefill GEMM instead (bench/kernels/ggml/gemm_vs_ggml.cpp): moekit's int8 GEMM

@@ -300,7 +300,7 @@ void run_kquants(int reps, bool quick, const std::string& only, int only_threads
                  std::optional<Isa> isa) {
   std::printf(
       "\nK-quants: moekit runs ggml's bytes as Precision::q4_k / q5_k / q6_k / q2_k / q3_k (in "
-      "place; q2_k and q3_k: the AVX2 kernel on every x86 CPU). ms are "
+      "place). ms are "
       "medians; "
       "i8x rd, ggml rd and i8x/gg are medians of per-round ratios (rd: the read's time / the "
       "kernel's, the read the faster of one stream and four prefetched ones in the round; /gg: "

@@ -72,9 +72,10 @@ struct Epilogue {
 /// columns, where four streams (Zen 4's entry for the other int8 kernels) fell far behind.
 inline constexpr RowStreaming kquant_row_streaming{2, true};
 
-/// True for the K-quants whose int8 kernels are AVX2's on every x86 CPU, AVX-512 ones included
-/// (q2_k, q3_k: no AVX-512 kernel; and no AVX-VNNI, `vpmaddubsw` alone, docs/formats.md).
-constexpr bool kquant_avx2_only(Precision p) noexcept {
+/// True for q2_k and q3_k, whose int8 kernels are picked apart from the other K-quants': their
+/// AVX2 kernel has no AVX-VNNI variant (codes ≤ 7, `vpmaddubsw` alone) and their AVX-512 one needs
+/// GFNI and VBMI too (`has_avx512_kq2`; without them, the AVX2 kernel; docs/formats.md).
+constexpr bool kquant_low2(Precision p) noexcept {
   return p == Precision::q2_k || p == Precision::q3_k;
 }
 
@@ -83,8 +84,7 @@ namespace detail {
 inline KQuantActivation prepare_kquant_for(Isa isa, const float* x, std::size_t cols, Precision p,
                                            KQuantStorage& st) {
 #if defined(MOEKIT_HAS_X86_KERNELS)
-  if (isa == Isa::avx512 && has_avx512_vnni() && !kquant_avx2_only(p))
-    return avx512_kquant::prepare(x, cols, p, st);
+  if (isa == Isa::avx512 && has_avx512_vnni()) return avx512_kquant::prepare(x, cols, p, st);
   if (isa != Isa::generic) return avx2_kquant::prepare(x, cols, p, st);
 #endif
   (void)isa;
@@ -425,18 +425,14 @@ struct GemvPlan {
     auto with = [&]<Precision P>() {
 #if defined(MOEKIT_HAS_X86_KERNELS)
       constexpr bool q6 = P == Precision::q6_k, q5 = P == Precision::q5_k;
-      if constexpr (kquant_avx2_only(P)) {  // AVX2 kernel on every x86 path (make_plan)
-        if (kquant != KQuantKernel::scalar) {
-          for (std::size_t n = 0; n < N; ++n) {
-            const std::byte* ahead = next ? next[n] : nullptr;
-            out[n] = P == Precision::q2_k ? avx2_kquant::q2_k_row_dot(rows[n], blocks, actk, ahead)
-                                          : avx2_kquant::q3_k_row_dot(rows[n], blocks, actk, ahead);
-          }
-          return;
-        }
-      } else if (kquant == KQuantKernel::avx512_vnni) {
+      constexpr bool q2 = P == Precision::q2_k, q3 = P == Precision::q3_k;
+      if (kquant == KQuantKernel::avx512_vnni) {
         if constexpr (q6)
           return avx512_kquant::q6_k_row_dots<N>(rows, blocks, actk, out, next);
+        else if constexpr (q2)
+          return avx512_kquant::q2_k_row_dots<N>(rows, blocks, actk, out, next);
+        else if constexpr (q3)
+          return avx512_kquant::q3_k_row_dots<N>(rows, blocks, actk, out, next);
         else
           return avx512_kquant::q4_k_row_dots<N, q5>(rows, blocks, actk, out, next);
       }
@@ -446,6 +442,10 @@ struct GemvPlan {
             const std::byte* ahead = next ? next[n] : nullptr;
             if constexpr (q6)
               out[n] = avx2_kquant::q6_k_row_dot<Vnni>(rows[n], blocks, actk, ahead);
+            else if constexpr (q2)
+              out[n] = avx2_kquant::q2_k_row_dot(rows[n], blocks, actk, ahead);
+            else if constexpr (q3)
+              out[n] = avx2_kquant::q3_k_row_dot(rows[n], blocks, actk, ahead);
             else
               out[n] = avx2_kquant::q4_k_row_dot<Vnni, q5>(rows[n], blocks, actk, ahead);
           }
@@ -515,12 +515,12 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
     // K-quants run their own int8 kernels on every ISA (the scalar one on the generic path).
     p.kquant = KQuantKernel::scalar;
 #if defined(MOEKIT_HAS_X86_KERNELS)
-    if (isa != Isa::generic && kquant_avx2_only(w.precision))
-      p.kquant = KQuantKernel::avx2;
-    else if (isa == Isa::avx512 && has_avx512_vnni())
+    const bool low2 = kquant_low2(w.precision);
+    if (isa == Isa::avx512 && has_avx512_vnni() && (!low2 || has_avx512_kq2()))
       p.kquant = KQuantKernel::avx512_vnni;
     else if (isa != Isa::generic)
-      p.kquant = o.avx_vnni && has_avx_vnni() ? KQuantKernel::avx_vnni : KQuantKernel::avx2;
+      p.kquant =
+          o.avx_vnni && has_avx_vnni() && !low2 ? KQuantKernel::avx_vnni : KQuantKernel::avx2;
 #endif
     if (p.kquant != KQuantKernel::scalar)
       p.streaming = o.streaming ? resolve_streaming(o, w.cols) : kquant_row_streaming;

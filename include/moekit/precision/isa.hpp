@@ -62,6 +62,18 @@ inline bool has_avx512_vnni() noexcept {
 #endif
 }
 
+/// True when the CPU has AVX-512 VNNI with GFNI and VBMI (Ice Lake and later, Zen 4 and later; not
+/// Cascade Lake), which the q2_k/q3_k AVX-512 kernels use (`vgf2p8affineqb`, `vpermb`).
+inline bool has_avx512_kq2() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool yes =
+      has_avx512_vnni() && __builtin_cpu_supports("gfni") && __builtin_cpu_supports("avx512vbmi");
+  return yes;
+#else
+  return false;
+#endif
+}
+
 /// True when the CPU has AVX512_BF16 (`vdpbf16ps`: pairs of bf16 products summed into floats),
 /// used by the GEMV of bf16 rows with bf16 activations (KernelOptions::bf16_activations).
 inline bool has_avx512_bf16() noexcept {

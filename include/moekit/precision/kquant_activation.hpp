@@ -132,4 +132,45 @@ inline KQuantActivation prepare_kquant(const float* x, std::size_t cols, Precisi
   return st.view(cols, p);
 }
 
+namespace detail {
+
+/// The vectorised preparations' loop (detail/avx512_kquant_rows.hpp, detail/avx2_kquant_rows.hpp),
+/// the same values as prepare_kquant: `MaxAbs(x, n)` is max |x| over n values, `Round(x, inv, q)`
+/// rounds 32 values times inv into q and returns the code sums of their two halves; both are an
+/// ISA's (called, not inlined: this runs once per GEMV).
+template <auto MaxAbs, auto Round>
+KQuantActivation prepare_kquant_with(const float* x, std::size_t cols, Precision p,
+                                     KQuantStorage& st) {
+  st.grow(cols, p);
+  std::int8_t* xq = st.q.data();
+  float* dx = st.f.data();
+  const std::size_t span = kquant_block_scaled(p) ? 256 : 32;  // values per activation scale
+  for (std::size_t c = 0; c < cols; c += span) {
+    const float amax = MaxAbs(x + c, span);
+    const float d = amax / 127.f, inv = amax > 0 ? 127.f / amax : 0.f;
+    if (kquant_block_scaled(p)) {
+      dx[c / 256] = d;
+      for (std::size_t j = 0; j < 8; ++j) {
+        const std::size_t slot = kquant_chunk_order(p) ? q4_k_chunk_slot(j) : j;
+        const auto [s0, s1] = Round(x + c + 32 * j, inv, xq + c + 32 * slot);
+        if (kquant_sub_block(p) == 32) {
+          st.s[c / 32 + j] = static_cast<std::int16_t>(s0 + s1);
+        } else {
+          st.s[c / 16 + 2 * j] = static_cast<std::int16_t>(s0);
+          st.s[c / 16 + 2 * j + 1] = static_cast<std::int16_t>(s1);
+        }
+      }
+    } else {
+      const auto [s0, s1] = Round(x + c, inv, xq + c);
+      float* dxs = dx + cols / 16;
+      dx[c / 16] = dx[c / 16 + 1] = d;
+      dxs[c / 16] = d * static_cast<float>(s0);
+      dxs[c / 16 + 1] = d * static_cast<float>(s1);
+    }
+  }
+  return st.view(cols, p);
+}
+
+}  // namespace detail
+
 }  // namespace moekit

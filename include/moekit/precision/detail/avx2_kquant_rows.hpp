@@ -7,8 +7,8 @@
 /// int32 lanes lie in one q4_k sub-block (lanes 0-7; weighted by the scales in integers) or two
 /// q6_k sub-blocks (lanes 0-3, 4-7; converted and multiplied by d·scale·dx in one FMA).
 /// q2_k and q3_k (16-weight sub-blocks, codes ≤ 7) take `vpmaddubsw` alone on every CPU, its
-/// int16 pair sums weighted by the sub-blocks' scales in the `vpmaddwd` that sums them anyway; no
-/// AVX-512 kernel: AVX-512 CPUs run these (docs/formats.md).
+/// int16 pair sums weighted by the sub-blocks' scales in the `vpmaddwd` that sums them anyway
+/// (AVX-512 VNNI CPUs with GFNI and VBMI run avx512_kquant's kernels instead).
 
 #include <cstddef>
 #include <cstdint>
@@ -73,36 +73,8 @@ MOEKIT_TARGET_AVX2_VNNI inline std::pair<int, int> round_chunk(const float* x, f
 
 /// prepare_kquant (kquant_activation.hpp) vectorised, with the same values (the same products and
 /// rounding to nearest even): it runs once per GEMV.
-MOEKIT_TARGET_AVX2_VNNI inline KQuantActivation prepare(const float* x, std::size_t cols,
-                                                        Precision p, KQuantStorage& st) {
-  st.grow(cols, p);
-  std::int8_t* xq = st.q.data();
-  float* dx = st.f.data();
-  const std::size_t span = kquant_block_scaled(p) ? 256 : 32;  // values per activation scale
-  for (std::size_t c = 0; c < cols; c += span) {
-    const float amax = max_abs(x + c, span);
-    const float d = amax / 127.f, inv = amax > 0 ? 127.f / amax : 0.f;
-    if (kquant_block_scaled(p)) {
-      dx[c / 256] = d;
-      for (std::size_t j = 0; j < 8; ++j) {
-        const std::size_t slot = kquant_chunk_order(p) ? q4_k_chunk_slot(j) : j;
-        const auto [s0, s1] = round_chunk(x + c + 32 * j, inv, xq + c + 32 * slot);
-        if (kquant_sub_block(p) == 32) {
-          st.s[c / 32 + j] = static_cast<std::int16_t>(s0 + s1);
-        } else {
-          st.s[c / 16 + 2 * j] = static_cast<std::int16_t>(s0);
-          st.s[c / 16 + 2 * j + 1] = static_cast<std::int16_t>(s1);
-        }
-      }
-    } else {
-      const auto [s0, s1] = round_chunk(x + c, inv, xq + c);
-      float* dxs = dx + cols / 16;
-      dx[c / 16] = dx[c / 16 + 1] = d;
-      dxs[c / 16] = d * static_cast<float>(s0);
-      dxs[c / 16 + 1] = d * static_cast<float>(s1);
-    }
-  }
-  return st.view(cols, p);
+inline KQuantActivation prepare(const float* x, std::size_t cols, Precision p, KQuantStorage& st) {
+  return prepare_kquant_with<&max_abs, &round_chunk>(x, cols, p, st);
 }
 
 /// Prefetches into L2 the cache lines of `row` that start in [off, off + bytes) (each line once).
@@ -280,6 +252,15 @@ MOEKIT_TARGET_AVX2 inline float q2_k_row_dot(const std::byte* row, std::size_t b
   return sum8(acc) - sum8(mins);
 }
 
+/// The signed scales sc_s − 32 of a q3_k block, sub-block s in byte s.
+MOEKIT_TARGET_AVX2 inline __m128i q3_k_scales(const std::byte* block) noexcept {
+  std::uint32_t w[4];
+  q3_k::scale_words(block, w);
+  return _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(w[0]), static_cast<int>(w[1]),
+                                     static_cast<int>(w[2]), static_cast<int>(w[3])),
+                      _mm_set1_epi8(32));
+}
+
 /// A q3_k row of `blocks` super-blocks · the prepared activation; `next` as q2_k_row_dot. The
 /// unsigned codes u = low 2 bits | mask bit << 2 as q2_k's, weighted by the signed scales; the
 /// offset 4·Σ_s sc_s·Σxq_s subtracted in integers, one conversion per block.
@@ -291,12 +272,7 @@ MOEKIT_TARGET_AVX2 inline float q3_k_row_dot(const std::byte* row, std::size_t b
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* block = row + b * q3_k::block_bytes;
     if (next) prefetch_l2(next, b * q3_k::block_bytes, q3_k::block_bytes);
-    std::uint32_t w[4];
-    q3_k::scale_words(block, w);
-    const __m128i sc =  // sc_s − 32 in byte s
-        _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(w[0]), static_cast<int>(w[1]),
-                                    static_cast<int>(w[2]), static_cast<int>(w[3])),
-                     _mm_set1_epi8(32));
+    const __m128i sc = q3_k_scales(block);
     const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums + 16 * b));
     // Σ_s sc_s·(Σ u·xq)_s − 4·Σ_s sc_s·Σxq_s, lane by lane (only the total matters).
     __m256i total =

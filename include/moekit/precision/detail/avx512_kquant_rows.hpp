@@ -1,5 +1,5 @@
 #pragma once
-/// \file AVX-512 VNNI row dots of the GGUF K-quant formats (q4_k, q5_k, q6_k) with int8 activations
+/// \file AVX-512 VNNI row dots of the GGUF K-quant formats (q2_k .. q6_k) with int8 activations
 /// (kquant_activation.hpp), N rows side by side sharing the activation's loads.
 ///
 /// Per super-block, the codes are unpacked 64 at a time into unsigned bytes (q4_k: the low or
@@ -10,22 +10,32 @@
 /// converted to float and multiplied, in one FMA, by their sub-block's d·scale·dx, spread to the
 /// lanes by one permute; the code offset 32 is one FMA per block with dx·Σxq per sub-block. q4_k
 /// (one activation scale per block): the lanes are weighted by the 6-bit scales in integers and
-/// converted once per block (q4_k_row_dots), which keeps its kernel up with the memory.
+/// converted once per block (q4_k_row_dots), which keeps its kernel up with the memory. q2_k and
+/// q3_k (16-weight sub-blocks, one activation scale per block) as q4_k, four lanes per
+/// sub-block, their codes unpacked by GFNI and their scales spread by VBMI (low2_dots).
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
 
-#include "moekit/error.hpp"
 #include "moekit/precision/detail/avx512_int8_rows.hpp"
+#include "moekit/precision/gguf_q2_k.hpp"
+#include "moekit/precision/gguf_q3_k.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
 #include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
 #include "moekit/precision/kquant_activation.hpp"
 
 #if defined(MOEKIT_HAS_X86_KERNELS)
+
+/// The q2_k / q3_k kernels' target: AVX-512 VNNI with GFNI and VBMI (has_avx512_kq2).
+#define MOEKIT_TARGET_AVX512_KQ2                                                   \
+  __attribute__((                                                                  \
+      target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,gfni,avx2," \
+             "fma,f16c")))
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -70,34 +80,9 @@ MOEKIT_TARGET_AVX512_VNNI inline float max_abs(const float* x, std::size_t n) no
 
 /// prepare_kquant (kquant_activation.hpp) vectorised, with the same values (the same products and
 /// rounding to nearest even): it runs once per GEMV (its scalar cost: bench/RESULTS.md, "GGUF
-/// K-quants read in place"). For q4_k, q5_k and q6_k only: q2_k and q3_k rows run the AVX2
-/// kernels and their preparation on every x86 CPU (gemv.hpp, `kquant_avx2_only`).
-MOEKIT_TARGET_AVX512_VNNI inline KQuantActivation prepare(const float* x, std::size_t cols,
-                                                          Precision p, KQuantStorage& st) {
-  MOEKIT_EXPECTS(kquant_chunk_order(p) || p == Precision::q6_k,
-                 "avx512_kquant::prepare: q2_k and q3_k take the AVX2 preparation");
-  st.grow(cols, p);
-  std::int8_t* xq = st.q.data();
-  float* dx = st.f.data();
-  const std::size_t span = kquant_block_scaled(p) ? 256 : 32;  // values per activation scale
-  for (std::size_t c = 0; c < cols; c += span) {
-    const float amax = max_abs(x + c, span);
-    const float d = amax / 127.f, inv = amax > 0 ? 127.f / amax : 0.f;
-    if (kquant_block_scaled(p)) {
-      dx[c / 256] = d;
-      for (std::size_t j = 0; j < 8; ++j) {
-        const auto [s0, s1] = round_chunk(x + c + 32 * j, inv, xq + c + 32 * q4_k_chunk_slot(j));
-        st.s[c / 32 + j] = static_cast<std::int16_t>(s0 + s1);
-      }
-    } else {
-      const auto [s0, s1] = round_chunk(x + c, inv, xq + c);
-      float* dxs = dx + cols / 16;
-      dx[c / 16] = dx[c / 16 + 1] = d;
-      dxs[c / 16] = d * static_cast<float>(s0);
-      dxs[c / 16 + 1] = d * static_cast<float>(s1);
-    }
-  }
-  return st.view(cols, p);
+/// K-quants read in place").
+inline KQuantActivation prepare(const float* x, std::size_t cols, Precision p, KQuantStorage& st) {
+  return prepare_kquant_with<&max_abs, &round_chunk>(x, cols, p, st);
 }
 
 /// Bytes 1 << a in the lower 256 bits, 1 << b in the upper.
@@ -232,6 +217,147 @@ MOEKIT_TARGET_AVX512_VNNI inline void q6_k_row_dots(const std::byte* const* rows
   }
   for (std::size_t n = 0; n < N; ++n)
     out[n] = _mm512_reduce_add_ps(acc[n]) - 32.f * _mm512_reduce_add_ps(offset[n]);
+}
+
+/// `vpermb` indices of the scale bytes for packs(P_2j, P_2j+1) in `vpdpwssd` (j = 0, 1), the
+/// scale in byte `at` (0: low, 1: high) of each 16-bit lane: vector v's int32 lanes 4g..4g+3 lie in
+/// sub-block 4v + g (low2_dots), and the pack puts P_2j's four of group g, then P_2j+1's, in
+/// 128-bit group g.
+MOEKIT_TARGET_AVX512_KQ2 inline __m512i run_pair_spread(int j, int at) noexcept {
+  static constexpr auto index = [] {
+    std::array<std::int8_t, 128> v{};
+    for (int i = 0; i < 64; ++i)
+      v[static_cast<std::size_t>(2 * i)] =
+          static_cast<std::int8_t>(4 * (2 * (i / 32) + i % 8 / 4) + i % 32 / 8);
+    return v;
+  }();
+  const __m512i low = _mm512_loadu_si512(index.data() + 64 * j);
+  return at ? _mm512_bslli_epi128(low, 1) : low;
+}
+
+/// The `vgf2p8affineqb` matrices that move bits j .. j + n − 1 of each byte to bits o .. o + n − 1
+/// (the rest 0) in the lower 256 bits, and bits j + n .. j + 2n − 1 in the upper.
+MOEKIT_TARGET_AVX512_KQ2 inline __m512i bit_pick(int j, int n, int o = 0) noexcept {
+  auto matrix = [&](int from) {
+    std::uint64_t m = 0;  // byte 7 − i of the matrix: the input bits of output bit i
+    for (int i = 0; i < n; ++i) m |= std::uint64_t{1} << (from + i) << 8 * (7 - (o + i));
+    return static_cast<long long>(m);
+  };
+  return _mm512_inserti64x4(_mm512_set1_epi64(matrix(j)), _mm256_set1_epi64x(matrix(j + n)), 1);
+}
+
+/// t + Σ_s sc_s·(Σ u·xq)_s over one q2_k / q3_k block, in int32 lanes (only their total
+/// matters); Q3: times 256. Vector v = 2h + k holds the codes of half h's runs 2k (lower 256
+/// bits) and 2k + 1 (upper), weights 64v .. 64v+63 in column order: one broadcast of the half's
+/// 32 bytes of qs and one `vgf2p8affineqb` (Q3: or'ed with the hmask bit 4h + 2k, + 1 in the
+/// upper half, moved to bit 2 by another). Dotted with 64 activations by `vpdpbusd` (each lane in
+/// one sub-block, ≤ 4·7·127), packed in pairs to int16 and weighted in `vpdpwssd` by the scale
+/// bytes `sc` (lanes 0-15), spread by `vpermb` into the low byte of each 16-bit lane (Q3, signed:
+/// the high byte, so ×256).
+template <bool Q3>
+MOEKIT_TARGET_AVX512_KQ2 inline __m512i low2_dots(const std::byte* block, const std::int8_t* xq,
+                                                  __m128i sc, const __m512i spread[2],
+                                                  __m512i t) noexcept {
+  const __m512i zero = _mm512_setzero_si512();
+  const __mmask64 at = Q3 ? 0xaaaaaaaaaaaaaaaaull : 0x5555555555555555ull;
+  const std::byte* qs = block + (Q3 ? q3_k::codes_offset : q2_k::codes_offset);
+  __m512i hm = zero;
+  if constexpr (Q3)
+    hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+  __m512i p[4];
+  for (int h = 0; h < 2; ++h) {
+    const __m512i q =
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * h)));
+    for (int k = 0; k < 2; ++k) {
+      __m512i u = _mm512_gf2p8affine_epi64_epi8(q, bit_pick(4 * k, 2), 0);
+      if constexpr (Q3)
+        u = _mm512_or_si512(u, _mm512_gf2p8affine_epi64_epi8(hm, bit_pick(4 * h + 2 * k, 1, 2), 0));
+      p[2 * h + k] = _mm512_dpbusd_epi32(zero, u, _mm512_loadu_si512(xq + 64 * (2 * h + k)));
+    }
+  }
+  const __m512i scz = _mm512_castsi128_si512(sc);
+  t = _mm512_dpwssd_epi32(t, _mm512_packs_epi32(p[0], p[1]),
+                          _mm512_maskz_permutexvar_epi8(at, spread[0], scz));
+  return _mm512_dpwssd_epi32(t, _mm512_packs_epi32(p[2], p[3]),
+                             _mm512_maskz_permutexvar_epi8(at, spread[1], scz));
+}
+
+/// rows[n] · x for n < N: `blocks` q2_k super-blocks per row; `next` as q4_k_row_dots. Per block
+/// d·dx·Σ_s sc_s·(Σ q·xq)_s (low2_dots) − dmin·dx·Σ_s m_s·Σxq_s (one `vpmaddwd`).
+template <std::size_t N>
+MOEKIT_TARGET_AVX512_KQ2 inline void q2_k_row_dots(const std::byte* const* rows, std::size_t blocks,
+                                                   const KQuantActivation& a, float* out,
+                                                   const std::byte* const* next) noexcept {
+  const __m512i spread[2] = {run_pair_spread(0, 0), run_pair_spread(1, 0)};
+  __m512 acc[N];
+  __m256 mins[N];
+  for (std::size_t n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps(), mins[n] = _mm256_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::size_t off = b * q2_k::block_bytes;
+    const __m128 dx = _mm_set1_ps(a.dx[b]);
+    const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums + 16 * b));
+#pragma GCC unroll 4  // the accumulators in registers, not on the stack
+    for (std::size_t n = 0; n < N; ++n) {
+      const std::byte* block = rows[n] + off;
+      if (next) prefetch_l2(next[n], off, q2_k::block_bytes);
+      const __m128 dd = _mm_mul_ps(two_halves(block + q2_k::d_offset), dx);  // d·dx, dmin·dx
+      const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
+      const __m256i m16 = _mm256_srli_epi16(_mm256_cvtepu8_epi16(sm), 4);
+      mins[n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(m16, sums)),
+                                _mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mins[n]);
+      const __m512i t =
+          low2_dots<false>(block, a.xq + 256 * b, _mm_and_si128(sm, _mm_set1_epi8(15)), spread,
+                           _mm512_setzero_si512());
+      acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_broadcastss_ps(dd), acc[n]);
+    }
+  }
+  for (std::size_t n = 0; n < N; ++n)
+    out[n] = _mm512_reduce_add_ps(acc[n]) - _mm512_reduce_add_ps(_mm512_zextps256_ps512(mins[n]));
+}
+
+/// The signed scales sc_s − 32 of a q3_k block, sub-block s in byte s: scale_words
+/// (gguf_q3_k.hpp) on one vector of the 12 bytes.
+MOEKIT_TARGET_AVX512_KQ2 inline __m128i q3_k_scales(const std::byte* block) noexcept {
+  const __m128i w = _mm_maskz_loadu_epi8(0x0fff, block + q3_k::scales_offset);  // w0 w1 w2 0
+  const __m128i low = _mm_and_si128(
+      _mm_srlv_epi32(_mm_shuffle_epi32(w, 0x44), _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(15));
+  const __m128i high = _mm_and_si128(
+      _mm_srlv_epi32(_mm_shuffle_epi32(w, 0xaa), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+  return _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi32(high, 4)), _mm_set1_epi8(32));
+}
+
+/// rows[n] · x for n < N: `blocks` q3_k super-blocks per row; `next` as q4_k_row_dots. Per block
+/// d·dx·(Σ_s sc_s·(Σ u·xq)_s − 4·Σ_s sc_s·Σxq_s), u the unsigned codes (q = u − 4), all in
+/// integers times 256 (low2_dots; exact in the conversion: |sum| / 256 < 2^24): the offset is one
+/// `vpmaddwd` of the signed scales by −4·Σxq, shifted by 8.
+template <std::size_t N>
+MOEKIT_TARGET_AVX512_KQ2 inline void q3_k_row_dots(const std::byte* const* rows, std::size_t blocks,
+                                                   const KQuantActivation& a, float* out,
+                                                   const std::byte* const* next) noexcept {
+  const __m512i spread[2] = {run_pair_spread(0, 1), run_pair_spread(1, 1)};
+  __m512 acc[N];
+  for (std::size_t n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::size_t off = b * q3_k::block_bytes;
+    const __m256i sums4 = _mm256_mullo_epi16(  // −4·Σxq: |·| ≤ 4·16·127
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sums + 16 * b)),
+        _mm256_set1_epi16(-4));
+    const float dx = a.dx[b] / 256;
+#pragma GCC unroll 4  // the accumulators in registers, not on the stack
+    for (std::size_t n = 0; n < N; ++n) {
+      const std::byte* block = rows[n] + off;
+      if (next) prefetch_l2(next[n], off, q3_k::block_bytes);
+      const __m128i sc = q3_k_scales(block);
+      const __m256i offset =
+          _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(sc), sums4), 8);
+      const __m512i t =
+          low2_dots<true>(block, a.xq + 256 * b, sc, spread, _mm512_zextsi256_si512(offset));
+      std::uint16_t dh;
+      std::memcpy(&dh, block + q3_k::d_offset, 2);
+      acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(_cvtsh_ss(dh) * dx), acc[n]);
+    }
+  }
+  for (std::size_t n = 0; n < N; ++n) out[n] = _mm512_reduce_add_ps(acc[n]);
 }
 
 }  // namespace moekit::detail::avx512_kquant
