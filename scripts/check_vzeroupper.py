@@ -5,8 +5,8 @@ vector registers dirty (a 256/512-bit instruction since the last vzeroupper on s
 Why: moekit's kernels are compiled for AVX2/AVX-512 with target attributes and called from code
 compiled for generic x86-64, whose floating point is SSE-encoded. On Intel cores every SSE
 instruction that runs while the upper state is dirty stalls (bench/RESULTS.md, "The SSE/AVX
-transition"), and GCC leaves it dirty when a function's last call passed vectors by value: the
-callee keeps them, the caller assumes every call returns clean.
+transition"). GCC compiles a function that takes vectors by value to return without vzeroupper,
+and its callers, which assume every call returns clean, then return dirty too.
 
     scripts/check_vzeroupper.py BINARY [BINARY ...]
 
@@ -14,7 +14,8 @@ Reads `objdump -d` of each binary; for every function in namespace moekit (deman
 a forward pass over its control flow (direct jumps and fall-through; an indirect jump ends the
 path) marks each instruction clean or dirty: a ymm/zmm operand makes it dirty, vzeroupper or
 vzeroall clean, a call returns the callee's exit state (dirty for a function this check reports,
-clean otherwise, as the ABI says). Exit status 1 lists every function and ret reached dirty.
+clean otherwise, as the ABI says). Exit status 1 when any function returns dirty by its own
+instructions (each is named, with its rets; the callers that inherit it are counted).
 """
 import re
 import subprocess
