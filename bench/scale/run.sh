@@ -113,6 +113,10 @@ run_one() {
   json=$("$here/scripts/run-in-memory-limit.sh" --limit "$limit" --report "$report" -- timeout "$timeout" "${cmd[@]}" \
          2> "$out/last-$engine.err") || rc=$?
   [[ "$engine" == moe-run && $rc -eq 0 ]] && echo "$json" > "$out/last-moe-run.json"
+  # SIGILL: llama.cpp's AMX kernels die so on the Xeon VMs seen here (bench/RESULTS.md,
+  # "Everything resident on the OLMoE-1B-7B shape, Emerald Rapids": a build without AMX runs).
+  [[ "$engine" == llama* && $rc -eq 132 ]] &&
+    echo "run.sh: llama.cpp died of SIGILL (its AMX kernels?); see $out/last-$engine.err" >&2
   # A llama.cpp run stopped by the timeout reports what it measured before (partial: true).
   [[ $rc -eq 0 ]] || json=$(cat "$out/progress.json" 2> /dev/null || echo '{}')
   jq -c --argjson r "$(tail -1 "$report")" --arg e "$engine" --arg m "$(basename "$file")" \
