@@ -178,6 +178,7 @@ inline Calibration calibrate(const ModelConfig& cfg, const DenseWeights& dense,
   base.preset = {};
   return with_pipeline<moekit::presets::BaselineSpec>(
       s, base, experts.make_loader(), PresetInputs{}, [&](auto& p) {
+        // One forward for the prompt (this Model has no ubatch), one per greedy token.
         RouteRecorder rec(p, s.n_layers, s.n_experts, progress,
                           1 + static_cast<std::uint64_t>(std::max(extra, 0)));
         const auto ctx = static_cast<std::uint32_t>(prompt.size() + std::max(extra, 0) + 1);
