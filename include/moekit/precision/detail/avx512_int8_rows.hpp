@@ -271,7 +271,7 @@ MOEKIT_TARGET_AVX512_VNNI inline __m512 per_chunk_values(const std::byte* v, uns
 /// parameters to return with the upper halves of the vector registers dirty, and its callers
 /// assume every call returns them clean, so a kernel ending in this call returned to generic
 /// (SSE-encoded) code dirty, where every SSE instruction then stalls on Intel cores
-/// (bench/RESULTS.md, "The SSE/AVX transition"; scripts/check-vzeroupper.sh checks the binaries).
+/// (bench/RESULTS.md, "The SSE/AVX transition"; scripts/check_vzeroupper.py checks the binaries).
 template <unsigned Bits>
 MOEKIT_TARGET_AVX512_VNNI inline float finish_row(const std::byte* row, const RowLayout& l,
                                                   const Int8Activation& a, float* sdx,
