@@ -4,7 +4,10 @@
 // (Q4_0/Q8_0 into moekit rows or blocked panels, one thread, from memory), as a fraction of memcpy
 // of the same bytes. Separates what the disk costs from what the conversion costs.
 //
-// Usage: moekit_bench_checkpoint_read [--gguf FILE] [--reps 3] [--experts N]
+// Usage: moekit_bench_checkpoint_read [--gguf FILE] [--reps 3] [--experts N] [--io-threads 2]
+//                                     [--depth 4] [--staging-mib 8]
+// --depth: loads outstanding at once (1: a decode step waiting on one missed expert);
+// --staging-mib: bytes each loader thread reads at once (CheckpointExpertSource::Config).
 // FILE defaults to build/real-shape-models/mixtral-4L-q4_0.gguf, written by
 // `scripts/make_real_shape_model.sh --arch mixtral --layers 4 --format gguf-q4_0` (3.4 GB).
 #include <cstdio>
@@ -32,15 +35,16 @@ using namespace moekit::bench;
 namespace {
 
 // Loads the first `n` experts (layer-major) through an AsyncLoader over the checkpoint, at most
-// 4 outstanding; file bytes per second.
+// `bufs.size()` outstanding; file bytes per second.
 template <class File>
 double in_place_rate(const std::shared_ptr<const CheckpointExperts>& experts, File file,
                      MatrixOrder order, std::uint32_t n, std::vector<AlignedBuffer>& bufs,
-                     unsigned io_threads) {
+                     unsigned io_threads, std::uint64_t staging) {
   using Source = CheckpointExpertSource<File>;
   std::vector<File> files;
   files.push_back(std::move(file));
-  auto src = std::make_shared<Source>(experts, std::move(files), typename Source::Config{order});
+  auto src =
+      std::make_shared<Source>(experts, std::move(files), typename Source::Config{order, staging});
   AsyncLoader<Source> loader(
       *src, [src](ExpertKey k, Precision p) { return src->blob(k, p); },
       {.io_threads = io_threads, .max_outstanding = 16, .verify_checksums = false});
@@ -87,8 +91,13 @@ std::pair<double, double> transcode_rate(const GgufFile& g, const CheckpointExpe
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const Flags flags{argc, argv, "[--gguf FILE] [--reps 3] [--experts N] [--io-threads 2]"};
-  flags.check({"--gguf", "--reps", "--experts", "--io-threads"});
+  const Flags flags{
+      argc, argv,
+      "[--gguf FILE] [--reps 3] [--experts N] [--io-threads 2] [--depth 4] [--staging-mib 8]"};
+  flags.check({"--gguf", "--reps", "--experts", "--io-threads", "--depth", "--staging-mib"});
+  const std::uint64_t staging =
+      std::uint64_t(std::max(1, std::atoi(flags.get("--staging-mib", "8").c_str()))) << 20;
+  const int depth = std::max(1, std::atoi(flags.get("--depth", "4").c_str()));
   const auto io_threads =
       static_cast<unsigned>(std::max(1, std::atoi(flags.get("--io-threads", "2").c_str())));
   const std::string path = flags.get(
@@ -113,13 +122,13 @@ int main(int argc, char** argv) {
       std::min<std::size_t>(shape.expert_count(), std::atoi(flags.get("--experts", "16").c_str())));
   const Precision p = experts->precision();
   std::vector<AlignedBuffer> bufs;
-  for (int i = 0; i < 4; ++i) bufs.emplace_back(shape.expert_bytes(p));
+  for (int i = 0; i < depth; ++i) bufs.emplace_back(shape.expert_bytes(p));
   const std::uint64_t begin = experts->matrices({0, 0})[0].offset / 4096 * 4096;
   const std::uint64_t end = std::min<std::uint64_t>(
       std::filesystem::file_size(path), begin + std::uint64_t{n} * shape.expert_bytes(p));
-  std::printf("%s: %u experts of %.1f MB at %s (%s in the file); %d repetitions\n", path.c_str(), n,
-              shape.expert_bytes(p) / 1e6, std::string(name(p)).c_str(),
-              std::string(name(experts->dtype())).c_str(), reps);
+  std::printf("%s: %u experts of %.1f MB at %s (%s in the file), %d outstanding; %d repetitions\n",
+              path.c_str(), n, shape.expert_bytes(p) / 1e6, std::string(name(p)).c_str(),
+              std::string(name(experts->dtype())).c_str(), depth, reps);
   std::printf("%-44s %8s %8s\n", "reader", "GB/s", "of raw");
   for (int r = 0; r < reps; ++r) {
     const double raw =
@@ -128,14 +137,14 @@ int main(int argc, char** argv) {
                 1.0);
     for (MatrixOrder order : {MatrixOrder::rows, MatrixOrder::blocked_panels4}) {
       const std::string o = order == MatrixOrder::rows ? "rows" : "blocked panels";
-      const double pr =
-          in_place_rate(experts, PreadSource(path, {.direct = true}), order, n, bufs, io_threads);
+      const double pr = in_place_rate(experts, PreadSource(path, {.direct = true}), order, n, bufs,
+                                      io_threads, staging);
       std::printf("%-44s %8.2f %8.2f\n",
                   ("in place, pread x" + std::to_string(io_threads) + ", " + o).c_str(), pr / 1e9,
                   pr / raw);
 #if defined(MOEKIT_HAS_URING)
       const double ur = in_place_rate(experts, UringSource(path, {.direct = true, .rings = 2}),
-                                      order, n, bufs, io_threads);
+                                      order, n, bufs, io_threads, staging);
       std::printf("%-44s %8.2f %8.2f\n",
                   ("in place, io_uring x" + std::to_string(io_threads) + ", " + o).c_str(),
                   ur / 1e9, ur / raw);

@@ -16,6 +16,7 @@
 #include "moekit/io/async_loader.hpp"
 #include "moekit/io/checkpoint_experts.hpp"
 #include "moekit/io/dequantize.hpp"
+#include "moekit/io/fault_injecting_source.hpp"
 #include "moekit/io/gguf.hpp"
 #include "moekit/io/gguf_transcode.hpp"
 #include "moekit/precision/half.hpp"
@@ -132,6 +133,35 @@ TEST_CASE("checkpoint experts: blobs read in place equal the transcoded slices",
         CHECK(std::memcmp(dest.data(), want.data(), want.size()) == 0);
       }
     }
+  }
+}
+
+TEST_CASE(
+    "checkpoint experts: a read that fails ahead of the conversion fails the blob, not later ones",
+    "[io][checkpoint_experts]") {
+  test::TempDir dir;
+  const ModelShape s{.n_layers = 1, .n_experts = 2, .top_k = 1, .hidden = 1056, .ffn = 224};
+  const ExpertFile f = write_fixture(dir, DType::q4_0, s);
+  const GgufFile g(f.path);
+  const auto experts = locate(f, g);
+  const Precision p = experts->precision();
+  // 12 KiB of staging: many chunks per blob, each read on the read-ahead thread while the one
+  // before it is converted. Call 1 is the first chunk; later calls are read ahead.
+  const std::uint64_t failing = GENERATE(1, 2, 5);
+  INFO("EIO on read call " << failing);
+  std::vector<FaultInjectingSource> files;
+  files.emplace_back(f.path, FaultPlan{.eio_on_call = failing});
+  CheckpointExpertSource<FaultInjectingSource> src(experts, std::move(files),
+                                                   {MatrixOrder::rows, std::uint64_t{12} << 10});
+  const StoreBlob b0 = src.blob({0, 0}, p);
+  AlignedBuffer dest(b0.bytes);
+  CHECK_THROWS_WITH(src.read({b0.offset, b0.bytes}, dest.span().first(b0.bytes)),
+                    Catch::Contains("Input/output error") && Catch::Contains(f.path));
+  for (std::uint32_t e = 0; e < s.n_experts; ++e) {  // the same thread reads on, exactly
+    const StoreBlob b = src.blob({0, e}, p);
+    src.read({b.offset, b.bytes}, dest.span().first(b.bytes));
+    const Bytes want = expected_blob(f, e, p, MatrixOrder::rows);
+    CHECK(std::memcmp(dest.data(), want.data(), want.size()) == 0);
   }
 }
 

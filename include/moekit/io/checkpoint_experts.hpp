@@ -23,7 +23,8 @@
 ///
 /// O_DIRECT needs 4096-aligned offsets; tensors start at 32 (GGUF) or 8 (safetensors) byte
 /// boundaries, so each matrix is read as the aligned range covering it, in chunks of whole rows
-/// through a per-thread staging buffer, and the slice is copied or transcoded into the blob.
+/// through staging buffers, and the slice is copied or transcoded into the blob while the next
+/// chunk is read.
 
 #include <algorithm>
 #include <array>
@@ -44,6 +45,7 @@
 #include "moekit/io/aligned_buffer.hpp"
 #include "moekit/io/byte_source.hpp"
 #include "moekit/io/dequantize.hpp"
+#include "moekit/io/detail/background_task.hpp"
 #include "moekit/io/expert_blob.hpp"
 #include "moekit/io/expert_store.hpp"
 #include "moekit/io/gguf_transcode.hpp"
@@ -208,8 +210,9 @@ class CheckpointExpertSource {
  public:
   struct Config {
     MatrixOrder order = MatrixOrder::rows;  ///< where the rows of a quantized blob go
-    /// Bytes read at once per loader thread: whole rows of the largest expert matrices fit many
-    /// times over, and the buffer stays small next to one expert.
+    /// Bytes read at once per loader thread (two such buffers: one read, one converted): whole
+    /// rows of the largest expert matrices fit many times over, and the buffers stay small next
+    /// to one expert.
     std::uint64_t staging_bytes = 8u << 20;
   };
 
@@ -247,12 +250,15 @@ class CheckpointExpertSource {
     const ExpertKey k{static_cast<std::uint32_t>(index / s.n_experts),
                       static_cast<std::uint32_t>(index % s.n_experts)};
     if (s.kquant.set()) return read_kquant_blob(k, dest.first(n));
+    std::array<MatrixTarget, 3> targets;
     std::uint64_t at = 0;
-    for (const TensorLocation& m : experts_->matrices(k)) {
+    for (std::size_t i = 0; i < 3; ++i) {
+      const TensorLocation& m = experts_->matrices(k)[i];
       const std::uint64_t out = matrix_bytes(m.rows, m.cols, experts_->precision(), s.quant);
-      read_matrix(m, dest.subspan(at, out));
+      targets[i] = {&m, dest.subspan(at, out)};
       at += out;
     }
+    read_matrices(targets);
   }
 
   [[nodiscard]] std::string name() const {
@@ -271,39 +277,87 @@ class CheckpointExpertSource {
     const KquantBlob& kb = experts_->shape().kquant;
     const Precision slots[3] = {kb.w1, kb.w3, kb.w2};
     std::array<Precision, 3> types{};
+    std::array<MatrixTarget, 3> targets;
     std::uint64_t at = 0;
     for (std::size_t i = 0; i < 3; ++i) {
       const TensorLocation& m = experts_->matrices(k)[i];
       types[i] = *in_place_moekit_precision(m.dtype);
-      read_matrix(m, dest.subspan(at, matrix_bytes(m.rows, m.cols, types[i])));
+      targets[i] = {&m, dest.subspan(at, matrix_bytes(m.rows, m.cols, types[i]))};
       at += matrix_bytes(m.rows, m.cols, slots[i]);
     }
+    read_matrices(targets);
     write_kquant_tag(dest, types);
   }
 
-  // One matrix into `dest` in the blob's format and order, in chunks of whole rows through
-  // staging. A chunk is a whole number of panel groups, whose bytes are the same contiguous
+  // Where one matrix of a blob goes.
+  struct MatrixTarget {
+    const TensorLocation* m = nullptr;
+    std::span<std::byte> dest;
+  };
+  // Rows of one matrix read (and converted) at once.
+  struct Chunk {
+    const MatrixTarget* target = nullptr;
+    std::uint64_t r0 = 0, rows = 0;
+  };
+
+  // The matrices into their places in the blob's format and order, in chunks of whole rows.
+  // Each chunk's covering range is read on a thread of the caller's own while the chunk before
+  // it is converted on the caller's, so the disk does not wait for the conversion (one missed
+  // expert at a time is what a decode step waits for: bench/RESULTS.md, "Reading ahead of the
+  // conversion"). A chunk is a whole number of panel groups, whose bytes are the same contiguous
   // range whether the chunk is packed alone or as part of the matrix.
-  void read_matrix(const TensorLocation& m, std::span<std::byte> dest) const {
+  void read_matrices(std::span<const MatrixTarget> targets) const {
+    std::vector<Chunk> chunks;
+    for (const MatrixTarget& t : targets) {
+      const std::uint64_t per = rows_per_chunk(*t.m);
+      for (std::uint64_t r0 = 0; r0 < t.m->rows; r0 += per)
+        chunks.push_back({&t, r0, std::min(per, t.m->rows - r0)});
+    }
+    ReadAhead& ahead = thread_read_ahead();
+    std::span<const std::byte> in[2];
+    const auto fetch = [&](std::size_t i) {
+      const TensorLocation& m = *chunks[i].target->m;
+      const std::uint64_t src_row = m.bytes / m.rows;
+      in[i % 2] = read_range(ahead.staging[i % 2], m.file, m.offset + chunks[i].r0 * src_row,
+                             chunks[i].rows * src_row);
+    };
+    ahead.task.start([&] { fetch(0); });
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      ahead.task.wait();
+      if (i + 1 < chunks.size()) ahead.task.start([&fetch, i] { fetch(i + 1); });
+      try {
+        convert_chunk(chunks[i], in[i % 2]);
+      } catch (...) {
+        try {
+          ahead.task.wait();  // the read ahead writes into staging: let it end first
+        } catch (...) {       // the conversion's error is the one to report
+        }
+        throw;
+      }
+    }
+  }
+
+  [[nodiscard]] std::uint64_t rows_per_chunk(const TensorLocation& m) const {
+    const std::uint64_t src_row = m.bytes / m.rows;
+    return std::max<std::uint64_t>(rows_per_group,
+                                   (staging_bytes_ - std::min(staging_bytes_, 2 * page)) / src_row /
+                                       rows_per_group * rows_per_group);
+  }
+
+  // One chunk's rows, read into `src`, converted into their place.
+  void convert_chunk(const Chunk& c, std::span<const std::byte> src) const {
+    const TensorLocation& m = *c.target->m;
     const Precision p = experts_->precision();
     const std::uint64_t src_row = m.bytes / m.rows;
     const std::uint64_t dst_row =  // a K-quant matrix at its own type, the bytes as they are
         is_gguf_kquant(p) ? src_row : row_bytes(m.cols, p, experts_->shape().quant);
-    const std::uint64_t rows_per_chunk = std::max<std::uint64_t>(
-        rows_per_group, (staging_bytes_ - std::min(staging_bytes_, 2 * page)) / src_row /
-                            rows_per_group * rows_per_group);
-    for (std::uint64_t r0 = 0; r0 < m.rows; r0 += rows_per_chunk) {
-      const std::uint64_t rows = std::min(rows_per_chunk, m.rows - r0);
-      const std::span<const std::byte> src =
-          read_range(m.file, m.offset + r0 * src_row, rows * src_row);
-      const std::span<std::byte> out = dest.subspan(r0 * dst_row, rows * dst_row);
-      if (experts_->dequantized() && m.dtype != DType::f32)
-        dequantize_rows(m, src, rows, out);
-      else if (m.dtype == DType::q8_0 || m.dtype == DType::q4_0)
-        transcode_matrix(m.dtype, src, rows, m.cols, out, order_, "checkpoint expert");
-      else
-        std::memcpy(out.data(), src.data(), out.size());
-    }
+    const std::span<std::byte> out = c.target->dest.subspan(c.r0 * dst_row, c.rows * dst_row);
+    if (experts_->dequantized() && m.dtype != DType::f32)
+      dequantize_rows(m, src, c.rows, out);
+    else if (m.dtype == DType::q8_0 || m.dtype == DType::q4_0)
+      transcode_matrix(m.dtype, src, c.rows, m.cols, out, order_, "checkpoint expert");
+    else
+      std::memcpy(out.data(), src.data(), out.size());
   }
 
   // `rows` rows of `m` (its type's bytes in `src`) as f32 rows into `out`.
@@ -323,20 +377,25 @@ class CheckpointExpertSource {
     dequantize(v, std::span<float>(reinterpret_cast<float*>(out.data()), rows * m.cols));
   }
 
-  // `bytes` at `offset` of file `f`, read as the 4096-aligned range covering them.
-  std::span<const std::byte> read_range(std::uint32_t f, std::uint64_t offset,
-                                        std::uint64_t bytes) const {
+  // `bytes` at `offset` of file `f`, read into `staging` as the 4096-aligned range covering them.
+  std::span<const std::byte> read_range(AlignedBuffer& staging, std::uint32_t f,
+                                        std::uint64_t offset, std::uint64_t bytes) const {
     const std::uint64_t start = offset / page * page;
     const std::uint64_t end = (offset + bytes + page - 1) / page * page;
-    AlignedBuffer& staging = thread_staging(end - start);
+    if (staging.size() < end - start)
+      staging = AlignedBuffer(std::max(end - start, staging_bytes_));
     files_[f].read({start, offset + bytes - start}, staging.span().first(end - start));
     return staging.span().subspan(offset - start, bytes);
   }
 
-  AlignedBuffer& thread_staging(std::uint64_t bytes) const {
-    thread_local AlignedBuffer buffer;
-    if (buffer.size() < bytes) buffer = AlignedBuffer(std::max(bytes, staging_bytes_));
-    return buffer;
+  // Per calling thread: the thread that reads ahead for it, and the two chunks' staging.
+  struct ReadAhead {
+    detail::BackgroundTask task;
+    AlignedBuffer staging[2];
+  };
+  static ReadAhead& thread_read_ahead() {
+    thread_local ReadAhead ahead;
+    return ahead;
   }
   std::shared_ptr<const CheckpointExperts> experts_;
   std::vector<FileSource> files_;
