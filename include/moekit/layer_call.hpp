@@ -11,6 +11,8 @@
 ///     for (const moekit::WeightView& w : call.resolve()) run_expert(w);
 ///     // the layer's pins are released here
 
+#include <cstddef>
+
 #include "moekit/core/gate_view.hpp"
 #include "moekit/core/layer_context.hpp"
 #include "moekit/core/plan.hpp"
@@ -32,6 +34,11 @@ class LayerCall {
   [[nodiscard]] const LayerPlan& plan() const noexcept { return plan_; }
   /// Waits for the plan's loads; one weight view per planned expert, in the plan's order.
   [[nodiscard]] decltype(auto) resolve() { return pipeline_.resolve(plan_); }
+  /// The views without waiting (OffloadPipeline::views): an expert still `loading` must be
+  /// `await`ed before its bytes are read.
+  [[nodiscard]] decltype(auto) views() { return pipeline_.views(plan_); }
+  [[nodiscard]] bool loading(std::size_t i) const { return pipeline_.loading(plan_, i); }
+  void await(std::size_t i) { pipeline_.await(plan_, i); }
   [[nodiscard]] const LayerContext& context() const noexcept { return ctx_; }
 
  private:

@@ -205,6 +205,7 @@ class OffloadPipeline {
     plan_.experts.reserve(E);
     plan_.prefetches.reserve(prefetch_capacity());
     views_.reserve(E);
+    awaited_.reserve(E);
     prefetch_buf_.resize(prefetch_capacity());
     if (staging_.enabled()) waiting_.reserve(prefetch_capacity());
     in_flight_.reserve(N + cfg_.staging_slots);
@@ -323,6 +324,7 @@ class OffloadPipeline {
     const ResidencyView residency(this, &resident_fn);
     predictor_.predict(ctx, gate, residency, list);
     issue_prefetches(ctx.layer, list.items());
+    awaited_.assign(plan_.experts.size(), 0);
     return plan_;
   }
 
@@ -334,20 +336,21 @@ class OffloadPipeline {
 
   /// Waits for the plan's loads and returns one view per planned expert (same order).
   std::span<const WeightView> resolve(const LayerPlan& plan) {
+    views(plan);
+    for (std::size_t i = 0; i < plan.experts.size(); ++i) await(plan, i);
+    return views_;
+  }
+
+  /// As `resolve`, without waiting: each view's bytes are where its load puts them. An expert
+  /// whose load is `loading` must be `await`ed before its bytes are read, so an engine can run
+  /// the resident experts while the missing ones are still on their way.
+  std::span<const WeightView> views(const LayerPlan& plan) {
     views_.clear();
     for (const ExpertPlan& p : plan.experts) {
       WeightView v{p.key, p.precision, p.placement, {}, p.n_tokens, p.weight_sum};
       if constexpr (declares<LoaderT>(Hook::matrix_order))
         if (p.placement != Placement::skipped) v.order = loader_.matrix_order(p.precision);
       if (p.placement == Placement::device) {
-        if (p.ticket.valid()) {
-          const auto t0 = std::chrono::steady_clock::now();
-          loader_.wait(p.ticket);
-          stats_.stall_seconds +=
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          if (!is_staging(p.slot) && cache_.entry(p.key).ticket == p.ticket)
-            cache_.mark_loaded(p.key);  // evictable again once end_layer drops the layer pin
-        }
         if constexpr (keeps_bytes) v.bytes = cache_.arena().bytes(p.slot, bytes_of(p.precision));
       } else if (p.placement == Placement::host_cpu) {
         if constexpr (declares<LoaderT>(Hook::host_bytes))
@@ -358,9 +361,30 @@ class OffloadPipeline {
     return views_;
   }
 
+  /// True when planned expert `i`'s bytes are still being loaded (`await` them first).
+  [[nodiscard]] bool loading(const LayerPlan& plan, std::size_t i) const noexcept {
+    const ExpertPlan& p = plan.experts[i];
+    return p.placement == Placement::device && p.ticket.valid() && !awaited_[i];
+  }
+
+  /// Waits for planned expert `i`'s load (at once when it has none or was awaited); rethrows the
+  /// load's error.
+  void await(const LayerPlan& plan, std::size_t i) {
+    if (!loading(plan, i)) return;
+    const ExpertPlan& p = plan.experts[i];
+    awaited_[i] = 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    loader_.wait(p.ticket);
+    stats_.stall_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!is_staging(p.slot) && cache_.entry(p.key).ticket == p.ticket)
+      cache_.mark_loaded(p.key);  // evictable again once end_layer drops the layer pin
+  }
+
   /// The layer's experts have run: their pins are released, staging slots recycled, and soft pins
   /// of predictions for this layer dropped.
   void end_layer(const LayerContext& ctx) noexcept {
+    await_unawaited_staging();
     for (const ExpertPlan& p : plan_.experts) {
       if (narrowed_ && p.placement == Placement::device && !is_staging(p.slot)) {
         cache_.pin_soft(p.key);  // retained until the token's verdict
@@ -682,6 +706,20 @@ class OffloadPipeline {
     cache_.pin_soft(key);
     soft_by_layer_[key.layer].push_back(key);
   }
+  // A layer that ends before its engine awaited every load (its computation threw): a load into
+  // a staging slot still writes into the slot end_layer is about to release, so it ends first
+  // (a load into a cache slot is kept by the cache until seen complete). Errors are dropped: the
+  // engine is already unwinding with its own.
+  void await_unawaited_staging() noexcept {
+    for (std::size_t i = 0; i < plan_.experts.size(); ++i) {
+      if (!loading(plan_, i) || !is_staging(plan_.experts[i].slot)) continue;
+      try {
+        await(plan_, i);
+      } catch (...) {  // NOLINT(bugprone-empty-catch): see above
+      }
+    }
+  }
+
   void release_soft_pins(std::uint32_t layer) noexcept {
     for (ExpertKey k : soft_by_layer_[layer])
       if (cache_.entry(k).soft_pins > 0) cache_.unpin_soft(k);
@@ -954,6 +992,7 @@ class OffloadPipeline {
   PipelineStats stats_{};
   LayerPlan plan_;
   std::vector<WeightView> views_;
+  std::vector<std::uint8_t> awaited_;  // per planned expert of the layer: its load waited for
   std::vector<ExpertDemand> demands_;
   std::vector<int> demand_slot_;
   std::vector<Precision> precisions_;

@@ -178,6 +178,34 @@ TEST_CASE("LayerCall: routed when created, resolves its own plan, ends the layer
   CHECK(p.stats().layer_calls == 2);
 }
 
+TEST_CASE("Pipeline views come before their loads end; each missing expert is awaited alone",
+          "[core][pipeline]") {
+  presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 4 * pipeline_f16},
+                                    ManualLoader(/*instant=*/false));
+  p.begin_sequence();
+  {  // (0,0) becomes resident
+    auto call = p.layer(ctx(0, 2), Route(4, {{0, 1}}).view());
+    (void)call.resolve();
+  }
+  auto call = p.layer(ctx(0, 2, 1), Route(4, {{0, 2}}).view());  // (0,0) hit, (0,2) miss
+  const auto views = call.views();
+  REQUIRE(views.size() == 2);
+  std::size_t hit = 0, miss = 1;
+  if (views[0].key.expert == 2) std::swap(hit, miss);
+  CHECK(views[miss].bytes.size() == pipeline_f16);  // where the load puts it, before it ends
+  CHECK_FALSE(call.loading(hit));
+  CHECK(call.loading(miss));
+  const LoadTicket t = call.plan().experts[miss].ticket;
+  CHECK_FALSE(p.loader().poll(t));  // nothing waited for it yet
+  call.await(hit);                  // nothing to wait for
+  CHECK_FALSE(p.loader().poll(t));
+  call.await(miss);
+  CHECK(p.loader().poll(t));
+  CHECK_FALSE(call.loading(miss));
+  CHECK(static_cast<int>(views[miss].bytes[0]) == ManualLoader::pattern({0, 2}));
+  CHECK_FALSE(p.cache().entry({0, 2}).loading);  // seen complete: evictable after the layer
+}
+
 TEST_CASE("A loading expert is kept by the cache itself, without a pin", "[core][pipeline]") {
   // A gated loader: the demand load of (0,0) stays in flight across end_layer.
   presets::Baseline<ManualLoader> p(pipeline_shape, {.expert_budget_bytes = 2 * pipeline_f16},

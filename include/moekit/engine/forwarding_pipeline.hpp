@@ -34,6 +34,21 @@ class ForwardingPipeline {
     return inner_.route(ctx, gate);
   }
   decltype(auto) resolve(const moekit::LayerPlan& plan) { return inner_.resolve(plan); }
+  decltype(auto) views(const moekit::LayerPlan& plan) requires
+      requires(Pipeline& p, const moekit::LayerPlan& l) {
+    p.views(l);
+  }
+  { return inner_.views(plan); }
+  [[nodiscard]] bool loading(const moekit::LayerPlan& plan, std::size_t i) const requires
+      requires(const Pipeline& p, const moekit::LayerPlan& l) {
+    p.loading(l, std::size_t{0});
+  }
+  { return inner_.loading(plan, i); }
+  void await(const moekit::LayerPlan& plan, std::size_t i) requires
+      requires(Pipeline& p, const moekit::LayerPlan& l) {
+    p.await(l, std::size_t{0});
+  }
+  { inner_.await(plan, i); }
   void end_layer(const moekit::LayerContext& ctx) { inner_.end_layer(ctx); }
   moekit::TokenVerdict end_token(std::span<const float> logits) { return inner_.end_token(logits); }
 

@@ -4,9 +4,10 @@
 ///
 /// Router as transformers: logits = W_r·x, p = softmax(logits) over all experts, the top-k of p
 /// (descending), renormalised to sum 1 when the config says so. The pipeline gets the whole
-/// forward's routing at once (`route` → plan, `resolve` → one WeightView per distinct expert, with
+/// forward's routing at once (`route` → plan, `views` → one WeightView per distinct expert, with
 /// its bytes and where their rows are); each expert runs once on the tokens that chose it
-/// (precision/'s fused SwiGLU FFN); then each token sums weight·expert(x) over its experts in
+/// (precision/'s fused SwiGLU FFN), the resident ones while the missing ones still load (each
+/// missing one once its own load ends); then each token sums weight·expert(x) over its experts in
 /// ascending expert id — the order of transformers' index_add_ loop, and independent of the plan's
 /// order, so results do not depend on what was resident. Routed experts may run with int8
 /// activations (activations.hpp), in decode and prefill; the router, dense MLPs and Qwen2-MoE's
@@ -105,13 +106,15 @@ class MoeLayer {
                                 .hidden = x};
     {
       moekit::LayerCall<Pipeline> call(pipeline_, ctx, gate);  // the layer ends with the scope
-      const double stalled = profile_ ? stall_seconds() : 0;
-      const auto views = call.resolve();
+      double stalled = profile_ ? stall_seconds() : 0;
+      const auto views = lazy_views(call);
       if (profile_) routing->move_out(TokenPart::load_wait, stall_seconds() - stalled);
       routing.reset();
       {
-        const TokenProfile::Scope experts(profile_, TokenPart::experts);
-        run_experts(views, x, n, k, opts);
+        TokenProfile::Scope experts(profile_, TokenPart::experts);
+        stalled = profile_ ? stall_seconds() : 0;
+        run_experts(call, views, x, n, k, opts);
+        if (profile_) experts.move_out(TokenPart::load_wait, stall_seconds() - stalled);
       }
       routing.emplace(profile_, TokenPart::routing);  // end_layer, as the scope closes
     }
@@ -183,37 +186,74 @@ class MoeLayer {
     return k;
   }
 
-  // Each resolved expert runs once on the rows of the tokens that selected it; its output for
-  // (token t, rank j) lands in y_[(t·k + j) × hidden] (unscaled).
-  void run_experts(std::span<const moekit::WeightView> views, std::span<const float> x,
+  // Pipelines that can hand out views before their loads end (OffloadPipeline::views).
+  static constexpr bool lazy = requires(Pipeline & p, const moekit::LayerPlan& l) {
+    p.views(l);
+    p.loading(l, std::size_t{0});
+    p.await(l, std::size_t{0});
+  };
+
+  template <class Call>
+  decltype(auto) lazy_views(Call& call) {
+    if constexpr (lazy)
+      return call.views();
+    else
+      return call.resolve();
+  }
+
+  // Each planned expert runs once on the rows of the tokens that selected it; its output for
+  // (token t, rank j) lands in y_[(t·k + j) × hidden] (unscaled). The resident ones run first,
+  // while the missing ones load; each of those runs as soon as its load ends, in the order the
+  // loads were issued. Each expert's rows land in their own place, so the order changes nothing
+  // in the result.
+  template <class Call>
+  void run_experts(Call& call, std::span<const moekit::WeightView> views, std::span<const float> x,
                    std::uint32_t n, std::uint32_t k, const moekit::KernelOptions& opts) {
-    const std::size_t H = cfg_.hidden;
-    y_.assign(std::size_t{n} * k * H, 0.f);
+    y_.assign(std::size_t{n} * k * cfg_.hidden, 0.f);
     ran_.assign(std::size_t{n} * k, 0);
-    const moekit::ModelShape shape = cfg_.shape();
     moekit::KernelOptions expert_opts = opts;
     expert_opts.int8_activations = int8_experts_;
-    for (const moekit::WeightView& v : views)
-      if (v.placement != moekit::Placement::skipped && v.bytes.empty())
+    ready_.clear();
+    late_.clear();
+    for (std::uint32_t i = 0; i < views.size(); ++i) {
+      const moekit::WeightView& v = views[i];
+      if (v.placement == moekit::Placement::skipped) continue;
+      if (v.bytes.empty())
         moekit::detail::fail(moekit::ErrorKind::internal,
                              "pipeline resolved an expert without bytes (a loader that keeps no "
                              "bytes cannot drive the engine)");
-    if (n == 1 && !batched_ && run_experts_apart(views, x, k, expert_opts)) return;
-    for (const moekit::WeightView& v : views) {
-      if (v.placement == moekit::Placement::skipped) continue;
-      rows_.clear();
-      for (std::uint32_t i = 0; i < n * k; ++i)
-        if (experts_[i] == v.key.expert) rows_.push_back(i);
-      const std::size_t m = rows_.size();
-      in_.resize(m * H);
-      res_.assign(m * H, 0.f);
-      for (std::size_t r = 0; r < m; ++r)
-        std::copy_n(x.data() + std::size_t{rows_[r] / k} * H, H, in_.data() + r * H);
-      ffn(moekit::io::expert_view(shape, v.bytes, v.precision, v.order), in_, m, res_, expert_opts);
-      for (std::size_t r = 0; r < m; ++r) {
-        std::copy_n(res_.data() + r * H, H, y_.data() + std::size_t{rows_[r]} * H);
-        ran_[rows_[r]] = 1;
+      bool loading = false;
+      if constexpr (lazy) loading = call.loading(i);
+      if (loading)
+        late_.push_back(i);
+      else
+        ready_.push_back(v);
+    }
+    if (!(n == 1 && !batched_ && run_experts_apart(ready_, x, k, expert_opts)))
+      for (const moekit::WeightView& v : ready_) run_expert(v, x, n, k, expert_opts);
+    if constexpr (lazy)
+      for (const std::uint32_t i : late_) {
+        call.await(i);
+        run_expert(views[i], x, n, k, expert_opts);
       }
+  }
+
+  // One expert on the rows of the tokens that selected it.
+  void run_expert(const moekit::WeightView& v, std::span<const float> x, std::uint32_t n,
+                  std::uint32_t k, const moekit::KernelOptions& opts) {
+    const std::size_t H = cfg_.hidden;
+    rows_.clear();
+    for (std::uint32_t i = 0; i < n * k; ++i)
+      if (experts_[i] == v.key.expert) rows_.push_back(i);
+    const std::size_t m = rows_.size();
+    in_.resize(m * H);
+    res_.assign(m * H, 0.f);
+    for (std::size_t r = 0; r < m; ++r)
+      std::copy_n(x.data() + std::size_t{rows_[r] / k} * H, H, in_.data() + r * H);
+    ffn(moekit::io::expert_view(cfg_.shape(), v.bytes, v.precision, v.order), in_, m, res_, opts);
+    for (std::size_t r = 0; r < m; ++r) {
+      std::copy_n(res_.data() + r * H, H, y_.data() + std::size_t{rows_[r]} * H);
+      ran_[rows_[r]] = 1;
     }
   }
 
@@ -307,6 +347,8 @@ class MoeLayer {
   std::vector<float> logits_, weights_, probs_, y_, in_, res_, gate_;
   std::vector<std::uint32_t> experts_, order_, rank_, rows_;
   std::vector<std::uint8_t> ran_;
+  std::vector<moekit::WeightView> ready_;  ///< run_experts: resident (or loaded) experts
+  std::vector<std::uint32_t> late_;        ///< run_experts: views still loading, in plan order
   std::vector<std::pair<std::uint32_t, std::uint32_t>>
       work_;  ///< (view, rank) of run_experts_apart
   std::uint64_t apart_layers_ = 0;
