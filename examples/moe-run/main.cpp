@@ -1015,8 +1015,9 @@ moekit::engine::AutoBudget auto_budget(const Options& o, const ModelConfig& cfg,
   in.kv_cache_bytes =
       kv_cache_bytes(cfg, std::max<std::size_t>(ctx, o.perplexity.empty() ? 0 : 512), o.kv_type);
   // Per loader thread (the checkpoint reader runs two per --io-threads): the checkpoint source's
-  // staging and O_DIRECT's bounce buffer.
-  in.io_buffer_bytes = 2 * std::size_t{o.io_threads} * (12u << 20);
+  // two staging buffers (one chunk read ahead while one is converted) and O_DIRECT's bounce
+  // buffer.
+  in.io_buffer_bytes = 2 * std::size_t{o.io_threads} * (20u << 20);
   in.other_bytes = host_expert_bytes;
   in.staging_bytes = staging_beyond_budget(o, shape, preset);
   in.minimum_expert_bytes = minimum_expert_budget(shape, o.precision);
