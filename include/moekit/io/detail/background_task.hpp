@@ -7,14 +7,18 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
+
+#include "moekit/error.hpp"
 
 namespace moekit::io::detail {
 
 class BackgroundTask {
  public:
-  BackgroundTask() : thread_([this] { loop(); }) {}
+  BackgroundTask() : thread_(start_thread()) {}
   BackgroundTask(const BackgroundTask&) = delete;
   BackgroundTask& operator=(const BackgroundTask&) = delete;
   ~BackgroundTask() {
@@ -48,6 +52,17 @@ class BackgroundTask {
   }
 
  private:
+  std::thread start_thread() {
+    try {
+      return std::thread([this] { loop(); });
+    } catch (const std::system_error& e) {
+      throw Error(ErrorKind::io,
+                  std::string("cannot start a read-ahead thread (") + e.what() +
+                      "): too many threads for this process's limits (ulimit -u, ulimit -v, cgroup "
+                      "pids.max); use fewer --io-threads");
+    }
+  }
+
   void loop() {
     std::unique_lock lock(m_);
     for (;;) {
