@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "moekit/precision/isa.hpp"
+#include "moekit/precision/gemv.hpp"  // MOEKIT_HAS_X86_KERNELS, has_avx512_vnni
 #include "moekit/precision/thread_pool.hpp"
 
 #if defined(MOEKIT_HAS_X86_KERNELS)
