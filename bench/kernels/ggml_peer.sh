@@ -17,7 +17,8 @@
 # both the K-quant q2_K cell and the other cells' q2 line (moekit's q2 against ggml's Q2_K).
 #
 # --gemm: the prefill GEMM instead (bench/kernels/ggml/gemm_vs_ggml.cpp): moekit's int8 GEMM
-# against ggml's mul_mat with n = 8, 32, 128, 512 tokens, q8_0 and q4_0, warm weights.
+# against ggml's mul_mat with n = 8, 32, 128, 512 tokens, q8_0 and q4_0, warm weights, on the
+# expert shapes and the attention projections (4096x4096, 1024x4096), beside the int8 VNNI peak.
 #
 # --avx2: both sides on their AVX2 paths, as on a CPU without AVX-512: ggml built with AVX-512 off
 # (its own venv, build/ggml-peer-avx2-venv) and moekit's kernels forced to AVX2 (--isa avx2).
@@ -54,7 +55,7 @@ lib="$site/ggml/lib"
 mkdir -p "$out"
 bin="$out/$harness"
 src="$here/bench/kernels/ggml/$harness.cpp"
-if [[ ! -x "$bin" || "$src" -nt "$bin" || "$here/bench/kernels/cold_read.hpp" -nt "$bin" || -n "$(find "$here/include/moekit/precision" -newer "$bin" -print -quit)" ]]; then
+if [[ ! -x "$bin" || "$src" -nt "$bin" || "$here/bench/kernels/cold_read.hpp" -nt "$bin" || "$here/bench/kernels/int8_peak.hpp" -nt "$bin" || -n "$(find "$here/include/moekit/precision" -newer "$bin" -print -quit)" ]]; then
   nice -n 10 g++ -std=c++20 -O3 -DNDEBUG -Wall -Wextra -I"$here/include" -I"$inc" "$src" -o "$bin" \
     -L"$lib" -lggml-cpu -lggml-base -lggml -Wl,-rpath,"$lib" -pthread
 fi

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "moekit/precision/gemv.hpp"
+#include "moekit/precision/int8_gemm.hpp"
 #include "moekit/precision/panels.hpp"
 #include "moekit/precision/reference.hpp"
 #include "moekit/precision/thread_pool.hpp"
@@ -181,3 +182,64 @@ TEST_CASE("int8 GEMM leaves float rows and other group sizes to the float path",
     CHECK(y8 == yf);
   }
 }
+
+#if defined(MOEKIT_HAS_X86_KERNELS)
+namespace {
+// Runs the AVX-512 panel tile on rows 0..15 of w for 3 tokens; true when every (row, token) equals
+// the AVX-512 GEMV up to float accumulation (the tight check above), else names the first miss.
+template <unsigned Bits>
+bool panel_matches_gemv(const MatrixView& w, const std::vector<float>& x, bool mutate,
+                        std::string& miss) {
+  using namespace detail;
+  constexpr std::size_t n = 3;
+  const RowLayout l = w.layout();
+  const std::size_t blocked =
+      l.cols / 32 / avx512_int8::block_chunks(Bits) * avx512_int8::block_chunks(Bits);
+  Int8Tokens tk;
+  prepare_tokens(x.data(), n, l, Int8GemmPath::avx512_vnni, nullptr, tk);
+  Int8Panels pk;
+  int8_pack_group<Bits>(w, 0, 16, pk);
+  if (mutate)
+    pk.code_base[64 * (8 * 2 + 3) + 4 * 5] ^= std::byte{0x40};  // chunk 2, k-step 3, row 5
+  const Int8Activation* acts[n] = {&tk.acts[0], &tk.acts[1], &tk.acts[2]};
+  float out[16 * n];
+  avx512_int8::panel_dots<Bits, n>(pk.code_base, pk.s.data(), pk.sz.data(), acts, blocked, out);
+  KernelOptions o{Isa::avx512, nullptr};
+  o.int8_activations = true;
+  for (std::size_t t = 0; t < n; ++t) {
+    const float* xt = x.data() + t * l.cols;
+    std::vector<float> one(w.rows);
+    gemv(w, std::span<const float>(xt, l.cols), one, o);
+    for (std::size_t r = 0; r < 16; ++r)
+      if (std::fabs(out[16 * t + r] - one[r]) >
+          gemm8_rel_tol * test::dot_magnitude(w, r, xt) + 1e-6) {
+        miss = "token " + std::to_string(t) + " row " + std::to_string(r);
+        return false;
+      }
+  }
+  return true;
+}
+}  // namespace
+
+TEST_CASE("int8 GEMM panel tile: every lane equals the GEMV; a wrong panel byte fails",
+          "[precision][gemm]") {
+  if (!has_avx512_vnni()) return;
+  INFO("seed " << test::test_seed());
+  const std::size_t rows = 16, cols = 1024;
+  const auto x = test::random_normal(3 * cols, 11);
+  auto check = [&]<unsigned Bits>(Precision p) {
+    for (QuantScheme s : {QuantScheme{32, false}, QuantScheme{128, true}}) {
+      const Gemm8Case c = gemm8_make(rows, cols, p, s, 900 + Bits);
+      std::string miss;
+      INFO(name(p) << " g" << s.group_size);
+      CHECK(panel_matches_gemv<Bits>(c.view, x, false, miss));
+      INFO(miss);
+      CHECK_FALSE(panel_matches_gemv<Bits>(c.view, x, true, miss));  // the mutation is caught
+      CHECK(miss.find("row 5") != std::string::npos);
+    }
+  };
+  check.template operator()<8>(Precision::q8);
+  check.template operator()<4>(Precision::q4);
+  check.template operator()<2>(Precision::q2);
+}
+#endif

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "../int8_peak.hpp"
 #include "moekit/precision/gemv.hpp"
 #include "moekit/precision/quantize.hpp"
 #include "moekit/precision/thread_pool.hpp"
@@ -206,9 +207,9 @@ int main(int argc, char** argv) {
   std::printf(
       "ggml: plain = mul_mat on weights in a plain context (no repacking); repack = the CPU "
       "backend with the weights in its extra buffer type, as llama.cpp runs them\n");
-  std::printf("%-5s %-11s %4s %9s %9s %9s %9s %9s %9s %8s %8s %7s %7s %7s\n", "type", "shape", "n",
-              "moekit ms", "GFLOP/s", "plain ms", "GFLOP/s", "repack ms", "GFLOP/s", "vs plain",
-              "vs repk", "err", "pl err", "rp err");
+  std::printf("%-5s %-11s %4s %9s %9s %9s %9s %9s %9s %8s %8s %7s %7s %7s %6s\n", "type", "shape",
+              "n", "moekit ms", "GFLOP/s", "plain ms", "GFLOP/s", "repack ms", "GFLOP/s",
+              "vs plain", "vs repk", "err", "pl err", "rp err", "of peak");
   struct Pair {
     Precision p;
     ggml_type gtype;
@@ -216,7 +217,8 @@ int main(int argc, char** argv) {
   };
   const Pair pairs[] = {{Precision::q8, GGML_TYPE_Q8_0, "q8_0"},
                         {Precision::q4, GGML_TYPE_Q4_0, "q4_0"}};
-  const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
+  // The expert shapes, then the attention projections (q/o, and Mixtral's k/v).
+  const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}, {4096, 4096}, {1024, 4096}};
   ThreadPool pool(static_cast<unsigned>(threads));
   for (const Pair& f : pairs)
     for (const auto& shape : shapes) {
@@ -245,8 +247,10 @@ int main(int argc, char** argv) {
         }
         KernelOptions o{isa, &pool};
         o.int8_activations = true;
-        std::vector<double> tm, tg, tr;
+        std::vector<double> tm, tg, tr, tp;
+        const bool wide = (!isa || *isa == Isa::avx512) && has_avx512_vnni();
         for (int r = -1; r < reps; ++r) {  // round -1 untimed
+          if (r >= 0) tp.push_back(moekit_bench::int8_peak(wide, pool));
           const double a = seconds([&] { gemm(view, x, n, y, o); });
           const double g = seconds([&] { gg.run(); });
           const double p = gr.available() ? seconds([&] { gr.run(); }) : NAN;
@@ -256,11 +260,12 @@ int main(int argc, char** argv) {
                      flop = 2.0 * rows * cols * n;
         std::printf(
             "%-5s %5zux%-5zu %4zu %9.2f %9.1f %9.2f %9.1f %9.2f %9.1f %7.2fx %7.2fx %7.4f %7.4f "
-            "%7.4f\n",
+            "%7.4f %5.0f%%\n",
             f.gname, rows, cols, n, mm * 1e3, flop / mm / 1e9, mg * 1e3, flop / mg / 1e9, mr * 1e3,
             flop / mr / 1e9, mg / mm, mr / mm, rel_diff(y.data(), exact.data(), rows),
             rel_diff(gg.y(), exact.data(), rows),
-            gr.available() ? rel_diff(gr.y(), exact.data(), rows) : NAN);
+            gr.available() ? rel_diff(gr.y(), exact.data(), rows) : NAN,
+            100.0 * flop / 2 / mm / median(tp));
       }
     }
   return 0;

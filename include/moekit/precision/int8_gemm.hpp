@@ -1,10 +1,12 @@
 #pragma once
 /// \file The int8-activation GEMM (prefill batches of quantized rows; `gemm` with
 /// `KernelOptions::int8_activations`): every token rounded to int8 once per call (as the GEMV
-/// rounds it), then tiles of R rows × T tokens (avx512_int8_tiles.hpp, avx2_int8_tiles.hpp,
-/// scalar_int8_tiles.hpp) over the rows, 16 rows at a time: their bytes (gathered when the matrix
-/// is in panels) and per-chunk scales are made once and reused for every token, the tokens go
-/// in slices small enough to stay in L2 while the 16 rows pass over them.
+/// rounds it). AVX-512 VNNI: groups of rows repacked once per call into 16-row panels
+/// (avx512_int8_panel_tiles.hpp, lanes = rows) that every token tile then passes over. AVX2 and
+/// scalar: tiles of R rows × T tokens (avx2_int8_tiles.hpp, scalar_int8_tiles.hpp) over the rows,
+/// 16 rows at a time: their bytes (gathered when the matrix is in panels) and per-chunk scales
+/// are made once and reused for every token, the tokens go in slices small enough to stay in L2
+/// while the 16 rows pass over them.
 ///
 /// A token's result does not depend on the batch: every (row, token) pair goes through the same
 /// instructions whatever tile it falls in (a slice's last tokens go through a tile kernel for
@@ -15,9 +17,11 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "moekit/precision/detail/avx2_int8_tiles.hpp"
+#include "moekit/precision/detail/avx512_int8_panel_tiles.hpp"
 #include "moekit/precision/detail/avx512_int8_tiles.hpp"
 #include "moekit/precision/detail/prepared_activation.hpp"
 #include "moekit/precision/detail/scalar_int8_tiles.hpp"
@@ -32,7 +36,7 @@ enum class Int8GemmPath : std::uint8_t {
   scalar,       ///< scalar_int8_tiles.hpp (any CPU, any group size)
   avx2,         ///< avx2_int8_tiles.hpp, vpmaddubsw
   avx_vnni,     ///< avx2_int8_tiles.hpp, AVX-VNNI's 256-bit vpdpbusd
-  avx512_vnni,  ///< avx512_int8_tiles.hpp
+  avx512_vnni,  ///< avx512_int8_panel_tiles.hpp
 };
 
 /// True when `path` runs rows of layout `l`: the SIMD tiles take groups of 32/64/128 only.
@@ -140,6 +144,112 @@ void int8_row_groups(const MatrixView& w, const Int8Tokens& tk, std::size_t n, f
   }
 }
 
+#if defined(MOEKIT_HAS_X86_KERNELS)
+/// Most rows the AVX-512 panel path repacks at a time.
+inline constexpr std::size_t int8_panel_most_rows = 128;
+
+/// Rows repacked at a time by the AVX-512 panel path: about 1 MiB of unpacked codes, so they stay
+/// in L2 while every token passes over them and each token's bytes are read once per group
+/// (bench/RESULTS.md, "Prefill GEMM: the AVX-512 panel tile").
+inline std::size_t int8_panel_group_rows(std::size_t cols) noexcept {
+  const std::size_t g = std::clamp<std::size_t>((1u << 20) / std::max<std::size_t>(cols, 1), 16,
+                                                int8_panel_most_rows);
+  return g / avx512_int8::panel_height * avx512_int8::panel_height;
+}
+
+/// Tokens per panel tile: its int32 and float accumulators take 2·T of the 32 registers
+/// (bench/RESULTS.md, "Prefill GEMM: the AVX-512 panel tile").
+inline constexpr std::size_t int8_panel_tokens = 8;
+
+/// The repacked panels of one group of rows (storage reused from call to call, per thread).
+struct Int8Panels {
+  std::vector<std::byte> bytes, codes;  ///< gathered rows; unpacked codes, 64-byte aligned
+  std::vector<float> rs, rsz, s, sz;    ///< scales per row (row-major), then per chunk × 16 rows
+  const std::byte* rows[int8_panel_most_rows];  ///< each row's bytes (the last one repeated)
+  std::byte* code_base = nullptr;
+};
+
+/// Repacks rows [r0, r0 + rn) of `w` (rn <= int8_panel_most_rows) into `pk`: panels of 16 rows, the
+/// last rows repeated up to a whole panel.
+template <unsigned Bits>
+void int8_pack_group(const MatrixView& w, std::size_t r0, std::size_t rn, Int8Panels& pk) {
+  using namespace avx512_int8;
+  const RowLayout l = w.layout();
+  const std::size_t chunks = l.cols / 32,
+                    blocked = chunks / block_chunks(Bits) * block_chunks(Bits);
+  const std::size_t panels = (rn + panel_height - 1) / panel_height, height = panels * panel_height;
+  pk.bytes.resize(height * l.bytes);
+  pk.codes.resize(panels * blocked * 512 + 64);
+  pk.rs.resize(height * chunks + 1), pk.rsz.resize(height * chunks + 1);
+  pk.s.resize(panels * blocked * 16 + 1), pk.sz.resize(panels * blocked * 16 + 1);
+  const auto base = reinterpret_cast<std::uintptr_t>(pk.codes.data());
+  pk.code_base = pk.codes.data() + ((64 - base % 64) % 64);
+  for (std::size_t i = 0; i < height; ++i) {
+    pk.rows[i] = i < rn ? stored_row(w, r0 + i, pk.bytes.data() + i * l.bytes) : pk.rows[rn - 1];
+    chunk_scales(pk.rows[i], l, pk.rs.data() + i * chunks, pk.rsz.data() + i * chunks);
+  }
+  for (std::size_t p = 0; p < panels; ++p) {
+    const float* srow[panel_height];
+    const float* zrow[panel_height];
+    for (std::size_t r = 0; r < panel_height; ++r) {
+      srow[r] = pk.rs.data() + (p * panel_height + r) * chunks;
+      zrow[r] = pk.rsz.data() + (p * panel_height + r) * chunks;
+    }
+    pack_panel<Bits>(pk.rows + p * panel_height, blocked, pk.code_base + p * blocked * 512);
+    transpose_scales(srow, blocked, pk.s.data() + p * blocked * 16);
+    transpose_scales(zrow, blocked, pk.sz.data() + p * blocked * 16);
+  }
+}
+
+/// The panel tile for the first k + 1 tokens of its input, k < int8_panel_tokens.
+template <unsigned Bits, std::size_t... K>
+constexpr auto panel_tile_fns(std::index_sequence<K...>) {
+  return std::array{&avx512_int8::panel_dots<Bits, K + 1>...};
+}
+
+/// y as int8_gemm for the row groups [g0, g1) of int8_panel_group_rows: each group repacked
+/// (int8_pack_group), then every token tile over each of its panels; the chunks after the last
+/// whole block through the row tile's tail.
+template <unsigned Bits>
+void int8_panel_groups(const MatrixView& w, const Int8Tokens& tk, std::size_t n, float* y,
+                       float scale, bool accumulate, std::size_t g0, std::size_t g1) {
+  using namespace avx512_int8;
+  constexpr std::size_t T = int8_panel_tokens;
+  static constexpr auto tiles = panel_tile_fns<Bits>(std::make_index_sequence<T>{});
+  const RowLayout l = w.layout();
+  const std::size_t chunks = l.cols / 32,
+                    blocked = chunks / block_chunks(Bits) * block_chunks(Bits);
+  const bool tail = blocked < chunks || chunks * 32 < l.cols;
+  const std::size_t group = int8_panel_group_rows(l.cols);
+  thread_local Int8Panels pk;
+  float out[16 * T];
+  const Int8Activation* acts[T];
+  for (std::size_t g = g0; g < g1; ++g) {
+    const std::size_t r0 = g * group, rn = std::min(group, w.rows - r0);
+    int8_pack_group<Bits>(w, r0, rn, pk);
+    for (std::size_t t = 0; t < n; t += T) {
+      const std::size_t tn = std::min(T, n - t);
+      for (std::size_t j = 0; j < tn; ++j) acts[j] = &tk.acts[t + j];
+      for (std::size_t p = 0; p * panel_height < rn; ++p) {
+        tiles[tn - 1](pk.code_base + p * blocked * 512, pk.s.data() + p * blocked * 16,
+                      pk.sz.data() + p * blocked * 16, acts, blocked, out);
+        for (std::size_t r = 0; r < panel_height && p * panel_height + r < rn; ++r) {
+          const std::size_t i = p * panel_height + r;
+          for (std::size_t j = 0; j < tn; ++j) {
+            float v = out[16 * j + r];
+            if (tail)
+              v += tile_tail<Bits>(pk.rows[i], l, pk.rs.data() + i * chunks,
+                                   pk.rsz.data() + i * chunks, *acts[j], blocked);
+            float& dst = y[(t + j) * w.rows + r0 + i];
+            dst = accumulate ? dst + scale * v : scale * v;
+          }
+        }
+      }
+    }
+  }
+}
+#endif
+
 /// Calls f.template operator()<Bits>() for the code width of `l`.
 template <class F>
 void with_bits(const RowLayout& l, F&& f) {
@@ -161,6 +271,22 @@ inline void int8_gemm(const MatrixView& w, const float* x, std::size_t n, float*
   thread_local Int8Tokens storage;
   Int8Tokens& tk = storage;  // by name, a thread_local in the workers' lambdas would be theirs
   prepare_tokens(x, n, l, path, pool, tk);
+#if defined(MOEKIT_HAS_X86_KERNELS)
+  if (path == Int8GemmPath::avx512_vnni) {
+    const std::size_t rows_per = int8_panel_group_rows(l.cols);
+    const std::size_t groups = (w.rows + rows_per - 1) / rows_per;
+    auto body = [&](std::size_t g0, std::size_t g1) {
+      with_bits(l, [&]<unsigned Bits>() {
+        int8_panel_groups<Bits>(w, tk, n, y, scale, accumulate, g0, g1);
+      });
+    };
+    if (pool)
+      pool->parallel_for(0, groups, 1, body);
+    else
+      body(0, groups);
+    return;
+  }
+#endif
   const std::size_t groups = (w.rows + int8_group_rows - 1) / int8_group_rows;
   auto body = [&](std::size_t g0, std::size_t g1) {
     with_bits(l, [&]<unsigned Bits>() {
@@ -168,12 +294,7 @@ inline void int8_gemm(const MatrixView& w, const float* x, std::size_t n, float*
         int8_row_groups<R, T>(w, tk, n, y, scale, accumulate, g0, g1, tiles, scales);
       };
 #if defined(MOEKIT_HAS_X86_KERNELS)
-      constexpr std::size_t R512 = Bits == 2 ? 2 : 4, R256 = Bits == 2 ? 1 : 2;
-      using avx512_int8::tile_dots;
-      if (path == Int8GemmPath::avx512_vnni)
-        return run(TileFns<R512, 4>{&tile_dots<Bits, R512, 1, 4>, &tile_dots<Bits, R512, 2, 4>,
-                                    &tile_dots<Bits, R512, 3, 4>, &tile_dots<Bits, R512, 4, 4>},
-                   &avx512_int8::chunk_scales);
+      constexpr std::size_t R256 = Bits == 2 ? 1 : 2;
       if (path == Int8GemmPath::avx_vnni)
         return run(TileFns<R256, 2>{&avx2_int8::tile_dots<Bits, true, R256, 1, 2>,
                                     &avx2_int8::tile_dots<Bits, true, R256, 2, 2>},

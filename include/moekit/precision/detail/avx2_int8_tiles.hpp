@@ -1,7 +1,7 @@
 #pragma once
 /// \file AVX2 tile kernel of the int8-activation GEMM (prefill), `vpmaddubsw` or AVX-VNNI's
-/// 256-bit `vpdpbusd`: R quantized rows × T tokens at a time, as avx512_int8_tiles.hpp does with
-/// 512-bit vectors, half a block (32 code bytes) per step. The activation is the GEMV's
+/// 256-bit `vpdpbusd`: R quantized rows × T tokens at a time, so each block of codes is unpacked
+/// once for T tokens, half a block (32 code bytes) per step. The activation is the GEMV's
 /// (avx2_int8_rows.hpp `prepare`, the same layout and rounding as the AVX-512 one). Without VNNI
 /// q8 codes are read as q − 128 (avx2_int8_rows.hpp: no int16 pair can saturate) and the
 /// zero points shift by 128 to match. Each (row, token) pair has its own accumulator and the same

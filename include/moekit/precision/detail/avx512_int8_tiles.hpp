@@ -1,15 +1,8 @@
 #pragma once
-/// \file AVX-512 VNNI tile kernel of the int8-activation GEMM (prefill): R quantized rows × T
-/// tokens at a time, so each 64-byte block of codes is split into its planes once and dotted
-/// with T activations, and each activation block is loaded once for R rows (prefill is
-/// compute-bound: the unpack and the loads are what a one-row kernel repeats per token).
-///
-/// Activations are those of the GEMV (avx512_int8_rows.hpp `prepare`: int8 per 32-value chunk,
-/// planes per block). Per (row, token) and block: one `vpdpbusd` per plane into int32 lanes that
-/// each belong to one chunk, converted and scaled per lane by s·dx, added into one float
-/// accumulator; per 16 chunks the zero-point term s·z·dx·Σxq goes into the same accumulator.
-/// Every (row, token) pair has its own accumulator and the same instruction sequence whatever
-/// R, T or the pair's place in the tile, so a token's result never depends on the batch.
+/// \file Per-row parts of the AVX-512 VNNI int8-activation GEMM (prefill) that the panel tile
+/// (avx512_int8_panel_tiles.hpp) shares: each row's per-chunk scales, and the dot of the chunks
+/// after the last whole 64-byte block (and the columns after the last chunk), one (row, token)
+/// pair at a time. Activations are those of the GEMV (avx512_int8_rows.hpp `prepare`).
 
 #include <algorithm>
 #include <cstddef>
@@ -73,61 +66,6 @@ MOEKIT_TARGET_AVX512_VNNI inline float tile_tail(const std::byte* row, const Row
   for (std::size_t col = chunks * 32; col < l.cols; ++col)
     total += weight_at(row, l, p, col) * a.x[col];
   return total;
-}
-
-/// out[r·T + t] = row r · token t for the first T tokens of the tile `in` (rows of layout `l`,
-/// groups of 32/64/128; T < TMax for a batch's last tokens). Blocks go 16 chunks a step; per
-/// block the R rows' planes are unpacked once and each token's activation planes loaded once.
-template <unsigned Bits, std::size_t R, std::size_t T, std::size_t TMax = T>
-MOEKIT_TARGET_AVX512_VNNI inline void tile_dots(const TileInput<R, TMax>& in, const RowLayout& l,
-                                                float* out) noexcept {
-  constexpr std::size_t planes = 8 / Bits, per_block = block_chunks(Bits);
-  const std::size_t chunks = l.cols / 32, blocked = chunks / per_block * per_block;
-  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1u << Bits) - 1u));
-  __m512 acc[R][T];
-  for (std::size_t r = 0; r < R; ++r)
-    for (std::size_t t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (std::size_t c0 = 0; c0 < blocked; c0 += 16) {
-    const std::size_t end = std::min(blocked, c0 + 16);
-    for (std::size_t c = c0; c < end; c += per_block) {
-      __m512i code[R][planes];
-      __m512 sl[R];
-      for (std::size_t r = 0; r < R; ++r) {
-        const __m512i v = _mm512_loadu_si512(in.rows[r] + c * 4 * Bits);
-        for (std::size_t k = 0; k < planes; ++k)
-          code[r][k] = Bits == 8 ? v
-                                 : _mm512_and_si512(
-                                       _mm512_srli_epi16(v, static_cast<unsigned>(k * Bits)), mask);
-        sl[r] = block_scales<Bits>(in.s[r] + c);
-      }
-      for (std::size_t t = 0; t < T; ++t) {
-        const std::int8_t* xq = in.acts[t]->xq + 32 * c;
-        __m512i x[planes];
-        for (std::size_t k = 0; k < planes; ++k) x[k] = _mm512_loadu_si512(xq + 64 * k);
-        const __m512 dl = block_scales<Bits>(in.acts[t]->dx + c);
-        for (std::size_t r = 0; r < R; ++r) {
-          __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), code[r][0], x[0]);
-          for (std::size_t k = 1; k < planes; ++k) d = _mm512_dpbusd_epi32(d, code[r][k], x[k]);
-          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sl[r], dl), acc[r][t]);
-        }
-      }
-    }
-    // The step's zero-point terms, into the same accumulators (their lanes are summed at the end).
-    const auto lanes = static_cast<__mmask16>((1u << (end - c0)) - 1u);
-    for (std::size_t t = 0; t < T; ++t) {
-      const __m512 dxs = _mm512_maskz_loadu_ps(lanes, in.acts[t]->dx_sum + c0);
-      for (std::size_t r = 0; r < R; ++r)
-        acc[r][t] = _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(lanes, in.sz[r] + c0), dxs, acc[r][t]);
-    }
-  }
-  for (std::size_t r = 0; r < R; ++r)
-    for (std::size_t t = 0; t < T; ++t) {
-      const float tail =
-          blocked < chunks || chunks * 32 < l.cols
-              ? tile_tail<Bits>(in.rows[r], l, in.s[r], in.sz[r], *in.acts[t], blocked)
-              : 0.f;
-      out[r * T + t] = _mm512_reduce_add_ps(acc[r][t]) + tail;
-    }
 }
 
 }  // namespace moekit::detail::avx512_int8
