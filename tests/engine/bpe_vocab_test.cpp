@@ -383,6 +383,27 @@ TEST_CASE("bpe: malformed tokenizer.json files are errors naming the file and th
              Catch::Contains("'eos_token' is '<|nope|>', which is not a token"));
 }
 
+TEST_CASE("bpe: a tokenizer.json's text loads as its file does, bos/eos given by the caller",
+          "[engine][bpe]") {
+  std::ifstream in(bpe_data / "qwen2/tokenizer.json", std::ios::binary);
+  REQUIRE(in);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const BpeVocab file = BpeVocab::from_tokenizer_json(bpe_data / "qwen2/tokenizer.json");
+  BpeVocab::Special special;
+  special.eos = file.special().eos;
+  const BpeVocab v = BpeVocab::from_tokenizer_json_text(text, "qwen2 text", special);
+  CHECK(v.size() == file.size());
+  CHECK(v.regex() == file.regex());
+  CHECK(v.special().eos == file.special().eos);
+  CHECK_FALSE(BpeVocab::from_tokenizer_json_text(text).special().eos);
+  bpe_check_against_hf(v, "qwen2");
+  special.bos = v.size();
+  CHECK_THAT(bpe_error_of([&] { (void)BpeVocab::from_tokenizer_json_text(text, "t", special); }),
+             Catch::Contains("which is not a token"));
+  CHECK_THAT(bpe_error_of([&] { (void)BpeVocab::from_tokenizer_json_text("{\"model\": ", "t"); }),
+             Catch::Contains("t: not valid JSON"));
+}
+
 TEST_CASE("bpe: malformed GGUF vocabularies are errors naming the file and the key",
           "[engine][bpe]") {
   struct Case {

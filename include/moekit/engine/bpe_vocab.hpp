@@ -50,7 +50,6 @@
 #include <optional>
 #include <queue>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -118,6 +117,7 @@ class BpeVocab {
     const std::size_t n = tokens_.size();
     if (n == 0) fail(spec.tokens_field, "has no tokens");
     if (n > 0xffffffffu) fail(spec.tokens_field, "has too many tokens");
+    ids_.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
       if (tokens_[i].empty()) continue;
       ids_.emplace(tokens_[i], static_cast<std::uint32_t>(i));  // a duplicate: the first id wins
@@ -136,19 +136,36 @@ class BpeVocab {
   static BpeVocab from_tokenizer_json(const std::filesystem::path& path) {
     const std::string src = "tokenizer.json '" + path.string() + "'";
     try {
-      return parse_tokenizer_json(path, src);
+      Spec s = parse_tokenizer_json(read_text(path, src), src);
+      s.special = special_tokens_beside(path, s.tokens, src);
+      return BpeVocab(std::move(s));
     } catch (const nlohmann::json::exception& e) {  // a value of the wrong JSON type
       throw moekit::Error(moekit::ErrorKind::invalid_format, src + ": " + e.what());
     }
   }
 
+  /// The vocabulary of the text of a `tokenizer.json`, parsed as from_tokenizer_json parses a
+  /// file's; `source` names it in errors, and bos/eos are `special` (there is no file beside it).
+  static BpeVocab from_tokenizer_json_text(std::string_view json,
+                                           const std::string& source = "tokenizer.json",
+                                           Special special = {}) {
+    try {
+      Spec s = parse_tokenizer_json(json, source);
+      s.special = special;
+      return BpeVocab(std::move(s));
+    } catch (const nlohmann::json::exception& e) {  // a value of the wrong JSON type
+      throw moekit::Error(moekit::ErrorKind::invalid_format, source + ": " + e.what());
+    }
+  }
+
  private:
-  static BpeVocab parse_tokenizer_json(const std::filesystem::path& path, const std::string& src) {
+  // Everything of a tokenizer.json but bos/eos (which live in tokenizer_config.json).
+  static Spec parse_tokenizer_json(std::string_view text, const std::string& src) {
     auto bad = [&](const std::string& field, const std::string& what,
                    moekit::ErrorKind k = moekit::ErrorKind::invalid_format) -> void {
       throw moekit::Error(k, src + ": '" + field + "' " + what);
     };
-    const nlohmann::json j = read_json(path, src);
+    const nlohmann::json j = parse_json(text, src);
     if (!j.is_object()) bad("(top level)", "is not a JSON object");
     auto need = [&](const nlohmann::json& obj, const char* key,
                     const std::string& field) -> const nlohmann::json& {
@@ -174,8 +191,7 @@ class BpeVocab {
       bad("decoder", "is " + j["decoder"].dump() + "; moe-run supports the ByteLevel decoder only",
           moekit::ErrorKind::unsupported);
     s.regex = pre_tokenizer_regex(need(j, "pre_tokenizer", "pre_tokenizer"), bad);
-    s.special = special_tokens_beside(path, s.tokens, src);
-    return BpeVocab(std::move(s));
+    return s;
   }
 
   // A byte-level "BPE" model, with the options moe-run does not implement absent or off.
@@ -303,7 +319,7 @@ class BpeVocab {
     const auto config = path.parent_path() / "tokenizer_config.json";
     if (!std::filesystem::exists(config)) return out;
     const std::string csrc = "tokenizer_config.json '" + config.string() + "'";
-    const nlohmann::json c = read_json(config, csrc);
+    const nlohmann::json c = parse_json(read_text(config, csrc), csrc);
     auto id_of = [&](const char* key) -> std::optional<std::uint32_t> {
       if (!c.is_object() || !c.contains(key) || c[key].is_null()) return std::nullopt;
       const auto& v = c[key];
@@ -500,21 +516,25 @@ class BpeVocab {
   void index_merges(const Spec& spec) {
     // Merges: (left id, right id) -> (rank, merged id).
     merges_.reserve(spec.merges.size());
+    std::string joined;  // left + right, its buffer reused
     for (std::size_t r = 0; r < spec.merges.size(); ++r) {
       const std::string& m = spec.merges[r];
-      const std::string where = "entry " + std::to_string(r) + " '" + m + "'";
+      const auto where = [&] { return "entry " + std::to_string(r) + " '" + m + "'"; };
       const std::size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
       if (sp == std::string::npos || sp + 1 >= m.size())
-        fail(spec.merges_field, where + " is not two tokens separated by a space");
-      const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
-      const auto l = ids_.find(left), rt = ids_.find(right), lr = ids_.find(left + right);
+        fail(spec.merges_field, where() + " is not two tokens separated by a space");
+      const std::string_view left = std::string_view(m).substr(0, sp),
+                             right = std::string_view(m).substr(sp + 1);
+      joined.assign(left).append(right);
+      const auto l = ids_.find(left), rt = ids_.find(right), lr = ids_.find(joined);
       if (l == ids_.end())
-        fail(spec.merges_field, where + " names '" + left + "', which is not a token");
-      if (rt == ids_.end())
-        fail(spec.merges_field, where + " names '" + right + "', which is not a token");
-      if (lr == ids_.end())
         fail(spec.merges_field,
-             where + " merges into '" + left + right + "', which is not a token");
+             where() + " names '" + std::string(left) + "', which is not a token");
+      if (rt == ids_.end())
+        fail(spec.merges_field,
+             where() + " names '" + std::string(right) + "', which is not a token");
+      if (lr == ids_.end())
+        fail(spec.merges_field, where() + " merges into '" + joined + "', which is not a token");
       merges_.emplace(pair_key(l->second, rt->second),
                       Merge{static_cast<std::uint32_t>(r), lr->second});
     }
@@ -551,13 +571,21 @@ class BpeVocab {
     return (static_cast<std::uint64_t>(a) << 32) | b;
   }
 
-  static nlohmann::json read_json(const std::filesystem::path& path, const std::string& src) {
+  // The whole file, read straight into the string (no stream copy of it).
+  static std::string read_text(const std::filesystem::path& path, const std::string& src) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw moekit::Error(moekit::ErrorKind::io, src + ": cannot be opened");
-    std::stringstream ss;
-    ss << in.rdbuf();
+    std::string text;
+    std::array<char, 1 << 16> buf{};
+    while (in.read(buf.data(), buf.size()) || in.gcount() > 0)
+      text.append(buf.data(), static_cast<std::size_t>(in.gcount()));
+    if (in.bad()) throw moekit::Error(moekit::ErrorKind::io, src + ": cannot be read");
+    return text;
+  }
+
+  static nlohmann::json parse_json(std::string_view text, const std::string& src) {
     try {
-      return nlohmann::json::parse(ss.str());
+      return nlohmann::json::parse(text.begin(), text.end());
     } catch (const nlohmann::json::exception& e) {
       throw moekit::Error(moekit::ErrorKind::invalid_format, src + ": not valid JSON: " + e.what());
     }
