@@ -10,7 +10,8 @@
 // or blocked panels were closer to the read: how that table is filled for a new core.
 //
 // --kquant: the GGUF K-quant formats (q4_k, q5_k, q6_k, q2_k, q3_k; random blocks) instead, whose
-// kernels have their own streaming (kquant_row_streaming in gemv.hpp, marked *; no panels).
+// kernels have their own streaming (default_kquant_row_streaming in row_streaming.hpp, marked *;
+// no panels).
 //
 // Usage: moekit_bench_row_streaming [--reps N] [--threads N] [--kquant]
 #include <algorithm>
@@ -60,7 +61,7 @@ std::vector<std::byte> random_kquant(std::size_t rows, std::size_t cols, Precisi
 int run_kquants(int reps, int only_threads) {
   std::printf(
       "GGUF K-quant int8-activation GEMV, cold weights, CPU core %s; medians of %d rounds; "
-      "%% of the streaming read; * = kquant_row_streaming (their default on every core)\n",
+      "%% of the streaming read; * = this core's default (default_kquant_row_streaming)\n",
       std::string(name(detect_core())).c_str(), reps);
   const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}};
   for (int threads : {1, 2}) {
@@ -106,7 +107,7 @@ int run_kquants(int reps, int only_threads) {
                     bytes / bound / 1e9);
         for (std::size_t v = 0; v < n_ways; ++v)
           std::printf(" %4.0f%%%s", 100 * bound / bench::median(t[v]),
-                      ways[v] == kquant_row_streaming ? "*" : " ");
+                      ways[v] == default_kquant_row_streaming(detect_core()) ? "*" : " ");
         std::printf("\n");
       }
   }

@@ -175,18 +175,18 @@ TEST_CASE(
 TEST_CASE("moe-run --expert-layout auto: the per-core table", "[engine][cli]") {
   using moekit::CpuCore;
   using moekit::MatrixOrder;
-  // bench/RESULTS.md, "Expert layout per CPU core": rows on Ice Lake server and Emerald Rapids,
+  // bench/RESULTS.md, "Expert layout per CPU core": rows on Ice Lake server and Xeons with AMX,
   // blocked panels on Zen 5 and (unmeasured) elsewhere; float activations always read rows.
   STATIC_REQUIRE(auto_expert_order(CpuCore::icelake_server, true) == MatrixOrder::rows);
-  STATIC_REQUIRE(auto_expert_order(CpuCore::emerald_rapids, true) == MatrixOrder::rows);
+  STATIC_REQUIRE(auto_expert_order(CpuCore::xeon_amx, true) == MatrixOrder::rows);
   STATIC_REQUIRE(auto_expert_order(CpuCore::zen5, true) == MatrixOrder::blocked_panels4);
   STATIC_REQUIRE(auto_expert_order(CpuCore::zen4, true) == MatrixOrder::blocked_panels4);
   STATIC_REQUIRE(auto_expert_order(CpuCore::other, true) == MatrixOrder::blocked_panels4);
-  for (CpuCore c : {CpuCore::icelake_server, CpuCore::emerald_rapids, CpuCore::zen4, CpuCore::zen5,
-                    CpuCore::other})
+  for (CpuCore c :
+       {CpuCore::icelake_server, CpuCore::xeon_amx, CpuCore::zen4, CpuCore::zen5, CpuCore::other})
     CHECK(auto_expert_order(c, false) == MatrixOrder::rows);
   CHECK(moekit::name(CpuCore::icelake_server) == "icelake-server");
-  CHECK(moekit::name(CpuCore::emerald_rapids) == "emerald-rapids");
+  CHECK(moekit::name(CpuCore::xeon_amx) == "xeon-amx");
 }
 
 TEST_CASE("moe-run --activations resolves against the experts' precisions, width and the CPU",

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "io/io_test_util.hpp"
+#include "moekit/io/aligned_buffer.hpp"
 #include "moekit/io/dequantize.hpp"
 #include "moekit/io/gguf.hpp"
 #include "moekit/io/gguf_transcode.hpp"
@@ -236,6 +237,58 @@ TEST_CASE("gguf_transcode: panels equal pack_panels of the rows; in place equals
       }
     }
 }
+
+#if defined(MOEKIT_GGUF_BLOCKS_X86)
+// One vector path's blocks against the one-block loop: every block count from 0 to 13 (whole
+// vectors and each tail), destinations aligned for streaming and off by 16 bytes, streamed or
+// not, and in place (codes over the source, the scales elsewhere as transcode_row puts them).
+template <class Path>
+void check_block_path(DType t, Path path) {
+  const std::size_t bb = block_bytes(t), cb = bb - 2;
+  for (std::size_t blocks = 0; blocks <= 13; ++blocks)
+    for (std::size_t offset : {std::size_t{0}, std::size_t{16}})
+      for (bool stream : {false, true}) {
+        INFO(name(t) << ": " << blocks << " blocks, codes at +" << offset
+                     << (stream ? ", streamed" : ""));
+        const Bytes src = random_blocks(t, 1, 32 * std::max<std::size_t>(blocks, 1), blocks);
+        if (blocks == 0) {
+          CHECK(path(src.data(), 0, nullptr, nullptr, stream) == 0);
+          continue;
+        }
+        const Bytes want = encode_by_weight(t, src, 1, 32 * blocks);  // codes, then scales
+        AlignedBuffer out(blocks * bb + offset);                      // 4096-aligned
+        std::byte* codes = out.data() + offset;
+        Bytes scales(2 * blocks, std::byte{0x5A});
+        const std::size_t done = path(src.data(), blocks, codes, scales.data(), stream);
+        io::detail::transcode_blocks(t, src.data() + done * bb, blocks - done, codes + done * cb,
+                                     scales.data() + 2 * done);
+        io::detail::stream_fence();
+        CHECK(std::equal(codes, codes + blocks * cb, want.begin()));
+        CHECK(std::equal(scales.begin(), scales.end(), want.begin() + blocks * cb));
+        // In place: the codes over the blocks themselves.
+        Bytes same = src;
+        same.resize(blocks * bb);
+        const std::size_t d2 = path(same.data(), blocks, same.data(), scales.data(), false);
+        CHECK(d2 == done);
+        CHECK(std::equal(same.begin(), same.begin() + static_cast<std::ptrdiff_t>(d2 * cb),
+                         want.begin()));
+      }
+}
+
+TEST_CASE("gguf_transcode: the AVX-512 and AVX2 block paths equal the one-block loop",
+          "[io][gguf_transcode]") {
+  INFO("seed " << test::test_seed());
+  if (isa_supported(Isa::avx512)) {
+    check_block_path(DType::q4_0, io::detail::q4_0_blocks_avx512);
+    check_block_path(DType::q8_0, io::detail::q8_0_blocks_avx512);
+  }
+  if (isa_supported(Isa::avx2)) {
+    check_block_path(DType::q4_0, io::detail::q4_0_blocks_avx2);
+    check_block_path(DType::q8_0, io::detail::q8_0_blocks_avx2);
+  }
+  if (!isa_supported(Isa::avx2)) WARN("skipped: this CPU has neither AVX2 nor AVX-512");
+}
+#endif
 
 TEST_CASE("gguf_transcode: single rows in place, short and longer than the stack buffer",
           "[io][gguf_transcode]") {

@@ -511,8 +511,9 @@ class Cli {
         "(four rows interleaved every 512 columns, one stream per thread for the int8 "
         "kernels), blocked-panels (panels in groups of 16 in column blocks of at most "
         "4096 columns; docs/formats.md), auto (with int8 activations what this CPU core "
-        "streams fastest, from a table: rows on Ice Lake server, blocked-panels elsewhere; "
-        "rows with f32 activations); a store given with --store or -m keeps "
+        "streams fastest, from a table: rows on Ice Lake server and Xeons with AMX, "
+        "blocked-panels elsewhere; rows with f32 activations); a store given with --store "
+        "or -m keeps "
         "its own, and must match an explicit choice; experts in host memory are packed "
         "after loading");
   }

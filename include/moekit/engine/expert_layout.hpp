@@ -38,8 +38,9 @@ constexpr std::optional<moekit::MatrixOrder> parse_layout_word(std::string_view 
 ///   path up to 40 points ahead of rows).
 /// - Ice Lake server (Xeon, family 6 model 106): rows, ahead of blocked panels in most cells
 ///   (q8/q4 at one thread by 7-14 points of the read).
-/// - Emerald Rapids (Xeon 5th gen., family 6 model 207): rows, at its four prefetched streams
-///   ahead of blocked panels in all 12 cells (by 7-52 points of the read).
+/// - Xeons with AMX (Emerald Rapids, family 6 model 207, and a KVM guest reporting model 167):
+///   rows, at four prefetched streams ahead of blocked panels in all 12 cells on both (by 7-52
+///   and 16-40 points of the read).
 /// - Zen 4 and other cores: not measured in both orders; blocked panels, as before the table
 ///   (the AVX2 int8 kernels, what CPUs without AVX-512 VNNI run, read them 10-40 points closer
 ///   to the bound than rows on Zen 5).
@@ -49,7 +50,7 @@ constexpr moekit::MatrixOrder auto_expert_order(moekit::CpuCore core, bool int8)
   if (!int8) return moekit::MatrixOrder::rows;
   switch (core) {
     case moekit::CpuCore::icelake_server:
-    case moekit::CpuCore::emerald_rapids:
+    case moekit::CpuCore::xeon_amx:
       return moekit::MatrixOrder::rows;
     case moekit::CpuCore::zen4:
     case moekit::CpuCore::zen5:

@@ -40,6 +40,7 @@
 
 #include "moekit/core/precision.hpp"
 #include "moekit/error.hpp"
+#include "moekit/io/detail/gguf_block_codes_x86.hpp"
 #include "moekit/io/gguf.hpp"
 #include "moekit/io/tensor.hpp"
 #include "moekit/precision/format.hpp"
@@ -153,12 +154,16 @@ inline void q8_0_codes(const std::byte* qs, std::byte* out) noexcept {
 
 /// `blocks` consecutive blocks of type T at `src`: their codes to `codes`, back to back, and their
 /// scales to `scales`. Each block is read whole before its codes are written (which may overlap
-/// the block's own scale when converting in place).
+/// the block's own scale when converting in place). Whole vectors of blocks first, on this CPU's
+/// widest path (with non-temporal stores of the codes when `stream`: a destination apart from
+/// the source, fenced by the caller), then one block at a time.
 template <DType T>
-void transcode_blocks(const std::byte* src, std::size_t blocks, std::byte* codes,
-                      std::byte* scales) noexcept {
+void transcode_blocks(const std::byte* src, std::size_t blocks, std::byte* codes, std::byte* scales,
+                      bool stream = false) noexcept {
   constexpr std::size_t bb = block_bytes(T), cb = bb - 2;
-  for (std::size_t i = 0; i < blocks; ++i, src += bb, codes += cb, scales += 2) {
+  const std::size_t fast = gguf_blocks_simd(T == DType::q4_0, src, blocks, codes, scales, stream);
+  src += fast * bb, codes += fast * cb, scales += 2 * fast;
+  for (std::size_t i = fast; i < blocks; ++i, src += bb, codes += cb, scales += 2) {
     std::byte d[2];
     std::memcpy(d, src, 2);
     if constexpr (T == DType::q4_0)
@@ -170,11 +175,11 @@ void transcode_blocks(const std::byte* src, std::size_t blocks, std::byte* codes
 }
 
 inline void transcode_blocks(DType t, const std::byte* src, std::size_t blocks, std::byte* codes,
-                             std::byte* scales) noexcept {
+                             std::byte* scales, bool stream = false) noexcept {
   if (t == DType::q4_0)
-    transcode_blocks<DType::q4_0>(src, blocks, codes, scales);
+    transcode_blocks<DType::q4_0>(src, blocks, codes, scales, stream);
   else
-    transcode_blocks<DType::q8_0>(src, blocks, codes, scales);
+    transcode_blocks<DType::q8_0>(src, blocks, codes, scales, stream);
 }
 
 /// One row of `cols` weights from `src` into `dst` as RowLayout lays it out; `dst` is `src` (in
@@ -183,13 +188,14 @@ inline void transcode_row_unchecked(DType t, std::size_t cols, const std::byte* 
                                     std::byte* scratch) noexcept {
   const std::size_t blocks = cols / gguf_block_weights;
   const std::size_t payload = blocks * (block_bytes(t) - 2);
-  if (src != dst) return transcode_blocks(t, src, blocks, dst, dst + payload);
+  if (src != dst) return transcode_blocks(t, src, blocks, dst, dst + payload, /*stream=*/true);
   transcode_blocks(t, src, blocks, dst, scratch);
   std::memcpy(dst + payload, scratch, 2 * blocks);
 }
 
 /// Row n of panel k of a group of `count` panels (`group`: the group's first byte), from the
-/// row's blocks at `src`: each step's codes and scales, then the tail (PanelLayout's offsets).
+/// row's blocks at `src` (never the group's own bytes: in place they are set aside first, so the
+/// codes are streamed): each step's codes and scales, then the tail (PanelLayout's offsets).
 inline void transcode_panel_row(DType t, const PanelLayout& l, const std::byte* src,
                                 std::byte* group, std::size_t k, std::size_t n,
                                 std::size_t count) noexcept {
@@ -197,10 +203,10 @@ inline void transcode_panel_row(DType t, const PanelLayout& l, const std::byte* 
   const std::size_t step_src = step_blocks * block_bytes(t);
   for (std::size_t s = 0; s < l.steps; ++s)
     transcode_blocks(t, src + s * step_src, step_blocks, group + l.codes(k, s, n, count),
-                     group + l.scales(k, s, n, count));
+                     group + l.scales(k, s, n, count), /*stream=*/true);
   const std::size_t tail = l.tail_row(k, n, count);
   transcode_blocks(t, src + l.steps * step_src, l.tail.groups, group + tail,
-                   group + tail + l.tail.scales_offset);
+                   group + tail + l.tail.scales_offset, /*stream=*/true);
 }
 
 /// A checked matrix (`dst` is `src` or apart from it) into panels of `order`.
@@ -293,6 +299,7 @@ inline void transcode_row(DType t, std::size_t cols, std::span<const std::byte> 
                                                                                      : 0);
   detail::transcode_row_unchecked(t, cols, src.data(), dst.data(),
                                   heap.empty() ? stack : heap.data());
+  detail::stream_fence();
 }
 
 /// Converts a `rows × cols` matrix of GGUF type `t` (Q4_0 or Q8_0; row-major as GGUF stores a
@@ -310,6 +317,7 @@ inline MatrixView transcode_matrix(DType t, std::span<const std::byte> src, std:
     detail::transcode_panels(t, p, src.data(), rows, cols, dst.data(), order);
   else
     detail::transcode_rows(t, src.data(), rows, cols, dst.data());
+  detail::stream_fence();  // the codes were streamed: ordered before the view is handed out
   return MatrixView{dst.data(), rows, cols, p, gguf_exact_scheme, order};
 }
 

@@ -65,13 +65,6 @@ struct Epilogue {
   bool accumulate = false;
 };
 
-/// How the K-quant int8 kernels stream rows unless KernelOptions::streaming says: two streams,
-/// prefetched, on every core. Measured on Zen 5 only, on a loaded machine
-/// (`moekit_bench_row_streaming --kquant`; bench/RESULTS.md, "GGUF K-quants read in place"): at
-/// one thread ahead of or close to every other way in each cell and clearly ahead at 14336
-/// columns, where four streams (Zen 4's entry for the other int8 kernels) fell far behind.
-inline constexpr RowStreaming kquant_row_streaming{2, true};
-
 /// True for q2_k and q3_k, whose int8 kernels are picked apart from the other K-quants': their
 /// AVX2 kernel has no AVX-VNNI variant (codes ≤ 7, `vpmaddubsw` alone) and their AVX-512 one needs
 /// GFNI and VBMI too (`has_avx512_kq2`; without them, the AVX2 kernel; docs/formats.md).
@@ -523,7 +516,8 @@ inline GemvPlan make_plan(const MatrixView& w, const float* x, const KernelOptio
           o.avx_vnni && has_avx_vnni() && !low2 ? KQuantKernel::avx_vnni : KQuantKernel::avx2;
 #endif
     if (p.kquant != KQuantKernel::scalar)
-      p.streaming = o.streaming ? resolve_streaming(o, w.cols) : kquant_row_streaming;
+      p.streaming =
+          o.streaming ? resolve_streaming(o, w.cols) : default_kquant_row_streaming(detect_core());
     p.actk = prepare_kquant_for(isa, x, w.cols, w.precision, st.k);
     return p;
   }

@@ -11,13 +11,14 @@
 ///   prefetcher alone fell behind the loop).
 /// - Zen 5 (EPYC 9005): two streams; prefetched in software only on rows of 14336 columns (on
 ///   rows of 4096 the prefetch instructions cost more than they saved).
-/// - Emerald Rapids (Xeon 5th gen., Intel family 6 model 0xCF): four streams, each prefetched
-///   (the fastest, or within 5 points of it, in every cell at one and two threads).
+/// - Intel Xeon with AMX (Sapphire Rapids and later server cores): four streams, each prefetched
+///   (the fastest, or within 5 points of it, in every cell at one and two threads, on Emerald
+///   Rapids, family 6 model 0xCF, and on a KVM guest reporting model 0xA7 with AMX).
 /// - Other cores (Ice Lake server included: its figures in bench/RESULTS.md ran the default) are
 ///   not measured: two prefetched streams, the middle of both.
 /// The float-row kernels (f32/bf16/f16 rows, float or bf16 activations) have their own column
 /// (`default_float_row_streaming`): they do less work per byte, and on Zen 5 four streams on the
-/// hardware prefetcher alone beat every other way on both shapes, on Emerald Rapids four
+/// hardware prefetcher alone beat every other way on both shapes, on Xeons with AMX four
 /// prefetched streams ("bf16/f16 experts" and "Emerald Rapids" in bench/RESULTS.md,
 /// `moekit_bench_float_gemv`).
 /// A matrix in panels (MatrixOrder::panels4, panels.hpp) is one stream per thread whatever the
@@ -62,7 +63,7 @@ constexpr std::optional<RowStreaming> parse_row_streaming(std::string_view s) no
 
 /// The CPU cores the per-core tables distinguish (this one, and the expert layout's in
 /// engine/expert_layout.hpp).
-enum class CpuCore : std::uint8_t { other, zen4, zen5, icelake_server, emerald_rapids };
+enum class CpuCore : std::uint8_t { other, zen4, zen5, icelake_server, xeon_amx };
 
 constexpr std::string_view name(CpuCore c) noexcept {
   switch (c) {
@@ -72,8 +73,8 @@ constexpr std::string_view name(CpuCore c) noexcept {
       return "zen5";
     case CpuCore::icelake_server:
       return "icelake-server";
-    case CpuCore::emerald_rapids:
-      return "emerald-rapids";
+    case CpuCore::xeon_amx:
+      return "xeon-amx";
     case CpuCore::other:
       return "other";
   }
@@ -82,11 +83,13 @@ constexpr std::string_view name(CpuCore c) noexcept {
 
 /// This CPU's core (CPUID vendor, family and model, read once): AMD family 0x19 with AVX-512 is
 /// Zen 4, 0x1A is Zen 5; Intel family 6 model 0x6A or 0x6C (Xeon 3rd gen., Ice Lake server) is
-/// icelake_server, model 0xCF (Xeon 5th gen.) emerald_rapids (Sapphire Rapids, 0x8F, has the same
-/// core but is not measured: `other`). Zen 3 shares family 0x19 without AVX-512: it runs the AVX2
-/// int8 kernels and is `other` (the per-core tables have no measured entry for it;
-/// bench/RESULTS.md, "Experts apart", has its expert-layout comparison on OLMoE, where blocked
-/// panels, the `other` choice, won).
+/// icelake_server; an Intel family 6 CPU with AMX tiles (CPUID 7.0:EDX bit 24: Sapphire, Emerald
+/// and Granite Rapids) xeon_amx. That entry goes by the feature, not the model number, because a
+/// hypervisor may report another model: one KVM guest with AMX reported 0xA7 (a desktop Rocket
+/// Lake's number) and measured as Emerald Rapids (0xCF) did, bench/RESULTS.md. Zen 3 shares family
+/// 0x19 without AVX-512: it runs the AVX2 int8 kernels and is `other` (the per-core tables have no
+/// measured entry for it; bench/RESULTS.md, "Experts apart", has its expert-layout comparison on
+/// OLMoE, where blocked panels, the `other` choice, won).
 inline CpuCore detect_core() noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const CpuCore core = [] {
@@ -100,7 +103,9 @@ inline CpuCore detect_core() noexcept {
     const unsigned model = (a >> 4 & 0xfu) | (base == 6 || base == 0xf ? (a >> 12 & 0xf0u) : 0u);
     __builtin_cpu_init();
     if (intel && family == 6 && (model == 0x6a || model == 0x6c)) return CpuCore::icelake_server;
-    if (intel && family == 6 && model == 0xcf) return CpuCore::emerald_rapids;
+    unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0;
+    const bool amx = __get_cpuid_count(7, 0, &a7, &b7, &c7, &d7) && (d7 >> 24 & 1u);
+    if (intel && family == 6 && amx) return CpuCore::xeon_amx;
     if (intel) return CpuCore::other;
     if (family == 0x19 && __builtin_cpu_supports("avx512f")) return CpuCore::zen4;
     if (family == 0x1a) return CpuCore::zen5;
@@ -123,7 +128,7 @@ constexpr RowStreaming default_row_streaming(CpuCore core, std::size_t cols) noe
     // bench/RESULTS.md, "Zen 5, rows".
     case CpuCore::zen5:
       return {2, cols > 8192};
-    case CpuCore::emerald_rapids:
+    case CpuCore::xeon_amx:
       return {4, true};
     case CpuCore::icelake_server:  // streaming not measured there: as other cores
     case CpuCore::other:
@@ -133,12 +138,21 @@ constexpr RowStreaming default_row_streaming(CpuCore core, std::size_t cols) noe
 }
 
 /// The measured best way for `core` to stream rows of a float format (f32/bf16/f16). Measured on
-/// Zen 5 (four streams, no software prefetch, whatever the width) and Emerald Rapids (four
+/// Zen 5 (four streams, no software prefetch, whatever the width) and Xeons with AMX (four
 /// prefetched streams); other cores get Zen 5's until a `moekit_bench_float_gemv` run on them
 /// says otherwise.
 constexpr RowStreaming default_float_row_streaming(CpuCore core, std::size_t cols) noexcept {
   (void)cols;
-  return {4, core == CpuCore::emerald_rapids};
+  return {4, core == CpuCore::xeon_amx};
+}
+
+/// The measured best way for `core` to stream rows of GGUF K-quants (q2_k ... q6_k, their own
+/// int8 kernels): four prefetched streams on Xeons with AMX (the fastest, or within 4 points of
+/// it, in 19 of 20 cells at one and two threads: bench/RESULTS.md, "A second Xeon with AMX");
+/// elsewhere two prefetched streams, measured on Zen 5 (at 14336 columns four streams fell far
+/// behind there; "GGUF K-quants read in place").
+constexpr RowStreaming default_kquant_row_streaming(CpuCore core) noexcept {
+  return {core == CpuCore::xeon_amx ? 4u : 2u, true};
 }
 
 }  // namespace moekit
