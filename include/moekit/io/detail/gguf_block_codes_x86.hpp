@@ -28,8 +28,6 @@
 #define MOEKIT_GGUF_BLOCKS_X86 1
 #endif
 
-#include "moekit/precision/isa.hpp"
-
 namespace moekit::io::detail {
 
 #if defined(MOEKIT_GGUF_BLOCKS_X86)
@@ -52,6 +50,35 @@ __attribute__((target("avx2"))) inline __m256i q4_0_nibbles(__m256i v) noexcept 
       _mm256_or_si256(_mm256_and_si256(v4, low), _mm256_and_si256(v8, high)));
 }
 
+/// Four 16-byte pieces, at `src` + each offset, as one vector (whole 32-byte inserts trip a false
+/// -Wmaybe-uninitialized in GCC 12's headers).
+__attribute__((target("avx512f,avx512bw"))) inline __m512i load_4x16(const std::byte* src, int a,
+                                                                     int b, int c, int d) noexcept {
+  const auto at = [src](int o) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + o));
+  };
+  __m512i v = _mm512_zextsi128_si512(at(a));
+  v = _mm512_inserti32x4(v, at(b), 1);
+  v = _mm512_inserti32x4(v, at(c), 2);
+  return _mm512_inserti32x4(v, at(d), 3);
+}
+
+/// The codes of one vector of blocks, streamed (non-temporal) or stored.
+__attribute__((target("avx512f,avx512bw"))) inline void store_codes(std::byte* codes, __m512i v,
+                                                                    bool stream) noexcept {
+  if (stream)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(codes), v);
+  else
+    _mm512_storeu_si512(codes, v);
+}
+__attribute__((target("avx2"))) inline void store_codes(std::byte* codes, __m256i v,
+                                                        bool stream) noexcept {
+  if (stream)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(codes), v);
+  else
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), v);
+}
+
 /// Blocks [0, return value) of `blocks` Q4_0 blocks, 4 at a time; the caller converts the rest.
 __attribute__((target("avx512f,avx512bw"))) inline std::size_t q4_0_blocks_avx512(
     const std::byte* src, std::size_t blocks, std::byte* codes, std::byte* scales,
@@ -59,17 +86,10 @@ __attribute__((target("avx512f,avx512bw"))) inline std::size_t q4_0_blocks_avx51
   stream = stream && reinterpret_cast<std::uintptr_t>(codes) % 64 == 0;
   std::size_t i = 0;
   for (; i + 4 <= blocks; i += 4, src += 72, codes += 64, scales += 8) {
-    __m512i v = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 20)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 38)), 2);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 56)), 3);
+    const __m512i v = load_4x16(src, 2, 20, 38, 56);  // the four blocks' 16 code bytes
     std::uint16_t d[4];
     for (int b = 0; b < 4; ++b) std::memcpy(&d[b], src + 18 * b, 2);
-    const __m512i out = q4_0_nibbles(v);
-    if (stream)
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(codes), out);
-    else
-      _mm512_storeu_si512(codes, out);
+    store_codes(codes, q4_0_nibbles(v), stream);
     std::memcpy(scales, d, sizeof d);
   }
   return i;
@@ -89,15 +109,12 @@ __attribute__((target("avx2"))) inline std::size_t q4_0_blocks_avx2(const std::b
     std::uint16_t d[2];
     std::memcpy(&d[0], src, 2);
     std::memcpy(&d[1], src + 18, 2);
-    const __m256i out = q4_0_nibbles(v);
-    if (stream)
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(codes), out);
-    else
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), out);
+    store_codes(codes, q4_0_nibbles(v), stream);
     std::memcpy(scales, d, sizeof d);
   }
   return i;
 }
+
 /// Blocks [0, return value) of `blocks` Q8_0 blocks, 2 at a time: the int8 codes with their sign
 /// bit flipped (q + 128).
 __attribute__((target("avx512f,avx512bw"))) inline std::size_t q8_0_blocks_avx512(
@@ -107,20 +124,11 @@ __attribute__((target("avx512f,avx512bw"))) inline std::size_t q8_0_blocks_avx51
   stream = stream && reinterpret_cast<std::uintptr_t>(codes) % 64 == 0;
   std::size_t i = 0;
   for (; i + 2 <= blocks; i += 2, src += 68, codes += 64, scales += 4) {
-    // Four 16-byte halves of the two blocks' codes (whole 32-byte inserts trip a false
-    // -Wmaybe-uninitialized in GCC 12's headers).
-    __m512i v = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 18)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 36)), 2);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 52)), 3);
+    const __m512i v = load_4x16(src, 2, 18, 36, 52);  // the two blocks' 32 code bytes each
     std::uint16_t d[2];
     std::memcpy(&d[0], src, 2);
     std::memcpy(&d[1], src + 34, 2);
-    const __m512i out = _mm512_xor_si512(v, sign);
-    if (stream)
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(codes), out);
-    else
-      _mm512_storeu_si512(codes, out);
+    store_codes(codes, _mm512_xor_si512(v, sign), stream);
     std::memcpy(scales, d, sizeof d);
   }
   return i;
@@ -138,11 +146,7 @@ __attribute__((target("avx2"))) inline std::size_t q8_0_blocks_avx2(const std::b
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2));
     std::uint16_t d;
     std::memcpy(&d, src, 2);
-    const __m256i out = _mm256_xor_si256(v, sign);
-    if (stream)
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(codes), out);
-    else
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), out);
+    store_codes(codes, _mm256_xor_si256(v, sign), stream);
     std::memcpy(scales, &d, 2);
   }
   return blocks;
@@ -155,11 +159,17 @@ __attribute__((target("avx2"))) inline std::size_t q8_0_blocks_avx2(const std::b
 inline std::size_t gguf_blocks_simd(bool q4, const std::byte* src, std::size_t blocks,
                                     std::byte* codes, std::byte* scales, bool stream) noexcept {
 #if defined(MOEKIT_GGUF_BLOCKS_X86)
-  const Isa isa = detect_isa();
-  if (isa == Isa::avx512)
+  // The two features these paths need, not precision/isa.hpp's kernel levels: that header asks
+  // for features clang 14's __builtin_cpu_supports does not name, and the fuzzers (clang) parse
+  // GGUF files through this one.
+  static const int level = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bw") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+  }();
+  if (level == 2)
     return q4 ? q4_0_blocks_avx512(src, blocks, codes, scales, stream)
               : q8_0_blocks_avx512(src, blocks, codes, scales, stream);
-  if (isa == Isa::avx2)
+  if (level == 1)
     return q4 ? q4_0_blocks_avx2(src, blocks, codes, scales, stream)
               : q8_0_blocks_avx2(src, blocks, codes, scales, stream);
 #endif
