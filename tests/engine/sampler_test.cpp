@@ -253,15 +253,16 @@ TEST_CASE("the sampler draws the original's tokens on the default model's logits
 }
 
 TEST_CASE("on a pool's threads, the sampler draws the original's tokens", "[engine][sampler]") {
-  // Vocabularies split into two or three ranges, with tails that are no whole group of the scan;
-  // the settings take every path that scans (greedy, top-k) or weighs (nucleus) the vocabulary.
+  // Vocabularies split into two or three ranges (32768 logits, Sampler::kMinPart, or more each),
+  // with tails that are no whole group of the scan; the settings take every path that scans
+  // (greedy, top-k) or weighs (nucleus) the vocabulary.
   struct Setting {
     float t, p;
     std::uint32_t k;
   };
   for (const unsigned threads : {2u, 3u}) {
     moekit::ThreadPool pool(threads);
-    for (const std::size_t n : {32000u, 16384u + 17u, 50000u}) {
+    for (const std::size_t n : {65536u + 17u, 100000u, 151936u}) {
       const Rows rows{lm_logits(n, n), lm_logits(n, n + 1, 1.0f, 0), lm_logits(n, 3, 4.f, 3, 30)};
       for (const auto isa : runnable_isas())
         for (const Setting st : {Setting{0.8f, 0.95f, 0},
@@ -292,10 +293,10 @@ TEST_CASE(
   moekit::ThreadPool pool(2);
   Sampler s({0.8f, 0.95f, 1});
   s.set_thread_pool(&pool);
-  const auto big = lm_logits(32000, 1), small = lm_logits(8000, 1);
+  const auto big = lm_logits(65536, 1), small = lm_logits(32000, 1);  // 2 and 1 kMinPart
   s.sample(big);
   CHECK(s.paths().split == 1);
-  s.sample(small);
+  s.sample(small);  // Mixtral's vocabulary: one range is cheaper than two
   CHECK(s.paths().split == 1);
   // The StepChooser measures both modes first: its first step runs on all threads, the second on
   // the caller alone.

@@ -315,10 +315,13 @@ class Sampler {
   static constexpr double kRungRoom = 0.8;
   static constexpr std::size_t kRungMemory = 4;
   static constexpr std::size_t kNotCollected = std::numeric_limits<std::size_t>::max();
-  /// Fewest logits per thread for which a pass is split over the pool: a job's hand-off costs
-  /// about a microsecond, a range of this many logits several. A guess, not yet measured on a
-  /// quiet machine (bench/RESULTS.md, "Sampler cost", the passes split over the thread pool).
-  static constexpr std::size_t kMinPart = 8192;
+  /// Fewest logits per thread for which a pass is split over the pool. Measured quiet at 2
+  /// threads on a Xeon with AMX, a 32 000-logit vocabulary split in two took 23–25 µs a sample
+  /// against 18–19 on the caller alone (greedy's scan alone 5.0–5.2 against 2.3–2.6), and on
+  /// Emerald Rapids the split gained nothing: a job's hand-off costs more than half of a pass over
+  /// 32 000 logits, so vocabularies of that size stay on one thread and the 128 k–152 k ones
+  /// (Llama 3, Qwen) split (bench/RESULTS.md, "The sampler's passes stay on one thread").
+  static constexpr std::size_t kMinPart = 32768;
   /// Room after each range's collected indices: the vector passes store whole registers.
   static constexpr std::size_t kCollectSlack = 16;
 
