@@ -293,7 +293,8 @@ TEST_CASE(
   moekit::ThreadPool pool(2);
   Sampler s({0.8f, 0.95f, 1});
   s.set_thread_pool(&pool);
-  const auto big = lm_logits(65536, 1), small = lm_logits(32000, 1);  // 2 and 1 kMinPart
+  // 65536 logits: two ranges of kMinPart (32768); 32000: fewer than one.
+  const auto big = lm_logits(65536, 1), small = lm_logits(32000, 1);
   s.sample(big);
   CHECK(s.paths().split == 1);
   s.sample(small);  // Mixtral's vocabulary: one range is cheaper than two

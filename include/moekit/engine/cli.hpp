@@ -513,9 +513,8 @@ class Cli {
         "4096 columns; docs/formats.md), auto (with int8 activations what this CPU core "
         "streams fastest, from a table: rows on Ice Lake server and Xeons with AMX, "
         "blocked-panels elsewhere; rows with f32 activations); a store given with --store "
-        "or -m keeps "
-        "its own, and must match an explicit choice; experts in host memory are packed "
-        "after loading");
+        "or -m keeps its own, and must match an explicit choice; experts in host memory are "
+        "packed after loading");
   }
 
   // Context, batching, and what is printed.

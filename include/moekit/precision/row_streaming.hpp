@@ -147,8 +147,8 @@ constexpr RowStreaming default_float_row_streaming(CpuCore core, std::size_t col
 }
 
 /// The measured best way for `core` to stream rows of GGUF K-quants (q2_k ... q6_k, their own
-/// int8 kernels): four prefetched streams on Xeons with AMX (the fastest, or within 4 points of
-/// it, in 19 of 20 cells at one and two threads: bench/RESULTS.md, "A second Xeon with AMX");
+/// int8 kernels): four prefetched streams on Xeons with AMX (ahead of two in every cell but one,
+/// level there, in two runs at one and two threads: bench/RESULTS.md, "A second Xeon with AMX");
 /// elsewhere two prefetched streams, measured on Zen 5 (at 14336 columns four streams fell far
 /// behind there; "GGUF K-quants read in place").
 constexpr RowStreaming default_kquant_row_streaming(CpuCore core) noexcept {

@@ -4,12 +4,11 @@
 /// GGUF checkpoints, which converts every missed expert on the loader thread while the kernels
 /// compute on the other cores.
 ///
-/// Why not the one-block SSE2 loop of gguf_transcode.hpp: a decode step of the full Mixtral file
-/// at 50% converted 3.7 GB per token at 4.2–4.5 GB/s on one thread, half of its CPU time going to
-/// the conversion, which then slowed the kernels beside it (bench/RESULTS.md, "The conversion of
-/// missed experts"). With whole vectors and non-temporal stores (the codes of a 100 MB expert do
-/// not stay in any cache, and a streaming store skips the read-for-ownership of each line) it
-/// runs at 10–11 GB/s there.
+/// Why not the one-block SSE2 loop of gguf_transcode.hpp alone: decoding the full Mixtral file at
+/// 50%, the conversion of missed experts took about as many CPU samples as the kernels beside it
+/// and slowed them. Whole vectors and non-temporal stores (the codes of an expert do not stay in
+/// any cache, and a streaming store skips the read-for-ownership of each line) convert more than
+/// twice as fast (bench/RESULTS.md, "A second Xeon with AMX", the conversion of missed experts).
 ///
 /// Same bytes as the one-block loop (tests/io/gguf_transcode_test.cpp compares them on every
 /// path), and the same order of reads before writes: the blocks of one step are all loaded before
