@@ -128,6 +128,33 @@ TEST_CASE(
   CHECK(solo >= 15);
 }
 
+TEST_CASE("StepChooser: a fast probe wins back at once against a stale slow average",
+          "[precision][thread_pool]") {
+  using std::chrono::microseconds;
+  ThreadPool::StepChooser c;
+  // The first team step was disturbed (3 ms), solo runs at 1.5 ms, team really takes 0.85 ms.
+  REQUIRE(c.team_next());
+  c.record(true, microseconds(3000));
+  REQUIRE_FALSE(c.team_next());
+  c.record(false, microseconds(1500));
+  int first_team = -1;
+  for (int step = 0; step < 200 && first_team < 0; ++step) {
+    const bool team = c.team_next();
+    c.record(team, microseconds(team ? 850 : 1500));
+    if (team) first_team = step;
+  }
+  // The first probe of team comes at first_probe steps, and team keeps running from then on.
+  REQUIRE(first_team == static_cast<int>(ThreadPool::StepChooser::first_probe) - 1);
+  int solo = 0;
+  for (int step = 0; step < 50; ++step) {
+    const bool team = c.team_next();
+    solo += !team;  // only the probes of solo
+    c.record(team, microseconds(team ? 850 : 1500));
+  }
+  CHECK(solo <= 2);
+  CHECK(c.average_ns(true) == 850e3);  // the disturbed first step is forgotten
+}
+
 TEST_CASE("an adaptive step the chooser runs solo keeps every chunk on the caller",
           "[precision][thread_pool]") {
   ThreadPool pool(2);

@@ -239,7 +239,11 @@ class ThreadPool {
     void record(bool team, std::chrono::nanoseconds took) noexcept {
       double& avg = avg_[team];
       const auto ns = static_cast<double>(took.count());
-      avg = seen_[team]++ == 0 ? ns : 0.75 * avg + 0.25 * ns;
+      // A probe replaces its mode's average instead of joining it: that average is as old as the
+      // last probe, and one slow step in it (a step disturbed by another process, the first cold
+      // step) would otherwise outvote several fast probes, keeping the slower mode for dozens of
+      // steps. A probe that was lucky costs little: its mode then runs and is measured each step.
+      avg = seen_[team]++ == 0 || probing_ ? ns : 0.75 * avg + 0.25 * ns;
       if (team) ++team_steps_;
       if (!probing_) return;
       probing_ = false;  // the probed mode is the one just run
