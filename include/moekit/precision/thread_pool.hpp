@@ -178,8 +178,14 @@ class ThreadPool {
       if (pool_->active_.fetch_add(1, std::memory_order_relaxed) == 0 && adaptive &&
           pool_->threads_ > 1) {
         step_ = true;
-        pool_->solo_.store(!pool_->chooser_.team_next(), std::memory_order_relaxed);
+        const bool team = pool_->chooser_.team_next();
+        const bool probe = pool_->chooser_.probing();
+        pool_->solo_.store(!team, std::memory_order_relaxed);
+        pool_->probe_.store(probe ? (team ? Probe::team : Probe::solo) : Probe::none,
+                            std::memory_order_relaxed);
+        pool_->probe_wake_ns_.store(0, std::memory_order_relaxed);
         start_ = std::chrono::steady_clock::now();
+        pool_->step_start_ns_.store(now_ns(), std::memory_order_relaxed);
       }
     }
     Active(Active&& o) noexcept
@@ -196,6 +202,12 @@ class ThreadPool {
       if (!pool_) return;
       if (step_) {
         const bool team = !pool_->solo_.load(std::memory_order_relaxed);
+        // A probe of the team pays for waking workers that slept through the solo steps before
+        // it; that is the price of switching, not of a team step, and would make the team look
+        // slow exactly when waking costs most (a loaded machine, where a woken thread may wait a
+        // whole scheduler slice). It is left out, as a load wait is.
+        if (pool_->probe_.exchange(Probe::none, std::memory_order_relaxed) == Probe::team)
+          start_ += std::chrono::nanoseconds(pool_->probe_wake_ns_.load(std::memory_order_relaxed));
         pool_->chooser_.record(team, std::chrono::steady_clock::now() - start_);
         pool_->last_step_team_.store(team, std::memory_order_relaxed);
         pool_->solo_.store(false, std::memory_order_relaxed);
@@ -239,11 +251,14 @@ class ThreadPool {
     void record(bool team, std::chrono::nanoseconds took) noexcept {
       double& avg = avg_[team];
       const auto ns = static_cast<double>(took.count());
-      // A probe replaces its mode's average instead of joining it: that average is as old as the
-      // last probe, and one slow step in it (a step disturbed by another process, the first cold
-      // step) would otherwise outvote several fast probes, keeping the slower mode for dozens of
-      // steps. A probe that was lucky costs little: its mode then runs and is measured each step.
-      avg = seen_[team]++ == 0 || probing_ ? ns : 0.75 * avg + 0.25 * ns;
+      // A probe faster than the running mode's average replaces its own mode's average instead
+      // of joining it: that average is as old as the last probe, and one slow step in it (a step
+      // disturbed by another process, the first cold step) would otherwise outvote several fast
+      // probes, keeping the slower mode for dozens of steps. A lucky probe costs little: its mode
+      // then runs and is measured every step. A slow probe only joins the average, since it may
+      // be the one disturbed (a worker woken from sleep on a loaded machine).
+      const bool wins = probing_ && ns < avg_[!team];
+      avg = seen_[team]++ == 0 || wins ? ns : 0.75 * avg + 0.25 * ns;
       if (team) ++team_steps_;
       if (!probing_) return;
       probing_ = false;  // the probed mode is the one just run
@@ -260,6 +275,8 @@ class ThreadPool {
           std::min<double>(last_probe, std::max<double>(2.0 * probe_every_, affordable)));
     }
     [[nodiscard]] std::uint64_t steps() const noexcept { return seen_[0] + seen_[1]; }
+    /// Whether the step team_next() last chose is a probe of the slower mode.
+    [[nodiscard]] bool probing() const noexcept { return probing_; }
     /// Moving average of the steps run on all threads (`team`) or on the caller alone, in ns.
     [[nodiscard]] double average_ns(bool team) const noexcept { return avg_[team]; }
     [[nodiscard]] std::uint64_t team_steps() const noexcept { return team_steps_; }
@@ -379,30 +396,50 @@ class ThreadPool {
     if (wait_sink_) *wait_sink_ += static_cast<std::uint64_t>(now_ns() - t0);
   }
 
-  /// Polls `done` for up to `limit`; true when it held.
+  /// Between two clock reads of a poll (64 pauses: a few microseconds), a longer jump is time
+  /// the thread was not running: preempted, or its virtual CPU descheduled.
+  static constexpr std::chrono::microseconds preempted_jump{50};
+
+  /// Polls `done` for up to `limit` of the thread's running time; true when it held. Time the
+  /// thread spent preempted does not count: a worker preempted for a scheduler slice while it
+  /// polled would otherwise find its poll over on return and sleep just before the next job,
+  /// and waking it costs another slice on a loaded machine.
   template <class Done>
   static bool poll_until(std::chrono::nanoseconds limit, Done&& done) noexcept {
-    const auto until = std::chrono::steady_clock::now() + limit;
+    auto last = std::chrono::steady_clock::now();
+    auto until = last + limit;
     for (unsigned i = 0;; ++i) {
       if (done()) return true;
 #if defined(__x86_64__) || defined(__i386__)
       _mm_pause();
 #endif
-      if (i % 64 == 63 && std::chrono::steady_clock::now() >= until) return done();
+      if (i % 64 != 63) continue;
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last > preempted_jump) until += now - last;
+      last = now;
+      if (now >= until) return done();
     }
   }
 
+  // Inside a team step, and in a single solo step probed amid team steps (the next step needs
+  // the workers again), workers poll for active_spin(); otherwise for spin_time.
   [[nodiscard]] std::chrono::nanoseconds idle_spin() const noexcept {
-    const bool team_step =
-        active_.load(std::memory_order_relaxed) > 0 && !solo_.load(std::memory_order_relaxed);
-    return team_step ? active_spin() : std::chrono::nanoseconds(spin_time);
+    const bool needed_soon =
+        active_.load(std::memory_order_relaxed) > 0 &&
+        (!solo_.load(std::memory_order_relaxed) ||
+         probe_.load(std::memory_order_relaxed) == Probe::solo);
+    return needed_soon ? active_spin() : std::chrono::nanoseconds(spin_time);
   }
 
-  // A worker woken by a futex: folds how long the wake-up took into the moving average.
-  void record_wake_up() noexcept {
+  // A worker woken by a futex after sleeping since `slept_at`: folds how long the wake-up took
+  // into the moving average, and into a team probe's discount if it slept since before the step.
+  void record_wake_up(std::int64_t slept_at) noexcept {
     const std::int64_t at = announced_ns_.load(std::memory_order_relaxed);
     const std::int64_t took = now_ns() - at;
     if (at == 0 || took <= 0 || took > 100'000'000) return;  // no announcement, or a stale one
+    if (probe_.load(std::memory_order_relaxed) == Probe::team &&
+        slept_at < step_start_ns_.load(std::memory_order_relaxed))
+      probe_wake_ns_.fetch_add(took, std::memory_order_relaxed);
     const std::int64_t old = wake_ns_.load(std::memory_order_relaxed);
     wake_ns_.store(old == 0 ? took : (7 * old + took) / 8, std::memory_order_relaxed);
   }
@@ -412,11 +449,12 @@ class ThreadPool {
     for (;;) {
       if (!poll_until(idle_spin(),
                       [&] { return generation_.load(std::memory_order_acquire) != seen; })) {
+        const std::int64_t slept_at = now_ns();
         sleeping_.fetch_add(1, std::memory_order_seq_cst);
         while (generation_.load(std::memory_order_seq_cst) == seen)
           pool_detail::sleep_while(generation_, seen, worker_nap);
         sleeping_.fetch_sub(1, std::memory_order_relaxed);
-        record_wake_up();
+        record_wake_up(slept_at);
       }
       seen = generation_.load(std::memory_order_acquire);
       if (stop_.load(std::memory_order_relaxed)) return;
@@ -437,6 +475,10 @@ class ThreadPool {
   std::atomic<unsigned> sleeping_{0};                     ///< workers in generation_.wait
   std::atomic<unsigned> active_{0};                       ///< open Active regions
   std::atomic<bool> solo_{false};  ///< this step's jobs run on the caller alone (StepChooser)
+  enum class Probe : std::uint8_t { none, team, solo };
+  std::atomic<Probe> probe_{Probe::none};  ///< this step is the StepChooser's probe of a mode
+  std::atomic<std::int64_t> step_start_ns_{0};  ///< when the current adaptive step began
+  std::atomic<std::int64_t> probe_wake_ns_{0};  ///< a team probe's wake-ups of sleeping workers
   std::atomic<bool> last_step_team_{true};  ///< the last adaptive step ran on all threads
   StepChooser chooser_;  ///< used by the thread that opens adaptive Active regions
   std::atomic<std::int64_t> announced_ns_{0};  ///< when a job last woke sleeping workers
@@ -452,3 +494,4 @@ class ThreadPool {
 };
 
 }  // namespace moekit
+
