@@ -424,10 +424,9 @@ class ThreadPool {
   // Inside a team step, and in a single solo step probed amid team steps (the next step needs
   // the workers again), workers poll for active_spin(); otherwise for spin_time.
   [[nodiscard]] std::chrono::nanoseconds idle_spin() const noexcept {
-    const bool needed_soon =
-        active_.load(std::memory_order_relaxed) > 0 &&
-        (!solo_.load(std::memory_order_relaxed) ||
-         probe_.load(std::memory_order_relaxed) == Probe::solo);
+    const bool needed_soon = active_.load(std::memory_order_relaxed) > 0 &&
+                             (!solo_.load(std::memory_order_relaxed) ||
+                              probe_.load(std::memory_order_relaxed) == Probe::solo);
     return needed_soon ? active_spin() : std::chrono::nanoseconds(spin_time);
   }
 
@@ -476,10 +475,10 @@ class ThreadPool {
   std::atomic<unsigned> active_{0};                       ///< open Active regions
   std::atomic<bool> solo_{false};  ///< this step's jobs run on the caller alone (StepChooser)
   enum class Probe : std::uint8_t { none, team, solo };
-  std::atomic<Probe> probe_{Probe::none};  ///< this step is the StepChooser's probe of a mode
+  std::atomic<Probe> probe_{Probe::none};       ///< this step is the StepChooser's probe of a mode
   std::atomic<std::int64_t> step_start_ns_{0};  ///< when the current adaptive step began
   std::atomic<std::int64_t> probe_wake_ns_{0};  ///< a team probe's wake-ups of sleeping workers
-  std::atomic<bool> last_step_team_{true};  ///< the last adaptive step ran on all threads
+  std::atomic<bool> last_step_team_{true};      ///< the last adaptive step ran on all threads
   StepChooser chooser_;  ///< used by the thread that opens adaptive Active regions
   std::atomic<std::int64_t> announced_ns_{0};  ///< when a job last woke sleeping workers
   std::atomic<std::int64_t> wake_ns_{0};       ///< moving average of the wake-up latency
@@ -494,4 +493,3 @@ class ThreadPool {
 };
 
 }  // namespace moekit
-
