@@ -185,7 +185,9 @@ class ThreadPool {
                             std::memory_order_relaxed);
         pool_->probe_wake_ns_.store(0, std::memory_order_relaxed);
         start_ = std::chrono::steady_clock::now();
-        pool_->step_start_ns_.store(now_ns(), std::memory_order_relaxed);
+        pool_->step_start_ns_.store(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(start_.time_since_epoch()).count(),
+            std::memory_order_relaxed);
       }
     }
     Active(Active&& o) noexcept
