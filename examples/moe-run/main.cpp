@@ -160,6 +160,7 @@ struct Generation {
   std::uint64_t host_read_after_prefill = 0;  // the loader's host_read_bytes() then
   nlohmann::json profile;                     // --profile: the parts of a decode token (null: off)
   double team_fraction = 1;  // decode steps the pool ran on all threads (StepChooser)
+  std::uint64_t moves_off_caller_cpu = 0;  // workers that found themselves on the caller's CPU
 };
 
 // --profile's JSON: decode tokens timed, seconds per token, and each part's fraction of it.
@@ -256,6 +257,7 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   j["kv_cache_bytes"] = kv_cache_bytes;
   j["host_expert_bytes"] = w.experts.total_bytes();
   j["decode_steps_on_all_threads"] = g.team_fraction;
+  j["worker_moves_off_caller_cpu"] = g.moves_off_caller_cpu;
   if (!g.profile.is_null()) j["profile"] = g.profile;
   return j;
 }
@@ -380,7 +382,8 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   return generation_json(
       o, cfg, w, k, pipeline, model.kv_cache().bytes(),
       {std::move(text), std::move(prompt), std::move(ids), t, after_prefill,
-       host_read_after_prefill, timed ? profile_json(profile) : nlohmann::json(), team});
+       host_read_after_prefill, timed ? profile_json(profile) : nlohmann::json(), team,
+       pool.moves_off_caller_cpu()});
 }
 
 // Pipeline counters shared by generation and --perplexity output.

@@ -299,9 +299,11 @@ TEST_CASE(
   CHECK(s.paths().split == 1);
   s.sample(small);  // Mixtral's vocabulary: one range is cheaper than two
   CHECK(s.paths().split == 1);
-  // The StepChooser measures both modes first: its first step runs on all threads, the second on
-  // the caller alone.
-  { const moekit::ThreadPool::Active team(pool, true); }
+  // The StepChooser measures both modes first, each for switch_steps steps: on all threads, then
+  // on the caller alone.
+  for (unsigned i = 0; i < moekit::ThreadPool::StepChooser::switch_steps; ++i) {
+    const moekit::ThreadPool::Active team(pool, true);
+  }
   CHECK(pool.last_step_on_team());
   { const moekit::ThreadPool::Active solo(pool, true); }
   REQUIRE_FALSE(pool.last_step_on_team());

@@ -97,27 +97,34 @@ TEST_CASE(
   using Chooser = ThreadPool::StepChooser;
   using std::chrono::microseconds;
   Chooser c;
-  // Both modes measured first: team, then solo.
-  REQUIRE(c.team_next());
-  c.record(true, microseconds(100));
-  REQUIRE_FALSE(c.team_next());
-  c.record(false, microseconds(200));
-  // Team is faster: it runs, and solo is probed after first_probe steps; a probe that confirms
-  // solo slower (2x: one step lost) at least doubles the interval, and makes it at least
-  // 1 / probe_budget steps.
+  static_assert(Chooser::switch_steps == 2);
+  // Both modes measured first, each for switch_steps steps of which the last is measured: team,
+  // then solo. The unmeasured first steps (a cold start: 10 times slower) leave no trace.
+  const std::pair<bool, int> start[] = {{true, 1000}, {true, 100}, {false, 2000}, {false, 200}};
+  for (const auto& [mode, us] : start) {
+    REQUIRE(c.team_next() == mode);
+    c.record(mode, microseconds(us));
+  }
+  REQUIRE(c.steps() == 4);
+  CHECK(c.average_ns(true) == 100e3);
+  CHECK(c.average_ns(false) == 200e3);
+  // Team is faster: it runs, and solo is probed (two steps) after first_probe steps; a probe
+  // that confirms solo slower (2x: two steps lost) at least doubles the interval, and makes it at
+  // least 2 / probe_budget steps.
   std::vector<int> probes;
-  for (int step = 0; step < 200; ++step) {
+  for (int step = 0; step < 400; ++step) {
     const bool team = c.team_next();
     if (!team) probes.push_back(step);
     c.record(team, microseconds(team ? 100 : 200));
   }
-  REQUIRE(probes.size() >= 3);
+  REQUIRE(probes.size() >= 6);
+  for (std::size_t i = 0; i < probes.size(); i += 2) CHECK(probes[i + 1] == probes[i] + 1);
   CHECK(probes[0] == static_cast<int>(Chooser::first_probe) - 1);
-  const int affordable = static_cast<int>(1 / Chooser::probe_budget);
+  const int affordable = static_cast<int>(Chooser::switch_steps / Chooser::probe_budget);
   const int second = std::max(2 * static_cast<int>(Chooser::first_probe), affordable);
-  CHECK(probes[1] - probes[0] == second);
-  CHECK(probes[2] - probes[1] == std::max(2 * second, affordable));
-  CHECK(c.team_steps() == c.steps() - probes.size() - 1);
+  CHECK(probes[2] - probes[1] == second);
+  CHECK(probes[4] - probes[3] == std::max(2 * second, affordable));
+  CHECK(c.team_steps() == 2 + 400 - probes.size());
   // The team slows down (another process takes a core): within a few steps solo runs.
   int solo = 0;
   for (int step = 0; step < 20; ++step) {
@@ -132,27 +139,62 @@ TEST_CASE("StepChooser: a fast probe wins back at once against a stale slow aver
           "[precision][thread_pool]") {
   using std::chrono::microseconds;
   ThreadPool::StepChooser c;
-  // The first team step was disturbed (3 ms), solo runs at 1.5 ms, team really takes 0.85 ms.
-  REQUIRE(c.team_next());
-  c.record(true, microseconds(3000));
-  REQUIRE_FALSE(c.team_next());
-  c.record(false, microseconds(1500));
+  // The first measured team step was disturbed (3 ms), solo runs at 1.5 ms, team really takes
+  // 0.85 ms.
+  for (const bool mode : {true, true, false, false}) {
+    REQUIRE(c.team_next() == mode);
+    c.record(mode, microseconds(mode ? 3000 : 1500));
+  }
   int first_team = -1;
   for (int step = 0; step < 200 && first_team < 0; ++step) {
     const bool team = c.team_next();
     c.record(team, microseconds(team ? 850 : 1500));
     if (team) first_team = step;
   }
-  // The first probe of team comes at first_probe steps, and team keeps running from then on.
+  // The first probe of team comes at first_probe steps (its measured step one later), and team
+  // keeps running from then on.
   REQUIRE(first_team == static_cast<int>(ThreadPool::StepChooser::first_probe) - 1);
   int solo = 0;
   for (int step = 0; step < 50; ++step) {
     const bool team = c.team_next();
-    solo += !team;  // only the probes of solo
+    solo += !team;  // only the probes of solo (two steps each)
     c.record(team, microseconds(team ? 850 : 1500));
   }
-  CHECK(solo <= 2);
+  CHECK(solo <= 4);
   CHECK(c.average_ns(true) == 850e3);  // the disturbed first step is forgotten
+}
+
+TEST_CASE("StepChooser: the first step after a switch pays for the switch and is not measured",
+          "[precision][thread_pool]") {
+  using std::chrono::microseconds;
+  ThreadPool::StepChooser c;
+  // The run's first team step wakes the workers after the prompt (5 ms on a VM whose halted
+  // virtual CPUs wake slowly); measured, it would keep solo (1.5 ms) running until a probe.
+  const std::pair<bool, int> start[] = {{true, 5000}, {true, 850}, {false, 1500}, {false, 1500}};
+  for (const auto& [mode, us] : start) {
+    REQUIRE(c.team_next() == mode);
+    c.record(mode, microseconds(us));
+  }
+  REQUIRE(c.team_next());
+  c.record(true, microseconds(850));
+  // Another process takes the second core for a while: solo runs; the workers sleep.
+  int step = 0;
+  for (; step < 100 && c.team_next(); ++step) c.record(true, microseconds(4000));
+  c.record(false, microseconds(1500));
+  REQUIRE(step < 10);
+  // The process is gone. The team's probe wakes the workers again (5 ms), then runs at 0.85 ms:
+  // the team wins at that probe, whenever it comes (and runs until it probes solo).
+  bool was_team = false;
+  int probes = 0, after = 0;
+  for (step = 0; step < 2000 && after < 10; ++step) {
+    const bool team = c.team_next();
+    if (team && !was_team) ++probes;
+    c.record(team, microseconds(!team ? 1500 : was_team ? 850 : 5000));
+    after += team && was_team;
+    was_team = team;
+  }
+  CHECK(probes == 1);
+  CHECK(after == 10);
 }
 
 TEST_CASE("an adaptive step the chooser runs solo keeps every chunk on the caller",
@@ -172,21 +214,23 @@ TEST_CASE("an adaptive step the chooser runs solo keeps every chunk on the calle
     REQUIRE(n.load() == 64);
     return ids;
   };
-  {
-    const ThreadPool::Active step(pool, /*adaptive=*/true);  // first step: team
+  // The chooser measures both modes first, switch_steps steps each: team, then solo.
+  constexpr unsigned n = ThreadPool::StepChooser::switch_steps;
+  for (unsigned i = 0; i < n; ++i) {
+    const ThreadPool::Active step(pool, /*adaptive=*/true);
     CHECK(pool.team_size() == 2);
     const auto ids = threads_used();
     CHECK(std::any_of(ids.begin(), ids.end(), [&](auto id) { return id != caller; }));
   }
-  {
-    const ThreadPool::Active step(pool, /*adaptive=*/true);  // second step: solo
+  for (unsigned i = 0; i < n; ++i) {
+    const ThreadPool::Active step(pool, /*adaptive=*/true);
     CHECK(pool.team_size() == 1);
     const auto ids = threads_used();
     CHECK(std::all_of(ids.begin(), ids.end(), [&](auto id) { return id == caller; }));
   }
   CHECK(pool.team_size() == 2);  // outside a step, every thread again
-  CHECK(pool.adaptive_steps() == 2);
-  CHECK(pool.team_steps() == 1);
+  CHECK(pool.adaptive_steps() == 2 * n);
+  CHECK(pool.team_steps() == n);
 }
 
 TEST_CASE("the wait sink counts the caller's waits for other threads' chunks",
@@ -283,18 +327,46 @@ TEST_CASE("an adaptive step's discounted wait is left out of the chooser's step 
   // decide between all threads and one; the chooser's first step runs on all threads.
   ThreadPool pool(2);
   const auto wait = std::chrono::milliseconds(100);  // long beside a loaded machine's overshoot
-  {
+  constexpr unsigned n = ThreadPool::StepChooser::switch_steps;  // the last one is measured
+  for (unsigned i = 0; i < n; ++i) {
     ThreadPool::Active step(pool, /*adaptive=*/true);
     std::this_thread::sleep_for(wait);
     step.discount(wait);
   }
-  REQUIRE(pool.adaptive_steps() == 1);
-  REQUIRE(pool.team_steps() == 1);
+  REQUIRE(pool.adaptive_steps() == n);
+  REQUIRE(pool.team_steps() == n);
   // The step did nothing else: what is left is the clock reads' and the sleep's overshoot.
   CHECK(pool.average_step_ns(/*team=*/true) < 0.5 * 1e9 * 0.100);
-  {
+  for (unsigned i = 0; i < n; ++i) {
     ThreadPool::Active step(pool, /*adaptive=*/true);  // solo: the chooser measures both
     std::this_thread::sleep_for(wait);
   }
   CHECK(pool.average_step_ns(/*team=*/false) >= 1e9 * 0.100);
 }
+
+#if defined(__linux__)
+TEST_CASE("move_off_cpu moves the calling thread off a CPU and leaves its affinity as it was",
+          "[precision][thread_pool]") {
+  cpu_set_t before;
+  REQUIRE(sched_getaffinity(0, sizeof before, &before) == 0);
+  if (CPU_COUNT(&before) < 2) {
+    CHECK_FALSE(moekit::pool_detail::move_off_cpu(moekit::pool_detail::current_cpu()));
+    WARN("one CPU allowed: nothing else checked");
+    return;
+  }
+  std::thread t([&] {
+    for (int i = 0; i < 20; ++i) {  // the scheduler may move it back between two rounds
+      const int cpu = moekit::pool_detail::current_cpu();
+      REQUIRE(cpu >= 0);
+      REQUIRE(moekit::pool_detail::move_off_cpu(cpu));
+      CHECK(moekit::pool_detail::current_cpu() != cpu);
+      cpu_set_t after;
+      REQUIRE(sched_getaffinity(0, sizeof after, &after) == 0);
+      CHECK(CPU_EQUAL(&after, &before));
+    }
+    CHECK_FALSE(moekit::pool_detail::move_off_cpu(-1));
+    CHECK_FALSE(moekit::pool_detail::move_off_cpu(CPU_SETSIZE));
+  });
+  t.join();
+}
+#endif

@@ -41,6 +41,7 @@
 
 #if defined(__linux__)
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <ctime>
@@ -81,6 +82,35 @@ inline void wake(std::atomic<std::uint32_t>& a, bool all) noexcept {
             all ? INT32_MAX : 1, nullptr, nullptr, 0);
 #else
   (void)a, (void)all;
+#endif
+}
+
+/// The CPU the calling thread runs on; -1 where unknown.
+inline int current_cpu() noexcept {
+#if defined(__linux__)
+  return ::sched_getcpu();
+#else
+  return -1;
+#endif
+}
+
+/// Moves the calling thread off CPU `cpu` without pinning it: narrows its affinity to the CPUs
+/// it may use but `cpu` (the kernel migrates it at once), then restores the affinity it had, so
+/// the scheduler stays free to place it later. False where it cannot (one CPU allowed; not Linux).
+inline bool move_off_cpu(int cpu) noexcept {
+#if defined(__linux__)
+  cpu_set_t allowed;
+  if (cpu < 0 || cpu >= CPU_SETSIZE || ::sched_getaffinity(0, sizeof allowed, &allowed) != 0 ||
+      !CPU_ISSET(cpu, &allowed) || CPU_COUNT(&allowed) < 2)
+    return false;
+  cpu_set_t others = allowed;
+  CPU_CLR(cpu, &others);
+  if (::sched_setaffinity(0, sizeof others, &others) != 0) return false;
+  ::sched_setaffinity(0, sizeof allowed, &allowed);
+  return true;
+#else
+  (void)cpu;
+  return false;
 #endif
 }
 
@@ -150,6 +180,7 @@ class ThreadPool {
     chunks_.store(static_cast<std::uint32_t>((end - begin + grain - 1) / grain),
                   std::memory_order_release);
     failed_.store(false, std::memory_order_relaxed);
+    caller_cpu_.store(pool_detail::current_cpu(), std::memory_order_relaxed);
     error_ = nullptr;
     done_.store(0, std::memory_order_relaxed);
     const std::uint32_t job = ++job_;
@@ -181,13 +212,8 @@ class ThreadPool {
         const bool team = pool_->chooser_.team_next();
         const bool probe = pool_->chooser_.probing();
         pool_->solo_.store(!team, std::memory_order_relaxed);
-        pool_->probe_.store(probe ? (team ? Probe::team : Probe::solo) : Probe::none,
-                            std::memory_order_relaxed);
-        pool_->probe_wake_ns_.store(0, std::memory_order_relaxed);
+        pool_->solo_probe_.store(probe && !team, std::memory_order_relaxed);
         start_ = std::chrono::steady_clock::now();
-        pool_->step_start_ns_.store(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(start_.time_since_epoch()).count(),
-            std::memory_order_relaxed);
       }
     }
     Active(Active&& o) noexcept
@@ -204,12 +230,7 @@ class ThreadPool {
       if (!pool_) return;
       if (step_) {
         const bool team = !pool_->solo_.load(std::memory_order_relaxed);
-        // A probe of the team pays for waking workers that slept through the solo steps before
-        // it; that is the price of switching, not of a team step, and would make the team look
-        // slow exactly when waking costs most (a loaded machine, where a woken thread may wait a
-        // whole scheduler slice). It is left out, as a load wait is.
-        if (pool_->probe_.exchange(Probe::none, std::memory_order_relaxed) == Probe::team)
-          start_ += std::chrono::nanoseconds(pool_->probe_wake_ns_.load(std::memory_order_relaxed));
+        pool_->solo_probe_.store(false, std::memory_order_relaxed);
         pool_->chooser_.record(team, std::chrono::steady_clock::now() - start_);
         pool_->last_step_team_.store(team, std::memory_order_relaxed);
         pool_->solo_.store(false, std::memory_order_relaxed);
@@ -225,7 +246,8 @@ class ThreadPool {
 
   /// Picks, step by step, whether a repeated step (a decode token) runs its jobs on all threads
   /// ("team") or on the caller alone ("solo"), from the measured step times: the mode with the
-  /// lower moving average runs, and the other is re-measured now and then, every `first_probe`
+  /// lower moving average runs, and the other is re-measured now and then (a probe: two steps of
+  /// the other mode, of which the second is measured), every `first_probe`
   /// steps while the two are within `close` of each other, backing off (at least doubling, and
   /// so that probes cost at most `probe_budget` of the time) up to every `last_probe` steps
   /// while the probes keep confirming it slower. On a quiet machine two threads win and the
@@ -237,20 +259,33 @@ class ThreadPool {
     static constexpr std::uint32_t first_probe = 16, last_probe = 1024;
     static constexpr double close = 1.10;
     static constexpr double probe_budget = 0.02;
+    /// Steps a switch to the other mode runs (at the start, and for each probe); only the last
+    /// is measured. The first step after a switch pays for the switch: workers asleep through
+    /// solo steps must be woken (a halted virtual CPU's wake-up took up to milliseconds on a Zen 5
+    /// VM, bench/RESULTS.md "Thread scaling on Zen 5"), caches are cold, and the first step of a
+    /// run wakes the workers after the prompt. Measured, that step made one mode look several
+    /// times slower than its steady state and decided the next dozens of steps.
+    static constexpr unsigned switch_steps = 2;
 
     /// True: the next step runs on all threads.
     bool team_next() noexcept {
-      if (seen_[0] == 0 || seen_[1] == 0) return seen_[1] == 0;  // measure both first
+      if (switch_left_ > 0) {
+        --switch_left_;
+        return switch_team_;
+      }
+      if (seen_[0] == 0 || seen_[1] == 0) return begin_switch(seen_[1] == 0, false);
       const bool team_wins = avg_[1] <= avg_[0];
       if (++since_probe_ >= probe_every_) {
         since_probe_ = 0;
-        probing_ = true;
-        return !team_wins;
+        return begin_switch(!team_wins, true);
       }
       return team_wins;
     }
     /// The step just run (on all threads when `team`) took `took`.
     void record(bool team, std::chrono::nanoseconds took) noexcept {
+      ++steps_;
+      if (team) ++team_steps_;
+      if (switch_left_ > 0) return;  // a switch's first steps: the switch's cost, not the mode's
       double& avg = avg_[team];
       const auto ns = static_cast<double>(took.count());
       // A probe faster than the running mode's average replaces its own mode's average instead
@@ -261,7 +296,6 @@ class ThreadPool {
       // be the one disturbed (a worker woken from sleep on a loaded machine).
       const bool wins = probing_ && ns < avg_[!team];
       avg = seen_[team]++ == 0 || wins ? ns : 0.75 * avg + 0.25 * ns;
-      if (team) ++team_steps_;
       if (!probing_) return;
       probing_ = false;  // the probed mode is the one just run
       const double ratio = ns / std::max(avg_[!team], 1.0);
@@ -270,14 +304,14 @@ class ThreadPool {
         return;
       }
       // Confirmed slower: at least twice as long to the next probe, and long enough that probes
-      // cost at most probe_budget of the steps' time (a probe `ratio` times as slow costs ratio − 1
-      // steps).
-      const double affordable = (ratio - 1) / probe_budget;
+      // cost at most probe_budget of the steps' time (a probe of switch_steps steps `ratio` times
+      // as slow costs switch_steps × (ratio − 1) steps).
+      const double affordable = switch_steps * (ratio - 1) / probe_budget;
       probe_every_ = static_cast<std::uint32_t>(
           std::min<double>(last_probe, std::max<double>(2.0 * probe_every_, affordable)));
     }
-    [[nodiscard]] std::uint64_t steps() const noexcept { return seen_[0] + seen_[1]; }
-    /// Whether the step team_next() last chose is a probe of the slower mode.
+    [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
+    /// Whether the step team_next() last chose belongs to a probe of the slower mode.
     [[nodiscard]] bool probing() const noexcept { return probing_; }
     /// Moving average of the steps run on all threads (`team`) or on the caller alone, in ns.
     [[nodiscard]] double average_ns(bool team) const noexcept { return avg_[team]; }
@@ -286,14 +320,27 @@ class ThreadPool {
    private:
     double avg_[2] = {0, 0};  ///< [solo, team] moving average of the step time, ns
     std::uint64_t seen_[2] = {0, 0};
-    std::uint64_t team_steps_ = 0;
+    std::uint64_t steps_ = 0, team_steps_ = 0;
     std::uint32_t probe_every_ = first_probe, since_probe_ = 0;
+    unsigned switch_left_ = 0;  ///< unmeasured steps left of the current switch
+    bool switch_team_ = false;  ///< the mode switched to
     bool probing_ = false;
+
+    bool begin_switch(bool team, bool probe) noexcept {
+      switch_team_ = team;
+      switch_left_ = switch_steps - 1;
+      probing_ = probe;
+      return team;
+    }
   };
 
   /// Steps (adaptive Active regions) run so far, and how many of them ran on all threads.
   [[nodiscard]] std::uint64_t adaptive_steps() const noexcept { return chooser_.steps(); }
   [[nodiscard]] std::uint64_t team_steps() const noexcept { return chooser_.team_steps(); }
+  /// How often a worker found itself on its job's caller's CPU and moved off it.
+  [[nodiscard]] std::uint64_t moves_off_caller_cpu() const noexcept {
+    return moves_.load(std::memory_order_relaxed);
+  }
   /// The StepChooser's moving average of team (all threads) or solo steps, in ns.
   [[nodiscard]] double average_step_ns(bool team) const noexcept {
     return chooser_.average_ns(team);
@@ -426,23 +473,38 @@ class ThreadPool {
   // Inside a team step, and in a single solo step probed amid team steps (the next step needs
   // the workers again), workers poll for active_spin(); otherwise for spin_time.
   [[nodiscard]] std::chrono::nanoseconds idle_spin() const noexcept {
-    const bool needed_soon = active_.load(std::memory_order_relaxed) > 0 &&
-                             (!solo_.load(std::memory_order_relaxed) ||
-                              probe_.load(std::memory_order_relaxed) == Probe::solo);
+    const bool needed_soon =
+        active_.load(std::memory_order_relaxed) > 0 &&
+        (!solo_.load(std::memory_order_relaxed) || solo_probe_.load(std::memory_order_relaxed));
     return needed_soon ? active_spin() : std::chrono::nanoseconds(spin_time);
   }
 
-  // A worker woken by a futex after sleeping since `slept_at`: folds how long the wake-up took
-  // into the moving average, and into a team probe's discount if it slept since before the step.
-  void record_wake_up(std::int64_t slept_at) noexcept {
+  // A worker woken by a futex: folds how long the wake-up took into the moving average.
+  void record_wake_up() noexcept {
     const std::int64_t at = announced_ns_.load(std::memory_order_relaxed);
     const std::int64_t took = now_ns() - at;
     if (at == 0 || took <= 0 || took > 100'000'000) return;  // no announcement, or a stale one
-    if (probe_.load(std::memory_order_relaxed) == Probe::team &&
-        slept_at < step_start_ns_.load(std::memory_order_relaxed))
-      probe_wake_ns_.fetch_add(took, std::memory_order_relaxed);
     const std::int64_t old = wake_ns_.load(std::memory_order_relaxed);
     wake_ns_.store(old == 0 ? took : (7 * old + took) / 8, std::memory_order_relaxed);
+  }
+
+  /// Least time between two moves of a worker off the caller's CPU: bounds what a scheduler that
+  /// keeps putting it back (the other CPUs busy) costs, a migration per this interval at most.
+  static constexpr std::chrono::milliseconds move_interval{10};
+
+  // A worker on the CPU the job's caller runs on takes turns with it instead of running beside
+  // it: its chunks wait for the caller's slice and its polls take the caller's time. Seen on a
+  // 2-vCPU Zen 5 VM: right after another process stopped, the scheduler kept the caller and the
+  // worker on one CPU (its load average still counted the stopped process on the other), and a
+  // team step ran 3-4 times as long as a solo one for the whole run (bench/RESULTS.md "Thread
+  // scaling on Zen 5"). The worker moves itself off that CPU, without pinning itself anywhere.
+  void leave_caller_cpu() noexcept {
+    const int cpu = pool_detail::current_cpu();
+    if (cpu < 0 || cpu != caller_cpu_.load(std::memory_order_relaxed)) return;
+    const std::int64_t now = now_ns(), last = moved_ns_.load(std::memory_order_relaxed);
+    if (last != 0 && now - last < std::chrono::nanoseconds(move_interval).count()) return;
+    moved_ns_.store(now, std::memory_order_relaxed);
+    if (pool_detail::move_off_cpu(cpu)) moves_.fetch_add(1, std::memory_order_relaxed);
   }
 
   void worker_loop() noexcept {
@@ -450,15 +512,15 @@ class ThreadPool {
     for (;;) {
       if (!poll_until(idle_spin(),
                       [&] { return generation_.load(std::memory_order_acquire) != seen; })) {
-        const std::int64_t slept_at = now_ns();
         sleeping_.fetch_add(1, std::memory_order_seq_cst);
         while (generation_.load(std::memory_order_seq_cst) == seen)
           pool_detail::sleep_while(generation_, seen, worker_nap);
         sleeping_.fetch_sub(1, std::memory_order_relaxed);
-        record_wake_up(slept_at);
+        record_wake_up();
       }
       seen = generation_.load(std::memory_order_acquire);
       if (stop_.load(std::memory_order_relaxed)) return;
+      leave_caller_cpu();
       run_chunks(seen);
     }
   }
@@ -475,12 +537,12 @@ class ThreadPool {
   alignas(64) std::atomic<std::uint32_t> generation_{0};  ///< number of the last job announced
   std::atomic<unsigned> sleeping_{0};                     ///< workers in generation_.wait
   std::atomic<unsigned> active_{0};                       ///< open Active regions
-  std::atomic<bool> solo_{false};  ///< this step's jobs run on the caller alone (StepChooser)
-  enum class Probe : std::uint8_t { none, team, solo };
-  std::atomic<Probe> probe_{Probe::none};       ///< this step is the StepChooser's probe of a mode
-  std::atomic<std::int64_t> step_start_ns_{0};  ///< when the current adaptive step began
-  std::atomic<std::int64_t> probe_wake_ns_{0};  ///< a team probe's wake-ups of sleeping workers
-  std::atomic<bool> last_step_team_{true};      ///< the last adaptive step ran on all threads
+  std::atomic<bool> solo_{false};        ///< this step's jobs run on the caller alone (StepChooser)
+  std::atomic<bool> solo_probe_{false};  ///< this step belongs to a probe of solo
+  std::atomic<int> caller_cpu_{-1};      ///< the CPU the current job's caller runs on
+  std::atomic<std::int64_t> moved_ns_{0};   ///< when a worker last moved off the caller's CPU
+  std::atomic<std::uint64_t> moves_{0};     ///< workers' moves off the caller's CPU
+  std::atomic<bool> last_step_team_{true};  ///< the last adaptive step ran on all threads
   StepChooser chooser_;  ///< used by the thread that opens adaptive Active regions
   std::atomic<std::int64_t> announced_ns_{0};  ///< when a job last woke sleeping workers
   std::atomic<std::int64_t> wake_ns_{0};       ///< moving average of the wake-up latency
