@@ -354,19 +354,33 @@ TEST_CASE("move_off_cpu moves the calling thread off a CPU and leaves its affini
     WARN("one CPU allowed: nothing else checked");
     return;
   }
+  // Run on a thread of its own so the test's thread keeps its placement; Catch2 assertions stay
+  // on the test's thread, the moving thread only records what it saw.
+  struct Round {
+    int cpu = -1, after_move = -1;
+    bool moved = false, affinity_kept = false;
+  };
+  std::vector<Round> rounds(20);
+  bool refused_bad_cpus = false;
   std::thread t([&] {
-    for (int i = 0; i < 20; ++i) {  // the scheduler may move it back between two rounds
-      const int cpu = moekit::pool_detail::current_cpu();
-      REQUIRE(cpu >= 0);
-      REQUIRE(moekit::pool_detail::move_off_cpu(cpu));
-      CHECK(moekit::pool_detail::current_cpu() != cpu);
+    for (Round& r : rounds) {  // the scheduler may move it back between two rounds
+      r.cpu = moekit::pool_detail::current_cpu();
+      r.moved = moekit::pool_detail::move_off_cpu(r.cpu);
+      r.after_move = moekit::pool_detail::current_cpu();
       cpu_set_t after;
-      REQUIRE(sched_getaffinity(0, sizeof after, &after) == 0);
-      CHECK(CPU_EQUAL(&after, &before));
+      r.affinity_kept =
+          sched_getaffinity(0, sizeof after, &after) == 0 && CPU_EQUAL(&after, &before);
     }
-    CHECK_FALSE(moekit::pool_detail::move_off_cpu(-1));
-    CHECK_FALSE(moekit::pool_detail::move_off_cpu(CPU_SETSIZE));
+    refused_bad_cpus =
+        !moekit::pool_detail::move_off_cpu(-1) && !moekit::pool_detail::move_off_cpu(CPU_SETSIZE);
   });
   t.join();
+  for (const Round& r : rounds) {
+    REQUIRE(r.cpu >= 0);
+    REQUIRE(r.moved);
+    CHECK(r.after_move != r.cpu);
+    CHECK(r.affinity_kept);
+  }
+  CHECK(refused_bad_cpus);
 }
 #endif
