@@ -159,7 +159,7 @@ struct Generation {
   moekit::PipelineStats after_prefill;        // decode's own counters are the difference
   std::uint64_t host_read_after_prefill = 0;  // the loader's host_read_bytes() then
   nlohmann::json profile;                     // --profile: the parts of a decode token (null: off)
-  double team_fraction = 1;  // decode steps the pool ran on all threads (StepChooser)
+  double team_fraction = 1;                // decode steps the pool ran on all threads (StepChooser)
   std::uint64_t moves_off_caller_cpu = 0;  // workers that found themselves on the caller's CPU
 };
 
@@ -379,11 +379,10 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
     std::fflush(stdout);
   }
 
-  return generation_json(
-      o, cfg, w, k, pipeline, model.kv_cache().bytes(),
-      {std::move(text), std::move(prompt), std::move(ids), t, after_prefill,
-       host_read_after_prefill, timed ? profile_json(profile) : nlohmann::json(), team,
-       pool.moves_off_caller_cpu()});
+  return generation_json(o, cfg, w, k, pipeline, model.kv_cache().bytes(),
+                         {std::move(text), std::move(prompt), std::move(ids), t, after_prefill,
+                          host_read_after_prefill, timed ? profile_json(profile) : nlohmann::json(),
+                          team, pool.moves_off_caller_cpu()});
 }
 
 // Pipeline counters shared by generation and --perplexity output.
