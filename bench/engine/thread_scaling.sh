@@ -3,7 +3,7 @@
 # quiet and beside a `nice -n 19` busy loop, alternating the conditions round by round; prints
 # two threads / one thread per engine and condition, and moe-run / llama.cpp.
 #
-#   bench/engine/thread_scaling.sh [MOE_RUN] [-n N] [--rounds R] [-p PROMPT] [--sampling greedy,default]
+#   bench/engine/thread_scaling.sh [MOE_RUN] [-n N] [--rounds R] [-p PROMPT] [--sampling greedy,default] [--budgets resident,50%]
 #
 # llama.cpp comes from the llama_cpp_peer.sh venv ($LLAMA_CPP_VENV, default build/llama-cpp-venv;
 # `bench/engine/llama_cpp_peer.sh install` makes it), on the all-f16 GGUF of the default model
