@@ -160,7 +160,7 @@ struct Generation {
   std::uint64_t host_read_after_prefill = 0;  // the loader's host_read_bytes() then
   nlohmann::json profile;                     // --profile: the parts of a decode token (null: off)
   double team_fraction = 1;                // decode steps the pool ran on all threads (StepChooser)
-  std::uint64_t moves_off_caller_cpu = 0;  // workers that found themselves on the caller's CPU
+  std::uint64_t moves_off_caller_cpu = 0;  // decode: workers that moved off the caller's CPU
 };
 
 // --profile's JSON: decode tokens timed, seconds per token, and each part's fraction of it.
@@ -350,7 +350,8 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   TokenProfile profile;
   TokenProfile* const timed = o.profile ? &profile : nullptr;  // decode tokens only
   model.set_profile(timed);
-  const std::uint64_t steps0 = pool.adaptive_steps(), team0 = pool.team_steps();
+  const std::uint64_t steps0 = pool.adaptive_steps(), team0 = pool.team_steps(),
+                      moves0 = pool.moves_off_caller_cpu();
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < o.n_predict; ++i) {
     const TokenProfile::Token token(timed);
@@ -382,7 +383,7 @@ nlohmann::json generate(const Options& o, const ModelConfig& cfg, const ModelWei
   return generation_json(o, cfg, w, k, pipeline, model.kv_cache().bytes(),
                          {std::move(text), std::move(prompt), std::move(ids), t, after_prefill,
                           host_read_after_prefill, timed ? profile_json(profile) : nlohmann::json(),
-                          team, pool.moves_off_caller_cpu()});
+                          team, pool.moves_off_caller_cpu() - moves0});
 }
 
 // Pipeline counters shared by generation and --perplexity output.
