@@ -11,10 +11,10 @@ each condition both thread counts of both engines, greedy and with each engine's
 top-p 0.95, min-p 0.05, temperature 0.8). moe-run runs at each of `--budgets`: `resident` (every
 expert in memory, `--expert-budget all --in-memory`) and any `--expert-budget` value, such as the
 README's main command's `50%` (half of the experts cached, the rest read with O_DIRECT from the
-checkpoint); llama.cpp maps the whole GGUF either way. The busy loop is a child of this script at nice 19 (so
-in its scheduling group). Prints the medians, two threads / one thread per engine and condition
-(targets for moe-run: >= 1.3 quiet, >= 1.0 beside the loop), moe-run / llama.cpp, and the load
-average of every round.
+checkpoint); llama.cpp maps the whole GGUF either way. The busy loop is a child of this script at
+nice 19 (so in its scheduling group). Prints the medians, two threads / one thread per engine and
+condition (targets for moe-run: >= 1.3 quiet, >= 1.0 beside the loop), moe-run / llama.cpp, and
+the load average of every round.
 """
 import argparse
 import json
@@ -69,7 +69,8 @@ def measure(a, llms, prompts, results) -> None:
 
 
 def report(a, res) -> None:
-    engines = [f"moe-run {b}" for b in a.budgets] + ["llama.cpp"]
+    moe_runs = [f"moe-run {b}" for b in a.budgets]
+    engines = moe_runs + ["llama.cpp"]
     w = max(len(e) for e in engines)
     print(f"\n{'engine':{w}s} {'sampling':8s} {'condition':9s} {'1 thread':>9s} {'2 threads':>9s} "
           f"{'2t/1t':>6s}  range 1t / 2t (tok/s)")
@@ -83,7 +84,7 @@ def report(a, res) -> None:
                 print(f"{engine:{w}s} {s:8s} {c:9s} {m1:9.1f} {m2:9.1f} {m2 / m1:6.2f}  "
                       f"{min(one):.0f}-{max(one):.0f} / {min(two):.0f}-{max(two):.0f}{target}")
     print(f"\nmoe-run / llama.cpp (medians)")
-    for e in engines[:-1]:
+    for e in moe_runs:
         for s in a.sampling:
             for c in CONDITIONS:
                 cells = [f"{t} thread{'s' if t > 1 else ''} "
