@@ -28,6 +28,7 @@
 #include "moekit/precision/int8_gemm.hpp"
 #include "moekit/precision/isa.hpp"
 #include "moekit/precision/kquant_activation.hpp"
+#include "moekit/precision/kquant_int8_gemm.hpp"
 #include "moekit/precision/kquant_int8_rows.hpp"
 #include "moekit/precision/panels.hpp"
 #include "moekit/precision/quantize.hpp"
@@ -556,6 +557,17 @@ inline Int8GemmPath int8_gemm_path(const KernelOptions& o) {
   return o.avx_vnni && has_avx_vnni() ? Int8GemmPath::avx_vnni : Int8GemmPath::avx2;
 }
 
+/// The K-quant int8 GEMM's row kernels for these options and format: as make_plan picks the
+/// GEMV's (q2_k / q3_k: AVX-512 with GFNI and VBMI, no AVX-VNNI variant).
+inline KQuantGemmPath kquant_gemm_path(const KernelOptions& o, Precision p) {
+  const Isa isa = resolve_isa(o);
+  if (isa == Isa::generic) return KQuantGemmPath::scalar;
+  const bool low2 = kquant_low2(p);
+  if (isa == Isa::avx512 && has_avx512_vnni() && (!low2 || has_avx512_kq2()))
+    return KQuantGemmPath::avx512_vnni;
+  return o.avx_vnni && has_avx_vnni() && !low2 ? KQuantGemmPath::avx_vnni : KQuantGemmPath::avx2;
+}
+
 /// Rows of `stride` bytes that make the int8 kernels' prefetch distance: the first whole row at
 /// least 12 KiB ahead (four streams of it are a twentieth of a 1 MiB L2). On Zen 4,
 /// bench/kernels/ggml_peer.sh: 2, 4 and 32 KiB ran as 12 KiB (bench/RESULTS.md, "Zen 4").
@@ -668,8 +680,8 @@ inline void gemv(const MatrixView& w, std::span<const float> x, std::span<float>
 /// Y = X·Wᵀ (or per `ep`) for a batch: X is n × cols, Y is n × rows, both row-major. n = 1 is
 /// gemv. Quantized rows with `int8_activations` (groups of 32/64/128; any group on the generic
 /// path) go through the int8 GEMM (int8_gemm.hpp: tiles of rows × tokens, a token's result
-/// independent of the batch); the rest decodes each row to floats once and dots it with up to
-/// 32 activations (larger n in slices of 32).
+/// independent of the batch), K-quant rows with it through kquant_int8_gemm.hpp; the rest decodes
+/// each row to floats once and dots it with up to 32 activations (larger n in slices of 32).
 inline void gemm(const MatrixView& w, std::span<const float> x, std::size_t n, std::span<float> y,
                  const KernelOptions& opts = {}, Epilogue ep = {}) {
   detail::check_view(w, "gemm");
@@ -677,6 +689,10 @@ inline void gemm(const MatrixView& w, std::span<const float> x, std::size_t n, s
                  "gemm: x must be n x " + std::to_string(w.cols) + " and y n x " +
                      std::to_string(w.rows) + " with n = " + std::to_string(n));
   if (n == 1) return gemv(w, x, y, opts, ep);
+  if (opts.int8_activations && is_gguf_kquant(w.precision))
+    return detail::kquant_int8_gemm(w, x.data(), n, y.data(),
+                                    detail::kquant_gemm_path(opts, w.precision), opts.pool,
+                                    ep.scale, ep.accumulate);
   if (opts.int8_activations && is_quantized(w.precision)) {
     const detail::Int8GemmPath path = detail::int8_gemm_path(opts);
     if (detail::int8_gemm_takes(path, w.layout()))
