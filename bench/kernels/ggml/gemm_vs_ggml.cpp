@@ -13,14 +13,20 @@
 // and the CPU backend with the weights in its "repack" extra buffer type (interleaved rows for its
 // GEMM kernels; what llama.cpp does with q4_0/q8_0 weights on AVX2/AVX-512 CPUs).
 //
-// Usage: gemm_vs_ggml [--reps N] [--threads N] [--isa avx2|avx512]
+// --kquant: the GGUF K-quant cells instead (q4_K, q5_K, q6_K; issue 23 point 3): ggml quantizes
+// the matrix with its own quantizer and moekit runs those bytes in place (Precision::q4_k ..
+// q6_k, kquant_int8_gemm.hpp), on the expert shapes only.
+//
+// Usage: gemm_vs_ggml [--reps N] [--threads N] [--isa avx2|avx512] [--kquant]
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <optional>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -86,6 +92,10 @@ class GgmlGemm {
       throw std::runtime_error("ggml_graph_compute failed");
   }
   const float* y() const { return static_cast<const float*>(y_->data); }  // n × rows
+  /// The quantized matrix as ggml laid it out (K-quants: moekit runs these bytes in place).
+  std::span<const std::byte> weights() const {
+    return {static_cast<const std::byte*>(m_->data), ggml_nbytes(m_)};
+  }
 
  private:
   ggml_context* ctx_ = nullptr;
@@ -183,6 +193,7 @@ double rel_diff(const float* a, const float* b, std::size_t n) {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int reps = 3, threads = 1;
+  bool kquant = false;
   std::optional<Isa> isa;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
@@ -192,8 +203,11 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc && parse_isa(argv[i + 1]) &&
              isa_supported(*parse_isa(argv[i + 1])))
       isa = parse_isa(argv[++i]);
+    else if (!std::strcmp(argv[i], "--kquant"))
+      kquant = true;
     else {
-      std::fprintf(stderr, "usage: %s [--reps N] [--threads N] [--isa avx2|avx512]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--reps N] [--threads N] [--isa avx2|avx512] [--kquant]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -215,10 +229,17 @@ int main(int argc, char** argv) {
     ggml_type gtype;
     const char* gname;
   };
-  const Pair pairs[] = {{Precision::q8, GGML_TYPE_Q8_0, "q8_0"},
-                        {Precision::q4, GGML_TYPE_Q4_0, "q4_0"}};
+  const std::vector<Pair> pairs =
+      kquant ? std::vector<Pair>{{Precision::q4_k, GGML_TYPE_Q4_K, "q4_K"},
+                                 {Precision::q5_k, GGML_TYPE_Q5_K, "q5_K"},
+                                 {Precision::q6_k, GGML_TYPE_Q6_K, "q6_K"}}
+             : std::vector<Pair>{{Precision::q8, GGML_TYPE_Q8_0, "q8_0"},
+                                 {Precision::q4, GGML_TYPE_Q4_0, "q4_0"}};
   // The expert shapes, then the attention projections (q/o, and Mixtral's k/v).
-  const std::size_t shapes[][2] = {{14336, 4096}, {4096, 14336}, {4096, 4096}, {1024, 4096}};
+  const std::vector<std::array<std::size_t, 2>> shapes =
+      kquant ? std::vector<std::array<std::size_t, 2>>{{14336, 4096}, {4096, 14336}}
+             : std::vector<std::array<std::size_t, 2>>{
+                   {14336, 4096}, {4096, 14336}, {4096, 4096}, {1024, 4096}};
   ThreadPool pool(static_cast<unsigned>(threads));
   for (const Pair& f : pairs)
     for (const auto& shape : shapes) {
@@ -228,11 +249,15 @@ int main(int argc, char** argv) {
       std::vector<float> w(rows * cols);
       for (auto& v : w) v = d(rng);
       const QuantScheme s{32, false};
-      const std::vector<std::byte> mat = encode_matrix<float>(w, rows, cols, f.p, s);
-      const MatrixView view{mat.data(), rows, cols, f.p, s};
+      const bool kq = is_gguf_kquant(f.p);
+      const std::vector<std::byte> mat =
+          kq ? std::vector<std::byte>{} : encode_matrix<float>(w, rows, cols, f.p, s);
       for (std::size_t n : {8u, 32u, 128u, 512u}) {
         GgmlGemm gg(f.gtype, w, rows, cols, n, threads);
         GgmlRepackedGemm gr(f.gtype, w, rows, cols, n, threads);
+        // K-quants: ggml's bytes as they lie.
+        const MatrixView view = kq ? make_matrix_view(gg.weights(), rows, cols, f.p)
+                                   : MatrixView{mat.data(), rows, cols, f.p, s};
         std::vector<float> x(n * cols), y(n * rows), exact(rows);
         for (auto& v : x) v = d(rng) * 50.f;
         gg.set_x(x);
