@@ -21,8 +21,8 @@ using namespace moekit;
 // Names unique in the area: its tests are built as one unity unit.
 namespace {
 
-const Precision kqg_formats[] = {Precision::q4_k, Precision::q5_k, Precision::q6_k,
-                                 Precision::q2_k, Precision::q3_k};
+const Precision kqg_formats[] = {Precision::q4_k, Precision::q5_k, Precision::q6_k, Precision::q2_k,
+                                 Precision::q3_k};
 
 struct KqgPath {
   std::string name;

@@ -229,12 +229,12 @@ int main(int argc, char** argv) {
     ggml_type gtype;
     const char* gname;
   };
-  const std::vector<Pair> pairs =
-      kquant ? std::vector<Pair>{{Precision::q4_k, GGML_TYPE_Q4_K, "q4_K"},
-                                 {Precision::q5_k, GGML_TYPE_Q5_K, "q5_K"},
-                                 {Precision::q6_k, GGML_TYPE_Q6_K, "q6_K"}}
-             : std::vector<Pair>{{Precision::q8, GGML_TYPE_Q8_0, "q8_0"},
-                                 {Precision::q4, GGML_TYPE_Q4_0, "q4_0"}};
+  const std::vector<Pair> pairs = kquant
+                                      ? std::vector<Pair>{{Precision::q4_k, GGML_TYPE_Q4_K, "q4_K"},
+                                                          {Precision::q5_k, GGML_TYPE_Q5_K, "q5_K"},
+                                                          {Precision::q6_k, GGML_TYPE_Q6_K, "q6_K"}}
+                                      : std::vector<Pair>{{Precision::q8, GGML_TYPE_Q8_0, "q8_0"},
+                                                          {Precision::q4, GGML_TYPE_Q4_0, "q4_0"}};
   // The expert shapes, then the attention projections (q/o, and Mixtral's k/v).
   const std::vector<std::array<std::size_t, 2>> shapes =
       kquant ? std::vector<std::array<std::size_t, 2>>{{14336, 4096}, {4096, 14336}}

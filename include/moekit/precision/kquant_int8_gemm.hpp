@@ -1,17 +1,17 @@
 #pragma once
 /// \file The int8-activation GEMM of GGUF K-quant rows (q2_k .. q6_k; `gemm` with
 /// `KernelOptions::int8_activations` and n >= 2): every token's activation rounded once per call
-/// (kquant_activation.hpp, as the GEMV rounds it), then groups of 16 rows over slices of tokens,
+/// (kquant_activation.hpp, as the GEMV rounds it), then groups of rows over slices of tokens,
 /// each (4 rows, 1 token) pair of the group through the GEMV's multi-row kernel of the path
 /// (detail/avx512_kquant_rows.hpp, detail/avx2_kquant_rows.hpp, kquant_int8_rows.hpp), so the
 /// group's bytes stay in L2 while the slice passes over them instead of the float path's decode
 /// to f32 per row.
 ///
 /// A token's result does not depend on the batch: which rows share a kernel call is fixed by the
-/// row index alone (groups of 16 from row 0, fours from the group's start, the last rows one by
-/// one), every row has its own accumulators in that call, and a token's activation is rounded
-/// from its own values only; so each (row, token) pair runs the same instructions on the same
-/// inputs whatever the batch, the slice or the thread.
+/// row index alone (groups of kquant_group_rows from row 0, fours from the group's start, the
+/// last rows one by one), every row has its own accumulators in that call, and a token's activation
+/// is rounded from its own values only; so each (row, token) pair runs the same instructions on the
+/// same inputs whatever the batch, the slice or the thread.
 ///
 /// Not done yet (issue 23 point 3): the scales are decoded per (row, token) pair, as the GEMV
 /// does, not once per group of rows; no repacked panel tile as int8_gemm.hpp has for q8/q4/q2.
@@ -72,8 +72,15 @@ inline void prepare_kquant_tokens(const float* x, std::size_t n, std::size_t col
     body(0, n);
 }
 
-/// Rows per group: their bytes (16 · cols / 256 blocks) stay in L2 while a slice passes.
-inline constexpr std::size_t kquant_group_rows = 16;
+/// Rows per group: about 512 KiB of rows, which stay in L2 while a slice passes over them, and
+/// which each token's slice is read from L3 for once (16-row groups read a 512-token batch's
+/// activations 4–14× as often and ran slower at n = 512 than at 128: bench/RESULTS.md, "Prefill
+/// GEMM on GGUF K-quants"). Depends on the row's size only, never on the batch.
+inline std::size_t kquant_group_rows(std::size_t row_bytes) noexcept {
+  const std::size_t g =
+      std::clamp<std::size_t>((512 * 1024) / std::max<std::size_t>(row_bytes, 1), 16, 256);
+  return g / 4 * 4;
+}
 
 /// Rows per kernel call, sharing each activation load (the GEMV's widest streaming).
 inline constexpr std::size_t kquant_tile_rows = 4;
@@ -130,9 +137,9 @@ void kquant_row_groups(const MatrixView& w, const KQuantTokens& tk, std::size_t 
     float& dst = y[t * w.rows + r];
     dst = accumulate ? dst + scale * v : scale * v;
   };
+  const std::size_t group = kquant_group_rows(l.bytes);
   for (std::size_t g = g0; g < g1; ++g) {
-    const std::size_t r0 = g * kquant_group_rows;
-    const std::size_t r1 = std::min(w.rows, r0 + kquant_group_rows);
+    const std::size_t r0 = g * group, r1 = std::min(w.rows, r0 + group);
     for (std::size_t t0 = 0; t0 < n; t0 += slice) {
       const std::size_t t1 = std::min(n, t0 + slice);
       std::size_t r = r0;
@@ -164,7 +171,8 @@ inline void kquant_int8_gemm(const MatrixView& w, const float* x, std::size_t n,
   thread_local KQuantTokens storage;
   KQuantTokens& tk = storage;  // by name, a thread_local in the workers' lambdas would be theirs
   prepare_kquant_tokens(x, n, w.cols, w.precision, path, pool, tk);
-  const std::size_t groups = (w.rows + kquant_group_rows - 1) / kquant_group_rows;
+  const std::size_t group = kquant_group_rows(w.layout().bytes);
+  const std::size_t groups = (w.rows + group - 1) / group;
   auto body = [&](std::size_t g0, std::size_t g1) {
     auto run = [&]<Precision P>() {
       kquant_row_groups<P>(w, tk, n, y, path, scale, accumulate, g0, g1);
