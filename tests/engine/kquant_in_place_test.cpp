@@ -299,7 +299,7 @@ TEST_CASE(
   // Gate and up Q4_K, down Q6_K: read in place, no longer converted into a store.
   check_in_place_logits(
       kquant_model,
-      moekit::KquantBlob{Precision::q4_k, Precision::q4_k, Precision::q4_k, Precision::q6_k}, 2e-2);
+      moekit::KquantBlob{Precision::q4_k, Precision::q4_k, Precision::q4_k, Precision::q6_k}, 4e-2);
 }
 
 TEST_CASE(
@@ -310,10 +310,13 @@ TEST_CASE(
   // Layer 0 gate/up Q2_K, down Q3_K; layer 1 gate/up Q3_K, down Q4_K: each slot sized for its
   // matrix's widest type, the blob named for the first gate's.
   // Int8 activations: two layers, and every expert matrix's activation rounded per 256 values
-  // (q6_k's down rows in the Q4_K_M model round per 32): 3.1% measured, 5e-2 allowed.
+  // (q6_k's down rows in the Q4_K_M model round per 32), the prompt's tokens too (the K-quant int8
+  // GEMM, bit for bit the GEMV on each token: kquant_gemm_test.cpp), so the prompt's KV cache
+  // carries the rounding into every later position: 6.7% measured on Zen 5 (3.1% when the prompt
+  // ran float activations), 1e-1 allowed; the Q4_K_M model 2.2%, 4e-2 allowed.
   check_in_place_logits(
       kquant_q2_model,
-      moekit::KquantBlob{Precision::q2_k, Precision::q3_k, Precision::q3_k, Precision::q4_k}, 5e-2);
+      moekit::KquantBlob{Precision::q2_k, Precision::q3_k, Precision::q3_k, Precision::q4_k}, 1e-1);
 }
 
 namespace kquant_in_place_test {

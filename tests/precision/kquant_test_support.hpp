@@ -23,7 +23,7 @@ inline void put_half(std::byte* p, float v) {
 // A rows × cols K-quant matrix of random code and scale bytes and random f16 super-scales
 // (every byte pattern is a valid block; the super-scales are kept finite and moderate).
 inline std::vector<std::byte> random_kquant(std::size_t rows, std::size_t cols, Precision p,
-                                     std::uint64_t salt) {
+                                            std::uint64_t salt) {
   std::mt19937_64 rng(test::test_seed() * 1000003u + salt);
   std::vector<std::byte> b(matrix_bytes(rows, cols, p));
   for (auto& x : b) x = static_cast<std::byte>(rng() & 0xff);
