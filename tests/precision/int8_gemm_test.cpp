@@ -20,28 +20,6 @@ namespace {
 // Float accumulation, relative to Σ|w·x| (as kernels_test.cpp).
 constexpr double gemm8_rel_tol = 1.0 / 65536;
 
-struct Gemm8Path {
-  const char* name;
-  KernelOptions opts;
-};
-
-// Every int8 GEMM path this CPU runs: scalar (generic ISA), AVX2 with vpmaddubsw, AVX-VNNI,
-// AVX-512 VNNI.
-std::vector<Gemm8Path> gemm8_paths(ThreadPool* pool) {
-  std::vector<Gemm8Path> v;
-  auto add = [&](const char* n, Isa isa, bool vnni) {
-    KernelOptions o{isa, pool};
-    o.int8_activations = true;
-    o.avx_vnni = vnni;
-    v.push_back({n, o});
-  };
-  add("scalar", Isa::generic, false);
-  if (isa_supported(Isa::avx2)) add("avx2", Isa::avx2, false);
-  if (isa_supported(Isa::avx2) && has_avx_vnni()) add("avx-vnni", Isa::avx2, true);
-  if (has_avx512_vnni()) add("avx512-vnni", Isa::avx512, true);
-  return v;
-}
-
 struct Gemm8Case {
   std::vector<std::byte> bytes;
   MatrixView view;
@@ -84,7 +62,7 @@ TEST_CASE("int8 GEMM stays within the activation rounding bound on every path",
         const Gemm8Case c = gemm8_make(rows, cols, p, s, cols * 3 + bits(p));
         auto x = test::random_normal(n * cols, cols + 41);
         x[3] = 9.f;  // q8 codes near 255 meet large activations (vpmaddubsw's int16 pairs)
-        for (const Gemm8Path& path : gemm8_paths(&pool)) {
+        for (const test::Int8Path& path : test::int8_paths(&pool)) {
           std::vector<float> y(n * rows), yf(n * rows);
           gemm(c.view, x, n, y, path.opts);
           KernelOptions fo = path.opts;
@@ -124,7 +102,7 @@ TEST_CASE("int8 GEMM: a token's result does not depend on the batch, panels equa
       const MatrixView panels = pack_panels(c.view, packed, MatrixOrder::blocked_panels4);
       const std::size_t n = 37;
       const auto batch = test::random_normal(n * cols, cols + 5);
-      for (const Gemm8Path& path : gemm8_paths(&pool))
+      for (const test::Int8Path& path : test::int8_paths(&pool))
         for (ThreadPool* tp : {static_cast<ThreadPool*>(nullptr), &pool}) {
           KernelOptions o = path.opts;
           o.pool = tp;

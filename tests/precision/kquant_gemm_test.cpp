@@ -25,28 +25,6 @@ namespace {
 const Precision kqg_formats[] = {Precision::q4_k, Precision::q5_k, Precision::q6_k, Precision::q2_k,
                                  Precision::q3_k};
 
-struct KqgPath {
-  std::string name;
-  KernelOptions opts;
-};
-
-// Every path this CPU runs: the generic ISA (scalar kernels), AVX2 with and without AVX-VNNI,
-// AVX-512; each with `pool` (which may be null).
-std::vector<KqgPath> kqg_paths(ThreadPool* pool) {
-  std::vector<KqgPath> v;
-  auto add = [&](const char* n, Isa isa, bool vnni) {
-    KernelOptions o{isa, pool};
-    o.int8_activations = true;
-    o.avx_vnni = vnni;
-    v.push_back({std::string(n) + (pool ? " pool" : ""), o});
-  };
-  add("scalar", Isa::generic, false);
-  if (isa_supported(Isa::avx2)) add("avx2", Isa::avx2, false);
-  if (isa_supported(Isa::avx2) && has_avx_vnni()) add("avx-vnni", Isa::avx2, true);
-  if (isa_supported(Isa::avx512)) add("avx512", Isa::avx512, true);
-  return v;
-}
-
 }  // namespace
 
 TEST_CASE("K-quant int8 GEMM within the derived bound on every path, with and without a pool",
@@ -63,13 +41,13 @@ TEST_CASE("K-quant int8 GEMM within the derived bound on every path, with and wi
       std::vector<float> want(n * rows);
       reference::gemm(w, x.data(), n, want.data());
       for (ThreadPool* tp : {static_cast<ThreadPool*>(nullptr), &pool})
-        for (const KqgPath& path : kqg_paths(tp)) {
+        for (const test::Int8Path& path : test::int8_paths(tp)) {
           std::vector<float> y(n * rows), yf(n * rows);
           gemm(w, x, n, y, path.opts);
           KernelOptions fo = path.opts;
           fo.int8_activations = false;
           gemm(w, x, n, yf, fo);
-          INFO(name(p) << " cols " << cols << " " << path.name);
+          INFO(name(p) << " cols " << cols << " " << path.name << (tp ? " pool" : ""));
           CHECK(y != yf);  // the int8 path really ran
           for (std::size_t t = 0; t < n; ++t)
             for (std::size_t r = 0; r < rows; ++r) {
@@ -94,8 +72,8 @@ TEST_CASE("K-quant int8 GEMM: a token's result does not depend on the batch, bit
     const auto batch = test::random_normal(most * cols, 41);
     const auto base = test::random_normal(most * rows, 77);  // accumulated into
     for (ThreadPool* tp : {static_cast<ThreadPool*>(nullptr), &pool})
-      for (const KqgPath& path : kqg_paths(tp)) {
-        INFO(name(p) << " " << path.name);
+      for (const test::Int8Path& path : test::int8_paths(tp)) {
+        INFO(name(p) << " " << path.name << (tp ? " pool" : ""));
         // Each token alone (n = 1: the GEMV) ...
         std::vector<float> alone = base;
         for (std::size_t t = 0; t < most; ++t)

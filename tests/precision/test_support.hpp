@@ -64,4 +64,26 @@ inline void composed_ffn(const MatrixView& w1, const MatrixView& w3, const Matri
   gemv(w2, g, out, o, {scale, true});
 }
 
+struct Int8Path {
+  const char* name;
+  KernelOptions opts;
+};
+
+// Every int8-activation path this CPU runs (the int8 and K-quant GEMM tests): scalar (generic ISA),
+// AVX2 with vpmaddubsw, AVX-VNNI, AVX-512 VNNI; each with `pool` (which may be null).
+inline std::vector<Int8Path> int8_paths(ThreadPool* pool) {
+  std::vector<Int8Path> v;
+  auto add = [&](const char* n, Isa isa, bool vnni) {
+    KernelOptions o{isa, pool};
+    o.int8_activations = true;
+    o.avx_vnni = vnni;
+    v.push_back({n, o});
+  };
+  add("scalar", Isa::generic, false);
+  if (isa_supported(Isa::avx2)) add("avx2", Isa::avx2, false);
+  if (isa_supported(Isa::avx2) && has_avx_vnni()) add("avx-vnni", Isa::avx2, true);
+  if (has_avx512_vnni()) add("avx512-vnni", Isa::avx512, true);
+  return v;
+}
+
 }  // namespace moekit::test
