@@ -29,10 +29,13 @@
 # (prefetching) can beat it; one that reads slower than the loader's rate falls below it.
 #
 # --sim FILE (moe-calibrate's hardware file of this machine; made by `moe-calibrate --checkpoint
-# <the model>` first when FILE does not exist): after each run, moe-sim replays the same trace
-# tokens (--replay-slice: the run's prompt and decode tokens) at the run's expert budget and
-# dense precision (moe-run's dense_precision) on `--hardware this_machine`; a file written before
-# moe-calibrate recorded the link's reads in flight and the kernels it timed is measured again.
+# <the model> [--store <the store the runs built>]` after the runs when FILE does not exist):
+# after the runs, moe-sim replays each run's trace tokens (--replay-slice: the run's prompt and
+# decode tokens) at its expert budget and dense precision (moe-run's dense_precision) on
+# `--hardware this_machine`. The store moe-run built for the precisions the file lacks (the
+# newest of this model's in its store directory) is the hardware file's second read path
+# (link.store); a file written before moe-calibrate recorded the link's reads in flight and the
+# kernels it timed, or without the store a run read from, is measured again.
 # A second table sets its predicted decode tok/s against the
 # measured one (issue 21: within ±20%). moe-run's oracle stand-ins are simulated by moe-sim's noisy
 # oracles (hobbit-oracle → hobbit, fate-oracle → fate, mobile-oracle → mobile); `hobbit`, `fate` and `mobile` run their real gates (or confidence) on random weights
@@ -76,20 +79,28 @@ printf "| trace | preset | rc | decode tok/s | × baseline | decode hit rate | M
 moe_sim="$here/build/release/examples/moe-sim/moe-sim"
 sim_rows="$out/policies-sim.md"
 : > "$sim_rows"
-if [[ -n "$sim" ]]; then
-  [[ -x "$moe_sim" ]] || cmake --build --preset release --target moe-sim moe-calibrate
+[[ -z "$sim" || -x "$moe_sim" ]] || cmake --build --preset release --target moe-sim moe-calibrate
+# The hardware file for moe-sim, after the runs (see --sim in the header).
+calibrate() {
+  local store_dir="$here/build/release/moe-run-stores" store
+  store=$(ls -t "$store_dir/$(basename "${file%.gguf}")"-*.moestore 2>/dev/null | head -1 || true)
   # A file from before the link's reads in flight and the timed kernels (moe-calibrate of session
-  # 17) times the experts with f32 activations and serialises the link: measured again.
+  # 17) times the experts with f32 activations and serialises the link; one without the store's
+  # path reads the store at the checkpoint's rate: measured again.
   if [[ -f "$sim" ]] && ! jq -e '.link.reads_in_flight and .timed' "$sim" > /dev/null; then
     echo "policies.sh: $sim predates the link's reads in flight and the timed kernels: recalibrating" >&2
     rm -f "$sim"
   fi
-  if [[ ! -f "$sim" ]]; then
-    echo "policies.sh: calibrating this machine into $sim (moe-calibrate) ..." >&2
-    "$here/build/release/examples/moe-calibrate/moe-calibrate" --checkpoint "$file" \
-      --threads "$threads" --out "$sim" --disk-dir "$here/build" >&2
+  if [[ -f "$sim" && -n "$store" ]] && ! jq -e '.link.store' "$sim" > /dev/null; then
+    echo "policies.sh: $sim has no read path for the store $store: recalibrating" >&2
+    rm -f "$sim"
   fi
-fi
+  [[ -f "$sim" ]] && return 0
+  echo "policies.sh: calibrating this machine into $sim (moe-calibrate${store:+, store $(basename "$store")}) ..." >&2
+  sync && echo 3 > /proc/sys/vm/drop_caches
+  "$here/build/release/examples/moe-calibrate/moe-calibrate" --checkpoint "$file" \
+    ${store:+--store "$store"} --threads "$threads" --out "$sim" --disk-dir "$here/build" >&2
+}
 # moe-sim's prediction for one row (see --sim in the header): a table row, or nothing.
 simulate() {
   local row="$1" tr="$2" p="$3" sp
@@ -112,6 +123,7 @@ simulate() {
     "| \($t) | \($p) / \($sp) | \($r.decode_tokens_per_s * 100 | round / 100) | \($m.decode_tps * 100 | round / 100) | \(($r.decode_tokens_per_s / $m.decode_tps - 1) * 100 | round)% | \($r.hit_rate * 1000 | round / 10)% / \($m.decode_hit_rate * 1000 | round / 10)% |"' \
     <<< "$sim_json" >> "$sim_rows"
 }
+to_simulate=()  # (trace, preset, row) of each run, simulated after the runs
 IFS=, read -ra trace_list <<< "$traces"
 IFS=, read -ra preset_list <<< "$presets"
 for tr in "${trace_list[@]}"; do
@@ -135,13 +147,19 @@ for tr in "${trace_list[@]}"; do
         expert_budget_bytes, prompt_tokens, precision, dense_precision, fate_decode_timing}' <<< "$json")
     echo "$row" >> "$out/policies.jsonl"
     [[ "$p" == baseline && $rc -eq 0 ]] && base=$(jq .decode_tps <<< "$row")
-    [[ -n "$sim" && $rc -eq 0 ]] && simulate "$row" "$tr" "$p"
+    [[ -n "$sim" && $rc -eq 0 ]] && to_simulate+=("$tr" "$p" "$row")
     jq -r --arg base "${base:-0}" --argjson raw "$raw" '
       (if .decode_tps and .decode_stall != null and .decode_bytes != null and .decode_host_read == 0 then
          1 / (1 / .decode_tps - .decode_stall / .decode_tokens + .decode_bytes / .decode_tokens / $raw)
        else null end) as $bound | "| \(.trace) | \(.preset) | \(.rc) | \(.decode_tps // 0 | . * 100 | round / 100) | \(if ($base | tonumber) > 0 and .decode_tps then (.decode_tps / ($base | tonumber) * 100 | round / 100) else "-" end) | \(.decode_hit_rate // 0 | . * 1000 | round / 10)% | \(if .decode_bytes then ((.decode_bytes + .decode_host_read) / .decode_tokens / 1e6 | round) else "-" end) | \(if .decode_stall then (.decode_stall / .decode_tokens * 100 | round / 100) else "-" end) | \(if $bound then ($bound * 100 | round / 100) else "-" end) | \(if $bound then "\(.decode_tps / $bound * 100 | round)%" else "-" end) | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(if .error then (.error | gsub("\\|"; "/") | .[0:160]) else "\(.missing // 0) trace records missing (router used)" end) |"' <<< "$row"
   done
 done
+if [[ -n "$sim" && ${#to_simulate[@]} -gt 0 ]]; then
+  calibrate
+  for ((i = 0; i < ${#to_simulate[@]}; i += 3)); do
+    simulate "${to_simulate[i + 2]}" "${to_simulate[i]}" "${to_simulate[i + 1]}"
+  done
+fi
 if [[ -s "$sim_rows" ]]; then
   echo
   echo "moe-sim --hardware this_machine ($(basename "$sim")) on the same trace tokens and budget:"

@@ -1,6 +1,7 @@
 # Runs moe-calibrate on a tiny expert and checks the keys it writes for moe-sim: the link's reads
 # in flight, the CPU-only engine flags, and what was timed (activations and layout per precision).
-# -DCALIBRATE=<binary> -DDIR=<scratch directory on a disk>
+# -DCALIBRATE=<binary> -DCONVERT=<moe-convert> -DMODEL=<default model directory>
+# -DDIR=<scratch directory on a disk>
 set(out "${DIR}/moe-calibrate-keys.json")
 execute_process(
   COMMAND "${CALIBRATE}" --out "${out}" --force --disk-dir "${DIR}" --disk-size 4MiB --reps 3
@@ -50,5 +51,32 @@ expect(0.25 decode_team_fraction)
 string(JSON q4 ERROR_VARIABLE err GET "${json}" solo weight_bytes_per_s q4)
 if(err OR NOT q4 GREATER 0)
   message(FATAL_ERROR "moe-calibrate --threads 2 wrote no solo q4 rate (${err}):\n${json}")
+endif()
+
+# A checkpoint and a store of it: the store's loader is the second read path, the checkpoint's
+# own precision the one read in place.
+set(store "${DIR}/moe-calibrate-keys-q2.moestore")
+execute_process(
+  COMMAND "${CONVERT}" -m "${MODEL}" -o "${store}" --precisions q2 --force
+  RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "moe-convert failed (${rc}):\n${stdout}\n${stderr}")
+endif()
+execute_process(
+  COMMAND "${CALIBRATE}" --out "${out}" --force --disk-dir "${DIR}" --disk-size 4MiB --reps 3
+          --hidden 64 --ffn 64 --threads 1 --io-threads 3 --checkpoint "${MODEL}" --store "${store}"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
+file(REMOVE "${store}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "moe-calibrate --store failed (${rc}):\n${stdout}\n${stderr}")
+endif()
+file(READ "${out}" json)
+file(REMOVE "${out}")
+expect(6 link reads_in_flight)  # the checkpoint: two reads per --io-threads
+expect(3 link store reads_in_flight)  # the store: one
+expect(bf16 link in_place)
+string(JSON rate ERROR_VARIABLE err GET "${json}" link store bandwidth_bytes_per_s)
+if(err OR NOT rate GREATER 0)
+  message(FATAL_ERROR "moe-calibrate --store wrote no store rate (${err}):\n${json}")
 endif()
 message(STATUS "moe-calibrate keys: ok")

@@ -12,6 +12,8 @@
 //    loader reads that file's experts in place with as many reads in flight as it keeps (two per
 //    --io-threads) → link.bandwidth_bytes_per_s, and that count → link.reads_in_flight (a store:
 //    one per --io-threads); the rate of one read at a time → link.read_bandwidth_bytes_per_s;
+//    with --store (an expert store of that checkpoint), the same two rates of moe-run's store
+//    loader (one read per --io-threads) → link.store, the checkpoint's precision → link.in_place;
 //  * the project's fused expert FFN (precision/expert_ffn.hpp) per stored precision for one
 //    expert of --hidden × --ffn, run as moe-run runs it at -t --threads: the activations
 //    --activations resolves to for that precision (auto: int8 for quantized experts on AVX2 or
@@ -334,7 +336,7 @@ double time_expert(const Expert& e, std::size_t n, ThreadPool& pool, std::size_t
 }
 
 struct Options {
-  std::string out = "this_machine.json", disk_dir = ".", disk_size = "1GiB", checkpoint;
+  std::string out = "this_machine.json", disk_dir = ".", disk_size = "1GiB", checkpoint, store;
   std::uint32_t checkpoint_experts = 32;
   std::size_t hidden = 4096, ffn = 14336;
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
@@ -358,7 +360,11 @@ void add_flags(CLI::App& app, Options& o) {
                  "link is the rate moe-run's loader reads them at (O_DIRECT, transcoded into its "
                  "layout), not the raw read of the scratch file");
   app.add_option("--checkpoint-experts", o.checkpoint_experts,
-                 "experts --checkpoint reads (default 32)");
+                 "experts --checkpoint reads (default 32; --store reads as many)");
+  app.add_option("--store", o.store,
+                 "with --checkpoint: an expert store of it (moe-run builds one under its cache "
+                 "directory for the precisions the file lacks): link.store is the rate moe-run's "
+                 "store loader reads it at, beside the checkpoint's own precision read in place");
   app.add_option("--hidden", o.hidden, "expert hidden size (default 4096, Mixtral-8x7B)");
   app.add_option("--ffn", o.ffn, "expert ffn size (default 14336, Mixtral-8x7B)");
   app.add_option("--threads", o.threads,
@@ -517,6 +523,10 @@ std::size_t check_flags(const Options& o) {
   if (o.threads == 0 || o.threads > 1024) bad_flag("--threads", "must be in [1, 1024]");
   if (o.reps < 1) bad_flag("--reps", "must be >= 1");
   if (o.io_threads == 0 || o.io_threads > 256) bad_flag("--io-threads", "must be in [1, 256]");
+  if (!o.store.empty() && o.checkpoint.empty())
+    bad_flag("--store", "needs --checkpoint (the store is the second read path beside it)");
+  if (!o.store.empty() && !fs::is_regular_file(o.store))
+    bad_flag("--store", "'" + o.store + "' is not a file");
   (void)kernel_for(o, Precision::q4);  // --activations and --expert-layout, before measuring
   (void)slope_precision(o);
   const std::size_t asked = parse_size("--disk-size", o.disk_size);
@@ -526,6 +536,23 @@ std::size_t check_flags(const Options& o) {
   check_disk_dir(o.disk_dir);
   moekit::io::check_output_path(o.out, o.force, "--out");
   return asked / disk_chunk * disk_chunk;  // whole chunks: what is measured
+}
+
+/// The expert store's read path (--store): moe-run's store loader with its reads in flight (one
+/// per --io-threads) and one at a time.
+sim::ReadPath measure_store(const Options& o, const DiskResult& disk) {
+  const engine::StoreIo io{.io_threads = o.io_threads};
+  const auto all = engine::store_read_rate(o.store, o.checkpoint_experts, io, o.io_threads);
+  const auto one = engine::store_read_rate(o.store, o.checkpoint_experts, io, 1);
+  std::printf(
+      "store: %u experts at %s read by moe-run's store loader (%s, checksums verified): %.2f GB/s "
+      "with %u reads in flight (%.2f of the raw read), %.2f GB/s one read at a time\n",
+      all.experts, std::string(name(all.precision)).c_str(), all.reader.c_str(),
+      all.bytes_per_s / 1e9, o.io_threads, all.bytes_per_s / disk.bandwidth, one.bytes_per_s / 1e9);
+  return {.bandwidth_bytes_per_s = all.bytes_per_s,
+          .latency_s = disk.latency,
+          .reads_in_flight = o.io_threads,
+          .read_bandwidth_bytes_per_s = std::min(one.bytes_per_s, all.bytes_per_s)};
 }
 
 /// The hardware file's "source": what each part was measured on.
@@ -550,6 +577,10 @@ std::string source_text(const Options& o, const std::optional<engine::LoaderRead
                 o.expert_layout.c_str(), o.threads, std::string(name(detect_isa())).c_str(),
                 o.hidden, o.ffn, mem / 1e9);
   std::string text = src;
+  if (!o.store.empty())
+    text += "; link.store = moe-run's store loader reading '" + o.store + "' (" +
+            std::to_string(o.io_threads) +
+            " reads in flight) [measured]; the two paths together at most the faster [choice]";
   if (solo)
     text +=
         "; solo = the same kernels on one thread, timed by its CPU clock [measured]; "
@@ -613,6 +644,10 @@ int run(int argc, char** argv) {
             .reads_in_flight = reads_in_flight(o),
             .read_bandwidth_bytes_per_s =
                 one_read ? std::min(one_read->bytes_per_s, in_place->bytes_per_s) : 0.0};
+  if (!o.store.empty()) {
+    h.link.store = measure_store(o, disk);
+    h.link.in_place = in_place->precision;
+  }
   h.device = h.cpu = cpu;
   h.layer_overhead_s = overhead;
   h.host_holds_experts = false;         // CPU-only: the expert cache is this host's memory

@@ -229,6 +229,54 @@ TEST_CASE("this_machine JSON: the link's readers, the CPU-only engine and what w
   rejects([](auto& j) { j["timed"].erase("threads"); }, "timed.threads");
 }
 
+TEST_CASE("this_machine JSON: the expert store's read path beside the checkpoint's",
+          "[sim][hardware][paths]") {
+  HardwareModel h = rtx4080_pcie4();
+  h.link.reads_in_flight = 4;
+  h.link.store = ReadPath{.bandwidth_bytes_per_s = 1.5e9,
+                          .latency_s = 2e-4,
+                          .reads_in_flight = 2,
+                          .read_bandwidth_bytes_per_s = 0.9e9};
+  h.link.in_place = Precision::q4;
+  h.link.disk_bandwidth_bytes_per_s = 2.2e9;
+  const std::string text = serialize_hardware_json(h);
+  const HardwareModel back = parse_hardware_json(text, "mem");
+  REQUIRE(back.link.store);
+  CHECK(back.link.store->bandwidth_bytes_per_s == 1.5e9);
+  CHECK(back.link.store->latency_s == 2e-4);
+  CHECK(back.link.store->reads_in_flight == 2);
+  CHECK(back.link.store->read_bandwidth_bytes_per_s == 0.9e9);
+  CHECK(back.link.in_place == Precision::q4);
+  CHECK(back.link.disk_bandwidth_bytes_per_s == 2.2e9);
+  // The path a precision takes decides its transfer time in the cost models too.
+  CHECK(back.link.transfer_s(1500, Precision::q2) == Approx(2e-4 + 1e-6));
+  CHECK(back.link.transfer_s(1500, Precision::q4) == back.link.transfer_s(1500));
+
+  auto rejects = [&](auto&& f, const std::string& field) {
+    nlohmann::json j = nlohmann::json::parse(text);
+    f(j);
+    try {
+      (void)parse_hardware_json(j.dump(), "hw.json");
+      FAIL("accepted a document with a bad '" << field << "'");
+    } catch (const Error& e) {
+      INFO(e.message());
+      CHECK(e.message().find("'" + field + "'") != std::string::npos);
+    }
+  };
+  rejects([](auto& j) { j["link"].erase("in_place"); }, "link.in_place");
+  rejects([](auto& j) { j["link"]["in_place"] = "q3"; }, "link.in_place");
+  rejects([](auto& j) { j["link"]["store"]["reads_in_flight"] = 0; }, "link.store.reads_in_flight");
+  rejects([](auto& j) { j["link"]["store"]["extra"] = 1; }, "link.store.extra");
+  rejects([](auto& j) { j["link"]["store"]["read_bandwidth_bytes_per_s"] = 2e9; },
+          "link.store.read_bandwidth_bytes_per_s");
+  rejects(
+      [](auto& j) {
+        j["link"].erase("store");
+        j["link"].erase("disk_bandwidth_bytes_per_s");
+      },
+      "link.in_place");
+}
+
 TEST_CASE("compute_model: a CPU-only machine runs host experts in line, after their reads",
           "[sim][hardware]") {
   const ModelShape& s = mixtral_8x7b;

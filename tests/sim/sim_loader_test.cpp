@@ -269,3 +269,82 @@ TEST_CASE("SimLoader: a link far faster than one read does not inflate the read'
   const double bytes = double(tiny.expert_bytes(Precision::f16));
   CHECK(l.completion_time(a) == Approx(latency + bytes / one_read).epsilon(1e-9));
 }
+
+// ---- two read paths: experts in place beside an expert store ------------------------------------
+
+namespace {
+/// f16 in place at the whole disk's rate with 2 readers; the store (every other precision) one
+/// reader at half of it.
+LinkModel two_paths(double disk = 0.0) {
+  LinkModel link{.bandwidth_bytes_per_s = bw, .latency_s = 0.0, .reads_in_flight = 2};
+  link.store = ReadPath{.bandwidth_bytes_per_s = bw / 2, .latency_s = 0.0, .reads_in_flight = 1};
+  link.in_place = Precision::f16;
+  link.disk_bandwidth_bytes_per_s = disk;
+  return link;
+}
+}  // namespace
+
+TEST_CASE("SimLoader: a load takes the path of its precision, at that path's rate",
+          "[sim][loader][paths]") {
+  const double q8 = double(tiny.expert_bytes(Precision::q8)) / bw;
+  SimLoader l(tiny, two_paths());
+  const LoadTicket s = l.submit(req(0, 0, LoadPriority::on_demand, Precision::q8));
+  CHECK(l.completion_time(s) == 2 * q8);  // the store alone: half the disk
+  l.wait(s);
+  const LoadTicket f = l.submit(req(0, 1, LoadPriority::on_demand));
+  CHECK(l.completion_time(f) == 2 * q8 + dur);  // in place alone: the whole disk
+  l.wait(f);
+  CHECK(l.stats().busy_s == q8 + dur);  // the disk's work: its bytes at its whole rate
+}
+
+TEST_CASE("SimLoader: the two paths' readers are apart and share the disk, water-filled",
+          "[sim][loader][paths]") {
+  const double q8 = double(tiny.expert_bytes(Precision::q8)) / bw;
+  SimLoader l(tiny, two_paths());
+  // The store's one reader takes the first q8 load; the second waits for it, not for the
+  // in-place readers, which are free.
+  const LoadTicket s1 = l.submit(req(0, 0, LoadPriority::on_demand, Precision::q8));
+  const LoadTicket s2 = l.submit(req(0, 1, LoadPriority::on_demand, Precision::q8));
+  const LoadTicket f = l.submit(req(0, 2, LoadPriority::on_demand));
+  CHECK(l.queued() == 1);
+  // Running: s1 asks for half the disk, f for all of it; the disk gives each half.
+  CHECK(l.completion_time(s1) == 2 * q8);
+  CHECK(l.completion_time(f) == 2 * dur);
+  l.wait(s2);
+  // The store's loads run one after the other at half the disk (the in-place one beside them
+  // never takes more than the disk leaves): 4 q8 in all.
+  CHECK(l.clock().now() == Approx(4 * q8).epsilon(1e-12));
+  CHECK(l.link_free_at() >= l.clock().now());
+  l.wait(f);
+  CHECK(l.poll(s1));
+}
+
+TEST_CASE("SimLoader: a disk cap below both paths slows each, the slower one keeping its rate",
+          "[sim][loader][paths]") {
+  // A disk of 3/4: the store asks 1/2 and the in-place read all of bw, both above the even level
+  // of 3/8, so each gets 3/8.
+  SimLoader l(tiny, two_paths(0.75 * bw));
+  const LoadTicket s = l.submit(req(0, 0, LoadPriority::on_demand, Precision::q8));
+  const LoadTicket f = l.submit(req(0, 1, LoadPriority::on_demand));
+  const double q8b = double(tiny.expert_bytes(Precision::q8));
+  CHECK(l.completion_time(s) == Approx(q8b / (0.375 * bw)).epsilon(1e-12));
+  CHECK(l.completion_time(f) == Approx(6144.0 / (0.375 * bw)).epsilon(1e-12));
+  // A disk that leaves the store its half: the in-place read gets the rest.
+  SimLoader m(tiny, two_paths(1.25 * bw));
+  const LoadTicket s2 = m.submit(req(0, 0, LoadPriority::on_demand, Precision::q8));
+  const LoadTicket f2 = m.submit(req(0, 1, LoadPriority::on_demand));
+  CHECK(m.completion_time(s2) == Approx(q8b / (0.5 * bw)).epsilon(1e-12));
+  CHECK(m.completion_time(f2) == Approx(6144.0 / (0.75 * bw)).epsilon(1e-12));
+}
+
+TEST_CASE("SimLoader: a store needs the precision read in place", "[sim][loader][paths]") {
+  LinkModel link = two_paths();
+  link.in_place = Precision::skip;
+  CHECK_THROWS_AS(SimLoader(tiny, link), Error);
+  link = two_paths();
+  link.store->reads_in_flight = 0;
+  CHECK_THROWS_WITH(SimLoader(tiny, link), Catch::Contains("LinkModel.store.reads_in_flight"));
+  CHECK(LinkModel{bw, 0.0}.path_of(Precision::q8) == 0);  // one path: every precision on it
+  CHECK(two_paths().path_of(Precision::q8) == 1);
+  CHECK(two_paths().path_of(Precision::f16) == 0);
+}

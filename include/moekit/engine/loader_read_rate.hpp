@@ -30,6 +30,27 @@ struct LoaderReadRate {
   std::string reader;  ///< "io_uring" or "pread"
 };
 
+/// Times `n` loads at `p` through `loader` (layer-major from layer 0, expert 0), `depth` of
+/// them outstanding.
+inline LoaderReadRate timed_reads(ExpertLoader& loader, const moekit::ModelShape& s,
+                                  moekit::Precision p, std::uint32_t n, std::size_t depth) {
+  n = std::clamp<std::uint32_t>(n, 1, static_cast<std::uint32_t>(s.expert_count()));
+  std::vector<moekit::io::AlignedBuffer> bufs;
+  for (std::size_t i = 0; i < depth; ++i) bufs.emplace_back(s.expert_bytes(p));
+  std::vector<moekit::LoadTicket> tickets;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::uint32_t i = 0; i < n; ++i) {
+    if (tickets.size() >= depth) loader.wait(tickets[tickets.size() - depth]);
+    const moekit::ExpertKey k{i / s.n_experts, i % s.n_experts};
+    tickets.push_back(
+        loader.submit({k, p, moekit::LoadPriority::on_demand, bufs[i % depth].span()}));
+  }
+  for (auto t : tickets) loader.wait(t);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {double(n) * double(s.expert_bytes(p)) / seconds, n, p, loader.kind()};
+}
+
 /// Reads `n` experts of checkpoint `path` (a GGUF file or a Hugging Face directory) in place
 /// through ExpertLoader::checkpoint with `io`, `depth` loads outstanding, into `order` (quantized
 /// experts: blocked panels, moe-run's layout for int8 activations). Throws moekit::Error naming
@@ -49,21 +70,20 @@ inline LoaderReadRate loader_read_rate(const std::filesystem::path& path, std::u
   const moekit::MatrixOrder order =
       moekit::bits(p) <= 8 ? moekit::MatrixOrder::blocked_panels4 : moekit::MatrixOrder::rows;
   ExpertLoader loader = ExpertLoader::checkpoint(experts, order, io, nullptr);
-  n = std::clamp<std::uint32_t>(n, 1, static_cast<std::uint32_t>(s.expert_count()));
-  std::vector<moekit::io::AlignedBuffer> bufs;
-  for (std::size_t i = 0; i < depth; ++i) bufs.emplace_back(s.expert_bytes(p));
-  std::vector<moekit::LoadTicket> tickets;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (std::uint32_t i = 0; i < n; ++i) {
-    if (tickets.size() >= depth) loader.wait(tickets[tickets.size() - depth]);
-    const moekit::ExpertKey k{i / s.n_experts, i % s.n_experts};
-    tickets.push_back(
-        loader.submit({k, p, moekit::LoadPriority::on_demand, bufs[i % depth].span()}));
-  }
-  for (auto t : tickets) loader.wait(t);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {double(n) * double(s.expert_bytes(p)) / seconds, n, p, loader.kind()};
+  return timed_reads(loader, s, p, n, depth);
+}
+
+/// Reads `n` experts of expert store `path` at its first precision through ExpertLoader::store
+/// with `io` (checksums verified as `io` says, as moe-run reads them), `depth` loads
+/// outstanding: the rate of the second read path of a run whose checkpoint lacks a precision.
+inline LoaderReadRate store_read_rate(const std::filesystem::path& path, std::uint32_t n,
+                                      const StoreIo& io = {}, std::size_t depth = 2) {
+  auto store =
+      std::make_shared<const moekit::io::ExpertStore>(moekit::io::ExpertStore::open(path.string()));
+  const moekit::ModelShape s = store->manifest().shape;
+  const moekit::Precision p = store->precisions().front();
+  ExpertLoader loader = ExpertLoader::store(store, io);
+  return timed_reads(loader, s, p, n, depth);
 }
 
 }  // namespace moekit::engine

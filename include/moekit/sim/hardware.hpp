@@ -195,7 +195,7 @@ struct HardwareModel {
       m.device_expert_token_s[idx] = device.per_token_s(shape);
       m.cpu_expert_s[idx] =
           cpu.fixed_s(shape, p) +
-          (host_holds_experts || host_is_device ? 0.0 : link.transfer_s(shape.expert_bytes(p)));
+          (host_holds_experts || host_is_device ? 0.0 : link.transfer_s(shape.expert_bytes(p), p));
       m.cpu_expert_token_s[idx] = cpu.per_token_s(shape);
     }
     m.layer_s = dense_layer_s(dense, 0);
@@ -335,7 +335,9 @@ inline std::vector<std::string> hardware_preset_names() {
 //
 // {"format": "moekit-hardware", "version": 1, "name": str, "source": str,
 //  "link":   {"bandwidth_bytes_per_s": num, "latency_s": num, "reads_in_flight": int,
-//             "read_bandwidth_bytes_per_s": num},
+//             "read_bandwidth_bytes_per_s": num,
+//             "store": {the four fields above}, "in_place": precision,
+//             "disk_bandwidth_bytes_per_s": num},
 //  "device": {"weight_bytes_per_s": {"f32": num, "bf16": num, "f16": num, "q8": num, "q4": num,
 //                                    "q2": num},
 //             "flops_per_s": num, "call_overhead_s": num},
@@ -348,16 +350,19 @@ inline std::vector<std::string> hardware_preset_names() {
 // All numbers SI (bytes, seconds). Every key is required but these optional ones, whose
 // defaults are the model before they existed (a file without them replays as it did):
 // "link.reads_in_flight" (default 1: one transfer at a time), "link.read_bandwidth_bytes_per_s"
-// (default 0: one read alone gets the whole bandwidth), "host_holds_experts" (default
-// true), "host_is_device", "experts_after_all_loads", "fixed_includes_first_token" (default
-// false each), "solo" (default none: decode runs at "device"'s rates), "decode_team_fraction"
-// (in [0, 1], default 1; only with "solo") and "timed"
-// (what was measured: descriptive only; "activations" and "layout" name some of the precisions).
-// No other key is allowed. On a CPU-only machine "device" is the CPU running the project's
-// kernels from the RAM cache, "link" is the expert-store read path (O_DIRECT disk bandwidth, with
-// as many reads in flight as the loader runs), "host_holds_experts" is false (the cache is the
-// host memory), "host_is_device" and "experts_after_all_loads" are true (moe-run's engine), and
-// "fixed_includes_first_token" is true (the rates come from one-token calls).
+// (default 0: one read alone gets the whole bandwidth), the same two of "link.store", "link.store"
+// (default none: every load over the one path; with it "link.in_place" is required and
+// "link.disk_bandwidth_bytes_per_s" defaults to 0, the faster path's), "host_holds_experts"
+// (default true), "host_is_device", "experts_after_all_loads", "fixed_includes_first_token"
+// (default false each), "solo" (default none: decode runs at "device"'s rates),
+// "decode_team_fraction" (in [0, 1], default 1; only with "solo") and "timed" (what was measured:
+// descriptive only; "activations" and "layout" name some of the precisions). No other key is
+// allowed. On a CPU-only machine "device" is the CPU running the project's kernels from the RAM
+// cache, "link" is the read path of the experts (O_DIRECT disk bandwidth, or moe-run's loader on
+// the checkpoint in place, with as many reads in flight as it runs; "store": the expert store's
+// loader beside it), "host_holds_experts" is false (the cache is the host memory), "host_is_device"
+// and "experts_after_all_loads" are true (moe-run's engine), and "fixed_includes_first_token" is
+// true (the rates come from one-token calls).
 
 inline constexpr std::string_view hardware_json_format = "moekit-hardware";
 
@@ -388,6 +393,15 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
       {"fixed_includes_first_token", h.fixed_includes_first_token}};
   j["link"]["reads_in_flight"] = h.link.reads_in_flight;
   j["link"]["read_bandwidth_bytes_per_s"] = h.link.read_bandwidth_bytes_per_s;
+  if (h.link.store) {
+    const ReadPath& s = *h.link.store;
+    j["link"]["store"] = {{"bandwidth_bytes_per_s", s.bandwidth_bytes_per_s},
+                          {"latency_s", s.latency_s},
+                          {"reads_in_flight", s.reads_in_flight},
+                          {"read_bandwidth_bytes_per_s", s.read_bandwidth_bytes_per_s}};
+    j["link"]["in_place"] = std::string(name(h.link.in_place));
+    j["link"]["disk_bandwidth_bytes_per_s"] = h.link.disk_bandwidth_bytes_per_s;
+  }
   if (h.solo) {
     j["solo"] = proc(*h.solo);
     j["decode_team_fraction"] = h.decode_team_fraction;
@@ -421,7 +435,7 @@ struct HardwareJsonReader {
   /// `o` is an object with every key of `keys`, and no key outside `keys` and `optional`.
   void object(const nlohmann::json& o, const std::string& path,
               std::initializer_list<const char*> keys,
-              std::initializer_list<const char*> optional = {}) const {
+              const std::vector<const char*>& optional = {}) const {
     if (!o.is_object()) bad(path, "must be an object");
     for (const char* k : keys)
       if (!o.contains(k)) bad(path.empty() ? k : path + "." + k, "missing");
@@ -451,6 +465,48 @@ struct HardwareJsonReader {
     if (!j.contains(key)) return fallback;
     if (!j[key].is_boolean()) bad(key, "must be true or false");
     return j[key].get<bool>();
+  }
+  [[nodiscard]] ReadPath read_path(const nlohmann::json& o, const std::string& path,
+                                   std::initializer_list<const char*> more = {}) const {
+    std::vector<const char*> optional = {"reads_in_flight", "read_bandwidth_bytes_per_s"};
+    optional.insert(optional.end(), more.begin(), more.end());
+    object(o, path, {"bandwidth_bytes_per_s", "latency_s"}, optional);
+    ReadPath l;
+    l.bandwidth_bytes_per_s =
+        number(o["bandwidth_bytes_per_s"], path + ".bandwidth_bytes_per_s", false);
+    l.latency_s = number(o["latency_s"], path + ".latency_s", true);
+    if (o.contains("reads_in_flight"))
+      l.reads_in_flight =
+          count(o["reads_in_flight"], path + ".reads_in_flight", ReadPath::max_reads_in_flight);
+    if (o.contains("read_bandwidth_bytes_per_s")) {
+      l.read_bandwidth_bytes_per_s =
+          number(o["read_bandwidth_bytes_per_s"], path + ".read_bandwidth_bytes_per_s", true);
+      if (l.read_bandwidth_bytes_per_s > l.bandwidth_bytes_per_s)
+        bad(path + ".read_bandwidth_bytes_per_s",
+            "must be at most " + path + ".bandwidth_bytes_per_s");
+    }
+    return l;
+  }
+  /// "link": one read path, or with "store" (a second path), "in_place" (the main path's
+  /// precision) and optionally "disk_bandwidth_bytes_per_s".
+  [[nodiscard]] LinkModel link(const nlohmann::json& o) const {
+    LinkModel l;
+    l.set_main(read_path(o, "link", {"store", "in_place", "disk_bandwidth_bytes_per_s"}));
+    if (!o.contains("store")) {
+      if (o.contains("in_place") || o.contains("disk_bandwidth_bytes_per_s"))
+        bad("link.in_place", "\"in_place\" and \"disk_bandwidth_bytes_per_s\" need \"store\"");
+      return l;
+    }
+    l.store = read_path(o["store"], "link.store");
+    if (!o.contains("in_place") || !o["in_place"].is_string())
+      bad("link.in_place", "must name the precision read in place (with \"store\")");
+    const auto p = parse_precision(o["in_place"].get<std::string>());
+    if (!p || *p == Precision::skip) bad("link.in_place", "unknown precision");
+    l.in_place = *p;
+    if (o.contains("disk_bandwidth_bytes_per_s"))
+      l.disk_bandwidth_bytes_per_s =
+          number(o["disk_bandwidth_bytes_per_s"], "link.disk_bandwidth_bytes_per_s", true);
+    return l;
   }
   [[nodiscard]] ProcessorModel processor(const nlohmann::json& o, const std::string& path) const {
     object(o, path, {"weight_bytes_per_s", "flops_per_s", "call_overhead_s"});
@@ -516,21 +572,7 @@ struct HardwareJsonReader {
   HardwareModel h;
   h.name = j["name"].get<std::string>();
   h.source = j["source"].get<std::string>();
-  const auto& link = j["link"];
-  r.object(link, "link", {"bandwidth_bytes_per_s", "latency_s"},
-           {"reads_in_flight", "read_bandwidth_bytes_per_s"});
-  h.link.bandwidth_bytes_per_s =
-      r.number(link["bandwidth_bytes_per_s"], "link.bandwidth_bytes_per_s", false);
-  h.link.latency_s = r.number(link["latency_s"], "link.latency_s", true);
-  if (link.contains("reads_in_flight"))
-    h.link.reads_in_flight =
-        r.count(link["reads_in_flight"], "link.reads_in_flight", LinkModel::max_reads_in_flight);
-  if (link.contains("read_bandwidth_bytes_per_s")) {
-    h.link.read_bandwidth_bytes_per_s =
-        r.number(link["read_bandwidth_bytes_per_s"], "link.read_bandwidth_bytes_per_s", true);
-    if (h.link.read_bandwidth_bytes_per_s > h.link.bandwidth_bytes_per_s)
-      r.bad("link.read_bandwidth_bytes_per_s", "must be at most link.bandwidth_bytes_per_s");
-  }
+  h.link = r.link(j["link"]);
   h.device = r.processor(j["device"], "device");
   h.cpu = r.processor(j["cpu"], "cpu");
   h.layer_overhead_s = r.number(j["layer_overhead_s"], "layer_overhead_s", true);

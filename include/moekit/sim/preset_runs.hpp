@@ -372,7 +372,7 @@ inline std::uint32_t fate_decode_cap(const RunParams& rp, double* budget_s = nul
                                      double* expert_s = nullptr) {
   const moekit::Precision p = moekit::presets::FateSpec::Config{}.scorer.decode_precision;
   const double T = rp.compute.layer(1) + rp.shape.top_k * rp.compute.device(p, 1);
-  const double t = rp.link.transfer_s(rp.shape.expert_bytes(p));
+  const double t = rp.link.transfer_s(rp.shape.expert_bytes(p), p);
   if (budget_s) *budget_s = T;
   if (expert_s) *expert_s = t;
   return static_cast<std::uint32_t>(std::floor(T / t));
@@ -662,7 +662,8 @@ inline PresetResult run_fiddler(const RunParams& rp, const moekit::sim::RoutingT
       .popularity = sim::expert_shares(calibration_of(rp, "fiddler")),
       .cpu_seconds_per_token = sloped ? rp.compute.cpu_expert_token_s[b] : rp.compute.cpu(base, 1),
       .cpu_seconds_per_expert = sloped ? intercept : 0.0,
-      .copy_seconds = rp.link.transfer_s(rp.shape.expert_bytes(base)) + rp.compute.device(base, 1)};
+      .copy_seconds =
+          rp.link.transfer_s(rp.shape.expert_bytes(base), base) + rp.compute.device(base, 1)};
   auto p = FiddlerSpec::build(rp.shape, rp.config, sim::SimLoader(rp.shape, rp.link),
                               {.scorer = {.precision = base}}, in);
   // The placement's transfers finish before the replay's clock starts (start-up, not decode

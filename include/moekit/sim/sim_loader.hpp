@@ -1,14 +1,15 @@
 #pragma once
 /// \file SimLoader: a Loader that moves no bytes and computes when each load would complete.
 ///
-/// Model: one link (bandwidth B bytes/s, latency L s) with `reads_in_flight` R readers. A transfer
-/// of an expert at precision p needs w = L·s1 + bytes(p) / B seconds of the whole link (s1: one
-/// read's share alone, below; 1 without a one-read rate); up to R
-/// transfers run at once and share it equally (processor sharing: with n running, each advances
-/// at 1/n of the link, so two equal reads started together both finish after 2w; no faster than
-/// `read_bandwidth_bytes_per_s`, what one read gets alone, when that is set), without
-/// preemption: a started transfer runs to its end. Waiting requests form two FIFO queues; whenever
-/// a reader is free the oldest on-demand request goes first, then the oldest prefetch (on-demand
+/// Model: one read path (bandwidth B bytes/s, latency L s) with `reads_in_flight` R readers, or
+/// two (LinkModel::store: experts at the checkpoint's precision in place, the others from a store)
+/// with their own readers on one disk. A transfer of an expert at precision p is w = L·r1 +
+/// bytes(p) bytes of work (r1: what one read of its path gets alone); up to R transfers of a path
+/// run at once and share it equally (processor sharing: with n running, each gets B/n, at most
+/// r1, so two equal reads started together both finish after twice one), the disk capping both
+/// paths together (the rates water-filled under it), without preemption: a started transfer
+/// runs to its end. Each path's waiting requests form two FIFO queues; whenever one of its
+/// readers is free the oldest on-demand request goes first, then the oldest prefetch (on-demand
 /// before prefetch, as the Loader concept asks). R = 1 is one transfer at a time: a transfer
 /// submitted while another runs starts when it ends. A queued (not started) prefetch can be
 /// cancelled. Time is a VirtualClock owned by the loader: `poll` answers at the clock's current
@@ -26,6 +27,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,9 +41,9 @@
 
 namespace moekit::sim {
 
-/// A transfer link between the slow tier and the expert cache.
-struct LinkModel {
-  double bandwidth_bytes_per_s = 16e9;  ///< sustained bandwidth (of all readers together)
+/// One read path into the expert cache: its readers and rates.
+struct ReadPath {
+  double bandwidth_bytes_per_s = 16e9;  ///< sustained bandwidth (of all its readers together)
   double latency_s = 0.0;               ///< fixed cost of each transfer (setup, first byte)
   /// Transfers in flight at once, sharing the bandwidth (the loader's reader threads); 1: one at
   /// a time.
@@ -50,39 +52,96 @@ struct LinkModel {
   /// most `bandwidth_bytes_per_s`; 0: the whole bandwidth.
   double read_bandwidth_bytes_per_s = 0.0;
 
-  /// Throws `moekit::Error` naming the bad field.
-  void validate() const {
+  /// Throws `moekit::Error` naming the bad field of `what` ("LinkModel", "LinkModel.store").
+  void validate(const std::string& what) const {
     MOEKIT_EXPECTS(bandwidth_bytes_per_s > 0 && bandwidth_bytes_per_s < 1e300,
-                   "LinkModel.bandwidth_bytes_per_s must be finite and > 0");
+                   what + ".bandwidth_bytes_per_s must be finite and > 0");
     MOEKIT_EXPECTS(latency_s >= 0 && latency_s < 1e300,
-                   "LinkModel.latency_s must be finite and >= 0");
+                   what + ".latency_s must be finite and >= 0");
     MOEKIT_EXPECTS(
         reads_in_flight >= 1 && reads_in_flight <= max_reads_in_flight,
-        "LinkModel.reads_in_flight must be in [1, " + std::to_string(max_reads_in_flight) + "]");
+        what + ".reads_in_flight must be in [1, " + std::to_string(max_reads_in_flight) + "]");
     MOEKIT_EXPECTS(
         read_bandwidth_bytes_per_s >= 0 && read_bandwidth_bytes_per_s <= bandwidth_bytes_per_s,
-        "LinkModel.read_bandwidth_bytes_per_s must be in [0, bandwidth_bytes_per_s]");
+        what + ".read_bandwidth_bytes_per_s must be in [0, bandwidth_bytes_per_s]");
   }
-  /// The share of the link each of `n` running transfers gets: 1/n, at most one read's own rate.
-  [[nodiscard]] double share(std::size_t n) const noexcept {
-    const double even = 1.0 / double(n);
-    const double alone =
-        read_bandwidth_bytes_per_s > 0 ? read_bandwidth_bytes_per_s / bandwidth_bytes_per_s : 1.0;
-    return even < alone ? even : alone;
+  /// Bytes per second one transfer gets alone.
+  [[nodiscard]] double alone_bytes_per_s() const noexcept {
+    return read_bandwidth_bytes_per_s > 0 ? read_bandwidth_bytes_per_s : bandwidth_bytes_per_s;
   }
-  /// Seconds of the whole link's work one transfer of `bytes` needs (its time alone without
-  /// `read_bandwidth_bytes_per_s`).
+  /// Bytes per second each of `n` running transfers of this path gets, before the disk's cap
+  /// (SimLoader's disk cap): an even share, at most one read's own rate.
+  [[nodiscard]] double rate(std::size_t n) const noexcept {
+    const double even = bandwidth_bytes_per_s / double(n);
+    return even < alone_bytes_per_s() ? even : alone_bytes_per_s();
+  }
+  /// The work of a transfer of `bytes`, in bytes: its bytes and its latency at one read's rate,
+  /// so that a read alone takes exactly `latency_s` + bytes ÷ (what one read gets). (The latency
+  /// is not divided by a small share: with a link far faster than one read it would grow by
+  /// their ratio.)
+  [[nodiscard]] double work_bytes(std::size_t bytes) const noexcept {
+    return latency_s * alone_bytes_per_s() + double(bytes);
+  }
+  static constexpr std::uint32_t max_reads_in_flight = 1024;
+};
+
+/// The read paths between the slow tier and the expert cache: one (the fields of ReadPath), or,
+/// with `store`, two on the same disk, as moe-run reads a checkpoint's experts: those at its own
+/// precision (`in_place`) in place through one loader, every other precision from an expert
+/// store through another, each with its own readers and rates, both together at most
+/// `disk_bandwidth_bytes_per_s` (bench/RESULTS.md, "Presets on real routing at 50% of the full
+/// Mixtral file": one link for both read the store's small q2 experts 10–20% too fast).
+struct LinkModel {
+  // The main path (an aggregate, as before the store: LinkModel{bw, latency, readers}):
+  double bandwidth_bytes_per_s = 16e9;           ///< ReadPath::bandwidth_bytes_per_s
+  double latency_s = 0.0;                        ///< ReadPath::latency_s
+  std::uint32_t reads_in_flight = 1;             ///< ReadPath::reads_in_flight
+  double read_bandwidth_bytes_per_s = 0.0;       ///< ReadPath::read_bandwidth_bytes_per_s
+  std::optional<ReadPath> store = std::nullopt;  ///< the second path (none: one path)
+  Precision in_place = Precision::skip;          ///< with `store`: the main path's precision
+  double disk_bandwidth_bytes_per_s = 0.0;       ///< both paths' cap; 0: the faster path's
+  static constexpr std::uint32_t max_reads_in_flight = ReadPath::max_reads_in_flight;
+
+  /// Throws `moekit::Error` naming the bad field.
+  void validate() const {
+    main().validate("LinkModel");
+    if (!store) return;
+    store->validate("LinkModel.store");
+    MOEKIT_EXPECTS(in_place != Precision::skip,
+                   "LinkModel.in_place must name the main path's precision when a store is set");
+    MOEKIT_EXPECTS(disk_bandwidth_bytes_per_s >= 0 && disk_bandwidth_bytes_per_s < 1e300,
+                   "LinkModel.disk_bandwidth_bytes_per_s must be finite and >= 0");
+  }
+  [[nodiscard]] ReadPath main() const noexcept {
+    return {bandwidth_bytes_per_s, latency_s, reads_in_flight, read_bandwidth_bytes_per_s};
+  }
+  /// Sets the main path's four fields from `p`.
+  void set_main(const ReadPath& p) noexcept {
+    bandwidth_bytes_per_s = p.bandwidth_bytes_per_s;
+    latency_s = p.latency_s;
+    reads_in_flight = p.reads_in_flight;
+    read_bandwidth_bytes_per_s = p.read_bandwidth_bytes_per_s;
+  }
+  /// The path a load at `p` takes: 0 the main one, 1 the store.
+  [[nodiscard]] std::size_t path_of(Precision p) const noexcept {
+    return store && p != in_place ? 1 : 0;
+  }
+  [[nodiscard]] ReadPath path(std::size_t i) const noexcept { return i == 1 ? *store : main(); }
+  /// Both paths' cap together (one path: its own bandwidth, never binding).
+  [[nodiscard]] double disk_bytes_per_s() const noexcept {
+    if (!store) return bandwidth_bytes_per_s;
+    if (disk_bandwidth_bytes_per_s > 0) return disk_bandwidth_bytes_per_s;
+    return std::max(bandwidth_bytes_per_s, store->bandwidth_bytes_per_s);
+  }
+  /// Seconds one transfer of `bytes` takes alone on the main path at its whole bandwidth.
   [[nodiscard]] double transfer_s(std::size_t bytes) const noexcept {
     return latency_s + double(bytes) / bandwidth_bytes_per_s;
   }
-  /// The work a transfer of `bytes` puts on the shared link, in seconds of the whole link: its
-  /// bytes, and its latency scaled by one read's share, so that a read alone takes exactly
-  /// `latency_s` + bytes ÷ (what one read gets). (The latency is not divided by a small share:
-  /// with a link far faster than one read it would grow by their ratio.)
-  [[nodiscard]] double work_s(std::size_t bytes) const noexcept {
-    return latency_s * share(1) + double(bytes) / bandwidth_bytes_per_s;
+  /// The same on the path a load at `p` takes.
+  [[nodiscard]] double transfer_s(std::size_t bytes, Precision p) const noexcept {
+    const ReadPath r = path(path_of(p));
+    return r.latency_s + double(bytes) / r.bandwidth_bytes_per_s;
   }
-  static constexpr std::uint32_t max_reads_in_flight = 1024;
 };
 
 /// Counters of a SimLoader.
@@ -112,7 +171,8 @@ class SimLoader {
     link_.validate();
     for (std::size_t i = 0; i < bytes_.size(); ++i)  // every Precision, `skip` included
       bytes_[i] = shape_.expert_bytes(static_cast<Precision>(i));
-    active_.reserve(link_.reads_in_flight);
+    paths_ = {link_.main(), link_.store.value_or(ReadPath{})};
+    active_.reserve(link_.reads_in_flight + (link_.store ? link_.store->reads_in_flight : 0));
   }
 
   // ---- Loader concept ------------------------------------------------------------------------
@@ -125,9 +185,10 @@ class SimLoader {
     rec.bytes = bytes_[static_cast<std::size_t>(r.precision)];
     rec.priority = r.priority;
     rec.submitted = clock_.now();
+    rec.path = static_cast<std::uint8_t>(link_.path_of(r.precision));
     records_.push_back(rec);
     const auto id = static_cast<std::uint32_t>(records_.size() - 1);
-    (r.priority == LoadPriority::on_demand ? demand_q_ : prefetch_q_).push(id);
+    (r.priority == LoadPriority::on_demand ? demand_q_ : prefetch_q_)[rec.path].push(id);
     ++queued_;
     settle();  // a free reader starts it at once
     return LoadTicket{records_.size()};
@@ -213,20 +274,31 @@ class SimLoader {
   /// Time at which the link finishes everything started so far (if nothing else starts).
   [[nodiscard]] double link_free_at() const {
     if (active_.empty()) return link_free_;
-    std::vector<double> left;  // the running ones end least work first, the rest speeding up
-    for (std::uint32_t id : active_) left.push_back(records_[id].work_left);
-    std::sort(left.begin(), left.end());
-    double t = last_event_, before = 0.0;
-    for (std::size_t i = 0; i < left.size(); ++i) {
-      t += (left[i] - before) / link_.share(left.size() - i);
-      before = left[i];
+    std::vector<Running> run;  // the running ones, in turn ending, the rest speeding up
+    for (std::uint32_t id : active_) run.push_back({records_[id].work_left, records_[id].path});
+    double t = last_event_;
+    while (!run.empty()) {
+      std::vector<double> rate = rates_of(run);
+      std::size_t first = 0;  // the next to end
+      for (std::size_t i = 1; i < run.size(); ++i)
+        if (run[i].work / rate[i] < run[first].work / rate[first]) first = i;
+      const double step = run[first].work / rate[first];
+      t += step;
+      std::size_t w = 0;
+      for (std::size_t i = 0; i < run.size(); ++i) {
+        run[i].work -= step * rate[i];
+        if (i != first && run[i].work > 0.0) run[w++] = run[i];
+      }
+      run.resize(w);
     }
     return t;
   }
   /// Requests queued and not started at the current time.
   [[nodiscard]] std::size_t queued() {
     settle();
-    return demand_q_.size(*this) + prefetch_q_.size(*this);
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < 2; ++i) n += demand_q_[i].size(*this) + prefetch_q_[i].size(*this);
+    return n;
   }
 
  private:
@@ -235,11 +307,41 @@ class SimLoader {
     std::size_t bytes = 0;
     double submitted = 0.0;
     double done = 0.0;       ///< completion (while running: if the set of running ones stays)
-    double work_left = 0.0;  ///< seconds of the whole link it still needs (while running)
+    double work_left = 0.0;  ///< bytes of work it still needs (while running; ReadPath::work_bytes)
+    double rate = 0.0;       ///< bytes per second while the set of running ones stays
     LoadPriority priority = LoadPriority::on_demand;
+    std::uint8_t path = 0;  ///< LinkModel::path_of its precision
     State state = State::queued;
     bool waited = false;
   };
+  /// A running transfer as the rates see it.
+  struct Running {
+    double work;
+    std::uint8_t path;
+  };
+  /// Bytes per second of each of `run`: its path's even share (at most one read's rate), then,
+  /// when both paths together would exceed the disk, the disk water-filled: the transfers below
+  /// the level keep their rate, the rest get the level.
+  [[nodiscard]] std::vector<double> rates_of(const std::vector<Running>& run) const {
+    std::size_t n[2] = {0, 0};
+    for (const Running& r : run) ++n[r.path];
+    std::vector<double> rate(run.size());
+    double sum = 0.0;
+    for (std::size_t i = 0; i < run.size(); ++i)
+      sum += rate[i] = paths_[run[i].path].rate(n[run[i].path]);
+    const double disk = link_.disk_bytes_per_s();
+    if (sum <= disk) return rate;
+    std::vector<double> sorted = rate;
+    std::sort(sorted.begin(), sorted.end());
+    double left = disk, level = 0.0;
+    for (std::size_t i = 0; i < sorted.size(); ++i) {
+      level = left / double(sorted.size() - i);
+      if (sorted[i] >= level) break;
+      left -= sorted[i];
+    }
+    for (double& r : rate) r = std::min(r, level);
+    return rate;
+  }
   struct HostRead {
     ExpertKey key;
     Precision precision;
@@ -301,6 +403,7 @@ class SimLoader {
         Record& r = records_[id];
         if (r.done <= t) {
           r.state = State::finished;
+          --running_[r.path];
           link_free_ = r.done > link_free_ ? r.done : link_free_;
         } else {
           active_[w++] = id;
@@ -309,51 +412,65 @@ class SimLoader {
       active_.resize(w);
       start_queued(t);
     }
-    if (queued_ > 0 && active_.size() < link_.reads_in_flight) {
+    if (queued_ > 0 && (free_reader(0) || free_reader(1))) {
       advance(now);
       start_queued(now);
     }
   }
 
-  /// Credits the running transfers with the link's work from the last event to `t`.
+  /// Credits the running transfers with their work from the last event to `t`.
   void advance(double t) noexcept {
-    if (!active_.empty() && t > last_event_) {
-      const double done = (t - last_event_) * link_.share(active_.size());
-      for (std::uint32_t id : active_) records_[id].work_left -= done;
-    }
+    if (!active_.empty() && t > last_event_)
+      for (std::uint32_t id : active_)
+        records_[id].work_left -= (t - last_event_) * records_[id].rate;
     last_event_ = t > last_event_ ? t : last_event_;
   }
+  /// Whether path `i` has a reader free (false for a path the link does not have).
+  [[nodiscard]] bool free_reader(std::size_t i) const noexcept {
+    if (i == 1 && !link_.store) return false;
+    return running_[i] < paths_[i].reads_in_flight;
+  }
 
-  /// Starts waiting requests at `t` while a reader is free, then sets every running transfer's
-  /// completion for the new number running.
+  /// Starts waiting requests at `t` while a reader of their path is free, then sets every
+  /// running transfer's rate and completion for the new set running.
   void start_queued(double t) {
-    while (queued_ > 0 && active_.size() < link_.reads_in_flight) {
-      Record* r = demand_q_.front(*this) ? demand_q_.pop(*this) : prefetch_q_.pop(*this);
-      r->state = State::started;
-      --queued_;
-      r->work_left = link_.work_s(r->bytes);
-      active_.push_back(static_cast<std::uint32_t>(r - records_.data()));
-      ++stats_.loads;
-      stats_.bytes += r->bytes;
-      (r->priority == LoadPriority::on_demand ? stats_.demand_bytes : stats_.prefetch_bytes) +=
-          r->bytes;
-      // The whole link's work (its busy time when the reads fill it).
-      stats_.busy_s += r->work_left;
-    }
-    const double share = link_.share(active_.size());
+    for (std::size_t i = 0; i < 2; ++i)
+      while (free_reader(i) && (demand_q_[i].front(*this) || prefetch_q_[i].front(*this)))
+        start(demand_q_[i].front(*this) ? demand_q_[i].pop(*this) : prefetch_q_[i].pop(*this));
+    std::vector<Running> run;
     for (std::uint32_t id : active_) {
       Record& r = records_[id];
       r.work_left = r.work_left > 0.0 ? r.work_left : 0.0;  // a rounding tie: it ends now
-      r.done = t + r.work_left / share;
+      run.push_back({r.work_left, r.path});
     }
+    const std::vector<double> rate = rates_of(run);
+    for (std::size_t i = 0; i < active_.size(); ++i) {
+      Record& r = records_[active_[i]];
+      r.rate = rate[i];
+      r.done = t + r.work_left / r.rate;
+    }
+  }
+  void start(Record* r) {
+    r->state = State::started;
+    --queued_;
+    ++running_[r->path];
+    r->work_left = paths_[r->path].work_bytes(r->bytes);
+    active_.push_back(static_cast<std::uint32_t>(r - records_.data()));
+    ++stats_.loads;
+    stats_.bytes += r->bytes;
+    (r->priority == LoadPriority::on_demand ? stats_.demand_bytes : stats_.prefetch_bytes) +=
+        r->bytes;
+    stats_.busy_s += r->work_left / link_.disk_bytes_per_s();  // the disk's busy time when full
   }
 
   ModelShape shape_;
   LinkModel link_;
+  std::array<ReadPath, 2> paths_;  ///< link_'s main path and its store (or a default)
   VirtualClock clock_;
   std::vector<Record> records_;
-  Queue demand_q_, prefetch_q_;
-  std::vector<std::uint32_t> active_;  ///< running transfers (at most link_.reads_in_flight)
+  Queue demand_q_[2], prefetch_q_[2];  ///< per path (LinkModel::path_of)
+  std::vector<std::uint32_t> active_;  ///< running transfers (at most their paths' readers)
+  std::size_t running_[2] = {0, 0};    ///< of them, per path
   std::vector<HostRead> host_pending_;
   double last_event_ = 0.0;  ///< time up to which the running transfers' work is credited
   double link_free_ = 0.0;   ///< latest completion so far
