@@ -46,6 +46,7 @@
 #include "moekit/engine/tokenizer.hpp"
 #include "moekit/engine/trace_recorder.hpp"
 #include "moekit/engine/weights.hpp"
+#include "moekit/sim/calibration_split.hpp"
 
 #if MOE_RUN_HAS_SERVER
 #include "openai_server.hpp"  // examples/moe-server/
@@ -822,8 +823,30 @@ ExpertPlacement place_experts(const Options& o, const ModelConfig& cfg, const Mo
 // The calibration run's routing (calibration is not evaluation): the first --calib-tokens (128)
 // tokens of --calib-text (default: the built-in WikiText-2 slice beside heldout.txt, when the
 // source tree is there), or with --calib-text prompt the prompt plus --calib-tokens (16) greedy
-// tokens. With --routing-trace the run replays the trace's first tokens, which the measured run
-// replays again: the source says so.
+// tokens. With --routing-trace the calibration run replays the trace's tokens that the measured
+// run does not (held_out_replay), by default as many as there are (at most 512).
+// The routing the calibration run replays with --routing-trace: the trace's tokens that the
+// measured run (this prompt, -n) does not replay, as moe-sim --replay-slice calibrates
+// (sim/calibration_split.hpp), so that a preset's profile is never fitted to the tokens it is
+// measured on and both tools calibrate on the same routing.
+RoutingReplay held_out_replay(const Options& o, const ModelConfig& cfg, const Tokenizer& tok,
+                              const ModelSetup& setup) {
+  const ChatEncoder enc = setup.chat ? ChatEncoder(tok, *setup.chat) : ChatEncoder(tok);
+  const std::size_t prompt = prompt_ids(o, cfg, tok, setup.chat, enc).size();
+  const std::size_t decode = o.n_predict > 1 ? std::size_t(o.n_predict - 1) : 0;
+  moekit::sim::CalibrationSplit split =
+      moekit::sim::slice_like_routing_replay(setup.replay->trace(), prompt, decode);
+  if (split.calibration.token_count() < 2)
+    fail("--routing-trace '" + o.routing_trace + "': a " + std::to_string(prompt) +
+         "-token prompt and -n " + std::to_string(o.n_predict) + " replay all but " +
+         std::to_string(split.calibration.token_count()) +
+         " of its tokens, and the calibration run needs 2 others (a shorter prompt or -n, or a "
+         "longer trace)");
+  RoutingReplay r(std::move(split.calibration), cfg, "--routing-trace (calibration part)");
+  r.set_replace_logits(setup.replay->replaces_logits());
+  return r;
+}
+
 Calibration calibration_run(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
                             const Tokenizer& tok, const OffloadSettings& settings,
                             const ExpertBacking& backing, moekit::ThreadPool& pool,
@@ -838,27 +861,35 @@ Calibration calibration_run(const Options& o, const ModelConfig& cfg, const Mode
     bar.set_total(total);
     bar.update(done);
   };
+  std::optional<RoutingReplay> held_out;
+  if (setup.replay) held_out.emplace(held_out_replay(o, cfg, tok, setup));
+  RoutingReplay* const replay = held_out ? &*held_out : nullptr;
+  std::size_t count = 128;
+  if (o.calib_tokens >= 0)
+    count = std::size_t(o.calib_tokens);
+  else if (held_out)  // the text's tokens after its BOS: the held-out tokens, BOS included
+    count = std::clamp<std::size_t>(held_out->trace().token_count() - (bos ? 1 : 0), 2, 512);
   Calibration c;
   if (file == "prompt") {
     std::vector<Token> prompt = tok.encode(o.prompt, false);
     if (bos) prompt.insert(prompt.begin(), *bos);
     if (prompt.empty()) fail("-p: the prompt encodes to no tokens (calibration run)");
     const int extra = o.calib_tokens < 0 ? 16 : o.calib_tokens;
-    c = calibrate(cfg, w.dense, settings, backing, prompt, extra, &pool, setup.kernels,
-                  setup.replay, progress);
+    c = calibrate(cfg, w.dense, settings, backing, prompt, extra, &pool, setup.kernels, replay,
+                  progress);
     c.source = "the prompt plus " + std::to_string(extra) + " greedy tokens" + fallback +
                (o.perplexity.empty() ? ": the start of the generated text itself" : "");
   } else {
-    const CalibrationText t = calibration_text(
-        file, tok, bos, o.calib_tokens < 0 ? 128 : std::size_t(o.calib_tokens), o.perplexity);
-    c = calibrate(cfg, w.dense, settings, backing, t.tokens, 0, &pool, setup.kernels, setup.replay,
+    const CalibrationText t = calibration_text(file, tok, bos, count, o.perplexity);
+    c = calibrate(cfg, w.dense, settings, backing, t.tokens, 0, &pool, setup.kernels, replay,
                   progress);
     c.source = t.source;
   }
   bar.finish();
-  if (setup.replay)
-    c.source += ", routed by --routing-trace's first " + std::to_string(c.tokens) +
-                " tokens, which the measured run replays too (not held out)";
+  if (held_out)
+    c.source += ", routed by " + std::to_string(c.tokens) + " of the " +
+                std::to_string(held_out->trace().token_count()) +
+                " --routing-trace tokens the measured run does not replay (held out)";
   if (!o.json) std::fprintf(stderr, "calibration: routing of %s counted\n", c.source.c_str());
   return c;
 }

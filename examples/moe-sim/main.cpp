@@ -364,8 +364,7 @@ HardwareModel hardware_for(const Options& o) {
   if (name != "this_machine" && !o.hardware_file.empty())
     bad_flag("--hardware-file", "is read only with --hardware this_machine");
   HardwareModel h = hardware_preset(name, o.hardware_file);
-  if (!o.bandwidth.empty())
-    h.link.bandwidth_bytes_per_s = parse_bandwidth("--bandwidth", o.bandwidth);
+  if (!o.bandwidth.empty()) h.link.set_bandwidth(parse_bandwidth("--bandwidth", o.bandwidth));
   if (o.reads_in_flight != 0) h.link.reads_in_flight = o.reads_in_flight;
   if (o.decode_team_fraction >= 0) {
     if (!h.solo)
@@ -597,7 +596,9 @@ void add_machine_flags(CLI::App& app, Options& o) {
                  "quadro-rtx6000-pcie3|this_machine (default rtx4090-pcie4)");
   app.add_option("--hardware-file", o.hardware_file,
                  "JSON for --hardware this_machine (written by moe-calibrate)");
-  app.add_option("--bandwidth", o.bandwidth, "override the link bandwidth (e.g. 16GB/s)");
+  app.add_option("--bandwidth", o.bandwidth,
+                 "override the link bandwidth (e.g. 16GB/s; with an expert store's path, "
+                 "it and the disk scale by the same factor)");
   app.add_option("--precision", o.precision, "the model's own (base) precision (default f16)");
   app.add_option("--dense-precision", o.dense_precision,
                  "what the dense matrices (attention, router) are stored at (default bf16; "
@@ -842,7 +843,7 @@ Point point_of(const Setup& s, const RoutingTrace& tr, const ModelShape& shape,
   double& x = pt.x;
   if (sweep && sweep->param == "budget") b = BudgetSpec::parse("--sweep budget", v);
   if (sweep && sweep->param == "bandwidth")
-    rp.link.bandwidth_bytes_per_s = x = parse_bandwidth("--sweep bandwidth", v);
+    rp.link.set_bandwidth(x = parse_bandwidth("--sweep bandwidth", v));
   if (sweep && sweep->param == "t1") rp.t1 = x = parse_quantity("--sweep t1", v, {});
   if (sweep && sweep->param == "t2") rp.t2 = x = parse_quantity("--sweep t2", v, {});
   if (sweep && sweep->param == "fallback") {
@@ -1029,8 +1030,16 @@ void print_json(const Setup& s, const Traces& t, const Outcome& out) {
 }
 
 void print_text(const Setup& s, const Traces& t, const Outcome& out, double wall) {
-  std::printf("hardware: %s (link %.1f GB/s)   wall time %.2f s\n", s.hw.name.c_str(),
-              s.hw.link.bandwidth_bytes_per_s / 1e9, wall);
+  if (s.hw.link.store)
+    std::printf(
+        "hardware: %s (link %.2f GB/s for %s in place, %.2f GB/s from the store)   wall time "
+        "%.2f s\n",
+        s.hw.name.c_str(), s.hw.link.bandwidth_bytes_per_s / 1e9,
+        std::string(name(s.hw.link.in_place)).c_str(), s.hw.link.store->bandwidth_bytes_per_s / 1e9,
+        wall);
+  else
+    std::printf("hardware: %s (link %.1f GB/s)   wall time %.2f s\n", s.hw.name.c_str(),
+                s.hw.link.bandwidth_bytes_per_s / 1e9, wall);
   if (s.o.compare && !s.sweep) {
     std::printf(
         "budget %s of the experts; penalty = HOBBIT miss penalty (a miss at the base "

@@ -464,6 +464,18 @@ case_shape_flags() {  # preset flags beyond the model, empty paths, a calibratio
   fi
 }
 
+case_routing_trace_used_up() {  # a trace the measured run replays whole leaves nothing to calibrate
+  model_copy m
+  # The run's own routing as a trace: the prompt and 3 decode tokens, all of it replayed again.
+  expect_success "$moe_run" -m m "${run_args[@]}" --trace-out t.mktrace
+  expect_refusal "--routing-trace 't.mktrace': a [0-9]+-token prompt and -n 4 replay all but 0 of its tokens" \
+    "$moe_run" -m m --preset edgemoe "${run_args[@]}" --routing-trace t.mktrace
+  # With -n 2 the last decode tokens are left to calibrate on: it runs, calibrated on them.
+  expect_success "$moe_run" -m m --preset edgemoe -p "Hello world" -n 2 --temp 0 --no-direct \
+    --routing-trace t.mktrace
+  grep -q "held out" "$root/out" || fail "the calibration does not say it is held out: $(tail -c 400 "$root/out")"
+}
+
 if ! declare -F "case_$case_name" >/dev/null; then
   echo "unknown case '$case_name'"
   exit 2

@@ -348,3 +348,21 @@ TEST_CASE("SimLoader: a store needs the precision read in place", "[sim][loader]
   CHECK(two_paths().path_of(Precision::q8) == 1);
   CHECK(two_paths().path_of(Precision::f16) == 0);
 }
+
+TEST_CASE("LinkModel::set_bandwidth scales a store's path and the disk with the main one",
+          "[sim][loader][paths]") {
+  LinkModel one{.bandwidth_bytes_per_s = bw};
+  one.set_bandwidth(2 * bw);
+  CHECK(one.bandwidth_bytes_per_s == 2 * bw);
+  CHECK_FALSE(one.store);
+  LinkModel two = two_paths(1.25 * bw);
+  two.store->read_bandwidth_bytes_per_s = bw / 4;
+  two.set_bandwidth(bw / 2);
+  CHECK(two.bandwidth_bytes_per_s == bw / 2);
+  CHECK(two.store->bandwidth_bytes_per_s == bw / 4);
+  CHECK(two.store->read_bandwidth_bytes_per_s == bw / 4);
+  CHECK(two.disk_bandwidth_bytes_per_s == 0.625 * bw);
+  two.set_bandwidth(bw / 4);  // the store's one-read rate above its new bandwidth: cut to it
+  CHECK(two.store->read_bandwidth_bytes_per_s == bw / 8);
+  CHECK_NOTHROW(two.validate());
+}

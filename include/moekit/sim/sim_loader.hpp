@@ -122,6 +122,18 @@ struct LinkModel {
     reads_in_flight = p.reads_in_flight;
     read_bandwidth_bytes_per_s = p.read_bandwidth_bytes_per_s;
   }
+  /// The main path's bandwidth set to `bw` (moe-sim --bandwidth, --sweep bandwidth); a store's
+  /// and the disk cap scale by the same factor (the same machine with a faster or slower disk),
+  /// each one-read rate at most its path's new bandwidth.
+  void set_bandwidth(double bw) noexcept {
+    const double f = bw / bandwidth_bytes_per_s;
+    bandwidth_bytes_per_s = bw;
+    if (!store) return;
+    store->bandwidth_bytes_per_s *= f;
+    store->read_bandwidth_bytes_per_s =
+        std::min(store->read_bandwidth_bytes_per_s, store->bandwidth_bytes_per_s);
+    disk_bandwidth_bytes_per_s *= f;
+  }
   /// The path a load at `p` takes: 0 the main one, 1 the store.
   [[nodiscard]] std::size_t path_of(Precision p) const noexcept {
     return store && p != in_place ? 1 : 0;
