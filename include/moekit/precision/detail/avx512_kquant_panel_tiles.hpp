@@ -1,0 +1,159 @@
+#pragma once
+/// \file AVX-512 VNNI panel tile of the K-quant int8 GEMM (prefill) for q4_k and q5_k rows: 16
+/// rows repacked once per call into a panel where each 64-byte vector holds 4 codes (one dword)
+/// of every row, so the 32-bit lanes are the 16 rows, as avx512_int8_panel_tiles.hpp does for
+/// q8/q4/q2. The row tile it replaces (avx512_kquant_rows.hpp run per (4 rows, 1 token) pair)
+/// decoded every super-block's scales and reduced across lanes per pair; here they are decoded
+/// once per call and applied once per (16 rows, token, sub-block).
+///
+/// Panel layout (pack_q4_k_panel), per super-block b: codes at 4096·b + 512·j + 64·ks, lane r =
+/// the codes of row r at columns 32j + 4ks .. 32j + 4ks + 3 of the block, unsigned bytes (q5_k:
+/// bit 4 from qh); the token's 4 activation bytes of those columns (kquant_activation.hpp, chunk
+/// order) are broadcast as the signed operand of `vpdpbusd`, as in the row kernels. Per block,
+/// the integers (`ints`, 192 per block): the 6-bit scales sc_j as 16 int32 per sub-block j, then
+/// the mins as int16 pairs (m_2i, m_2i+1) per row in 4 vectors; the floats (`reals`, 32 per
+/// block): d, then dmin, 16 of each.
+///
+/// Per block and token: dot_j = Σ code·xq over sub-block j in int32 (8 `vpdpbusd`), then
+/// Σ_j sc_j·dot_j in int32 (`vpmulld`, as ggml sums its scales in integers), exact: |dot_j| ≤
+/// 32·31·127 = 125984 (q5_k's 5-bit codes), so |Σ| ≤ 8·63·125984 < 2^26; the minimums
+/// Σ_j m_j·Σxq_j by 4 `vpdpwssd` (|·| ≤ 8·63·32·127 < 2^21). Then d·dx and dmin·dx once per block,
+/// one conversion each. Every (row, token) pair runs the same instructions whatever its lane or
+/// its place in the token tile, so a token's result does not depend on the batch.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "moekit/precision/detail/avx512_int8_panel_tiles.hpp"
+#include "moekit/precision/detail/avx512_kquant_rows.hpp"
+#include "moekit/precision/gguf_q4_k.hpp"
+#include "moekit/precision/gguf_q5_k.hpp"
+#include "moekit/precision/kquant_activation.hpp"
+
+#if defined(MOEKIT_HAS_X86_KERNELS)
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace moekit::detail::avx512_kquant {
+
+/// Bytes of unpacked codes per super-block of a 16-row panel.
+inline constexpr std::size_t panel_block_codes = 4096;
+/// int32 values (scales, then mins) and floats (d, dmin) per super-block of a panel.
+inline constexpr std::size_t panel_block_ints = 192, panel_block_reals = 32;
+
+/// The four 64-code vectors of a q4_k / q5_k block as unsigned bytes: vector k holds sub-blocks
+/// panel_sub(k, 0) in its lower 32 bytes and panel_sub(k, 1) in its upper, in column order.
+template <bool Q5>
+MOEKIT_TARGET_AVX512_VNNI inline void unpack_q4_k(const std::byte* block, __m512i u[4]) noexcept {
+  const __m512i nib = _mm512_set1_epi8(15);
+  const std::byte* qs = block + (Q5 ? q5_k::codes_offset : q4_k::codes_offset);
+  const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
+  u[0] = _mm512_and_si512(q0, nib), u[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), nib);
+  u[2] = _mm512_and_si512(q1, nib), u[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), nib);
+  if constexpr (Q5) {  // bit j of qh[l] is bit 4 of weight l of sub-block j
+    const __m512i qh = _mm512_broadcast_i64x4(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + q5_k::high_offset)));
+    const __m512i high[4] = {halves_of_bits(0, 2), halves_of_bits(1, 3), halves_of_bits(4, 6),
+                             halves_of_bits(5, 7)};
+    for (int k = 0; k < 4; ++k)
+      u[k] = _mm512_mask_add_epi8(u[k], _mm512_test_epi8_mask(qh, high[k]), u[k],
+                                  _mm512_set1_epi8(16));
+  }
+}
+
+/// The sub-block in half h (0: lower 32 bytes) of unpacked vector k (unpack_q4_k).
+constexpr std::size_t panel_sub(std::size_t k, std::size_t h) noexcept {
+  return 4 * (k / 2) + k % 2 + 2 * h;
+}
+
+/// One super-block's scales of 16 rows into the panel's integers and floats (file comment).
+inline void pack_q4_k_scales(const std::byte* const* blocks, std::int32_t* ints,
+                             float* reals) noexcept {
+  for (std::size_t r = 0; r < avx512_int8::panel_height; ++r) {
+    std::uint8_t sc[8], m[8];
+    q4_k::scales_mins(blocks[r], sc, m);
+    for (std::size_t j = 0; j < 8; ++j) ints[16 * j + r] = sc[j];
+    for (std::size_t i = 0; i < 4; ++i)
+      ints[128 + 16 * i + r] = static_cast<std::int32_t>(m[2 * i] | std::uint32_t{m[2 * i + 1]} << 16);
+    reals[r] = q4_k::d_of(blocks[r]), reals[16 + r] = q4_k::dmin_of(blocks[r]);
+  }
+}
+
+/// `blocks` super-blocks of 16 q4_k (Q5: q5_k) rows into a panel (file comment): codes
+/// (blocks · panel_block_codes bytes, 64-byte aligned), ints and reals.
+template <bool Q5>
+MOEKIT_TARGET_AVX512_VNNI inline void pack_q4_k_panel(const std::byte* const* rows,
+                                                      std::size_t blocks, std::byte* codes,
+                                                      std::int32_t* ints, float* reals) noexcept {
+  constexpr std::size_t H = avx512_int8::panel_height;
+  constexpr std::size_t bytes = Q5 ? q5_k::block_bytes : q4_k::block_bytes;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* block[H];
+    __m512i u[H][4];
+    for (std::size_t r = 0; r < H; ++r) block[r] = rows[r] + b * bytes;
+    for (std::size_t r = 0; r < H; ++r) unpack_q4_k<Q5>(block[r], u[r]);
+    std::byte* out = codes + panel_block_codes * b;
+    for (std::size_t k = 0; k < 4; ++k) {
+      __m512i v[H];
+      for (std::size_t r = 0; r < H; ++r) v[r] = u[r][k];
+      avx512_int8::transpose16(v);  // v[L] lane r: row r's dword L
+      for (std::size_t lane = 0; lane < 16; ++lane)
+        _mm512_store_si512(out + 512 * panel_sub(k, lane / 8) + 64 * (lane % 8), v[lane]);
+    }
+    pack_q4_k_scales(block, ints + panel_block_ints * b, reals + panel_block_reals * b);
+  }
+}
+
+/// out[16·t + r] = row r · token t for the T tokens `acts` over `blocks` super-blocks of a q4_k
+/// or q5_k panel (pack_q4_k_panel).
+template <std::size_t T>
+MOEKIT_TARGET_AVX512_VNNI inline void q4_k_panel_dots(const std::byte* codes,
+                                                      const std::int32_t* ints, const float* reals,
+                                                      const KQuantActivation* const* acts,
+                                                      std::size_t blocks, float* out) noexcept {
+  using avx512_int8::broadcast4;
+  __m512 acc[T];
+  for (std::size_t t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* cb = codes + panel_block_codes * b;
+    const std::int32_t* ib = ints + panel_block_ints * b;
+    __m512i sum[T], d[T];
+    for (std::size_t t = 0; t < T; ++t) sum[t] = _mm512_setzero_si512();
+    for (std::size_t j = 0; j < 8; ++j) {
+      const std::size_t at = 256 * b + 32 * q4_k_chunk_slot(j);
+      for (std::size_t t = 0; t < T; ++t) d[t] = _mm512_setzero_si512();
+      for (std::size_t ks = 0; ks < 8; ++ks) {
+        const __m512i w = _mm512_load_si512(cb + 512 * j + 64 * ks);
+        for (std::size_t t = 0; t < T; ++t)
+          d[t] = _mm512_dpbusd_epi32(d[t], w, broadcast4(acts[t]->xq + at + 4 * ks));
+      }
+      const __m512i sc = _mm512_loadu_si512(ib + 16 * j);
+      for (std::size_t t = 0; t < T; ++t)
+        sum[t] = _mm512_add_epi32(sum[t], _mm512_mullo_epi32(d[t], sc));
+    }
+    for (std::size_t t = 0; t < T; ++t) d[t] = _mm512_setzero_si512();
+    for (std::size_t i = 0; i < 4; ++i) {
+      const __m512i m = _mm512_loadu_si512(ib + 128 + 16 * i);
+      for (std::size_t t = 0; t < T; ++t)
+        d[t] = _mm512_dpwssd_epi32(
+            d[t], m, broadcast4(reinterpret_cast<const std::int8_t*>(acts[t]->sums + 8 * b + 2 * i)));
+    }
+    const float* rb = reals + panel_block_reals * b;
+    const __m512 dv = _mm512_loadu_ps(rb), mv = _mm512_loadu_ps(rb + 16);
+    for (std::size_t t = 0; t < T; ++t) {
+      const __m512 dx = _mm512_set1_ps(acts[t]->dx[b]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_mul_ps(dv, dx), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(d[t]), _mm512_mul_ps(mv, dx), acc[t]);
+    }
+  }
+  for (std::size_t t = 0; t < T; ++t) _mm512_storeu_ps(out + 16 * t, acc[t]);
+}
+
+}  // namespace moekit::detail::avx512_kquant
+
+#pragma GCC diagnostic pop
+
+#endif
