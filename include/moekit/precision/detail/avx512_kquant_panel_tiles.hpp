@@ -1,8 +1,8 @@
 #pragma once
-/// \file AVX-512 VNNI panel tile of the K-quant int8 GEMM (prefill) for q4_k and q5_k rows: 16
-/// rows repacked once per call into a panel where each 64-byte vector holds 4 codes (one dword)
-/// of every row, so the 32-bit lanes are the 16 rows, as avx512_int8_panel_tiles.hpp does for
-/// q8/q4/q2. The row tile it replaces (avx512_kquant_rows.hpp run per (4 rows, 1 token) pair)
+/// \file AVX-512 VNNI panel tiles of the K-quant int8 GEMM (prefill) for q4_k, q5_k and q6_k
+/// rows: 16 rows repacked once per call into a panel where each 64-byte vector holds 4 codes (one
+/// dword) of every row, so the 32-bit lanes are the 16 rows, as avx512_int8_panel_tiles.hpp does
+/// for q8/q4/q2. The row tile it replaces (avx512_kquant_rows.hpp run per (4 rows, 1 token) pair)
 /// decoded every super-block's scales and reduced across lanes per pair; here they are decoded
 /// once per call and applied once per (16 rows, token, sub-block).
 ///
@@ -29,6 +29,7 @@
 #include "moekit/precision/detail/avx512_kquant_rows.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
 #include "moekit/precision/gguf_q5_k.hpp"
+#include "moekit/precision/gguf_q6_k.hpp"
 #include "moekit/precision/kquant_activation.hpp"
 
 #if defined(MOEKIT_HAS_X86_KERNELS)
@@ -77,7 +78,8 @@ inline void pack_q4_k_scales(const std::byte* const* blocks, std::int32_t* ints,
     q4_k::scales_mins(blocks[r], sc, m);
     for (std::size_t j = 0; j < 8; ++j) ints[16 * j + r] = sc[j];
     for (std::size_t i = 0; i < 4; ++i)
-      ints[128 + 16 * i + r] = static_cast<std::int32_t>(m[2 * i] | std::uint32_t{m[2 * i + 1]} << 16);
+      ints[128 + 16 * i + r] =
+          static_cast<std::int32_t>(m[2 * i] | std::uint32_t{m[2 * i + 1]} << 16);
     reals[r] = q4_k::d_of(blocks[r]), reals[16 + r] = q4_k::dmin_of(blocks[r]);
   }
 }
@@ -139,7 +141,8 @@ MOEKIT_TARGET_AVX512_VNNI inline void q4_k_panel_dots(const std::byte* codes,
       const __m512i m = _mm512_loadu_si512(ib + 128 + 16 * i);
       for (std::size_t t = 0; t < T; ++t)
         d[t] = _mm512_dpwssd_epi32(
-            d[t], m, broadcast4(reinterpret_cast<const std::int8_t*>(acts[t]->sums + 8 * b + 2 * i)));
+            d[t], m,
+            broadcast4(reinterpret_cast<const std::int8_t*>(acts[t]->sums + 8 * b + 2 * i)));
     }
     const float* rb = reals + panel_block_reals * b;
     const __m512 dv = _mm512_loadu_ps(rb), mv = _mm512_loadu_ps(rb + 16);
@@ -148,6 +151,114 @@ MOEKIT_TARGET_AVX512_VNNI inline void q4_k_panel_dots(const std::byte* codes,
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_mul_ps(dv, dx), acc[t]);
       acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(d[t]), _mm512_mul_ps(mv, dx), acc[t]);
     }
+  }
+  for (std::size_t t = 0; t < T; ++t) _mm512_storeu_ps(out + 16 * t, acc[t]);
+}
+
+/// q6_k panels: the codes as q4_k's with the 32-value chunk c of the activation's scale in place
+/// of the sub-block j, so lanes ks 0-3 and 4-7 are the chunk's two 16-weight sub-blocks. Integers
+/// per block (q6_k_panel_ints): the signed scales s_i as 16 int32 per sub-block i, then per chunk
+/// c the int16 pairs (−32·s_2c, −32·s_2c+1) for the code offset 32; floats: d, 16.
+inline constexpr std::size_t q6_k_panel_ints = 384, q6_k_panel_reals = 16;
+
+/// The four 64-code vectors of a q6_k block (weights 64v .. 64v+63 in vector v) as unsigned bytes,
+/// as q6_k_row_dots unpacks them.
+MOEKIT_TARGET_AVX512_VNNI inline void unpack_q6_k(const std::byte* block, __m512i u[4]) noexcept {
+  const __m512i nib = _mm512_set1_epi8(15), two = _mm512_set1_epi8(3);
+  for (int h = 0; h < 2; ++h) {
+    const __m512i low = _mm512_loadu_si512(block + 64 * h);
+    const __m256i high =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + q6_k::high_offset + 32 * h));
+    const __m512i hz =
+        _mm512_inserti64x4(_mm512_castsi256_si512(high), _mm256_srli_epi16(high, 2), 1);
+    u[2 * h] = _mm512_or_si512(_mm512_and_si512(low, nib),
+                               _mm512_slli_epi16(_mm512_and_si512(hz, two), 4));
+    u[2 * h + 1] =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 4), nib),
+                        _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hz, 4), two), 4));
+  }
+}
+
+/// One super-block's scales of 16 q6_k rows into the panel's integers and floats.
+inline void pack_q6_k_scales(const std::byte* const* blocks, std::int32_t* ints,
+                             float* reals) noexcept {
+  for (std::size_t r = 0; r < avx512_int8::panel_height; ++r) {
+    for (std::size_t i = 0; i < 16; ++i) ints[16 * i + r] = q6_k::scale(blocks[r], i);
+    for (std::size_t c = 0; c < 8; ++c) {
+      const auto lo = static_cast<std::uint16_t>(-32 * q6_k::scale(blocks[r], 2 * c));
+      const auto hi = static_cast<std::uint16_t>(-32 * q6_k::scale(blocks[r], 2 * c + 1));
+      ints[256 + 16 * c + r] = static_cast<std::int32_t>(lo | std::uint32_t{hi} << 16);
+    }
+    reals[r] = q6_k::d_of(blocks[r]);
+  }
+}
+
+/// `blocks` super-blocks of 16 q6_k rows into a panel (codes as pack_q4_k_panel's).
+MOEKIT_TARGET_AVX512_VNNI inline void pack_q6_k_panel(const std::byte* const* rows,
+                                                      std::size_t blocks, std::byte* codes,
+                                                      std::int32_t* ints, float* reals) noexcept {
+  constexpr std::size_t H = avx512_int8::panel_height;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* block[H];
+    __m512i u[H][4];
+    for (std::size_t r = 0; r < H; ++r) block[r] = rows[r] + b * q6_k::block_bytes;
+    for (std::size_t r = 0; r < H; ++r) unpack_q6_k(block[r], u[r]);
+    std::byte* out = codes + panel_block_codes * b;
+    for (std::size_t k = 0; k < 4; ++k) {
+      __m512i v[H];
+      for (std::size_t r = 0; r < H; ++r) v[r] = u[r][k];
+      avx512_int8::transpose16(v);  // v[L] lane r: row r's dword L, columns 64k + 4L
+      for (std::size_t lane = 0; lane < 16; ++lane)
+        _mm512_store_si512(out + 512 * (2 * k + lane / 8) + 64 * (lane % 8), v[lane]);
+    }
+    pack_q6_k_scales(block, ints + q6_k_panel_ints * b, reals + q6_k_panel_reals * b);
+  }
+}
+
+/// out[16·t + r] = row r · token t for the T tokens `acts` over `blocks` super-blocks of a q6_k
+/// panel (pack_q6_k_panel); acts[t]->sums: the token's Σxq per 16-weight sub-block. Per chunk c:
+/// s_2c·dot_2c + s_2c+1·dot_2c+1 − 32·(s_2c·Σxq_2c + s_2c+1·Σxq_2c+1) in int32 (`vpmulld`,
+/// `vpdpwssd`; |·| ≤ 128·2·16·63·127 + 32·128·2·16·127 < 2^26), converted and times the chunk's
+/// dx; times d once per block.
+template <std::size_t T>
+MOEKIT_TARGET_AVX512_VNNI inline void q6_k_panel_dots(const std::byte* codes,
+                                                      const std::int32_t* ints, const float* reals,
+                                                      const KQuantActivation* const* acts,
+                                                      std::size_t blocks, float* out) noexcept {
+  using avx512_int8::broadcast4;
+  __m512 acc[T];
+  for (std::size_t t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* cb = codes + panel_block_codes * b;
+    const std::int32_t* ib = ints + q6_k_panel_ints * b;
+    __m512 part[T];
+    for (std::size_t t = 0; t < T; ++t) part[t] = _mm512_setzero_ps();
+    for (std::size_t c = 0; c < 8; ++c) {
+      __m512i da[T], db[T];
+      for (std::size_t t = 0; t < T; ++t) da[t] = db[t] = _mm512_setzero_si512();
+      for (std::size_t ks = 0; ks < 8; ++ks) {
+        const __m512i w = _mm512_load_si512(cb + 512 * c + 64 * ks);
+        for (std::size_t t = 0; t < T; ++t) {
+          const __m512i x = broadcast4(acts[t]->xq + 256 * b + 32 * c + 4 * ks);
+          if (ks < 4)
+            da[t] = _mm512_dpbusd_epi32(da[t], w, x);
+          else
+            db[t] = _mm512_dpbusd_epi32(db[t], w, x);
+        }
+      }
+      const __m512i sa = _mm512_loadu_si512(ib + 32 * c), sb = _mm512_loadu_si512(ib + 32 * c + 16);
+      const __m512i sp = _mm512_loadu_si512(ib + 256 + 16 * c);
+      for (std::size_t t = 0; t < T; ++t) {
+        __m512i i = _mm512_add_epi32(_mm512_mullo_epi32(da[t], sa), _mm512_mullo_epi32(db[t], sb));
+        i = _mm512_dpwssd_epi32(
+            i, sp,
+            broadcast4(reinterpret_cast<const std::int8_t*>(acts[t]->sums + 16 * b + 2 * c)));
+        part[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i),
+                                  _mm512_set1_ps(acts[t]->dx[16 * b + 2 * c]), part[t]);
+      }
+    }
+    const __m512 d = _mm512_loadu_ps(reals + q6_k_panel_reals * b);
+    for (std::size_t t = 0; t < T; ++t) acc[t] = _mm512_fmadd_ps(part[t], d, acc[t]);
   }
   for (std::size_t t = 0; t < T; ++t) _mm512_storeu_ps(out + 16 * t, acc[t]);
 }
