@@ -191,9 +191,9 @@ enum class KQuantRoute : std::uint8_t { by_batch, rows, panels };
 /// Fewest tokens for which the AVX-512 panel path (avx512_kquant_panel_tiles.hpp) runs: below
 /// them its repack per call costs more than the row kernels' decoding of the scales per (row,
 /// token) pair (bench/RESULTS.md, "Prefill GEMM on GGUF K-quants: the AVX-512 panel tile":
-/// q4_k and q5_k win from 2 tokens, q6_k, whose repack is dearer, from 16).
+/// q4_k and q5_k win from 2 tokens, q6_k, whose row kernel is cheaper, from 12).
 constexpr std::size_t kquant_panel_min_tokens(Precision p) noexcept {
-  return p == Precision::q6_k ? 16 : 2;
+  return p == Precision::q6_k ? 12 : 2;
 }
 
 /// True for the formats the AVX-512 panel path has a tile for.
@@ -213,10 +213,12 @@ constexpr bool kquant_panel_takes(Precision p, KQuantGemmPath path, std::size_t 
 /// Most rows the panel path repacks at a time.
 inline constexpr std::size_t kquant_panel_most_rows = 128;
 
-/// Rows repacked at a time: about 1 MiB of unpacked codes (a byte per weight), which stay in L2
-/// while every token passes over them, as int8_panel_group_rows. Fixed by the row's length alone.
+/// Rows repacked at a time: about 512 KiB of unpacked codes (a byte per weight), which stay in
+/// the 1 MiB L2 beside a token tile's activations while every token passes over them (1 MiB
+/// groups ran slower on 14336 columns: bench/RESULTS.md, "Prefill GEMM on GGUF K-quants: the
+/// AVX-512 panel tile"). Fixed by the row's length alone.
 inline std::size_t kquant_panel_group_rows(std::size_t cols) noexcept {
-  const std::size_t g = std::clamp<std::size_t>((1u << 20) / std::max<std::size_t>(cols, 1), 16,
+  const std::size_t g = std::clamp<std::size_t>((1u << 19) / std::max<std::size_t>(cols, 1), 16,
                                                 kquant_panel_most_rows);
   return g / avx512_int8::panel_height * avx512_int8::panel_height;
 }

@@ -236,14 +236,14 @@ MOEKIT_TARGET_AVX512_VNNI inline void q6_k_panel_dots(const std::byte* codes,
     for (std::size_t c = 0; c < 8; ++c) {
       __m512i da[T], db[T];
       for (std::size_t t = 0; t < T; ++t) da[t] = db[t] = _mm512_setzero_si512();
-      for (std::size_t ks = 0; ks < 8; ++ks) {
-        const __m512i w = _mm512_load_si512(cb + 512 * c + 64 * ks);
+#pragma GCC unroll 4                            // the accumulators in registers, not on the stack
+      for (std::size_t ks = 0; ks < 4; ++ks) {  // lanes ks: sub-block 2c; ks + 4: 2c + 1
+        const __m512i wa = _mm512_load_si512(cb + 512 * c + 64 * ks);
+        const __m512i wb = _mm512_load_si512(cb + 512 * c + 64 * (ks + 4));
         for (std::size_t t = 0; t < T; ++t) {
-          const __m512i x = broadcast4(acts[t]->xq + 256 * b + 32 * c + 4 * ks);
-          if (ks < 4)
-            da[t] = _mm512_dpbusd_epi32(da[t], w, x);
-          else
-            db[t] = _mm512_dpbusd_epi32(db[t], w, x);
+          const std::int8_t* x = acts[t]->xq + 256 * b + 32 * c + 4 * ks;
+          da[t] = _mm512_dpbusd_epi32(da[t], wa, broadcast4(x));
+          db[t] = _mm512_dpbusd_epi32(db[t], wb, broadcast4(x + 16));
         }
       }
       const __m512i sa = _mm512_loadu_si512(ib + 32 * c), sb = _mm512_loadu_si512(ib + 32 * c + 16);
