@@ -140,9 +140,8 @@ TEST_CASE("K-quant int8 GEMM: gemm runs the panel tile where it is taken",
           "[precision][kquant][gemm]") {
   INFO("seed " << test::test_seed());
   if (!has_avx512_vnni()) return;
-  const std::size_t rows = 37, cols = 512;
+  const std::size_t rows = 37, cols = 512, n = detail::kquant_panel_min_tokens + 3;
   for (Precision p : {Precision::q4_k, Precision::q5_k, Precision::q6_k}) {
-    const std::size_t n = detail::kquant_panel_min_tokens(p) + 3;
     const auto bytes = test::random_kquant(rows, cols, p, 9);
     const MatrixView w = make_matrix_view(bytes, rows, cols, p);
     const auto x = test::random_normal(n * cols, 13);

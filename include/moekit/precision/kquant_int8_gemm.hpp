@@ -3,7 +3,7 @@
 /// `KernelOptions::int8_activations` and n >= 2): every token's activation rounded once per call
 /// (kquant_activation.hpp, as the GEMV rounds it), then one of two routes.
 ///
-/// AVX-512 VNNI on q4_k, q5_k and q6_k (from kquant_panel_min_tokens tokens): groups of rows
+/// AVX-512 VNNI on q4_k, q5_k and q6_k (every batch: kquant_panel_min_tokens): groups of rows
 /// repacked once per call into 16-row panels (detail/avx512_kquant_panel_tiles.hpp, lanes = rows,
 /// the scales decoded once per call), which every tile of tokens then passes over.
 ///
@@ -188,13 +188,12 @@ void kquant_row_groups(const MatrixView& w, const KQuantTokens& tk, std::size_t 
 /// Which kernels a K-quant int8 GEMM runs: by the batch (kquant_panel_takes), or forced (tests).
 enum class KQuantRoute : std::uint8_t { by_batch, rows, panels };
 
-/// Fewest tokens for which the AVX-512 panel path (avx512_kquant_panel_tiles.hpp) runs: below
-/// them its repack per call costs more than the row kernels' decoding of the scales per (row,
-/// token) pair (bench/RESULTS.md, "Prefill GEMM on GGUF K-quants: the AVX-512 panel tile":
-/// q4_k and q5_k win from 2 tokens, q6_k, whose row kernel is cheaper, from 12).
-constexpr std::size_t kquant_panel_min_tokens(Precision p) noexcept {
-  return p == Precision::q6_k ? 12 : 2;
-}
+/// Fewest tokens for which the AVX-512 panel path (avx512_kquant_panel_tiles.hpp) runs: every
+/// batch. q4_k and q5_k win from 2 tokens; q6_k's row kernel is faster below about 12 (its repack
+/// per call dominates: bench/RESULTS.md, "Prefill GEMM on GGUF K-quants: the AVX-512 panel
+/// tile"), but a larger threshold would make a token's result depend on how many tokens share its
+/// batch (prefill runs even one-token batches through gemm with n = 2: engine/ops.hpp for_rows).
+inline constexpr std::size_t kquant_panel_min_tokens = 2;
 
 /// True for the formats the AVX-512 panel path has a tile for.
 constexpr bool kquant_has_panel(Precision p) noexcept {
@@ -206,7 +205,7 @@ constexpr bool kquant_panel_takes(Precision p, KQuantGemmPath path, std::size_t 
                                   KQuantRoute route) noexcept {
   if (path != KQuantGemmPath::avx512_vnni || !kquant_has_panel(p)) return false;
   return route == KQuantRoute::panels ||
-         (route == KQuantRoute::by_batch && n >= kquant_panel_min_tokens(p));
+         (route == KQuantRoute::by_batch && n >= kquant_panel_min_tokens);
 }
 
 #if defined(MOEKIT_HAS_X86_KERNELS)
