@@ -141,12 +141,15 @@ TEST_CASE("K-quant int8 GEMM: gemm runs the panel tile where it is taken",
   INFO("seed " << test::test_seed());
   if (!has_avx512_vnni()) return;
   const std::size_t rows = 37, cols = 512, n = detail::kquant_panel_min_tokens + 3;
-  for (Precision p : {Precision::q4_k, Precision::q5_k, Precision::q6_k}) {
+  for (Precision p : {Precision::q4_k, Precision::q5_k, Precision::q6_k, Precision::q2_k}) {
+    KernelOptions o{Isa::avx512, nullptr};
+    o.int8_activations = true;
+    const detail::KQuantGemmPath kp = detail::kquant_gemm_path(o, p);
+    if (!detail::kquant_panel_takes(p, kp, n, detail::KQuantRoute::by_batch))
+      continue;  // q2_k without GFNI and VBMI runs AVX2
     const auto bytes = test::random_kquant(rows, cols, p, 9);
     const MatrixView w = make_matrix_view(bytes, rows, cols, p);
     const auto x = test::random_normal(n * cols, 13);
-    KernelOptions o{Isa::avx512, nullptr};
-    o.int8_activations = true;
     std::vector<float> y(n * rows), yp(n * rows);
     gemm(w, x, n, y, o);
     detail::kquant_int8_gemm(w, x.data(), n, yp.data(), detail::KQuantGemmPath::avx512_vnni,

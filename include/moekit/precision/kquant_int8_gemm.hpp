@@ -3,7 +3,7 @@
 /// `KernelOptions::int8_activations` and n >= 2): every token's activation rounded once per call
 /// (kquant_activation.hpp, as the GEMV rounds it), then one of two routes.
 ///
-/// AVX-512 VNNI on q4_k, q5_k and q6_k (every batch: kquant_panel_min_tokens): groups of rows
+/// AVX-512 VNNI on q4_k, q5_k, q6_k and q2_k (every batch: kquant_panel_min_tokens): groups of rows
 /// repacked once per call into 16-row panels (detail/avx512_kquant_panel_tiles.hpp, lanes = rows,
 /// the scales decoded once per call), which every tile of tokens then passes over.
 ///
@@ -189,15 +189,17 @@ void kquant_row_groups(const MatrixView& w, const KQuantTokens& tk, std::size_t 
 enum class KQuantRoute : std::uint8_t { by_batch, rows, panels };
 
 /// Fewest tokens for which the AVX-512 panel path (avx512_kquant_panel_tiles.hpp) runs: every
-/// batch. q4_k and q5_k win from 2 tokens; q6_k's row kernel is faster below about 12 (its repack
-/// per call dominates: bench/RESULTS.md, "Prefill GEMM on GGUF K-quants: the AVX-512 panel
-/// tile"), but a larger threshold would make a token's result depend on how many tokens share its
-/// batch (prefill runs even one-token batches through gemm with n = 2: engine/ops.hpp for_rows).
+/// batch. q4_k and q5_k win from 2 tokens; q6_k's and q2_k's row kernels are faster below about 4
+/// (the repack per call dominates: bench/RESULTS.md, "Prefill GEMM on GGUF K-quants: the AVX-512
+/// panel tile"), but a larger threshold would make a token's result depend on how many tokens
+/// share its batch (prefill runs even one-token batches through gemm with n = 2: engine/ops.hpp
+/// for_rows).
 inline constexpr std::size_t kquant_panel_min_tokens = 2;
 
 /// True for the formats the AVX-512 panel path has a tile for.
 constexpr bool kquant_has_panel(Precision p) noexcept {
-  return p == Precision::q4_k || p == Precision::q5_k || p == Precision::q6_k;
+  return p == Precision::q4_k || p == Precision::q5_k || p == Precision::q6_k ||
+         p == Precision::q2_k;
 }
 
 /// True when a K-quant int8 GEMM of n tokens on `path` runs the panel path.
@@ -229,10 +231,14 @@ inline constexpr std::size_t kquant_panel_tokens = 6;
 /// int32 values and floats per super-block of a panel of format P.
 template <Precision P>
 inline constexpr std::size_t kquant_panel_ints =
-    P == Precision::q6_k ? avx512_kquant::q6_k_panel_ints : avx512_kquant::panel_block_ints;
+    P == Precision::q6_k   ? avx512_kquant::q6_k_panel_ints
+    : P == Precision::q2_k ? avx512_kquant::q2_k_panel_ints
+                           : avx512_kquant::panel_block_ints;
 template <Precision P>
 inline constexpr std::size_t kquant_panel_reals =
-    P == Precision::q6_k ? avx512_kquant::q6_k_panel_reals : avx512_kquant::panel_block_reals;
+    P == Precision::q6_k   ? avx512_kquant::q6_k_panel_reals
+    : P == Precision::q2_k ? avx512_kquant::q2_k_panel_reals
+                           : avx512_kquant::panel_block_reals;
 
 /// The repacked panels of one group of rows (storage reused from call to call, per thread).
 struct KQuantPanels {
@@ -263,6 +269,8 @@ void kquant_pack_group(const MatrixView& w, std::size_t r0, std::size_t rn, KQua
     float* re = pk.reals.data() + p * blocks * reals;
     if constexpr (P == Precision::q6_k)
       pack_q6_k_panel(pk.rows + p * H, blocks, codes, in, re);
+    else if constexpr (P == Precision::q2_k)
+      pack_q2_k_panel(pk.rows + p * H, blocks, codes, in, re);
     else
       pack_q4_k_panel<P == Precision::q5_k>(pk.rows + p * H, blocks, codes, in, re);
   }
@@ -273,6 +281,8 @@ template <Precision P, std::size_t... K>
 constexpr auto kquant_panel_fns(std::index_sequence<K...>) {
   if constexpr (P == Precision::q6_k)
     return std::array{&avx512_kquant::q6_k_panel_dots<K + 1>...};
+  else if constexpr (P == Precision::q2_k)
+    return std::array{&avx512_kquant::q2_k_panel_dots<K + 1>...};
   else
     return std::array{&avx512_kquant::q4_k_panel_dots<K + 1>...};
 }
@@ -330,6 +340,8 @@ inline void kquant_int8_gemm(const MatrixView& w, const float* x, std::size_t n,
         return kquant_panel_groups<Precision::q5_k>(w, tk, n, y, scale, accumulate, g0, g1);
       if (w.precision == Precision::q6_k)
         return kquant_panel_groups<Precision::q6_k>(w, tk, n, y, scale, accumulate, g0, g1);
+      if (w.precision == Precision::q2_k)
+        return kquant_panel_groups<Precision::q2_k>(w, tk, n, y, scale, accumulate, g0, g1);
       kquant_panel_groups<Precision::q4_k>(w, tk, n, y, scale, accumulate, g0, g1);
     };
     if (pool)
