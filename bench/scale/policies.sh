@@ -21,6 +21,9 @@
 # again, since the store's write-back shared the disk with its decode). The generated text
 # is meaningless (the routing is not the model's own); only the speed and the I/O are measured.
 #
+# Each row gives the loader's read rate on the file and the load average just before its run:
+# other work on the machine (a build, a benchmark) slows the loader's conversion and the kernels
+# and shows there.
 # MB read per decode token counts the cache's loads and the reads of Fiddler's CPU path
 # (host_read_bytes: experts read for a CPU run, outside the cache); a run with such reads has no
 # serial bound here (their waits are inside its compute time, not its stall).
@@ -76,7 +79,7 @@ raw=$(raw_read "$file")
 
 cpu=$(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
 echo "# $(date -u +%F) | CPU: $cpu (family $(lscpu | awk -F: '/CPU family/ {gsub(/ /, "", $2); print $2}')) | $threads threads | $(basename "$file") at ${limit}% of its size | -n $n | loader read rate $(awk -v r="$raw" 'BEGIN { printf "%.2f", r / 1e9 }') GB/s | load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf "| trace | preset | rc | decode tok/s | × baseline | decode hit rate | MB read per decode token | stall s per decode token | serial bound tok/s | of the bound | prefill tok/s | peak GiB | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+printf "| trace | preset | rc | decode tok/s | × baseline | decode hit rate | MB read per decode token | stall s per decode token | serial bound tok/s | of the bound | prefill tok/s | peak GiB | loader GB/s, load before | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 moe_sim="$here/build/release/examples/moe-sim/moe-sim"
 sim_rows="$out/policies-sim.md"
 : > "$sim_rows"
@@ -121,7 +124,7 @@ simulate() {
              --hardware this_machine --hardware-file "$sim" --json 2>> "$out/last-sim.err") ||
     { echo "| $tr | $p | moe-sim failed: $(tail -c 200 "$out/last-sim.err" | tr '\n|' '  ') | | | | |" >> "$sim_rows"; return 0; }
   jq -r --arg t "$tr" --arg p "$p" --arg sp "$sp" --argjson m "$row" '.runs[0] as $r |
-    "| \($t) | \($p) / \($sp) | \($r.decode_tokens_per_s * 100 | round / 100) | \($m.decode_tps * 100 | round / 100) | \(($r.decode_tokens_per_s / $m.decode_tps - 1) * 100 | round)% | \($r.hit_rate * 1000 | round / 10)% / \($m.decode_hit_rate * 1000 | round / 10)% |"' \
+    "| \($t) | \($p) / \($sp) | \($r.decode_tokens_per_s * 100 | round / 100) | \($m.decode_tps * 100 | round / 100) | \(($r.decode_tokens_per_s / $m.decode_tps - 1) * 100 | round)% | \($r.hit_rate * 1000 | round / 10)% / \($m.decode_hit_rate * 1000 | round / 10)% | \(if $r.decode_bytes then ($r.decode_bytes / $r.decode_tokens / 1e6 | round) else "-" end) / \(if $m.decode_bytes then ($m.decode_bytes / $m.decode_tokens / 1e6 | round) else "-" end) | \(if $r.decode_stall_s then ($r.decode_stall_s / $r.decode_tokens * 100 | round / 100) else "-" end) / \(if $m.decode_stall then ($m.decode_stall / $m.decode_tokens * 100 | round / 100) else "-" end) |"' \
     <<< "$sim_json" >> "$sim_rows"
 }
 to_simulate=()  # (trace, preset, row) of each run, simulated after the runs
@@ -132,6 +135,9 @@ for tr in "${trace_list[@]}"; do
   for p in "${preset_list[@]}"; do
     echo "policies.sh: $tr with $p ($(date -u +%T)) ..." >&2
     report="$out/policies-report.jsonl"
+    # The disk and the CPUs as this run found them: the loader's read rate and the load average
+    # just before it (other work on the machine slows the loader's conversion and the kernels).
+    row_rate=$(raw_read "$file") row_load=$(cut -d' ' -f1 /proc/loadavg)
     # A run that built its expert store is run again: its decode read beside the store's write-back.
     for attempt in 1 2; do
       sync && echo 3 > /proc/sys/vm/drop_caches
@@ -145,7 +151,9 @@ for tr in "${trace_list[@]}"; do
     done
     [[ $rc -eq 0 ]] || json="{\"error\": $(tail -c 300 "$out/last-policy.err" | tr '\n' ' ' | jq -Rs .)}"
     row=$(jq -c --arg t "$tr" --arg p "$p" --argjson rc "$rc" --argjson r "$(tail -1 "$report")" \
+      --argjson rate "$row_rate" --argjson load "$row_load" \
       '{trace: $t, preset: $p, rc: $rc, cgroup: $r, decode_tps: .decode_tokens_per_s,
+        read_rate_before: $rate, load_before: $load,
         prefill_tps: .prefill_tokens_per_s, decode_hit_rate, error,
         decode_tokens: ((.generated_tokens // 1) - 1), decode_bytes: .decode_bytes_loaded,
         decode_host_read: (.decode_host_read_bytes // 0),
@@ -157,7 +165,7 @@ for tr in "${trace_list[@]}"; do
     jq -r --arg base "${base:-0}" --argjson raw "$raw" '
       (if .decode_tps and .decode_stall != null and .decode_bytes != null and .decode_host_read == 0 then
          1 / (1 / .decode_tps - .decode_stall / .decode_tokens + .decode_bytes / .decode_tokens / $raw)
-       else null end) as $bound | "| \(.trace) | \(.preset) | \(.rc) | \(.decode_tps // 0 | . * 100 | round / 100) | \(if ($base | tonumber) > 0 and .decode_tps then (.decode_tps / ($base | tonumber) * 100 | round / 100) else "-" end) | \(.decode_hit_rate // 0 | . * 1000 | round / 10)% | \(if .decode_bytes then ((.decode_bytes + .decode_host_read) / .decode_tokens / 1e6 | round) else "-" end) | \(if .decode_stall then (.decode_stall / .decode_tokens * 100 | round / 100) else "-" end) | \(if $bound then ($bound * 100 | round / 100) else "-" end) | \(if $bound then "\(.decode_tps / $bound * 100 | round)%" else "-" end) | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(if .error then (.error | gsub("\\|"; "/") | .[0:160]) else "\(.missing // 0) trace records missing (router used)" end) |"' <<< "$row"
+       else null end) as $bound | "| \(.trace) | \(.preset) | \(.rc) | \(.decode_tps // 0 | . * 100 | round / 100) | \(if ($base | tonumber) > 0 and .decode_tps then (.decode_tps / ($base | tonumber) * 100 | round / 100) else "-" end) | \(.decode_hit_rate // 0 | . * 1000 | round / 10)% | \(if .decode_bytes then ((.decode_bytes + .decode_host_read) / .decode_tokens / 1e6 | round) else "-" end) | \(if .decode_stall then (.decode_stall / .decode_tokens * 100 | round / 100) else "-" end) | \(if $bound then ($bound * 100 | round / 100) else "-" end) | \(if $bound then "\(.decode_tps / $bound * 100 | round)%" else "-" end) | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(.read_rate_before / 1e7 | round / 100), \(.load_before) | \(if .error then (.error | gsub("\\|"; "/") | .[0:160]) else "\(.missing // 0) trace records missing (router used)" end) |"' <<< "$row"
   done
 done
 if [[ -n "$sim" && ${#to_simulate[@]} -gt 0 ]]; then
@@ -169,6 +177,6 @@ fi
 if [[ -s "$sim_rows" ]]; then
   echo
   echo "moe-sim --hardware this_machine ($(basename "$sim")) on the same trace tokens and budget:"
-  printf "| trace | preset (moe-run / moe-sim) | moe-sim predicted tok/s | moe-run measured | error | hit rate, sim / run |\n|---|---|---|---|---|---|\n"
+  printf "| trace | preset (moe-run / moe-sim) | moe-sim predicted tok/s | moe-run measured | error | hit rate, sim / run | MB per decode token, sim / run | stall s per decode token, sim / run |\n|---|---|---|---|---|---|---|---|\n"
   cat "$sim_rows"
 fi

@@ -147,6 +147,10 @@ struct ReplayReport {
   double decode_s = 0.0;   ///< in decode forwards
   double stall_s = 0.0;    ///< waiting for loads
   double compute_s = 0.0;  ///< dense + expert compute
+  /// Bytes of the transfers started, and the stall, during decode forwards (what moe-run's
+  /// decode_bytes_loaded and decode_stall_seconds count).
+  std::uint64_t decode_bytes = 0;
+  double decode_stall_s = 0.0;
 
   [[nodiscard]] double hit_rate() const noexcept { return pipeline.hit_rate(); }
   [[nodiscard]] std::uint64_t misses() const noexcept { return pipeline.misses; }
@@ -326,7 +330,8 @@ class Replayer {
       if (phase == Phase::prefill) ++rep_.prefill_sequences;
     }
     (phase == Phase::prefill ? rep_.prefill_tokens : rep_.decode_tokens) += n;
-    const double f_start = clock_.now();
+    const double f_start = clock_.now(), stall0 = clock_.stall();
+    const std::uint64_t bytes0 = loader_.stats().bytes;
     const std::uint64_t token_index = first - trace_.global_token(seq, 0);
     const std::uint32_t n_layers = trace_.dims().n_layers;
     for (int attempt = 0;; ++attempt) {
@@ -340,6 +345,10 @@ class Replayer {
                                "replay: the token policy rejected a recomputed forward");
     }
     (phase == Phase::prefill ? rep_.prefill_s : rep_.decode_s) += clock_.now() - f_start;
+    if (phase == Phase::decode) {
+      rep_.decode_bytes += loader_.stats().bytes - bytes0;
+      rep_.decode_stall_s += clock_.stall() - stall0;
+    }
   }
 
   /// Simulated seconds of compute so far.

@@ -60,6 +60,8 @@ namespace moekit::sim {
           {"stall_s", r.stall_s},
           {"compute_s", r.compute_s},
           {"decode_tokens_per_s", r.decode_tokens_per_s()},
+          {"decode_bytes", r.decode_bytes},
+          {"decode_stall_s", r.decode_stall_s},
           {"prefill_latency_s", r.prefill_latency_s()}};
 }
 
