@@ -161,6 +161,22 @@ TEST_CASE("this_machine JSON round-trips and is validated field by field", "[sim
   }
 }
 
+namespace {
+/// `text` changed by `edit` is refused by the reader with an error naming `field`.
+template <class Edit>
+void expect_rejected(const std::string& text, Edit&& edit, const std::string& field) {
+  nlohmann::json j = nlohmann::json::parse(text);
+  edit(j);
+  try {
+    (void)parse_hardware_json(j.dump(), "hw.json");
+    FAIL("accepted a document with a bad '" << field << "'");
+  } catch (const Error& e) {
+    INFO(e.message());
+    CHECK(e.message().find("'" + field + "'") != std::string::npos);
+  }
+}
+}  // namespace
+
 TEST_CASE("this_machine JSON: the link's readers, the CPU-only engine and what was timed",
           "[sim][hardware]") {
   HardwareModel h = rtx4080_pcie4();
@@ -206,17 +222,7 @@ TEST_CASE("this_machine JSON: the link's readers, the CPU-only engine and what w
   CHECK_FALSE(o.fixed_includes_first_token);
   CHECK_FALSE(o.timed);
 
-  auto rejects = [&](auto&& f, const std::string& field) {
-    nlohmann::json j = nlohmann::json::parse(text);
-    f(j);
-    try {
-      (void)parse_hardware_json(j.dump(), "hw.json");
-      FAIL("accepted a document with a bad '" << field << "'");
-    } catch (const Error& e) {
-      INFO(e.message());
-      CHECK(e.message().find("'" + field + "'") != std::string::npos);
-    }
-  };
+  auto rejects = [&](auto&& f, const std::string& field) { expect_rejected(text, f, field); };
   rejects([](auto& j) { j["link"]["reads_in_flight"] = 0; }, "link.reads_in_flight");
   rejects([](auto& j) { j["link"]["reads_in_flight"] = 1.5; }, "link.reads_in_flight");
   rejects([](auto& j) { j["link"]["read_bandwidth_bytes_per_s"] = 1e300; },
@@ -252,17 +258,7 @@ TEST_CASE("this_machine JSON: the expert store's read path beside the checkpoint
   CHECK(back.link.transfer_s(1500, Precision::q2) == Approx(2e-4 + 1e-6));
   CHECK(back.link.transfer_s(1500, Precision::q4) == back.link.transfer_s(1500));
 
-  auto rejects = [&](auto&& f, const std::string& field) {
-    nlohmann::json j = nlohmann::json::parse(text);
-    f(j);
-    try {
-      (void)parse_hardware_json(j.dump(), "hw.json");
-      FAIL("accepted a document with a bad '" << field << "'");
-    } catch (const Error& e) {
-      INFO(e.message());
-      CHECK(e.message().find("'" + field + "'") != std::string::npos);
-    }
-  };
+  auto rejects = [&](auto&& f, const std::string& field) { expect_rejected(text, f, field); };
   rejects([](auto& j) { j["link"].erase("in_place"); }, "link.in_place");
   rejects([](auto& j) { j["link"]["in_place"] = "q3"; }, "link.in_place");
   rejects([](auto& j) { j["link"]["store"]["reads_in_flight"] = 0; }, "link.store.reads_in_flight");
@@ -367,17 +363,7 @@ TEST_CASE("solo: one-token calls at the decode blend of all-thread and one-threa
   const HardwareModel o = parse_hardware_json(old.dump(), "old.json");
   CHECK_FALSE(o.solo);
   CHECK(o.decode_team_fraction == 1.0);
-  auto rejects = [&](auto&& f, const std::string& field) {
-    nlohmann::json j = nlohmann::json::parse(text);
-    f(j);
-    try {
-      (void)parse_hardware_json(j.dump(), "hw.json");
-      FAIL("accepted a document with a bad '" << field << "'");
-    } catch (const Error& e) {
-      INFO(e.message());
-      CHECK(e.message().find("'" + field + "'") != std::string::npos);
-    }
-  };
+  auto rejects = [&](auto&& f, const std::string& field) { expect_rejected(text, f, field); };
   rejects([](auto& j) { j["decode_team_fraction"] = 1.5; }, "decode_team_fraction");
   rejects([](auto& j) { j["decode_team_fraction"] = -0.1; }, "decode_team_fraction");
   rejects([](auto& j) { j.erase("solo"); }, "decode_team_fraction");

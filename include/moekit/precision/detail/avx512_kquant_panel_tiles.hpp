@@ -207,16 +207,20 @@ MOEKIT_TARGET_AVX512_VNNI inline void pack_q6_k_scales(const std::byte* const* b
   store_lanes(p, 8, ints + 256);
 }
 
-/// `blocks` super-blocks of 16 q6_k rows into a panel (codes as pack_q4_k_panel's).
-MOEKIT_TARGET_AVX512_VNNI inline void pack_q6_k_panel(const std::byte* const* rows,
-                                                      std::size_t blocks, std::byte* codes,
-                                                      std::int32_t* ints, float* reals) noexcept {
+/// `blocks` super-blocks of 16 rows into a panel (codes as pack_q4_k_panel's, but vector k of a
+/// row, `Unpack`, holds columns 64k .. 64k + 63 in order), each block's scales by `Scales`: q6_k's
+/// and q2_k's panels.
+template <auto Unpack, auto Scales, std::size_t BlockBytes, std::size_t Ints, std::size_t Reals>
+MOEKIT_TARGET_AVX512_VNNI inline void pack_ordered_panel(const std::byte* const* rows,
+                                                         std::size_t blocks, std::byte* codes,
+                                                         std::int32_t* ints,
+                                                         float* reals) noexcept {
   constexpr std::size_t H = avx512_int8::panel_height;
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* block[H];
     __m512i u[H][4];
-    for (std::size_t r = 0; r < H; ++r) block[r] = rows[r] + b * q6_k::block_bytes;
-    for (std::size_t r = 0; r < H; ++r) unpack_q6_k(block[r], u[r]);
+    for (std::size_t r = 0; r < H; ++r) block[r] = rows[r] + b * BlockBytes;
+    for (std::size_t r = 0; r < H; ++r) Unpack(block[r], u[r]);
     std::byte* out = codes + panel_block_codes * b;
     for (std::size_t k = 0; k < 4; ++k) {
       __m512i v[H];
@@ -225,8 +229,16 @@ MOEKIT_TARGET_AVX512_VNNI inline void pack_q6_k_panel(const std::byte* const* ro
       for (std::size_t lane = 0; lane < 16; ++lane)
         _mm512_store_si512(out + 512 * (2 * k + lane / 8) + 64 * (lane % 8), v[lane]);
     }
-    pack_q6_k_scales(block, ints + q6_k_panel_ints * b, reals + q6_k_panel_reals * b);
+    Scales(block, ints + Ints * b, reals + Reals * b);
   }
+}
+
+/// `blocks` super-blocks of 16 q6_k rows into a panel (pack_ordered_panel).
+MOEKIT_TARGET_AVX512_VNNI inline void pack_q6_k_panel(const std::byte* const* rows,
+                                                      std::size_t blocks, std::byte* codes,
+                                                      std::int32_t* ints, float* reals) noexcept {
+  pack_ordered_panel<unpack_q6_k, pack_q6_k_scales, q6_k::block_bytes, q6_k_panel_ints,
+                     q6_k_panel_reals>(rows, blocks, codes, ints, reals);
 }
 
 /// out[16·t + r] = row r · token t for the T tokens `acts` over `blocks` super-blocks of a q6_k
@@ -313,26 +325,12 @@ MOEKIT_TARGET_AVX512_VNNI inline void pack_q2_k_scales(const std::byte* const* b
   store_lanes(v, 16, ints);
 }
 
-/// `blocks` super-blocks of 16 q2_k rows into a panel (codes as pack_q6_k_panel's).
+/// `blocks` super-blocks of 16 q2_k rows into a panel (pack_ordered_panel).
 MOEKIT_TARGET_AVX512_VNNI inline void pack_q2_k_panel(const std::byte* const* rows,
                                                       std::size_t blocks, std::byte* codes,
                                                       std::int32_t* ints, float* reals) noexcept {
-  constexpr std::size_t H = avx512_int8::panel_height;
-  for (std::size_t b = 0; b < blocks; ++b) {
-    const std::byte* block[H];
-    __m512i u[H][4];
-    for (std::size_t r = 0; r < H; ++r) block[r] = rows[r] + b * q2_k::block_bytes;
-    for (std::size_t r = 0; r < H; ++r) unpack_q2_k(block[r], u[r]);
-    std::byte* out = codes + panel_block_codes * b;
-    for (std::size_t k = 0; k < 4; ++k) {
-      __m512i v[H];
-      for (std::size_t r = 0; r < H; ++r) v[r] = u[r][k];
-      avx512_int8::transpose16(v);  // v[L] lane r: row r's dword L, columns 64k + 4L
-      for (std::size_t lane = 0; lane < 16; ++lane)
-        _mm512_store_si512(out + 512 * (2 * k + lane / 8) + 64 * (lane % 8), v[lane]);
-    }
-    pack_q2_k_scales(block, ints + q2_k_panel_ints * b, reals + q2_k_panel_reals * b);
-  }
+  pack_ordered_panel<unpack_q2_k, pack_q2_k_scales, q2_k::block_bytes, q2_k_panel_ints,
+                     q2_k_panel_reals>(rows, blocks, codes, ints, reals);
 }
 
 /// out[16·t + r] = row r · token t for the T tokens `acts` over `blocks` super-blocks of a q2_k
