@@ -199,6 +199,23 @@ void add_expert_memory_stats(nlohmann::json& j, const Pipeline& pipeline) {
   j["upgrades"] = s.upgrades;
 }
 
+// The prefetcher's counters over the whole run (moe-sim --json gives the same pipeline counters:
+// the two can be set side by side).
+template <class Pipeline>
+void add_prefetch_stats(nlohmann::json& j, const Pipeline& pipeline) {
+  const auto s = pipeline.stats();
+  j["prefetches"] = {{"issued", s.prefetches_issued},
+                     {"redundant", s.prefetches_redundant},
+                     {"dropped", s.prefetches_dropped},
+                     {"waited", s.prefetches_waited},
+                     {"cancelled", s.prefetches_cancelled},
+                     {"unused", s.prefetches_unused},
+                     {"late", s.late_prefetches},
+                     {"bytes", s.bytes_prefetched},
+                     {"wasted_bytes", s.cache.wasted_prefetch_bytes},
+                     {"demand_bytes", s.bytes_demand_loaded}};
+}
+
 // The --json object of a generation (also what the text mode prints from).
 template <class Pipeline>
 nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const ModelWeights& w,
@@ -253,6 +270,7 @@ nlohmann::json generation_json(const Options& o, const ModelConfig& cfg, const M
   add_big_pass_stats(j, pipeline);
   j["evictions"] = s.cache.evictions;
   add_expert_memory_stats(j, pipeline);
+  add_prefetch_stats(j, pipeline);
   j["dense_bytes"] = w.dense.bytes();
   j["dense_precision"] = w.dense.precisions();
   j["kv_cache_bytes"] = kv_cache_bytes;
