@@ -35,8 +35,8 @@
 # --sim FILE (moe-calibrate's hardware file of this machine; made by `moe-calibrate --checkpoint
 # <the model> [--store <the store the runs built>]` after the runs when FILE does not exist):
 # after the runs, moe-sim replays each run's trace tokens (--replay-slice: the run's prompt and
-# decode tokens) at its expert budget and dense precision (moe-run's dense_precision) on
-# `--hardware this_machine`. The store moe-run built for the precisions the file lacks (the
+# decode tokens) at its expert budget, dense precision and expert group size (moe-run's
+# dense_precision, expert_group_size) on `--hardware this_machine`. The store moe-run built for the precisions the file lacks (the
 # newest of this model's in its store directory) is the hardware file's second read path
 # (link.store); a file written before moe-calibrate recorded the link's reads in flight and the
 # kernels it timed, or without the store a run read from, is measured again.
@@ -117,9 +117,9 @@ simulate() {
   esac
   local prompt_n decode_n budget prec dense sim_json
   # The dense matrices' precision: moe-run's dense_precision ("q4+f32": the first that is not f32).
-  read -r prompt_n decode_n budget prec dense < <(jq -r '"\(.prompt_tokens) \(.decode_tokens) \(.expert_budget_bytes) \(.precision) \((.dense_precision // "bf16") | split("+") | (map(select(. != "f32")) + ["f32"])[0])"' <<< "$row")
+  read -r prompt_n decode_n budget prec dense group < <(jq -r '"\(.prompt_tokens) \(.decode_tokens) \(.expert_budget_bytes) \(.precision) \((.dense_precision // "bf16") | split("+") | (map(select(. != "f32")) + ["f32"])[0]) \(.expert_group_size // 32)"' <<< "$row")
   sim_json=$("$moe_sim" --import-mixtral "$trace_dir/$tr" --preset "$sp" --no-belady \
-             --budget "${budget}B" --precision "$prec" --dense-precision "$dense" \
+             --budget "${budget}B" --precision "$prec" --dense-precision "$dense" --group-size "$group" \
              --replay-slice "$prompt_n,$decode_n" \
              --hardware this_machine --hardware-file "$sim" --json 2>> "$out/last-sim.err") ||
     { echo "| $tr | $p | moe-sim failed: $(tail -c 200 "$out/last-sim.err" | tr '\n|' '  ') | | | | |" >> "$sim_rows"; return 0; }
@@ -158,7 +158,8 @@ for tr in "${trace_list[@]}"; do
         decode_tokens: ((.generated_tokens // 1) - 1), decode_bytes: .decode_bytes_loaded,
         decode_host_read: (.decode_host_read_bytes // 0),
         decode_stall: .decode_stall_seconds, missing: .routing_trace_missing,
-        expert_budget_bytes, prompt_tokens, precision, dense_precision, fate_decode_timing}' <<< "$json")
+        expert_budget_bytes, prompt_tokens, precision, dense_precision, expert_group_size,
+        fate_decode_timing}' <<< "$json")
     echo "$row" >> "$out/policies.jsonl"
     [[ "$p" == baseline && $rc -eq 0 ]] && base=$(jq .decode_tps <<< "$row")
     [[ -n "$sim" && $rc -eq 0 ]] && to_simulate+=("$tr" "$p" "$row")

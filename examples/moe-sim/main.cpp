@@ -215,8 +215,9 @@ struct Options {
   std::string bandwidth;
   std::string precision = "f16";
   std::string dense_precision = "bf16";  // --dense-precision: the dense matrices' storage
-  std::uint32_t reads_in_flight = 0;     // --reads-in-flight: override the hardware's (0: keep)
-  double decode_team_fraction = -1;      // --decode-team-fraction: override the file's (< 0: keep)
+  int group_size = -1;  // --group-size: weights per scale of the experts (-1: the preset's codec)
+  std::uint32_t reads_in_flight = 0;  // --reads-in-flight: override the hardware's (0: keep)
+  double decode_team_fraction = -1;   // --decode-team-fraction: override the file's (< 0: keep)
   std::uint32_t hidden = 0, ffn = 0;
   std::vector<std::string> sweeps;
   std::string out = "moe-sim-sweep";
@@ -603,6 +604,11 @@ void add_machine_flags(CLI::App& app, Options& o) {
   app.add_option("--dense-precision", o.dense_precision,
                  "what the dense matrices (attention, router) are stored at (default bf16; "
                  "moe-run's --json says dense_precision)");
+  app.add_option("--group-size", o.group_size,
+                 "weights per scale of the quantized experts: 0 (per output channel), 32, 64, "
+                 "128; default: the preset's codec (per channel for edgemoe, else 32). moe-run's "
+                 "--json says expert_group_size: experts read in place keep the file's (Q4_0: 32)")
+      ->check(CLI::IsMember({0, 32, 64, 128}));
   app.add_option("--reads-in-flight", o.reads_in_flight,
                  "transfers the link runs at once, sharing its bandwidth (default: the "
                  "hardware's; 1 for the paper presets)")
@@ -822,6 +828,10 @@ Point point_of(const Setup& s, const RoutingTrace& tr, const ModelShape& shape,
   Point pt;
   RunParams& rp = pt.rp;
   rp.shape = shape;
+  if (o.group_size >= 0) {
+    rp.shape.quant.group_size = static_cast<std::uint32_t>(o.group_size);
+    rp.group_size_given = true;
+  }
   rp.link = s.hw.link;
   rp.compute = compute;
   rp.t1 = o.t1, rp.t2 = o.t2, rp.gamma = o.gamma;

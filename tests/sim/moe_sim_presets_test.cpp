@@ -479,3 +479,19 @@ TEST_CASE("docs/simulator.md states what moe-sim's mobile substitutes (issue 22,
                       Catch::Contains("`--fallback-ratio`"));
   CHECK_THAT(row, !Catch::Contains("LRU without replay"));
 }
+
+// moe-run reading a Q4_0 file in place keeps its groups of 32, where EdgeMoE's own codec scales
+// per output channel: sizing the simulated experts by the codec gave EdgeMoE 129 slots where
+// moe-run had 114 (bench/RESULTS.md, "The simulator's second read path").
+TEST_CASE("edgemoe_params: EdgeMoE's codec sizes the experts unless the run gave its group size",
+          "[sim][presets][edgemoe]") {
+  RunParams rp;
+  rp.shape = mixtral_8x7b;
+  const RunParams codec = edgemoe_params(rp);
+  CHECK(codec.shape.quant.group_size == presets::EdgeMoeSpec::quant_group_size);
+  rp.shape.quant.group_size = 32;
+  rp.group_size_given = true;
+  const RunParams kept = edgemoe_params(rp);
+  CHECK(kept.shape.quant.group_size == 32);
+  CHECK(kept.shape.expert_bytes(Precision::q4) > codec.shape.expert_bytes(Precision::q4));
+}

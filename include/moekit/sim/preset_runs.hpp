@@ -93,6 +93,9 @@ inline double decimal(float f) {
 /// Everything one replay needs besides the trace.
 struct RunParams {
   moekit::ModelShape shape{};
+  /// `shape.quant.group_size` is the run's own (moe-sim --group-size: a checkpoint read in place
+  /// keeps its groups), not to be replaced by a preset's codec.
+  bool group_size_given = false;
   moekit::PipelineConfig config{};
   moekit::sim::LinkModel link{};
   moekit::sim::ComputeModel compute{};
@@ -427,9 +430,11 @@ inline PresetResult run_fate(const RunParams& rp, const moekit::sim::RoutingTrac
           "cross-layer gate not run: " + gap};
 }
 
-/// `rp` with the experts' byte sizes of EdgeMoE's codec (per output channel).
+/// `rp` with the experts' byte sizes of EdgeMoE's codec (per output channel), unless the run gave
+/// its own (moe-run reading a Q4_0 file in place keeps its groups of 32).
 inline RunParams edgemoe_params(RunParams rp) {
-  rp.shape.quant.group_size = moekit::presets::EdgeMoeSpec::quant_group_size;
+  if (!rp.group_size_given)
+    rp.shape.quant.group_size = moekit::presets::EdgeMoeSpec::quant_group_size;
   return rp;
 }
 
