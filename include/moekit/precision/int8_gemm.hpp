@@ -152,9 +152,7 @@ inline constexpr std::size_t int8_panel_most_rows = 128;
 /// in L2 while every token passes over them and each token's bytes are read once per group
 /// (bench/RESULTS.md, "Prefill GEMM: the AVX-512 panel tile").
 inline std::size_t int8_panel_group_rows(std::size_t cols) noexcept {
-  const std::size_t g = std::clamp<std::size_t>((1u << 20) / std::max<std::size_t>(cols, 1), 16,
-                                                int8_panel_most_rows);
-  return g / avx512_int8::panel_height * avx512_int8::panel_height;
+  return avx512_int8::panel_group_rows(cols, 1u << 20, int8_panel_most_rows);
 }
 
 /// Tokens per panel tile: its int32 and float accumulators take 2·T of the 32 registers

@@ -219,9 +219,7 @@ inline constexpr std::size_t kquant_panel_most_rows = 128;
 /// groups ran slower on 14336 columns: bench/RESULTS.md, "Prefill GEMM on GGUF K-quants: the
 /// AVX-512 panel tile"). Fixed by the row's length alone.
 inline std::size_t kquant_panel_group_rows(std::size_t cols) noexcept {
-  const std::size_t g = std::clamp<std::size_t>((1u << 19) / std::max<std::size_t>(cols, 1), 16,
-                                                kquant_panel_most_rows);
-  return g / avx512_int8::panel_height * avx512_int8::panel_height;
+  return avx512_int8::panel_group_rows(cols, 1u << 19, kquant_panel_most_rows);
 }
 
 /// Tokens per panel tile: its accumulators (3 per token for q4_k, 4 for q6_k) take 18–24 of the

@@ -35,6 +35,14 @@ namespace moekit::detail::avx512_int8 {
 /// Rows per panel: one per 32-bit lane.
 inline constexpr std::size_t panel_height = 16;
 
+/// Rows repacked at a time for rows of `cols` weights: about `bytes` of unpacked codes (a byte
+/// per weight), 16 to `most`, whole panels; fixed by the row's length alone.
+inline std::size_t panel_group_rows(std::size_t cols, std::size_t bytes,
+                                    std::size_t most) noexcept {
+  const std::size_t g = std::clamp<std::size_t>(bytes / std::max<std::size_t>(cols, 1), 16, most);
+  return g / panel_height * panel_height;
+}
+
 /// v[L] lane r = v[r] lane L before (a 16 × 16 transpose of 32-bit elements): unpacks within
 /// 128-bit lanes, then a 4 × 4 transpose of the 128-bit lanes.
 MOEKIT_TARGET_AVX512_VNNI inline void transpose16(__m512i* v) noexcept {
