@@ -13,7 +13,9 @@
 //    --io-threads) → link.bandwidth_bytes_per_s, and that count → link.reads_in_flight (a store:
 //    one per --io-threads); the rate of one read at a time → link.read_bandwidth_bytes_per_s;
 //    with --store (an expert store of that checkpoint), the same two rates of moe-run's store
-//    loader (one read per --io-threads) → link.store, the checkpoint's precision → link.in_place;
+//    loader (one read per --io-threads) → link.store, the checkpoint's precision → link.in_place,
+//    and both read at once by their own loaders → link.disk_bandwidth_bytes_per_s (their cap
+//    together);
 //  * the project's fused expert FFN (precision/expert_ffn.hpp) per stored precision for one
 //    expert of --hidden × --ffn, run as moe-run runs it at -t --threads: the activations
 //    --activations resolves to for that precision (auto: int8 for quantized experts on AVX2 or
@@ -555,6 +557,21 @@ sim::ReadPath measure_store(const Options& o, const DiskResult& disk) {
           .read_bandwidth_bytes_per_s = std::min(one.bytes_per_s, all.bytes_per_s)};
 }
 
+/// Both read paths at once (--store): the checkpoint's experts read in place while the store's
+/// are read, each by its own loader as in moe-run: the disk's rate under both
+/// (link.disk_bandwidth_bytes_per_s), which each path alone overstates when they share the disk.
+double measure_both_paths(const Options& o, const DiskResult& disk) {
+  const engine::StoreIo io{.io_threads = o.io_threads};
+  const auto both = engine::read_both_paths(o.checkpoint, o.store, o.checkpoint_experts, io,
+                                            reads_in_flight(o), o.io_threads);
+  std::printf(
+      "both paths at once: %.2f GB/s in place (%u experts) + %.2f GB/s from the store (%u "
+      "experts) = %.2f GB/s (%.2f of the raw read)\n",
+      both.in_place.bytes_per_s / 1e9, both.in_place.experts, both.store.bytes_per_s / 1e9,
+      both.store.experts, both.bytes_per_s / 1e9, both.bytes_per_s / disk.bandwidth);
+  return both.bytes_per_s;
+}
+
 /// The hardware file's "source": what each part was measured on.
 std::string source_text(const Options& o, const std::optional<engine::LoaderReadRate>& in_place,
                         std::size_t dsize, double mem, bool solo) {
@@ -580,7 +597,9 @@ std::string source_text(const Options& o, const std::optional<engine::LoaderRead
   if (!o.store.empty())
     text += "; link.store = moe-run's store loader reading '" + o.store + "' (" +
             std::to_string(o.io_threads) +
-            " reads in flight) [measured]; the two paths together at most the faster [choice]";
+            " reads in flight) [measured]; link.disk_bandwidth_bytes_per_s = both paths read at "
+            "once by "
+            "their own loaders, the cap on the two together [measured]";
   if (solo)
     text +=
         "; solo = the same kernels on one thread, timed by its CPU clock [measured]; "
@@ -647,6 +666,7 @@ int run(int argc, char** argv) {
   if (!o.store.empty()) {
     h.link.store = measure_store(o, disk);
     h.link.in_place = in_place->precision;
+    h.link.disk_bandwidth_bytes_per_s = measure_both_paths(o, disk);
   }
   h.device = h.cpu = cpu;
   h.layer_overhead_s = overhead;

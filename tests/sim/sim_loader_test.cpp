@@ -337,6 +337,25 @@ TEST_CASE("SimLoader: a disk cap below both paths slows each, the slower one kee
   CHECK(m.completion_time(f2) == Approx(6144.0 / (0.75 * bw)).epsilon(1e-12));
 }
 
+TEST_CASE("SimLoader: the disk cap binds only while both paths read", "[sim][loader][paths]") {
+  // The cap is both paths' rate together (moe-calibrate reads them at once): a path reading
+  // alone keeps its own rate however far below it the cap lies.
+  SimLoader l(tiny, two_paths(0.25 * bw));
+  const LoadTicket f = l.submit(req(0, 1, LoadPriority::on_demand));
+  CHECK(l.completion_time(f) == Approx(dur).epsilon(1e-12));
+  l.wait(f);
+  const double q8b = double(tiny.expert_bytes(Precision::q8));
+  const LoadTicket s = l.submit(req(0, 0, LoadPriority::on_demand, Precision::q8));
+  CHECK(l.completion_time(s) == Approx(dur + q8b / (0.5 * bw)).epsilon(1e-12));
+  l.wait(s);
+  // Together: 1/8 each until the first ends.
+  const LoadTicket s2 = l.submit(req(0, 2, LoadPriority::on_demand, Precision::q8));
+  const LoadTicket f2 = l.submit(req(0, 3, LoadPriority::on_demand));
+  const double t0 = l.clock().now();
+  CHECK(l.completion_time(s2) == Approx(t0 + q8b / (0.125 * bw)).epsilon(1e-12));
+  CHECK(l.completion_time(f2) > t0 + dur);
+}
+
 TEST_CASE("SimLoader: a store needs the precision read in place", "[sim][loader][paths]") {
   LinkModel link = two_paths();
   link.in_place = Precision::skip;

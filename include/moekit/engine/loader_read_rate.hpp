@@ -5,12 +5,15 @@
 /// --checkpoint writes it as moe-sim's link bandwidth.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "moekit/engine/config.hpp"
@@ -30,34 +33,44 @@ struct LoaderReadRate {
   std::string reader;  ///< "io_uring" or "pread"
 };
 
-/// Times `n` loads at `p` through `loader` (layer-major from layer 0, expert 0), `depth` of
-/// them outstanding.
+/// Times loads at `p` through `loader` (layer-major from layer 0, expert 0, around again after
+/// the last expert), `depth` of them outstanding: `n` of them, or fewer when `stop` is set first
+/// (read_both_paths: one path reads while the other one does).
 inline LoaderReadRate timed_reads(ExpertLoader& loader, const moekit::ModelShape& s,
-                                  moekit::Precision p, std::uint32_t n, std::size_t depth) {
-  n = std::clamp<std::uint32_t>(n, 1, static_cast<std::uint32_t>(s.expert_count()));
+                                  moekit::Precision p, std::uint32_t n, std::size_t depth,
+                                  const std::atomic<bool>* stop = nullptr) {
+  n = std::max<std::uint32_t>(n, 1);
+  const auto count = static_cast<std::uint32_t>(s.expert_count());
   std::vector<moekit::io::AlignedBuffer> bufs;
   for (std::size_t i = 0; i < depth; ++i) bufs.emplace_back(s.expert_bytes(p));
   std::vector<moekit::LoadTicket> tickets;
   const auto t0 = std::chrono::steady_clock::now();
-  for (std::uint32_t i = 0; i < n; ++i) {
+  for (std::uint32_t i = 0; i < n && !(stop && stop->load(std::memory_order_relaxed)); ++i) {
     if (tickets.size() >= depth) loader.wait(tickets[tickets.size() - depth]);
-    const moekit::ExpertKey k{i / s.n_experts, i % s.n_experts};
+    const moekit::ExpertKey k{(i % count) / s.n_experts, (i % count) % s.n_experts};
     tickets.push_back(
         loader.submit({k, p, moekit::LoadPriority::on_demand, bufs[i % depth].span()}));
   }
   for (auto t : tickets) loader.wait(t);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {double(n) * double(s.expert_bytes(p)) / seconds, n, p, loader.kind()};
+  const auto done = static_cast<std::uint32_t>(tickets.size());
+  return {double(done) * double(s.expert_bytes(p)) / seconds, done, p, loader.kind()};
 }
 
-/// Reads `n` experts of checkpoint `path` (a GGUF file or a Hugging Face directory) in place
-/// through ExpertLoader::checkpoint with `io`, `depth` loads outstanding, into `order` (quantized
-/// experts: blocked panels, moe-run's layout for int8 activations). Throws moekit::Error naming
-/// the path when its experts have no exact in-place type (types mixed other than K-quants among
-/// themselves).
-inline LoaderReadRate loader_read_rate(const std::filesystem::path& path, std::uint32_t n,
-                                       const StoreIo& io = {}, std::size_t depth = 4) {
+/// A loader of one read path with what it reads.
+struct ReadPathLoader {
+  ExpertLoader loader;
+  moekit::ModelShape shape;
+  moekit::Precision precision{};
+};
+
+/// moe-run's in-place loader of checkpoint `path` (a GGUF file or a Hugging Face directory) with
+/// `io`, into moe-run's layout for int8 activations (blocked panels; rows for float experts).
+/// Throws moekit::Error naming the path when its experts have no exact in-place type (types
+/// mixed other than K-quants among themselves).
+inline ReadPathLoader checkpoint_path_loader(const std::filesystem::path& path,
+                                             const StoreIo& io = {}) {
   std::optional<moekit::io::GgufFile> gguf;
   if (std::filesystem::is_regular_file(path)) gguf.emplace(path.string());
   const ModelConfig cfg = gguf ? gguf_config(*gguf) : load_config(path);
@@ -69,21 +82,74 @@ inline LoaderReadRate loader_read_rate(const std::filesystem::path& path, std::u
   const moekit::Precision p = experts->precision();
   const moekit::MatrixOrder order =
       moekit::bits(p) <= 8 ? moekit::MatrixOrder::blocked_panels4 : moekit::MatrixOrder::rows;
-  ExpertLoader loader = ExpertLoader::checkpoint(experts, order, io, nullptr);
-  return timed_reads(loader, s, p, n, depth);
+  return {ExpertLoader::checkpoint(experts, order, io, nullptr), s, p};
 }
 
-/// Reads `n` experts of expert store `path` at its first precision through ExpertLoader::store
-/// with `io` (checksums verified as `io` says, as moe-run reads them), `depth` loads
-/// outstanding: the rate of the second read path of a run whose checkpoint lacks a precision.
-inline LoaderReadRate store_read_rate(const std::filesystem::path& path, std::uint32_t n,
-                                      const StoreIo& io = {}, std::size_t depth = 2) {
+/// moe-run's loader of expert store `path` at its first precision with `io` (checksums verified
+/// as `io` says, as moe-run reads them): the second read path of a run whose checkpoint lacks a
+/// precision.
+inline ReadPathLoader store_path_loader(const std::filesystem::path& path, const StoreIo& io = {}) {
   auto store =
       std::make_shared<const moekit::io::ExpertStore>(moekit::io::ExpertStore::open(path.string()));
   const moekit::ModelShape s = store->manifest().shape;
   const moekit::Precision p = store->precisions().front();
-  ExpertLoader loader = ExpertLoader::store(store, io);
-  return timed_reads(loader, s, p, n, depth);
+  return {ExpertLoader::store(store, io), s, p};
+}
+
+/// Reads `n` experts of checkpoint `path` in place (checkpoint_path_loader), `depth` loads
+/// outstanding.
+inline LoaderReadRate loader_read_rate(const std::filesystem::path& path, std::uint32_t n,
+                                       const StoreIo& io = {}, std::size_t depth = 4) {
+  ReadPathLoader r = checkpoint_path_loader(path, io);
+  return timed_reads(r.loader, r.shape, r.precision, n, depth);
+}
+
+/// Reads `n` experts of expert store `path` (store_path_loader), `depth` loads outstanding.
+inline LoaderReadRate store_read_rate(const std::filesystem::path& path, std::uint32_t n,
+                                      const StoreIo& io = {}, std::size_t depth = 2) {
+  ReadPathLoader r = store_path_loader(path, io);
+  return timed_reads(r.loader, r.shape, r.precision, n, depth);
+}
+
+/// What read_both_paths measured: each path's share and their sum.
+struct BothPathsReadRate {
+  LoaderReadRate in_place, store;
+  double bytes_per_s = 0;  ///< both paths' bytes per second of the same wall time
+};
+
+/// Both read paths at once, as a run that loads from a checkpoint and its store reads them: `n`
+/// experts in place (`depth` outstanding) while the store's loader reads (`store_depth`
+/// outstanding) until they are done, on threads of their own. The sum is the disk's rate under
+/// both (moe-sim's link.disk_bandwidth_bytes_per_s), which each path alone overstates when the
+/// disk or the CPU's conversion is shared (bench/RESULTS.md, "The simulator's second read path").
+inline BothPathsReadRate read_both_paths(const std::filesystem::path& checkpoint,
+                                         const std::filesystem::path& store, std::uint32_t n,
+                                         const StoreIo& io, std::size_t depth,
+                                         std::size_t store_depth) {
+  ReadPathLoader a = checkpoint_path_loader(checkpoint, io);
+  ReadPathLoader b = store_path_loader(store, io);
+  std::atomic<bool> stop{false};
+  BothPathsReadRate r;
+  std::exception_ptr failed;
+  std::thread reader([&] {
+    try {
+      r.store = timed_reads(b.loader, b.shape, b.precision, ~std::uint32_t{0}, store_depth, &stop);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  try {
+    r.in_place = timed_reads(a.loader, a.shape, a.precision, n, depth);
+  } catch (...) {
+    stop = true;
+    reader.join();
+    throw;
+  }
+  stop = true;
+  reader.join();
+  if (failed) std::rethrow_exception(failed);
+  r.bytes_per_s = r.in_place.bytes_per_s + r.store.bytes_per_s;
+  return r;
 }
 
 }  // namespace moekit::engine

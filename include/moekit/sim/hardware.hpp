@@ -352,17 +352,17 @@ inline std::vector<std::string> hardware_preset_names() {
 // "link.reads_in_flight" (default 1: one transfer at a time), "link.read_bandwidth_bytes_per_s"
 // (default 0: one read alone gets the whole bandwidth), the same two of "link.store", "link.store"
 // (default none: every load over the one path; with it "link.in_place" is required and
-// "link.disk_bandwidth_bytes_per_s" defaults to 0, the faster path's), "host_holds_experts"
-// (default true), "host_is_device", "experts_after_all_loads", "fixed_includes_first_token"
-// (default false each), "solo" (default none: decode runs at "device"'s rates),
-// "decode_team_fraction" (in [0, 1], default 1; only with "solo") and "timed" (what was measured:
-// descriptive only; "activations" and "layout" name some of the precisions). No other key is
-// allowed. On a CPU-only machine "device" is the CPU running the project's kernels from the RAM
-// cache, "link" is the read path of the experts (O_DIRECT disk bandwidth, or moe-run's loader on
-// the checkpoint in place, with as many reads in flight as it runs; "store": the expert store's
-// loader beside it), "host_holds_experts" is false (the cache is the host memory), "host_is_device"
-// and "experts_after_all_loads" are true (moe-run's engine), and "fixed_includes_first_token" is
-// true (the rates come from one-token calls).
+// "link.disk_bandwidth_bytes_per_s" defaults to 0, the faster path's; it caps the two only while
+// both read), "host_holds_experts" (default true), "host_is_device", "experts_after_all_loads",
+// "fixed_includes_first_token" (default false each), "solo" (default none: decode runs at
+// "device"'s rates), "decode_team_fraction" (in [0, 1], default 1; only with "solo") and "timed"
+// (what was measured: descriptive only; "activations" and "layout" name some of the precisions). No
+// other key is allowed. On a CPU-only machine "device" is the CPU running the project's kernels
+// from the RAM cache, "link" is the read path of the experts (O_DIRECT disk bandwidth, or moe-run's
+// loader on the checkpoint in place, with as many reads in flight as it runs; "store": the expert
+// store's loader beside it), "host_holds_experts" is false (the cache is the host memory),
+// "host_is_device" and "experts_after_all_loads" are true (moe-run's engine), and
+// "fixed_includes_first_token" is true (the rates come from one-token calls).
 
 inline constexpr std::string_view hardware_json_format = "moekit-hardware";
 

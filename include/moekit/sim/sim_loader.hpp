@@ -7,8 +7,8 @@
 /// bytes(p) bytes of work (r1: what one read of its path gets alone); up to R transfers of a path
 /// run at once and share it equally (processor sharing: with n running, each gets B/n, at most
 /// r1, so two equal reads started together both finish after twice one), the disk capping both
-/// paths together (the rates water-filled under it), without preemption: a started transfer
-/// runs to its end. Each path's waiting requests form two FIFO queues; whenever one of its
+/// paths together (the rates water-filled under it while both read), without preemption: a started
+/// transfer runs to its end. Each path's waiting requests form two FIFO queues; whenever one of its
 /// readers is free the oldest on-demand request goes first, then the oldest prefetch (on-demand
 /// before prefetch, as the Loader concept asks). R = 1 is one transfer at a time: a transfer
 /// submitted while another runs starts when it ends. A queued (not started) prefetch can be
@@ -332,8 +332,10 @@ class SimLoader {
     std::uint8_t path;
   };
   /// Bytes per second of each of `run`: its path's even share (at most one read's rate), then,
-  /// when both paths together would exceed the disk, the disk water-filled: the transfers below
-  /// the level keep their rate, the rest get the level.
+  /// when both paths are reading and together would exceed the disk, the disk water-filled: the
+  /// transfers below the level keep their rate, the rest get the level. One path alone keeps its
+  /// own rate: the cap is what the two get together (moe-calibrate measures it so), which may be
+  /// below what either gets alone.
   [[nodiscard]] std::vector<double> rates_of(const std::vector<Running>& run) const {
     std::size_t n[2] = {0, 0};
     for (const Running& r : run) ++n[r.path];
@@ -342,7 +344,7 @@ class SimLoader {
     for (std::size_t i = 0; i < run.size(); ++i)
       sum += rate[i] = paths_[run[i].path].rate(n[run[i].path]);
     const double disk = link_.disk_bytes_per_s();
-    if (sum <= disk) return rate;
+    if (sum <= disk || n[0] == 0 || n[1] == 0) return rate;
     std::vector<double> sorted = rate;
     std::sort(sorted.begin(), sorted.end());
     double left = disk, level = 0.0;
