@@ -27,7 +27,7 @@
 # missing (mixtral-32L: 26.3 GB, olmoe-16L: 3.9 GB; the disk is checked first); --delete-models
 # removes them at the end. Per model, build/scale/MODEL-decode.svg (and a PNG beside it when
 # rsvg-convert or ImageMagick is installed) plots decode tok/s against the limit per engine. The
-# default grid (both models) takes about an hour on 2 cores (each model's run time is in its
+# default grid (both models) takes 36 minutes on 2 Zen 5 cores (each model's run time is in its
 # bench/RESULTS.md section); mixtral-4L (3.4 GB) is the quick one. 100 = no limit. llama.cpp comes
 # from bench/engine/llama_cpp_peer.sh's venv (built from the llama-cpp-python sdist once, the
 # first time: tens of minutes). The page cache is dropped before every
