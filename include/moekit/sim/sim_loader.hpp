@@ -289,8 +289,9 @@ class SimLoader {
     std::vector<Running> run;  // the running ones, in turn ending, the rest speeding up
     for (std::uint32_t id : active_) run.push_back({records_[id].work_left, records_[id].path});
     double t = last_event_;
+    std::vector<double> rate, sorted;
     while (!run.empty()) {
-      std::vector<double> rate = rates_of(run);
+      rates_of(run, rate, sorted);
       std::size_t first = 0;  // the next to end
       for (std::size_t i = 1; i < run.size(); ++i)
         if (run[i].work / rate[i] < run[first].work / rate[first]) first = i;
@@ -336,16 +337,19 @@ class SimLoader {
   /// transfers below the level keep their rate, the rest get the level. One path alone keeps its
   /// own rate: the cap is what the two get together (moe-calibrate measures it so), which may be
   /// below what either gets alone.
-  [[nodiscard]] std::vector<double> rates_of(const std::vector<Running>& run) const {
+  /// Into `rate` (`sorted`: scratch for the level; both reused, so that a settled loader's
+  /// events allocate nothing).
+  void rates_of(const std::vector<Running>& run, std::vector<double>& rate,
+                std::vector<double>& sorted) const {
     std::size_t n[2] = {0, 0};
     for (const Running& r : run) ++n[r.path];
-    std::vector<double> rate(run.size());
+    rate.resize(run.size());
     double sum = 0.0;
     for (std::size_t i = 0; i < run.size(); ++i)
       sum += rate[i] = paths_[run[i].path].rate(n[run[i].path]);
     const double disk = link_.disk_bytes_per_s();
-    if (sum <= disk || n[0] == 0 || n[1] == 0) return rate;
-    std::vector<double> sorted = rate;
+    if (sum <= disk || n[0] == 0 || n[1] == 0) return;
+    sorted.assign(rate.begin(), rate.end());
     std::sort(sorted.begin(), sorted.end());
     double left = disk, level = 0.0;
     for (std::size_t i = 0; i < sorted.size(); ++i) {
@@ -354,7 +358,6 @@ class SimLoader {
       left -= sorted[i];
     }
     for (double& r : rate) r = std::min(r, level);
-    return rate;
   }
   struct HostRead {
     ExpertKey key;
@@ -451,16 +454,16 @@ class SimLoader {
     for (std::size_t i = 0; i < 2; ++i)
       while (free_reader(i) && (demand_q_[i].front(*this) || prefetch_q_[i].front(*this)))
         start(demand_q_[i].front(*this) ? demand_q_[i].pop(*this) : prefetch_q_[i].pop(*this));
-    std::vector<Running> run;
+    run_.clear();
     for (std::uint32_t id : active_) {
       Record& r = records_[id];
       r.work_left = r.work_left > 0.0 ? r.work_left : 0.0;  // a rounding tie: it ends now
-      run.push_back({r.work_left, r.path});
+      run_.push_back({r.work_left, r.path});
     }
-    const std::vector<double> rate = rates_of(run);
+    rates_of(run_, rate_, sorted_);
     for (std::size_t i = 0; i < active_.size(); ++i) {
       Record& r = records_[active_[i]];
-      r.rate = rate[i];
+      r.rate = rate_[i];
       r.done = t + r.work_left / r.rate;
     }
   }
@@ -486,9 +489,11 @@ class SimLoader {
   std::vector<std::uint32_t> active_;  ///< running transfers (at most their paths' readers)
   std::size_t running_[2] = {0, 0};    ///< of them, per path
   std::vector<HostRead> host_pending_;
-  double last_event_ = 0.0;  ///< time up to which the running transfers' work is credited
-  double link_free_ = 0.0;   ///< latest completion so far
-  std::size_t queued_ = 0;   ///< records in State::queued
+  std::vector<Running> run_;           ///< start_queued's scratch: the running transfers
+  std::vector<double> rate_, sorted_;  ///< ... their rates, and rates_of's scratch
+  double last_event_ = 0.0;            ///< time up to which the running transfers' work is credited
+  double link_free_ = 0.0;             ///< latest completion so far
+  std::size_t queued_ = 0;             ///< records in State::queued
   bool host_reads_on_ = false;
   std::array<std::size_t, precision_slots> bytes_{};  ///< expert bytes per Precision
   SimLoaderStats stats_{};
