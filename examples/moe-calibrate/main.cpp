@@ -598,8 +598,7 @@ std::string source_text(const Options& o, const std::optional<engine::LoaderRead
     text += "; link.store = moe-run's store loader reading '" + o.store + "' (" +
             std::to_string(o.io_threads) +
             " reads in flight) [measured]; link.disk_bandwidth_bytes_per_s = both paths read at "
-            "once by "
-            "their own loaders, the cap on the two together [measured]";
+            "once by their own loaders, the cap on the two together [measured]";
   if (solo)
     text +=
         "; solo = the same kernels on one thread, timed by its CPU clock [measured]; "

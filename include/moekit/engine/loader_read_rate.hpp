@@ -121,7 +121,7 @@ struct BothPathsReadRate {
 /// experts in place (`depth` outstanding) while the store's loader reads (`store_depth`
 /// outstanding) until they are done, on threads of their own. The sum is the disk's rate under
 /// both (moe-sim's link.disk_bandwidth_bytes_per_s), which each path alone overstates when the
-/// disk or the CPU's conversion is shared (bench/RESULTS.md, "The simulator's second read path").
+/// disk or the CPU's conversion is shared (bench/RESULTS.md, "Both read paths measured at once…").
 inline BothPathsReadRate read_both_paths(const std::filesystem::path& checkpoint,
                                          const std::filesystem::path& store, std::uint32_t n,
                                          const StoreIo& io, std::size_t depth,
