@@ -94,29 +94,44 @@ MOEKIT_TARGET_AVX512_VNNI inline void pack_q4_k_scales(const std::byte* const* b
   store_lanes(v, 12, ints);
 }
 
-/// `blocks` super-blocks of 16 q4_k (Q5: q5_k) rows into a panel (file comment): codes
-/// (blocks · panel_block_codes bytes, 64-byte aligned), ints and reals.
-template <bool Q5>
-MOEKIT_TARGET_AVX512_VNNI inline void pack_q4_k_panel(const std::byte* const* rows,
-                                                      std::size_t blocks, std::byte* codes,
-                                                      std::int32_t* ints, float* reals) noexcept {
+/// The sub-block in half h of vector k of a row unpacked in column order (q6_k's, q2_k's).
+constexpr std::size_t in_order_sub(std::size_t k, std::size_t h) noexcept { return 2 * k + h; }
+
+/// `blocks` super-blocks of 16 rows into a panel (file comment): each row's block unpacked by
+/// `Unpack` into four 64-code vectors whose half h of vector k is sub-block `Sub(k, h)`, the
+/// codes stored by sub-block (blocks · panel_block_codes bytes, 64-byte aligned), each block's
+/// scales by `Scales` into `Ints` integers and `Reals` floats.
+template <auto Unpack, auto Scales, auto Sub, std::size_t BlockBytes, std::size_t Ints,
+          std::size_t Reals>
+MOEKIT_TARGET_AVX512_VNNI inline void pack_panel(const std::byte* const* rows, std::size_t blocks,
+                                                 std::byte* codes, std::int32_t* ints,
+                                                 float* reals) noexcept {
   constexpr std::size_t H = avx512_int8::panel_height;
-  constexpr std::size_t bytes = Q5 ? q5_k::block_bytes : q4_k::block_bytes;
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* block[H];
     __m512i u[H][4];
-    for (std::size_t r = 0; r < H; ++r) block[r] = rows[r] + b * bytes;
-    for (std::size_t r = 0; r < H; ++r) unpack_q4_k<Q5>(block[r], u[r]);
+    for (std::size_t r = 0; r < H; ++r) block[r] = rows[r] + b * BlockBytes;
+    for (std::size_t r = 0; r < H; ++r) Unpack(block[r], u[r]);
     std::byte* out = codes + panel_block_codes * b;
     for (std::size_t k = 0; k < 4; ++k) {
       __m512i v[H];
       for (std::size_t r = 0; r < H; ++r) v[r] = u[r][k];
       avx512_int8::transpose16(v);  // v[L] lane r: row r's dword L
       for (std::size_t lane = 0; lane < 16; ++lane)
-        _mm512_store_si512(out + 512 * panel_sub(k, lane / 8) + 64 * (lane % 8), v[lane]);
+        _mm512_store_si512(out + 512 * Sub(k, lane / 8) + 64 * (lane % 8), v[lane]);
     }
-    pack_q4_k_scales(block, ints + panel_block_ints * b, reals + panel_block_reals * b);
+    Scales(block, ints + Ints * b, reals + Reals * b);
   }
+}
+
+/// `blocks` super-blocks of 16 q4_k (Q5: q5_k) rows into a panel (pack_panel).
+template <bool Q5>
+MOEKIT_TARGET_AVX512_VNNI inline void pack_q4_k_panel(const std::byte* const* rows,
+                                                      std::size_t blocks, std::byte* codes,
+                                                      std::int32_t* ints, float* reals) noexcept {
+  pack_panel<unpack_q4_k<Q5>, pack_q4_k_scales, panel_sub,
+             Q5 ? q5_k::block_bytes : q4_k::block_bytes, panel_block_ints, panel_block_reals>(
+      rows, blocks, codes, ints, reals);
 }
 
 /// out[16·t + r] = row r · token t for the T tokens `acts` over `blocks` super-blocks of a q4_k
@@ -207,38 +222,12 @@ MOEKIT_TARGET_AVX512_VNNI inline void pack_q6_k_scales(const std::byte* const* b
   store_lanes(p, 8, ints + 256);
 }
 
-/// `blocks` super-blocks of 16 rows into a panel (codes as pack_q4_k_panel's, but vector k of a
-/// row, `Unpack`, holds columns 64k .. 64k + 63 in order), each block's scales by `Scales`: q6_k's
-/// and q2_k's panels.
-template <auto Unpack, auto Scales, std::size_t BlockBytes, std::size_t Ints, std::size_t Reals>
-MOEKIT_TARGET_AVX512_VNNI inline void pack_ordered_panel(const std::byte* const* rows,
-                                                         std::size_t blocks, std::byte* codes,
-                                                         std::int32_t* ints,
-                                                         float* reals) noexcept {
-  constexpr std::size_t H = avx512_int8::panel_height;
-  for (std::size_t b = 0; b < blocks; ++b) {
-    const std::byte* block[H];
-    __m512i u[H][4];
-    for (std::size_t r = 0; r < H; ++r) block[r] = rows[r] + b * BlockBytes;
-    for (std::size_t r = 0; r < H; ++r) Unpack(block[r], u[r]);
-    std::byte* out = codes + panel_block_codes * b;
-    for (std::size_t k = 0; k < 4; ++k) {
-      __m512i v[H];
-      for (std::size_t r = 0; r < H; ++r) v[r] = u[r][k];
-      avx512_int8::transpose16(v);  // v[L] lane r: row r's dword L, columns 64k + 4L
-      for (std::size_t lane = 0; lane < 16; ++lane)
-        _mm512_store_si512(out + 512 * (2 * k + lane / 8) + 64 * (lane % 8), v[lane]);
-    }
-    Scales(block, ints + Ints * b, reals + Reals * b);
-  }
-}
-
-/// `blocks` super-blocks of 16 q6_k rows into a panel (pack_ordered_panel).
+/// `blocks` super-blocks of 16 q6_k rows into a panel (pack_panel, in column order).
 MOEKIT_TARGET_AVX512_VNNI inline void pack_q6_k_panel(const std::byte* const* rows,
                                                       std::size_t blocks, std::byte* codes,
                                                       std::int32_t* ints, float* reals) noexcept {
-  pack_ordered_panel<unpack_q6_k, pack_q6_k_scales, q6_k::block_bytes, q6_k_panel_ints,
-                     q6_k_panel_reals>(rows, blocks, codes, ints, reals);
+  pack_panel<unpack_q6_k, pack_q6_k_scales, in_order_sub, q6_k::block_bytes, q6_k_panel_ints,
+             q6_k_panel_reals>(rows, blocks, codes, ints, reals);
 }
 
 /// out[16·t + r] = row r · token t for the T tokens `acts` over `blocks` super-blocks of a q6_k
@@ -325,12 +314,12 @@ MOEKIT_TARGET_AVX512_VNNI inline void pack_q2_k_scales(const std::byte* const* b
   store_lanes(v, 16, ints);
 }
 
-/// `blocks` super-blocks of 16 q2_k rows into a panel (pack_ordered_panel).
+/// `blocks` super-blocks of 16 q2_k rows into a panel (pack_panel, in column order).
 MOEKIT_TARGET_AVX512_VNNI inline void pack_q2_k_panel(const std::byte* const* rows,
                                                       std::size_t blocks, std::byte* codes,
                                                       std::int32_t* ints, float* reals) noexcept {
-  pack_ordered_panel<unpack_q2_k, pack_q2_k_scales, q2_k::block_bytes, q2_k_panel_ints,
-                     q2_k_panel_reals>(rows, blocks, codes, ints, reals);
+  pack_panel<unpack_q2_k, pack_q2_k_scales, in_order_sub, q2_k::block_bytes, q2_k_panel_ints,
+             q2_k_panel_reals>(rows, blocks, codes, ints, reals);
 }
 
 /// out[16·t + r] = row r · token t for the T tokens `acts` over `blocks` super-blocks of a q2_k
