@@ -332,13 +332,12 @@ class SimLoader {
     double work;
     std::uint8_t path;
   };
-  /// Bytes per second of each of `run`: its path's even share (at most one read's rate), then,
-  /// when both paths are reading and together would exceed the disk, the disk water-filled: the
-  /// transfers below the level keep their rate, the rest get the level. One path alone keeps its
-  /// own rate: the cap is what the two get together (moe-calibrate measures it so), which may be
-  /// below what either gets alone.
-  /// Into `rate` (`sorted`: scratch for the level; both reused, so that a settled loader's
-  /// events allocate nothing).
+  /// Bytes per second of each of `run` into `rate`: its path's even share (at most one read's
+  /// rate), then, when both paths are reading and together would exceed the disk, the disk
+  /// water-filled: the transfers below the level keep their rate, the rest get the level. One
+  /// path alone keeps its own rate: the cap is what the two get together (moe-calibrate measures
+  /// it so), which may be below what either gets alone. `sorted` is scratch for the level; both
+  /// vectors are reused, so that the loader's events allocate nothing once warm.
   void rates_of(const std::vector<Running>& run, std::vector<double>& rate,
                 std::vector<double>& sorted) const {
     std::size_t n[2] = {0, 0};
