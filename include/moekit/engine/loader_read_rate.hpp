@@ -34,8 +34,8 @@ struct LoaderReadRate {
 };
 
 /// Times loads at `p` through `loader` (layer-major from layer 0, expert 0, around again after
-/// the last expert), `depth` of them outstanding: `n` of them, or fewer when `stop` is set first
-/// (read_both_paths: one path reads while the other one does).
+/// the last expert), `depth` of them outstanding: `n` of them, or fewer (at least one) when
+/// `stop` is set first (read_both_paths: one path reads while the other one does).
 inline LoaderReadRate timed_reads(ExpertLoader& loader, const moekit::ModelShape& s,
                                   moekit::Precision p, std::uint32_t n, std::size_t depth,
                                   const std::atomic<bool>* stop = nullptr) {
@@ -45,7 +45,8 @@ inline LoaderReadRate timed_reads(ExpertLoader& loader, const moekit::ModelShape
   for (std::size_t i = 0; i < depth; ++i) bufs.emplace_back(s.expert_bytes(p));
   std::vector<moekit::LoadTicket> tickets;
   const auto t0 = std::chrono::steady_clock::now();
-  for (std::uint32_t i = 0; i < n && !(stop && stop->load(std::memory_order_relaxed)); ++i) {
+  for (std::uint32_t i = 0; i < n && !(i > 0 && stop && stop->load(std::memory_order_relaxed));
+       ++i) {
     if (tickets.size() >= depth) loader.wait(tickets[tickets.size() - depth]);
     const moekit::ExpertKey k{(i % count) / s.n_experts, (i % count) % s.n_experts};
     tickets.push_back(
@@ -131,13 +132,16 @@ inline BothPathsReadRate read_both_paths(const std::filesystem::path& checkpoint
   std::atomic<bool> stop{false};
   BothPathsReadRate r;
   std::exception_ptr failed;
+  std::atomic<bool> begun{false};
   std::thread reader([&] {
+    begun = true;  // the in-place reads start once this thread runs: the two overlap
     try {
       r.store = timed_reads(b.loader, b.shape, b.precision, ~std::uint32_t{0}, store_depth, &stop);
     } catch (...) {
       failed = std::current_exception();
     }
   });
+  while (!begun) std::this_thread::yield();
   try {
     r.in_place = timed_reads(a.loader, a.shape, a.precision, n, depth);
   } catch (...) {
