@@ -36,8 +36,9 @@
 # <the model> [--store <the store the runs built>]` after the runs when FILE does not exist):
 # after the runs, moe-sim replays each run's trace tokens (--replay-slice: the run's prompt and
 # decode tokens) at its expert budget, dense precision and expert group size (moe-run's
-# dense_precision, expert_group_size) on `--hardware this_machine`. The store moe-run built for the precisions the file lacks (the
-# newest of this model's in its store directory) is the hardware file's second read path
+# dense_precision, expert_group_size) on `--hardware this_machine`. The store moe-run built for
+# the precisions the file lacks (the newest of this model's in its store directory) is the
+# hardware file's second read path
 # (link.store); a file written before moe-calibrate recorded the link's reads in flight and the
 # kernels it timed, or without the store a run read from, is measured again.
 # A second table sets its predicted decode tok/s against the
