@@ -159,6 +159,7 @@ for tr in "${trace_list[@]}"; do
         decode_tokens: ((.generated_tokens // 1) - 1), decode_bytes: .decode_bytes_loaded,
         decode_host_read: (.decode_host_read_bytes // 0),
         decode_stall: .decode_stall_seconds, missing: .routing_trace_missing,
+        filled: .routing_trace_filled,
         expert_budget_bytes, prompt_tokens, precision, dense_precision, expert_group_size,
         fate_decode_timing}' <<< "$json")
     echo "$row" >> "$out/policies.jsonl"
@@ -167,7 +168,7 @@ for tr in "${trace_list[@]}"; do
     jq -r --arg base "${base:-0}" --argjson raw "$raw" '
       (if .decode_tps and .decode_stall != null and .decode_bytes != null and .decode_host_read == 0 then
          1 / (1 / .decode_tps - .decode_stall / .decode_tokens + .decode_bytes / .decode_tokens / $raw)
-       else null end) as $bound | "| \(.trace) | \(.preset) | \(.rc) | \(.decode_tps // 0 | . * 100 | round / 100) | \(if ($base | tonumber) > 0 and .decode_tps then (.decode_tps / ($base | tonumber) * 100 | round / 100) else "-" end) | \(.decode_hit_rate // 0 | . * 1000 | round / 10)% | \(if .decode_bytes then ((.decode_bytes + .decode_host_read) / .decode_tokens / 1e6 | round) else "-" end) | \(if .decode_stall then (.decode_stall / .decode_tokens * 100 | round / 100) else "-" end) | \(if $bound then ($bound * 100 | round / 100) else "-" end) | \(if $bound then "\(.decode_tps / $bound * 100 | round)%" else "-" end) | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(.read_rate_before / 1e7 | round / 100), \(.load_before) | \(if .error then (.error | gsub("\\|"; "/") | .[0:160]) else "\(.missing // 0) trace records missing (router used)" end) |"' <<< "$row"
+       else null end) as $bound | "| \(.trace) | \(.preset) | \(.rc) | \(.decode_tps // 0 | . * 100 | round / 100) | \(if ($base | tonumber) > 0 and .decode_tps then (.decode_tps / ($base | tonumber) * 100 | round / 100) else "-" end) | \(.decode_hit_rate // 0 | . * 1000 | round / 10)% | \(if .decode_bytes then ((.decode_bytes + .decode_host_read) / .decode_tokens / 1e6 | round) else "-" end) | \(if .decode_stall then (.decode_stall / .decode_tokens * 100 | round / 100) else "-" end) | \(if $bound then ($bound * 100 | round / 100) else "-" end) | \(if $bound then "\(.decode_tps / $bound * 100 | round)%" else "-" end) | \(.prefill_tps // 0 | . * 100 | round / 100) | \(.cgroup.peak_bytes / 1073741824 * 100 | round / 100) | \(.read_rate_before / 1e7 | round / 100), \(.load_before) | \(if .error then (.error | gsub("\\|"; "/") | .[0:160]) else "\(.filled // 0) trace records filled, \(.missing // 0) missing (router used)" end) |"' <<< "$row"
   done
 done
 if [[ -n "$sim" && ${#to_simulate[@]} -gt 0 ]]; then

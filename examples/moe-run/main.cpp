@@ -534,11 +534,12 @@ void announce_replay(const Options& o, const RoutingReplay& r) {
   std::size_t prefill = 0;
   for (std::size_t s = 0; s < t.sequence_count(); ++s) prefill += t.prefill_length(s);
   std::fprintf(stderr,
-               "routing: replayed from %s (%zu trace tokens: %zu prefill, %zu decode; %zu of %zu "
-               "records missing); the generated text is MEANINGLESS: experts and gate weights come "
-               "from the trace, not the router\n",
+               "routing: replayed from %s (%zu trace tokens: %zu prefill, %zu decode; of %zu "
+               "records %zu were missing and take the previous token's, %zu left to the router); "
+               "the generated text is MEANINGLESS: experts and gate weights come from the trace, "
+               "not the router\n",
                o.routing_trace.c_str(), t.token_count(), prefill, t.token_count() - prefill,
-               t.missing_count(), t.record_count());
+               t.record_count(), r.filled(), t.missing_count());
 }
 
 // --routing-trace's counters in the output (JSON fields; a line on stderr).
@@ -549,6 +550,7 @@ void report_replay(nlohmann::json& j, const Options& o, const RoutingReplay& r) 
       "text is meaningless; hit rates and bytes loaded follow the trace";
   j["routing_trace_tokens"] = r.tokens();
   j["routing_trace_replayed"] = r.replayed();
+  j["routing_trace_filled"] = r.filled();
   j["routing_trace_missing"] = r.missing();
   if (!o.json)
     std::fprintf(stderr,

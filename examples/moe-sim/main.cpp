@@ -26,6 +26,7 @@
 #include "moekit/io/output_file.hpp"
 #include "moekit/io/safetensors.hpp"
 #include "moekit/io/tensor_names.hpp"
+#include "moekit/sim/fill_missing_records.hpp"
 #include "moekit/sim/hardware.hpp"
 #include "moekit/sim/npy.hpp"
 #include "moekit/sim/replay.hpp"
@@ -235,6 +236,7 @@ struct Options {
   std::string big_pass = "little-plan";
   std::uint64_t seed = 1;
   std::vector<std::size_t> replay_slice;  // --replay-slice PROMPT,DECODE (empty: second half)
+  std::string missing_records = "fill";   // --missing-records fill|skip
 };
 
 /// Router weights of every MoE layer, [n_layers · n_experts · hidden] f32, from a .npy of shape
@@ -663,6 +665,10 @@ void add_flags(CLI::App& app, Options& o) {
                  "of a layer, at most half the budget's slots); a prefetch waits for a free one")
       ->check(CLI::Range(0u, 1u << 16));
   app.add_option("--seed", o.seed, "noisy-oracle seed (default 1)");
+  app.add_option("--missing-records", o.missing_records,
+                 "a trace's missing records: fill (the previous token's at that layer, as moe-run "
+                 "--routing-trace does) or skip (no expert for that token; default fill)")
+      ->check(CLI::IsMember({"fill", "skip"}));
   app.add_option("--replay-slice", o.replay_slice,
                  "PROMPT,DECODE: replay the tokens moe-run --routing-trace replays with a "
                  "PROMPT-token prompt and DECODE decode tokens (the rest calibrates); default: "
@@ -771,6 +777,12 @@ Traces load_traces(const Options& o) {
   if (t.list.empty())
     bad_flag("--trace", o.compare ? "no traces found for --compare"
                                   : "give --trace, --import-mixtral or --compare");
+  if (o.missing_records == "fill")
+    for (RoutingTrace& tr : t.list)
+      if (const std::size_t n = moekit::sim::fill_missing_records(tr); n > 0)
+        t.notes.push_back(tr.name() + ": " + std::to_string(n) +
+                          " missing records filled with the previous token's at that layer "
+                          "(--missing-records skip leaves them out)");
   return t;
 }
 

@@ -269,7 +269,7 @@ TEST_CASE("replayed tokens: prefill and decode walks, wrap-around, the shared cu
   }
 }
 
-TEST_CASE("a missing record falls back to the router's own top-k and is counted",
+TEST_CASE("a missing record takes the previous token's; a layer never recorded, the router's",
           "[engine][replay]") {
   REQUIRE(fs::exists(replay_fixture / "reference.json"));
   moekit::ThreadPool pool(2);
@@ -280,22 +280,24 @@ TEST_CASE("a missing record falls back to the router's own top-k and is counted"
   const RoutingTrace own = run(*m, p0, tokens, nullptr, pool);
 
   RoutingTrace trace = numbered_trace(m->cfg, 0, 6);
-  trace.clear_route(1, 0);  // prompt token 1, layer 0
-  trace.clear_route(4, 0);  // decode token 1, layer 0
-  trace.clear_route(5, 1);  // decode token 2, layer 1
+  for (std::size_t t = 0; t < 6; ++t) trace.clear_route(t, 0);  // layer 0: no record at all
+  trace.clear_route(0, 1);  // before layer 1's first record: takes token 2's
+  trace.clear_route(1, 1);
+  trace.clear_route(4, 1);  // takes token 3's
   RoutingReplay replay(trace, m->cfg);
+  CHECK(replay.filled() == 3);
   auto p1 = baseline(*m, host_loader(m->weights.experts));
   const RoutingTrace seen = run(*m, p1, tokens, &replay, pool);
-  CHECK(replay.missing() == 3);
-  CHECK(replay.replayed() == 6 * 2 - 3);
+  CHECK(replay.missing() == 6);
+  CHECK(replay.replayed() == 6);
   // Layer 0's routing does not depend on earlier experts: the fallback is the unreplayed run's.
-  for (const std::size_t t : {std::size_t{1}, std::size_t{4}}) {
+  for (std::size_t t = 0; t < 6; ++t) {
     INFO("token " << t);
     CHECK(ids(seen, t, 0) == ids(own, t, 0));
-    CHECK(numbered_token(seen, t, 1) == static_cast<int>(t));
   }
-  CHECK(numbered_token(seen, 5, 0) == 5);
-  CHECK(numbered_token(seen, 0, 0) == 0);
+  std::vector<int> layer1;
+  for (std::size_t t = 0; t < 6; ++t) layer1.push_back(numbered_token(seen, t, 1));
+  CHECK(layer1 == std::vector<int>{2, 2, 2, 3, 3, 5});
 }
 
 TEST_CASE("a narrowed top-k replays the record's first experts, renormalised", "[engine][replay]") {
@@ -426,25 +428,27 @@ TEST_CASE("trace files are read whatever their format", "[engine][replay][sim]")
   CHECK(raw.prefill_length(0) > 0);
 
   // The fixture in moekit's JSONL schema, at the tiny model's dims: 2 prefill + 3 decode tokens,
-  // decode token 0's layer 1 missing.
+  // decode token 0's layer 1 missing (filled with prefill token 1's).
   const ModelConfig cfg = load_config(replay_fixture);
   RoutingReplay replay = RoutingReplay::from_file(tiny_jsonl.string(), cfg);
   const RoutingTrace& t = replay.trace();
   REQUIRE(t.token_count() == 5);
   CHECK(t.prefill_length(0) == 2);
-  CHECK(t.missing_count() == 1);
-  CHECK_FALSE(t.valid(2, 1));
+  CHECK(replay.filled() == 1);
+  CHECK(t.missing_count() == 0);
   std::vector<std::uint32_t> e(2);
   std::vector<float> w(2);
   replay.begin_forward(Phase::decode, 1);  // the first decode token: trace token 2
   replay.apply(0, 2, e, w);
   CHECK(e == std::vector<std::uint32_t>{3, 2});
   CHECK(w == std::vector<float>{0.5625f, 0.4375f});
-  replay.apply(1, 2, e, w);  // missing: left as the router chose
+  e = {0, 1};
+  replay.apply(1, 2, e, w);  // missing in the file: the previous token's record at layer 1
   CHECK(e == std::vector<std::uint32_t>{3, 2});
+  CHECK(w == std::vector<float>{0.875f, 0.125f});
   replay.end_forward();
-  CHECK(replay.missing() == 1);
-  CHECK(replay.replayed() == 1);
+  CHECK(replay.missing() == 0);
+  CHECK(replay.replayed() == 2);
 }
 
 TEST_CASE("every preset runs the replayed experts", "[engine][replay][presets]") {

@@ -21,9 +21,11 @@
 /// `set_replace_logits` asks for the trace's (`apply_logits`: mobile-oracle's plan). The weights
 /// are the trace's, which sum to 1, also for models that do not renormalise top-k (Qwen2-MoE,
 /// OLMoE). When a token policy narrows top-k to k (MoBiLE's little pass), the record's first k
-/// experts are used with their weights renormalised. A missing record (`valid()` false: the shared
-/// Mixtral traces drop some) keeps the router's own top-k for that layer and is counted
-/// (`missing()`).
+/// experts are used with their weights renormalised. Missing records (`valid()` false: the shared
+/// Mixtral traces drop some) are first filled by the rule moe-sim uses too
+/// (sim/fill_missing_records.hpp: the previous token's record at that layer; `filled()` counts
+/// them); a record still missing (its layer has no record in the whole sequence) keeps the
+/// router's own top-k for that layer and is counted (`missing()`).
 
 #include <algorithm>
 #include <cstddef>
@@ -38,6 +40,7 @@
 #include "moekit/core/layer_context.hpp"
 #include "moekit/error.hpp"
 #include "moekit/predict/lookahead_oracle.hpp"
+#include "moekit/sim/fill_missing_records.hpp"
 #include "moekit/sim/route_logits.hpp"
 #include "moekit/sim/trace.hpp"
 #include "moekit/sim/trace_file.hpp"
@@ -57,6 +60,7 @@ class RoutingReplay : public moekit::RoutingLookahead {
                 std::string_view origin = "routing trace")
       : trace_(std::move(trace)), walks_(trace_) {
     check_dims(cfg, origin);
+    filled_ = moekit::sim::fill_missing_records(trace_);
   }
 
   /// Reads the trace at `path` (any format of sim/trace_file.hpp) for a model of `cfg`; every
@@ -74,7 +78,10 @@ class RoutingReplay : public moekit::RoutingLookahead {
 
   [[nodiscard]] const moekit::sim::RoutingTrace& trace() const noexcept { return trace_; }
 
-  /// Records that were missing, so the router's own top-k ran instead (kept forwards only).
+  /// The trace's missing records filled with the previous token's (sim/fill_missing_records.hpp).
+  [[nodiscard]] std::size_t filled() const noexcept { return filled_; }
+  /// Records still missing after the fill, so the router's own top-k ran instead (kept forwards
+  /// only).
   [[nodiscard]] std::size_t missing() const noexcept { return missing_; }
   /// Records whose experts replaced the router's (kept forwards only).
   [[nodiscard]] std::size_t replayed() const noexcept { return replayed_; }
@@ -208,6 +215,7 @@ class RoutingReplay : public moekit::RoutingLookahead {
   std::vector<std::size_t> rows_;         ///< trace token of each row of the forward in flight
   std::size_t pending_missing_ = 0, pending_replayed_ = 0;
   std::size_t missing_ = 0, replayed_ = 0, tokens_ = 0;
+  std::size_t filled_ = 0;                    // set once, by the constructor
   std::vector<std::uint32_t> ahead_experts_;  ///< routing_at's view
   std::vector<float> ahead_weights_;
   bool replace_logits_ = false;  ///< apply_logits writes the trace's logits
