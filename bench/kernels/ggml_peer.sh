@@ -19,7 +19,7 @@
 # --gemm: the prefill GEMM instead (bench/kernels/ggml/gemm_vs_ggml.cpp): moekit's int8 GEMM
 # against ggml's mul_mat with n = 8, 32, 128, 512 tokens, q8_0 and q4_0, warm weights, on the
 # expert shapes and the attention projections (4096x4096, 1024x4096), beside the int8 VNNI peak.
-# --gemm --kquant: the K-quant cells instead (q4_K, q5_K, q6_K, q2_K on the expert shapes; ggml quantizes,
+# --gemm --kquant: the K-quant cells instead (q4_K, q5_K, q6_K, q2_K, q3_K on the expert shapes; ggml quantizes,
 # moekit runs those bytes in place through kquant_int8_gemm.hpp).
 #
 # --avx2: both sides on their AVX2 paths, as on a CPU without AVX-512: ggml built with AVX-512 off

@@ -141,7 +141,7 @@ TEST_CASE("K-quant int8 GEMM: gemm runs the panel tile where it is taken",
   INFO("seed " << test::test_seed());
   if (!has_avx512_vnni()) return;
   const std::size_t rows = 37, cols = 512, n = detail::kquant_panel_min_tokens + 3;
-  for (Precision p : {Precision::q4_k, Precision::q5_k, Precision::q6_k, Precision::q2_k}) {
+  for (Precision p : kqg_formats) {
     KernelOptions o{Isa::avx512, nullptr};
     o.int8_activations = true;
     const detail::KQuantGemmPath kp = detail::kquant_gemm_path(o, p);

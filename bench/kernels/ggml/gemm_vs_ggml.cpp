@@ -13,7 +13,7 @@
 // and the CPU backend with the weights in its "repack" extra buffer type (interleaved rows for its
 // GEMM kernels; what llama.cpp does with q4_0/q8_0 weights on AVX2/AVX-512 CPUs).
 //
-// --kquant: the GGUF K-quant cells instead (q4_K, q5_K, q6_K, q2_K; issue 23 point 3): ggml
+// --kquant: the GGUF K-quant cells instead (q4_K, q5_K, q6_K, q2_K, q3_K; issue 23 point 3): ggml
 // quantizes the matrix with its own quantizer and moekit runs those bytes in place (Precision::q4_k
 // .. q6_k, kquant_int8_gemm.hpp), on the expert shapes only.
 //
@@ -233,7 +233,8 @@ int main(int argc, char** argv) {
                                       ? std::vector<Pair>{{Precision::q4_k, GGML_TYPE_Q4_K, "q4_K"},
                                                           {Precision::q5_k, GGML_TYPE_Q5_K, "q5_K"},
                                                           {Precision::q6_k, GGML_TYPE_Q6_K, "q6_K"},
-                                                          {Precision::q2_k, GGML_TYPE_Q2_K, "q2_K"}}
+                                                          {Precision::q2_k, GGML_TYPE_Q2_K, "q2_K"},
+                                                          {Precision::q3_k, GGML_TYPE_Q3_K, "q3_K"}}
                                       : std::vector<Pair>{{Precision::q8, GGML_TYPE_Q8_0, "q8_0"},
                                                           {Precision::q4, GGML_TYPE_Q4_0, "q4_0"}};
   // The expert shapes, then the attention projections (q/o, and Mixtral's k/v).

@@ -3,9 +3,9 @@
 /// `KernelOptions::int8_activations` and n >= 2): every token's activation rounded once per call
 /// (kquant_activation.hpp, as the GEMV rounds it), then one of two routes.
 ///
-/// AVX-512 VNNI on q4_k, q5_k, q6_k and q2_k (every batch: kquant_panel_min_tokens): groups of rows
-/// repacked once per call into 16-row panels (detail/avx512_kquant_panel_tiles.hpp, lanes = rows,
-/// the scales decoded once per call), which every tile of tokens then passes over.
+/// AVX-512 VNNI on q4_k, q5_k, q6_k, q2_k and q3_k (every batch: kquant_panel_min_tokens): groups
+/// of rows repacked once per call into 16-row panels (detail/avx512_kquant_panel_tiles.hpp, lanes =
+/// rows, the scales decoded once per call), which every tile of tokens then passes over.
 ///
 /// The others: groups of rows over slices of tokens, each (4 rows, 1 token) pair of the group
 /// through the GEMV's multi-row kernel of the path (detail/avx512_kquant_rows.hpp,
@@ -199,7 +199,7 @@ inline constexpr std::size_t kquant_panel_min_tokens = 2;
 /// True for the formats the AVX-512 panel path has a tile for.
 constexpr bool kquant_has_panel(Precision p) noexcept {
   return p == Precision::q4_k || p == Precision::q5_k || p == Precision::q6_k ||
-         p == Precision::q2_k;
+         p == Precision::q2_k || p == Precision::q3_k;
 }
 
 /// True when a K-quant int8 GEMM of n tokens on `path` runs the panel path.
@@ -231,11 +231,13 @@ template <Precision P>
 inline constexpr std::size_t kquant_panel_ints =
     P == Precision::q6_k   ? avx512_kquant::q6_k_panel_ints
     : P == Precision::q2_k ? avx512_kquant::q2_k_panel_ints
+    : P == Precision::q3_k ? avx512_kquant::q3_k_panel_ints
                            : avx512_kquant::panel_block_ints;
 template <Precision P>
 inline constexpr std::size_t kquant_panel_reals =
     P == Precision::q6_k   ? avx512_kquant::q6_k_panel_reals
     : P == Precision::q2_k ? avx512_kquant::q2_k_panel_reals
+    : P == Precision::q3_k ? avx512_kquant::q3_k_panel_reals
                            : avx512_kquant::panel_block_reals;
 
 /// The repacked panels of one group of rows (storage reused from call to call, per thread).
@@ -269,6 +271,8 @@ void kquant_pack_group(const MatrixView& w, std::size_t r0, std::size_t rn, KQua
       pack_q6_k_panel(pk.rows + p * H, blocks, codes, in, re);
     else if constexpr (P == Precision::q2_k)
       pack_q2_k_panel(pk.rows + p * H, blocks, codes, in, re);
+    else if constexpr (P == Precision::q3_k)
+      pack_q3_k_panel(pk.rows + p * H, blocks, codes, in, re);
     else
       pack_q4_k_panel<P == Precision::q5_k>(pk.rows + p * H, blocks, codes, in, re);
   }
@@ -279,7 +283,7 @@ template <Precision P, std::size_t... K>
 constexpr auto kquant_panel_fns(std::index_sequence<K...>) {
   if constexpr (P == Precision::q6_k)
     return std::array{&avx512_kquant::q6_k_panel_dots<K + 1>...};
-  else if constexpr (P == Precision::q2_k)
+  else if constexpr (P == Precision::q2_k || P == Precision::q3_k)  // one layout (q3_k_panel_ints)
     return std::array{&avx512_kquant::q2_k_panel_dots<K + 1>...};
   else
     return std::array{&avx512_kquant::q4_k_panel_dots<K + 1>...};
@@ -340,6 +344,8 @@ inline void kquant_int8_gemm(const MatrixView& w, const float* x, std::size_t n,
         return kquant_panel_groups<Precision::q6_k>(w, tk, n, y, scale, accumulate, g0, g1);
       if (w.precision == Precision::q2_k)
         return kquant_panel_groups<Precision::q2_k>(w, tk, n, y, scale, accumulate, g0, g1);
+      if (w.precision == Precision::q3_k)
+        return kquant_panel_groups<Precision::q3_k>(w, tk, n, y, scale, accumulate, g0, g1);
       kquant_panel_groups<Precision::q4_k>(w, tk, n, y, scale, accumulate, g0, g1);
     };
     if (pool)

@@ -1,10 +1,10 @@
 #pragma once
-/// \file AVX-512 VNNI panel tiles of the K-quant int8 GEMM (prefill) for q4_k, q5_k, q6_k and
-/// q2_k rows: 16 rows repacked once per call into a panel where each 64-byte vector holds 4 codes
-/// (one dword) of every row, so the 32-bit lanes are the 16 rows, as avx512_int8_panel_tiles.hpp
-/// does for q8/q4/q2. The row tile it replaces (avx512_kquant_rows.hpp run per (4 rows, 1 token)
-/// pair) decoded every super-block's scales and reduced across lanes per pair; here they are
-/// decoded once per call and applied once per (16 rows, token, sub-block).
+/// \file AVX-512 VNNI panel tiles of the K-quant int8 GEMM (prefill) for q4_k, q5_k, q6_k, q2_k
+/// and q3_k rows: 16 rows repacked once per call into a panel where each 64-byte vector holds 4
+/// codes (one dword) of every row, so the 32-bit lanes are the 16 rows, as
+/// avx512_int8_panel_tiles.hpp does for q8/q4/q2. The row tile it replaces (avx512_kquant_rows.hpp
+/// run per (4 rows, 1 token) pair) decoded every super-block's scales and reduced across lanes per
+/// pair; here they are decoded once per call and applied once per (16 rows, token, sub-block).
 ///
 /// Panel layout (pack_q4_k_panel), per super-block b: codes at 4096·b + 512·j + 64·ks, lane r =
 /// the codes of row r at columns 32j + 4ks .. 32j + 4ks + 3 of the block, unsigned bytes (q5_k:
@@ -28,6 +28,7 @@
 #include "moekit/precision/detail/avx512_int8_panel_tiles.hpp"
 #include "moekit/precision/detail/avx512_kquant_rows.hpp"
 #include "moekit/precision/gguf_q2_k.hpp"
+#include "moekit/precision/gguf_q3_k.hpp"
 #include "moekit/precision/gguf_q4_k.hpp"
 #include "moekit/precision/gguf_q5_k.hpp"
 #include "moekit/precision/gguf_q6_k.hpp"
@@ -322,11 +323,67 @@ MOEKIT_TARGET_AVX512_VNNI inline void pack_q2_k_panel(const std::byte* const* ro
              q2_k_panel_reals>(rows, blocks, codes, ints, reals);
 }
 
+/// q3_k panels: q2_k's layout (the same dots serve both). The codes u = low 2 bits | hmask bit
+/// << 2 (0..7, q = u − 4) in q2_k's column order; per chunk c the int16 pairs (s_2c, s_2c+1) of
+/// the signed scales s = sc − 32, then the pairs (4·s_2c, 4·s_2c+1) in place of q2_k's mins; the
+/// floats d twice (as d and as dmin), so that the dots' sum·d·dx − mins·dmin·dx is
+/// d·dx·Σ_s s·(Σ u·xq − 4·Σxq) = d·dx·Σ_s s·Σ q·xq.
+inline constexpr std::size_t q3_k_panel_ints = q2_k_panel_ints, q3_k_panel_reals = q2_k_panel_reals;
+
+/// The four 64-code vectors of a q3_k block as unsigned bytes, in unpack_q2_k's order: vector
+/// v = 2h + k holds runs 2k and 2k + 1 of half h, whose bit 2 is bit 4h + 2k (+ 1 in the upper
+/// 256 bits) of the hmask byte of the weight's column l.
+MOEKIT_TARGET_AVX512_VNNI inline void unpack_q3_k(const std::byte* block, __m512i u[4]) noexcept {
+  const __m512i three = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
+  const __m512i hm =
+      _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+  for (int h = 0; h < 2; ++h) {
+    const __m512i q = _mm512_broadcast_i64x4(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + q3_k::codes_offset + 32 * h)));
+    for (int k = 0; k < 2; ++k) {
+      const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(4 * k)),
+                                               _mm256_set1_epi16(static_cast<short>(4 * k + 2)), 1);
+      const int bit = 4 * h + 2 * k;
+      const __m512i hshift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(bit)),
+                                                _mm256_set1_epi16(static_cast<short>(bit + 1)), 1);
+      const __m512i high = _mm512_and_si512(_mm512_srlv_epi16(hm, hshift), one);
+      u[2 * h + k] = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi16(q, shift), three),
+                                     _mm512_slli_epi16(high, 2));
+    }
+  }
+}
+
+/// One super-block's scales of 16 q3_k rows into the panel's integers and floats: per row the
+/// 16 signed scales as int16 in the lower 256 bits and four times them in the upper, so dword c
+/// holds the pairs of chunk c; then one transpose.
+MOEKIT_TARGET_AVX512_VNNI inline void pack_q3_k_scales(const std::byte* const* blocks,
+                                                       std::int32_t* ints, float* reals) noexcept {
+  __m512i v[avx512_int8::panel_height];
+  for (std::size_t r = 0; r < avx512_int8::panel_height; ++r) {
+    std::uint32_t words[4];  // byte k of words[t]: sub-block 4t + k's scale, 0..63
+    q3_k::scale_words(blocks[r], words);
+    const __m256i s16 = _mm256_sub_epi16(
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(words))),
+        _mm256_set1_epi16(32));
+    v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(s16), _mm256_slli_epi16(s16, 2), 1);
+    reals[r] = reals[16 + r] = q3_k::d_of(blocks[r]);
+  }
+  store_lanes(v, 16, ints);
+}
+
+/// `blocks` super-blocks of 16 q3_k rows into a panel (pack_panel, in column order).
+MOEKIT_TARGET_AVX512_VNNI inline void pack_q3_k_panel(const std::byte* const* rows,
+                                                      std::size_t blocks, std::byte* codes,
+                                                      std::int32_t* ints, float* reals) noexcept {
+  pack_panel<unpack_q3_k, pack_q3_k_scales, in_order_sub, q3_k::block_bytes, q3_k_panel_ints,
+             q3_k_panel_reals>(rows, blocks, codes, ints, reals);
+}
+
 /// out[16·t + r] = row r · token t for the T tokens `acts` over `blocks` super-blocks of a q2_k
-/// panel (pack_q2_k_panel). Per chunk c the two sub-blocks' dots (|·| ≤ 16·3·127, so int16) as
-/// one pair weighted by (sc_2c, sc_2c+1) in one `vpdpwssd`, the mins likewise with the token's
-/// Σxq per sub-block; both exact in int32 over the block (≤ 16·15·16·127 < 2^19), converted
-/// once and times d·dx, dmin·dx.
+/// or q3_k panel (pack_q2_k_panel, pack_q3_k_panel). Per chunk c the two sub-blocks' dots
+/// (|·| ≤ 16·7·127, so int16) as one pair weighted by the chunk's scale pair in one `vpdpwssd`,
+/// the mins (q3_k: four times the scales) likewise with the token's Σxq per sub-block; both exact
+/// in int32 over the block (≤ 16·32·16·7·127 < 2^24), converted once and times d·dx, dmin·dx.
 template <std::size_t T>
 MOEKIT_TARGET_AVX512_VNNI inline void q2_k_panel_dots(const std::byte* codes,
                                                       const std::int32_t* ints, const float* reals,
