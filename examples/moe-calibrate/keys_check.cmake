@@ -21,6 +21,7 @@ function(expect want)
 endfunction()
 expect(3 link reads_in_flight)  # a store: one read per --io-threads
 expect(0.0 link read_bandwidth_bytes_per_s)  # no --checkpoint: the raw read is one reader's
+expect(0.0 link compute_s_per_byte)  # ... and no loader's CPU time is measured
 expect(OFF host_holds_experts)
 expect(ON host_is_device)
 expect(ON experts_after_all_loads)
@@ -79,4 +80,11 @@ string(JSON rate ERROR_VARIABLE err GET "${json}" link store bandwidth_bytes_per
 if(err OR NOT rate GREATER 0)
   message(FATAL_ERROR "moe-calibrate --store wrote no store rate (${err}):\n${json}")
 endif()
+# Each path's delay of the kernels per byte read: present, a number >= 0.
+foreach(path "link" "link;store")
+  string(JSON delay ERROR_VARIABLE err GET "${json}" ${path} compute_s_per_byte)
+  if(err OR delay LESS 0)
+    message(FATAL_ERROR "moe-calibrate --store wrote no ${path} compute_s_per_byte (${err}):\n${json}")
+  endif()
+endforeach()
 message(STATUS "moe-calibrate keys: ok")

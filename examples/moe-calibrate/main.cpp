@@ -15,7 +15,10 @@
 //    with --store (an expert store of that checkpoint), the same two rates of moe-run's store
 //    loader (one read per --io-threads) → link.store, the checkpoint's precision → link.in_place,
 //    and both read at once by their own loaders → link.disk_bandwidth_bytes_per_s (their cap
-//    together);
+//    together); each path's loader CPU time per byte (the process's user and system time while it
+//    reads alone) beyond what the cores --threads leaves free absorb, per kernel thread →
+//    link.compute_s_per_byte and link.store.compute_s_per_byte (how much a byte read while the
+//    kernels run delays them);
 //  * the project's fused expert FFN (precision/expert_ffn.hpp) per stored precision for one
 //    expert of --hidden × --ffn, run as moe-run runs it at -t --threads: the activations
 //    --activations resolves to for that precision (auto: int8 for quantized experts on AVX2 or
@@ -540,6 +543,22 @@ std::size_t check_flags(const Options& o) {
   return asked / disk_chunk * disk_chunk;  // whole chunks: what is measured
 }
 
+/// How much each byte a path reads delays the kernels (link.compute_s_per_byte): its loader's
+/// CPU time per byte, beyond what the cores that --threads leaves free absorb.
+double compute_delay(const engine::LoaderReadRate& r, const Options& o) {
+  return engine::compute_delay_per_byte(r, o.threads,
+                                        std::max(1u, std::thread::hardware_concurrency()));
+}
+std::string loader_cpu_text(const engine::LoaderReadRate& r, const Options& o) {
+  char t[256];
+  std::snprintf(t, sizeof t,
+                "the loader's CPU %.3f s per GB read (%.2f cores at that rate), so a GB read "
+                "while the kernels run on %u threads delays them %.3f s",
+                r.cpu_s_per_byte * 1e9, r.cpu_s_per_byte * r.bytes_per_s, o.threads,
+                compute_delay(r, o) * 1e9);
+  return t;
+}
+
 /// The expert store's read path (--store): moe-run's store loader with its reads in flight (one
 /// per --io-threads) and one at a time.
 sim::ReadPath measure_store(const Options& o, const DiskResult& disk) {
@@ -548,13 +567,15 @@ sim::ReadPath measure_store(const Options& o, const DiskResult& disk) {
   const auto one = engine::store_read_rate(o.store, o.checkpoint_experts, io, 1);
   std::printf(
       "store: %u experts at %s read by moe-run's store loader (%s, checksums verified): %.2f GB/s "
-      "with %u reads in flight (%.2f of the raw read), %.2f GB/s one read at a time\n",
+      "with %u reads in flight (%.2f of the raw read), %.2f GB/s one read at a time; %s\n",
       all.experts, std::string(name(all.precision)).c_str(), all.reader.c_str(),
-      all.bytes_per_s / 1e9, o.io_threads, all.bytes_per_s / disk.bandwidth, one.bytes_per_s / 1e9);
+      all.bytes_per_s / 1e9, o.io_threads, all.bytes_per_s / disk.bandwidth, one.bytes_per_s / 1e9,
+      loader_cpu_text(all, o).c_str());
   return {.bandwidth_bytes_per_s = all.bytes_per_s,
           .latency_s = disk.latency,
           .reads_in_flight = o.io_threads,
-          .read_bandwidth_bytes_per_s = std::min(one.bytes_per_s, all.bytes_per_s)};
+          .read_bandwidth_bytes_per_s = std::min(one.bytes_per_s, all.bytes_per_s),
+          .compute_s_per_byte = compute_delay(all, o)};
 }
 
 /// Both read paths at once (--store): the checkpoint's experts read in place while the store's
@@ -636,10 +657,10 @@ int run(int argc, char** argv) {
     one_read = engine::loader_read_rate(o.checkpoint, o.checkpoint_experts, io, 1);
     std::printf(
         "checkpoint: %u experts at %s read in place by moe-run's loader (%s): %.2f GB/s with %u "
-        "reads in flight (%.2f of the raw read), %.2f GB/s one read at a time\n",
+        "reads in flight (%.2f of the raw read), %.2f GB/s one read at a time; %s\n",
         in_place->experts, std::string(name(in_place->precision)).c_str(), in_place->reader.c_str(),
         in_place->bytes_per_s / 1e9, reads_in_flight(o), in_place->bytes_per_s / disk.bandwidth,
-        one_read->bytes_per_s / 1e9);
+        one_read->bytes_per_s / 1e9, loader_cpu_text(*in_place, o).c_str());
   }
 
   const double overhead = time_expert(make_expert(64, 64, Precision::f32, KernelChoice{}, 1), 1,
@@ -661,7 +682,8 @@ int run(int argc, char** argv) {
             .latency_s = disk.latency,
             .reads_in_flight = reads_in_flight(o),
             .read_bandwidth_bytes_per_s =
-                one_read ? std::min(one_read->bytes_per_s, in_place->bytes_per_s) : 0.0};
+                one_read ? std::min(one_read->bytes_per_s, in_place->bytes_per_s) : 0.0,
+            .compute_s_per_byte = in_place ? compute_delay(*in_place, o) : 0.0};
   if (!o.store.empty()) {
     h.link.store = measure_store(o, disk);
     h.link.in_place = in_place->precision;

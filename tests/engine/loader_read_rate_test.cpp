@@ -45,6 +45,7 @@ TEST_CASE("loader read rates: each path alone, and both at once summed", "[engin
   CHECK(a.experts == 5);
   CHECK(a.precision == Precision::q8);
   CHECK(a.bytes_per_s > 0);
+  CHECK(a.cpu_s_per_byte >= 0);
   // More loads than the file has experts go around again from the first.
   const ReadPathLoader path = checkpoint_path_loader(checkpoint, io);
   const auto all = static_cast<std::uint32_t>(path.shape.expert_count());
@@ -63,6 +64,20 @@ TEST_CASE("loader read rates: each path alone, and both at once summed", "[engin
 
   CHECK_THROWS_WITH(read_both_paths(checkpoint, dir / "absent.moestore", 2, io, 1, 1),
                     Catch::Contains("absent.moestore"));
+}
+
+TEST_CASE("the kernels' delay per byte read: the loader's CPU beyond the spare cores",
+          "[engine][calibrate]") {
+  LoaderReadRate r;
+  r.bytes_per_s = 1e9;
+  r.cpu_s_per_byte = 1e-10;                                   // a tenth of a core at that rate
+  CHECK(compute_delay_per_byte(r, 2, 2) == Approx(0.5e-10));  // shared by both kernel threads
+  CHECK(compute_delay_per_byte(r, 1, 2) == 0.0);              // the spare core absorbs it
+  r.cpu_s_per_byte = 2e-9;  // two cores at that rate: one spare, one taken from the kernels
+  CHECK(compute_delay_per_byte(r, 1, 2) == Approx(1e-9));
+  CHECK(compute_delay_per_byte(r, 4, 2) == Approx(0.5e-9));  // more threads than cores
+  r.bytes_per_s = 0;
+  CHECK(compute_delay_per_byte(r, 2, 2) == 0.0);
 }
 
 }  // namespace loader_read_rate_test

@@ -210,6 +210,7 @@ TEST_CASE("this_machine JSON: the link's readers, the CPU-only engine and what w
   nlohmann::json old = nlohmann::json::parse(text);
   old["link"].erase("reads_in_flight");
   old["link"].erase("read_bandwidth_bytes_per_s");
+  old["link"].erase("compute_s_per_byte");
   old.erase("host_is_device");
   old.erase("experts_after_all_loads");
   old.erase("fixed_includes_first_token");
@@ -217,6 +218,7 @@ TEST_CASE("this_machine JSON: the link's readers, the CPU-only engine and what w
   const HardwareModel o = parse_hardware_json(old.dump(), "old.json");
   CHECK(o.link.reads_in_flight == 1);
   CHECK(o.link.read_bandwidth_bytes_per_s == 0.0);
+  CHECK(o.link.compute_s_per_byte == 0.0);
   CHECK_FALSE(o.host_is_device);
   CHECK_FALSE(o.experts_after_all_loads);
   CHECK_FALSE(o.fixed_includes_first_token);
@@ -242,7 +244,9 @@ TEST_CASE("this_machine JSON: the expert store's read path beside the checkpoint
   h.link.store = ReadPath{.bandwidth_bytes_per_s = 1.5e9,
                           .latency_s = 2e-4,
                           .reads_in_flight = 2,
-                          .read_bandwidth_bytes_per_s = 0.9e9};
+                          .read_bandwidth_bytes_per_s = 0.9e9,
+                          .compute_s_per_byte = 3e-11};
+  h.link.compute_s_per_byte = 1e-11;
   h.link.in_place = Precision::q4;
   h.link.disk_bandwidth_bytes_per_s = 2.2e9;
   const std::string text = serialize_hardware_json(h);
@@ -252,6 +256,8 @@ TEST_CASE("this_machine JSON: the expert store's read path beside the checkpoint
   CHECK(back.link.store->latency_s == 2e-4);
   CHECK(back.link.store->reads_in_flight == 2);
   CHECK(back.link.store->read_bandwidth_bytes_per_s == 0.9e9);
+  CHECK(back.link.store->compute_s_per_byte == 3e-11);
+  CHECK(back.link.compute_s_per_byte == 1e-11);
   CHECK(back.link.in_place == Precision::q4);
   CHECK(back.link.disk_bandwidth_bytes_per_s == 2.2e9);
   // The path a precision takes decides its transfer time in the cost models too.
@@ -265,6 +271,9 @@ TEST_CASE("this_machine JSON: the expert store's read path beside the checkpoint
   rejects([](auto& j) { j["link"]["store"]["extra"] = 1; }, "link.store.extra");
   rejects([](auto& j) { j["link"]["store"]["read_bandwidth_bytes_per_s"] = 2e9; },
           "link.store.read_bandwidth_bytes_per_s");
+  rejects([](auto& j) { j["link"]["store"]["compute_s_per_byte"] = -1e-12; },
+          "link.store.compute_s_per_byte");
+  rejects([](auto& j) { j["link"]["compute_s_per_byte"] = 0.5; }, "link.compute_s_per_byte");
   rejects(
       [](auto& j) {
         j["link"].erase("store");

@@ -385,3 +385,62 @@ TEST_CASE("LinkModel::set_bandwidth scales a store's path and the disk with the 
   CHECK(two.store->read_bandwidth_bytes_per_s == bw / 8);
   CHECK_NOTHROW(two.validate());
 }
+
+TEST_CASE("SimLoader::compute: bytes read meanwhile delay the compute, bytes read in a stall not",
+          "[sim][loader][compute_delay]") {
+  const double B = double(tiny.expert_bytes(Precision::f16));
+  LinkModel link{bw, 0.0};
+  link.compute_s_per_byte = 0.25 / bw;  // at the full rate, a quarter of the compute's time
+  SECTION("compute shorter than the read: a geometric series, dur/2 / (1 - 1/4)") {
+    SimLoader l(tiny, link);
+    (void)l.submit(req(0, 0, LoadPriority::on_demand));
+    CHECK(l.compute(dur / 2) == Approx(dur / 2 / 0.75).epsilon(1e-6));
+    CHECK(l.clock().now() == Approx(dur / 2 / 0.75).epsilon(1e-6));
+    CHECK(l.clock().stall() == 0.0);
+  }
+  SECTION("compute longer than the read: the read's bytes once, B·compute_s_per_byte") {
+    SimLoader l(tiny, link);
+    (void)l.submit(req(0, 0, LoadPriority::on_demand));
+    CHECK(l.compute(2 * dur) == Approx(2 * dur + B * link.compute_s_per_byte).epsilon(1e-9));
+  }
+  SECTION("a read waited for (a stall) delays no compute after it") {
+    SimLoader l(tiny, link);
+    const LoadTicket t = l.submit(req(0, 0, LoadPriority::on_demand));
+    l.wait(t);
+    CHECK(l.compute(dur) == dur);
+    CHECK(l.clock().now() == 2 * dur);
+  }
+  SECTION("no read running: exactly the compute") {
+    SimLoader l(tiny, link);
+    CHECK(l.compute(dur) == dur);
+  }
+  SECTION("the latency's share of a transfer is no CPU work") {
+    LinkModel slow = link;
+    slow.latency_s = dur;  // the transfer's work: twice its bytes
+    SimLoader l(tiny, slow);
+    (void)l.submit(req(0, 0, LoadPriority::on_demand));
+    CHECK(l.compute(4 * dur) == Approx(4 * dur + B * link.compute_s_per_byte).epsilon(1e-9));
+  }
+  SECTION("the store's path charges its own rate") {
+    LinkModel two = link;
+    two.compute_s_per_byte = 0;
+    two.store = ReadPath{.bandwidth_bytes_per_s = bw, .compute_s_per_byte = 0.5 / bw};
+    two.in_place = Precision::f16;
+    SimLoader l(tiny, two);
+    (void)l.submit(req(0, 0, LoadPriority::on_demand));                 // f16: in place, free
+    (void)l.submit(req(0, 1, LoadPriority::on_demand, Precision::q8));  // the store's
+    const double q8 = double(tiny.expert_bytes(Precision::q8));
+    CHECK(l.compute(8 * dur) == Approx(8 * dur + q8 * 0.5 / bw).epsilon(1e-9));
+  }
+  SECTION("compute_s_per_byte 0: the clock moves exactly as advance moves it") {
+    SimLoader a(tiny, LinkModel{bw, 0.0}), b(tiny, LinkModel{bw, 0.0});
+    (void)a.submit(req(0, 0, LoadPriority::on_demand));
+    (void)b.submit(req(0, 0, LoadPriority::on_demand));
+    CHECK(a.compute(dur / 3) == dur / 3);
+    b.clock().advance(dur / 3);
+    CHECK(a.clock().now() == b.clock().now());
+  }
+  LinkModel bad = link;
+  bad.compute_s_per_byte = -1e-12;
+  CHECK_THROWS_WITH(SimLoader(tiny, bad), Catch::Contains("compute_s_per_byte"));
+}

@@ -4,6 +4,8 @@
 /// the run's layout), which a raw sequential read of a scratch file overstates. moe-calibrate
 /// --checkpoint writes it as moe-sim's link bandwidth.
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -31,7 +33,32 @@ struct LoaderReadRate {
   std::uint32_t experts = 0;  ///< experts read (layer-major from layer 0, expert 0)
   moekit::Precision precision{};
   std::string reader;  ///< "io_uring" or "pread"
+  /// CPU seconds (user and system, every thread of the process) per byte read: the loader's own
+  /// work (system calls, checksums, transcoding) when nothing else in the process runs.
+  double cpu_s_per_byte = 0;
 };
+
+/// The seconds by which each byte a path reads at `r`'s rate delays kernels running on `threads`
+/// of the machine's `cores`: the loader's CPU work first fills the cores the kernels leave free,
+/// and what is left over takes its share from each kernel thread (moe-sim's
+/// ReadPath::compute_s_per_byte). 0 when the spare cores absorb it.
+[[nodiscard]] inline double compute_delay_per_byte(const LoaderReadRate& r, unsigned threads,
+                                                   unsigned cores) noexcept {
+  if (threads == 0 || !(r.bytes_per_s > 0)) return 0;
+  const double spare = cores > threads ? double(cores - threads) : 0.0;
+  const double excess = r.cpu_s_per_byte - spare / r.bytes_per_s;
+  return excess > 0 ? excess / double(threads) : 0.0;
+}
+
+namespace detail {
+/// User and system CPU seconds of the whole process so far.
+inline double process_cpu_seconds() noexcept {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
+}  // namespace detail
 
 /// Times loads at `p` through `loader` (layer-major from layer 0, expert 0, around again after
 /// the last expert), `depth` of them outstanding: `n` of them, or fewer (at least one) when
@@ -44,6 +71,7 @@ inline LoaderReadRate timed_reads(ExpertLoader& loader, const moekit::ModelShape
   std::vector<moekit::io::AlignedBuffer> bufs;
   for (std::size_t i = 0; i < depth; ++i) bufs.emplace_back(s.expert_bytes(p));
   std::vector<moekit::LoadTicket> tickets;
+  const double cpu0 = detail::process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   for (std::uint32_t i = 0; i < n && !(i > 0 && stop && stop->load(std::memory_order_relaxed));
        ++i) {
@@ -55,8 +83,10 @@ inline LoaderReadRate timed_reads(ExpertLoader& loader, const moekit::ModelShape
   for (auto t : tickets) loader.wait(t);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu = detail::process_cpu_seconds() - cpu0;
   const auto done = static_cast<std::uint32_t>(tickets.size());
-  return {double(done) * double(s.expert_bytes(p)) / seconds, done, p, loader.kind()};
+  const double bytes = double(done) * double(s.expert_bytes(p));
+  return {bytes / seconds, done, p, loader.kind(), cpu / bytes};
 }
 
 /// A loader of one read path with what it reads.
@@ -114,8 +144,8 @@ inline LoaderReadRate store_read_rate(const std::filesystem::path& path, std::ui
 
 /// What read_both_paths measured: each path's share and their sum.
 struct BothPathsReadRate {
-  LoaderReadRate in_place, store;
-  double bytes_per_s = 0;  ///< both paths' bytes per second of the same wall time
+  LoaderReadRate in_place, store;  ///< their cpu_s_per_byte 0: both paths read in one process
+  double bytes_per_s = 0;          ///< both paths' bytes per second of the same wall time
 };
 
 /// Both read paths at once, as a run that loads from a checkpoint and its store reads them: `n`
@@ -153,6 +183,7 @@ inline BothPathsReadRate read_both_paths(const std::filesystem::path& checkpoint
   reader.join();
   if (failed) std::rethrow_exception(failed);
   r.bytes_per_s = r.in_place.bytes_per_s + r.store.bytes_per_s;
+  r.in_place.cpu_s_per_byte = r.store.cpu_s_per_byte = 0;  // the process's CPU: not per path
   return r;
 }
 

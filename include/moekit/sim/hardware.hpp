@@ -335,8 +335,8 @@ inline std::vector<std::string> hardware_preset_names() {
 //
 // {"format": "moekit-hardware", "version": 1, "name": str, "source": str,
 //  "link":   {"bandwidth_bytes_per_s": num, "latency_s": num, "reads_in_flight": int,
-//             "read_bandwidth_bytes_per_s": num,
-//             "store": {the four fields above}, "in_place": precision,
+//             "read_bandwidth_bytes_per_s": num, "compute_s_per_byte": num,
+//             "store": {the five fields above}, "in_place": precision,
 //             "disk_bandwidth_bytes_per_s": num},
 //  "device": {"weight_bytes_per_s": {"f32": num, "bf16": num, "f16": num, "q8": num, "q4": num,
 //                                    "q2": num},
@@ -350,7 +350,8 @@ inline std::vector<std::string> hardware_preset_names() {
 // All numbers SI (bytes, seconds). Every key is required but these optional ones, whose
 // defaults are the model before they existed (a file without them replays as it did):
 // "link.reads_in_flight" (default 1: one transfer at a time), "link.read_bandwidth_bytes_per_s"
-// (default 0: one read alone gets the whole bandwidth), the same two of "link.store", "link.store"
+// (default 0: one read alone gets the whole bandwidth), "link.compute_s_per_byte" (default 0:
+// reads delay no compute), the same three of "link.store", "link.store"
 // (default none: every load over the one path; with it "link.in_place" is required and
 // "link.disk_bandwidth_bytes_per_s" defaults to 0, the faster path's; it caps the two only while
 // both read), "host_holds_experts" (default true), "host_is_device", "experts_after_all_loads",
@@ -393,12 +394,14 @@ inline constexpr std::string_view hardware_json_format = "moekit-hardware";
       {"fixed_includes_first_token", h.fixed_includes_first_token}};
   j["link"]["reads_in_flight"] = h.link.reads_in_flight;
   j["link"]["read_bandwidth_bytes_per_s"] = h.link.read_bandwidth_bytes_per_s;
+  j["link"]["compute_s_per_byte"] = h.link.compute_s_per_byte;
   if (h.link.store) {
     const ReadPath& s = *h.link.store;
     j["link"]["store"] = {{"bandwidth_bytes_per_s", s.bandwidth_bytes_per_s},
                           {"latency_s", s.latency_s},
                           {"reads_in_flight", s.reads_in_flight},
-                          {"read_bandwidth_bytes_per_s", s.read_bandwidth_bytes_per_s}};
+                          {"read_bandwidth_bytes_per_s", s.read_bandwidth_bytes_per_s},
+                          {"compute_s_per_byte", s.compute_s_per_byte}};
     j["link"]["in_place"] = std::string(name(h.link.in_place));
     j["link"]["disk_bandwidth_bytes_per_s"] = h.link.disk_bandwidth_bytes_per_s;
   }
@@ -468,7 +471,8 @@ struct HardwareJsonReader {
   }
   [[nodiscard]] ReadPath read_path(const nlohmann::json& o, const std::string& path,
                                    std::initializer_list<const char*> more = {}) const {
-    std::vector<const char*> optional = {"reads_in_flight", "read_bandwidth_bytes_per_s"};
+    std::vector<const char*> optional = {"reads_in_flight", "read_bandwidth_bytes_per_s",
+                                         "compute_s_per_byte"};
     optional.insert(optional.end(), more.begin(), more.end());
     object(o, path, {"bandwidth_bytes_per_s", "latency_s"}, optional);
     ReadPath l;
@@ -484,6 +488,10 @@ struct HardwareJsonReader {
       if (l.read_bandwidth_bytes_per_s > l.bandwidth_bytes_per_s)
         bad(path + ".read_bandwidth_bytes_per_s",
             "must be at most " + path + ".bandwidth_bytes_per_s");
+    }
+    if (o.contains("compute_s_per_byte")) {
+      l.compute_s_per_byte = number(o["compute_s_per_byte"], path + ".compute_s_per_byte", true);
+      if (l.compute_s_per_byte >= 1e-3) bad(path + ".compute_s_per_byte", "must be below 1e-3");
     }
     return l;
   }

@@ -9,12 +9,14 @@
 /// the clock to the completion; that wait is stall) and then runs for its device time at its
 /// precision, a skipped one costs nothing. So compute of resident experts overlaps the loading of
 /// later misses, as OnDemandScheduler intends; loads and prefetches otherwise overlap compute only
-/// through the link running while the clock advances. host_cpu experts (Fiddler) run one after
-/// another on the host CPU *beside* the device side, from the start of the layer's expert phase:
-/// the layer's expert time is max(CPU side, device side) as in Fiddler's objective (§3.2), not
-/// their sum; the part of the CPU side the device side does not cover counts as compute.
-/// Then `resolve`, `end_layer`, and after the last layer `end_token` (with no output logits: traces
-/// do not store them). On `fallback` the forward is replayed again (MoBiLE's recomputation).
+/// through the link running while the clock advances; what the link reads meanwhile delays that
+/// compute by its paths' compute_s_per_byte (the loader's CPU work on the kernels' cores,
+/// SimLoader::compute; 0 on a link that costs the CPU nothing). host_cpu experts (Fiddler) run one
+/// after another on the host CPU *beside* the device side, from the start of the layer's expert
+/// phase: the layer's expert time is max(CPU side, device side) as in Fiddler's objective (§3.2),
+/// not their sum; the part of the CPU side the device side does not cover counts as compute. Then
+/// `resolve`, `end_layer`, and after the last layer `end_token` (with no output logits: traces do
+/// not store them). On `fallback` the forward is replayed again (MoBiLE's recomputation).
 ///
 /// A token policy that narrows top-k (MoBiLE) gets the first `active_top_k` experts of each
 /// record, weights renormalised; that is exactly what the router would select from the same logits.
@@ -434,10 +436,8 @@ class Replayer {
     return g;
   }
 
-  void run(double dt) {
-    clock_.advance(dt);
-    compute_s_ += dt;
-  }
+  // dt of compute, delayed by what the loader reads meanwhile (SimLoader::compute).
+  void run(double dt) { compute_s_ += loader_.compute(dt); }
 
   Pipeline& pipeline_;
   SimLoader& loader_;

@@ -51,6 +51,10 @@ struct ReadPath {
   /// The most one transfer gets alone (one reader thread reading and transcoding in turn), at
   /// most `bandwidth_bytes_per_s`; 0: the whole bandwidth.
   double read_bandwidth_bytes_per_s = 0.0;
+  /// Seconds by which each byte this path reads while the kernels run delays them: the loader's
+  /// own CPU work (system calls, checksums, transcoding) on the cores the kernels use
+  /// (SimLoader::compute). 0: reads cost the kernels nothing (a spare core, or a DMA engine).
+  double compute_s_per_byte = 0.0;
 
   /// Throws `moekit::Error` naming the bad field of `what` ("LinkModel", "LinkModel.store").
   void validate(const std::string& what) const {
@@ -64,6 +68,8 @@ struct ReadPath {
     MOEKIT_EXPECTS(
         read_bandwidth_bytes_per_s >= 0 && read_bandwidth_bytes_per_s <= bandwidth_bytes_per_s,
         what + ".read_bandwidth_bytes_per_s must be in [0, bandwidth_bytes_per_s]");
+    MOEKIT_EXPECTS(compute_s_per_byte >= 0 && compute_s_per_byte < 1e-3,
+                   what + ".compute_s_per_byte must be finite, >= 0 and below 1e-3");
   }
   /// Bytes per second one transfer gets alone.
   [[nodiscard]] double alone_bytes_per_s() const noexcept {
@@ -112,15 +118,18 @@ struct LinkModel {
     MOEKIT_EXPECTS(disk_bandwidth_bytes_per_s >= 0 && disk_bandwidth_bytes_per_s < 1e300,
                    "LinkModel.disk_bandwidth_bytes_per_s must be finite and >= 0");
   }
+  double compute_s_per_byte = 0.0;  ///< ReadPath::compute_s_per_byte
   [[nodiscard]] ReadPath main() const noexcept {
-    return {bandwidth_bytes_per_s, latency_s, reads_in_flight, read_bandwidth_bytes_per_s};
+    return {bandwidth_bytes_per_s, latency_s, reads_in_flight, read_bandwidth_bytes_per_s,
+            compute_s_per_byte};
   }
-  /// Sets the main path's four fields from `p`.
+  /// Sets the main path's five fields from `p`.
   void set_main(const ReadPath& p) noexcept {
     bandwidth_bytes_per_s = p.bandwidth_bytes_per_s;
     latency_s = p.latency_s;
     reads_in_flight = p.reads_in_flight;
     read_bandwidth_bytes_per_s = p.read_bandwidth_bytes_per_s;
+    compute_s_per_byte = p.compute_s_per_byte;
   }
   /// The main path's bandwidth set to `bw` (moe-sim --bandwidth, --sweep bandwidth); a store's
   /// and the disk cap scale by the same factor (the same machine with a faster or slower disk),
@@ -184,6 +193,7 @@ class SimLoader {
     for (std::size_t i = 0; i < bytes_.size(); ++i)  // every Precision, `skip` included
       bytes_[i] = shape_.expert_bytes(static_cast<Precision>(i));
     paths_ = {link_.main(), link_.store.value_or(ReadPath{})};
+    delays_compute_ = paths_[0].compute_s_per_byte > 0 || paths_[1].compute_s_per_byte > 0;
     active_.reserve(link_.reads_in_flight + (link_.store ? link_.store->reads_in_flight : 0));
   }
 
@@ -269,6 +279,27 @@ class SimLoader {
   void clear_host_reads() noexcept { host_pending_.clear(); }
 
   // ---- simulation ------------------------------------------------------------------------------
+  /// Advances the clock by `seconds` of compute on the cores the loader's reads use too, and
+  /// returns how far it moved: each byte a path reads meanwhile delays the compute by the path's
+  /// compute_s_per_byte, and the bytes read during that delay delay it in turn (charged until
+  /// the delay added is below 1e-12 s, or 16 rounds). Bytes read while nothing computes (a
+  /// stall) cost nothing. With every path's compute_s_per_byte 0: exactly `seconds`.
+  double compute(double seconds) {
+    if (!delays_compute_) {
+      clock_.advance(seconds);
+      return seconds;
+    }
+    const double start = clock_.now();
+    double charged = delay_up_to_now();
+    clock_.advance(seconds);
+    for (int round = 0; round < 16; ++round) {
+      const double owed = delay_up_to_now() - charged;
+      if (!(owed > 1e-12)) break;
+      charged += owed;
+      clock_.advance(owed);
+    }
+    return clock_.now() - start;
+  }
   [[nodiscard]] VirtualClock& clock() noexcept { return clock_; }
   [[nodiscard]] const VirtualClock& clock() const noexcept { return clock_; }
   [[nodiscard]] const LinkModel& link() const noexcept { return link_; }
@@ -326,6 +357,7 @@ class SimLoader {
     std::uint8_t path = 0;  ///< LinkModel::path_of its precision
     State state = State::queued;
     bool waited = false;
+    double delay_per_work = 0.0;  ///< compute delay per byte of its work (compute_s_per_byte)
   };
   /// A running transfer as the rates see it.
   struct Running {
@@ -437,9 +469,18 @@ class SimLoader {
   /// Credits the running transfers with their work from the last event to `t`.
   void advance(double t) noexcept {
     if (!active_.empty() && t > last_event_)
-      for (std::uint32_t id : active_)
-        records_[id].work_left -= (t - last_event_) * records_[id].rate;
+      for (std::uint32_t id : active_) {
+        Record& r = records_[id];
+        r.work_left -= (t - last_event_) * r.rate;
+        delay_ += (t - last_event_) * r.rate * r.delay_per_work;
+      }
     last_event_ = t > last_event_ ? t : last_event_;
+  }
+  /// The compute delay of every byte read up to the clock's time (see `compute`).
+  double delay_up_to_now() {
+    settle();
+    advance(clock_.now());
+    return delay_;
   }
   /// Whether path `i` has a reader free (false for a path the link does not have).
   [[nodiscard]] bool free_reader(std::size_t i) const noexcept {
@@ -471,6 +512,9 @@ class SimLoader {
     --queued_;
     ++running_[r->path];
     r->work_left = paths_[r->path].work_bytes(r->bytes);
+    r->delay_per_work =  // the bytes' share of the work (the latency's is no CPU work)
+        r->work_left > 0 ? paths_[r->path].compute_s_per_byte * double(r->bytes) / r->work_left
+                         : 0.0;
     active_.push_back(static_cast<std::uint32_t>(r - records_.data()));
     ++stats_.loads;
     stats_.bytes += r->bytes;
@@ -492,6 +536,8 @@ class SimLoader {
   std::vector<double> rate_, sorted_;  ///< ... their rates, and rates_of's scratch
   double last_event_ = 0.0;            ///< time up to which the running transfers' work is credited
   double link_free_ = 0.0;             ///< latest completion so far
+  double delay_ = 0.0;                 ///< compute delay of the bytes read so far (`compute`)
+  bool delays_compute_ = false;        ///< some path's compute_s_per_byte > 0
   std::size_t queued_ = 0;             ///< records in State::queued
   bool host_reads_on_ = false;
   std::array<std::size_t, precision_slots> bytes_{};  ///< expert bytes per Precision
