@@ -39,8 +39,9 @@
 # dense_precision, expert_group_size) on `--hardware this_machine`. The store moe-run built for
 # the precisions the file lacks (the newest of this model's in its store directory) is the
 # hardware file's second read path
-# (link.store); a file written before moe-calibrate recorded the link's reads in flight and the
-# kernels it timed, or without the store a run read from, is measured again.
+# (link.store); a file written before moe-calibrate recorded the link's reads in flight, the
+# kernels it timed and the loader's CPU per byte, or without the store a run read from, is
+# measured again.
 # A second table sets its predicted decode tok/s against the
 # measured one (issue 21: within ±20%). moe-run's oracle stand-ins are simulated by moe-sim's noisy
 # oracles (hobbit-oracle → hobbit, fate-oracle → fate, mobile-oracle → mobile); `hobbit`, `fate` and `mobile` run their real gates (or confidence) on random weights
@@ -94,6 +95,10 @@ calibrate() {
   # path reads the store at the checkpoint's rate: measured again.
   if [[ -f "$sim" ]] && ! jq -e '.link.reads_in_flight and .timed' "$sim" > /dev/null; then
     echo "policies.sh: $sim predates the link's reads in flight and the timed kernels: recalibrating" >&2
+    rm -f "$sim"
+  fi
+  if [[ -f "$sim" ]] && ! jq -e '.link | has("compute_s_per_byte")' "$sim" > /dev/null; then
+    echo "policies.sh: $sim predates the loader's CPU per byte read (link.compute_s_per_byte): recalibrating" >&2
     rm -f "$sim"
   fi
   if [[ -f "$sim" && -n "$store" ]] && ! jq -e '.link.store' "$sim" > /dev/null; then
