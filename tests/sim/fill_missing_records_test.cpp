@@ -15,38 +15,12 @@
 
 #include "moekit/sim/fill_missing_records.hpp"
 #include "moekit/sim/trace.hpp"
+#include "support/random_trace.hpp"
 
 using namespace moekit;
 using namespace moekit::sim;
 
 namespace {
-
-// Three sequences; each record missing with probability 1/`gap` (gap 1: every record missing).
-RoutingTrace gappy_trace(std::uint64_t seed, unsigned gap, bool logits, std::uint32_t hidden) {
-  std::mt19937_64 rng(seed);
-  const TraceDims d{
-      .n_layers = 4, .n_experts = 8, .top_k = 2, .hidden = hidden, .has_logits = logits};
-  RoutingTrace t(d, "gappy-" + std::to_string(seed));
-  std::uniform_real_distribution<float> u(0.01f, 1.0f);
-  for (int s = 0; s < 3; ++s) {
-    t.begin_sequence("seq" + std::to_string(s));
-    for (int i = 0; i < 9; ++i) {
-      const auto g = t.append_token(i < 3 ? Phase::prefill : Phase::decode);
-      for (std::uint32_t l = 0; l < d.n_layers; ++l) {
-        if (rng() % gap == 0) continue;
-        const auto a = static_cast<std::uint32_t>(rng() % 8);
-        std::vector<std::uint32_t> ids{a, (a + 1 + static_cast<std::uint32_t>(rng() % 7)) % 8};
-        std::vector<float> w{u(rng), u(rng)};
-        normalize_route(ids, w);
-        std::vector<float> lg(logits ? 8 : 0), hd(hidden);
-        for (auto& x : lg) x = u(rng) * 4 - 2;
-        for (auto& x : hd) x = u(rng) - 0.5f;
-        t.set_route(g, l, ids, w, lg, hd);
-      }
-    }
-  }
-  return t;
-}
 
 // The record (token, layer) of `original` a fill must copy: searched record by record.
 std::optional<std::size_t> expected_source(const RoutingTrace& original, std::size_t s,
@@ -80,7 +54,10 @@ TEST_CASE("fill_missing_records copies the nearest earlier record of the sequenc
           "[sim][trace][missing]") {
   for (std::uint64_t seed = 1; seed <= 24; ++seed) {
     const unsigned gap = 1 + static_cast<unsigned>(seed % 4);  // 1: nothing to fill from
-    const RoutingTrace original = gappy_trace(seed, gap, seed % 2 == 0, seed % 3 == 0 ? 5 : 0);
+    const test::RandomTraceShape shape{
+        .n_layers = 4, .n_experts = 8, .sequences = 3, .tokens = 9, .prefill = 3, .gap = gap};
+    const RoutingTrace original =
+        test::random_trace(seed, seed % 2 == 0, seed % 3 == 0 ? 5 : 0, shape);
     RoutingTrace filled = original;
     const std::size_t n = fill_missing_records(filled);
     INFO("seed " << seed << ", one record in " << gap << " missing");

@@ -16,38 +16,14 @@
 #include "moekit/sim/trace_binary.hpp"
 #include "moekit/sim/trace_jsonl.hpp"
 #include "moekit/sim/trace_stats.hpp"
+#include "support/random_trace.hpp"
 
 using namespace moekit;
 using namespace moekit::sim;
 
 namespace {
 
-// A random trace with every optional array, some missing records and two sequences.
-RoutingTrace random_trace(std::uint64_t seed, bool logits, std::uint32_t hidden) {
-  std::mt19937_64 rng(seed);
-  TraceDims d{.n_layers = 3, .n_experts = 6, .top_k = 2, .hidden = hidden, .has_logits = logits};
-  RoutingTrace t(d, "random-" + std::to_string(seed), seed % 2 == 0);
-  std::uniform_real_distribution<float> u(0.01f, 1.0f);
-  for (int s = 0; s < 2; ++s) {
-    t.begin_sequence("seq" + std::to_string(s));
-    for (int i = 0; i < 5; ++i) {
-      const auto g = t.append_token(i < 2 ? Phase::prefill : Phase::decode);
-      for (std::uint32_t l = 0; l < d.n_layers; ++l) {
-        if (rng() % 7 == 0) continue;  // missing record
-        const auto a = static_cast<std::uint32_t>(rng() % 6);
-        const auto b = static_cast<std::uint32_t>((a + 1 + rng() % 5) % 6);
-        std::vector<std::uint32_t> ids{a, b};
-        std::vector<float> w{u(rng), u(rng)};
-        normalize_route(ids, w);
-        std::vector<float> lg(logits ? 6 : 0), hd(hidden);
-        for (auto& x : lg) x = u(rng) * 4 - 2;
-        for (auto& x : hd) x = u(rng) - 0.5f;
-        t.set_route(g, l, ids, w, lg, hd);
-      }
-    }
-  }
-  return t;
-}
+using moekit::test::random_trace;
 
 std::string temp_path(const std::string& leaf) {
   auto dir =
