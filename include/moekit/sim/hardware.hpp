@@ -491,7 +491,9 @@ struct HardwareJsonReader {
     }
     if (o.contains("compute_s_per_byte")) {
       l.compute_s_per_byte = number(o["compute_s_per_byte"], path + ".compute_s_per_byte", true);
-      if (l.compute_s_per_byte >= 1e-3) bad(path + ".compute_s_per_byte", "must be below 1e-3");
+      if (l.compute_s_per_byte >= ReadPath::max_compute_s_per_byte)
+        bad(path + ".compute_s_per_byte",
+            "must be below " + std::to_string(ReadPath::max_compute_s_per_byte));
     }
     return l;
   }

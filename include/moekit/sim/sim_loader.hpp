@@ -68,8 +68,9 @@ struct ReadPath {
     MOEKIT_EXPECTS(
         read_bandwidth_bytes_per_s >= 0 && read_bandwidth_bytes_per_s <= bandwidth_bytes_per_s,
         what + ".read_bandwidth_bytes_per_s must be in [0, bandwidth_bytes_per_s]");
-    MOEKIT_EXPECTS(compute_s_per_byte >= 0 && compute_s_per_byte < 1e-3,
-                   what + ".compute_s_per_byte must be finite, >= 0 and below 1e-3");
+    MOEKIT_EXPECTS(compute_s_per_byte >= 0 && compute_s_per_byte < max_compute_s_per_byte,
+                   what + ".compute_s_per_byte must be finite, >= 0 and below " +
+                       std::to_string(max_compute_s_per_byte));
   }
   /// Bytes per second one transfer gets alone.
   [[nodiscard]] double alone_bytes_per_s() const noexcept {
@@ -89,6 +90,8 @@ struct ReadPath {
     return latency_s * alone_bytes_per_s() + double(bytes);
   }
   static constexpr std::uint32_t max_reads_in_flight = 1024;
+  /// Above it a byte read would cost more than a millisecond of compute: a unit mistake.
+  static constexpr double max_compute_s_per_byte = 1e-3;
 };
 
 /// The read paths between the slow tier and the expert cache: one (the fields of ReadPath), or,
@@ -103,6 +106,7 @@ struct LinkModel {
   double latency_s = 0.0;                        ///< ReadPath::latency_s
   std::uint32_t reads_in_flight = 1;             ///< ReadPath::reads_in_flight
   double read_bandwidth_bytes_per_s = 0.0;       ///< ReadPath::read_bandwidth_bytes_per_s
+  double compute_s_per_byte = 0.0;               ///< ReadPath::compute_s_per_byte
   std::optional<ReadPath> store = std::nullopt;  ///< the second path (none: one path)
   Precision in_place = Precision::skip;          ///< with `store`: the main path's precision
   double disk_bandwidth_bytes_per_s = 0.0;       ///< both paths' cap; 0: the faster path's
@@ -118,7 +122,6 @@ struct LinkModel {
     MOEKIT_EXPECTS(disk_bandwidth_bytes_per_s >= 0 && disk_bandwidth_bytes_per_s < 1e300,
                    "LinkModel.disk_bandwidth_bytes_per_s must be finite and >= 0");
   }
-  double compute_s_per_byte = 0.0;  ///< ReadPath::compute_s_per_byte
   [[nodiscard]] ReadPath main() const noexcept {
     return {bandwidth_bytes_per_s, latency_s, reads_in_flight, read_bandwidth_bytes_per_s,
             compute_s_per_byte};
