@@ -8,7 +8,6 @@
 #include <bit>
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
